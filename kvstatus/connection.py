@@ -1,0 +1,239 @@
+"""Redis URL -> redis-py client, with explicit timeouts and a retry policy.
+
+Supported URLs (passwords are masked in every message kvstatus prints):
+
+- ``redis://[[user]:password@]host[:port][/db]``
+- ``rediss://...``  the same over TLS; query options ``ssl_ca_certs``,
+  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname`` (true/false),
+  ``ssl_cert_reqs`` (required/optional/none)
+- ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``
+
+Every form also takes ``socket_timeout`` and ``socket_connect_timeout``
+(seconds) as query options. Topologies are chosen by scheme in
+:data:`_BUILDERS`; that table is the seam where Cluster and Sentinel plug in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from kvstatus.errors import InvalidURLError
+
+DEFAULT_URL = "redis://localhost:6379/0"
+TLS_SCHEMES = frozenset({"rediss"})
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """Timeouts (seconds) and the retry policy of every connection.
+
+    A command that fails with a connection error or a timeout is sent again up
+    to ``retries`` times, after ``min(backoff_cap, backoff_base * 2**n)``
+    seconds. The defaults ride out about 4 s of outage (a restart, a failover
+    detected by Sentinel), then raise :class:`~kvstatus.errors.BackendUnavailableError`.
+    Retrying is safe because every kvstatus write is idempotent.
+    """
+
+    socket_timeout: float = 5.0
+    socket_connect_timeout: float = 2.0
+    retries: int = 5
+    backoff_base: float = 0.05
+    backoff_cap: float = 2.0
+    health_check_interval: int = 30
+    client_name: Optional[str] = "kvstatus"
+    ssl_ca_certs: Optional[str] = None
+    ssl_certfile: Optional[str] = None
+    ssl_keyfile: Optional[str] = None
+    ssl_check_hostname: Optional[bool] = None
+    ssl_cert_reqs: Optional[str] = None
+
+    def retry_budget(self) -> float:
+        """Total backoff in seconds before a command gives up (not counting the timeouts themselves)."""
+        return sum(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
+
+
+@dataclass(frozen=True)
+class ParsedURL:
+    """A validated Redis URL. ``hosts`` holds (host, port) pairs; ``path`` is the unix socket path."""
+
+    scheme: str
+    hosts: tuple[tuple[str, int], ...]
+    username: Optional[str]
+    password: Optional[str]
+    db: int
+    path: Optional[str]
+    query: dict[str, str]
+
+    def __repr__(self) -> str:
+        return f"ParsedURL({self.masked!r})"
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme in TLS_SCHEMES
+
+    @property
+    def masked(self) -> str:
+        """The URL's shape without its password."""
+        auth = ""
+        if self.username or self.password:
+            auth = f"{self.username or ''}{':***' if self.password else ''}@"
+        where = self.path or ",".join(f"{h}:{p}" for h, p in self.hosts)
+        return f"{self.scheme}://{auth}{where}/{self.db}"
+
+
+_PASSWORD = re.compile(r"(?P<head>://[^:/@]*:)[^@]*(?=@)")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``; safe to print or log."""
+    return _PASSWORD.sub(lambda m: m.group("head") + "***", str(url))
+
+
+_BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+_QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "socket_timeout": float,
+    "socket_connect_timeout": float,
+    "ssl_ca_certs": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_check_hostname": lambda v: _BOOL[v.lower()],
+    "ssl_cert_reqs": lambda v: {"required": "required", "optional": "optional", "none": "none"}[v.lower()],
+    "db": int,
+}
+
+
+def parse_url(url: object) -> ParsedURL:
+    """Validate a Redis URL; raise :class:`InvalidURLError` naming what is wrong (password masked)."""
+    if not isinstance(url, str) or not url:
+        raise InvalidURLError(f"invalid Redis URL {url!r}: expected a string such as {DEFAULT_URL}")
+    shown = mask_url(url)
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in _BUILDERS:
+            raise InvalidURLError(
+                f"invalid Redis URL {shown}: unsupported scheme {parts.scheme!r}; use one of "
+                + ", ".join(f"{s}://" for s in _BUILDERS)
+            )
+        query: dict[str, str] = {}
+        for name, values in parse_qs(parts.query, keep_blank_values=True, strict_parsing=False).items():
+            if name not in _QUERY_OPTIONS:
+                raise InvalidURLError(f"invalid Redis URL {shown}: unknown option {name!r}")
+            query[name] = values[-1]
+        for name, value in query.items():
+            try:
+                _QUERY_OPTIONS[name](value)
+            except (KeyError, ValueError):
+                raise InvalidURLError(f"invalid Redis URL {shown}: bad value for option {name!r}") from None
+        username = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password is not None else None
+        if scheme == "unix":
+            path = unquote(parts.path)
+            if not path:
+                raise InvalidURLError(f"invalid Redis URL {shown}: a unix:// URL needs a socket path")
+            return ParsedURL(scheme, (), username, password, int(query.pop("db", 0)), path, query)
+        hosts = _parse_hosts(parts.netloc.rpartition("@")[2], shown)
+        db = _parse_db(parts.path, query.pop("db", None), shown)
+        return ParsedURL(scheme, hosts, username, password, db, None, query)
+    except InvalidURLError:
+        raise
+    except ValueError as exc:
+        raise InvalidURLError(f"invalid Redis URL {shown}: {mask_url(str(exc))}") from None
+
+
+def _parse_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
+    hosts = []
+    for item in netloc.split(",") if netloc else ["localhost"]:
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else ""
+        else:
+            host, _, port_text = item.partition(":")
+        if not host:
+            raise InvalidURLError(f"invalid Redis URL {shown}: missing host in {item!r}")
+        if port_text and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
+            raise InvalidURLError(f"invalid Redis URL {shown}: bad port {port_text!r}")
+        hosts.append((host, int(port_text) if port_text else 6379))
+    return tuple(hosts)
+
+
+def _parse_db(path: str, from_query: Optional[str], shown: str) -> int:
+    text = from_query if from_query is not None else path.strip("/")
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise InvalidURLError(f"invalid Redis URL {shown}: database {text!r} is not a number")
+    return int(text)
+
+
+def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, Any]:
+    query = parsed.query
+    kwargs: dict[str, Any] = {
+        "username": parsed.username,
+        "password": parsed.password,
+        "db": parsed.db,
+        "socket_timeout": float(query.get("socket_timeout", options.socket_timeout)),
+        "socket_connect_timeout": float(query.get("socket_connect_timeout", options.socket_connect_timeout)),
+        "health_check_interval": options.health_check_interval,
+        "client_name": options.client_name,
+    }
+    if parsed.tls:
+        kwargs.update(_ssl_kwargs(query, options))
+    return kwargs
+
+
+def _ssl_kwargs(query: dict[str, str], options: ConnectionOptions) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"ssl": True}
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "ssl_cert_reqs"):
+        value = _QUERY_OPTIONS[name](query[name]) if name in query else getattr(options, name)
+        if value is not None:
+            kwargs[name] = value
+    return kwargs
+
+
+def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
+    kwargs = _common_kwargs(parsed, options)
+    if parsed.path:
+        kwargs["unix_socket_path"] = parsed.path
+    else:
+        kwargs["host"], kwargs["port"] = parsed.hosts[0]
+        if len(parsed.hosts) > 1:
+            raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {parsed.scheme}:// takes one host")
+    client_class = redis.asyncio.Redis if asynchronous else redis.Redis
+    return client_class(retry=_retry(options, asynchronous), **kwargs)
+
+
+def _retry(options: ConnectionOptions, asynchronous: bool) -> Any:
+    backoff = ExponentialBackoff(cap=options.backoff_cap, base=options.backoff_base)
+    retry_class = redis.asyncio.retry.Retry if asynchronous else Retry
+    return retry_class(backoff, options.retries)
+
+
+_BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {
+    "redis": _standalone,
+    "rediss": _standalone,
+    "unix": _standalone,
+}
+
+
+def connect(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
+    """A redis-py client for ``url``; ``overrides`` replace fields of ``options``. Connects lazily."""
+    parsed = parse_url(url)
+    opts = replace(options or ConnectionOptions(), **overrides)
+    return _BUILDERS[parsed.scheme](parsed, opts, False)
+
+
+def connect_async(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
+    """Like :func:`connect`, for ``redis.asyncio``."""
+    parsed = parse_url(url)
+    opts = replace(options or ConnectionOptions(), **overrides)
+    return _BUILDERS[parsed.scheme](parsed, opts, True)

@@ -1,0 +1,134 @@
+"""What the sync and async stores share around their I/O: attributes, error
+translation and the bookkeeping of NOSCRIPT healing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from redis import exceptions as rx
+from redis.cluster import RedisCluster
+
+from kvstatus.connection import mask_url
+from kvstatus.errors import (
+    AuthenticationError,
+    BackendError,
+    BackendUnavailableError,
+    CorruptedValueError,
+    KVStatusError,
+    PermissionDeniedError,
+)
+from kvstatus.keys import DEFAULT_PREFIX
+from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
+from kvstatus.scripts import LuaScript
+from kvstatus.status import Policy
+
+_CORRUPT = "KVSTATUS_CORRUPT "
+
+
+def is_cluster_client(client: Any) -> bool:
+    """True for redis-py cluster clients (sync or async), whose batches are split by slot."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    return isinstance(client, (RedisCluster, AsyncRedisCluster))
+
+
+class StoreBase:
+    """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str,
+        participant: Optional[str] = None,
+        prefix: str = DEFAULT_PREFIX,
+        ttl: float = DEFAULT_TTL_SECONDS,
+        policy: str | Policy = Policy.SEED,
+    ) -> None:
+        self.client = client
+        self._core = StoreCore(
+            namespace=namespace,
+            participant=participant,
+            prefix=prefix,
+            ttl=ttl,
+            policy=policy,
+            cluster=is_cluster_client(client),
+        )
+
+    @property
+    def namespace(self) -> str:
+        return self._core.schema.namespace
+
+    @property
+    def prefix(self) -> str:
+        return self._core.schema.prefix
+
+    @property
+    def participant(self) -> str:
+        return self._core.participant
+
+    @property
+    def ttl(self) -> float:
+        """TTL of every room key, in seconds."""
+        return self._core.ttl_ms / 1000
+
+    @property
+    def policy(self) -> Policy:
+        return self._core.policy
+
+    @property
+    def keys(self) -> Any:
+        """The :class:`~kvstatus.keys.KeySchema` of this store's namespace."""
+        return self._core.schema
+
+    def for_participant(self, participant: str) -> Any:
+        """A store with the same client and settings, writing as ``participant``."""
+        return type(self)(self.client, **{**self._core.settings(), "participant": participant})
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(namespace={self.namespace!r}, participant={self.participant!r}, "
+            f"prefix={self.prefix!r}, ttl={self.ttl:g}, policy={self.policy.value!r})"
+        )
+
+
+def scripts_to_reload(calls: Sequence[Call], replies: Sequence[Any]) -> list[int]:
+    """Indices of pipelined script calls that failed with NOSCRIPT and must be sent again."""
+    return [i for i, reply in enumerate(replies) if isinstance(reply, rx.NoScriptError) and calls[i].script]
+
+
+def unique_scripts(calls: Sequence[Call], indices: Sequence[int]) -> list[LuaScript]:
+    return list({calls[i].script.sha: calls[i].script for i in indices if calls[i].script}.values())
+
+
+def raise_first_error(calls: Sequence[Call], replies: Sequence[Any]) -> None:
+    for call, reply in zip(calls, replies):
+        if isinstance(reply, Exception):
+            raise translate_error(reply, call) from reply
+
+
+def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseException:
+    """The kvstatus error for a redis-py exception; other exceptions pass through unchanged."""
+    if isinstance(exc, KVStatusError) or not isinstance(exc, rx.RedisError):
+        return exc
+    text = mask_url(str(exc))
+    if isinstance(exc, rx.AuthenticationError):
+        return AuthenticationError(f"Redis refused the credentials: {text}")
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError)):
+        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
+    if isinstance(exc, rx.NoPermissionError):
+        return PermissionDeniedError(f"Redis ACL denied the request: {text}")
+    if text.startswith(_CORRUPT):
+        return CorruptedValueError(text[len(_CORRUPT) :].split(" script:")[0])
+    if text.startswith("WRONGTYPE"):
+        where = f"key {_first_key(call)}" if call and _first_key(call) else "a room key"
+        return CorruptedValueError(f"{where} holds a value that is not a kvstatus room hash; left as it is")
+    return BackendError(f"Redis error: {text}")
+
+
+def _first_key(call: Call) -> Optional[str]:
+    args = call.args
+    if args[0] == "EVALSHA":
+        return str(args[3]) if args[2] == 1 else None
+    return str(args[1]) if len(args) > 1 else None

@@ -1,0 +1,50 @@
+"""The exceptions kvstatus raises. Catch :class:`KVStatusError` for all of them.
+
+Messages name what was wrong and never contain a password.
+"""
+
+from __future__ import annotations
+
+
+class KVStatusError(Exception):
+    """Base class of every kvstatus error."""
+
+
+class InvalidArgumentError(KVStatusError, ValueError):
+    """An argument was rejected before Redis was touched."""
+
+
+class InvalidRoomError(InvalidArgumentError):
+    """A room id is not an int in [0, 2**63 - 1] (bool is rejected)."""
+
+
+class InvalidStatusError(InvalidArgumentError):
+    """A status is not a KVPoll member or an int 0..4."""
+
+
+class InvalidNameError(InvalidArgumentError):
+    """A prefix, namespace or participant does not match ``^[A-Za-z0-9_.-]+$``."""
+
+
+class InvalidURLError(InvalidArgumentError):
+    """A Redis URL is malformed or uses an unsupported scheme."""
+
+
+class CorruptedValueError(KVStatusError):
+    """A value found in Redis is not one kvstatus writes; it was left as it is."""
+
+
+class BackendError(KVStatusError):
+    """Redis could not serve the request."""
+
+
+class BackendUnavailableError(BackendError, ConnectionError):
+    """Redis could not be reached (refused, timed out, or down) after the configured retries."""
+
+
+class AuthenticationError(BackendError):
+    """Redis refused the credentials."""
+
+
+class PermissionDeniedError(BackendError):
+    """The Redis user may not run a command or touch a key kvstatus needs (ACL NOPERM)."""

@@ -1,0 +1,100 @@
+"""Key schema: ``<prefix>:<namespace>:{<room>}``, one hash per room.
+
+The room id is the hash tag, so rooms spread over every cluster slot while all
+of one room lives in one slot. Fields of the hash (participant names cannot
+contain ``:``, so the two kinds never collide):
+
+- ``<participant>``         the participant's status, "0".."4"
+- ``reason:<participant>``  the first failure reason recorded for it
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from kvstatus.errors import InvalidNameError, InvalidRoomError
+
+MAX_ROOM = 2**63 - 1
+MAX_NAME_LENGTH = 128
+DEFAULT_PREFIX = "kvstatus"
+DEFAULT_PARTICIPANT = "default"
+REASON_FIELD_PREFIX = "reason:"
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def validate_name(value: object, what: str) -> str:
+    """Return ``value`` if it is a valid prefix, namespace or participant; raise :class:`InvalidNameError`."""
+    if not isinstance(value, str):
+        raise InvalidNameError(f"invalid {what} {value!r}: expected a string")
+    if not _NAME.fullmatch(value) or len(value) > MAX_NAME_LENGTH:
+        raise InvalidNameError(
+            f"invalid {what} {value!r}: use 1..{MAX_NAME_LENGTH} characters from A-Z a-z 0-9 _ . - "
+            "(no braces, glob characters, colons or whitespace)"
+        )
+    return value
+
+
+def validate_room(room: object) -> int:
+    """Return ``room`` if it is an int in [0, 2**63 - 1]; raise :class:`InvalidRoomError`."""
+    if isinstance(room, bool) or not isinstance(room, int):
+        raise InvalidRoomError(f"invalid room {room!r} ({type(room).__name__}): expected an int in [0, 2**63 - 1]")
+    if not 0 <= room <= MAX_ROOM:
+        raise InvalidRoomError(f"invalid room {room}: expected an int in [0, 2**63 - 1]")
+    return int(room)
+
+
+def parse_room(text: str) -> int:
+    """Parse a room id typed by a person (decimal digits)."""
+    stripped = text.strip()
+    if not stripped.isdigit() or not stripped.isascii():
+        raise InvalidRoomError(f"invalid room {text!r}: expected a decimal integer in [0, 2**63 - 1]")
+    return validate_room(int(stripped))
+
+
+@dataclass(frozen=True)
+class KeySchema:
+    """Builds and parses the keys of one namespace."""
+
+    namespace: str
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        validate_name(self.prefix, "prefix")
+        validate_name(self.namespace, "namespace")
+
+    @property
+    def base(self) -> str:
+        """``<prefix>:<namespace>:``, the start of every key of this namespace."""
+        return f"{self.prefix}:{self.namespace}:"
+
+    @property
+    def scan_pattern(self) -> str:
+        """SCAN MATCH pattern for every room key of this namespace (names hold no glob characters)."""
+        return f"{self.base}{{*}}"
+
+    def room_key(self, room: int) -> str:
+        """Key of a validated room id."""
+        return f"{self.base}{{{room}}}"
+
+    def room_keys(self, rooms: Iterable[int]) -> list[str]:
+        base = self.base
+        return [f"{base}{{{room}}}" for room in rooms]
+
+    def room_of(self, key: str | bytes) -> Optional[int]:
+        """Room id of a key of this namespace, or None for any other key."""
+        text = key.decode() if isinstance(key, bytes) else key
+        base = self.base
+        if not (text.startswith(base + "{") and text.endswith("}")):
+            return None
+        digits = text[len(base) + 1 : -1]
+        if not digits.isdigit() or not digits.isascii():
+            return None
+        room = int(digits)
+        return room if room <= MAX_ROOM else None
+
+
+def reason_field(participant: str) -> str:
+    return REASON_FIELD_PREFIX + participant

@@ -1,0 +1,156 @@
+"""Statuses, outcomes and the pure-Python reference of the update rule.
+
+The Lua script ``lua/update.lua`` is the rule that runs; :func:`apply_rule` is
+the same table in Python, used as the oracle in tests, by ``kvstatus explain``
+and by the demo's baselines. Change one and the tests force you to change the other.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple, Optional
+
+from kvstatus.errors import InvalidArgumentError, InvalidStatusError
+
+
+class KVPoll(enum.IntEnum):
+    """Room status, numbered as in SGLang's ``KVPoll``."""
+
+    Failed = 0
+    Bootstrapping = 1
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+class Outcome(enum.IntEnum):
+    """Which row of the update rule fired; the integer is what the Lua script returns."""
+
+    CREATED = 1
+    ADVANCED = 2
+    FAILED = 3
+    UNCHANGED = 4
+    IGNORED_MISSING = 5
+    REFUSED_TERMINAL = 6
+    REFUSED_CREATE = 7
+
+    @property
+    def refreshes_ttl(self) -> bool:
+        """True for the outcomes after which the entry exists and the room's TTL was refreshed."""
+        return self in _TTL_REFRESHING
+
+
+_TTL_REFRESHING = frozenset({Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED, Outcome.UNCHANGED})
+
+
+class Policy(str, enum.Enum):
+    """``seed``: the upstream rule (default). ``strict``: Failed is terminal and late creates are refused."""
+
+    SEED = "seed"
+    STRICT = "strict"
+
+
+class UpdateResult(NamedTuple):
+    """What an update did: the rule that fired and the participant's status afterwards (None: no entry)."""
+
+    outcome: Outcome
+    status: Optional[KVPoll]
+
+
+# Statuses that may create a missing entry under the strict policy.
+STRICT_CREATORS = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput})
+
+
+def to_status(value: object) -> KVPoll:
+    """Return ``value`` as a :class:`KVPoll`; raise :class:`InvalidStatusError` for anything but a member or an int 0..4."""
+    if isinstance(value, KVPoll):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidStatusError(
+            f"invalid status {value!r} ({type(value).__name__}): expected a KVPoll member or an int 0..4"
+        )
+    try:
+        return KVPoll(value)
+    except ValueError:
+        raise InvalidStatusError(f"invalid status {value!r}: expected an int 0..4 (Failed..Success)") from None
+
+
+def parse_status(text: str) -> KVPoll:
+    """Parse a status name (case-insensitive) or number, as typed by a person."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return to_status(int(stripped))
+    for member in KVPoll:
+        if member.name.lower() == stripped.lower():
+            return member
+    names = ", ".join(f"{m.name}={m.value}" for m in KVPoll)
+    raise InvalidStatusError(f"invalid status {text!r}: expected one of {names}")
+
+
+def to_policy(value: object) -> Policy:
+    """Return ``value`` as a :class:`Policy`; raise :class:`InvalidArgumentError` otherwise."""
+    try:
+        return Policy(value)
+    except ValueError:
+        raise InvalidArgumentError(f"invalid policy {value!r}: expected 'seed' or 'strict'") from None
+
+
+def apply_rule(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED) -> UpdateResult:
+    """Apply the update rule of DESIGN §2 to one participant's entry (``current`` None: missing)."""
+    if current is None:
+        if new == KVPoll.Failed:
+            return UpdateResult(Outcome.IGNORED_MISSING, None)
+        if policy == Policy.STRICT and new not in STRICT_CREATORS:
+            return UpdateResult(Outcome.REFUSED_CREATE, None)
+        return UpdateResult(Outcome.CREATED, new)
+    if new == KVPoll.Failed:
+        if current == KVPoll.Failed:
+            return UpdateResult(Outcome.UNCHANGED, current)
+        return UpdateResult(Outcome.FAILED, KVPoll.Failed)
+    if current == KVPoll.Failed and policy == Policy.STRICT:
+        return UpdateResult(Outcome.REFUSED_TERMINAL, current)
+    if new > current:
+        return UpdateResult(Outcome.ADVANCED, new)
+    return UpdateResult(Outcome.UNCHANGED, current)
+
+
+def explain(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED) -> str:
+    """One sentence saying which row of the rule fires for (current, new) and why."""
+    result = apply_rule(current, new, policy)
+    cur = "missing" if current is None else f"{current.name}({current.value})"
+    why = {
+        Outcome.IGNORED_MISSING: "a Failed update never creates an entry: the room was cleared or never existed, "
+        "so a late abort must not resurrect it",
+        Outcome.CREATED: "a missing entry is created by a non-Failed status",
+        Outcome.FAILED: "Failed overrides any stored status",
+        Outcome.UNCHANGED: "the stored status is kept: it is already Failed or at least as far along",
+        Outcome.ADVANCED: "statuses only move forward: the new one is greater than the stored one",
+        Outcome.REFUSED_TERMINAL: "under the strict policy Failed is terminal",
+        Outcome.REFUSED_CREATE: "under the strict policy only Bootstrapping or WaitingForInput may create an entry; "
+        "a late status for a cleared room is refused",
+    }[result.outcome]
+    after = "no entry" if result.status is None else f"{result.status.name}({result.status.value})"
+    return f"{cur} + {new.name}({new.value}) under {policy.value}: {result.outcome.name} -> {after}; {why}."
+
+
+class ParticipantEntry(NamedTuple):
+    """One participant's entry in a room: its status (None if only a reason is left) and failure reason."""
+
+    status: Optional[KVPoll]
+    reason: Optional[str]
+
+
+class RoomView(NamedTuple):
+    """Everything stored for one room, across participants.
+
+    ``ttl_ms`` is the time left in milliseconds; None when the room does not
+    exist, or when its key has no TTL (a leak: kvstatus never writes one).
+    """
+
+    room: int
+    participants: dict[str, ParticipantEntry]
+    ttl_ms: Optional[int]
+
+    @property
+    def exists(self) -> bool:
+        return bool(self.participants)

@@ -77,11 +77,9 @@ def to_status(value: object) -> KVPoll:
 
 def parse_status(text: str) -> KVPoll:
     """Parse a status name (case-insensitive) or number, as typed by a person."""
-    stripped = text.strip()
-    if stripped.isdigit():
-        return to_status(int(stripped))
+    stripped = text.strip().lower()
     for member in KVPoll:
-        if member.name.lower() == stripped.lower():
+        if stripped in (member.name.lower(), str(member.value)):
             return member
     names = ", ".join(f"{m.name}={m.value}" for m in KVPoll)
     raise InvalidStatusError(f"invalid status {text!r}: expected one of {names}")

@@ -1,0 +1,74 @@
+"""Backends for the semantic tests: fakeredis and real redis-server processes, each sync and async."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import fakeredis
+import fakeredis.aioredis
+import pytest
+import redis
+import redis.asyncio
+
+from kvstatus.embedded import RedisServer
+from tests.support import Backend, require_redis_server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server started for this test session on a free loopback port."""
+    require_redis_server()
+    with RedisServer() as server:
+        yield server
+
+
+def _fake_backend(asynchronous: bool) -> Backend:
+    server = fakeredis.FakeServer()
+    raw = fakeredis.FakeRedis(server=server)
+    if asynchronous:
+        return Backend("fake-async", raw, lambda: fakeredis.aioredis.FakeRedis(server=server), True)
+    return Backend("fake", raw, lambda: fakeredis.FakeRedis(server=server), False)
+
+
+def _real_backend(server: RedisServer, asynchronous: bool) -> Backend:
+    raw = redis.Redis(host=server.host, port=server.port)
+    if asynchronous:
+        return Backend(
+            "real-async", raw, lambda: redis.asyncio.Redis(host=server.host, port=server.port), True, server
+        )
+    return Backend("real", raw, lambda: redis.Redis(host=server.host, port=server.port), False, server)
+
+
+BACKENDS = ["fake", "fake-async", pytest.param("real", marks=pytest.mark.real),
+            pytest.param("real-async", marks=pytest.mark.real)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """Each semantic test runs on fakeredis and a real Redis, through the sync and the async store."""
+    name: str = request.param
+    asynchronous = name.endswith("async")
+    if name.startswith("real"):
+        made = _real_backend(request.getfixturevalue("redis_server"), asynchronous)
+    else:
+        made = _fake_backend(asynchronous)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.real)])
+def sync_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """fakeredis and a real Redis, sync store only (for tests about the wire, not the API)."""
+    made = _real_backend(request.getfixturevalue("redis_server"), False) if request.param == "real" \
+        else _fake_backend(False)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def raw_client(backend: Backend) -> Any:
+    return backend.raw

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any, Optional, TypeVar
 
 from redis import exceptions as rx
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect_async
 from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
+from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import DEFAULT_PREFIX
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, Op
 from kvstatus.status import KVPoll, Policy, RoomView, UpdateResult
@@ -32,8 +35,10 @@ class AsyncStatusStore(StoreBase):
         options: Optional[ConnectionOptions] = None,
         **option_overrides: Any,
     ) -> "AsyncStatusStore":
-        client = connect_async(url, options, **option_overrides)
-        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy)
+        opts = replace(options or ConnectionOptions(), **option_overrides)
+        client = connect_async(url, opts)
+        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy,
+                   options=opts)
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         return await self._run(self._core.update_status(room, status))
@@ -77,6 +82,24 @@ class AsyncStatusStore(StoreBase):
             return done.value
 
     async def _send(self, calls: list[Call]) -> list[Any]:
+        """Send ``calls``; a cluster or Sentinel client resends them after the backoff while the backend moves."""
+        for delay in self._failover_delays:
+            try:
+                return await self._send_once(calls)
+            except BackendUnavailableError:
+                await asyncio.sleep(delay)
+                await self._refresh_topology()
+        return await self._send_once(calls)
+
+    async def _refresh_topology(self) -> None:
+        """Re-read a cluster's slot map before a resend; a stale map keeps pointing at a dead master."""
+        if self._core.cluster:
+            try:
+                await self.client.nodes_manager.initialize()
+            except rx.RedisError:
+                pass  # the resend reports the failure if the cluster is still down
+
+    async def _send_once(self, calls: list[Call]) -> list[Any]:
         try:
             if len(calls) == 1:
                 return [await self._execute(calls[0])]

@@ -65,9 +65,13 @@ class ConnectionOptions:
     ssl_check_hostname: Optional[bool] = None
     ssl_cert_reqs: Optional[str] = None
 
+    def retry_delays(self) -> tuple[float, ...]:
+        """The wait in seconds before each resend: ``min(backoff_cap, backoff_base * 2**n)``, n = 1..retries."""
+        return tuple(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
+
     def retry_budget(self) -> float:
         """Total backoff in seconds before a command gives up (not counting the timeouts themselves)."""
-        return sum(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
+        return sum(self.retry_delays())
 
 
 @dataclass(frozen=True)
@@ -286,10 +290,20 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         from redis.asyncio.sentinel import Sentinel as SentinelClass
     else:
         from redis.sentinel import Sentinel as SentinelClass
+    # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
+    # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
+    # until its budget is spent. The store resends the whole call instead, through a fresh
+    # connection that asks the Sentinels where the master is (see StoreBase / failover_delays).
     sentinel = SentinelClass(
-        list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_retry(options, asynchronous), **kwargs
+        list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
     return sentinel.master_for(parsed.service)
+
+
+def _no_retry(asynchronous: bool) -> Any:
+    from redis.backoff import NoBackoff
+
+    return (redis.asyncio.retry.Retry if asynchronous else Retry)(NoBackoff(), 0)
 
 
 _BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {

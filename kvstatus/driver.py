@@ -9,7 +9,7 @@ from typing import Any, Optional
 from redis import exceptions as rx
 from redis.cluster import RedisCluster
 
-from kvstatus.connection import mask_url
+from kvstatus.connection import ConnectionOptions, mask_url
 from kvstatus.errors import (
     AuthenticationError,
     BackendError,
@@ -33,6 +33,28 @@ def is_cluster_client(client: Any) -> bool:
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
+def is_sentinel_client(client: Any) -> bool:
+    """True for a redis-py client made by ``Sentinel.master_for`` (sync or async)."""
+    from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+    from redis.sentinel import SentinelConnectionPool
+
+    return isinstance(getattr(client, "connection_pool", None), (SentinelConnectionPool, AsyncSentinelPool))
+
+
+def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
+    """Seconds to wait before each resend of a whole store call that met an unavailable backend.
+
+    Only for cluster and Sentinel clients: redis-py surfaces a dead cluster
+    node or a demoted Sentinel master at once ("The previous master is now a
+    slave"), before the topology has moved. A standalone client already
+    retries each command itself (same :class:`ConnectionOptions`), so it gets
+    no second layer.
+    """
+    if not (is_cluster_client(client) or is_sentinel_client(client)):
+        return ()
+    return (options or ConnectionOptions()).retry_delays()
+
+
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
@@ -45,8 +67,11 @@ class StoreBase:
         prefix: str = DEFAULT_PREFIX,
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
+        options: Optional[ConnectionOptions] = None,
     ) -> None:
         self.client = client
+        self.options = options or ConnectionOptions()
+        self._failover_delays = failover_delays(client, self.options)
         self._core = StoreCore(
             namespace=namespace,
             participant=participant,
@@ -84,7 +109,7 @@ class StoreBase:
 
     def for_participant(self, participant: str) -> Any:
         """A store with the same client and settings, writing as ``participant``."""
-        return type(self)(self.client, **{**self._core.settings(), "participant": participant})
+        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options)
 
     def __repr__(self) -> str:
         return (
@@ -115,7 +140,8 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
     text = mask_url(str(exc))
     if isinstance(exc, rx.AuthenticationError):
         return AuthenticationError(f"Redis refused the credentials: {text}")
-    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError)):
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,
+                        rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
         return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, rx.NoPermissionError):
         return PermissionDeniedError(f"Redis ACL denied the request: {text}")

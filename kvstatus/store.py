@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any, Optional, TypeVar
 
 from redis import exceptions as rx
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
 from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
+from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import DEFAULT_PREFIX
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, Op
 from kvstatus.status import KVPoll, Policy, RoomView, UpdateResult
@@ -38,8 +41,10 @@ class StatusStore(StoreBase):
         **option_overrides: Any,
     ) -> "StatusStore":
         """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
-        client = connect(url, options, **option_overrides)
-        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy)
+        opts = replace(options or ConnectionOptions(), **option_overrides)
+        client = connect(url, opts)
+        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy,
+                   options=opts)
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
@@ -91,6 +96,24 @@ class StatusStore(StoreBase):
             return done.value
 
     def _send(self, calls: list[Call]) -> list[Any]:
+        """Send ``calls``; a cluster or Sentinel client resends them after the backoff while the backend moves."""
+        for delay in self._failover_delays:
+            try:
+                return self._send_once(calls)
+            except BackendUnavailableError:
+                time.sleep(delay)
+                self._refresh_topology()
+        return self._send_once(calls)
+
+    def _refresh_topology(self) -> None:
+        """Re-read a cluster's slot map before a resend; a stale map keeps pointing at a dead master."""
+        if self._core.cluster:
+            try:
+                self.client.nodes_manager.initialize()
+            except rx.RedisError:
+                pass  # the resend reports the failure if the cluster is still down
+
+    def _send_once(self, calls: list[Call]) -> list[Any]:
         try:
             if len(calls) == 1:
                 return [self._execute(calls[0])]

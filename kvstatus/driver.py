@@ -4,12 +4,13 @@ translation and the bookkeeping of NOSCRIPT healing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 from redis import exceptions as rx
 from redis.cluster import RedisCluster
 
-from kvstatus.connection import ConnectionOptions, mask_url
+from kvstatus.connection import DEFAULT_URL, ConnectionOptions, mask_url
 from kvstatus.errors import (
     AuthenticationError,
     BackendError,
@@ -18,12 +19,13 @@ from kvstatus.errors import (
     KVStatusError,
     PermissionDeniedError,
 )
-from kvstatus.keys import DEFAULT_PREFIX
+from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.scripts import LuaScript
 from kvstatus.status import Policy
 
 _CORRUPT = "KVSTATUS_CORRUPT "
+S = TypeVar("S", bound="StoreBase")
 
 
 def is_cluster_client(client: Any) -> bool:
@@ -58,6 +60,8 @@ def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
+    _connect: ClassVar[Callable[..., Any]]
+
     def __init__(
         self,
         client: Any,
@@ -81,6 +85,24 @@ class StoreBase:
             cluster=is_cluster_client(client),
         )
 
+    @classmethod
+    def from_url(
+        cls: type[S],
+        url: str = DEFAULT_URL,
+        *,
+        namespace: str,
+        participant: Optional[str] = None,
+        prefix: str = DEFAULT_PREFIX,
+        ttl: float = DEFAULT_TTL_SECONDS,
+        policy: str | Policy = Policy.SEED,
+        options: Optional[ConnectionOptions] = None,
+        **option_overrides: Any,
+    ) -> S:
+        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
+        opts = replace(options or ConnectionOptions(), **option_overrides)
+        return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
+                   policy=policy, options=opts)
+
     @property
     def namespace(self) -> str:
         return self._core.schema.namespace
@@ -103,7 +125,7 @@ class StoreBase:
         return self._core.policy
 
     @property
-    def keys(self) -> Any:
+    def keys(self) -> KeySchema:
         """The :class:`~kvstatus.keys.KeySchema` of this store's namespace."""
         return self._core.schema
 

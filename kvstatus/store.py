@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any, Optional, TypeVar
 
 from redis import exceptions as rx
 
-from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
+from kvstatus.connection import connect
 from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
 from kvstatus.errors import BackendUnavailableError
-from kvstatus.keys import DEFAULT_PREFIX
-from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, Op
-from kvstatus.status import KVPoll, Policy, RoomView, UpdateResult
+from kvstatus.operations import Call, Op
+from kvstatus.status import KVPoll, RoomView, UpdateResult
 
 T = TypeVar("T")
 
@@ -27,24 +25,7 @@ class StatusStore(StoreBase):
     seconds. Every method is one round trip.
     """
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str = DEFAULT_URL,
-        *,
-        namespace: str,
-        participant: Optional[str] = None,
-        prefix: str = DEFAULT_PREFIX,
-        ttl: float = DEFAULT_TTL_SECONDS,
-        policy: str | Policy = Policy.SEED,
-        options: Optional[ConnectionOptions] = None,
-        **option_overrides: Any,
-    ) -> "StatusStore":
-        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
-        opts = replace(options or ConnectionOptions(), **option_overrides)
-        client = connect(url, opts)
-        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy,
-                   options=opts)
+    _connect = staticmethod(connect)
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""

@@ -25,6 +25,8 @@ from kvstatus.scripts import LuaScript
 from kvstatus.status import Policy
 
 _CORRUPT = "KVSTATUS_CORRUPT "
+# Redis 7 reports an ACL denial inside a script as a plain error naming the script line.
+_SCRIPT_NOPERM = "The user executing the script can't run this command"
 S = TypeVar("S", bound="StoreBase")
 
 
@@ -165,7 +167,7 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,
                         rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
         return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
-    if isinstance(exc, rx.NoPermissionError):
+    if isinstance(exc, rx.NoPermissionError) or _SCRIPT_NOPERM in text:
         return PermissionDeniedError(f"Redis ACL denied the request: {text}")
     if text.startswith(_CORRUPT):
         return CorruptedValueError(text[len(_CORRUPT) :].split(" script:")[0])

@@ -9,7 +9,7 @@ from typing import Any, Optional, TypeVar
 from redis import exceptions as rx
 
 from kvstatus.connection import connect_async
-from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
+from kvstatus.driver import REDIS_ERRORS, StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.operations import Call, Op
 from kvstatus.status import KVPoll, RoomView, UpdateResult
@@ -86,7 +86,7 @@ class AsyncStatusStore(StoreBase):
             if len(calls) == 1:
                 return [await self._execute(calls[0])]
             return await self._pipeline(calls)
-        except rx.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc, calls[0] if len(calls) == 1 else None) from exc
 
     async def _execute(self, call: Call) -> Any:

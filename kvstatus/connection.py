@@ -270,8 +270,13 @@ def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) 
         return AsyncCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
     from redis.cluster import ClusterNode, RedisCluster
 
-    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts], retry=_retry(options, False),
-                        **kwargs)
+    from kvstatus.driver import REDIS_ERRORS, translate_error
+
+    try:  # the sync client reads the slot map right away
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],
+                            retry=_retry(options, False), **kwargs)
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
 
 
 def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
@@ -283,6 +288,7 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         "socket_connect_timeout": kwargs["socket_connect_timeout"],
         "username": query.get("sentinel_username"),
         "password": query.get("sentinel_password"),
+        "retry": _no_retry(asynchronous),
     }
     if parsed.tls:
         sentinel_kwargs.update(_ssl_kwargs(query, options))

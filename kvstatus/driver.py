@@ -9,6 +9,7 @@ from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 from redis import exceptions as rx
 from redis.cluster import RedisCluster
+from redis.sentinel import MasterNotFoundError
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, mask_url
 from kvstatus.errors import (
@@ -157,11 +158,27 @@ def raise_first_error(calls: Sequence[Call], replies: Sequence[Any]) -> None:
             raise translate_error(reply, call) from reply
 
 
+REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
+"""What redis-py raises; RedisClusterException (no reachable node, no slot map) is no RedisError."""
+
+
 def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseException:
     """The kvstatus error for a redis-py exception; other exceptions pass through unchanged."""
-    if isinstance(exc, KVStatusError) or not isinstance(exc, rx.RedisError):
+    if isinstance(exc, KVStatusError) or not isinstance(exc, REDIS_ERRORS):
         return exc
     text = mask_url(str(exc))
+    if isinstance(exc, MasterNotFoundError):
+        # redis-py appends a repr of every Sentinel client; keep the sentence, name the cause.
+        head = text.partition(" : ")[0]
+        if "auth:AuthenticationError" in text:
+            return AuthenticationError(f"the Sentinels refused the credentials (sentinel_username/"
+                                       f"sentinel_password): {head}")
+        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {head} "
+                                       "(no Sentinel reachable, or none knows that service)")
+    if isinstance(exc, rx.RedisClusterException):
+        if isinstance(exc.__cause__, rx.AuthenticationError):
+            return AuthenticationError(f"Redis refused the credentials: {text}")
+        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, rx.AuthenticationError):
         return AuthenticationError(f"Redis refused the credentials: {text}")
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,

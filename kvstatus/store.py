@@ -9,7 +9,7 @@ from typing import Any, Optional, TypeVar
 from redis import exceptions as rx
 
 from kvstatus.connection import connect
-from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
+from kvstatus.driver import REDIS_ERRORS, StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.operations import Call, Op
 from kvstatus.status import KVPoll, RoomView, UpdateResult
@@ -99,7 +99,7 @@ class StatusStore(StoreBase):
             if len(calls) == 1:
                 return [self._execute(calls[0])]
             return self._pipeline(calls)
-        except rx.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc, calls[0] if len(calls) == 1 else None) from exc
 
     def _execute(self, call: Call) -> Any:

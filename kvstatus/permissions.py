@@ -25,6 +25,10 @@ CLUSTER_DISCOVERY: tuple[str, ...] = ("cluster|slots", "cluster|shards", "cluste
 SCRIPTS: tuple[str, ...] = ("evalsha", "script|load")
 READS: tuple[str, ...] = ("hget", "hgetall", "hexists", "pttl", "scan", "info")
 WRITES: tuple[str, ...] = ("hset", "hsetnx", "hdel", "pexpire")
+SENTINEL_COMMANDS: tuple[str, ...] = (
+    "ping", "sentinel|get-master-addr-by-name", "sentinel|masters", "sentinel|sentinels", "sentinel|replicas",
+)
+"""What the client of a Sentinel URL asks the Sentinels (a user on the Sentinels, not the data nodes)."""
 
 
 def read_only_commands() -> tuple[str, ...]:
@@ -51,6 +55,12 @@ def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool =
         rules.append(f">{password}")
     rules += [f"~{schema.base}*", "resetchannels", "-@all", *(f"+{command}" for command in commands)]
     return rules
+
+
+def sentinel_acl_rules(password: Optional[str] = None) -> list[str]:
+    """``ACL SETUSER <name>`` rules for kvstatus's user on the Sentinels (``sentinel_username``)."""
+    rules = ["reset", "on"] + ([f">{password}"] if password is not None else [])
+    return rules + ["resetchannels", "-@all", *(f"+{command}" for command in SENTINEL_COMMANDS)]
 
 
 def acl_setuser_line(user: str, namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False) -> str:

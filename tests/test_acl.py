@@ -9,8 +9,14 @@ from typing import Iterator
 import pytest
 
 from kvstatus import KVPoll, Outcome, PermissionDeniedError, StatusStore
-from kvstatus.embedded import RedisClusterServers, RedisServer
-from kvstatus.permissions import acl_rules, acl_setuser_line, read_only_commands, read_write_commands
+from kvstatus.embedded import RedisClusterServers, RedisSentinelServers, RedisServer
+from kvstatus.permissions import (
+    acl_rules,
+    acl_setuser_line,
+    read_only_commands,
+    read_write_commands,
+    sentinel_acl_rules,
+)
 from tests.support import require_redis_server
 
 ADMIN_SECRET = "admin-Secr3t"
@@ -109,6 +115,25 @@ def test_readme_recipe_is_the_library_recipe() -> None:
         assert acl_setuser_line(user, "prod-a", read_only=read_only) in text
     listed = set(re.findall(r"\+([a-z|_]+)", text.split("## Security", 1)[1].split("\n## ", 1)[0]))
     assert set(read_write_commands()) <= listed and set(read_only_commands()) <= listed
+
+
+@pytest.mark.real
+def test_sentinel_user_of_the_recipe_finds_the_master() -> None:
+    require_redis_server()
+    with RedisSentinelServers(password=ADMIN_SECRET) as group:
+        for sentinel in group.sentinels:
+            with sentinel.client() as client:
+                client.execute_command("ACL", "SETUSER", "kvstatus", *sentinel_acl_rules(USER_SECRET))
+                client.execute_command("ACL", "SETUSER", "default", "off")  # only the recipe's user remains
+        url = group.url + f"?sentinel_username=kvstatus&sentinel_password={USER_SECRET}"
+        with StatusStore.from_url(url, namespace="ns-s") as store:
+            assert store.update_status(1, KVPoll.Bootstrapping).outcome is Outcome.CREATED
+            assert store.get(1) is KVPoll.Bootstrapping
+
+
+def test_readme_sentinel_recipe_is_the_library_recipe() -> None:
+    line = "ACL SETUSER kvstatus " + " ".join(sentinel_acl_rules("PASSWORD"))
+    assert line in README.read_text()
 
 
 def test_read_only_rules_have_no_write_command() -> None:

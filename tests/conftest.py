@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import fakeredis
 import fakeredis.aioredis
@@ -34,11 +34,18 @@ def redis_cluster() -> Iterator[RedisClusterServers]:
 
 
 def _cluster_backend(cluster: RedisClusterServers, asynchronous: bool) -> Backend:
+    """Stores of one test share one cluster client: each new one would fetch the slot map and COMMAND."""
     raw = cluster.client()
     if asynchronous:
         nodes = [AsyncClusterNode(host, port) for host, port in cluster.startup_nodes]
-        return Backend("cluster-async", raw, lambda: AsyncRedisCluster(startup_nodes=nodes), True, cluster)
-    return Backend("cluster", raw, cluster.client, False, cluster)
+        shared = _once(lambda: AsyncRedisCluster(startup_nodes=nodes))
+        return Backend("cluster-async", raw, shared, True, cluster)
+    return Backend("cluster", raw, _once(cluster.client), False, cluster)
+
+
+def _once(make: Callable[[], Any]) -> Callable[[], Any]:
+    made: list[Any] = []
+    return lambda: made[0] if made else made.append(make()) or made[0]
 
 
 def _fake_backend(asynchronous: bool) -> Backend:

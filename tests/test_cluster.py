@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Iterator
 
 import pytest
 from redis.cluster import key_slot
@@ -12,6 +13,18 @@ from kvstatus.embedded import RedisClusterServers
 from tests.support import fresh_namespace
 
 pytestmark = pytest.mark.real
+
+
+@pytest.fixture
+def namespace(redis_cluster: RedisClusterServers) -> Iterator[str]:
+    """A fresh namespace whose keys are deleted afterwards (the session cluster is shared, and
+    other tests SCAN it)."""
+    name = fresh_namespace("cl")
+    yield name
+    with redis_cluster.client() as client:
+        keys = list(client.scan_iter(match=f"kvstatus:{name}:*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start:start + 1000])
 
 
 def _rooms_per_master(cluster: RedisClusterServers, store: StatusStore) -> dict[int, int]:
@@ -24,8 +37,8 @@ def _rooms_per_master(cluster: RedisClusterServers, store: StatusStore) -> dict[
 
 
 @pytest.mark.parametrize("size", [1, 100, 10_000])
-def test_batches_span_every_node(redis_cluster: RedisClusterServers, size: int) -> None:
-    store = StatusStore.from_url(redis_cluster.url, namespace=fresh_namespace("batch"))
+def test_batches_span_every_node(redis_cluster: RedisClusterServers, size: int, namespace: str) -> None:
+    store = StatusStore.from_url(redis_cluster.url, namespace=namespace)
     rooms = range(10**12, 10**12 + size)
     results = store.update_many({room: KVPoll.Bootstrapping for room in rooms})
     assert {r.outcome for r in results.values()} == {Outcome.CREATED} and len(results) == size
@@ -40,9 +53,9 @@ def test_batches_span_every_node(redis_cluster: RedisClusterServers, size: int) 
 
 
 @pytest.mark.parametrize("size", [1, 100, 10_000])
-def test_async_batches_span_every_node(redis_cluster: RedisClusterServers, size: int) -> None:
+def test_async_batches_span_every_node(redis_cluster: RedisClusterServers, size: int, namespace: str) -> None:
     async def run() -> None:
-        async with AsyncStatusStore.from_url(redis_cluster.url, namespace=fresh_namespace("abatch")) as store:
+        async with AsyncStatusStore.from_url(redis_cluster.url, namespace=namespace) as store:
             rooms = range(size)
             results = await store.update_many({room: KVPoll.WaitingForInput for room in rooms})
             assert {r.outcome for r in results.values()} == {Outcome.CREATED}
@@ -51,8 +64,8 @@ def test_async_batches_span_every_node(redis_cluster: RedisClusterServers, size:
     asyncio.run(run())
 
 
-def test_noscript_on_one_node_heals_inside_a_batch(redis_cluster: RedisClusterServers) -> None:
-    store = StatusStore.from_url(redis_cluster.url, namespace=fresh_namespace("noscript"))
+def test_noscript_on_one_node_heals_inside_a_batch(redis_cluster: RedisClusterServers, namespace: str) -> None:
+    store = StatusStore.from_url(redis_cluster.url, namespace=namespace)
     rooms = range(300)
     store.update_many({room: KVPoll.Bootstrapping for room in rooms})
     flushed = redis_cluster.masters()[1]
@@ -78,9 +91,9 @@ def _slot_owner(cluster: RedisClusterServers, store: StatusStore, room: int) -> 
         return client.nodes_manager.get_node_from_slot(slot).port
 
 
-def test_cluster_url_forms_reach_the_cluster(redis_cluster: RedisClusterServers) -> None:
+def test_cluster_url_forms_reach_the_cluster(redis_cluster: RedisClusterServers, namespace: str) -> None:
     one_node = redis_cluster.url.split(",")[0]
-    with StatusStore.from_url(one_node, namespace=fresh_namespace("url")) as store:
+    with StatusStore.from_url(one_node, namespace=namespace) as store:
         store.update_many({room: KVPoll.Transferring for room in range(50)})
         assert store.get(49) is KVPoll.Transferring
         assert "RedisCluster" in type(store.client).__name__

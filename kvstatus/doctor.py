@@ -27,6 +27,7 @@ from kvstatus.store import StatusStore
 
 PROBE_ROOM = MAX_ROOM
 PROBE_TTL_SECONDS = 30.0
+MIN_VERSION = (6, 0)
 # SGLang's bootstrap and waiting timeouts; a room TTL below them could expire a live request.
 SGLANG_TIMEOUT_SECONDS = 300.0
 
@@ -140,15 +141,27 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float) -> Check:
     return Check("ttl", True, detail)
 
 
+def version_check(node: Any) -> Check:
+    """The server's version from INFO; Redis 6.0 or later is needed (ACLs)."""
+    version: list[str] = []
+    ok, why = _attempt(lambda: version.append(str(node.info("server").get("redis_version"))))
+    if not ok:
+        if "unknown command" in why:
+            return Check("server version", True, "unknown: the server does not implement INFO (fakeredis?)")
+        return Check("server version", False, why)
+    parts = tuple(int(p) for p in re.findall(r"\d+", version[0])[:2])
+    if parts < MIN_VERSION:
+        return Check("server version", False, f"Redis {version[0]}; kvstatus needs {'.'.join(map(str, MIN_VERSION))} or later")
+    return Check("server version", True, f"Redis {version[0]}")
+
+
 def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS, where: str = "") -> list[Check]:
     """Every check, in order; stops after connectivity if Redis cannot be reached."""
     ok, why = _attempt(lambda: [node.ping() for node in scan_clients(client)])
     checks = [Check("connectivity", ok, f"PONG from {where}" if ok else why)]
     if not ok:
         return checks
-    version: list[str] = []
-    ok, why = _attempt(lambda: version.append(str(scan_clients(client)[0].info("server").get("redis_version"))))
-    checks.append(Check("server version", ok, f"Redis {version[0]}" if ok else why))
+    checks.append(version_check(scan_clients(client)[0]))
     checks.append(Check("topology", True, topology(client)))
     ok, why = _attempt(lambda: [client.script_load(s.source) for s in scripts.ALL])
     names = ", ".join(s.name for s in scripts.ALL)

@@ -48,7 +48,7 @@ participant_option = click.option("--participant", "-p", metavar="NAME",
 
 
 @main.command()
-@click.argument("rooms", nargs=-1, required=True, type=ROOM)
+@click.argument("rooms", nargs=-1, required=True, type=ROOM, metavar="ROOM...")
 @json_option
 @pass_env
 def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
@@ -104,7 +104,7 @@ def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], rea
 
 
 @main.command()
-@click.argument("rooms", nargs=-1, required=True, type=ROOM)
+@click.argument("rooms", nargs=-1, required=True, type=ROOM, metavar="ROOM...")
 @participant_option
 @json_option
 @pass_env

@@ -91,11 +91,12 @@ def demo(env: CliEnv, prefill: int, decode: int, requests: int, rooms: int, abor
     bar = _Bar()
     try:
         with _redis_for(env) as url:
-            results = run_demo(url, namespace, config, bar)
+            try:
+                results = run_demo(url, namespace, config, bar)
+            finally:
+                bar.close()
     except DemoError as exc:
         raise click.ClickException(str(exc)) from None
-    finally:
-        bar.close()
     if as_json:
         emit_json({"config": config.__dict__, "results": [r.to_json() for r in results]})
         return
@@ -104,6 +105,6 @@ def demo(env: CliEnv, prefill: int, decode: int, requests: int, rooms: int, abor
     click.echo("")
     click.echo(result_table(results))
     click.echo("")
-    click.echo("resurrected: abort writes that re-created a cleared entry; stale-status: requests whose first poll "
-               "saw a status left by an earlier request on the room;\nleaked keys / keys without TTL: left in the "
-               "namespace after every worker finished.")
+    click.echo("resurrected rooms: abort writes that re-created an entry its owner had cleared\n"
+               "stale-status requests: requests whose first poll saw a status left by an earlier request on the room\n"
+               "leaked keys, keys without TTL: left in the namespace after every worker finished")

@@ -6,9 +6,10 @@ A :class:`Snapshot` keeps one small tuple per room (participant, status), so
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from kvstatus.keys import KeySchema
 from kvstatus.scan import DEFAULT_BATCH, Progress, iter_rooms
@@ -86,3 +87,28 @@ def diff(before: Snapshot, after: Snapshot) -> Iterator[Change]:
         kind = classify(old, new)
         if kind is not None:
             yield Change(kind, room, _names(old or ()), _names(new or ()))
+
+
+def watch_changes(
+    client: Any,
+    schema: KeySchema,
+    interval: float,
+    *,
+    count: Optional[int] = None,
+    batch: int = DEFAULT_BATCH,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[tuple[Snapshot, list[Change]]]:
+    """Yield (snapshot, changes since the previous one) every ``interval`` seconds, ``count`` times or forever.
+
+    The first snapshot comes with no changes. The generator sleeps only
+    between snapshots, so a consumer that stops iterating stops at once.
+    """
+    previous: Optional[Snapshot] = None
+    taken = 0
+    while count is None or taken < count:
+        if previous is not None:
+            sleep(interval)
+        snap = Snapshot.take(client, schema, batch)
+        yield snap, (list(diff(previous, snap)) if previous is not None else [])
+        previous = snap
+        taken += 1

@@ -114,3 +114,24 @@ def test_probe_entry_of_a_running_doctor_is_not_listed(env: dict[str, str], redi
     store = StatusStore(redis_server.client(), namespace=env["KVSTATUS_NAMESPACE"])
     store.for_participant(PROBE_PARTICIPANT).update_status(9, KVPoll.Bootstrapping)
     assert run_cli("ls", "--json", env=env).stdout == ""
+
+
+def test_watch_exits_cleanly_on_ctrl_c(env: dict[str, str]) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    environment = {**{k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}, **env}
+    proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", "watch", "--interval", "0.2"], env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("kvstatus watch  namespace cli-")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "stopped" in err

@@ -92,3 +92,23 @@ def test_scan_covers_every_cluster_primary() -> None:
         checks = {c.name: c for c in run_checks(client, store.keys)}
         assert checks["topology"].detail == "cluster with 3 primaries"
         assert all(c.ok for c in checks.values()), [c for c in checks.values() if not c.ok]
+
+
+def test_watch_changes_reports_what_happened_between_refreshes() -> None:
+    from kvstatus.changes import watch_changes
+
+    client = fakeredis.FakeRedis()
+    store = StatusStore(client, namespace="ns")
+    store.update_many({1: KVPoll.Bootstrapping, 2: KVPoll.Transferring, 3: KVPoll.Transferring})
+    slept: list[float] = []
+
+    def meanwhile(seconds: float) -> None:  # the cluster moves on while watch sleeps
+        slept.append(seconds)
+        store.update_status(1, KVPoll.Transferring)
+        store.update_status(2, KVPoll.Failed)
+        store.clear(3)
+        store.update_status(4, KVPoll.Bootstrapping)
+
+    refreshes = list(watch_changes(client, store.keys, 0.5, count=2, sleep=meanwhile))
+    assert slept == [0.5] and refreshes[0][1] == []
+    assert [(c.kind, c.room) for c in refreshes[1][1]] == [(ADVANCED, 1), (FAILED, 2), (CLEARED, 3), (NEW, 4)]

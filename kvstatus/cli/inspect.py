@@ -10,7 +10,7 @@ from typing import Any, Optional
 import click
 
 from kvstatus.audit import bucket_labels, collect_stats
-from kvstatus.changes import KINDS, Snapshot, diff
+from kvstatus.changes import KINDS, Snapshot, watch_changes
 from kvstatus.cli.app import STATUS, CliEnv, emit_json, json_option, main, pass_env, status_text, stderr_is_tty, \
     table, ttl_text
 from kvstatus.doctor import run_checks
@@ -109,30 +109,20 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_jso
     counts, then one line per changed room. Exits cleanly on Ctrl-C.
     """
     schema = env.schema()
-    client = env.client()
-    previous: Optional[Snapshot] = None
-    refreshes = 0
     terminal = sys.stdout.isatty() and not as_json
     try:
-        while True:
-            snap = Snapshot.take(client, schema, batch)
-            changes = list(diff(previous, snap)) if previous is not None else []
+        for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch):
             if as_json:
                 emit_json({"event": "snapshot", "time": time.time(), "rooms": len(snap.rooms),
                            "by_status": {s.name: snap.by_status.get(s, 0) for s in KVPoll}})
                 for change in changes:
                     emit_json(change.to_json())
-            else:
-                if terminal:
-                    click.clear()
-                click.echo(_render(schema.namespace, snap, changes, interval))
-                if not terminal:
-                    click.echo("")
-            previous = snap
-            refreshes += 1
-            if count is not None and refreshes >= count:
-                return
-            time.sleep(interval)
+                continue
+            if terminal:
+                click.clear()
+            click.echo(_render(schema.namespace, snap, changes, interval))
+            if not terminal:
+                click.echo("")
     except KeyboardInterrupt:
         if not as_json:
             click.echo("\nstopped", err=True)

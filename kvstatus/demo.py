@@ -37,7 +37,7 @@ import random
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import redis
 
@@ -49,6 +49,9 @@ from kvstatus.status import KVPoll, Outcome, apply_rule
 from kvstatus.store import StatusStore
 
 IMPLEMENTATIONS = ("kvstatus", "client-side", "pre-fix")
+# fakeredis serves every worker from one Python thread, about 5x slower than redis-server; the default
+# size on it is cut so that a default run still takes well under 30 s.
+FAKEREDIS_DEFAULT_REQUESTS = 300
 LIFECYCLE = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success)
 ABORT_WAIT_SECONDS = 1.0
 DRAIN_TIMEOUT_SECONDS = 60.0
@@ -351,16 +354,24 @@ def run_demo(url: str, namespace: str, config: DemoConfig,
     return [run_one(url, f"{namespace}-{impl}", impl, config, progress) for impl in implementations]
 
 
+class EmbeddedRedis(NamedTuple):
+    """A throwaway server for the demo: its URL, a sentence saying what it is, and whether it is fakeredis."""
+
+    url: str
+    description: str
+    fake: bool
+
+
 @contextlib.contextmanager
-def embedded_redis() -> Iterator[tuple[str, str]]:
-    """Yield (url, description) of a throwaway server: redis-server if on PATH, else fakeredis' TCP server.
+def embedded_redis() -> Iterator[EmbeddedRedis]:
+    """A throwaway server: redis-server if on PATH, else fakeredis' TCP server (a thread of this process).
 
     Both listen on a free loopback port and are stopped on exit.
     """
     binary = find_redis_server()
     if binary is not None:
         with RedisServer() as server:
-            yield server.url, f"embedded redis-server ({binary}) on {server.host}:{server.port}"
+            yield EmbeddedRedis(server.url, f"embedded redis-server ({binary}) on {server.host}:{server.port}", False)
         return
     try:
         from fakeredis import TcpFakeServer
@@ -375,7 +386,8 @@ def embedded_redis() -> Iterator[tuple[str, str]]:
     thread = threading.Thread(target=server.serve_forever, name="fakeredis-tcp", daemon=True)
     thread.start()
     try:
-        yield f"redis://127.0.0.1:{port}/0", f"embedded fakeredis TCP server on 127.0.0.1:{port} (redis-server not on PATH)"
+        yield EmbeddedRedis(f"redis://127.0.0.1:{port}/0",
+                            f"embedded fakeredis TCP server on 127.0.0.1:{port} (redis-server not on PATH)", True)
     finally:
         server.shutdown()
         server.server_close()

@@ -9,7 +9,7 @@ import click
 
 from kvstatus.cli.app import CliEnv, emit_json, json_option, main, pass_env, stderr_is_tty, table
 from kvstatus.connection import mask_url
-from kvstatus.demo import DemoConfig, DemoError, DemoResult, embedded_redis, run_demo
+from kvstatus.demo import FAKEREDIS_DEFAULT_REQUESTS, DemoConfig, DemoError, DemoResult, embedded_redis, run_demo
 
 DEFAULTS = DemoConfig()
 DEFAULT_NAMESPACE = "kvstatus-demo"
@@ -17,15 +17,15 @@ BAR_WIDTH = 30
 
 
 @contextlib.contextmanager
-def _redis_for(env: CliEnv) -> Iterator[str]:
-    """The URL to run on: --url / KVSTATUS_URL if given, else an embedded server (said on stderr)."""
+def _redis_for(env: CliEnv) -> Iterator[tuple[str, bool]]:
+    """(URL, is fakeredis) to run on: --url / KVSTATUS_URL if given, else an embedded server (said on stderr)."""
     if env.url:
         click.echo(f"demo: using {mask_url(env.url)}", err=True)
-        yield env.url
+        yield env.url, False
         return
-    with embedded_redis() as (url, description):
-        click.echo(f"demo: no --url or KVSTATUS_URL given, running on an {description}", err=True)
-        yield url
+    with embedded_redis() as server:
+        click.echo(f"demo: no --url or KVSTATUS_URL given, running on an {server.description}", err=True)
+        yield server.url, server.fake
     click.echo("demo: embedded server stopped", err=True)
 
 
@@ -65,8 +65,9 @@ def result_table(results: list[DemoResult]) -> str:
               help="Prefill worker processes.")
 @click.option("--decode", type=click.IntRange(min=1, max=64), default=DEFAULTS.decode, show_default=True,
               help="Decode worker processes.")
-@click.option("--requests", type=click.IntRange(min=1), default=DEFAULTS.requests, show_default=True,
-              help="Requests per worker process.")
+@click.option("--requests", type=click.IntRange(min=1),
+              help=f"Requests per worker process [default: {DEFAULTS.requests}; {FAKEREDIS_DEFAULT_REQUESTS} on the "
+                   "embedded fakeredis, which is slower].")
 @click.option("--rooms", type=click.IntRange(min=1), default=DEFAULTS.rooms, show_default=True,
               help="Room ids per pool (small pools mean much room-id reuse).")
 @click.option("--abort-rate", type=click.FloatRange(0, 1), default=DEFAULTS.abort_rate, show_default=True,
@@ -76,7 +77,7 @@ def result_table(results: list[DemoResult]) -> str:
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Random seed, for reproducible runs.")
 @json_option
 @pass_env
-def demo(env: CliEnv, prefill: int, decode: int, requests: int, rooms: int, abort_rate: float, late_share: float,
+def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms: int, abort_rate: float, late_share: float,
          seed: int, as_json: bool) -> None:
     """Simulate a PD cluster: the same workload against kvstatus, a client-side read-then-write rule, and the pre-fix rule.
 
@@ -85,12 +86,14 @@ def demo(env: CliEnv, prefill: int, decode: int, requests: int, rooms: int, abor
     cleared. Without --url / KVSTATUS_URL it starts an embedded server
     (redis-server if on PATH, else fakeredis) and stops it afterwards.
     """
-    config = DemoConfig(prefill=prefill, decode=decode, requests=requests, rooms=rooms, abort_rate=abort_rate,
-                        late_abort_share=late_share, seed=seed)
     namespace = env.namespace or DEFAULT_NAMESPACE
     bar = _Bar()
     try:
-        with _redis_for(env) as url:
+        with _redis_for(env) as (url, fake):
+            if requests is None:
+                requests = FAKEREDIS_DEFAULT_REQUESTS if fake else DEFAULTS.requests
+            config = DemoConfig(prefill=prefill, decode=decode, requests=requests, rooms=rooms,
+                                abort_rate=abort_rate, late_abort_share=late_share, seed=seed)
             try:
                 results = run_demo(url, namespace, config, bar)
             finally:

@@ -59,6 +59,8 @@ class Stats:
     keys_without_ttl: list[int] = field(default_factory=list)
     keys_without_ttl_count: int = 0
     oldest: list[RoomView] = field(default_factory=list)
+    corrupted_count: int = 0
+    corrupted: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +73,8 @@ class Stats:
             "ttl_left": {label: self.ttl_left.get(label, 0) for label in bucket_labels()},
             "keys_without_ttl": self.keys_without_ttl_count,
             "keys_without_ttl_sample": self.keys_without_ttl,
+            "corrupted_rooms": self.corrupted_count,
+            "corrupted_sample": self.corrupted,
             "oldest_non_terminal": [
                 {"room": v.room, "ttl_ms": v.ttl_ms,
                  "statuses": {n: e.status.name if e.status is not None else None
@@ -93,10 +97,20 @@ def collect_stats(
     batch: int = DEFAULT_BATCH,
     progress: Optional[Progress] = None,
 ) -> Stats:
-    """Count rooms by status and participant and audit TTLs in one SCAN pass."""
+    """Count rooms by status and participant and audit TTLs in one SCAN pass.
+
+    Rooms holding values kvstatus does not write are counted as corrupted
+    (with up to ``sample`` messages) instead of stopping the audit.
+    """
     stats = Stats()
     heap: list[tuple[int, int, RoomView]] = []  # (-ttl_ms, room, view): the `oldest` smallest TTLs
-    for view in iter_rooms(client, schema, batch, progress):
+
+    def corrupt(room: int, message: str) -> None:
+        stats.corrupted_count += 1
+        if len(stats.corrupted) < sample:
+            stats.corrupted.append(message)
+
+    for view in iter_rooms(client, schema, batch, progress, corrupt):
         stats.rooms += 1
         for name, entry in view.participants.items():
             if entry.status is None:

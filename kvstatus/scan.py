@@ -18,6 +18,7 @@ from redis import exceptions as rx
 from redis.cluster import RedisCluster
 
 from kvstatus.driver import translate_error
+from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
 from kvstatus.operations import decode_room
 from kvstatus.status import ParticipantEntry, RoomView
@@ -27,6 +28,8 @@ PROBE_PARTICIPANT = "kvstatus-doctor-probe"
 
 Progress = Callable[[int], None]
 """Called after each batch with the number of keys scanned so far."""
+OnCorrupt = Callable[[int, str], None]
+"""Called with (room, message) for a room holding a value kvstatus does not write."""
 
 
 def scan_clients(client: Any) -> list[Any]:
@@ -66,8 +69,14 @@ def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -
         raise translate_error(exc) from exc
 
 
-def read_rooms(client: Any, schema: KeySchema, keys: list[str]) -> list[RoomView]:
-    """The views of ``keys`` in one pipelined round trip; rooms gone meanwhile are left out."""
+def read_rooms(client: Any, schema: KeySchema, keys: list[str],
+               on_corrupt: Optional[OnCorrupt] = None) -> list[RoomView]:
+    """The views of ``keys`` in one pipelined round trip; rooms gone meanwhile are left out.
+
+    A room holding a value kvstatus does not write raises
+    :class:`~kvstatus.errors.CorruptedValueError`, or, with ``on_corrupt``, is
+    passed to it (room, message) and skipped.
+    """
     try:
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
@@ -82,7 +91,13 @@ def read_rooms(client: Any, schema: KeySchema, keys: list[str]) -> list[RoomView
         room = schema.room_of(key)
         if room is None or not fields:
             continue
-        view = without_probe(decode_room(room, key, fields, pttl))
+        try:
+            view = without_probe(decode_room(room, key, fields, pttl))
+        except CorruptedValueError as exc:
+            if on_corrupt is None:
+                raise
+            on_corrupt(room, str(exc))
+            continue
         if view.exists:
             views.append(view)
     return views
@@ -101,11 +116,12 @@ def iter_rooms(
     schema: KeySchema,
     batch: int = DEFAULT_BATCH,
     progress: Optional[Progress] = None,
+    on_corrupt: Optional[OnCorrupt] = None,
 ) -> Iterator[RoomView]:
     """Yield every room of the namespace (see the module docstring for memory and cluster behaviour)."""
     scanned = 0
     for keys in iter_room_keys(client, schema, batch):
-        yield from read_rooms(client, schema, keys)
+        yield from read_rooms(client, schema, keys, on_corrupt)
         scanned += len(keys)
         if progress is not None:
             progress(scanned)

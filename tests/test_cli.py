@@ -221,3 +221,17 @@ def test_corrupted_value_is_an_operational_error(connect, store, server):
     fakeredis.FakeRedis(server=server).hset(store.keys.room_key(3), "default", "banana")
     result = cli(connect, "get", "3")
     assert_clean_failure(result.output, result.exit_code, 1, "not a status 0..4", "left as it is")
+
+
+def test_stats_counts_corrupted_rooms_and_goes_on(connect, store, server):
+    store.update_status(1, KVPoll.Bootstrapping)
+    fakeredis.FakeRedis(server=server).hset(store.keys.room_key(2), "default", "banana")
+    doc = json.loads(cli(connect, "stats", "--json").output)
+    assert doc["rooms"] == 1 and doc["corrupted_rooms"] == 1
+    assert "holds 'banana'" in doc["corrupted_sample"][0]
+    text = cli(connect, "stats").output
+    assert "CORRUPTED: 1 rooms hold values kvstatus does not write" in text
+    listed = cli(connect, "ls", "--json")
+    assert_clean_failure(listed.output, listed.exit_code, 1, "warning: skipped room 2", "holds 'banana'",
+                         "1 rooms hold values kvstatus does not write")
+    assert [r["room"] for r in json_lines(listed.stdout)] == [1]

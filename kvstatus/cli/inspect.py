@@ -72,6 +72,11 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
                     f"(kvstatus never writes one; something else did): rooms {sample}", fg="red", bold=True)
     else:
         click.echo("keys without TTL: 0 (good: every room will expire if it is abandoned)")
+    if result.corrupted_count:
+        click.secho(f"CORRUPTED: {result.corrupted_count} rooms hold values kvstatus does not write "
+                    f"(left as they are, not counted above):", fg="red", bold=True)
+        for message in result.corrupted:
+            click.echo(f"  {message}")
     if result.oldest:
         click.echo("")
         click.echo("oldest non-terminal rooms (least TTL left):")

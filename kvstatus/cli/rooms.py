@@ -131,13 +131,20 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
        as_json: bool) -> None:
     """Stream the rooms of the namespace (SCAN in bounded batches, constant memory), in no particular order.
 
-    With --json, one JSON object per room (JSON lines).
+    With --json, one JSON object per room (JSON lines). A room holding a value
+    kvstatus does not write is skipped with a warning on stderr, and the exit code is 1.
     """
     schema = env.schema()
     shown = 0
     if not as_json:
         click.echo(f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON")
-    for view in iter_rooms(env.client(), schema, batch):
+    corrupted: list[int] = []
+
+    def warn(room: int, message: str) -> None:
+        corrupted.append(room)
+        click.echo(f"warning: skipped room {room}: {message}", err=True)
+
+    for view in iter_rooms(env.client(), schema, batch, on_corrupt=warn):
         if not room_matches(view, status, participant):
             continue
         if as_json:
@@ -149,3 +156,6 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
         shown += 1
         if limit is not None and shown >= limit:
             break
+    if corrupted:
+        raise click.ClickException(f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped "
+                                   "and left as they are")

@@ -135,3 +135,20 @@ def test_watch_exits_cleanly_on_ctrl_c(env: dict[str, str]) -> None:
             proc.wait()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "stopped" in err
+
+
+@pytest.mark.slow
+def test_doctor_and_ls_on_a_sentinel_master_client() -> None:
+    """Through the CLI's client seam: a Sentinel-managed master client, as redis+sentinel:// URLs will build."""
+    from kvstatus.embedded import RedisSentinelServers
+    from tests.cli_support import invoke
+
+    require_redis_server()
+    with RedisSentinelServers() as group:
+        store = StatusStore(group.client(), namespace="sent")
+        store.update_status(11, KVPoll.Transferring)
+        doctor = invoke(lambda url: group.client(), "--namespace", "sent", "doctor")
+        assert doctor.exit_code == 0, doctor.output
+        assert "topology             sentinel, service 'mymaster'" in doctor.output
+        listed = json_lines(invoke(lambda url: group.client(), "--namespace", "sent", "ls", "--json").stdout)
+        assert [r["room"] for r in listed] == [11]

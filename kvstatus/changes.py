@@ -36,23 +36,25 @@ class Change:
 
 @dataclass
 class Snapshot:
-    """Every room's entries at one moment, and the counts by status."""
+    """Every room's entries at one moment, the counts by status, and how many rooms were skipped as corrupted."""
 
     rooms: dict[int, RoomState]
     by_status: Counter
+    corrupted: int = 0
 
     @classmethod
     def take(cls, client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH,
              progress: Optional[Progress] = None) -> "Snapshot":
         rooms: dict[int, RoomState] = {}
         by_status: Counter = Counter()
-        for view in iter_rooms(client, schema, batch, progress):
+        corrupted: list[int] = []
+        for view in iter_rooms(client, schema, batch, progress, lambda room, _: corrupted.append(room), False):
             state = tuple(
                 (name, None if e.status is None else int(e.status)) for name, e in view.participants.items()
             )
             rooms[view.room] = state
             by_status.update(KVPoll(s) for _, s in state if s is not None)
-        return cls(rooms, by_status)
+        return cls(rooms, by_status, len(corrupted))
 
 
 def _names(state: RoomState) -> dict[str, Optional[str]]:

@@ -70,8 +70,10 @@ def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -
 
 
 def read_rooms(client: Any, schema: KeySchema, keys: list[str],
-               on_corrupt: Optional[OnCorrupt] = None) -> list[RoomView]:
+               on_corrupt: Optional[OnCorrupt] = None, with_ttl: bool = True) -> list[RoomView]:
     """The views of ``keys`` in one pipelined round trip; rooms gone meanwhile are left out.
+
+    ``with_ttl=False`` skips the PTTL reads (half the commands); ``ttl_ms`` is then None.
 
     A room holding a value kvstatus does not write raises
     :class:`~kvstatus.errors.CorruptedValueError`, or, with ``on_corrupt``, is
@@ -81,13 +83,15 @@ def read_rooms(client: Any, schema: KeySchema, keys: list[str],
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(key)
-                pipe.pttl(key)
+                if with_ttl:
+                    pipe.pttl(key)
             replies = pipe.execute()
     except rx.RedisError as exc:
         raise translate_error(exc) from exc
+    step = 2 if with_ttl else 1
     views = []
     for i, key in enumerate(keys):
-        fields, pttl = replies[2 * i], replies[2 * i + 1]
+        fields, pttl = replies[step * i], replies[step * i + 1] if with_ttl else -1
         room = schema.room_of(key)
         if room is None or not fields:
             continue
@@ -117,11 +121,12 @@ def iter_rooms(
     batch: int = DEFAULT_BATCH,
     progress: Optional[Progress] = None,
     on_corrupt: Optional[OnCorrupt] = None,
+    with_ttl: bool = True,
 ) -> Iterator[RoomView]:
-    """Yield every room of the namespace (see the module docstring for memory and cluster behaviour)."""
+    """Yield every room of the namespace (see the module docstring for memory, cluster and ``read_rooms``)."""
     scanned = 0
     for keys in iter_room_keys(client, schema, batch):
-        yield from read_rooms(client, schema, keys, on_corrupt)
+        yield from read_rooms(client, schema, keys, on_corrupt, with_ttl)
         scanned += len(keys)
         if progress is not None:
             progress(scanned)

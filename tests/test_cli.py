@@ -235,3 +235,11 @@ def test_stats_counts_corrupted_rooms_and_goes_on(connect, store, server):
     assert_clean_failure(listed.output, listed.exit_code, 1, "warning: skipped room 2", "holds 'banana'",
                          "1 rooms hold values kvstatus does not write")
     assert [r["room"] for r in json_lines(listed.stdout)] == [1]
+
+
+def test_watch_skips_corrupted_rooms_and_says_so(connect, store, server):
+    store.update_status(1, KVPoll.Bootstrapping)
+    fakeredis.FakeRedis(server=server).hset(store.keys.room_key(2), "default", "banana")
+    assert "rooms 1  Failed 0  Bootstrapping 1" in cli(connect, "watch", "--count", "1").output
+    assert "(skipped 1 corrupted rooms)" in cli(connect, "watch", "--count", "1").output
+    assert json_lines(cli(connect, "watch", "--count", "1", "--json").output)[0]["corrupted"] == 1

@@ -88,7 +88,8 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
 def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [f"kvstatus watch  namespace {schema_ns}  {now}  every {interval:g}s  (Ctrl-C to stop)", "",
-             f"rooms {len(snap.rooms)}  " + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll), ""]
+             f"rooms {len(snap.rooms)}  " + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll)
+             + (f"  (skipped {snap.corrupted} corrupted rooms)" if snap.corrupted else ""), ""]
     counts = {kind: sum(1 for c in changes if c.kind == kind) for kind in KINDS}
     lines.append("since last refresh: " + "  ".join(f"{k} {counts[k]}" for k in KINDS))
     for change in changes[:MAX_CHANGES_SHOWN]:
@@ -118,7 +119,7 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_jso
     try:
         for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch):
             if as_json:
-                emit_json({"event": "snapshot", "time": time.time(), "rooms": len(snap.rooms),
+                emit_json({"event": "snapshot", "time": time.time(), "rooms": len(snap.rooms), "corrupted": snap.corrupted,
                            "by_status": {s.name: snap.by_status.get(s, 0) for s in KVPoll}})
                 for change in changes:
                     emit_json(change.to_json())

@@ -11,7 +11,7 @@ from kvstatus.changes import ADVANCED, CLEARED, FAILED, NEW, Snapshot, classify,
 from kvstatus.embedded import RedisClusterServers
 from kvstatus.keys import KeySchema
 from kvstatus.scan import iter_room_keys, iter_rooms
-from tests.support import fresh_namespace, require_redis_server
+from tests.support import fresh_namespace
 
 
 def test_batches_are_bounded_and_cover_every_room_once() -> None:

@@ -47,8 +47,11 @@ class ConnectionOptions:
 
     A command that fails with a connection error or a timeout is sent again up
     to ``retries`` times, after ``min(backoff_cap, backoff_base * 2**n)``
-    seconds. The defaults ride out about 4 s of outage (a restart, a failover
-    detected by Sentinel), then raise :class:`~kvstatus.errors.BackendUnavailableError`.
+    seconds. The defaults ride out about 3-4 s of outage (a restart, a
+    failover), then raise :class:`~kvstatus.errors.BackendUnavailableError`.
+    On cluster and Sentinel clients the store resends the whole call with
+    these waits (redis-py surfaces those failovers at once); size the budget
+    above ``cluster-node-timeout`` or Sentinel's ``down-after-milliseconds``.
     Retrying is safe because every kvstatus write is idempotent.
     """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any, Iterator
@@ -127,8 +128,6 @@ def test_tls_only_servers_work_on_every_topology(request: pytest.FixtureRequest,
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_tls_async_store(request: pytest.FixtureRequest, topology: str, tls_files: TLSFiles) -> None:
-    import asyncio
-
     async def run() -> None:
         async with AsyncStatusStore.from_url(_tls_url(request, topology, tls_files),
                                              namespace=fresh_namespace("atls")) as store:
@@ -148,8 +147,11 @@ def test_wrong_passwords_never_leak(request: pytest.FixtureRequest, topology: st
     with pytest.raises(AuthenticationError) as info:  # a sync cluster client refuses already in from_url
         stores.append(StatusStore.from_url(url, namespace="x", retries=1, backoff_base=0.01))
         stores[0].update_status(1, KVPoll.Bootstrapping)
-    texts = [str(info.value), repr(info.value), caplog.text, str(info.value.__cause__),
-             *(repr(store) for store in stores), *(repr(store.client) for store in stores)]
+    async_store = AsyncStatusStore.from_url(url, namespace="x", retries=1, backoff_base=0.01)
+    with pytest.raises(AuthenticationError) as async_info:  # the async cluster client connects lazily
+        asyncio.run(async_store.get(1))
+    texts = [str(info.value), repr(info.value), caplog.text, str(info.value.__cause__), str(async_info.value),
+             repr(async_store), *(repr(store) for store in stores), *(repr(store.client) for store in stores)]
     for text in texts:
         assert wrong not in text and SECRET not in text and SENTINEL_SECRET not in text
 
@@ -164,6 +166,14 @@ def test_wrong_sentinel_password_never_leaks(request: pytest.FixtureRequest, tls
         store.get(1)
     assert wrong not in str(info.value) and SECRET not in str(info.value)
     assert len(str(info.value)) < 200
+
+
+@pytest.mark.real
+def test_tls_client_certificate_is_passed_through(request: pytest.FixtureRequest, tls_files: TLSFiles) -> None:
+    url = _tls_url(request, "standalone", tls_files, client_cert=False)  # this server requires one
+    with pytest.raises(BackendUnavailableError) as info:
+        StatusStore.from_url(url, namespace="x", retries=0).get(1)
+    assert SECRET not in str(info.value)
 
 
 @pytest.mark.real

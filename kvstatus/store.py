@@ -9,7 +9,14 @@ from typing import Any, Optional, TypeVar
 from redis import exceptions as rx
 
 from kvstatus.connection import connect
-from kvstatus.driver import REDIS_ERRORS, StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
+from kvstatus.driver import (
+    REDIS_ERRORS,
+    StoreBase,
+    raise_first_error,
+    scripts_to_reload,
+    translate_error,
+    unique_scripts,
+)
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.operations import Call, Op
 from kvstatus.status import KVPoll, RoomView, UpdateResult

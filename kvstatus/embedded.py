@@ -865,14 +865,22 @@ class RedisClusterServers:
             return "no node is running"
         live_ports = {node.port for node in live}
         slot_maps = set()
+        role_maps = set()
         for node in live:
             problem, slot_map = self._node_problem(node, live_ports)
             if problem is not None:
                 return f"node {node.port}: {problem}"
             slot_maps.add(slot_map)
+            role_maps.add(self._role_map(node, live_ports))
         if len(slot_maps) > 1:
             return "nodes disagree on the slot map"
+        if len(role_maps) > 1:
+            return "nodes disagree on which nodes are replicas"  # gossip still spreading a role change
         return None
+
+    def _role_map(self, node: RedisServer, live_ports: set[int]) -> frozenset[tuple[int, bool]]:
+        """(port, is replica) of every running node, as ``node`` sees them."""
+        return frozenset((v.port, "slave" in v.flags) for v in self._cluster_nodes(node) if v.port in live_ports)
 
     def _node_problem(self, node: RedisServer, live_ports: set[int]
                       ) -> tuple[str | None, tuple[tuple[int, int, int], ...]]:

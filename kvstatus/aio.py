@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from redis import exceptions as rx
 
 from kvstatus.connection import connect_async
-from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
+from kvstatus.driver import (
+    REDIS_ERRORS,
+    StoreBase,
+    raise_first_error,
+    scripts_to_reload,
+    translate_error,
+    unique_scripts,
+)
+from kvstatus.errors import BackendUnavailableError
 from kvstatus.operations import Call, Op
 from kvstatus.status import KVPoll, RoomView, UpdateResult
 
@@ -62,11 +71,29 @@ class AsyncStatusStore(StoreBase):
             return done.value
 
     async def _send(self, calls: list[Call]) -> list[Any]:
+        """Send ``calls``; a cluster or Sentinel client resends them after the backoff while the backend moves."""
+        for delay in self._failover_delays:
+            try:
+                return await self._send_once(calls)
+            except BackendUnavailableError:
+                await asyncio.sleep(delay)
+                await self._refresh_topology()
+        return await self._send_once(calls)
+
+    async def _refresh_topology(self) -> None:
+        """Re-read a cluster's slot map before a resend; a stale map keeps pointing at a dead master."""
+        if self._core.cluster:
+            try:
+                await self.client.nodes_manager.initialize()
+            except rx.RedisError:
+                pass  # the resend reports the failure if the cluster is still down
+
+    async def _send_once(self, calls: list[Call]) -> list[Any]:
         try:
             if len(calls) == 1:
                 return [await self._execute(calls[0])]
             return await self._pipeline(calls)
-        except rx.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc, calls[0] if len(calls) == 1 else None) from exc
 
     async def _execute(self, call: Call) -> Any:

@@ -7,10 +7,17 @@ Supported URLs (passwords are masked in every message kvstatus prints):
   ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname`` (true/false),
   ``ssl_cert_reqs`` (required/optional/none)
 - ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``
+- ``redis+cluster://[[user]:password@]host:port[,host:port...]`` a Redis
+  Cluster (db 0 only) on ``RedisCluster``; ``rediss+cluster://`` over TLS
+- ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]``
+  the master of ``service_name`` as reported by the listed Sentinels;
+  ``rediss+sentinel://`` over TLS (to the Sentinels and the data nodes). The
+  user and password are the data nodes'; the Sentinels' own credentials, if
+  any, are the query options ``sentinel_username`` and ``sentinel_password``.
 
 Every form also takes ``socket_timeout`` and ``socket_connect_timeout``
 (seconds) as query options. Topologies are chosen by scheme in
-:data:`_BUILDERS`; that table is the seam where Cluster and Sentinel plug in.
+:data:`_BUILDERS`.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from redis.retry import Retry
 from kvstatus.errors import InvalidURLError
 
 DEFAULT_URL = "redis://localhost:6379/0"
-TLS_SCHEMES = frozenset({"rediss"})
+TLS_SCHEMES = frozenset({"rediss", "rediss+cluster", "rediss+sentinel"})
+SENTINEL_SCHEMES = frozenset({"redis+sentinel", "rediss+sentinel"})
+CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 
 
 @dataclass(frozen=True)
@@ -38,8 +47,11 @@ class ConnectionOptions:
 
     A command that fails with a connection error or a timeout is sent again up
     to ``retries`` times, after ``min(backoff_cap, backoff_base * 2**n)``
-    seconds. The defaults ride out about 4 s of outage (a restart, a failover
-    detected by Sentinel), then raise :class:`~kvstatus.errors.BackendUnavailableError`.
+    seconds. The defaults ride out about 3-4 s of outage (a restart, a
+    failover), then raise :class:`~kvstatus.errors.BackendUnavailableError`.
+    On cluster and Sentinel clients the store resends the whole call with
+    these waits (redis-py surfaces those failovers at once); size the budget
+    above ``cluster-node-timeout`` or Sentinel's ``down-after-milliseconds``.
     Retrying is safe because every kvstatus write is idempotent.
     """
 
@@ -56,9 +68,13 @@ class ConnectionOptions:
     ssl_check_hostname: Optional[bool] = None
     ssl_cert_reqs: Optional[str] = None
 
+    def retry_delays(self) -> tuple[float, ...]:
+        """The wait in seconds before each resend: ``min(backoff_cap, backoff_base * 2**n)``, n = 1..retries."""
+        return tuple(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
+
     def retry_budget(self) -> float:
         """Total backoff in seconds before a command gives up (not counting the timeouts themselves)."""
-        return sum(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
+        return sum(self.retry_delays())
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,7 @@ class ParsedURL:
     db: int
     path: Optional[str]
     query: dict[str, str]
+    service: Optional[str] = None
 
     def __repr__(self) -> str:
         return f"ParsedURL({self.masked!r})"
@@ -86,16 +103,21 @@ class ParsedURL:
         auth = ""
         if self.username or self.password:
             auth = f"{self.username or ''}{':***' if self.password else ''}@"
-        where = self.path or ",".join(f"{h}:{p}" for h, p in self.hosts)
-        return f"{self.scheme}://{auth}{where}/{self.db}"
+        where = self.path or ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+        if self.scheme in CLUSTER_SCHEMES:
+            return f"{self.scheme}://{auth}{where}"
+        service = f"/{self.service}" if self.service else ""
+        return f"{self.scheme}://{auth}{where}{service}/{self.db}"
 
 
 _PASSWORD = re.compile(r"(?P<head>://[^:/@]*:)[^@]*(?=@)")
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&;]\w*password=)[^&#\s]*", re.IGNORECASE)
 
 
 def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``; safe to print or log."""
-    return _PASSWORD.sub(lambda m: m.group("head") + "***", str(url))
+    """``url`` with any password (user info or a ``*password=`` option) replaced by ``***``; safe to print."""
+    masked = _PASSWORD.sub(lambda m: m.group("head") + "***", str(url))
+    return _QUERY_PASSWORD.sub(lambda m: m.group("head") + "***", masked)
 
 
 _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -108,7 +130,10 @@ _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     "ssl_check_hostname": lambda v: _BOOL[v.lower()],
     "ssl_cert_reqs": lambda v: {"required": "required", "optional": "optional", "none": "none"}[v.lower()],
     "db": int,
+    "sentinel_username": str,
+    "sentinel_password": str,
 }
+_SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 
 
 def parse_url(url: object) -> ParsedURL:
@@ -142,7 +167,15 @@ def parse_url(url: object) -> ParsedURL:
                 raise InvalidURLError(f"invalid Redis URL {shown}: a unix:// URL needs a socket path")
             return ParsedURL(scheme, (), username, password, int(query.pop("db", 0)), path, query)
         hosts = _parse_hosts(parts.netloc.rpartition("@")[2], shown)
+        if scheme not in SENTINEL_SCHEMES and any(name in query for name in _SENTINEL_ONLY):
+            raise InvalidURLError(f"invalid Redis URL {shown}: sentinel_* options need redis+sentinel://")
+        if scheme in SENTINEL_SCHEMES:
+            service, db_path = _parse_service(parts.path, shown)
+            db = _parse_db(db_path, query.pop("db", None), shown)
+            return ParsedURL(scheme, hosts, username, password, db, None, query, service)
         db = _parse_db(parts.path, query.pop("db", None), shown)
+        if scheme in CLUSTER_SCHEMES and db != 0:
+            raise InvalidURLError(f"invalid Redis URL {shown}: Redis Cluster has only database 0")
         return ParsedURL(scheme, hosts, username, password, db, None, query)
     except InvalidURLError:
         raise
@@ -164,6 +197,17 @@ def _parse_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
             raise InvalidURLError(f"invalid Redis URL {shown}: bad port {port_text!r}")
         hosts.append((host, int(port_text) if port_text else 6379))
     return tuple(hosts)
+
+
+def _parse_service(path: str, shown: str) -> tuple[str, str]:
+    """Split ``/service_name[/db]`` of a Sentinel URL."""
+    service, _, db = path.strip("/").partition("/")
+    service = unquote(service)
+    if not service:
+        raise InvalidURLError(f"invalid Redis URL {shown}: a Sentinel URL needs /service_name after the hosts")
+    if any(char.isspace() or char == "/" for char in service):
+        raise InvalidURLError(f"invalid Redis URL {shown}: bad service name {service!r}")
+    return service, db
 
 
 def _parse_db(path: str, from_query: Optional[str], shown: str) -> int:
@@ -218,10 +262,67 @@ def _retry(options: ConnectionOptions, asynchronous: bool) -> Any:
     return retry_class(backoff, options.retries)
 
 
+def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
+    """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node."""
+    kwargs = _common_kwargs(parsed, options)
+    del kwargs["db"]
+    if asynchronous:
+        from redis.asyncio.cluster import ClusterNode as AsyncNode, RedisCluster as AsyncCluster
+
+        nodes = [AsyncNode(host, port) for host, port in parsed.hosts]
+        return AsyncCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
+    from redis.cluster import ClusterNode, RedisCluster
+
+    from kvstatus.driver import REDIS_ERRORS, translate_error
+
+    try:  # the sync client reads the slot map right away
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],
+                            retry=_retry(options, False), **kwargs)
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
+
+
+def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
+    """A client of the master of ``parsed.service``; each new connection asks the Sentinels where it is."""
+    kwargs = _common_kwargs(parsed, options)
+    query = parsed.query
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": kwargs["socket_timeout"],
+        "socket_connect_timeout": kwargs["socket_connect_timeout"],
+        "username": query.get("sentinel_username"),
+        "password": query.get("sentinel_password"),
+        "retry": _no_retry(asynchronous),
+    }
+    if parsed.tls:
+        sentinel_kwargs.update(_ssl_kwargs(query, options))
+    if asynchronous:
+        from redis.asyncio.sentinel import Sentinel as SentinelClass
+    else:
+        from redis.sentinel import Sentinel as SentinelClass
+    # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
+    # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
+    # until its budget is spent. The store resends the whole call instead, through a fresh
+    # connection that asks the Sentinels where the master is (see StoreBase / failover_delays).
+    sentinel = SentinelClass(
+        list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
+    )
+    return sentinel.master_for(parsed.service)
+
+
+def _no_retry(asynchronous: bool) -> Any:
+    from redis.backoff import NoBackoff
+
+    return (redis.asyncio.retry.Retry if asynchronous else Retry)(NoBackoff(), 0)
+
+
 _BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {
     "redis": _standalone,
     "rediss": _standalone,
     "unix": _standalone,
+    "redis+cluster": _cluster,
+    "rediss+cluster": _cluster,
+    "redis+sentinel": _sentinel,
+    "rediss+sentinel": _sentinel,
 }
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 from redis import exceptions as rx
 from redis.cluster import RedisCluster
+from redis.sentinel import MasterNotFoundError
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, mask_url
 from kvstatus.errors import (
@@ -39,6 +41,28 @@ def is_cluster_client(client: Any) -> bool:
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
+def is_sentinel_client(client: Any) -> bool:
+    """True for a redis-py client made by ``Sentinel.master_for`` (sync or async)."""
+    from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+    from redis.sentinel import SentinelConnectionPool
+
+    return isinstance(getattr(client, "connection_pool", None), (SentinelConnectionPool, AsyncSentinelPool))
+
+
+def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
+    """Seconds to wait before each resend of a whole store call that met an unavailable backend.
+
+    Only for cluster and Sentinel clients: redis-py surfaces a dead cluster
+    node or a demoted Sentinel master at once ("The previous master is now a
+    slave"), before the topology has moved. A standalone client already
+    retries each command itself (same :class:`ConnectionOptions`), so it gets
+    no second layer.
+    """
+    if not (is_cluster_client(client) or is_sentinel_client(client)):
+        return ()
+    return (options or ConnectionOptions()).retry_delays()
+
+
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
@@ -53,8 +77,11 @@ class StoreBase:
         prefix: str = DEFAULT_PREFIX,
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
+        options: Optional[ConnectionOptions] = None,
     ) -> None:
         self.client = client
+        self.options = options or ConnectionOptions()
+        self._failover_delays = failover_delays(client, self.options)
         self._core = StoreCore(
             namespace=namespace,
             participant=participant,
@@ -78,8 +105,9 @@ class StoreBase:
         **option_overrides: Any,
     ) -> S:
         """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
-        client = cls._connect(url, options, **option_overrides)
-        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy)
+        opts = replace(options or ConnectionOptions(), **option_overrides)
+        return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
+                   policy=policy, options=opts)
 
     @property
     def namespace(self) -> str:
@@ -109,7 +137,7 @@ class StoreBase:
 
     def for_participant(self, participant: str) -> Any:
         """A store with the same client and settings, writing as ``participant``."""
-        return type(self)(self.client, **{**self._core.settings(), "participant": participant})
+        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options)
 
     def __repr__(self) -> str:
         return (
@@ -133,14 +161,31 @@ def raise_first_error(calls: Sequence[Call], replies: Sequence[Any]) -> None:
             raise translate_error(reply, call) from reply
 
 
+REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
+"""What redis-py raises; RedisClusterException (no reachable node, no slot map) is no RedisError."""
+
+
 def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseException:
     """The kvstatus error for a redis-py exception; other exceptions pass through unchanged."""
-    if isinstance(exc, KVStatusError) or not isinstance(exc, rx.RedisError):
+    if isinstance(exc, KVStatusError) or not isinstance(exc, REDIS_ERRORS):
         return exc
     text = mask_url(str(exc))
+    if isinstance(exc, MasterNotFoundError):
+        # redis-py appends a repr of every Sentinel client; keep the sentence, name the cause.
+        head = text.partition(" : ")[0]
+        if "auth:AuthenticationError" in text:
+            return AuthenticationError(f"the Sentinels refused the credentials (sentinel_username/"
+                                       f"sentinel_password): {head}")
+        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {head} "
+                                       "(no Sentinel reachable, or none knows that service)")
+    if isinstance(exc, rx.RedisClusterException):
+        if isinstance(exc.__cause__, rx.AuthenticationError):
+            return AuthenticationError(f"Redis refused the credentials: {text}")
+        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, rx.AuthenticationError):
         return AuthenticationError(f"Redis refused the credentials: {text}")
-    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError)):
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,
+                        rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
         return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, rx.NoPermissionError):
         return PermissionDeniedError(f"Redis ACL denied the request: {text}")

@@ -714,6 +714,7 @@ class RedisClusterServers:
         node_timeout_ms: int = 1000,
         extra_args: Sequence[str] = (),
         startup_timeout: float = DEFAULT_GROUP_TIMEOUT,
+        tls: TLSFiles | None = None,
     ) -> None:
         if masters < 3:
             raise ValueError("redis-cli --cluster create needs at least 3 masters")
@@ -725,6 +726,7 @@ class RedisClusterServers:
         self.node_timeout_ms = node_timeout_ms
         self.extra_args = tuple(extra_args)
         self.startup_timeout = startup_timeout
+        self.tls = tls
         self.nodes: list[RedisServer] = []
 
     @property
@@ -733,15 +735,18 @@ class RedisClusterServers:
 
     @property
     def url(self) -> str:
-        """``redis+cluster://[:password@]127.0.0.1:p1,127.0.0.1:p2,...``"""
+        """``redis+cluster://[:password@]127.0.0.1:p1,127.0.0.1:p2,...`` (``rediss+cluster`` with TLS,
+        without the certificate options)."""
         hosts = ",".join(f"{host}:{port}" for host, port in self.startup_nodes)
-        return f"redis+cluster://{_userinfo(None, self.password)}{hosts}"
+        scheme = "rediss+cluster" if self.tls is not None else "redis+cluster"
+        return f"{scheme}://{_userinfo(None, self.password)}{hosts}"
 
     def client(self, **kwargs: object) -> RedisCluster:
         """A ``redis.cluster.RedisCluster``; ``kwargs`` override the defaults."""
         params: dict[str, object] = {
             "startup_nodes": [ClusterNode(h, p) for h, p in self.startup_nodes if self._is_up(p)],
             "password": self.password,
+            **(self.tls.redis_kwargs() if self.tls is not None else {}),
         }
         params.update(kwargs)
         return RedisCluster(**params)  # type: ignore[arg-type]
@@ -755,7 +760,7 @@ class RedisClusterServers:
         self.nodes = []
         try:
             for _ in range(self.master_count * (self.replicas_per_master + 1)):
-                self.nodes.append(RedisServer(password=self.password,
+                self.nodes.append(RedisServer(password=self.password, tls=self.tls,
                                               extra_args=self._node_args()).start())
             self._create(cli)
             self.wait_healthy(self.startup_timeout)
@@ -804,12 +809,16 @@ class RedisClusterServers:
         ]
         if self.password is not None:
             args += ["--masterauth", self.password]
+        if self.tls is not None:
+            args += ["--tls-cluster", "yes"]
         return args + list(self.extra_args)
 
     def _create(self, cli: str) -> None:
         command = [cli, "--cluster", "create",
                    *(f"{host}:{port}" for host, port in self.startup_nodes),
                    "--cluster-replicas", str(self.replicas_per_master), "--cluster-yes"]
+        if self.tls is not None:
+            command += ["--tls", "--cacert", str(self.tls.ca)]
         env = dict(os.environ)
         if self.password is not None:
             env["REDISCLI_AUTH"] = self.password
@@ -856,14 +865,22 @@ class RedisClusterServers:
             return "no node is running"
         live_ports = {node.port for node in live}
         slot_maps = set()
+        role_maps = set()
         for node in live:
             problem, slot_map = self._node_problem(node, live_ports)
             if problem is not None:
                 return f"node {node.port}: {problem}"
             slot_maps.add(slot_map)
+            role_maps.add(self._role_map(node, live_ports))
         if len(slot_maps) > 1:
             return "nodes disagree on the slot map"
+        if len(role_maps) > 1:
+            return "nodes disagree on which nodes are replicas"  # gossip still spreading a role change
         return None
+
+    def _role_map(self, node: RedisServer, live_ports: set[int]) -> frozenset[tuple[int, bool]]:
+        """(port, is replica) of every running node, as ``node`` sees them."""
+        return frozenset((v.port, "slave" in v.flags) for v in self._cluster_nodes(node) if v.port in live_ports)
 
     def _node_problem(self, node: RedisServer, live_ports: set[int]
                       ) -> tuple[str | None, tuple[tuple[int, int, int], ...]]:
@@ -910,7 +927,9 @@ class RedisSentinelServers:
 
     ``down_after_ms`` and ``failover_timeout_ms`` are in milliseconds; other
     timeouts are in seconds.  ``password`` protects the data nodes (the
-    sentinels use ``sentinel auth-pass``), not the sentinels themselves.
+    sentinels use ``sentinel auth-pass``); ``sentinel_password`` protects the
+    sentinels themselves (``requirepass`` and ``sentinel sentinel-pass``).
+    ``tls`` makes every node and sentinel TLS-only.
     """
 
     def __init__(
@@ -923,6 +942,8 @@ class RedisSentinelServers:
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 5000,
         startup_timeout: float = DEFAULT_GROUP_TIMEOUT,
+        tls: TLSFiles | None = None,
+        sentinel_password: str | None = None,
     ) -> None:
         if not service_name or any(char.isspace() for char in service_name):
             raise ValueError(f"invalid sentinel service name {service_name!r}")
@@ -933,8 +954,10 @@ class RedisSentinelServers:
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.startup_timeout = startup_timeout
-        self.master = RedisServer(password=password, extra_args=self._auth_args())
-        self.replica = RedisServer(password=password)
+        self.tls = tls
+        self.sentinel_password = sentinel_password
+        self.master = RedisServer(password=password, tls=tls, extra_args=self._auth_args())
+        self.replica = RedisServer(password=password, tls=tls)
         self.sentinels: list[RedisServer] = []
 
     @property
@@ -943,10 +966,13 @@ class RedisSentinelServers:
 
     @property
     def url(self) -> str:
-        """``redis+sentinel://[:password@]127.0.0.1:s1,...,127.0.0.1:sN/<service>/0``"""
+        """``redis+sentinel://[:password@]127.0.0.1:s1,...,127.0.0.1:sN/<service>/0[?sentinel_password=...]``
+        (``rediss+sentinel`` with TLS, without the certificate options)."""
         hosts = ",".join(f"{host}:{port}" for host, port in self.sentinel_addresses)
-        return (f"redis+sentinel://{_userinfo(None, self.password)}{hosts}/"
-                f"{quote(self.service_name, safe='')}/0")
+        scheme = "rediss+sentinel" if self.tls is not None else "redis+sentinel"
+        query = f"?sentinel_password={quote(self.sentinel_password, safe='')}" if self.sentinel_password else ""
+        return (f"{scheme}://{_userinfo(None, self.password)}{hosts}/"
+                f"{quote(self.service_name, safe='')}/0{query}")
 
     @property
     def nodes(self) -> list[RedisServer]:
@@ -955,9 +981,11 @@ class RedisSentinelServers:
 
     def sentinel(self, **kwargs: object) -> Sentinel:
         """A ``redis.sentinel.Sentinel`` for this group; ``kwargs`` go to data connections."""
-        params: dict[str, object] = {"password": self.password}
+        tls = self.tls.redis_kwargs() if self.tls is not None else {}
+        params: dict[str, object] = {"password": self.password, **tls}
         params.update(kwargs)
-        return Sentinel(self.sentinel_addresses, **params)
+        sentinel_kwargs = {"password": self.sentinel_password, **tls}
+        return Sentinel(self.sentinel_addresses, sentinel_kwargs=sentinel_kwargs, **params)
 
     def client(self, **kwargs: object) -> redis.Redis:
         """A ``redis.Redis`` that follows the current master through the sentinels."""
@@ -976,7 +1004,8 @@ class RedisSentinelServers:
             self.replica.start()
             _wait_until(self._replication_problem, self.startup_timeout, "replica in sync")
             for _ in range(self.sentinel_count):
-                sentinel = _SentinelServer(config_lines=self._sentinel_config())
+                sentinel = _SentinelServer(config_lines=self._sentinel_config(), tls=self.tls,
+                                           password=self.sentinel_password)
                 self.sentinels.append(sentinel.start())
             _wait_until(self._sentinels_problem, self.startup_timeout, "sentinels ready")
         except BaseException:
@@ -1071,6 +1100,8 @@ class RedisSentinelServers:
         ]
         if self.password is not None:
             lines.append(f"sentinel auth-pass {name} {_conf_quote(self.password)}")
+        if self.sentinel_password is not None:
+            lines.append(f"sentinel sentinel-pass {_conf_quote(self.sentinel_password)}")
         return lines
 
     def _node_at(self, address: tuple[str, int]) -> RedisServer:

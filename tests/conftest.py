@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import fakeredis
 import fakeredis.aioredis
@@ -10,7 +10,10 @@ import pytest
 import redis
 import redis.asyncio
 
-from kvstatus.embedded import RedisServer
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+from kvstatus.embedded import RedisClusterServers, RedisServer
 from tests.support import Backend, require_redis_server
 
 
@@ -20,6 +23,29 @@ def redis_server() -> Iterator[RedisServer]:
     require_redis_server()
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A real 3-master Redis Cluster (no replicas) started for this test session."""
+    require_redis_server()
+    with RedisClusterServers(masters=3) as cluster:
+        yield cluster
+
+
+def _cluster_backend(cluster: RedisClusterServers, asynchronous: bool) -> Backend:
+    """Stores of one test share one cluster client: each new one would fetch the slot map and COMMAND."""
+    raw = cluster.client()
+    if asynchronous:
+        nodes = [AsyncClusterNode(host, port) for host, port in cluster.startup_nodes]
+        shared = _once(lambda: AsyncRedisCluster(startup_nodes=nodes))
+        return Backend("cluster-async", raw, shared, True, cluster)
+    return Backend("cluster", raw, _once(cluster.client), False, cluster)
+
+
+def _once(make: Callable[[], Any]) -> Callable[[], Any]:
+    made: list[Any] = []
+    return lambda: made[0] if made else made.append(make()) or made[0]
 
 
 def _fake_backend(asynchronous: bool) -> Backend:
@@ -40,15 +66,19 @@ def _real_backend(server: RedisServer, asynchronous: bool) -> Backend:
 
 
 BACKENDS = ["fake", "fake-async", pytest.param("real", marks=pytest.mark.real),
-            pytest.param("real-async", marks=pytest.mark.real)]
+            pytest.param("real-async", marks=pytest.mark.real),
+            pytest.param("cluster", marks=pytest.mark.real), pytest.param("cluster-async", marks=pytest.mark.real)]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    """Each semantic test runs on fakeredis and a real Redis, through the sync and the async store."""
+    """Each semantic test runs on fakeredis, a real Redis and a real 3-master Redis Cluster,
+    through the sync and the async store."""
     name: str = request.param
     asynchronous = name.endswith("async")
-    if name.startswith("real"):
+    if name.startswith("cluster"):
+        made = _cluster_backend(request.getfixturevalue("redis_cluster"), asynchronous)
+    elif name.startswith("real"):
         made = _real_backend(request.getfixturevalue("redis_server"), asynchronous)
     else:
         made = _fake_backend(asynchronous)

@@ -96,7 +96,7 @@ class Backend:
         return [k for k in self.keys(namespace) if self.raw.pttl(k) < 0]
 
     def close(self) -> None:
-        for client in self._clients:
+        for client in dict.fromkeys(self._clients):  # a shared client is closed once
             if self._runner is not None:
                 self._runner.run_until_complete(client.aclose())
             else:

@@ -11,7 +11,7 @@ from kvstatus.changes import ADVANCED, CLEARED, FAILED, NEW, Snapshot, classify,
 from kvstatus.embedded import RedisClusterServers
 from kvstatus.keys import KeySchema
 from kvstatus.scan import iter_room_keys, iter_rooms
-from tests.support import fresh_namespace, require_redis_server
+from tests.support import fresh_namespace
 
 
 def test_batches_are_bounded_and_cover_every_room_once() -> None:
@@ -75,10 +75,8 @@ def test_stats_lists_the_rooms_with_least_ttl_left() -> None:
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_scan_covers_every_cluster_primary() -> None:
-    require_redis_server()
-    with RedisClusterServers() as cluster:
-        client = cluster.client()
+def test_scan_covers_every_cluster_primary(redis_cluster: RedisClusterServers) -> None:
+    with redis_cluster.client() as client:
         store = StatusStore(client, namespace=fresh_namespace("cluster"))
         store.update_many({room: KVPoll.Transferring for room in range(300)})
         per_node = [len(list(node.scan_iter(match=store.keys.scan_pattern))) for node in

@@ -177,6 +177,8 @@ class StoreCore:
         return status
 
     def get_many(self, rooms: Iterable[int]) -> Op[dict[int, Optional[KVPoll]]]:
+        if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
+            raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
         unique = list(dict.fromkeys(validate_room(room) for room in rooms))
         if not unique:
             return {}

@@ -46,6 +46,14 @@ def validate_room(room: object) -> int:
     return int(room)
 
 
+def validate_rooms(rooms: Iterable[object]) -> list[int]:
+    """:func:`validate_room` over a batch; plain ints in range are checked inline (the hot path)."""
+    checked = list(rooms)
+    if all(type(room) is int and 0 <= room <= MAX_ROOM for room in checked):
+        return checked  # type: ignore[return-value]
+    return [validate_room(room) for room in checked]
+
+
 def parse_room(text: str) -> int:
     """Parse a room id typed by a person (decimal digits)."""
     stripped = text.strip()

@@ -71,8 +71,8 @@ class Plan:
     """Sizes of one run: samples per latency block, rounds, batch calls per block, live-room levels."""
 
     samples: int = 2000
-    rounds: int = 7
-    batches: int = 15
+    rounds: int = 9
+    batches: int = 20
     levels: tuple[int, ...] = (1_000, 100_000, 1_000_000)
     memory_rooms: int = 100_000
 
@@ -185,7 +185,12 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     blocks = {"update_many": update_many_block, "set": pipelined_set_block}
     if not cluster:  # one EVALSHA over 1000 keys cannot cross cluster slots
         blocks["evalsha"] = evalsha_block
+    client.config_resetstat()
     s = interleave(blocks, plan.rounds)
+    if not cluster:
+        per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / size
+        out.rows.append(Measurement(section, "Redis time per key of a 1000-key update script", per_key, "µs",
+                                    note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU"))
     out.rows.append(_tput(section, "`store.update_many(1000)`", s["update_many"], size))
     if "evalsha" in s:
         out.rows.append(_tput(section, "bare rule: one `EVALSHA` over 1000 keys", s["evalsha"], size))
@@ -220,7 +225,12 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
         client.script_load(scripts.GET_MANY.source)
         blocks["bare"] = lambda: time_calls(
             lambda i: client.evalsha(scripts.GET_MANY.sha, size, *present_keys, PARTICIPANT), calls * 4)
+    client.config_resetstat()
     s = interleave(blocks, plan.rounds)
+    if not cluster:
+        per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / size
+        out.rows.append(Measurement(section, "Redis time per key of a 256-key `get_many` script", per_key, "µs",
+                                    note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU"))
     if "bare" in s:
         out.rows.append(_tput(section, "bare `get_many.lua`: one `EVALSHA` over 256 keys", s["bare"], size))
         out.notes.append(
@@ -235,15 +245,17 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     return out
 
 
-def commands_per_node(nodes: list[redis.Redis], call: Callable[[], object]) -> list[int]:
-    """Commands each node processed during ``call()`` (the INFO probes themselves excluded)."""
-    before = [_total_commands(n) for n in nodes]
+def commands_per_node(nodes: list[redis.Redis], call: Callable[[], object]) -> list[dict[str, int]]:
+    """Calls per command name on each node during ``call()`` (INFO commandstats; script-internal calls included)."""
+    for node in nodes:
+        node.config_resetstat()
     call()
-    return [_total_commands(n) - b - 1 for n, b in zip(nodes, before)]
-
-
-def _total_commands(node: redis.Redis) -> int:
-    return int(node.info("stats")["total_commands_processed"])
+    counts = []
+    for node in nodes:
+        stats = node.info("commandstats")
+        counts.append({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+                       if name != "cmdstat_config|resetstat"})
+    return counts
 
 
 def async_vs_sync(url: str, client: Any, plan: Plan, rooms: RoomSource) -> Results:
@@ -343,11 +355,11 @@ def scaling(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         client.config_resetstat()
 
         def update_block() -> list[int]:
-            picked = rng.sample(live, n)
+            picked = rng.choices(live, k=n)
             return time_calls(lambda i: store.update_status(picked[i], KVPoll.WaitingForInput), n)
 
         def get_block() -> list[int]:
-            picked = rng.sample(live, n)
+            picked = rng.choices(live, k=n)
             return time_calls(lambda i: store.get(picked[i]), n)
 
         s = interleave({"update": update_block, "get": get_block}, max(3, plan.rounds // 2))
@@ -443,10 +455,13 @@ def cluster(client: Any, servers: Any, plan: Plan, rooms: RoomSource) -> Results
     present = rooms.take(256)
     store.update_many(dict.fromkeys(present, KVPoll.Transferring))
     per_node = commands_per_node(nodes, lambda: store.get_many(present))
-    out.notes.append(f"cluster `get_many(256)`: commands per master {per_node} "
-                     f"(one group per slot; redis-py's cluster pipeline sends each node's commands together)")
+    out.notes.append(f"cluster `get_many(256)`, calls per master: {per_node}")
     per_node = commands_per_node(nodes, lambda: store.update_many(dict.fromkeys(rooms.take(1000), 1)))
-    out.notes.append(f"cluster `update_many(1000)`: commands per master {per_node}")
+    out.notes.append(
+        f"cluster `update_many(1000)`, calls per master: {per_node}. Each room is its own slot, so a batch is "
+        f"one EVALSHA per room; any `command|getkeys` above is redis-py's cluster pipeline asking a node for "
+        f"the keys of each pipelined command (one extra sequential round trip per command), which is where "
+        f"the cluster batch time goes.")
     for node in nodes:
         node.close()
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from kvstatus.connection import connect
 from kvstatus.embedded import RedisClusterServers, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
+NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -47,18 +49,23 @@ def run(args: argparse.Namespace) -> Results:
         results.budgets += got.budgets
         results.notes += got.notes
 
-    with RedisServer(extra_args=["--save", "", "--appendonly", "no"]) as server:
+    with RedisServer(extra_args=NO_PERSISTENCE) as server:
         client = connect(server.url)
         step("single key", cases.single_key(client, plan, rooms))
         step("batches", cases.batches(client, plan, rooms))
         step("async vs sync", cases.async_vs_sync(server.url, client, plan, rooms))
         step("memory", cases.memory_per_room(client, plan, rooms))
-        step("live rooms", cases.scaling(client, plan, rooms))
         step("shard capacity", cases.shard_capacity(server.port, 20_000 if args.quick else 200_000))
         client.close()
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(RedisServer(extra_args=NO_PERSISTENCE)) for _ in plan.levels]
+        clients = [connect(server.url) for server in servers]
+        step("live rooms", cases.scaling(clients, plan, rooms))
+        for client in clients:
+            client.close()
     step("dict reference", cases.dict_reference(plan))
     if not args.no_cluster:
-        with RedisClusterServers(masters=3, extra_args=["--save", "", "--appendonly", "no"]) as cluster:
+        with RedisClusterServers(masters=3, extra_args=NO_PERSISTENCE) as cluster:
             client = connect(cluster.url) if "redis+cluster" in _schemes() else cluster.client()
             step("cluster", cases.cluster(client, cluster, plan, rooms))
             client.close()

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import redis
 
-from benchmarks.measure import Summary, interleave, time_calls
+from benchmarks.measure import Block, Summary, interleave, time_calls
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus import scripts
 from kvstatus.keys import MAX_ROOM
@@ -315,6 +315,10 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     for i in range(0, n, 1000):
         store.update_many(dict.fromkeys(work[i:i + 1000], KVPoll.Transferring))
     per_room = (_used_memory(client) - before) / n
+    prefill = StatusStore(client, namespace=NAMESPACE, participant="prefill-0")
+    for i in range(0, n, 1000):
+        prefill.update_many(dict.fromkeys(work[i:i + 1000], KVPoll.Transferring))
+    per_pd_room = (_used_memory(client) - before) / n
     client.flushall()
     before = _used_memory(client)
     with client.pipeline(transaction=False) as pipe:
@@ -328,6 +332,8 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     key = store.keys.room_key(work[0])
     out.rows += [Measurement("memory", "live room (hash, one participant, TTL)", per_room, "bytes",
                              note=f"{n:,} rooms, key `{key}` ({len(key)} bytes), field `{PARTICIPANT}`"),
+                 Measurement("memory", "live room, two participants (`prefill-0` and `decode-0`)", per_pd_room,
+                             "bytes"),
                  Measurement("memory", "raw `SET` of the same key with PX", per_string, "bytes")]
     out.budgets.append(Budget("memory per live room", per_room, "<=", 200, "bytes",
                               f"{per_room:.0f} bytes (a plain string key with TTL: {per_string:.0f})"))
@@ -338,45 +344,57 @@ def _used_memory(client: Any) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def scaling(client: Any, plan: Plan, rooms: RoomSource) -> Results:
-    """Client p50 and server µs per call of update_status and get at each live-room level."""
-    store = _store(client)
+def scaling(clients: list[Any], plan: Plan, rooms: RoomSource) -> Results:
+    """update_status and get on random existing rooms, one server per live-room level, interleaved across levels.
+
+    ``clients[i]`` talks to a server of its own that is filled to ``plan.levels[i]`` rooms, so every level is
+    measured in the same rounds as the others.
+    """
     out = Results()
-    client.flushall()
-    live: list[int] = []
-    by_level: dict[int, tuple[Summary, Summary, float, float]] = {}
-    for level in plan.levels:
-        add = rooms.take(level - len(live))
-        for i in range(0, len(add), 1000):
+    stores = [_store(client) for client in clients]
+    live: list[list[int]] = []
+    for store, level in zip(stores, plan.levels):
+        add = rooms.take(level)
+        for i in range(0, level, 1000):
             store.update_many(dict.fromkeys(add[i:i + 1000], KVPoll.Bootstrapping))
-        live += add
-        rng = random.Random(level)
-        n = plan.samples
-        client.config_resetstat()
+        live.append(add)
+        store.client.config_resetstat()
+    rng = random.Random(5)
+    n = plan.samples
 
-        def update_block() -> list[int]:
-            picked = rng.choices(live, k=n)
-            return time_calls(lambda i: store.update_status(picked[i], KVPoll.WaitingForInput), n)
+    def update_block(i: int) -> Block:
+        def block() -> list[int]:
+            picked = rng.choices(live[i], k=n)
+            return time_calls(lambda j: stores[i].update_status(picked[j], KVPoll.WaitingForInput), n)
+        return block
 
-        def get_block() -> list[int]:
-            picked = rng.choices(live, k=n)
-            return time_calls(lambda i: store.get(picked[i]), n)
+    def get_block(i: int) -> Block:
+        def block() -> list[int]:
+            picked = rng.choices(live[i], k=n)
+            return time_calls(lambda j: stores[i].get(picked[j]), n)
+        return block
 
-        s = interleave({"update": update_block, "get": get_block}, max(3, plan.rounds // 2))
+    blocks: dict[str, Block] = {}
+    for i in range(len(plan.levels)):
+        blocks[f"update {i}"] = update_block(i)
+        blocks[f"get {i}"] = get_block(i)
+    s = interleave(blocks, plan.rounds)
+    server: list[tuple[float, float]] = []
+    for i, (client, level) in enumerate(zip(clients, plan.levels)):
         stats = client.info("commandstats")
-        by_level[level] = (s["update"], s["get"], stats["cmdstat_evalsha"]["usec_per_call"],
-                           stats["cmdstat_hget"]["usec_per_call"])
-        out.rows += [_lat("live rooms", f"`update_status` at {level:,} rooms", s["update"],
-                          f"server {by_level[level][2]:.2f} µs/call"),
-                     _lat("live rooms", f"`get` at {level:,} rooms", s["get"],
-                          f"server {by_level[level][3]:.2f} µs/call")]
+        server.append((stats["cmdstat_evalsha"]["usec_per_call"], stats["cmdstat_hget"]["usec_per_call"]))
+        out.rows += [_lat("live rooms", f"`update_status` at {level:,} rooms", s[f"update {i}"],
+                          f"server {server[i][0]:.2f} µs/call"),
+                     _lat("live rooms", f"`get` at {level:,} rooms", s[f"get {i}"],
+                          f"server {server[i][1]:.2f} µs/call")]
     low, high = plan.levels[0], plan.levels[-1]
-    for i, what in ((0, "update_status"), (1, "get")):
-        ratio = by_level[high][i].p50_us / by_level[low][i].p50_us
-        out.budgets.append(Budget(f"{what} p50 at {high:,} vs {low:,} live rooms (flat: ≤ 1.25×)", ratio, "<=",
-                                  1.25, "×", f"{by_level[high][i].p50_us:.1f} vs {by_level[low][i].p50_us:.1f} µs; "
-                                  f"server {by_level[high][i + 2]:.2f} vs {by_level[low][i + 2]:.2f} µs/call"))
-    client.flushall()
+    for k, what in enumerate(("update", "get")):
+        a, b = s[f"{what} {len(plan.levels) - 1}"], s[f"{what} 0"]
+        name = "update_status" if what == "update" else "get"
+        out.budgets.append(Budget(f"{name} p50 at {high:,} vs {low:,} live rooms (flat: ≤ 1.25×)",
+                                  a.p50_us / b.p50_us, "<=", 1.25, "×",
+                                  f"{a.p50_us:.1f} vs {b.p50_us:.1f} µs; server {server[-1][k]:.2f} vs "
+                                  f"{server[0][k]:.2f} µs/call"))
     return out
 
 

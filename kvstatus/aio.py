@@ -7,11 +7,10 @@ from typing import Any, Optional, TypeVar
 
 from redis import exceptions as rx
 
-from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect_async
+from kvstatus.connection import connect_async
 from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
-from kvstatus.keys import DEFAULT_PREFIX
-from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, Op
-from kvstatus.status import KVPoll, Policy, RoomView, UpdateResult
+from kvstatus.operations import Call, Op
+from kvstatus.status import KVPoll, RoomView, UpdateResult
 
 T = TypeVar("T")
 
@@ -19,21 +18,7 @@ T = TypeVar("T")
 class AsyncStatusStore(StoreBase):
     """:class:`~kvstatus.StatusStore` for asyncio: same arguments, same semantics, awaitable methods."""
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str = DEFAULT_URL,
-        *,
-        namespace: str,
-        participant: Optional[str] = None,
-        prefix: str = DEFAULT_PREFIX,
-        ttl: float = DEFAULT_TTL_SECONDS,
-        policy: str | Policy = Policy.SEED,
-        options: Optional[ConnectionOptions] = None,
-        **option_overrides: Any,
-    ) -> "AsyncStatusStore":
-        client = connect_async(url, options, **option_overrides)
-        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy)
+    _connect = staticmethod(connect_async)
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         return await self._run(self._core.update_status(room, status))

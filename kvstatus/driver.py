@@ -4,12 +4,12 @@ translation and the bookkeeping of NOSCRIPT healing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 from redis import exceptions as rx
 from redis.cluster import RedisCluster
 
-from kvstatus.connection import mask_url
+from kvstatus.connection import DEFAULT_URL, ConnectionOptions, mask_url
 from kvstatus.errors import (
     AuthenticationError,
     BackendError,
@@ -18,12 +18,13 @@ from kvstatus.errors import (
     KVStatusError,
     PermissionDeniedError,
 )
-from kvstatus.keys import DEFAULT_PREFIX
+from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.scripts import LuaScript
 from kvstatus.status import Policy
 
 _CORRUPT = "KVSTATUS_CORRUPT "
+S = TypeVar("S", bound="StoreBase")
 
 
 def is_cluster_client(client: Any) -> bool:
@@ -35,6 +36,8 @@ def is_cluster_client(client: Any) -> bool:
 
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
+
+    _connect: ClassVar[Callable[..., Any]]
 
     def __init__(
         self,
@@ -55,6 +58,23 @@ class StoreBase:
             policy=policy,
             cluster=is_cluster_client(client),
         )
+
+    @classmethod
+    def from_url(
+        cls: type[S],
+        url: str = DEFAULT_URL,
+        *,
+        namespace: str,
+        participant: Optional[str] = None,
+        prefix: str = DEFAULT_PREFIX,
+        ttl: float = DEFAULT_TTL_SECONDS,
+        policy: str | Policy = Policy.SEED,
+        options: Optional[ConnectionOptions] = None,
+        **option_overrides: Any,
+    ) -> S:
+        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
+        client = cls._connect(url, options, **option_overrides)
+        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy)
 
     @property
     def namespace(self) -> str:
@@ -78,7 +98,7 @@ class StoreBase:
         return self._core.policy
 
     @property
-    def keys(self) -> Any:
+    def keys(self) -> KeySchema:
         """The :class:`~kvstatus.keys.KeySchema` of this store's namespace."""
         return self._core.schema
 

@@ -7,11 +7,10 @@ from typing import Any, Optional, TypeVar
 
 from redis import exceptions as rx
 
-from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
+from kvstatus.connection import connect
 from kvstatus.driver import StoreBase, raise_first_error, scripts_to_reload, translate_error, unique_scripts
-from kvstatus.keys import DEFAULT_PREFIX
-from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, Op
-from kvstatus.status import KVPoll, Policy, RoomView, UpdateResult
+from kvstatus.operations import Call, Op
+from kvstatus.status import KVPoll, RoomView, UpdateResult
 
 T = TypeVar("T")
 
@@ -24,22 +23,7 @@ class StatusStore(StoreBase):
     seconds. Every method is one round trip.
     """
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str = DEFAULT_URL,
-        *,
-        namespace: str,
-        participant: Optional[str] = None,
-        prefix: str = DEFAULT_PREFIX,
-        ttl: float = DEFAULT_TTL_SECONDS,
-        policy: str | Policy = Policy.SEED,
-        options: Optional[ConnectionOptions] = None,
-        **option_overrides: Any,
-    ) -> "StatusStore":
-        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
-        client = connect(url, options, **option_overrides)
-        return cls(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy)
+    _connect = staticmethod(connect)
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional
 import redis
 
 from kvstatus import KVPoll, StatusStore, apply_rule
-from kvstatus.status import Outcome, UpdateResult
+from kvstatus.status import Outcome, Policy, UpdateResult
 
 # An entry's state: (status value or None, reason or None).
 State = tuple[Optional[int], Optional[str]]
@@ -48,12 +48,12 @@ class Call(NamedTuple):
     result: Any
 
 
-def step(state: State, kind: str, arg: Any) -> tuple[State, Any]:
+def step(state: State, kind: str, arg: Any, policy: Policy = Policy.SEED) -> tuple[State, Any]:
     """The reference model of one call: the next state and the value the store must return."""
     status, reason = state
     if kind == "update":
         current = None if status is None else KVPoll(status)
-        outcome, after = apply_rule(current, KVPoll(arg))
+        outcome, after = apply_rule(current, KVPoll(arg), policy)
         if outcome is Outcome.ADVANCED and current == KVPoll.Failed:
             reason = None
         new_status = None if after is None else int(after)
@@ -75,7 +75,7 @@ class Inconclusive(Exception):
     """The search ran out of its step budget; make the history smaller."""
 
 
-def linearizable(calls: list[Call], budget: int = 2_000_000) -> bool:
+def linearizable(calls: list[Call], policy: Policy = Policy.SEED, budget: int = 2_000_000) -> bool:
     """True if some real-time-respecting order of ``calls`` (one entry's) explains every result."""
     calls = sorted(calls, key=lambda c: c.start)
     n = len(calls)
@@ -99,24 +99,25 @@ def linearizable(calls: list[Call], budget: int = 2_000_000) -> bool:
             call = calls[i]
             if call.start > horizon:
                 break  # sorted by start: no later call can be minimal either
-            after, expected = step(state, call.kind, call.arg)
+            after, expected = step(state, call.kind, call.arg, policy)
             if expected == call.result:
                 stack.append((done | 1 << i, after))
     return False
 
 
-def find_violations(calls: list[Call]) -> list[tuple[int, str]]:
+def find_violations(calls: list[Call], policy: Policy = Policy.SEED) -> list[tuple[int, str]]:
     """The (room, participant) entries whose history no order explains."""
     by_entry: dict[tuple[int, str], list[Call]] = defaultdict(list)
     for call in calls:
         by_entry[call.room, call.participant].append(call)
-    return [entry for entry, history in sorted(by_entry.items()) if not linearizable(history)]
+    return [entry for entry, history in sorted(by_entry.items()) if not linearizable(history, policy)]
 
 
 class NaiveStore:
     """The store's API as a client-side read-decide-write: not atomic, so concurrent calls interfere."""
 
-    def __init__(self, client: redis.Redis, namespace: str, participant: str) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, participant: str, policy: Policy) -> None:
+        self._policy = policy
         self._keys = StatusStore(client, namespace=namespace, participant=participant).keys
         self._client = client
         self._field = participant
@@ -139,7 +140,7 @@ class NaiveStore:
     def _apply(self, room: int, kind: str, arg: Any) -> Any:
         key = self._keys.room_key(room)
         before = self._read(key)
-        after, result = step(before, kind, arg)
+        after, result = step(before, kind, arg, self._policy)
         if after != before:
             self._write(key, after)
         return result
@@ -162,17 +163,17 @@ class NaiveStore:
         return None if status is None else KVPoll(status)
 
 
-def _make_store(url: str, namespace: str, participant: str, naive: bool) -> Any:
+def _make_store(url: str, namespace: str, participant: str, naive: bool, policy: Policy) -> Any:
     client = redis.Redis.from_url(url)
     if naive:
-        return NaiveStore(client, namespace, participant)
-    return StatusStore(client, namespace=namespace, participant=participant)
+        return NaiveStore(client, namespace, participant, policy)
+    return StatusStore(client, namespace=namespace, participant=participant, policy=policy)
 
 
 def _thread_calls(url: str, namespace: str, name: str, seed: int, rooms: list[int], participants: list[str],
-                  ops: int, naive: bool, out: list[Call]) -> None:
+                  ops: int, naive: bool, policy: Policy, out: list[Call]) -> None:
     rng = random.Random(seed)
-    stores = {p: _make_store(url, namespace, p, naive) for p in participants}
+    stores = {p: _make_store(url, namespace, p, naive, policy) for p in participants}
     clock = time.monotonic_ns
     for _ in range(ops):
         participant = rng.choice(participants)
@@ -208,13 +209,14 @@ def _thread_calls(url: str, namespace: str, name: str, seed: int, rooms: list[in
 
 
 def _process(url: str, namespace: str, index: int, threads: int, rooms: list[int], participants: list[str],
-             ops: int, naive: bool, queue: Any) -> None:
+             ops: int, naive: bool, policy: Policy, queue: Any) -> None:
     calls: list[Call] = []
     errors: list[str] = []
 
     def thread(t: int) -> None:
         try:
-            _thread_calls(url, namespace, f"p{index}t{t}", index * 100 + t, rooms, participants, ops, naive, calls)
+            _thread_calls(url, namespace, f"p{index}t{t}", index * 100 + t, rooms, participants, ops, naive,
+                          policy, calls)
         except Exception as exc:  # reported to the parent, which fails the test with it
             errors.append(f"p{index}t{t}: {exc!r}")
 
@@ -227,13 +229,14 @@ def _process(url: str, namespace: str, index: int, threads: int, rooms: list[int
 
 
 def run_history(url: str, namespace: str, *, naive: bool = False, processes: int = 4, threads: int = 3,
-                rooms: int = 3, participants: int = 2, ops: int = 25) -> list[Call]:
+                rooms: int = 3, participants: int = 2, ops: int = 25, policy: Policy = Policy.SEED) -> list[Call]:
     """Run the workers and return every recorded call (fork start method: the test's imports are reused)."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     room_ids = [2**62 + i for i in range(rooms)]
     names = [f"node-{i}" for i in range(participants)]
-    workers = [ctx.Process(target=_process, args=(url, namespace, i, threads, room_ids, names, ops, naive, queue))
+    workers = [ctx.Process(target=_process, args=(url, namespace, i, threads, room_ids, names, ops, naive, policy,
+                                                              queue))
                for i in range(processes)]
     for worker in workers:
         worker.start()

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from kvstatus import AsyncStatusStore, BackendUnavailableError, KVPoll, Outcome, StatusStore
+from kvstatus import scripts
 from kvstatus.embedded import RedisServer
 from tests.support import fresh_namespace, require_redis_server
 
@@ -131,12 +132,14 @@ def test_clients_ride_out_a_redis_restart_without_lying() -> None:
         raw = server.client()
         stored = {StatusStore(raw, namespace=namespace).keys.room_of(k) for k in
                   raw.scan_iter(match=f"kvstatus:{namespace}:*", count=1000)}
+        reloaded = raw.script_exists(scripts.UPDATE.sha)  # the restarted server started with no scripts
         raw.close()
     finally:
         stop.set()
         server.stop()
         loop.close()
 
+    assert reloaded == [True]
     unexpected = [a for a in attempts if a.error is not None and not isinstance(a.error, BackendUnavailableError)]
     assert unexpected == []
     failures = [a for a in attempts if a.error is not None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstatus.embedded import RedisServer
-from kvstatus.status import KVPoll, Outcome
+from kvstatus.status import KVPoll, Outcome, Policy
 from tests.history import Call, find_violations, linearizable, run_history
 from tests.support import fresh_namespace
 
@@ -40,12 +40,13 @@ def test_a_late_abort_that_resurrects_a_room_is_rejected() -> None:
 
 
 @pytest.mark.real
-def test_every_history_on_redis_is_linearizable(redis_server: RedisServer) -> None:
-    calls = run_history(redis_server.url, fresh_namespace("hist"), processes=8, threads=3, ops=80)
+@pytest.mark.parametrize("policy", list(Policy))
+def test_every_history_on_redis_is_linearizable(redis_server: RedisServer, policy: Policy) -> None:
+    calls = run_history(redis_server.url, fresh_namespace("hist"), processes=8, threads=3, ops=80, policy=policy)
     assert len(calls) >= 8 * 3 * 80
     kinds = {call.kind for call in calls}
     assert kinds == {"update", "clear", "fail", "get", "state"}
-    assert find_violations(calls) == []
+    assert find_violations(calls, policy) == []
 
 
 @pytest.mark.real

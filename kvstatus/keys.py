@@ -10,6 +10,7 @@ contain ``:``, so the two kinds never collide):
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -49,7 +50,7 @@ def validate_room(room: object) -> int:
 def validate_rooms(rooms: Iterable[object]) -> list[int]:
     """:func:`validate_room` over a batch; plain ints in range are checked inline (the hot path)."""
     checked = list(rooms)
-    if all(type(room) is int and 0 <= room <= MAX_ROOM for room in checked):
+    if checked and set(map(type, checked)) == {int} and 0 <= min(checked) and max(checked) <= MAX_ROOM:
         return checked  # type: ignore[return-value]
     return [validate_room(room) for room in checked]
 
@@ -73,7 +74,7 @@ class KeySchema:
         validate_name(self.prefix, "prefix")
         validate_name(self.namespace, "namespace")
 
-    @property
+    @functools.cached_property
     def base(self) -> str:
         """``<prefix>:<namespace>:``, the start of every key of this namespace."""
         return f"{self.prefix}:{self.namespace}:"

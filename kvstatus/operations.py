@@ -54,8 +54,8 @@ _STATUS_BY_VALUE: dict[Any, KVPoll] = {}
 for _s in KVPoll:
     _STATUS_BY_VALUE[str(_s.value)] = _s
     _STATUS_BY_VALUE[str(_s.value).encode()] = _s
-# Status argument by status for the exact types the hot path accepts; anything else goes through to_status.
-_ARG_BY_STATUS = {**{s: _STATUS_ARG[s] for s in KVPoll}, **{int(s): _STATUS_ARG[s] for s in KVPoll}}
+# The exact types whose statuses the batch hot path indexes _STATUS_ARG with directly (bool is not one).
+_PLAIN_STATUS_TYPES = frozenset({KVPoll, int})
 _RESULTS = {
     (o.value, s): UpdateResult(o, None if s < 0 else KVPoll(s)) for o in Outcome for s in range(-1, len(KVPoll))
 }
@@ -81,10 +81,8 @@ def _text(value: Any) -> str:
 def status_args(statuses: Iterable[Any]) -> list[str]:
     """The script argument ("0".."4") of each status; raises :class:`InvalidStatusError` for a bad one."""
     values = list(statuses)
-    if all(type(s) is KVPoll or type(s) is int for s in values):
-        args = [_ARG_BY_STATUS.get(s) for s in values]
-        if None not in args:
-            return args  # type: ignore[return-value]
+    if values and set(map(type, values)) <= _PLAIN_STATUS_TYPES and 0 <= min(values) and max(values) <= 4:
+        return [_STATUS_ARG[s] for s in values]
     return [_STATUS_ARG[to_status(s)] for s in values]
 
 

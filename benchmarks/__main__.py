@@ -20,7 +20,7 @@ NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="./dev bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every case (~30 s)")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every case (~15 s)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per comparison (default 9, quick 3)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the 3-master cluster run")
     parser.add_argument("--no-write", action="store_true", help="print the results, leave BENCHMARKS.md alone")

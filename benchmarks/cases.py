@@ -231,6 +231,10 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
         per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / size
         out.rows.append(Measurement(section, "Redis time per key of a 256-key `get_many` script", per_key, "µs",
                                     note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU"))
+    if not cluster:
+        counts = commands_per_node([client], lambda: store.get_many(present))[0]
+        out.notes.append(f"`get_many(256)` on one Redis sends {counts.get('evalsha', 0)} command(s) "
+                         f"(calls seen by the server, script-internal ones included: {counts})")
     if "bare" in s:
         out.rows.append(_tput(section, "bare `get_many.lua`: one `EVALSHA` over 256 keys", s["bare"], size))
         out.notes.append(

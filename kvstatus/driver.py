@@ -3,6 +3,7 @@ translation and the bookkeeping of NOSCRIPT healing."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
@@ -24,6 +25,10 @@ from kvstatus.scripts import LuaScript
 from kvstatus.status import Policy
 
 _CORRUPT = "KVSTATUS_CORRUPT "
+# Redis 7 names the script line, not the command, when a script's redis.call is denied by ACL.
+_SCRIPT_NOPERM = "The user executing the script can't run this command"
+_SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
+_LUA_CALL = re.compile(r"redis\.p?call\(\s*[\"'](\w+)[\"']")
 S = TypeVar("S", bound="StoreBase")
 
 
@@ -139,6 +144,12 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
         return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, rx.NoPermissionError):
         return PermissionDeniedError(f"Redis ACL denied the request: {text}")
+    if _SCRIPT_NOPERM in text:
+        command = script_command_at(call, text)
+        return PermissionDeniedError(
+            f"Redis ACL denied the request: this user has no permissions to run the '{command}' command "
+            f"(called inside the kvstatus script {call.script.name if call and call.script else '?'})"
+        )
     if text.startswith(_CORRUPT):
         return CorruptedValueError(text[len(_CORRUPT) :].split(" script:")[0])
     if text.startswith("WRONGTYPE"):
@@ -152,3 +163,14 @@ def _first_key(call: Call) -> Optional[str]:
     if args[0] == "EVALSHA":
         return str(args[3]) if args[2] == 1 else None
     return str(args[1]) if len(args) > 1 else None
+
+
+def script_command_at(call: Optional[Call], text: str) -> str:
+    """The Redis command called on the script line named in ``text`` (lower case), or "unknown"."""
+    line = _SCRIPT_LINE.search(text)
+    if call is None or call.script is None or line is None:
+        return "unknown"
+    lines = call.script.source.splitlines()
+    number = int(line.group(1))
+    found = _LUA_CALL.search(lines[number - 1]) if 0 < number <= len(lines) else None
+    return found.group(1).lower() if found else "unknown"

@@ -1,0 +1,133 @@
+"""Counting and auditing the rooms of a namespace (``kvstatus stats``), without the CLI.
+
+One pass over :func:`kvstatus.scan.iter_rooms`; memory is bounded by the
+number of distinct participants and the ``oldest`` heap, not by the rooms.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from kvstatus.keys import KeySchema
+from kvstatus.scan import DEFAULT_BATCH, Progress, iter_rooms
+from kvstatus.status import KVPoll, RoomView
+
+TERMINAL = frozenset({KVPoll.Success, KVPoll.Failed})
+
+# Upper bounds (seconds) of the TTL-left buckets; the last bucket is "more".
+TTL_BUCKETS = (10, 60, 300, 600)
+
+
+def ttl_bucket(ttl_ms: Optional[int]) -> str:
+    """The label of the TTL-left bucket for ``ttl_ms`` (milliseconds; None: no TTL)."""
+    if ttl_ms is None:
+        return "no TTL"
+    seconds = ttl_ms / 1000
+    low = 0
+    for high in TTL_BUCKETS:
+        if seconds <= high:
+            return f"{low}-{high}s"
+        low = high
+    return f">{low}s"
+
+
+def bucket_labels() -> list[str]:
+    labels, low = [], 0
+    for high in TTL_BUCKETS:
+        labels.append(f"{low}-{high}s")
+        low = high
+    return labels + [f">{low}s", "no TTL"]
+
+
+@dataclass
+class Stats:
+    """What one pass over a namespace found.
+
+    ``oldest`` lists the non-terminal rooms (some entry neither Success nor
+    Failed) with the least TTL left: every write refreshes the TTL, so they are
+    the ones that went longest without progress. ``ttl_ms`` values are milliseconds.
+    """
+
+    rooms: int = 0
+    entries: int = 0
+    by_status: Counter = field(default_factory=Counter)
+    by_participant: dict[str, Counter] = field(default_factory=dict)
+    ttl_left: Counter = field(default_factory=Counter)
+    keys_without_ttl: list[int] = field(default_factory=list)
+    keys_without_ttl_count: int = 0
+    oldest: list[RoomView] = field(default_factory=list)
+    corrupted_count: int = 0
+    corrupted: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rooms": self.rooms,
+            "entries": self.entries,
+            "by_status": {s.name: self.by_status.get(s, 0) for s in KVPoll},
+            "by_participant": {
+                p: {s.name: c.get(s, 0) for s in KVPoll} for p, c in sorted(self.by_participant.items())
+            },
+            "ttl_left": {label: self.ttl_left.get(label, 0) for label in bucket_labels()},
+            "keys_without_ttl": self.keys_without_ttl_count,
+            "keys_without_ttl_sample": self.keys_without_ttl,
+            "corrupted_rooms": self.corrupted_count,
+            "corrupted_sample": self.corrupted,
+            "oldest_non_terminal": [
+                {"room": v.room, "ttl_ms": v.ttl_ms,
+                 "statuses": {n: e.status.name if e.status is not None else None
+                              for n, e in v.participants.items()}}
+                for v in self.oldest
+            ],
+        }
+
+
+def is_terminal(view: RoomView) -> bool:
+    return all(entry.status in TERMINAL for entry in view.participants.values())
+
+
+def collect_stats(
+    client: Any,
+    schema: KeySchema,
+    *,
+    oldest: int = 5,
+    sample: int = 10,
+    batch: int = DEFAULT_BATCH,
+    progress: Optional[Progress] = None,
+) -> Stats:
+    """Count rooms by status and participant and audit TTLs in one SCAN pass.
+
+    Rooms holding values kvstatus does not write are counted as corrupted
+    (with up to ``sample`` messages) instead of stopping the audit.
+    """
+    stats = Stats()
+    heap: list[tuple[int, int, RoomView]] = []  # (-ttl_ms, room, view): the `oldest` smallest TTLs
+
+    def corrupt(room: int, message: str) -> None:
+        stats.corrupted_count += 1
+        if len(stats.corrupted) < sample:
+            stats.corrupted.append(message)
+
+    for view in iter_rooms(client, schema, batch, progress, corrupt):
+        stats.rooms += 1
+        for name, entry in view.participants.items():
+            if entry.status is None:
+                continue
+            stats.entries += 1
+            stats.by_status[entry.status] += 1
+            stats.by_participant.setdefault(name, Counter())[entry.status] += 1
+        stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
+        if view.ttl_ms is None:
+            stats.keys_without_ttl_count += 1
+            if len(stats.keys_without_ttl) < sample:
+                stats.keys_without_ttl.append(view.room)
+        elif oldest > 0 and not is_terminal(view):
+            item = (-view.ttl_ms, view.room, view)
+            if len(heap) < oldest:
+                heapq.heappush(heap, item)
+            elif item > heap[0]:
+                heapq.heapreplace(heap, item)
+    stats.oldest = [view for _, _, view in sorted(heap, reverse=True)]
+    return stats

@@ -1,0 +1,3 @@
+from kvstatus.cli import main
+
+main(prog_name="kvstatus")

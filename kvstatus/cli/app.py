@@ -1,0 +1,179 @@
+"""The ``kvstatus`` click group: shared options, the client seam, and the one place errors become exit codes.
+
+Exit codes: 0 ok, 1 not found or operational error (unreachable, ACL denied,
+corrupted value), 2 usage error (bad argument, option, room, status, name, URL).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import click
+from redis import exceptions as rx
+
+from kvstatus import connection
+from kvstatus.driver import translate_error
+from kvstatus.errors import InvalidArgumentError, KVStatusError
+from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
+from kvstatus.status import KVPoll, parse_status
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class NotFound(click.ClickException):
+    """Something asked for does not exist (exit 1)."""
+
+    exit_code = EXIT_FAILED
+
+
+@dataclass
+class CliEnv:
+    """What every command shares. ``connect`` (URL -> redis-py client) is the seam tests inject a client through."""
+
+    connect: Callable[[str], Any] = connection.connect
+    url: Optional[str] = None
+    namespace: Optional[str] = None
+    prefix: str = DEFAULT_PREFIX
+    _client: Any = field(default=None, repr=False)
+
+    @property
+    def url_or_default(self) -> str:
+        return self.url or connection.DEFAULT_URL
+
+    @property
+    def shown_url(self) -> str:
+        return connection.mask_url(self.url_or_default)
+
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self.connect(self.url_or_default)
+        return self._client
+
+    def schema(self) -> KeySchema:
+        if not self.namespace:
+            raise click.UsageError("no namespace: pass --namespace NAME or set KVSTATUS_NAMESPACE")
+        return KeySchema(self.namespace, self.prefix)
+
+    def close(self) -> None:
+        if self._client is not None:
+            close = getattr(self._client, "close", None)
+            if close is not None:
+                close()
+
+
+class KvstatusGroup(click.Group):
+    """Turns kvstatus and Redis errors into a one-line message and an exit code, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InvalidArgumentError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+        except KeyError as exc:
+            raise NotFound(f"not found: {exc.args[0] if exc.args else exc}") from None
+        except (KVStatusError, rx.RedisError) as exc:
+            error = translate_error(exc)
+            raise click.ClickException(f"{error}{_hint(error)}") from None
+        finally:
+            env = ctx.find_object(CliEnv)
+            if env is not None:
+                env.close()
+
+
+def _hint(error: BaseException) -> str:
+    name = type(error).__name__
+    return {
+        "BackendUnavailableError": "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus doctor` checks the setup.",
+        "AuthenticationError": "\nCheck the user name and password in --url / KVSTATUS_URL.",
+        "PermissionDeniedError": "\nThe Redis user lacks a permission kvstatus needs; `kvstatus doctor` lists which.",
+        "CorruptedValueError": "\nSomething other than kvstatus wrote to this namespace; the value was left as it is.",
+    }.get(name, "")
+
+
+@click.group(cls=KvstatusGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", envvar="KVSTATUS_URL", metavar="URL",
+              help=f"Redis URL (env KVSTATUS_URL; default {connection.DEFAULT_URL}): redis://, rediss://, unix:// "
+                   "and every other form the library accepts. Passwords are masked in all output.")
+@click.option("--namespace", envvar="KVSTATUS_NAMESPACE", metavar="NAME",
+              help="The PD deployment whose rooms to work on (env KVSTATUS_NAMESPACE), e.g. prod-a.")
+@click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, metavar="PREFIX",
+              help="First part of every key: <prefix>:<namespace>:{<room>}.")
+@click.version_option(package_name="kvstatus", message="kvstatus %(version)s")
+@click.pass_context
+def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefix: str) -> None:
+    """Inspect, change, watch and audit the room statuses kvstatus keeps in Redis.
+
+    Exit codes: 0 ok, 1 not found or operational error, 2 usage error.
+    """
+    env = ctx.ensure_object(CliEnv)
+    env.url, env.namespace, env.prefix = url, namespace, prefix
+    if url:
+        connection.parse_url(url)  # a malformed URL is a usage error before anything runs
+    validate_name(prefix, "prefix")
+    if namespace is not None:
+        validate_name(namespace, "namespace")
+
+
+pass_env = click.make_pass_decorator(CliEnv)
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+class RoomType(click.ParamType):
+    """A room id: a decimal integer in [0, 2**63 - 1]."""
+
+    name = "ROOM"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return parse_room(str(value))
+        except InvalidArgumentError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class StatusType(click.ParamType):
+    """A status: a KVPoll name (case-insensitive) or its number 0..4."""
+
+    name = "STATUS"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> KVPoll:
+        if isinstance(value, KVPoll):
+            return value
+        try:
+            return parse_status(str(value))
+        except InvalidArgumentError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+ROOM = RoomType()
+STATUS = StatusType()
+
+
+def emit_json(document: Any) -> None:
+    click.echo(json.dumps(document, sort_keys=False))
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain left-aligned text table."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def status_text(status: Optional[KVPoll]) -> str:
+    return "-" if status is None else f"{status.name}({status.value})"
+
+
+def ttl_text(ttl_ms: Optional[int]) -> str:
+    return "no TTL" if ttl_ms is None else f"{ttl_ms / 1000:.1f}s"
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,113 @@
+"""``kvstatus demo``: the PD cluster simulation of :mod:`kvstatus.demo`, with a progress bar and the table."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import click
+
+from kvstatus.cli.app import CliEnv, emit_json, json_option, main, pass_env, stderr_is_tty, table
+from kvstatus.connection import mask_url
+from kvstatus.demo import FAKEREDIS_DEFAULT_REQUESTS, DemoConfig, DemoError, DemoResult, embedded_redis, run_demo
+
+DEFAULTS = DemoConfig()
+DEFAULT_NAMESPACE = "kvstatus-demo"
+BAR_WIDTH = 30
+
+
+@contextlib.contextmanager
+def _redis_for(env: CliEnv) -> Iterator[tuple[str, bool]]:
+    """(URL, is fakeredis) to run on: --url / KVSTATUS_URL if given, else an embedded server (said on stderr)."""
+    if env.url:
+        click.echo(f"demo: using {mask_url(env.url)}", err=True)
+        yield env.url, False
+        return
+    with embedded_redis() as server:
+        click.echo(f"demo: no --url or KVSTATUS_URL given, running on an {server.description}", err=True)
+        yield server.url, server.fake
+    click.echo("demo: embedded server stopped", err=True)
+
+
+class _Bar:
+    """A progress bar on stderr, redrawn in place on a terminal, one line per implementation otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = stderr_is_tty()
+        self.current: Optional[str] = None
+
+    def __call__(self, implementation: str, done: int, total: int) -> None:
+        if implementation != self.current:
+            if self.current is not None and self.tty:
+                click.echo("", err=True)
+            self.current = implementation
+            if not self.tty:
+                click.echo(f"demo: running {implementation} ({total} requests)", err=True)
+        if self.tty:
+            filled = BAR_WIDTH * done // max(total, 1)
+            click.echo(f"\r{implementation:<12} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}",
+                       nl=False, err=True)
+
+    def close(self) -> None:
+        if self.tty and self.current is not None:
+            click.echo("", err=True)
+
+
+def result_table(results: list[DemoResult]) -> str:
+    rows = [[r.implementation, r.requests, r.aborts, r.resurrected, r.stale, r.leaked_keys, r.keys_without_ttl,
+             f"{r.updates_per_second:,.0f}"] for r in results]
+    return table(["IMPLEMENTATION", "REQUESTS", "ABORTS", "RESURRECTED ROOMS", "STALE-STATUS REQUESTS",
+                  "LEAKED KEYS", "KEYS WITHOUT TTL", "UPDATES/S"], rows)
+
+
+@main.command()
+@click.option("--prefill", type=click.IntRange(min=1, max=64), default=DEFAULTS.prefill, show_default=True,
+              help="Prefill worker processes.")
+@click.option("--decode", type=click.IntRange(min=1, max=64), default=DEFAULTS.decode, show_default=True,
+              help="Decode worker processes.")
+@click.option("--requests", type=click.IntRange(min=1),
+              help=f"Requests per worker process [default: {DEFAULTS.requests}; {FAKEREDIS_DEFAULT_REQUESTS} on the "
+                   "embedded fakeredis, which is slower].")
+@click.option("--rooms", type=click.IntRange(min=1), default=DEFAULTS.rooms, show_default=True,
+              help="Room ids per pool (small pools mean much room-id reuse).")
+@click.option("--abort-rate", type=click.FloatRange(0, 1), default=DEFAULTS.abort_rate, show_default=True,
+              help="Share of requests that are aborted.")
+@click.option("--late-share", type=click.FloatRange(0, 1), default=DEFAULTS.late_abort_share, show_default=True,
+              help="Share of aborts delivered after the room was cleared (the late-abort race).")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Random seed, for reproducible runs.")
+@json_option
+@pass_env
+def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms: int, abort_rate: float, late_share: float,
+         seed: int, as_json: bool) -> None:
+    """Simulate a PD cluster: the same workload against kvstatus, a client-side read-then-write rule, and the pre-fix rule.
+
+    Prefill and decode worker processes run SGLang-like request lifecycles on
+    reused room ids, with random aborts, some delivered after the room was
+    cleared. Without --url / KVSTATUS_URL it starts an embedded server
+    (redis-server if on PATH, else fakeredis) and stops it afterwards.
+    """
+    namespace = env.namespace or DEFAULT_NAMESPACE
+    bar = _Bar()
+    try:
+        with _redis_for(env) as (url, fake):
+            if requests is None:
+                requests = FAKEREDIS_DEFAULT_REQUESTS if fake else DEFAULTS.requests
+            config = DemoConfig(prefill=prefill, decode=decode, requests=requests, rooms=rooms,
+                                abort_rate=abort_rate, late_abort_share=late_share, seed=seed)
+            try:
+                results = run_demo(url, namespace, config, bar)
+            finally:
+                bar.close()
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        emit_json({"config": config.__dict__, "results": [r.to_json() for r in results]})
+        return
+    click.echo(f"{prefill} prefill + {decode} decode processes, {requests} requests each, "
+               f"{rooms} room ids per pool, abort rate {abort_rate:g} ({late_share:g} of them late), seed {seed}")
+    click.echo("")
+    click.echo(result_table(results))
+    click.echo("")
+    click.echo("resurrected rooms: abort writes that re-created an entry its owner had cleared\n"
+               "stale-status requests: requests whose first poll saw a status left by an earlier request on the room\n"
+               "leaked keys, keys without TTL: left in the namespace after every worker finished")

@@ -1,0 +1,185 @@
+"""``stats``, ``watch``, ``doctor`` and ``explain``: looking at a namespace as a whole, or at the rule."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+import click
+
+from kvstatus.audit import bucket_labels, collect_stats
+from kvstatus.changes import KINDS, Snapshot, watch_changes
+from kvstatus.cli.app import STATUS, CliEnv, emit_json, json_option, main, pass_env, status_text, stderr_is_tty, \
+    table, ttl_text
+from kvstatus.doctor import run_checks
+from kvstatus.operations import DEFAULT_TTL_SECONDS
+from kvstatus.scan import DEFAULT_BATCH
+from kvstatus.status import KVPoll, Policy, apply_rule, explain as explain_rule
+
+MAX_CHANGES_SHOWN = 20
+
+
+def _progress(label: str) -> Any:
+    """A stderr progress indicator for long scans (only on a terminal), or None."""
+    if not stderr_is_tty():
+        return None
+
+    def show(scanned: int) -> None:
+        click.echo(f"\r{label}: {scanned} keys scanned", nl=False, err=True)
+
+    return show
+
+
+def _end_progress(progress: Any) -> None:
+    if progress is not None:
+        click.echo("\r\033[K", nl=False, err=True)
+
+
+@main.command()
+@click.option("--oldest", type=click.IntRange(min=0, max=1000), default=5, show_default=True,
+              help="How many of the oldest non-terminal rooms to list.")
+@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
+              help="Keys per SCAN step and per pipelined read.")
+@json_option
+@pass_env
+def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
+    """Count rooms by status and participant, and audit leaks: keys without TTL, TTL left, oldest rooms.
+
+    "Oldest" are the non-terminal rooms with the least TTL left: every write
+    refreshes the TTL, so they went longest without progress.
+    """
+    schema = env.schema()
+    progress = _progress("stats")
+    result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress)
+    _end_progress(progress)
+    if as_json:
+        emit_json({"namespace": schema.namespace, **result.to_json()})
+        return
+    click.echo(f"namespace {schema.namespace}: {result.rooms} rooms, {result.entries} entries")
+    click.echo("")
+    participants = sorted(result.by_participant)
+    headers = ["STATUS", "ALL"] + participants
+    rows = [[s.name, result.by_status.get(s, 0)] + [result.by_participant[p].get(s, 0) for p in participants]
+            for s in KVPoll]
+    click.echo(table(headers, rows))
+    click.echo("")
+    click.echo("TTL left: " + ", ".join(f"{label} {result.ttl_left.get(label, 0)}" for label in bucket_labels()))
+    if result.keys_without_ttl_count:
+        sample = ", ".join(map(str, result.keys_without_ttl))
+        click.secho(f"LEAK: {result.keys_without_ttl_count} room keys have NO TTL and will never expire "
+                    f"(kvstatus never writes one; something else did): rooms {sample}", fg="red", bold=True)
+    else:
+        click.echo("keys without TTL: 0 (good: every room will expire if it is abandoned)")
+    if result.corrupted_count:
+        click.secho(f"CORRUPTED: {result.corrupted_count} rooms hold values kvstatus does not write "
+                    f"(left as they are, not counted above):", fg="red", bold=True)
+        for message in result.corrupted:
+            click.echo(f"  {message}")
+    if result.oldest:
+        click.echo("")
+        click.echo("oldest non-terminal rooms (least TTL left):")
+        rows = [[v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(e.status)}" for n, e in v.participants.items())]
+                for v in result.oldest]
+        click.echo(table(["ROOM", "TTL LEFT", "ENTRIES"], rows))
+
+
+def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> str:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [f"kvstatus watch  namespace {schema_ns}  {now}  every {interval:g}s  (Ctrl-C to stop)", "",
+             f"rooms {len(snap.rooms)}  " + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll)
+             + (f"  (skipped {snap.corrupted} corrupted rooms)" if snap.corrupted else ""), ""]
+    counts = {kind: sum(1 for c in changes if c.kind == kind) for kind in KINDS}
+    lines.append("since last refresh: " + "  ".join(f"{k} {counts[k]}" for k in KINDS))
+    for change in changes[:MAX_CHANGES_SHOWN]:
+        after = ", ".join(f"{n}={s}" for n, s in change.after.items()) or "-"
+        lines.append(f"  {change.kind:<9} room {change.room}  {after}")
+    if len(changes) > MAX_CHANGES_SHOWN:
+        lines.append(f"  ... and {len(changes) - MAX_CHANGES_SHOWN} more")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes (default: until Ctrl-C).")
+@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
+              help="Keys per SCAN step and per pipelined read.")
+@json_option
+@pass_env
+def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_json: bool) -> None:
+    """A live view: counts by status and the rooms that changed (new, advanced, failed, cleared) since the last refresh.
+
+    With --json, streams JSON lines: a "snapshot" line per refresh with the
+    counts, then one line per changed room. Exits cleanly on Ctrl-C.
+    """
+    schema = env.schema()
+    terminal = sys.stdout.isatty() and not as_json
+    try:
+        for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch):
+            if as_json:
+                emit_json({"event": "snapshot", "time": time.time(), "rooms": len(snap.rooms), "corrupted": snap.corrupted,
+                           "by_status": {s.name: snap.by_status.get(s, 0) for s in KVPoll}})
+                for change in changes:
+                    emit_json(change.to_json())
+                continue
+            if terminal:
+                click.clear()
+            click.echo(_render(schema.namespace, snap, changes, interval))
+            if not terminal:
+                click.echo("")
+    except KeyboardInterrupt:
+        if not as_json:
+            click.echo("\nstopped", err=True)
+
+
+@main.command()
+@click.option("--ttl", type=float, default=DEFAULT_TTL_SECONDS, show_default=True,
+              help="The store TTL in seconds your workers use, to check against SGLang's timeouts.")
+@json_option
+@pass_env
+def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
+    """Check connectivity, server version, topology, script load, TTL, and that the ACL allows every command kvstatus needs.
+
+    Permissions are checked by running the real operations against a probe
+    entry in the namespace (30 s TTL, removed afterwards). Exits 1 if any check fails.
+    """
+    schema = env.schema()
+    checks = run_checks(env.client(), schema, ttl, env.shown_url)
+    if as_json:
+        emit_json({"url": env.shown_url, "namespace": schema.namespace, "checks": [c.to_json() for c in checks]})
+    else:
+        for check in checks:
+            mark = click.style("ok  ", fg="green") if check.ok else click.style("fail", fg="red", bold=True)
+            click.echo(f"{mark}  {check.name:<20} {check.detail}")
+    if not all(c.ok for c in checks):
+        raise click.exceptions.Exit(1)
+
+
+def _current(text: str) -> Optional[KVPoll]:
+    return None if text.strip().lower() in ("missing", "none", "-") else STATUS.convert(text, None, None)
+
+
+@main.command()
+@click.argument("old", metavar="OLD")
+@click.argument("new", type=STATUS, metavar="NEW")
+@click.option("--policy", type=click.Choice([p.value for p in Policy]), default=Policy.SEED.value, show_default=True,
+              help="Which policy's rule to explain.")
+@json_option
+def explain(old: str, new: KVPoll, policy: str, as_json: bool) -> None:
+    """Explain what the update rule does to a stored OLD status (or 'missing') given NEW. Offline: no Redis.
+
+    Uses kvstatus.status.apply_rule, the reference the tests hold the Lua script to.
+    """
+    try:
+        current = _current(old)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint="OLD") from None
+    result = apply_rule(current, new, Policy(policy))
+    if as_json:
+        emit_json({"old": None if current is None else current.name, "new": new.name, "policy": policy,
+                   "outcome": result.outcome.name, "status": None if result.status is None else result.status.name,
+                   "explanation": explain_rule(current, new, Policy(policy))})
+        return
+    click.echo(explain_rule(current, new, Policy(policy)))

@@ -1,0 +1,161 @@
+"""``get``, ``set``, ``clear`` and ``ls``: one room at a time, or all of them streamed."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import click
+
+from kvstatus.cli.app import ROOM, STATUS, CliEnv, NotFound, emit_json, json_option, main, pass_env, status_text, \
+    table, ttl_text
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.operations import DEFAULT_TTL_SECONDS
+from kvstatus.scan import DEFAULT_BATCH, entries, iter_rooms, room_matches, without_probe
+from kvstatus.status import KVPoll, Policy, RoomView
+from kvstatus.store import StatusStore
+
+
+def store_for(env: CliEnv, participant: Optional[str] = None, ttl: float = DEFAULT_TTL_SECONDS,
+              policy: str = Policy.SEED.value) -> StatusStore:
+    schema = env.schema()
+    return StatusStore(env.client(), namespace=schema.namespace, prefix=schema.prefix, participant=participant,
+                       ttl=ttl, policy=policy)
+
+
+def room_json(view: RoomView) -> dict[str, Any]:
+    return {
+        "room": view.room,
+        "exists": view.exists,
+        "ttl_ms": view.ttl_ms,
+        "participants": {
+            name: {"status": None if e.status is None else e.status.name,
+                   "value": None if e.status is None else int(e.status), "reason": e.reason}
+            for name, e in view.participants.items()
+        },
+    }
+
+
+def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
+    return [[view.room, name, status_text(e.status), ttl_text(view.ttl_ms), e.reason or "-"]
+            for name, e in entries(view, participant)]
+
+
+ROOM_HEADERS = ["ROOM", "PARTICIPANT", "STATUS", "TTL LEFT", "REASON"]
+
+participant_option = click.option("--participant", "-p", metavar="NAME",
+                                  help="The participant (writer) whose entry to use, e.g. prefill-0; "
+                                       "default: the shared 'default' entry.")
+
+
+@main.command()
+@click.argument("rooms", nargs=-1, required=True, type=ROOM, metavar="ROOM...")
+@json_option
+@pass_env
+def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
+    """Show the full view of each ROOM: every participant's status, failure reason and TTL left.
+
+    Exits 1 if any room does not exist.
+    """
+    store = store_for(env)
+    views = [without_probe(store.room(room)) for room in rooms]
+    missing = [v.room for v in views if not v.exists]
+    if as_json:
+        emit_json({"namespace": store.namespace, "rooms": [room_json(v) for v in views]})
+    else:
+        rows = [row for v in views for row in room_rows(v)]
+        if rows:
+            click.echo(table(ROOM_HEADERS, rows))
+    if missing:
+        raise NotFound(f"room {', '.join(map(str, missing))} not found in namespace {store.namespace!r} "
+                       f"(cleared, expired, or never created)")
+
+
+@main.command(name="set")
+@click.argument("room", type=ROOM)
+@click.argument("status", type=STATUS)
+@participant_option
+@click.option("--reason", metavar="TEXT", help="Failure reason to record (only with STATUS Failed; first reason wins).")
+@click.option("--ttl", type=float, default=DEFAULT_TTL_SECONDS, show_default=True,
+              help="TTL in seconds given to the room key by this write.")
+@click.option("--policy", type=click.Choice([p.value for p in Policy]), default=Policy.SEED.value, show_default=True,
+              help="Update rule policy: seed (upstream rule) or strict (Failed is terminal, no late creates).")
+@json_option
+@pass_env
+def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], reason: Optional[str], ttl: float,
+         policy: str, as_json: bool) -> None:
+    """Apply STATUS to ROOM through the same Lua update rule as the library, and print the outcome.
+
+    STATUS is a name (case-insensitive) or a number: Failed=0, Bootstrapping=1,
+    WaitingForInput=2, Transferring=3, Success=4.
+    """
+    if reason is not None and status != KVPoll.Failed:
+        raise InvalidArgumentError("--reason goes with status Failed only")
+    store = store_for(env, participant, ttl, policy)
+    result = store.update_status(room, status)
+    recorded = store.record_failure(room, reason) if reason is not None else None
+    if as_json:
+        emit_json({"room": room, "participant": store.participant, "outcome": result.outcome.name,
+                   "status": None if result.status is None else result.status.name, "reason_recorded": recorded})
+        return
+    line = f"room {room} {store.participant}: {result.outcome.name} -> {status_text(result.status)}"
+    if recorded is not None:
+        line += "; reason recorded" if recorded else "; reason not recorded (an earlier one is kept, or no entry)"
+    click.echo(line)
+
+
+@main.command()
+@click.argument("rooms", nargs=-1, required=True, type=ROOM, metavar="ROOM...")
+@participant_option
+@json_option
+@pass_env
+def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_json: bool) -> None:
+    """Remove the participant's entry (and its failure reason) from each ROOM. Clearing nothing is not an error."""
+    store = store_for(env, participant)
+    cleared = {room: store.clear(room) for room in rooms}
+    if as_json:
+        emit_json({"participant": store.participant, "cleared": {str(r): c for r, c in cleared.items()}})
+        return
+    for room, removed in cleared.items():
+        click.echo(f"room {room} {store.participant}: {'cleared' if removed else 'nothing to clear'}")
+
+
+@main.command(name="ls")
+@click.option("--status", "-s", type=STATUS, help="Only rooms with an entry in this status (name or number).")
+@participant_option
+@click.option("--limit", "-n", type=click.IntRange(min=1), help="Stop after this many rooms.")
+@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
+              help="Keys per SCAN step and per pipelined read.")
+@json_option
+@pass_env
+def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit: Optional[int], batch: int,
+       as_json: bool) -> None:
+    """Stream the rooms of the namespace (SCAN in bounded batches, constant memory), in no particular order.
+
+    With --json, one JSON object per room (JSON lines). A room holding a value
+    kvstatus does not write is skipped with a warning on stderr, and the exit code is 1.
+    """
+    schema = env.schema()
+    shown = 0
+    if not as_json:
+        click.echo(f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON")
+    corrupted: list[int] = []
+
+    def warn(room: int, message: str) -> None:
+        corrupted.append(room)
+        click.echo(f"warning: skipped room {room}: {message}", err=True)
+
+    for view in iter_rooms(env.client(), schema, batch, on_corrupt=warn):
+        if not room_matches(view, status, participant):
+            continue
+        if as_json:
+            emit_json(room_json(view))
+        else:
+            for row in room_rows(view, participant):
+                if status is None or row[2] == status_text(status):
+                    click.echo(f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip())
+        shown += 1
+        if limit is not None and shown >= limit:
+            break
+    if corrupted:
+        raise click.ClickException(f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped "
+                                   "and left as they are")

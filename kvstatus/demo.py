@@ -1,0 +1,394 @@
+"""``kvstatus demo``: a PD cluster simulated on one machine, run against kvstatus and two baselines.
+
+P prefill and D decode worker *processes* share one namespace. Each worker is
+one participant (``prefill-0``, ``decode-1``, ...) and runs request lifecycles
+as SGLang's KV managers do: poll the room, Bootstrapping -> WaitingForInput ->
+Transferring -> Success, then clear. Room ids come from a small pool per
+worker, so they are reused, and prefill-i and decode-i share a pool, so a room
+holds both sides. A share of requests is aborted; an abort is delivered by
+another worker process (as SGLang's abort() / heartbeat threads deliver them),
+either while the request runs or after the owner already cleared the room:
+the late-abort race.
+
+Implementations (same workload, same seed):
+
+- ``kvstatus``: the store's atomic Lua rule.
+- ``client-side``: the fixed rule applied in the client as read-then-write
+  (HGET, decide with :func:`~kvstatus.status.apply_rule`, HSET + PEXPIRE),
+  without atomicity, as many result backends do.
+- ``pre-fix``: the rule before the upstream fix: an abort writes Failed
+  unconditionally (HSET, no TTL: the upstream dict had none); the other updates
+  go through kvstatus.
+
+Measured per implementation: requests; resurrected rooms (abort writes that
+re-created a participant's cleared entry, from the write's own reply);
+stale-status requests (a request whose first poll found a status left by an
+earlier request on the room); leaked keys and keys without TTL left in the
+namespace after every worker finished; updates/s (status writes per second of
+wall time, all workers together).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import queue
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+import redis
+
+from kvstatus.driver import translate_error
+from kvstatus.embedded import RedisServer, find_redis_server, free_port
+from kvstatus.keys import KeySchema
+from kvstatus.scan import iter_room_keys
+from kvstatus.status import KVPoll, Outcome, apply_rule
+from kvstatus.store import StatusStore
+
+IMPLEMENTATIONS = ("kvstatus", "client-side", "pre-fix")
+# fakeredis serves every worker from one Python thread, about 5x slower than redis-server; the default
+# size on it is cut so that a default run still takes well under 30 s.
+FAKEREDIS_DEFAULT_REQUESTS = 300
+LIFECYCLE = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success)
+ABORT_WAIT_SECONDS = 1.0
+DRAIN_TIMEOUT_SECONDS = 60.0
+WORKER_JOIN_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Size and randomness of one run. ``requests`` is per worker; ``rooms`` per pool; rates in [0, 1]."""
+
+    prefill: int = 2
+    decode: int = 2
+    requests: int = 1500
+    rooms: int = 8
+    abort_rate: float = 0.2
+    late_abort_share: float = 0.5
+    seed: int = 1
+    ttl: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill", "decode", "requests", "rooms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("abort_rate", "late_abort_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], not {getattr(self, name)}")
+
+    @property
+    def workers(self) -> list[str]:
+        return [f"prefill-{i}" for i in range(self.prefill)] + [f"decode-{i}" for i in range(self.decode)]
+
+
+@dataclass
+class DemoResult:
+    """One implementation's row of the table."""
+
+    implementation: str
+    requests: int
+    aborts: int
+    resurrected: int
+    stale: int
+    leaked_keys: int
+    keys_without_ttl: int
+    updates: int
+    seconds: float
+
+    @property
+    def updates_per_second(self) -> float:
+        return self.updates / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "updates_per_second": round(self.updates_per_second)}
+
+
+# -- the three implementations, as each worker process sees them
+
+
+class KvstatusImpl:
+    """The store: every update is the atomic Lua rule."""
+
+    def __init__(self, client: redis.Redis, namespace: str, ttl: float) -> None:
+        self._stores: dict[str, StatusStore] = {}
+        self._base = StatusStore(client, namespace=namespace, ttl=ttl)
+
+    def store(self, participant: str) -> StatusStore:
+        if participant not in self._stores:
+            self._stores[participant] = self._base.for_participant(participant)
+        return self._stores[participant]
+
+    def get(self, room: int, participant: str) -> Optional[KVPoll]:
+        return self.store(participant).get(room)
+
+    def update(self, room: int, status: KVPoll, participant: str) -> bool:
+        """Apply ``status``; True if the write created the participant's entry."""
+        return self.store(participant).update_status(room, status).outcome is Outcome.CREATED
+
+    def clear(self, room: int, participant: str) -> None:
+        self.store(participant).clear(room)
+
+
+class PreFixImpl(KvstatusImpl):
+    """Before the upstream fix: an abort writes Failed whether or not the entry still exists."""
+
+    def update(self, room: int, status: KVPoll, participant: str) -> bool:
+        if status != KVPoll.Failed:
+            return super().update(room, status, participant)
+        store = self.store(participant)
+        return store.client.hset(store.keys.room_key(room), participant, int(KVPoll.Failed)) == 1
+
+
+class ClientSideImpl(KvstatusImpl):
+    """The fixed rule, decided in the client between a read and a write (no atomicity)."""
+
+    def update(self, room: int, status: KVPoll, participant: str) -> bool:
+        store = self.store(participant)
+        current = store.get(room)
+        result = apply_rule(current, status)
+        if result.outcome not in (Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED):
+            return False
+        key = store.keys.room_key(room)
+        created = store.client.hset(key, participant, int(status)) == 1
+        store.client.pexpire(key, round(store.ttl * 1000))
+        return created
+
+
+_IMPLS: dict[str, Callable[[redis.Redis, str, float], KvstatusImpl]] = {
+    "kvstatus": KvstatusImpl,
+    "client-side": ClientSideImpl,
+    "pre-fix": PreFixImpl,
+}
+
+
+# -- one worker process
+
+
+@dataclass
+class _Counts:
+    requests: int = 0
+    aborts: int = 0
+    resurrected: int = 0
+    stale: int = 0
+    updates: int = 0
+
+
+class _Worker:
+    def __init__(self, url: str, namespace: str, implementation: str, config: DemoConfig, index: int,
+                 inboxes: list[Any], progress: Any) -> None:
+        self.name = config.workers[index]
+        self.index = index
+        self.config = config
+        self.inboxes = inboxes
+        self.progress = progress
+        self.impl = _IMPLS[implementation](redis.Redis.from_url(url), namespace, config.ttl)
+        self.rng = random.Random(config.seed * 1_000_003 + index)
+        pool = index if index < config.prefill else index - config.prefill
+        self.rooms = [1_000_000 * (pool + 1) + i for i in range(config.rooms)]
+        self.counts = _Counts()
+        self.done_from: set[int] = set()
+
+    def run(self) -> _Counts:
+        for n in range(self.config.requests):
+            self.request(self.rooms[n % len(self.rooms)])
+            with self.progress.get_lock():
+                self.progress.value += 1
+        for i, inbox in enumerate(self.inboxes):
+            if i != self.index:
+                inbox.put(("done", self.index, None))
+        deadline = time.monotonic() + DRAIN_TIMEOUT_SECONDS
+        while len(self.done_from) < len(self.inboxes) - 1 and time.monotonic() < deadline:
+            self.deliver(block=True)
+        return self.counts
+
+    def request(self, room: int) -> None:
+        """One request lifecycle on ``room``, maybe aborted by another process."""
+        counts, rng = self.counts, self.rng
+        self.deliver()
+        counts.requests += 1
+        if self.impl.get(room, self.name) is not None:
+            counts.stale += 1
+        abort_at = rng.randrange(1, len(LIFECYCLE)) if rng.random() < self.config.abort_rate else None
+        late = rng.random() < self.config.late_abort_share
+        for step, status in enumerate(LIFECYCLE):
+            if step == abort_at and not late:
+                self.send_abort(room)
+                self.wait_for_failed(room)
+                break
+            self.impl.update(room, status, self.name)
+            counts.updates += 1
+            self.deliver()
+        self.impl.clear(room, self.name)
+        if abort_at is not None and late:
+            self.send_abort(room)
+
+    def send_abort(self, room: int) -> None:
+        self.counts.aborts += 1
+        peer = self.rng.choice([i for i in range(len(self.inboxes)) if i != self.index])
+        self.inboxes[peer].put(("abort", room, self.name))
+
+    def wait_for_failed(self, room: int) -> None:
+        deadline = time.monotonic() + ABORT_WAIT_SECONDS
+        while time.monotonic() < deadline and self.impl.get(room, self.name) != KVPoll.Failed:
+            self.deliver()
+            time.sleep(0.0002)
+
+    def deliver(self, block: bool = False) -> None:
+        """Apply the aborts other workers sent here, as the owner's abort thread would."""
+        inbox = self.inboxes[self.index]
+        while True:
+            try:
+                kind, value, participant = inbox.get(timeout=0.05) if block else inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if kind == "done":
+                self.done_from.add(value)
+                continue
+            if self.impl.update(value, KVPoll.Failed, participant):
+                self.counts.resurrected += 1
+            self.counts.updates += 1
+
+
+def _worker_main(url: str, namespace: str, implementation: str, config: DemoConfig, index: int,
+                 inboxes: list[Any], progress: Any, results: Any) -> None:
+    try:
+        counts = _Worker(url, namespace, implementation, config, index, inboxes, progress).run()
+        results.put((index, asdict(counts), None))
+    except Exception as exc:  # reported by the parent, which owns the terminal
+        results.put((index, None, str(translate_error(exc))))
+
+
+# -- the run
+
+
+ProgressCallback = Callable[[str, int, int], None]
+"""Called as ``progress(implementation, requests_done, requests_total)``."""
+
+
+class DemoError(RuntimeError):
+    """A worker failed or did not finish; the message says which and why."""
+
+
+def namespace_keys(client: redis.Redis, schema: KeySchema) -> tuple[int, int]:
+    """(keys, keys without TTL) of ``schema``'s namespace."""
+    total = without_ttl = 0
+    for keys in iter_room_keys(client, schema):
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.pttl(key)
+            ttls = pipe.execute()
+        total += len(keys)
+        without_ttl += sum(1 for t in ttls if t == -1)
+    return total, without_ttl
+
+
+def delete_namespace(client: redis.Redis, schema: KeySchema) -> None:
+    for keys in iter_room_keys(client, schema):
+        client.unlink(*keys)
+
+
+def run_one(url: str, namespace: str, implementation: str, config: DemoConfig,
+            progress: Optional[ProgressCallback] = None) -> DemoResult:
+    """Run the workload with ``implementation`` in ``namespace`` (emptied before and after)."""
+    ctx = multiprocessing.get_context("fork")
+    client = redis.Redis.from_url(url)
+    schema = KeySchema(namespace)
+    delete_namespace(client, schema)
+    inboxes = [ctx.Queue() for _ in config.workers]
+    done = ctx.Value("i", 0)
+    results = ctx.Queue()
+    total = config.requests * len(config.workers)
+    started = time.perf_counter()
+    procs = [
+        ctx.Process(target=_worker_main, args=(url, namespace, implementation, config, i, inboxes, done, results),
+                    daemon=True)
+        for i in range(len(config.workers))
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        reports: dict[int, Any] = {}
+        deadline = time.monotonic() + WORKER_JOIN_SECONDS
+        while len(reports) < len(procs) and time.monotonic() < deadline:
+            if progress is not None:
+                progress(implementation, done.value, total)
+            try:
+                index, counts, error = results.get(timeout=0.1)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise DemoError(f"a worker of the {implementation} run died") from None
+                continue
+            if error is not None:
+                raise DemoError(f"worker {config.workers[index]} of the {implementation} run failed: {error}")
+            reports[index] = counts
+        seconds = time.perf_counter() - started
+        if len(reports) < len(procs):
+            raise DemoError(f"the {implementation} run did not finish within {WORKER_JOIN_SECONDS:g} s")
+        if progress is not None:
+            progress(implementation, total, total)
+        leaked, without_ttl = namespace_keys(client, schema)
+        summed = _Counts()
+        for counts in reports.values():
+            for name, value in counts.items():
+                setattr(summed, name, getattr(summed, name) + value)
+        return DemoResult(implementation, summed.requests, summed.aborts, summed.resurrected, summed.stale,
+                          leaked, without_ttl, summed.updates, seconds)
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        delete_namespace(client, schema)
+        client.close()
+
+
+def run_demo(url: str, namespace: str, config: DemoConfig,
+             progress: Optional[ProgressCallback] = None,
+             implementations: tuple[str, ...] = IMPLEMENTATIONS) -> list[DemoResult]:
+    """Run the same workload against each implementation, one after the other, in ``namespace``-<impl>."""
+    return [run_one(url, f"{namespace}-{impl}", impl, config, progress) for impl in implementations]
+
+
+class EmbeddedRedis(NamedTuple):
+    """A throwaway server for the demo: its URL, a sentence saying what it is, and whether it is fakeredis."""
+
+    url: str
+    description: str
+    fake: bool
+
+
+@contextlib.contextmanager
+def embedded_redis() -> Iterator[EmbeddedRedis]:
+    """A throwaway server: redis-server if on PATH, else fakeredis' TCP server (a thread of this process).
+
+    Both listen on a free loopback port and are stopped on exit.
+    """
+    binary = find_redis_server()
+    if binary is not None:
+        with RedisServer() as server:
+            yield EmbeddedRedis(server.url, f"embedded redis-server ({binary}) on {server.host}:{server.port}", False)
+        return
+    try:
+        from fakeredis import TcpFakeServer
+    except ImportError:
+        raise DemoError(
+            "no Redis to run on: redis-server is not on PATH and fakeredis is not installed; "
+            "install redis-server (Debian: apt-get install redis-server), or `pip install kvstatus[fake]`, "
+            "or pass --url"
+        ) from None
+    port = free_port()
+    server = TcpFakeServer(("127.0.0.1", port))
+    thread = threading.Thread(target=server.serve_forever, name="fakeredis-tcp", daemon=True)
+    thread.start()
+    try:
+        yield EmbeddedRedis(f"redis://127.0.0.1:{port}/0",
+                            f"embedded fakeredis TCP server on 127.0.0.1:{port} (redis-server not on PATH)", True)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,144 @@
+"""Walking every room of a namespace with SCAN, in bounded batches and constant memory.
+
+Used by ``kvstatus ls``, ``stats`` and ``watch``, and usable without the CLI.
+On a ``RedisCluster`` client every primary is scanned in turn (SCAN is per
+node). Rooms are read in batches of ``batch`` keys, one pipelined round trip
+of HGETALL + PTTL per batch, so memory stays bounded at any number of rooms.
+
+The entries of :data:`PROBE_PARTICIPANT` (written by ``kvstatus doctor``) are
+left out of every view, and a room holding nothing else is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+
+from redis import exceptions as rx
+from redis.cluster import RedisCluster
+
+from kvstatus.driver import translate_error
+from kvstatus.errors import CorruptedValueError
+from kvstatus.keys import KeySchema
+from kvstatus.operations import decode_room
+from kvstatus.status import ParticipantEntry, RoomView
+
+DEFAULT_BATCH = 500
+PROBE_PARTICIPANT = "kvstatus-doctor-probe"
+
+Progress = Callable[[int], None]
+"""Called after each batch with the number of keys scanned so far."""
+OnCorrupt = Callable[[int, str], None]
+"""Called with (room, message) for a room holding a value kvstatus does not write."""
+
+
+def scan_clients(client: Any) -> list[Any]:
+    """The clients to SCAN: one per primary of a cluster, else ``client`` itself."""
+    if isinstance(client, RedisCluster):
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
+    return [client]
+
+
+def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> Iterator[list[str]]:
+    """Yield the room keys of ``schema``'s namespace in lists of at most ``batch`` keys.
+
+    SCAN may return a key twice while the keyspace is rehashed; callers that
+    count should expect that rare duplicate, as every SCAN user must.
+    """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    pattern = schema.scan_pattern
+    try:
+        for node in scan_clients(client):
+            cursor: Any = 0
+            pending: list[str] = []
+            while True:
+                cursor, keys = node.scan(cursor=cursor, match=pattern, count=batch)
+                for key in keys:
+                    text = key.decode() if isinstance(key, bytes) else key
+                    if schema.room_of(text) is not None:
+                        pending.append(text)
+                while len(pending) >= batch:
+                    yield pending[:batch]
+                    pending = pending[batch:]
+                if int(cursor) == 0:
+                    break
+            if pending:
+                yield pending
+    except rx.RedisError as exc:
+        raise translate_error(exc) from exc
+
+
+def read_rooms(client: Any, schema: KeySchema, keys: list[str],
+               on_corrupt: Optional[OnCorrupt] = None, with_ttl: bool = True) -> list[RoomView]:
+    """The views of ``keys`` in one pipelined round trip; rooms gone meanwhile are left out.
+
+    ``with_ttl=False`` skips the PTTL reads (half the commands); ``ttl_ms`` is then None.
+
+    A room holding a value kvstatus does not write raises
+    :class:`~kvstatus.errors.CorruptedValueError`, or, with ``on_corrupt``, is
+    passed to it (room, message) and skipped.
+    """
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(key)
+                if with_ttl:
+                    pipe.pttl(key)
+            replies = pipe.execute()
+    except rx.RedisError as exc:
+        raise translate_error(exc) from exc
+    step = 2 if with_ttl else 1
+    views = []
+    for i, key in enumerate(keys):
+        fields, pttl = replies[step * i], replies[step * i + 1] if with_ttl else -1
+        room = schema.room_of(key)
+        if room is None or not fields:
+            continue
+        try:
+            view = without_probe(decode_room(room, key, fields, pttl))
+        except CorruptedValueError as exc:
+            if on_corrupt is None:
+                raise
+            on_corrupt(room, str(exc))
+            continue
+        if view.exists:
+            views.append(view)
+    return views
+
+
+def without_probe(view: RoomView) -> RoomView:
+    """``view`` without the doctor's probe entry."""
+    if PROBE_PARTICIPANT not in view.participants:
+        return view
+    kept = {name: entry for name, entry in view.participants.items() if name != PROBE_PARTICIPANT}
+    return RoomView(view.room, kept, view.ttl_ms)
+
+
+def iter_rooms(
+    client: Any,
+    schema: KeySchema,
+    batch: int = DEFAULT_BATCH,
+    progress: Optional[Progress] = None,
+    on_corrupt: Optional[OnCorrupt] = None,
+    with_ttl: bool = True,
+) -> Iterator[RoomView]:
+    """Yield every room of the namespace (see the module docstring for memory, cluster and ``read_rooms``)."""
+    scanned = 0
+    for keys in iter_room_keys(client, schema, batch):
+        yield from read_rooms(client, schema, keys, on_corrupt, with_ttl)
+        scanned += len(keys)
+        if progress is not None:
+            progress(scanned)
+
+
+def room_matches(view: RoomView, status: Any = None, participant: Optional[str] = None) -> bool:
+    """True if some entry of ``view`` has ``participant`` (if given) and ``status`` (if given)."""
+    return any(
+        (participant is None or name == participant) and (status is None or entry.status == status)
+        for name, entry in view.participants.items()
+    )
+
+
+def entries(view: RoomView, participant: Optional[str] = None) -> list[tuple[str, ParticipantEntry]]:
+    return [(n, e) for n, e in view.participants.items() if participant is None or n == participant]

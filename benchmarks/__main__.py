@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> Results:
         for client in clients:
             client.close()
     step("dict reference", cases.dict_reference(plan))
+    step("client code", cases.client_overhead(plan))
     if not args.no_cluster:
         with RedisClusterServers(masters=3, extra_args=NO_PERSISTENCE) as cluster:
             client = connect(cluster.url) if "redis+cluster" in _schemes() else cluster.client()

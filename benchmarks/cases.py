@@ -487,3 +487,38 @@ def cluster(client: Any, servers: Any, plan: Plan, rooms: RoomSource) -> Results
     for node in nodes:
         node.close()
     return out
+
+
+class _CannedClient:
+    """Answers every command at once with a canned reply of the right shape: the store's own cost, without I/O."""
+
+    def execute_command(self, *args: Any) -> Any:
+        if args[0] == "HGET":
+            return b"3"
+        numkeys = int(args[2])
+        if args[1] == scripts.GET_MANY.sha:
+            return [b"3"] * numkeys
+        return [4, 3] * numkeys
+
+
+def client_overhead(plan: Plan) -> Results:
+    """kvstatus' own time per call (validation, keys, encoding, decoding, the sans-I/O driver), best of repeats."""
+    import timeit
+
+    store = _store(_CannedClient())
+    rooms = RoomSource(2).take(1000)
+    updates = dict.fromkeys(rooms, KVPoll.Transferring)
+    some = rooms[:256]
+    calls = {
+        "`get`": lambda: store.get(rooms[0]),
+        "`update_status`": lambda: store.update_status(rooms[0], KVPoll.Transferring),
+        "`get_many(256)`": lambda: store.get_many(some),
+        "`update_many(1000)`": lambda: store.update_many(updates),
+    }
+    out = Results()
+    for name, call in calls.items():
+        number = 20_000 if "many" not in name else 200
+        best = min(timeit.repeat(call, number=number, repeat=max(5, plan.rounds))) / number * 1e6
+        out.rows.append(Measurement("client code per call (no I/O)", name, best, "µs",
+                                    note="best of repeats against a client that answers at once"))
+    return out

@@ -7,11 +7,13 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks import cases
 from benchmarks.cases import Plan, Results, RoomSource
 from benchmarks.report import machine, render, write
 from kvstatus.connection import connect
+from kvstatus.errors import InvalidURLError
 from kvstatus.embedded import RedisClusterServers, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,16 +69,18 @@ def run(args: argparse.Namespace) -> Results:
     step("client code", cases.client_overhead(plan))
     if not args.no_cluster:
         with RedisClusterServers(masters=3, extra_args=NO_PERSISTENCE) as cluster:
-            client = connect(cluster.url) if "redis+cluster" in _schemes() else cluster.client()
+            client = _cluster_client(cluster)
             step("cluster", cases.cluster(client, cluster, plan, rooms))
             client.close()
     return results
 
 
-def _schemes() -> set[str]:
-    from kvstatus import connection
-
-    return set(getattr(connection, "_BUILDERS", {}))
+def _cluster_client(cluster: RedisClusterServers) -> Any:
+    """The store's own client for ``redis+cluster://`` URLs, or redis-py's where that scheme is not built in yet."""
+    try:
+        return connect(cluster.url)
+    except InvalidURLError:
+        return cluster.client()
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ contain ``:``, so the two kinds never collide):
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -46,6 +47,14 @@ def validate_room(room: object) -> int:
     return int(room)
 
 
+def validate_rooms(rooms: Iterable[object]) -> list[int]:
+    """:func:`validate_room` over a batch; plain ints in range are checked inline (the hot path)."""
+    checked = list(rooms)
+    if checked and set(map(type, checked)) == {int} and 0 <= min(checked) and max(checked) <= MAX_ROOM:
+        return checked  # type: ignore[return-value]
+    return [validate_room(room) for room in checked]
+
+
 def parse_room(text: str) -> int:
     """Parse a room id typed by a person (decimal digits)."""
     stripped = text.strip()
@@ -65,7 +74,7 @@ class KeySchema:
         validate_name(self.prefix, "prefix")
         validate_name(self.namespace, "namespace")
 
-    @property
+    @functools.cached_property
     def base(self) -> str:
         """``<prefix>:<namespace>:``, the start of every key of this namespace."""
         return f"{self.prefix}:{self.namespace}:"

@@ -26,6 +26,7 @@ from kvstatus.keys import (
     reason_field,
     validate_name,
     validate_room,
+    validate_rooms,
 )
 from kvstatus.scripts import LuaScript
 from kvstatus.status import KVPoll, Outcome, ParticipantEntry, Policy, RoomView, UpdateResult, to_policy, to_status
@@ -53,6 +54,8 @@ _STATUS_BY_VALUE: dict[Any, KVPoll] = {}
 for _s in KVPoll:
     _STATUS_BY_VALUE[str(_s.value)] = _s
     _STATUS_BY_VALUE[str(_s.value).encode()] = _s
+# The exact types whose statuses the batch hot path indexes _STATUS_ARG with directly (bool is not one).
+_PLAIN_STATUS_TYPES = frozenset({KVPoll, int})
 _RESULTS = {
     (o.value, s): UpdateResult(o, None if s < 0 else KVPoll(s)) for o in Outcome for s in range(-1, len(KVPoll))
 }
@@ -73,6 +76,23 @@ def script_call(script: LuaScript, keys: list[str], args: Iterable[Any]) -> Call
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def status_args(statuses: Iterable[Any]) -> list[str]:
+    """The script argument ("0".."4") of each status; raises :class:`InvalidStatusError` for a bad one."""
+    values = list(statuses)
+    if values and set(map(type, values)) <= _PLAIN_STATUS_TYPES and 0 <= min(values) and max(values) <= 4:
+        return [_STATUS_ARG[s] for s in values]
+    return [_STATUS_ARG[to_status(s)] for s in values]
+
+
+def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
+    """:func:`decode_status` over a batch reply, with one dict lookup per value on the hot path."""
+    decoded = [_STATUS_BY_VALUE.get(value) for value in values]
+    for value, status, key in zip(values, decoded, keys):
+        if status is None and value is not None:
+            decode_status(value, key, field)  # raises, naming the key
+    return decoded
 
 
 def decode_status(value: Any, key: str, field: str) -> Optional[KVPoll]:
@@ -148,11 +168,15 @@ class StoreCore:
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> Op[dict[int, UpdateResult]]:
         if not isinstance(updates, Mapping):
             raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
-        rooms = [validate_room(room) for room in updates]
-        args = [_STATUS_ARG[to_status(status)] for status in updates.values()]
+        rooms = validate_rooms(updates)
+        args = status_args(updates.values())
         if not rooms:
             return {}
         keys = self.schema.room_keys(rooms)
+        if not self.cluster:
+            (reply,) = yield [script_call(scripts.UPDATE, keys, (*self._update_head, *args))]
+            pairs = iter(reply)
+            return dict(zip(rooms, [_RESULTS[pair] for pair in zip(pairs, pairs)]))
         groups = self._groups(keys)
         calls = [
             script_call(scripts.UPDATE, [keys[i] for i in group], (*self._update_head, *(args[i] for i in group)))
@@ -177,10 +201,15 @@ class StoreCore:
         return status
 
     def get_many(self, rooms: Iterable[int]) -> Op[dict[int, Optional[KVPoll]]]:
-        unique = list(dict.fromkeys(validate_room(room) for room in rooms))
+        if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
+            raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
+        unique = list(dict.fromkeys(validate_rooms(rooms)))
         if not unique:
             return {}
         keys = self.schema.room_keys(unique)
+        if not self.cluster:
+            (reply,) = yield [script_call(scripts.GET_MANY, keys, (self.participant,))]
+            return dict(zip(unique, decode_statuses(reply, keys, self.participant)))
         groups = self._groups(keys)
         calls = [
             Call(("HGET", keys[group[0]], self.participant))

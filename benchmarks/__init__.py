@@ -1,0 +1,6 @@
+"""kvstatus benchmarks against the budgets of DESIGN §5 (not part of the test suite).
+
+Run ``./dev bench`` (``--help`` for options). The run starts its own
+redis-server processes, interleaves every variant with its baseline in one
+run, and refreshes the results section of ``BENCHMARKS.md``.
+"""

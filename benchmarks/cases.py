@@ -1,0 +1,524 @@
+"""The measurements of DESIGN §5, each against its baseline on the same server.
+
+Every function takes the servers/clients it needs and returns
+:class:`Measurement` rows (a table line) and :class:`Budget` checks.
+Latencies are microseconds; throughputs are keys per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import redis
+
+from benchmarks.measure import Block, Summary, interleave, time_calls
+from kvstatus import AsyncStatusStore, KVPoll, StatusStore
+from kvstatus import scripts
+from kvstatus.keys import MAX_ROOM
+from kvstatus.operations import DEFAULT_TTL_SECONDS
+
+NAMESPACE = "bench"
+PARTICIPANT = "decode-0"
+TTL_MS = int(DEFAULT_TTL_SECONDS * 1000)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One line of a results table; ``value`` and ``unit`` describe the variant."""
+
+    section: str
+    variant: str
+    value: float
+    unit: str
+    p99: Optional[float] = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A DESIGN §5 budget: ``measured`` compared with ``limit`` by ``op`` ("<=" or ">=")."""
+
+    name: str
+    measured: float
+    op: str
+    limit: float
+    unit: str
+    detail: str
+
+    @property
+    def met(self) -> bool:
+        return self.measured <= self.limit if self.op == "<=" else self.measured >= self.limit
+
+
+@dataclass
+class Results:
+    rows: list[Measurement] = field(default_factory=list)
+    budgets: list[Budget] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one run: samples per latency block, rounds, batch calls per block, live-room levels."""
+
+    samples: int = 2000
+    rounds: int = 9
+    batches: int = 20
+    levels: tuple[int, ...] = (1_000, 100_000, 1_000_000)
+    memory_rooms: int = 100_000
+
+
+class RoomSource:
+    """Random 63-bit room ids, like the router's ``bootstrap_room``; never repeats within a run."""
+
+    def __init__(self, seed: int = 5) -> None:
+        self._rng = random.Random(seed)
+        self._seen: set[int] = set()
+
+    def take(self, n: int) -> list[int]:
+        rooms = []
+        while len(rooms) < n:
+            room = self._rng.randint(0, MAX_ROOM)
+            if room not in self._seen:
+                self._seen.add(room)
+                rooms.append(room)
+        return rooms
+
+
+def _store(client: Any, cls: type = StatusStore) -> Any:
+    return cls(client, namespace=NAMESPACE, participant=PARTICIPANT)
+
+
+def _lat(section: str, variant: str, s: Summary, note: str = "") -> Measurement:
+    return Measurement(section, variant, s.p50_us, "µs p50", s.p99_us, note)
+
+
+def _tput(section: str, variant: str, s: Summary, keys: int) -> Measurement:
+    return Measurement(section, variant, keys / s.p50_us * 1e6, "keys/s", s.p99_us,
+                       f"{keys} keys per call, p50 {s.p50_us:,.0f} µs per call")
+
+
+def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
+    """update_status vs SET PX, get vs GET: sequential round trips on one connection."""
+    store = _store(client)
+    n = plan.samples
+    out = Results()
+
+    def update_block() -> list[int]:
+        fresh = rooms.take(n)
+        return time_calls(lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n)
+
+    def set_block() -> list[int]:
+        keys = [f"raw:{r}" for r in rooms.take(n)]
+        return time_calls(lambda i: client.set(keys[i], "1", px=TTL_MS), n)
+
+    client.config_resetstat()
+    s = interleave({"update": update_block, "set": set_block}, plan.rounds)
+    ratio = s["update"].p50_us / s["set"].p50_us
+    stats = client.info("commandstats")
+    script_us, set_us = stats["cmdstat_evalsha"]["usec_per_call"], stats["cmdstat_set"]["usec_per_call"]
+    floor = (s["set"].p50_us + script_us - set_us) / s["set"].p50_us
+    out.notes.append(
+        f"`update_status` vs `SET PX`: Redis itself spends {script_us:.1f} µs per update script against "
+        f"{set_us:.1f} µs per SET (INFO commandstats). Added to the {s['set'].p50_us:.1f} µs SET round trip, "
+        f"that server time alone puts the ratio at {floor:.2f}× before any client code runs; the client path "
+        f"adds the remaining {max(0.0, ratio - floor):.2f}×.")
+    out.rows += [_lat("single key", "`store.update_status` (CREATED)", s["update"]),
+                 _lat("single key", "raw `SET key 1 PX ttl`", s["set"])]
+    out.budgets.append(Budget("update_status p50 vs raw SET PX", ratio, "<=", 1.10, "×",
+                              f"{s['update'].p50_us:.1f} µs vs {s['set'].p50_us:.1f} µs"))
+
+    existing = rooms.take(n)
+    store.update_many(dict.fromkeys(existing, KVPoll.Transferring))
+    raw_keys = [f"raw:get:{r}" for r in existing]
+    with client.pipeline(transaction=False) as pipe:
+        for key in raw_keys:
+            pipe.set(key, "3", px=TTL_MS)
+        pipe.execute()
+    s = interleave({"get": lambda: time_calls(lambda i: store.get(existing[i]), n),
+                    "GET": lambda: time_calls(lambda i: client.get(raw_keys[i]), n)}, plan.rounds)
+    ratio = s["get"].p50_us / s["GET"].p50_us
+    out.rows += [_lat("single key", "`store.get`", s["get"]), _lat("single key", "raw `GET`", s["GET"])]
+    out.budgets.append(Budget("get p50 vs raw GET", ratio, "<=", 1.10, "×",
+                              f"{s['get'].p50_us:.1f} µs vs {s['GET'].p50_us:.1f} µs"))
+    return out
+
+
+def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", cluster: bool = False) -> Results:
+    """update_many(1000) vs bare EVALSHA and pipelined SET; get_many(256) vs MGET."""
+    store = _store(client)
+    out = Results()
+    size, calls = 1000, plan.batches
+    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}")
+    section = f"batch{label}"
+
+    def update_many_block() -> list[int]:
+        work = [dict.fromkeys(rooms.take(size), KVPoll.Bootstrapping) for _ in range(calls)]
+        return time_calls(lambda i: store.update_many(work[i]), calls)
+
+    def evalsha_block() -> list[int]:
+        work = [store.keys.room_keys(rooms.take(size)) for _ in range(calls)]
+        args = ("1",) * size
+        client.script_load(scripts.UPDATE.source)
+        return time_calls(lambda i: client.evalsha(scripts.UPDATE.sha, size, *work[i], *head, *args), calls)
+
+    def pipelined_set_block() -> list[int]:
+        work = [[f"raw:{r}" for r in rooms.take(size)] for _ in range(calls)]
+
+        def pipelined(i: int) -> None:
+            with client.pipeline(transaction=False) as pipe:
+                for key in work[i]:
+                    pipe.set(key, "1", px=TTL_MS)
+                pipe.execute()
+
+        return time_calls(pipelined, calls)
+
+    blocks = {"update_many": update_many_block, "set": pipelined_set_block}
+    if not cluster:  # one EVALSHA over 1000 keys cannot cross cluster slots
+        blocks["evalsha"] = evalsha_block
+    client.config_resetstat()
+    s = interleave(blocks, plan.rounds)
+    if not cluster:
+        per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / size
+        out.rows.append(Measurement(section, "Redis time per key of a 1000-key update script", per_key, "µs",
+                                    note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU"))
+    out.rows.append(_tput(section, "`store.update_many(1000)`", s["update_many"], size))
+    if "evalsha" in s:
+        out.rows.append(_tput(section, "bare rule: one `EVALSHA` over 1000 keys", s["evalsha"], size))
+        out.budgets.append(Budget(f"update_many(1000) vs bare EVALSHA{label}",
+                                  s["evalsha"].p50_us / s["update_many"].p50_us, ">=", 0.8, "×",
+                                  f"{size / s['update_many'].p50_us * 1e6:,.0f} vs "
+                                  f"{size / s['evalsha'].p50_us * 1e6:,.0f} keys/s"))
+    out.rows.append(_tput(section, "raw pipelined `SET PX` × 1000", s["set"], size))
+    if "evalsha" in s:
+        out.notes.append(
+            f"`update_many(1000)` vs pipelined `SET`: the bare script alone (no kvstatus client code) reaches "
+            f"{s['set'].p50_us / s['evalsha'].p50_us:.2f}× of the pipelined SETs in this run, so that is the "
+            f"ceiling for the store; the rule costs three commands per key inside Redis (HGET, HSET, PEXPIRE).")
+    out.budgets.append(Budget(f"update_many(1000) vs pipelined SET{label}",
+                              s["set"].p50_us / s["update_many"].p50_us, ">=", 3.0, "×",
+                              f"{size / s['update_many'].p50_us * 1e6:,.0f} vs "
+                              f"{size / s['set'].p50_us * 1e6:,.0f} keys/s"))
+
+    size = 256
+    present = rooms.take(size)
+    store.update_many(dict.fromkeys(present, KVPoll.Transferring))
+    raw_keys = [f"raw:mget:{r}" for r in present]
+    with client.pipeline(transaction=False) as pipe:
+        for key in raw_keys:
+            pipe.set(key, "3", px=TTL_MS)
+        pipe.execute()
+    mget = client.mget_nonatomic if cluster else client.mget
+    present_keys = store.keys.room_keys(present)
+    blocks = {"get_many": lambda: time_calls(lambda i: store.get_many(present), calls * 4),
+              "mget": lambda: time_calls(lambda i: mget(raw_keys), calls * 4)}
+    if not cluster:
+        client.script_load(scripts.GET_MANY.source)
+        blocks["bare"] = lambda: time_calls(
+            lambda i: client.evalsha(scripts.GET_MANY.sha, size, *present_keys, PARTICIPANT), calls * 4)
+    client.config_resetstat()
+    s = interleave(blocks, plan.rounds)
+    if not cluster:
+        per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / size
+        out.rows.append(Measurement(section, "Redis time per key of a 256-key `get_many` script", per_key, "µs",
+                                    note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU"))
+    if not cluster:
+        counts = commands_per_node([client], lambda: store.get_many(present))[0]
+        out.notes.append(f"`get_many(256)` on one Redis sends {counts.get('evalsha', 0)} command(s) "
+                         f"(calls seen by the server, script-internal ones included: {counts})")
+    if "bare" in s:
+        out.rows.append(_tput(section, "bare `get_many.lua`: one `EVALSHA` over 256 keys", s["bare"], size))
+        out.notes.append(
+            f"`get_many(256)` vs `MGET`: the bare script without any kvstatus client code reaches "
+            f"{s['mget'].p50_us / s['bare'].p50_us:.2f}× of MGET; that is the ceiling of a design with one hash "
+            f"per room (one HGET per room inside Redis against MGET's single C loop over string keys).")
+    out.rows += [_tput(section, "`store.get_many(256)`", s["get_many"], size),
+                 _tput(section, "raw `MGET` of 256 keys" + (" (`mget_nonatomic`)" if cluster else ""),
+                       s["mget"], size)]
+    out.budgets.append(Budget(f"get_many(256) vs MGET{label}", s["mget"].p50_us / s["get_many"].p50_us, ">=",
+                              0.5, "×", f"{s['get_many'].p50_us:.0f} µs vs {s['mget'].p50_us:.0f} µs per call"))
+    return out
+
+
+def commands_per_node(nodes: list[redis.Redis], call: Callable[[], object]) -> list[dict[str, int]]:
+    """Calls per command name on each node during ``call()`` (INFO commandstats; script-internal calls included)."""
+    for node in nodes:
+        node.config_resetstat()
+    call()
+    counts = []
+    for node in nodes:
+        stats = node.info("commandstats")
+        counts.append({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+                       if name != "cmdstat_config|resetstat"})
+    return counts
+
+
+def async_vs_sync(url: str, client: Any, plan: Plan, rooms: RoomSource) -> Results:
+    """The same single-key calls through AsyncStatusStore on one event loop, interleaved with the sync store."""
+    import redis.asyncio
+
+    loop = asyncio.new_event_loop()
+    aclient = redis.asyncio.Redis.from_url(url)
+    astore = _store(aclient, AsyncStatusStore)
+    store = _store(client)
+    n = plan.samples
+    existing = rooms.take(n)
+    store.update_many(dict.fromkeys(existing, KVPoll.Transferring))
+
+    async def atimed(make: Callable[[int], Any]) -> list[int]:
+        clock = time.perf_counter_ns
+        samples = [0] * n
+        for i in range(n):
+            start = clock()
+            await make(i)
+            samples[i] = clock() - start
+        return samples
+
+    def async_update() -> list[int]:
+        fresh = rooms.take(n)
+        return loop.run_until_complete(atimed(lambda i: astore.update_status(fresh[i], KVPoll.Bootstrapping)))
+
+    def sync_update() -> list[int]:
+        fresh = rooms.take(n)
+        return time_calls(lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n)
+
+    s = interleave({
+        "async update": async_update,
+        "sync update": sync_update,
+        "async get": lambda: loop.run_until_complete(atimed(lambda i: astore.get(existing[i]))),
+        "sync get": lambda: time_calls(lambda i: store.get(existing[i]), n),
+    }, plan.rounds)
+    loop.run_until_complete(aclient.aclose())
+    loop.close()
+    out = Results()
+    for op in ("update", "get"):
+        a, b = s[f"async {op}"], s[f"sync {op}"]
+        out.rows += [_lat("async vs sync", f"`AsyncStatusStore.{'update_status' if op == 'update' else 'get'}`", a,
+                          f"{a.p50_us / b.p50_us:.2f}× the sync store"),
+                     _lat("async vs sync", f"`StatusStore.{'update_status' if op == 'update' else 'get'}`", b)]
+    return out
+
+
+def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
+    """``used_memory`` delta per live room (one participant, 19-digit room id, TTL set), and per raw SET key."""
+    store = _store(client)
+    out = Results()
+    n = plan.memory_rooms
+    client.flushall()
+    before = _used_memory(client)
+    work = rooms.take(n)
+    for i in range(0, n, 1000):
+        store.update_many(dict.fromkeys(work[i:i + 1000], KVPoll.Transferring))
+    per_room = (_used_memory(client) - before) / n
+    prefill = StatusStore(client, namespace=NAMESPACE, participant="prefill-0")
+    for i in range(0, n, 1000):
+        prefill.update_many(dict.fromkeys(work[i:i + 1000], KVPoll.Transferring))
+    per_pd_room = (_used_memory(client) - before) / n
+    client.flushall()
+    before = _used_memory(client)
+    with client.pipeline(transaction=False) as pipe:
+        for i, room in enumerate(work):
+            pipe.set(store.keys.room_key(room), "3", px=TTL_MS)
+            if i % 1000 == 999:
+                pipe.execute()
+        pipe.execute()
+    per_string = (_used_memory(client) - before) / n
+    client.flushall()
+    key = store.keys.room_key(work[0])
+    out.rows += [Measurement("memory", "live room (hash, one participant, TTL)", per_room, "bytes",
+                             note=f"{n:,} rooms, key `{key}` ({len(key)} bytes), field `{PARTICIPANT}`"),
+                 Measurement("memory", "live room, two participants (`prefill-0` and `decode-0`)", per_pd_room,
+                             "bytes"),
+                 Measurement("memory", "raw `SET` of the same key with PX", per_string, "bytes")]
+    out.budgets.append(Budget("memory per live room", per_room, "<=", 200, "bytes",
+                              f"{per_room:.0f} bytes (a plain string key with TTL: {per_string:.0f})"))
+    return out
+
+
+def _used_memory(client: Any) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def scaling(clients: list[Any], plan: Plan, rooms: RoomSource) -> Results:
+    """update_status and get on random existing rooms, one server per live-room level, interleaved across levels.
+
+    ``clients[i]`` talks to a server of its own that is filled to ``plan.levels[i]`` rooms, so every level is
+    measured in the same rounds as the others.
+    """
+    out = Results()
+    stores = [_store(client) for client in clients]
+    live: list[list[int]] = []
+    for store, level in zip(stores, plan.levels):
+        add = rooms.take(level)
+        for i in range(0, level, 1000):
+            store.update_many(dict.fromkeys(add[i:i + 1000], KVPoll.Bootstrapping))
+        live.append(add)
+        store.client.config_resetstat()
+    rng = random.Random(5)
+    n = plan.samples
+
+    def update_block(i: int) -> Block:
+        def block() -> list[int]:
+            picked = rng.choices(live[i], k=n)
+            return time_calls(lambda j: stores[i].update_status(picked[j], KVPoll.WaitingForInput), n)
+        return block
+
+    def get_block(i: int) -> Block:
+        def block() -> list[int]:
+            picked = rng.choices(live[i], k=n)
+            return time_calls(lambda j: stores[i].get(picked[j]), n)
+        return block
+
+    blocks: dict[str, Block] = {}
+    for i in range(len(plan.levels)):
+        blocks[f"update {i}"] = update_block(i)
+        blocks[f"get {i}"] = get_block(i)
+    s = interleave(blocks, plan.rounds)
+    server: list[tuple[float, float]] = []
+    for i, (client, level) in enumerate(zip(clients, plan.levels)):
+        stats = client.info("commandstats")
+        server.append((stats["cmdstat_evalsha"]["usec_per_call"], stats["cmdstat_hget"]["usec_per_call"]))
+        out.rows += [_lat("live rooms", f"`update_status` at {level:,} rooms", s[f"update {i}"],
+                          f"server {server[i][0]:.2f} µs/call"),
+                     _lat("live rooms", f"`get` at {level:,} rooms", s[f"get {i}"],
+                          f"server {server[i][1]:.2f} µs/call")]
+    low, high = plan.levels[0], plan.levels[-1]
+    for k, what in enumerate(("update", "get")):
+        a, b = s[f"{what} {len(plan.levels) - 1}"], s[f"{what} 0"]
+        name = "update_status" if what == "update" else "get"
+        out.budgets.append(Budget(f"{name} p50 at {high:,} vs {low:,} live rooms (flat: ≤ 1.25×)",
+                                  a.p50_us / b.p50_us, "<=", 1.25, "×",
+                                  f"{a.p50_us:.1f} vs {b.p50_us:.1f} µs; server {server[-1][k]:.2f} vs "
+                                  f"{server[0][k]:.2f} µs/call"))
+    return out
+
+
+def dict_reference(plan: Plan) -> Results:
+    """The seed's in-process ``request_status`` dict: the upstream update_status, no sharing, no TTL."""
+    request_status: dict[int, KVPoll] = {}
+
+    def update_status(room: int, status: KVPoll) -> None:
+        if room not in request_status:
+            request_status[room] = status
+        elif status == KVPoll.Failed:
+            request_status[room] = KVPoll.Failed
+        else:
+            request_status[room] = max(request_status[room], status)
+
+    work = RoomSource(1).take(200_000)
+    timings = []
+    for _ in range(plan.rounds):
+        request_status.clear()
+        start = time.perf_counter_ns()
+        for room in work:
+            update_status(room, KVPoll.Bootstrapping)
+        timings.append((time.perf_counter_ns() - start) / len(work))
+    per_op = statistics.median(timings)
+    return Results(rows=[Measurement("reference", "in-process dict `update_status` (seed design)",
+                                     1e9 / per_op, "updates/s", note=f"{per_op:.0f} ns per update, one process")])
+
+
+def shard_capacity(port: int, requests: int) -> Results:
+    """Saturated per-shard rates from ``redis-benchmark`` (C client, 50 connections, pipeline 16)."""
+    binary = shutil.which("redis-benchmark")
+    out = Results()
+    if binary is None:
+        out.notes.append("redis-benchmark not found: per-shard saturation rates not measured")
+        return out
+    r = redis.Redis(port=port)
+    r.script_load(scripts.UPDATE.source)
+    key = f"kvstatus:{NAMESPACE}:{{__rand_int__}}"
+    commands = {
+        "update rule, one key (`EVALSHA update.lua`)": ["EVALSHA", scripts.UPDATE.sha, "1", key, "seed",
+                                                        str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", "1"],
+        "status read (`HGET`)": ["HGET", key, PARTICIPANT],
+        "raw `SET PX`": ["SET", "raw:{__rand_int__}", "1", "PX", str(TTL_MS)],
+        "raw `GET`": ["GET", "raw:{__rand_int__}"],
+    }
+    for name, command in commands.items():
+        proc = subprocess.run([binary, "-h", "127.0.0.1", "-p", str(port), "-n", str(requests), "-c", "50",
+                               "-P", "16", "-r", "1000000", "-q", "--csv", *command],
+                              capture_output=True, text=True, timeout=120)
+        match = re.search(r'"[^"]*","([0-9.]+)"', proc.stdout)
+        if match is None:
+            out.notes.append(f"redis-benchmark gave no rate for {name}: {proc.stdout[-200:]} {proc.stderr[-200:]}")
+            continue
+        out.rows.append(Measurement("shard capacity", name, float(match.group(1)), "ops/s",
+                                    note="redis-benchmark -c 50 -P 16, random keys of 1M"))
+    r.flushall()
+    r.close()
+    return out
+
+
+def cluster(client: Any, servers: Any, plan: Plan, rooms: RoomSource) -> Results:
+    """The batch comparisons on a 3-master cluster: batches split by slot and pipelined per node."""
+    store = _store(client)
+    out = batches(client, plan, rooms, label=" (cluster)", cluster=True)
+    n = plan.samples // 2
+    s = interleave({
+        "update": lambda: (lambda fresh: time_calls(
+            lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n))(rooms.take(n)),
+        "set": lambda: (lambda keys: time_calls(
+            lambda i: client.set(keys[i], "1", px=TTL_MS), n))([f"raw:{r}" for r in rooms.take(n)]),
+    }, plan.rounds)
+    out.rows += [_lat("batch (cluster)", "`store.update_status` (CREATED)", s["update"],
+                      f"{s['update'].p50_us / s['set'].p50_us:.2f}× raw SET PX on the cluster"),
+                 _lat("batch (cluster)", "raw `SET PX`", s["set"])]
+    nodes = [node.client() for node in servers.masters()]
+    present = rooms.take(256)
+    store.update_many(dict.fromkeys(present, KVPoll.Transferring))
+    per_node = commands_per_node(nodes, lambda: store.get_many(present))
+    out.notes.append(f"cluster `get_many(256)`, calls per master: {per_node}")
+    per_node = commands_per_node(nodes, lambda: store.update_many(dict.fromkeys(rooms.take(1000), 1)))
+    out.notes.append(
+        f"cluster `update_many(1000)`, calls per master: {per_node}. Each room is its own slot, so a batch is "
+        f"one EVALSHA per room; any `command|getkeys` above is redis-py's cluster pipeline asking a node for "
+        f"the keys of each pipelined command (one extra sequential round trip per command), which is where "
+        f"the cluster batch time goes.")
+    for node in nodes:
+        node.close()
+    return out
+
+
+class _CannedClient:
+    """Answers every command at once with a canned reply of the right shape: the store's own cost, without I/O."""
+
+    def execute_command(self, *args: Any) -> Any:
+        if args[0] == "HGET":
+            return b"3"
+        numkeys = int(args[2])
+        if args[1] == scripts.GET_MANY.sha:
+            return [b"3"] * numkeys
+        return [4, 3] * numkeys
+
+
+def client_overhead(plan: Plan) -> Results:
+    """kvstatus' own time per call (validation, keys, encoding, decoding, the sans-I/O driver), best of repeats."""
+    import timeit
+
+    store = _store(_CannedClient())
+    rooms = RoomSource(2).take(1000)
+    updates = dict.fromkeys(rooms, KVPoll.Transferring)
+    some = rooms[:256]
+    calls = {
+        "`get`": lambda: store.get(rooms[0]),
+        "`update_status`": lambda: store.update_status(rooms[0], KVPoll.Transferring),
+        "`get_many(256)`": lambda: store.get_many(some),
+        "`update_many(1000)`": lambda: store.update_many(updates),
+    }
+    out = Results()
+    for name, call in calls.items():
+        number = 20_000 if "many" not in name else 200
+        best = min(timeit.repeat(call, number=number, repeat=max(5, plan.rounds))) / number * 1e6
+        out.rows.append(Measurement("client code per call (no I/O)", name, best, "µs",
+                                    note="best of repeats against a client that answers at once"))
+    return out

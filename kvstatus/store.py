@@ -130,7 +130,12 @@ class StatusStore(StoreBase):
         return replies
 
     def _pipe(self, calls: list[Call]) -> list[Any]:
+        route = self._core.cluster
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
-                pipe.execute_command(*call.args)
+                if route and call.script is not None:
+                    # redis-py's sync cluster pipeline would ask a node COMMAND GETKEYS for every EVALSHA.
+                    pipe.execute_command(*call.args, target_nodes=self.client.get_node_from_key(call.args[3]))
+                else:
+                    pipe.execute_command(*call.args)
             return pipe.execute(raise_on_error=False)

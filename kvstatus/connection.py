@@ -256,9 +256,30 @@ def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: boo
     return client_class(retry=_retry(options, asynchronous), **kwargs)
 
 
+def _retryable(error: Exception, is_retryable: Optional[Callable[[Exception], bool]]) -> bool:
+    # redis-py's AuthenticationError is a ConnectionError; resending the same password cannot help.
+    return not isinstance(error, redis.exceptions.AuthenticationError) and (is_retryable is None or is_retryable(error))
+
+
+class _Retry(Retry):
+    """redis-py's Retry, except that refused credentials fail at once."""
+
+    def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
+        return super().call_with_retry(do, fail, lambda e: _retryable(e, is_retryable), with_failure_count)
+
+
+class _AsyncRetry(redis.asyncio.retry.Retry):
+    """redis.asyncio's Retry, except that refused credentials fail at once."""
+
+    async def call_with_retry(
+        self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False
+    ) -> Any:
+        return await super().call_with_retry(do, fail, lambda e: _retryable(e, is_retryable), with_failure_count)
+
+
 def _retry(options: ConnectionOptions, asynchronous: bool) -> Any:
     backoff = ExponentialBackoff(cap=options.backoff_cap, base=options.backoff_base)
-    retry_class = redis.asyncio.retry.Retry if asynchronous else Retry
+    retry_class = _AsyncRetry if asynchronous else _Retry
     return retry_class(backoff, options.retries)
 
 

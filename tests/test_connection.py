@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 
@@ -124,6 +125,23 @@ def test_wrong_password_is_an_authentication_error_without_the_password(password
     with pytest.raises(AuthenticationError) as info:
         store.get(1)
     assert SECRET not in str(info.value)
+
+
+def _connections_received(server: RedisServer) -> int:
+    return int(server.client().info("stats")["total_connections_received"])
+
+
+@pytest.mark.real
+def test_refused_credentials_are_not_retried(password_server: RedisServer) -> None:
+    url = f"redis://:wrong-{SECRET}@127.0.0.1:{password_server.port}/0"
+    for store in (StatusStore.from_url(url, namespace="x"), AsyncStatusStore.from_url(url, namespace="x")):
+        before = _connections_received(password_server)
+        with pytest.raises(AuthenticationError):
+            result = store.get(1)
+            if not isinstance(store, StatusStore):
+                asyncio.run(result)
+        # One connection for the attempt (plus the one counting them), not one per configured retry.
+        assert _connections_received(password_server) - before == 2
 
 
 @pytest.mark.real

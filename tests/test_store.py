@@ -180,6 +180,12 @@ def test_bad_names_are_rejected(backend: Backend, settings: dict) -> None:
         backend.store(**settings)
 
 
+def test_a_url_given_as_a_name_does_not_print_its_password(backend: Backend) -> None:
+    with pytest.raises(InvalidNameError) as info:
+        backend.store(namespace="redis://admin:hunter2@db:6379/0")
+    assert "hunter2" not in str(info.value) and "***" in str(info.value)
+
+
 @pytest.mark.parametrize("settings", [{"ttl": 0}, {"ttl": -1}, {"ttl": float("nan")}, {"ttl": True}, {"policy": "x"}])
 def test_bad_settings_are_rejected(backend: Backend, settings: dict) -> None:
     with pytest.raises(InvalidArgumentError):

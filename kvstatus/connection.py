@@ -110,7 +110,8 @@ class ParsedURL:
         return f"{self.scheme}://{auth}{where}{service}/{self.db}"
 
 
-_PASSWORD = re.compile(r"(?P<head>://[^:/@]*:)[^@]*(?=@)")
+# Up to the LAST "@": an unencoded "@", "/", "?" or "#" in a password must not leave part of it visible.
+_PASSWORD = re.compile(r"(?P<head>://[^:@\s]*:)\S*(?=@)")
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&;]\w*password=)[^&#\s]*", re.IGNORECASE)
 
 
@@ -118,6 +119,13 @@ def mask_url(url: str) -> str:
     """``url`` with any password (user info or a ``*password=`` option) replaced by ``***``; safe to print."""
     masked = _PASSWORD.sub(lambda m: m.group("head") + "***", str(url))
     return _QUERY_PASSWORD.sub(lambda m: m.group("head") + "***", masked)
+
+
+
+
+def _hint(shown: str) -> str:
+    """Where credentials are present, the likely cause of a malformed URL."""
+    return " (percent-encode any @ / ? # in the user name or password)" if "@" in shown else ""
 
 
 _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -152,7 +160,8 @@ def parse_url(url: object) -> ParsedURL:
         query: dict[str, str] = {}
         for name, values in parse_qs(parts.query, keep_blank_values=True, strict_parsing=False).items():
             if name not in _QUERY_OPTIONS:
-                raise InvalidURLError(f"invalid Redis URL {shown}: unknown option {name!r}")
+                named = f" {name!r}" if name.isidentifier() else ""  # a split password is no option name
+                raise InvalidURLError(f"invalid Redis URL {shown}: unknown option{named}{_hint(shown)}")
             query[name] = values[-1]
         for name, value in query.items():
             try:
@@ -192,9 +201,9 @@ def _parse_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
         else:
             host, _, port_text = item.partition(":")
         if not host:
-            raise InvalidURLError(f"invalid Redis URL {shown}: missing host in {item!r}")
+            raise InvalidURLError(f"invalid Redis URL {shown}: missing host{_hint(shown)}")
         if port_text and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
-            raise InvalidURLError(f"invalid Redis URL {shown}: bad port {port_text!r}")
+            raise InvalidURLError(f"invalid Redis URL {shown}: bad port (1..65535){_hint(shown)}")
         hosts.append((host, int(port_text) if port_text else 6379))
     return tuple(hosts)
 
@@ -206,7 +215,7 @@ def _parse_service(path: str, shown: str) -> tuple[str, str]:
     if not service:
         raise InvalidURLError(f"invalid Redis URL {shown}: a Sentinel URL needs /service_name after the hosts")
     if any(char.isspace() or char == "/" for char in service):
-        raise InvalidURLError(f"invalid Redis URL {shown}: bad service name {service!r}")
+        raise InvalidURLError(f"invalid Redis URL {shown}: bad service name")
     return service, db
 
 
@@ -215,7 +224,7 @@ def _parse_db(path: str, from_query: Optional[str], shown: str) -> int:
     if not text:
         return 0
     if not text.isdigit():
-        raise InvalidURLError(f"invalid Redis URL {shown}: database {text!r} is not a number")
+        raise InvalidURLError(f"invalid Redis URL {shown}: the database is not a number{_hint(shown)}")
     return int(text)
 
 

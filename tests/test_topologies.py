@@ -40,7 +40,7 @@ def test_cluster_and_sentinel_urls_parse(url: str, scheme: str, hosts: Any, serv
     "url, complaint",
     [
         ("redis+sentinel://s1:26379", "needs /service_name"),
-        ("redis+sentinel://s1:26379/mymaster/x", "database 'x' is not a number"),
+        ("redis+sentinel://s1:26379/mymaster/x", "database is not a number"),
         ("redis+cluster://a:7000/3", "only database 0"),
         ("redis://h?sentinel_password=x", "sentinel_\\* options need redis\\+sentinel://"),
         ("redis+cluster://a:notaport", "bad port"),

@@ -85,7 +85,7 @@ class AsyncStatusStore(StoreBase):
         if self._core.cluster:
             try:
                 await self.client.nodes_manager.initialize()
-            except rx.RedisError:
+            except REDIS_ERRORS:
                 pass  # the resend reports the failure if the cluster is still down
 
     async def _send_once(self, calls: list[Call]) -> list[Any]:

@@ -121,8 +121,6 @@ def mask_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(lambda m: m.group("head") + "***", masked)
 
 
-
-
 def _hint(shown: str) -> str:
     """Where credentials are present, the likely cause of a malformed URL."""
     return " (percent-encode any @ / ? # in the user name or password)" if "@" in shown else ""

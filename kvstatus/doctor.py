@@ -17,7 +17,7 @@ from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
 from kvstatus import scripts
-from kvstatus.driver import translate_error
+from kvstatus.driver import REDIS_ERRORS, translate_error
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS
@@ -69,7 +69,7 @@ def _attempt(action: Callable[[], Any]) -> tuple[bool, str]:
     try:
         action()
         return True, ""
-    except (KVStatusError, rx.RedisError) as exc:
+    except (KVStatusError, *REDIS_ERRORS) as exc:
         error = translate_error(exc)
         command = denied_command(error)
         return False, f"NOPERM {command}" if command else str(error)

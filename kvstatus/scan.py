@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
-from redis import exceptions as rx
 from redis.cluster import RedisCluster
 
-from kvstatus.driver import translate_error
+from kvstatus.driver import REDIS_ERRORS, translate_error
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
 from kvstatus.operations import decode_room
@@ -65,7 +64,7 @@ def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -
                     break
             if pending:
                 yield pending
-    except rx.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
 
 
@@ -86,7 +85,7 @@ def read_rooms(client: Any, schema: KeySchema, keys: list[str],
                 if with_ttl:
                     pipe.pttl(key)
             replies = pipe.execute()
-    except rx.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
     step = 2 if with_ttl else 1
     views = []

@@ -98,7 +98,7 @@ class StatusStore(StoreBase):
         if self._core.cluster:
             try:
                 self.client.nodes_manager.initialize()
-            except rx.RedisError:
+            except REDIS_ERRORS:
                 pass  # the resend reports the failure if the cluster is still down
 
     def _send_once(self, calls: list[Call]) -> list[Any]:

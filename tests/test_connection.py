@@ -176,3 +176,16 @@ def test_tls(tmp_path: Path) -> None:
         plain = StatusStore.from_url(f"redis://127.0.0.1:{server.port}/0", namespace="x", retries=0)
         with pytest.raises(BackendUnavailableError):
             plain.get(1)
+
+
+async def test_unreachable_cluster_is_a_clear_error_async() -> None:
+    store = AsyncStatusStore.from_url(f"redis+cluster://:{SECRET}@127.0.0.1:{_closed_port()}", namespace="x", retries=1)
+    with pytest.raises(BackendUnavailableError) as info:
+        await store.update_status(1, KVPoll.Bootstrapping)
+    assert SECRET not in str(info.value)
+
+
+def test_unreachable_cluster_is_a_clear_error() -> None:
+    with pytest.raises(BackendUnavailableError) as info:
+        StatusStore.from_url(f"redis+cluster://:{SECRET}@127.0.0.1:{_closed_port()}", namespace="x", retries=1)
+    assert SECRET not in str(info.value)

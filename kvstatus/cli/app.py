@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import click
-from redis import exceptions as rx
 
 from kvstatus import connection
-from kvstatus.driver import translate_error
+from kvstatus.driver import REDIS_ERRORS, translate_error
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
 from kvstatus.status import KVPoll, parse_status
@@ -74,7 +73,7 @@ class KvstatusGroup(click.Group):
             raise click.UsageError(str(exc), ctx) from None
         except KeyError as exc:
             raise NotFound(f"not found: {exc.args[0] if exc.args else exc}") from None
-        except (KVStatusError, rx.RedisError) as exc:
+        except (KVStatusError, *REDIS_ERRORS) as exc:
             error = translate_error(exc)
             raise click.ClickException(f"{error}{_hint(error)}") from None
         finally:

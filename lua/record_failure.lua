@@ -10,7 +10,8 @@
 --
 -- Returns 1 RECORDED (TTL refreshed), 2 KEPT_EARLIER (an earlier reason
 -- stays; nothing written), 0 IGNORED_MISSING (no entry; nothing written).
--- Error "KVSTATUS_BADARG <what>" for malformed arguments.
+-- Errors: "KVSTATUS_BADARG <what>" for malformed arguments; "NOPERM <what>" when
+-- the ACL would refuse HSETNX or PEXPIRE (checked before writing, on Redis >= 7).
 
 local RECORDED, KEPT_EARLIER, IGNORED_MISSING = 1, 2, 0
 local field, reason_field, reason, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -20,6 +21,16 @@ if type(ttl) ~= "string" or not string.match(ttl, "^[1-9][0-9]*$") or #ttl > 15 
 end
 if not reason or field == "" or reason_field == "" then
   return redis.error_reply("KVSTATUS_BADARG expected status field, reason field and reason")
+end
+
+if redis.acl_check_cmd then
+  for _, command in ipairs({"hsetnx", "pexpire"}) do
+    local args = command == "hsetnx" and {reason_field, reason} or {ttl}
+    if not redis.acl_check_cmd(command, KEYS[1], unpack(args)) then
+      return redis.error_reply("NOPERM this user has no permissions to run the '" .. command
+        .. "' command on key " .. KEYS[1] .. " (checked by the kvstatus record_failure script before writing)")
+    end
+  end
 end
 
 if redis.call("HEXISTS", KEYS[1], field) == 0 then

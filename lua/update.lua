@@ -16,6 +16,8 @@
 -- Errors, raised before the first write, so nothing is half-written:
 --   "KVSTATUS_BADARG <what>"   malformed arguments
 --   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is
+--   "NOPERM <what>"            the ACL would refuse one of the writes (Redis >= 7 can tell
+--                              in advance; a refusal half way would leave a key without TTL)
 -- Outcomes 1-4 refresh the room's TTL; 5-7 write nothing.
 
 local CREATED, ADVANCED, FAILED, UNCHANGED = 1, 2, 3, 4
@@ -37,9 +39,25 @@ if #ARGV ~= 4 + #KEYS then
   return redis.error_reply("KVSTATUS_BADARG expected one status per key")
 end
 
+-- The first of HSET, HDEL, PEXPIRE the ACL refuses on key, or nil.
+local function refused_write(key)
+  if not redis.acl_check_cmd then
+    return nil  -- Redis < 7 cannot be asked in advance
+  end
+  if not redis.acl_check_cmd("hset", key, field, "0") then return "hset" end
+  if not redis.acl_check_cmd("hdel", key, reason_field) then return "hdel" end
+  if not redis.acl_check_cmd("pexpire", key, ttl) then return "pexpire" end
+  return nil
+end
+
 -- First pass: validate every argument and read every entry; no writes yet.
 local current, new = {}, {}
 for i = 1, #KEYS do
+  local denied = refused_write(KEYS[i])
+  if denied then
+    return redis.error_reply("NOPERM this user has no permissions to run the '" .. denied
+      .. "' command on key " .. KEYS[i] .. " (checked by the kvstatus update script before writing)")
+  end
   local s = ARGV[4 + i]
   if not string.match(s, "^[0-4]$") then
     return redis.error_reply("KVSTATUS_BADARG status for key " .. KEYS[i] .. " must be 0..4")

@@ -140,3 +140,35 @@ def test_read_only_rules_have_no_write_command() -> None:
     rules = acl_rules("prod-a", read_only=True)
     assert "~kvstatus:prod-a:*" in rules and "resetchannels" in rules
     assert not {"+hset", "+hsetnx", "+hdel", "+pexpire"} & set(rules)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("missing", ["pexpire", "hdel"])
+def test_an_acl_that_would_stop_a_write_half_way_is_refused_before_any_write(
+    acl_server: RedisServer, missing: str
+) -> None:
+    user = f"ns-a-no-{missing}"
+    with acl_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", user, *acl_rules("ns-a", password=USER_SECRET), f"-{missing}")
+        key = "kvstatus:ns-a:{4242}"
+        admin.delete(key)
+        with StatusStore.from_url(_url("redis", user, f"{acl_server.host}:{acl_server.port}"),
+                                  namespace="ns-a") as store:
+            with pytest.raises(PermissionDeniedError, match=f"'{missing}'"):
+                store.update_status(4242, KVPoll.Bootstrapping)
+            with pytest.raises(PermissionDeniedError, match=f"'{missing}'"):
+                store.update_many({4241: KVPoll.Bootstrapping, 4242: KVPoll.Bootstrapping})
+        assert admin.exists(key, "kvstatus:ns-a:{4241}") == 0  # nothing written, so no key without TTL
+
+
+@pytest.mark.real
+def test_record_failure_is_refused_before_writing_when_pexpire_is_denied(acl_server: RedisServer) -> None:
+    with acl_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "ns-a-rf", *acl_rules("ns-a", password=USER_SECRET), "-pexpire")
+        admin.hset("kvstatus:ns-a:{4343}", "default", "3")
+        admin.pexpire("kvstatus:ns-a:{4343}", 60_000)
+        with StatusStore.from_url(_url("redis", "ns-a-rf", f"{acl_server.host}:{acl_server.port}"),
+                                  namespace="ns-a") as store:
+            with pytest.raises(PermissionDeniedError, match="'pexpire'"):
+                store.record_failure(4343, "peer lost")
+        assert admin.hgetall("kvstatus:ns-a:{4343}") == {b"default": b"3"}

@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 from kvstatus.driver import REDIS_ERRORS, translate_error
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
-from kvstatus.operations import decode_room
+from kvstatus.operations import Call, decode_room
 from kvstatus.status import ParticipantEntry, RoomView
 
 DEFAULT_BATCH = 500
@@ -84,7 +84,7 @@ def read_rooms(client: Any, schema: KeySchema, keys: list[str],
                 pipe.hgetall(key)
                 if with_ttl:
                     pipe.pttl(key)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
     except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
     step = 2 if with_ttl else 1
@@ -95,6 +95,9 @@ def read_rooms(client: Any, schema: KeySchema, keys: list[str],
         if room is None or not fields:
             continue
         try:
+            for reply in (fields, pttl):
+                if isinstance(reply, Exception):
+                    raise translate_error(reply, Call(("HGETALL", key))) from reply
             view = without_probe(decode_room(room, key, fields, pttl))
         except CorruptedValueError as exc:
             if on_corrupt is None:

@@ -243,3 +243,15 @@ def test_watch_skips_corrupted_rooms_and_says_so(connect, store, server):
     assert "rooms 1  Failed 0  Bootstrapping 1" in cli(connect, "watch", "--count", "1").output
     assert "(skipped 1 corrupted rooms)" in cli(connect, "watch", "--count", "1").output
     assert json_lines(cli(connect, "watch", "--count", "1", "--json").output)[0]["corrupted"] == 1
+
+
+def test_a_key_of_another_type_is_skipped_as_corrupted(connect, store, server):
+    store.update_status(1, KVPoll.Bootstrapping)
+    fakeredis.FakeRedis(server=server).set(store.keys.room_key(2), "not a hash", ex=600)
+    doc = json.loads(cli(connect, "stats", "--json").output)
+    assert doc["rooms"] == 1 and doc["corrupted_rooms"] == 1
+    assert "not a kvstatus room hash" in doc["corrupted_sample"][0]
+    listed = cli(connect, "ls", "--json")
+    assert_clean_failure(listed.output, listed.exit_code, 1, "warning: skipped room 2")
+    assert [r["room"] for r in json_lines(listed.stdout)] == [1]
+    assert "(skipped 1 corrupted rooms)" in cli(connect, "watch", "--count", "1").output

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import redis
 
+from kvstatus.connection import CLUSTER_SCHEMES, connect, parse_url
 from kvstatus.driver import translate_error
 from kvstatus.embedded import RedisServer, find_redis_server, free_port
 from kvstatus.keys import KeySchema
@@ -184,7 +185,7 @@ class _Worker:
         self.config = config
         self.inboxes = inboxes
         self.progress = progress
-        self.impl = _IMPLS[implementation](redis.Redis.from_url(url), namespace, config.ttl)
+        self.impl = _IMPLS[implementation](connect(url), namespace, config.ttl)
         self.rng = random.Random(config.seed * 1_000_003 + index)
         pool = index if index < config.prefill else index - config.prefill
         self.rooms = [1_000_000 * (pool + 1) + i for i in range(config.rooms)]
@@ -295,7 +296,7 @@ def run_one(url: str, namespace: str, implementation: str, config: DemoConfig,
             progress: Optional[ProgressCallback] = None) -> DemoResult:
     """Run the workload with ``implementation`` in ``namespace`` (emptied before and after)."""
     ctx = multiprocessing.get_context("fork")
-    client = redis.Redis.from_url(url)
+    client = connect(url)
     schema = KeySchema(namespace)
     delete_namespace(client, schema)
     inboxes = [ctx.Queue() for _ in config.workers]
@@ -351,6 +352,9 @@ def run_demo(url: str, namespace: str, config: DemoConfig,
              progress: Optional[ProgressCallback] = None,
              implementations: tuple[str, ...] = IMPLEMENTATIONS) -> list[DemoResult]:
     """Run the same workload against each implementation, one after the other, in ``namespace``-<impl>."""
+    if parse_url(url).scheme in CLUSTER_SCHEMES:
+        raise DemoError("the demo runs on one Redis (redis://, rediss://, unix:// or a Sentinel URL), not a cluster: "
+                        "its cleanup unlinks keys of many slots at once")
     return [run_one(url, f"{namespace}-{impl}", impl, config, progress) for impl in implementations]
 
 

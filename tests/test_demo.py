@@ -93,3 +93,14 @@ def test_run_demo_leaves_the_namespace_empty(fake_tcp_url: str) -> None:
 def test_demo_bad_flags_are_usage_errors(args: list[str], needle: str) -> None:
     result = invoke(lambda url: None, "demo", *args)
     assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output
+
+
+def test_demo_refuses_a_cluster_url_cleanly() -> None:
+    from click.testing import CliRunner
+
+    from kvstatus.cli import main
+
+    result = CliRunner().invoke(main, ["--url", "redis+cluster://:hunter2@127.0.0.1:1", "demo", "--requests", "5"])
+    assert result.exit_code == 1, result.output
+    assert "not a cluster" in result.output
+    assert "Traceback" not in result.output and "hunter2" not in result.output

@@ -22,7 +22,7 @@ from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS
 from kvstatus.scan import PROBE_PARTICIPANT, iter_room_keys, scan_clients
-from kvstatus.status import KVPoll
+from kvstatus.status import KVPoll, RoomView
 from kvstatus.store import StatusStore
 
 PROBE_ROOM = MAX_ROOM
@@ -132,10 +132,14 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float) -> Check:
     ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
     if not ok:
         return Check("ttl", False, f"store TTL {ttl:g} s; could not write the probe entry: {why}")
+    views: list[RoomView] = []
     try:
-        view = store.room(PROBE_ROOM)
+        ok, why = _attempt(lambda: views.append(store.room(PROBE_ROOM)))
     finally:
         _attempt(lambda: store.clear(PROBE_ROOM))
+    if not ok:
+        return Check("ttl", False, f"store TTL {ttl:g} s; could not read the probe entry back: {why}")
+    view = views[0]
     if view.ttl_ms is None or not 0 < view.ttl_ms <= PROBE_TTL_SECONDS * 1000:
         return Check("ttl", False, f"store TTL {ttl:g} s, but the probe key has no TTL after a write")
     detail = f"store TTL {ttl:g} s, refreshed by every write (probe key got {view.ttl_ms} ms of {PROBE_TTL_SECONDS * 1000:g})"

@@ -32,6 +32,7 @@ def locked_server() -> Iterator[RedisServer]:
         admin.execute_command("ACL", "SETUSER", "reader", "on", f">{SECRET}", "~kvstatus:*", "+@read", "+evalsha",
                               "+ping", "+scan", "+script|load", "+client|setname", "+info")
         admin.execute_command("ACL", "SETUSER", "noscan", "on", f">{SECRET}", "~kvstatus:*", "+@all", "-scan")
+        admin.execute_command("ACL", "SETUSER", "nohgetall", "on", f">{SECRET}", "~kvstatus:*", "+@all", "-hgetall")
         yield server
 
 
@@ -84,6 +85,16 @@ def test_doctor_names_a_missing_command(locked_server: RedisServer) -> None:
     assert checks["acl update_status"]["ok"] and checks["acl clear"]["ok"]
     admin = locked_server.client()
     assert admin.hgetall(f"kvstatus:ns:{{{2**63 - 1}}}") == {}
+
+
+def test_doctor_reports_every_check_when_a_read_is_refused(locked_server: RedisServer) -> None:
+    url = f"redis://nohgetall:{SECRET}@{locked_server.host}:{locked_server.port}/0"
+    result = run_cli("--url", url, "--namespace", "ns", "doctor", "--json")
+    assert result.returncode == 1, result.stderr
+    checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["ttl"]["ok"] is False and "NOPERM hgetall" in checks["ttl"]["detail"]
+    assert checks["acl room"] == {"check": "acl room", "ok": False, "detail": "NOPERM hgetall"}
+    assert checks["acl get"]["ok"] and checks["acl scan"]["ok"]
 
 
 def test_wrong_password_is_reported_without_the_password(locked_server: RedisServer) -> None:

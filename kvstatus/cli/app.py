@@ -71,8 +71,6 @@ class KvstatusGroup(click.Group):
             return super().invoke(ctx)
         except InvalidArgumentError as exc:
             raise click.UsageError(str(exc), ctx) from None
-        except KeyError as exc:
-            raise NotFound(f"not found: {exc.args[0] if exc.args else exc}") from None
         except (KVStatusError, *REDIS_ERRORS) as exc:
             error = translate_error(exc)
             raise click.ClickException(f"{error}{_hint(error)}") from None

@@ -52,7 +52,12 @@ class ConnectionOptions:
     On cluster and Sentinel clients the store resends the whole call with
     these waits (redis-py surfaces those failovers at once); size the budget
     above ``cluster-node-timeout`` or Sentinel's ``down-after-milliseconds``.
-    Retrying is safe because every kvstatus write is idempotent.
+    A resend cannot corrupt a room: the rule is idempotent, so the same
+    update applied twice leaves the same state. It can land after another
+    writer's update to the same entry, like any late write (under ``seed`` a
+    resent status can move an entry out of a Failed written in between;
+    under ``strict`` the resend answers REFUSED_TERMINAL for an update that
+    was applied first). ``retries=0`` makes every update at most once.
     """
 
     socket_timeout: float = 5.0

@@ -149,10 +149,9 @@ class StoreCore:
             "policy": self.policy,
         }
 
-    def _groups(self, keys: list[str]) -> list[list[int]]:
-        """Indices of ``keys`` that may share one script call: all of them, or one group per cluster slot."""
-        if not self.cluster:
-            return [list(range(len(keys)))]
+    @staticmethod
+    def _slot_groups(keys: list[str]) -> list[list[int]]:
+        """Indices of ``keys`` grouped by cluster slot: the keys one script call may share on a cluster."""
         by_slot: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             by_slot.setdefault(key_slot(key.encode()), []).append(i)
@@ -177,7 +176,7 @@ class StoreCore:
             (reply,) = yield [script_call(scripts.UPDATE, keys, (*self._update_head, *args))]
             pairs = iter(reply)
             return dict(zip(rooms, [_RESULTS[pair] for pair in zip(pairs, pairs)]))
-        groups = self._groups(keys)
+        groups = self._slot_groups(keys)
         calls = [
             script_call(scripts.UPDATE, [keys[i] for i in group], (*self._update_head, *(args[i] for i in group)))
             for group in groups
@@ -210,10 +209,10 @@ class StoreCore:
         if not self.cluster:
             (reply,) = yield [script_call(scripts.GET_MANY, keys, (self.participant,))]
             return dict(zip(unique, decode_statuses(reply, keys, self.participant)))
-        groups = self._groups(keys)
+        groups = self._slot_groups(keys)
         calls = [
             Call(("HGET", keys[group[0]], self.participant))
-            if len(group) == 1 and self.cluster
+            if len(group) == 1
             else script_call(scripts.GET_MANY, [keys[i] for i in group], (self.participant,))
             for group in groups
         ]

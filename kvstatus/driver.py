@@ -1,10 +1,12 @@
 """What the sync and async stores share around their I/O: attributes, error
-translation and the bookkeeping of NOSCRIPT healing."""
+translation, and :func:`send_plan`, the way a batch of calls is sent
+(NOSCRIPT healing, resends during a failover) written once as a generator of
+I/O actions that each store performs with blocking calls or awaits."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
@@ -32,6 +34,7 @@ _SCRIPT_NOPERM = "The user executing the script can't run this command"
 _SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
 _LUA_CALL = re.compile(r"redis\.p?call\(\s*[\"'](\w+)[\"']")
 S = TypeVar("S", bound="StoreBase")
+T = TypeVar("T")
 
 
 def is_cluster_client(client: Any) -> bool:
@@ -219,3 +222,64 @@ def script_command_at(call: Optional[Call], text: str) -> str:
     number = int(line.group(1))
     found = _LUA_CALL.search(lines[number - 1]) if 0 < number <= len(lines) else None
     return found.group(1).lower() if found else "unknown"
+
+
+# The I/O actions of a send plan: (kind, argument).
+EXECUTE = "execute"  # argument: a Call; reply: its result
+PIPELINE = "pipeline"  # argument: list[Call]; reply: their results, errors in place
+LOAD = "load"  # argument: a LuaScript to SCRIPT LOAD
+SLEEP = "sleep"  # argument: seconds
+REFRESH = "refresh"  # re-read a cluster's slot map
+Action = tuple[str, Any]
+Plan = Generator[Action, Any, T]
+
+
+def send_plan(calls: list[Call], resend_delays: Sequence[float], cluster: bool) -> Plan[list[Any]]:
+    """Send ``calls`` in one round trip and return their replies, raising kvstatus errors.
+
+    A store performs each yielded action and sends back its reply, or throws
+    the redis-py error it raised into the plan. Scripts a server does not know
+    are loaded and sent again. After an unavailable backend the calls are sent
+    again after each of ``resend_delays`` (seconds; cluster and Sentinel only),
+    re-reading a cluster's slot map first.
+    """
+    for delay in resend_delays:
+        try:
+            return (yield from _attempt(calls))
+        except BackendUnavailableError:
+            yield SLEEP, delay
+            if cluster:
+                try:
+                    yield REFRESH, None
+                except REDIS_ERRORS:
+                    pass  # the resend reports the failure if the cluster is still down
+    return (yield from _attempt(calls))
+
+
+def _attempt(calls: list[Call]) -> Plan[list[Any]]:
+    """One round trip for ``calls``, loading scripts the server lacks; redis-py errors become kvstatus errors."""
+    try:
+        if len(calls) > 1:
+            return (yield from _pipeline(calls))
+        call = calls[0]
+        try:
+            return [(yield EXECUTE, call)]
+        except rx.NoScriptError:
+            if call.script is None:
+                raise
+            yield LOAD, call.script
+            return [(yield EXECUTE, call)]
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc, calls[0] if len(calls) == 1 else None) from exc
+
+
+def _pipeline(calls: list[Call]) -> Plan[list[Any]]:
+    replies = yield PIPELINE, calls
+    again = scripts_to_reload(calls, replies)
+    if again:
+        for script in unique_scripts(calls, again):
+            yield LOAD, script
+        for i, reply in zip(again, (yield PIPELINE, [calls[i] for i in again])):
+            replies[i] = reply
+    raise_first_error(calls, replies)
+    return replies

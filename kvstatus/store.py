@@ -6,18 +6,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
-from redis import exceptions as rx
-
 from kvstatus.connection import connect
-from kvstatus.driver import (
-    REDIS_ERRORS,
-    StoreBase,
-    raise_first_error,
-    scripts_to_reload,
-    translate_error,
-    unique_scripts,
-)
-from kvstatus.errors import BackendUnavailableError
+from kvstatus.driver import EXECUTE, LOAD, PIPELINE, REDIS_ERRORS, SLEEP, Plan, StoreBase, send_plan
 from kvstatus.operations import Call, Op
 from kvstatus.status import KVPoll, RoomView, UpdateResult
 
@@ -79,55 +69,33 @@ class StatusStore(StoreBase):
         try:
             calls = next(op)
             while True:
-                calls = op.send(self._send(calls))
+                calls = op.send(self._drive(send_plan(calls, self._failover_delays, self._core.cluster)))
         except StopIteration as done:
             return done.value
 
-    def _send(self, calls: list[Call]) -> list[Any]:
-        """Send ``calls``; a cluster or Sentinel client resends them after the backoff while the backend moves."""
-        for delay in self._failover_delays:
+    def _drive(self, plan: Plan[T]) -> T:
+        """Perform the plan's actions, sending back each reply or throwing in each redis-py error."""
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
             try:
-                return self._send_once(calls)
-            except BackendUnavailableError:
-                time.sleep(delay)
-                self._refresh_topology()
-        return self._send_once(calls)
-
-    def _refresh_topology(self) -> None:
-        """Re-read a cluster's slot map before a resend; a stale map keeps pointing at a dead master."""
-        if self._core.cluster:
+                kind, argument = plan.send(reply) if error is None else plan.throw(error)
+            except StopIteration as done:
+                return done.value
+            reply, error = None, None
             try:
-                self.client.nodes_manager.initialize()
-            except REDIS_ERRORS:
-                pass  # the resend reports the failure if the cluster is still down
-
-    def _send_once(self, calls: list[Call]) -> list[Any]:
-        try:
-            if len(calls) == 1:
-                return [self._execute(calls[0])]
-            return self._pipeline(calls)
-        except REDIS_ERRORS as exc:
-            raise translate_error(exc, calls[0] if len(calls) == 1 else None) from exc
-
-    def _execute(self, call: Call) -> Any:
-        try:
-            return self.client.execute_command(*call.args)
-        except rx.NoScriptError:
-            if call.script is None:
-                raise
-            self.client.script_load(call.script.source)
-            return self.client.execute_command(*call.args)
-
-    def _pipeline(self, calls: list[Call]) -> list[Any]:
-        replies = self._pipe(calls)
-        again = scripts_to_reload(calls, replies)
-        if again:
-            for script in unique_scripts(calls, again):
-                self.client.script_load(script.source)
-            for i, reply in zip(again, self._pipe([calls[i] for i in again])):
-                replies[i] = reply
-        raise_first_error(calls, replies)
-        return replies
+                if kind == EXECUTE:
+                    reply = self.client.execute_command(*argument.args)
+                elif kind == PIPELINE:
+                    reply = self._pipe(argument)
+                elif kind == LOAD:
+                    self.client.script_load(argument.source)
+                elif kind == SLEEP:
+                    time.sleep(argument)
+                else:
+                    self.client.nodes_manager.initialize()
+            except REDIS_ERRORS as exc:
+                error = exc
 
     def _pipe(self, calls: list[Call]) -> list[Any]:
         route = self._core.cluster

@@ -107,6 +107,16 @@ def _tput(section: str, variant: str, s: Summary, keys: int) -> Measurement:
                        f"{keys} keys per call, p50 {s.p50_us:,.0f} µs per call")
 
 
+def _set_raw_keys(client: Any, tag: str, rooms: list[int]) -> list[str]:
+    """String keys ``raw:<tag>:<room>`` holding "3" with the store's TTL: the raw baseline of a read."""
+    keys = [f"raw:{tag}:{room}" for room in rooms]
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.set(key, "3", px=TTL_MS)
+        pipe.execute()
+    return keys
+
+
 def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     """update_status vs SET PX, get vs GET: sequential round trips on one connection."""
     store = _store(client)
@@ -139,11 +149,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
 
     existing = rooms.take(n)
     store.update_many(dict.fromkeys(existing, KVPoll.Transferring))
-    raw_keys = [f"raw:get:{r}" for r in existing]
-    with client.pipeline(transaction=False) as pipe:
-        for key in raw_keys:
-            pipe.set(key, "3", px=TTL_MS)
-        pipe.execute()
+    raw_keys = _set_raw_keys(client, "get", existing)
     s = interleave({"get": lambda: time_calls(lambda i: store.get(existing[i]), n),
                     "GET": lambda: time_calls(lambda i: client.get(raw_keys[i]), n)}, plan.rounds)
     ratio = s["get"].p50_us / s["GET"].p50_us
@@ -212,11 +218,7 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     size = 256
     present = rooms.take(size)
     store.update_many(dict.fromkeys(present, KVPoll.Transferring))
-    raw_keys = [f"raw:mget:{r}" for r in present]
-    with client.pipeline(transaction=False) as pipe:
-        for key in raw_keys:
-            pipe.set(key, "3", px=TTL_MS)
-        pipe.execute()
+    raw_keys = _set_raw_keys(client, "mget", present)
     mget = client.mget_nonatomic if cluster else client.mget
     present_keys = store.keys.room_keys(present)
     blocks = {"get_many": lambda: time_calls(lambda i: store.get_many(present), calls * 4),

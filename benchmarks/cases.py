@@ -107,6 +107,13 @@ def _tput(section: str, variant: str, s: Summary, keys: int) -> Measurement:
                        f"{keys} keys per call, p50 {s.p50_us:,.0f} µs per call")
 
 
+def _redis_time_per_key(client: Any, section: str, what: str, keys: int) -> Measurement:
+    """Redis' own µs per key of the EVALSHA calls since the last CONFIG RESETSTAT (INFO commandstats)."""
+    per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / keys
+    return Measurement(section, f"Redis time per key of {what}", per_key, "µs",
+                       note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU")
+
+
 def _set_raw_keys(client: Any, tag: str, rooms: list[int]) -> list[str]:
     """String keys ``raw:<tag>:<room>`` holding "3" with the store's TTL: the raw baseline of a read."""
     keys = [f"raw:{tag}:{room}" for room in rooms]
@@ -194,9 +201,7 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     client.config_resetstat()
     s = interleave(blocks, plan.rounds)
     if not cluster:
-        per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / size
-        out.rows.append(Measurement(section, "Redis time per key of a 1000-key update script", per_key, "µs",
-                                    note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU"))
+        out.rows.append(_redis_time_per_key(client, section, "a 1000-key update script", size))
     out.rows.append(_tput(section, "`store.update_many(1000)`", s["update_many"], size))
     if "evalsha" in s:
         out.rows.append(_tput(section, "bare rule: one `EVALSHA` over 1000 keys", s["evalsha"], size))
@@ -230,9 +235,7 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     client.config_resetstat()
     s = interleave(blocks, plan.rounds)
     if not cluster:
-        per_key = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"] / size
-        out.rows.append(Measurement(section, "Redis time per key of a 256-key `get_many` script", per_key, "µs",
-                                    note=f"INFO commandstats: {1e6 / per_key:,.0f} keys/s of one shard's CPU"))
+        out.rows.append(_redis_time_per_key(client, section, "a 256-key `get_many` script", size))
     if not cluster:
         counts = commands_per_node([client], lambda: store.get_many(present))[0]
         out.notes.append(f"`get_many(256)` on one Redis sends {counts.get('evalsha', 0)} command(s) "

@@ -14,7 +14,7 @@ from benchmarks.cases import Plan, Results, RoomSource
 from benchmarks.report import machine, render, write
 from kvstatus.connection import connect
 from kvstatus.errors import InvalidURLError
-from kvstatus.embedded import RedisClusterServers, RedisServer
+from tests.servers import RedisClusterServers, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]

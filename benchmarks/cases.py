@@ -21,8 +21,7 @@ from typing import Any, Optional
 import redis
 
 from benchmarks.measure import Block, Summary, interleave, time_calls
-from kvstatus import AsyncStatusStore, KVPoll, StatusStore
-from kvstatus import scripts
+from kvstatus import AsyncStatusStore, KVPoll, StatusStore, scripts
 from kvstatus.keys import MAX_ROOM
 from kvstatus.operations import DEFAULT_TTL_SECONDS
 

@@ -15,7 +15,15 @@ from kvstatus.errors import (
     KVStatusError,
     PermissionDeniedError,
 )
-from kvstatus.status import KVPoll, Outcome, ParticipantEntry, Policy, RoomView, UpdateResult, apply_rule
+from kvstatus.rule import (
+    KVPoll,
+    Outcome,
+    ParticipantEntry,
+    Policy,
+    RoomView,
+    UpdateResult,
+    apply_rule,
+)
 from kvstatus.store import StatusStore
 
 __version__ = "0.1.0"
@@ -35,6 +43,7 @@ __all__ = [
     "KVPoll",
     "KVStatusError",
     "Outcome",
+    "PermissionDeniedError",
     "ParticipantEntry",
     "Policy",
     "RoomView",

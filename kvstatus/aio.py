@@ -7,9 +7,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
-from kvstatus.driver import EXECUTE, LOAD, PIPELINE, REDIS_ERRORS, SLEEP, Plan, StoreBase, send_plan
 from kvstatus.operations import Call, Op
-from kvstatus.status import KVPoll, RoomView, UpdateResult
+from kvstatus.rule import KVPoll, RoomView, UpdateResult
+from kvstatus.storebase import (
+    EXECUTE,
+    LOAD,
+    PIPELINE,
+    SLEEP,
+    Plan,
+    StoreBase,
+    send_plan,
+)
+from kvstatus.translate import REDIS_ERRORS
 
 T = TypeVar("T")
 

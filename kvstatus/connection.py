@@ -22,7 +22,6 @@ Every form also takes ``socket_timeout`` and ``socket_connect_timeout``
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -34,6 +33,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from kvstatus.errors import InvalidURLError
+from kvstatus.redact import mask_url
+from kvstatus.translate import REDIS_ERRORS, translate_error
 
 DEFAULT_URL = "redis://localhost:6379/0"
 TLS_SCHEMES = frozenset({"rediss", "rediss+cluster", "rediss+sentinel"})
@@ -113,17 +114,6 @@ class ParsedURL:
             return f"{self.scheme}://{auth}{where}"
         service = f"/{self.service}" if self.service else ""
         return f"{self.scheme}://{auth}{where}{service}/{self.db}"
-
-
-# Up to the LAST "@": an unencoded "@", "/", "?" or "#" in a password must not leave part of it visible.
-_PASSWORD = re.compile(r"(?P<head>://[^:@\s]*:)\S*(?=@)")
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&;]\w*password=)[^&#\s]*", re.IGNORECASE)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password (user info or a ``*password=`` option) replaced by ``***``; safe to print."""
-    masked = _PASSWORD.sub(lambda m: m.group("head") + "***", str(url))
-    return _QUERY_PASSWORD.sub(lambda m: m.group("head") + "***", masked)
 
 
 def _hint(shown: str) -> str:
@@ -300,13 +290,13 @@ def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) 
     kwargs = _common_kwargs(parsed, options)
     del kwargs["db"]
     if asynchronous:
-        from redis.asyncio.cluster import ClusterNode as AsyncNode, RedisCluster as AsyncCluster
+        from redis.asyncio.cluster import ClusterNode as AsyncNode
+        from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
         nodes = [AsyncNode(host, port) for host, port in parsed.hosts]
         return AsyncCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
     from redis.cluster import ClusterNode, RedisCluster
 
-    from kvstatus.driver import REDIS_ERRORS, translate_error
 
     try:  # the sync client reads the slot map right away
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],

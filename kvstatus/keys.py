@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from kvstatus.connection import mask_url
 from kvstatus.errors import InvalidNameError, InvalidRoomError
+from kvstatus.redact import mask_url
 
 MAX_ROOM = 2**63 - 1
 MAX_NAME_LENGTH = 128

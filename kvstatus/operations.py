@@ -28,8 +28,17 @@ from kvstatus.keys import (
     validate_room,
     validate_rooms,
 )
+from kvstatus.rule import (
+    KVPoll,
+    Outcome,
+    ParticipantEntry,
+    Policy,
+    RoomView,
+    UpdateResult,
+    to_policy,
+    to_status,
+)
 from kvstatus.scripts import LuaScript
-from kvstatus.status import KVPoll, Outcome, ParticipantEntry, Policy, RoomView, UpdateResult, to_policy, to_status
 
 T = TypeVar("T")
 

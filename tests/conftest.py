@@ -9,11 +9,10 @@ import fakeredis.aioredis
 import pytest
 import redis
 import redis.asyncio
-
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from kvstatus.embedded import RedisClusterServers, RedisServer
+from tests.servers import RedisClusterServers, RedisServer
 from tests.support import Backend, require_redis_server
 
 

@@ -7,7 +7,7 @@ processes of the machine) and what it returned. :func:`find_violations` then
 searches, for each entry, a single order of its calls that respects real time
 (a call that returned before another was invoked comes first; each thread's
 calls are sequential, so its own order is kept) and in which every returned
-value is what the reference rule (:func:`kvstatus.status.apply_rule`) gives.
+value is what the reference rule (:func:`kvstatus.rule.apply_rule`) gives.
 An ``update_many`` is checked as one call per room it touches, all with the
 same interval. Linearizability is local, so checking entries one by one is
 the same as checking the whole store.
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional
 import redis
 
 from kvstatus import KVPoll, StatusStore, apply_rule
-from kvstatus.status import Outcome, Policy, UpdateResult
+from kvstatus.rule import Outcome, Policy, UpdateResult
 
 # An entry's state: (status value or None, reason or None).
 State = tuple[Optional[int], Optional[str]]

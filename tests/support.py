@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 
 from kvstatus import AsyncStatusStore, StatusStore
-from kvstatus.embedded import find_redis_server
+from tests.servers import find_redis_server
 
 _namespaces = itertools.count()
 

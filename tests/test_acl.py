@@ -9,14 +9,14 @@ from typing import Iterator
 import pytest
 
 from kvstatus import KVPoll, Outcome, PermissionDeniedError, StatusStore
-from kvstatus.embedded import RedisClusterServers, RedisSentinelServers, RedisServer
-from kvstatus.permissions import (
+from kvstatus.admin.acl import (
     acl_rules,
     acl_setuser_line,
     read_only_commands,
     read_write_commands,
     sentinel_acl_rules,
 )
+from tests.servers import RedisClusterServers, RedisSentinelServers, RedisServer
 from tests.support import require_redis_server
 
 ADMIN_SECRET = "admin-Secr3t"

@@ -8,7 +8,7 @@ import fakeredis
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.scan import PROBE_PARTICIPANT
+from kvstatus.admin.scan import PROBE_PARTICIPANT
 from tests.cli_support import assert_clean_failure, invoke, json_lines
 
 NS = "prod-a"

@@ -8,9 +8,9 @@ from typing import Iterator
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.embedded import RedisServer
-from kvstatus.scan import PROBE_PARTICIPANT
+from kvstatus.admin.scan import PROBE_PARTICIPANT
 from tests.cli_support import assert_clean_failure, json_lines, run_cli
+from tests.servers import RedisServer
 from tests.support import fresh_namespace, require_redis_server
 
 pytestmark = pytest.mark.real
@@ -134,8 +134,10 @@ def test_watch_exits_cleanly_on_ctrl_c(env: dict[str, str]) -> None:
     import sys
 
     environment = {**{k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}, **env}
+    # A shell that starts jobs in the background hands them SIGINT ignored; an operator's terminal does not.
     proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", "watch", "--interval", "0.2"], env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().startswith("kvstatus watch  namespace cli-")
         proc.send_signal(signal.SIGINT)
@@ -151,8 +153,8 @@ def test_watch_exits_cleanly_on_ctrl_c(env: dict[str, str]) -> None:
 @pytest.mark.slow
 def test_doctor_and_ls_on_a_sentinel_master_client() -> None:
     """Through the CLI's client seam: a Sentinel-managed master client, as redis+sentinel:// URLs will build."""
-    from kvstatus.embedded import RedisSentinelServers
     from tests.cli_support import invoke
+    from tests.servers import RedisSentinelServers
 
     require_redis_server()
     with RedisSentinelServers() as group:

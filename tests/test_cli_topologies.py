@@ -6,14 +6,13 @@ import json
 from typing import Iterator
 
 import pytest
-
 from click.testing import Result
 
 from kvstatus import KVPoll, StatusStore
+from kvstatus.admin.acl import acl_rules
 from kvstatus.connection import connect
-from kvstatus.embedded import RedisClusterServers, RedisServer
-from kvstatus.permissions import acl_rules
 from tests.cli_support import assert_clean_failure, invoke, json_lines
+from tests.servers import RedisClusterServers, RedisServer
 from tests.support import fresh_namespace, require_redis_server
 
 pytestmark = pytest.mark.real

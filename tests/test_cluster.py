@@ -9,7 +9,7 @@ import pytest
 from redis.cluster import key_slot
 
 from kvstatus import AsyncStatusStore, KVPoll, Outcome, StatusStore, apply_rule, scripts
-from kvstatus.embedded import RedisClusterServers
+from tests.servers import RedisClusterServers
 from tests.support import fresh_namespace
 
 pytestmark = pytest.mark.real

@@ -17,8 +17,9 @@ from kvstatus import (
     Outcome,
     StatusStore,
 )
-from kvstatus.connection import ConnectionOptions, connect, mask_url, parse_url
-from kvstatus.embedded import RedisServer, free_port, make_tls_files
+from kvstatus.connection import ConnectionOptions, connect, parse_url
+from kvstatus.redact import mask_url
+from tests.servers import RedisServer, free_port, make_tls_files
 from tests.support import fresh_namespace, require_redis_server
 
 SECRET = "s3cr3t-Pa55"

@@ -10,9 +10,9 @@ from typing import Iterator
 import pytest
 from fakeredis import TcpFakeServer
 
-from kvstatus.demo import DemoConfig, run_demo
-from kvstatus.embedded import free_port
+from kvstatus.demo.workload import DemoConfig, run_demo
 from tests.cli_support import invoke, run_cli
+from tests.servers import free_port
 
 SMALL = ("--requests", "120", "--seed", "7")
 

@@ -1,4 +1,4 @@
-"""Tests for kvstatus.embedded: real redis-server processes on free loopback ports."""
+"""Tests for kvstatus.demo.server: real redis-server processes on free loopback ports."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvstatus import embedded
-from kvstatus.embedded import (
+from kvstatus.demo import server as embedded
+from tests.servers import tls as tls_files
+from tests.servers import (
     RedisClusterServers,
     RedisSentinelServers,
     RedisServer,
@@ -176,7 +177,7 @@ def test_startup_failure_reports_log_tail() -> None:
 
 @needs_redis
 def test_servers_are_stopped_at_interpreter_exit() -> None:
-    code = "from kvstatus.embedded import RedisServer; print(RedisServer().start().pid)"
+    code = "from kvstatus.demo.server import RedisServer; print(RedisServer().start().pid)"
     package_root = str(Path(embedded.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": package_root}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -189,8 +190,8 @@ def test_servers_are_stopped_at_interpreter_exit() -> None:
 
 def _tls_generators() -> list[object]:
     return [
-        pytest.param(embedded._make_tls_files_trustme, id="trustme"),
-        pytest.param(embedded._make_tls_files_openssl, id="openssl"),
+        pytest.param(tls_files._make_tls_files_trustme, id="trustme"),
+        pytest.param(tls_files._make_tls_files_openssl, id="openssl"),
     ]
 
 
@@ -208,7 +209,7 @@ def test_tls(generate: Callable[[Path], TLSFiles], tmp_path: Path) -> None:
 
 @needs_redis
 def test_tls_client_certificate_required(tmp_path: Path) -> None:
-    files = embedded.make_tls_files(tmp_path)
+    files = tls_files.make_tls_files(tmp_path)
     with RedisServer(tls=files, tls_auth_clients="yes") as server:
         assert server.client().ping()
         with pytest.raises(redis.ConnectionError):

@@ -18,8 +18,8 @@ import fakeredis
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
-from kvstatus.embedded import RedisClusterServers, RedisSentinelServers
 from tests.failover import Workload
+from tests.servers import RedisClusterServers, RedisSentinelServers
 from tests.support import SyncAdapter, fresh_namespace, require_redis_server
 
 # A resend budget above the slowest failover these small groups take (node timeout 1 s,

@@ -16,9 +16,15 @@ from typing import Any, Callable, NamedTuple, Optional
 import pytest
 import redis
 
-from kvstatus import AsyncStatusStore, BackendUnavailableError, KVPoll, Outcome, StatusStore
-from kvstatus import scripts
-from kvstatus.embedded import RedisServer
+from kvstatus import (
+    AsyncStatusStore,
+    BackendUnavailableError,
+    KVPoll,
+    Outcome,
+    StatusStore,
+    scripts,
+)
+from tests.servers import RedisServer
 from tests.support import fresh_namespace, require_redis_server
 
 pytestmark = pytest.mark.real

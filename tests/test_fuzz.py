@@ -19,7 +19,7 @@ from kvstatus import (
     StatusStore,
     UpdateResult,
 )
-from kvstatus.embedded import RedisServer
+from tests.servers import RedisServer
 from tests.support import fresh_namespace
 
 pytestmark = pytest.mark.real

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvstatus.embedded import RedisServer
-from kvstatus.status import KVPoll, Outcome, Policy
+from kvstatus.rule import KVPoll, Outcome, Policy
 from tests.history import Call, find_violations, linearizable, run_history
+from tests.servers import RedisServer
 from tests.support import fresh_namespace
 
 

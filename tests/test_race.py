@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvstatus.embedded import RedisServer
 from tests.race import run_race
+from tests.servers import RedisServer
 from tests.support import fresh_namespace
 
 pytestmark = pytest.mark.real

@@ -6,11 +6,19 @@ import fakeredis
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.audit import collect_stats, ttl_bucket
-from kvstatus.changes import ADVANCED, CLEARED, FAILED, NEW, Snapshot, classify, diff
-from kvstatus.embedded import RedisClusterServers
+from kvstatus.admin.scan import iter_room_keys, iter_rooms
+from kvstatus.admin.stats import collect_stats, ttl_bucket
+from kvstatus.admin.watch import (
+    ADVANCED,
+    CLEARED,
+    FAILED,
+    NEW,
+    Snapshot,
+    classify,
+    diff,
+)
 from kvstatus.keys import KeySchema
-from kvstatus.scan import iter_room_keys, iter_rooms
+from tests.servers import RedisClusterServers
 from tests.support import fresh_namespace
 
 
@@ -85,7 +93,7 @@ def test_scan_covers_every_cluster_primary(redis_cluster: RedisClusterServers) -
         assert sorted(v.room for v in iter_rooms(client, store.keys, batch=50)) == list(range(300))
         stats = collect_stats(client, store.keys)
         assert stats.rooms == 300 and stats.by_status[KVPoll.Transferring] == 300
-        from kvstatus.doctor import run_checks
+        from kvstatus.admin.doctor import run_checks
 
         checks = {c.name: c for c in run_checks(client, store.keys)}
         assert checks["topology"].detail == "cluster with 3 primaries"
@@ -93,7 +101,7 @@ def test_scan_covers_every_cluster_primary(redis_cluster: RedisClusterServers) -
 
 
 def test_watch_changes_reports_what_happened_between_refreshes() -> None:
-    from kvstatus.changes import watch_changes
+    from kvstatus.admin.watch import watch_changes
 
     client = fakeredis.FakeRedis()
     store = StatusStore(client, namespace="ns")

@@ -6,7 +6,12 @@ from typing import Optional
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
 from tests.support import Backend, fresh_namespace

@@ -7,7 +7,7 @@ from typing import Optional
 import pytest
 
 from kvstatus import InvalidStatusError, KVPoll, Outcome, Policy, apply_rule
-from kvstatus.status import explain, parse_status, to_policy, to_status
+from kvstatus.rule import explain, parse_status, to_policy, to_status
 
 F, B, W, T, S = KVPoll  # Failed, Bootstrapping, WaitingForInput, Transferring, Success
 

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from kvstatus import AsyncStatusStore, AuthenticationError, BackendUnavailableError, KVPoll, Outcome, StatusStore
-from kvstatus.connection import _ssl_kwargs, mask_url, parse_url
-from kvstatus.embedded import RedisClusterServers, RedisSentinelServers, RedisServer, TLSFiles, make_tls_files
+from kvstatus import (
+    AsyncStatusStore,
+    AuthenticationError,
+    BackendUnavailableError,
+    KVPoll,
+    Outcome,
+    StatusStore,
+)
+from kvstatus.connection import _ssl_kwargs, parse_url
 from kvstatus.errors import InvalidURLError
+from kvstatus.redact import mask_url
+from tests.servers import (
+    RedisClusterServers,
+    RedisSentinelServers,
+    RedisServer,
+    TLSFiles,
+    make_tls_files,
+)
 from tests.support import fresh_namespace, require_redis_server
 
 SECRET = "Top-s3cret-pw"

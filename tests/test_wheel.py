@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstatus.embedded import RedisServer
+from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,11 @@ from typing import Any, Callable, Optional
 import click
 
 from kvstatus import connection
-from kvstatus.driver import REDIS_ERRORS, translate_error
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
-from kvstatus.status import KVPoll, parse_status
+from kvstatus.redact import mask_url
+from kvstatus.rule import KVPoll, parse_status
+from kvstatus.translate import REDIS_ERRORS, translate_error
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -44,7 +45,7 @@ class CliEnv:
 
     @property
     def shown_url(self) -> str:
-        return connection.mask_url(self.url_or_default)
+        return mask_url(self.url_or_default)
 
     def client(self) -> Any:
         if self._client is None:

@@ -7,9 +7,24 @@ from typing import Iterator, Optional
 
 import click
 
-from kvstatus.cli.app import CliEnv, emit_json, json_option, main, pass_env, stderr_is_tty, table
-from kvstatus.connection import mask_url
-from kvstatus.demo import FAKEREDIS_DEFAULT_REQUESTS, DemoConfig, DemoError, DemoResult, embedded_redis, run_demo
+from kvstatus.cli.app import (
+    CliEnv,
+    emit_json,
+    json_option,
+    main,
+    pass_env,
+    stderr_is_tty,
+    table,
+)
+from kvstatus.demo.workload import (
+    FAKEREDIS_DEFAULT_REQUESTS,
+    DemoConfig,
+    DemoError,
+    DemoResult,
+    embedded_redis,
+    run_demo,
+)
+from kvstatus.redact import mask_url
 
 DEFAULTS = DemoConfig()
 DEFAULT_NAMESPACE = "kvstatus-demo"

@@ -6,12 +6,29 @@ from typing import Any, Optional
 
 import click
 
-from kvstatus.cli.app import ROOM, STATUS, CliEnv, NotFound, emit_json, json_option, main, pass_env, status_text, \
-    table, ttl_text
+from kvstatus.admin.scan import (
+    DEFAULT_BATCH,
+    entries,
+    iter_rooms,
+    room_matches,
+    without_probe,
+)
+from kvstatus.cli.app import (
+    ROOM,
+    STATUS,
+    CliEnv,
+    NotFound,
+    emit_json,
+    json_option,
+    main,
+    pass_env,
+    status_text,
+    table,
+    ttl_text,
+)
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.operations import DEFAULT_TTL_SECONDS
-from kvstatus.scan import DEFAULT_BATCH, entries, iter_rooms, room_matches, without_probe
-from kvstatus.status import KVPoll, Policy, RoomView
+from kvstatus.rule import KVPoll, Policy, RoomView
 from kvstatus.store import StatusStore
 
 

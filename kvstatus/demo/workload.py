@@ -14,7 +14,7 @@ Implementations (same workload, same seed):
 
 - ``kvstatus``: the store's atomic Lua rule.
 - ``client-side``: the fixed rule applied in the client as read-then-write
-  (HGET, decide with :func:`~kvstatus.status.apply_rule`, HSET + PEXPIRE),
+  (HGET, decide with :func:`~kvstatus.rule.apply_rule`, HSET + PEXPIRE),
   without atomicity, as many result backends do.
 - ``pre-fix``: the rule before the upstream fix: an abort writes Failed
   unconditionally (HSET, no TTL: the upstream dict had none); the other updates
@@ -41,13 +41,13 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import redis
 
+from kvstatus.admin.scan import iter_room_keys
 from kvstatus.connection import CLUSTER_SCHEMES, connect, parse_url
-from kvstatus.driver import translate_error
-from kvstatus.embedded import RedisServer, find_redis_server, free_port
+from kvstatus.demo.server import RedisServer, find_redis_server, free_port
 from kvstatus.keys import KeySchema
-from kvstatus.scan import iter_room_keys
-from kvstatus.status import KVPoll, Outcome, apply_rule
+from kvstatus.rule import KVPoll, Outcome, apply_rule
 from kvstatus.store import StatusStore
+from kvstatus.translate import translate_error
 
 IMPLEMENTATIONS = ("kvstatus", "client-side", "pre-fix")
 # fakeredis serves every worker from one Python thread, about 5x slower than redis-server; the default

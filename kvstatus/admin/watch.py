@@ -11,9 +11,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
+from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms
 from kvstatus.keys import KeySchema
-from kvstatus.scan import DEFAULT_BATCH, Progress, iter_rooms
-from kvstatus.status import KVPoll
+from kvstatus.rule import KVPoll
 
 RoomState = tuple[tuple[str, Optional[int]], ...]
 

@@ -16,11 +16,11 @@ from typing import Any, Optional
 
 from redis.cluster import RedisCluster
 
-from kvstatus.driver import REDIS_ERRORS, translate_error
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
 from kvstatus.operations import Call, decode_room
-from kvstatus.status import ParticipantEntry, RoomView
+from kvstatus.rule import ParticipantEntry, RoomView
+from kvstatus.translate import REDIS_ERRORS, translate_error
 
 DEFAULT_BATCH = 500
 PROBE_PARTICIPANT = "kvstatus-doctor-probe"

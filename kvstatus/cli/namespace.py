@@ -9,14 +9,25 @@ from typing import Any, Optional
 
 import click
 
-from kvstatus.audit import bucket_labels, collect_stats
-from kvstatus.changes import KINDS, Snapshot, watch_changes
-from kvstatus.cli.app import STATUS, CliEnv, emit_json, json_option, main, pass_env, status_text, stderr_is_tty, \
-    table, ttl_text
-from kvstatus.doctor import run_checks
+from kvstatus.admin.doctor import run_checks
+from kvstatus.admin.scan import DEFAULT_BATCH
+from kvstatus.admin.stats import bucket_labels, collect_stats
+from kvstatus.admin.watch import KINDS, Snapshot, watch_changes
+from kvstatus.cli.app import (
+    STATUS,
+    CliEnv,
+    emit_json,
+    json_option,
+    main,
+    pass_env,
+    status_text,
+    stderr_is_tty,
+    table,
+    ttl_text,
+)
 from kvstatus.operations import DEFAULT_TTL_SECONDS
-from kvstatus.scan import DEFAULT_BATCH
-from kvstatus.status import KVPoll, Policy, apply_rule, explain as explain_rule
+from kvstatus.rule import KVPoll, Policy, apply_rule
+from kvstatus.rule import explain as explain_rule
 
 MAX_CHANGES_SHOWN = 20
 
@@ -170,7 +181,7 @@ def _current(text: str) -> Optional[KVPoll]:
 def explain(old: str, new: KVPoll, policy: str, as_json: bool) -> None:
     """Explain what the update rule does to a stored OLD status (or 'missing') given NEW. Offline: no Redis.
 
-    Uses kvstatus.status.apply_rule, the reference the tests hold the Lua script to.
+    Uses kvstatus.rule.apply_rule, the reference the tests hold the Lua script to.
     """
     try:
         current = _current(old)

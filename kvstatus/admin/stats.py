@@ -1,6 +1,6 @@
 """Counting and auditing the rooms of a namespace (``kvstatus stats``), without the CLI.
 
-One pass over :func:`kvstatus.scan.iter_rooms`; memory is bounded by the
+One pass over :func:`kvstatus.admin.scan.iter_rooms`; memory is bounded by the
 number of distinct participants and the ``oldest`` heap, not by the rooms.
 """
 
@@ -11,9 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms
 from kvstatus.keys import KeySchema
-from kvstatus.scan import DEFAULT_BATCH, Progress, iter_rooms
-from kvstatus.status import KVPoll, RoomView
+from kvstatus.rule import KVPoll, RoomView
 
 TERMINAL = frozenset({KVPoll.Success, KVPoll.Failed})
 

@@ -1,7 +1,7 @@
 """Health and permission checks of a Redis for kvstatus (``kvstatus doctor``), without the CLI.
 
 Permissions are checked by behaviour: the library's real operations run
-against a probe entry (participant :data:`~kvstatus.scan.PROBE_PARTICIPANT`
+against a probe entry (participant :data:`~kvstatus.admin.scan.PROBE_PARTICIPANT`
 in room :data:`PROBE_ROOM`) with a short TTL, cleared afterwards. ``ls``,
 ``stats`` and ``watch`` never count that entry.
 """
@@ -17,13 +17,13 @@ from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
 from kvstatus import scripts
-from kvstatus.driver import REDIS_ERRORS, translate_error
+from kvstatus.admin.scan import PROBE_PARTICIPANT, iter_room_keys, scan_clients
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS
-from kvstatus.scan import PROBE_PARTICIPANT, iter_room_keys, scan_clients
-from kvstatus.status import KVPoll, RoomView
+from kvstatus.rule import KVPoll, RoomView
 from kvstatus.store import StatusStore
+from kvstatus.translate import REDIS_ERRORS, translate_error
 
 PROBE_ROOM = MAX_ROOM
 PROBE_TTL_SECONDS = 30.0

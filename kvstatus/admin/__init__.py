@@ -1,0 +1,1 @@
+"""Namespace tools over the core: scan, stats, watch, doctor and the ACL recipe."""

@@ -1,0 +1,1 @@
+"""The simulated PD cluster behind ``kvstatus demo``: its workload, baselines and embedded redis-server."""

@@ -1,0 +1,28 @@
+"""Test infrastructure: real ``redis-server`` topologies on free loopback ports (not shipped in the wheel).
+
+The standalone server is the product's own (``kvstatus.demo.server``, the demo's
+embedded Redis); the cluster, Sentinel and TLS launchers live here.
+"""
+
+from kvstatus.demo.server import (
+    RedisServer,
+    RedisServerError,
+    RedisServerNotFound,
+    find_redis_server,
+    free_port,
+)
+from tests.servers.cluster import RedisClusterServers
+from tests.servers.sentinel import RedisSentinelServers
+from tests.servers.tls import TLSFiles, make_tls_files
+
+__all__ = [
+    "RedisClusterServers",
+    "RedisSentinelServers",
+    "RedisServer",
+    "RedisServerError",
+    "RedisServerNotFound",
+    "TLSFiles",
+    "find_redis_server",
+    "free_port",
+    "make_tls_files",
+]

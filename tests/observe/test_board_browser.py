@@ -53,7 +53,7 @@ def browser() -> Iterator[object]:
     options.binary_location = chromium
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,900", f"--user-data-dir={profile}"):
+                 "--disable-dev-shm-usage", "--window-size=1200,780", f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
     try:
@@ -101,6 +101,17 @@ def test_board_renders_counts_and_a_rooms_detail_in_chromium(browser, redis_serv
         strokes = {line.get_attribute("data-status"): line.value_of_css_property("stroke") for line in lines}
         assert strokes["Failed"] == "rgb(214, 69, 69)" and len(set(strokes.values())) == 5, strokes
 
+        with StatusStore.from_url(redis_server.url, namespace=namespace, participant="prefill-0") as store:
+            for step in range(3):  # the cluster moves on: the chart and the live changes follow
+                store.update_many({room: KVPoll.Success for room in range(step * 12, step * 12 + 12)})
+                store.update_many({room: KVPoll.Bootstrapping for room in range(100 + step * 15, 115 + step * 15)})
+                shown = len(browser.find_elements(By.CSS_SELECTOR, "#changes div a"))
+                wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#changes div a")) > shown, 30,
+                           "the change to show up")
+        wait_until(lambda: text("count-rooms") == "125", 30, "the new rooms counted")
+        changes = text("changes")
+        assert "new room 114" in changes and "advanced room 0" in changes, changes
+
         wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.room[data-room='3']"), 30, "the rooms table")
         browser.find_element(By.CSS_SELECTOR, "tr.room[data-room='3']").click()
         wait_until(lambda: text("detail").startswith("room 3"), 30, "room 3's detail")
@@ -121,6 +132,7 @@ def test_board_renders_counts_and_a_rooms_detail_in_chromium(browser, redis_serv
         shot = Path(os.environ.get("KVSTATUS_BOARD_SCREENSHOT") or tmp_path / "board.png")
         browser.execute_script("location.hash = 'room=3'")
         wait_until(lambda: text("detail").startswith("room 3"), 10, "the detail again")
+        browser.execute_script("window.scrollTo(0, 0)")
         assert browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert server.terminate() == 0

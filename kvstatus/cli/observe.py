@@ -57,7 +57,7 @@ def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, int
              pause: float, ttl: float) -> None:
     """Serve Prometheus metrics of one or more namespaces on http://HOST:PORT/metrics (needs kvstatus[metrics]).
 
-    NAMESPACE defaults to --namespace. Counts come from a bounded, incremental
+    [NAMESPACE]... default to --namespace. Counts come from a bounded, incremental
     SCAN every --interval seconds; a scrape reads the last completed pass and
     never touches Redis. Redis down: kvstatus_up 0, and the exporter keeps
     trying. Stops cleanly (exit 0) on SIGTERM or Ctrl-C.

@@ -88,6 +88,49 @@ def is_terminal(view: RoomView) -> bool:
     return all(entry.status in TERMINAL for entry in view.participants.values())
 
 
+class StatsBuilder:
+    """Builds a :class:`Stats` one room at a time; :func:`collect_stats` and incremental passes share it."""
+
+    def __init__(self, *, oldest: int = 5, sample: int = 10) -> None:
+        self.stats = Stats()
+        self._oldest = oldest
+        self._sample = sample
+        self._heap: list[tuple[int, int, RoomView]] = []  # (-ttl_ms, room, view): the `oldest` smallest TTLs
+
+    def corrupt(self, room: int, message: str) -> None:
+        """Count a room holding a value kvstatus does not write (keeping up to ``sample`` messages)."""
+        stats = self.stats
+        stats.corrupted_count += 1
+        if len(stats.corrupted) < self._sample:
+            stats.corrupted.append(message)
+
+    def add(self, view: RoomView) -> None:
+        stats = self.stats
+        stats.rooms += 1
+        for name, entry in view.participants.items():
+            if entry.status is None:
+                continue
+            stats.entries += 1
+            stats.by_status[entry.status] += 1
+            stats.by_participant.setdefault(name, Counter())[entry.status] += 1
+        stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
+        if view.ttl_ms is None:
+            stats.keys_without_ttl_count += 1
+            if len(stats.keys_without_ttl) < self._sample:
+                stats.keys_without_ttl.append(view.room)
+        elif self._oldest > 0 and not is_terminal(view):
+            heap = self._heap
+            item = (-view.ttl_ms, view.room, view)
+            if len(heap) < self._oldest:
+                heapq.heappush(heap, item)
+            elif item > heap[0]:
+                heapq.heapreplace(heap, item)
+
+    def finish(self) -> Stats:
+        self.stats.oldest = [view for _, _, view in sorted(self._heap, reverse=True)]
+        return self.stats
+
+
 def collect_stats(
     client: Any,
     schema: KeySchema,
@@ -102,32 +145,7 @@ def collect_stats(
     Rooms holding values kvstatus does not write are counted as corrupted
     (with up to ``sample`` messages) instead of stopping the audit.
     """
-    stats = Stats()
-    heap: list[tuple[int, int, RoomView]] = []  # (-ttl_ms, room, view): the `oldest` smallest TTLs
-
-    def corrupt(room: int, message: str) -> None:
-        stats.corrupted_count += 1
-        if len(stats.corrupted) < sample:
-            stats.corrupted.append(message)
-
-    for view in iter_rooms(client, schema, batch, progress, corrupt):
-        stats.rooms += 1
-        for name, entry in view.participants.items():
-            if entry.status is None:
-                continue
-            stats.entries += 1
-            stats.by_status[entry.status] += 1
-            stats.by_participant.setdefault(name, Counter())[entry.status] += 1
-        stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
-        if view.ttl_ms is None:
-            stats.keys_without_ttl_count += 1
-            if len(stats.keys_without_ttl) < sample:
-                stats.keys_without_ttl.append(view.room)
-        elif oldest > 0 and not is_terminal(view):
-            item = (-view.ttl_ms, view.room, view)
-            if len(heap) < oldest:
-                heapq.heappush(heap, item)
-            elif item > heap[0]:
-                heapq.heapreplace(heap, item)
-    stats.oldest = [view for _, _, view in sorted(heap, reverse=True)]
-    return stats
+    builder = StatsBuilder(oldest=oldest, sample=sample)
+    for view in iter_rooms(client, schema, batch, progress, builder.corrupt):
+        builder.add(view)
+    return builder.finish()

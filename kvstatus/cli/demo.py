@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 from typing import Iterator, Optional
 
 import click
@@ -75,6 +79,34 @@ def result_table(results: list[DemoResult]) -> str:
                   "LEAKED KEYS", "KEYS WITHOUT TTL", "UPDATES/S"], rows)
 
 
+class _Board:
+    """``kvstatus serve`` of the demo's namespace in a child process (the URL goes by environment, not argv)."""
+
+    def __init__(self, url: str, namespace: str, port: int) -> None:
+        env = {**os.environ, "KVSTATUS_URL": url, "KVSTATUS_NAMESPACE": namespace}
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", "serve", "--port", str(port),
+                                      "--interval", "0.5"], env=env)
+
+    def wait_for_ctrl_c(self) -> None:
+        click.echo("demo: the board and the Redis stay up until Ctrl-C (the run emptied its namespace at the end; "
+                   "the board's chart and recent changes keep what happened)", err=True)
+        try:
+            code = self.proc.wait()
+        except KeyboardInterrupt:
+            return
+        if code != 0:
+            raise click.ClickException(f"the board exited with code {code}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 @main.command()
 @click.option("--prefill", type=click.IntRange(min=1, max=64), default=DEFAULTS.prefill, show_default=True,
               help="Prefill worker processes.")
@@ -90,10 +122,13 @@ def result_table(results: list[DemoResult]) -> str:
 @click.option("--late-share", type=click.FloatRange(0, 1), default=DEFAULTS.late_abort_share, show_default=True,
               help="Share of aborts delivered after the room was cleared (the late-abort race).")
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Random seed, for reproducible runs.")
+@click.option("--serve", "serve_port", type=click.IntRange(0, 65535), metavar="PORT",
+              help="Also run the web board (kvstatus serve) of the kvstatus run on 127.0.0.1:PORT, live during the "
+                   "demo, and keep it and the Redis up afterwards until Ctrl-C (needs kvstatus[web]).")
 @json_option
 @pass_env
 def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms: int, abort_rate: float, late_share: float,
-         seed: int, as_json: bool) -> None:
+         seed: int, serve_port: Optional[int], as_json: bool) -> None:
     """Simulate a PD cluster: the same workload against kvstatus, a client-side read-then-write rule, and the pre-fix rule.
 
     Prefill and decode worker processes run SGLang-like request lifecycles on
@@ -102,19 +137,41 @@ def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms:
     (redis-server if on PATH, else fakeredis) and stops it afterwards.
     """
     namespace = env.namespace or DEFAULT_NAMESPACE
+    if serve_port is not None:
+        try:
+            import kvstatus.observe.board  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException(f"--serve needs the optional 'web' extra ({exc.name} is not installed): "
+                                       "pip install 'kvstatus[web]'") from None
     bar = _Bar()
+    board: Optional[_Board] = None
     try:
         with _redis_for(env) as (url, fake):
             if requests is None:
                 requests = FAKEREDIS_DEFAULT_REQUESTS if fake else DEFAULTS.requests
             config = DemoConfig(prefill=prefill, decode=decode, requests=requests, rooms=rooms,
                                 abort_rate=abort_rate, late_abort_share=late_share, seed=seed)
+            if serve_port is not None:
+                board = _Board(url, f"{namespace}-kvstatus", serve_port)
             try:
                 results = run_demo(url, namespace, config, bar)
             finally:
                 bar.close()
+            if board is not None:
+                _report(results, config, as_json)
+                board.wait_for_ctrl_c()
+                return
     except DemoError as exc:
         raise click.ClickException(str(exc)) from None
+    finally:
+        if board is not None:
+            board.stop()
+    _report(results, config, as_json)
+
+
+def _report(results: list[DemoResult], config: DemoConfig, as_json: bool) -> None:
+    prefill, decode, requests, rooms = config.prefill, config.decode, config.requests, config.rooms
+    abort_rate, late_share, seed = config.abort_rate, config.late_abort_share, config.seed
     if as_json:
         emit_json({"config": config.__dict__, "results": [r.to_json() for r in results]})
         return

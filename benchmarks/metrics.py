@@ -1,0 +1,86 @@
+"""``./dev python -m benchmarks.metrics``: the per-call cost of the library metrics observer (budget <= 2 us per call).
+
+Each hook of :class:`kvstatus.observe.metrics.StoreMetrics` is timed in a
+tight loop (best of ``--repeat`` runs of ``--number`` calls), next to what a
+store pays with metrics off (one ``is not None`` test). "update_status total"
+is what one update_status costs with metrics on: ``on_call`` + ``on_update``.
+Prints microseconds per call; exits 1 if a per-call total exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import timeit
+from typing import Callable, Optional
+
+from prometheus_client import CollectorRegistry
+
+from kvstatus.errors import BackendUnavailableError
+from kvstatus.observe.metrics import StoreMetrics
+from kvstatus.rule import KVPoll, Outcome, UpdateResult
+
+BUDGET_US = 2.0
+
+
+def per_call_us(call: Callable[[], object], number: int, repeat: int) -> float:
+    """Best-of-``repeat`` microseconds per call of ``call``."""
+    return min(timeit.repeat(call, number=number, repeat=repeat)) / number * 1e6
+
+
+def cases(metrics: Optional[StoreMetrics]) -> dict[str, Callable[[], object]]:
+    result = UpdateResult(Outcome.ADVANCED, KVPoll.Transferring)
+    error = BackendUnavailableError("Redis at 127.0.0.1:1 is unreachable")
+    if metrics is None:
+        off: Optional[StoreMetrics] = None
+
+        def update_off() -> None:  # what the send loop does with metrics off
+            if off is not None:
+                off.on_call("update_status", 0.0001)
+                off.on_update(result)
+
+        return {"update_status total (metrics off)": update_off}
+    m = metrics
+
+    def update_on() -> None:
+        if m is not None:
+            m.on_call("update_status", 0.0001)
+            m.on_update(result)
+
+    return {
+        "on_update": lambda: m.on_update(result),
+        "on_call": lambda: m.on_call("update_status", 0.0001),
+        "on_error": lambda: m.on_error(error),
+        "on_resend": m.on_resend,
+        "on_cache_hit": m.on_cache_hit,
+        "set_cache_size": lambda: m.set_cache_size(10),
+        "update_status total (metrics on)": update_on,
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.metrics", description=__doc__)
+    parser.add_argument("--number", type=int, default=200_000, help="calls per timed run")
+    parser.add_argument("--repeat", type=int, default=7, help="timed runs; the best is reported")
+    args = parser.parse_args(argv)
+    metrics = StoreMetrics("bench", "prefill-0", CollectorRegistry())
+    rows = {**cases(None), **cases(metrics)}
+    batch = [UpdateResult(Outcome(1 + i % 7), None) for i in range(1000)]
+    over = []
+    print(f"{'hook':<36} {'us/call':>8}")
+    for name, call in rows.items():
+        us = per_call_us(call, args.number, args.repeat)
+        print(f"{name:<36} {us:>8.3f}")
+        if us > BUDGET_US:
+            over.append(name)
+    us = per_call_us(lambda: metrics.on_updates(batch), max(args.number // 1000, 10), args.repeat)
+    print(f"{'on_updates, 1000 results':<36} {us:>8.1f}  ({us / 1000:.3f} per result)")
+    if over:
+        print(f"over the {BUDGET_US} us budget: {', '.join(over)}", file=sys.stderr)
+        return 1
+    print(f"every per-call hook is within the {BUDGET_US} us budget")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

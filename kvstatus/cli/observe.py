@@ -1,0 +1,115 @@
+"""``exporter`` and ``serve``: Prometheus metrics and the read-only web board (optional extras, imported on use)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+from kvstatus.admin.scan import DEFAULT_BATCH
+from kvstatus.cli.app import CliEnv, main, pass_env
+from kvstatus.keys import KeySchema
+from kvstatus.operations import DEFAULT_TTL_SECONDS
+
+
+def _need(extra: str, what: str, exc: ImportError) -> click.ClickException:
+    return click.ClickException(f"{what} needs the optional '{extra}' extra ({exc.name} is not installed): "
+                                f"pip install 'kvstatus[{extra}]'")
+
+
+def _schemas(env: CliEnv, namespaces: tuple[str, ...]) -> list[KeySchema]:
+    if not namespaces:
+        return [env.schema()]
+    return [KeySchema(ns, env.prefix) for ns in dict.fromkeys(namespaces)]
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+scan_options = [
+    click.option("--interval", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+                 help="Seconds from the start of one pass over the namespace to the start of the next."),
+    click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
+                 help="Keys per SCAN step and per pipelined read."),
+    click.option("--pause", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                 help="Seconds to sleep between batches, capping the load at BATCH/PAUSE keys per second."),
+]
+
+
+def _with_scan_options(command: Any) -> Any:
+    for option in reversed(scan_options):
+        command = option(command)
+    return command
+
+
+@main.command()
+@click.argument("namespaces", nargs=-1, metavar="[NAMESPACE]...")
+@click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True,
+              help="TCP port of /metrics (0: any free port, printed on stderr).")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@_with_scan_options
+@click.option("--ttl", type=click.FloatRange(min=0.001), default=DEFAULT_TTL_SECONDS, show_default=True,
+              help="The store TTL in seconds your workers use; the age of the oldest room is TTL minus its TTL left.")
+@pass_env
+def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, interval: float, batch: int,
+             pause: float, ttl: float) -> None:
+    """Serve Prometheus metrics of one or more namespaces on http://HOST:PORT/metrics (needs kvstatus[metrics]).
+
+    [NAMESPACE]... default to --namespace. Counts come from a bounded, incremental
+    SCAN every --interval seconds; a scrape reads the last completed pass and
+    never touches Redis. Redis down: kvstatus_up 0, and the exporter keeps
+    trying. Stops cleanly (exit 0) on SIGTERM or Ctrl-C.
+    """
+    try:
+        from kvstatus.observe.exporter import run_exporter
+    except ImportError as exc:
+        raise _need("metrics", "kvstatus exporter", exc) from None
+    schemas = _schemas(env, namespaces)
+    _logging()
+
+    def ready(bound_host: str, bound_port: int) -> None:
+        names = ", ".join(s.namespace for s in schemas)
+        click.echo(f"exporter: serving http://{bound_host}:{bound_port}/metrics for {names} "
+                   f"from {env.shown_url} (Ctrl-C or SIGTERM to stop)", err=True)
+
+    try:
+        run_exporter(env.client(), schemas, port=port, host=host, interval=interval, batch=batch, pause=pause,
+                     ttl=ttl, ready=ready)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    click.echo("exporter: stopped", err=True)
+
+
+@main.command()
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="TCP port of the board (0: any free port, printed on stderr).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (the board has no login: expose it only where rooms may be seen).")
+@_with_scan_options
+@pass_env
+def serve(env: CliEnv, port: int, host: str, interval: float, batch: int, pause: float) -> None:
+    """Serve the read-only live web board of a namespace on http://HOST:PORT/ (needs kvstatus[web]).
+
+    Counts by status over time, rooms filtered by status and participant with
+    paging over SCAN cursors, a room's detail, and recent changes. It never
+    writes: a read-only ACL user is enough. --interval defaults to 2 s here.
+    """
+    try:
+        from kvstatus.observe.board import run_board
+    except ImportError as exc:
+        raise _need("web", "kvstatus serve", exc) from None
+    schema = env.schema()
+    _logging()
+    interval_given = click.get_current_context().get_parameter_source("interval")
+    if interval_given == click.core.ParameterSource.DEFAULT:
+        interval = 2.0
+
+    def ready(bound_host: str, bound_port: int) -> None:
+        click.echo(f"serve: board of {schema.namespace} at http://{bound_host}:{bound_port}/ "
+                   f"from {env.shown_url} (Ctrl-C or SIGTERM to stop)", err=True)
+
+    run_board(env.client(), schema, shown_url=env.shown_url, host=host, port=port, interval=interval,
+              batch=batch, pause=pause, ready=ready)
+    click.echo("serve: stopped", err=True)

@@ -1,0 +1,249 @@
+"""``kvstatus serve``: the read-only live web board of a namespace (needs ``kvstatus[web]``: Starlette + uvicorn).
+
+One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
+
+- ``/api/summary``  counts by status and participant from the last completed
+  pass, the history of counts (one point per pass), the Redis URL masked
+- ``/api/rooms?status=&participant=&cursor=&limit=``  one page of rooms,
+  filtered, continuing a SCAN cursor: each request runs at most
+  ``MAX_SCAN_STEPS`` SCAN calls, so a page costs the same at 100 or 100k rooms.
+  A page ends with the SCAN reply that reaches ``limit`` (it may hold a few
+  more rooms) or the step budget (fewer, with a cursor to go on)
+- ``/api/rooms/{room}``  every participant's status and reason, and the TTL
+- ``/api/changes?after=SEQ``  rooms that changed between passes (the change
+  detection of ``kvstatus watch``), newest last
+
+Counts and changes come from a :class:`~kvstatus.observe.scanner.PassLoop` in
+the background (bounded, incremental SCAN); the board only ever reads Redis
+(SCAN, HGETALL, PTTL), so the read-only ACL user of :mod:`kvstatus.admin.acl` is enough.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from collections import deque
+from importlib import resources
+from typing import Any, AsyncIterator, Callable, Optional
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
+
+from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, scan_clients
+from kvstatus.admin.watch import Snapshot, diff
+from kvstatus.errors import InvalidArgumentError, KVStatusError
+from kvstatus.keys import KeySchema, parse_room
+from kvstatus.observe.scanner import PassLoop, PassResult
+from kvstatus.redact import mask_url
+from kvstatus.rule import KVPoll, RoomView, parse_status
+from kvstatus.translate import REDIS_ERRORS, translate_error
+
+MAX_PAGE = 500
+MAX_SCAN_STEPS = 20
+HISTORY_POINTS = 720
+RECENT_CHANGES = 500
+
+
+class Board:
+    """What the endpoints read: the pass loop's last result, the count history, the recent changes."""
+
+    def __init__(self, client: Any, schema: KeySchema, *, shown_url: str, interval: float = 2.0,
+                 batch: int = DEFAULT_BATCH, pause: float = 0.0) -> None:
+        self.client = client
+        self.schema = schema
+        self.shown_url = mask_url(shown_url)
+        self.batch = batch
+        self.loop = PassLoop(client, schema, interval=interval, batch=batch, pause=pause, keep_rooms=True,
+                             oldest=5, on_result=self._on_result)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
+        self.changes: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
+        self._seq = 0
+        self._previous: Optional[Snapshot] = None
+        self._lock = threading.Lock()
+
+    def _on_result(self, result: PassResult) -> None:
+        snapshot = result.snapshot
+        assert snapshot is not None
+        point = {"t": result.finished_at, "rooms": result.stats.rooms,
+                 "by_status": {s.name: result.stats.by_status.get(s, 0) for s in KVPoll}}
+        with self._lock:
+            self.history.append(point)
+            if self._previous is not None:
+                for change in diff(self._previous, snapshot):
+                    self._seq += 1
+                    self.changes.append({"seq": self._seq, "t": result.finished_at, **change.to_json(),
+                                         "room": str(change.room)})  # 63-bit ids overflow JS numbers
+            self._previous = snapshot
+
+    def summary(self) -> dict[str, Any]:
+        state = self.loop.state
+        latest = state.latest
+        document: dict[str, Any] = {
+            "namespace": self.schema.namespace, "url": self.shown_url, "up": state.up,
+            "error": state.last_error, "ready": latest is not None,
+        }
+        with self._lock:
+            document["history"] = list(self.history)
+            document["last_change"] = self._seq
+        if latest is None:
+            return document
+        stats = latest.stats
+        document.update({
+            "pass": {"finished_at": latest.finished_at, "duration_s": latest.duration, "keys": latest.keys_scanned},
+            "rooms": stats.rooms, "entries": stats.entries,
+            "by_status": {s.name: stats.by_status.get(s, 0) for s in KVPoll},
+            "by_participant": {p: {s.name: c.get(s, 0) for s in KVPoll} for p, c in sorted(stats.by_participant.items())},
+            "participants": sorted(stats.by_participant),
+            "keys_without_ttl": stats.keys_without_ttl_count, "corrupted_rooms": stats.corrupted_count,
+            "oldest_non_terminal": [room_json(v) for v in stats.oldest],
+        })
+        return document
+
+    def page(self, cursor: str, limit: int, status: Optional[KVPoll], participant: Optional[str]) -> dict[str, Any]:
+        """One page of matching rooms from ``cursor`` ("<node>-<scan cursor>", "0-0" to start)."""
+        nodes = scan_clients(self.client)
+        node_index, scan_cursor = parse_cursor(cursor, len(nodes))
+        found: list[RoomView] = []
+        steps = scanned = 0
+        while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS:
+            try:
+                scan_cursor, keys = nodes[node_index].scan(cursor=scan_cursor, match=self.schema.scan_pattern,
+                                                           count=max(limit, 100))
+            except REDIS_ERRORS as exc:
+                raise translate_error(exc) from exc
+            steps += 1
+            texts = [k.decode() if isinstance(k, bytes) else k for k in keys]
+            texts = [k for k in texts if self.schema.room_of(k) is not None]
+            scanned += len(texts)
+            if texts:
+                found += [v for v in read_rooms(self.client, self.schema, texts, on_corrupt=lambda *_: None)
+                          if room_matches(v, status, participant)]
+            if int(scan_cursor) == 0:
+                node_index, scan_cursor = node_index + 1, 0
+        done = node_index >= len(nodes)
+        found.sort(key=lambda v: v.room)
+        return {"rooms": [room_json(v) for v in found], "scanned": scanned,
+                "cursor": None if done else f"{node_index}-{scan_cursor}", "done": done}
+
+    def room(self, room: int) -> Optional[dict[str, Any]]:
+        views = read_rooms(self.client, self.schema, [self.schema.room_key(room)])
+        return room_json(views[0]) if views else None
+
+    def changes_after(self, seq: int) -> dict[str, Any]:
+        with self._lock:
+            return {"changes": [c for c in self.changes if c["seq"] > seq], "last": self._seq}
+
+
+def parse_cursor(text: str, nodes: int) -> tuple[int, int]:
+    node, _, cursor = text.partition("-")
+    if not (node.isdigit() and cursor.isdigit()) or int(node) >= max(nodes, 1):
+        raise InvalidArgumentError(f"invalid cursor {text!r}: expected the 'cursor' of a previous page, or 0-0")
+    return int(node), int(cursor)
+
+
+def room_json(view: RoomView) -> dict[str, Any]:
+    return {
+        "room": str(view.room),  # 63-bit ids do not fit a JavaScript number
+        "ttl_ms": view.ttl_ms,
+        "participants": [{"name": name, "status": None if e.status is None else e.status.name,
+                          "status_value": None if e.status is None else int(e.status), "reason": e.reason}
+                         for name, e in sorted(view.participants.items())],
+    }
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": mask_url(message)}, status_code=status)
+
+
+def create_app(board: Board, *, run_loop: bool = True) -> Starlette:
+    """The board's ASGI app. With ``run_loop`` the pass loop runs while the app does (its lifespan)."""
+    page = resources.files("kvstatus.observe").joinpath("board.html").read_text(encoding="utf-8")
+
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        def endpoint(request: Request) -> Any:
+            try:
+                return handler(request)
+            except InvalidArgumentError as exc:
+                return _error(400, str(exc))
+            except KVStatusError as exc:
+                return _error(503, f"{type(exc).__name__}: {exc}")
+        return endpoint
+
+    def index(request: Request) -> HTMLResponse:
+        return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+
+    def summary(request: Request) -> JSONResponse:
+        return JSONResponse(board.summary())
+
+    def rooms(request: Request) -> JSONResponse:
+        query = request.query_params
+        status = parse_status(query["status"]) if query.get("status") else None
+        participant = query.get("participant") or None
+        limit_text = query.get("limit", "50")
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
+            raise InvalidArgumentError(f"invalid limit {limit_text!r}: expected 1..{MAX_PAGE}")
+        return JSONResponse(board.page(query.get("cursor") or "0-0", int(limit_text), status, participant))
+
+    def room(request: Request) -> JSONResponse:
+        found = board.room(parse_room(request.path_params["room"]))
+        if found is None:
+            return _error(404, f"room {request.path_params['room']} has no entry in {board.schema.namespace}")
+        return JSONResponse(found)
+
+    def changes(request: Request) -> JSONResponse:
+        after = request.query_params.get("after", "0")
+        if not after.isdigit():
+            raise InvalidArgumentError(f"invalid after {after!r}: expected a change number")
+        return JSONResponse(board.changes_after(int(after)))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if run_loop:
+            board.loop.start()
+        try:
+            yield
+        finally:
+            if run_loop:
+                board.loop.stop()
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/api/summary", guarded(summary), methods=["GET"]),
+        Route("/api/rooms", guarded(rooms), methods=["GET"]),
+        Route("/api/rooms/{room}", guarded(room), methods=["GET"]),
+        Route("/api/changes", guarded(changes), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def run_board(client: Any, schema: KeySchema, *, shown_url: str, host: str = "127.0.0.1", port: int = 8080,
+              interval: float = 2.0, batch: int = DEFAULT_BATCH, pause: float = 0.0,
+              ready: Optional[Callable[[str, int], None]] = None) -> int:
+    """Serve the board until SIGTERM or SIGINT; returns 0. ``ready(host, port)`` once the port is bound."""
+    import uvicorn
+
+    board = Board(client, schema, shown_url=shown_url, interval=interval, batch=batch, pause=pause)
+    app = create_app(board)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    if ready is not None:
+        ready(host, sock.getsockname()[1])
+    # uvicorn re-raises the signal that stopped it once its own handlers are gone; these make that a clean exit.
+    stopped: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, _frame: stopped.append(number))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()
+    return 0

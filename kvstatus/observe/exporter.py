@@ -1,0 +1,150 @@
+"""``kvstatus exporter``: Prometheus ``/metrics`` for one or more namespaces (needs ``kvstatus[metrics]``).
+
+Each namespace has a :class:`~kvstatus.observe.scanner.PassLoop` that walks it
+with a bounded, incremental SCAN every ``interval`` seconds; a scrape only
+reads the last completed pass, so scraping never touches Redis. While Redis
+does not answer, ``kvstatus_up`` is 0 and the room gauges are left out (a gap
+in the graphs, not stale numbers); the exporter keeps running and recovers by
+itself.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Optional
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvstatus.admin.stats import bucket_labels
+from kvstatus.keys import KeySchema
+from kvstatus.observe.scanner import LostParticipants, PassLoop
+from kvstatus.operations import DEFAULT_TTL_SECONDS
+from kvstatus.rule import KVPoll
+
+DEFAULT_PORT = 9808
+
+METRICS: dict[str, str] = {
+    "kvstatus_up": "1 if Redis answered the exporter's last read of this namespace, else 0.",
+    "kvstatus_rooms": "Live rooms in the namespace (last completed pass).",
+    "kvstatus_entries": "Rooms in which a participant has a status: one entry per (room, participant).",
+    "kvstatus_keys_without_ttl": "Room keys without a TTL: a leak, kvstatus never writes one.",
+    "kvstatus_corrupted_rooms": "Rooms holding a value kvstatus does not write (skipped by the counts).",
+    "kvstatus_rooms_by_ttl_left": "Live rooms by TTL left, in buckets of seconds.",
+    "kvstatus_oldest_non_terminal_age_seconds": "Seconds since the last write of the non-terminal room that went "
+    "longest without progress (store TTL minus its TTL left); 0 if there is none.",
+    "kvstatus_rooms_on_lost_participants": "Rooms holding an entry of a participant whose lease is lost "
+    "(0 while no lease source is configured: see kvstatus_lease_tracking).",
+    "kvstatus_lease_tracking": "1 if rooms on lost participants are computed from participant leases, else 0.",
+    "kvstatus_exporter_scan_duration_seconds": "Seconds the last completed pass over the namespace took.",
+    "kvstatus_exporter_scanned_keys": "Keys the last completed pass read.",
+    "kvstatus_exporter_last_success_timestamp_seconds": "Unix time the last pass completed (0: none yet).",
+    "kvstatus_exporter_scan_errors": "Passes that ended because Redis failed.",
+}
+"""Every metric the exporter serves (names without a counter's ``_total``), with its help text."""
+
+
+class NamespaceCollector(Collector):
+    """Turns the state of each namespace's :class:`PassLoop` into metric families at scrape time."""
+
+    def __init__(self, loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS) -> None:
+        self.loops = list(loops)
+        self.ttl = ttl
+
+    def collect(self) -> Iterable[Metric]:
+        def gauge(name: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, METRICS[name], labels=["namespace", *labels])
+
+        up = gauge("kvstatus_up")
+        rooms, entries = gauge("kvstatus_rooms"), gauge("kvstatus_entries", ["participant", "status"])
+        no_ttl, corrupted = gauge("kvstatus_keys_without_ttl"), gauge("kvstatus_corrupted_rooms")
+        by_ttl = gauge("kvstatus_rooms_by_ttl_left", ["bucket"])
+        oldest, lost = gauge("kvstatus_oldest_non_terminal_age_seconds"), gauge("kvstatus_rooms_on_lost_participants")
+        leases = gauge("kvstatus_lease_tracking")
+        duration, scanned = gauge("kvstatus_exporter_scan_duration_seconds"), gauge("kvstatus_exporter_scanned_keys")
+        success = gauge("kvstatus_exporter_last_success_timestamp_seconds")
+        errors = CounterMetricFamily("kvstatus_exporter_scan_errors", METRICS["kvstatus_exporter_scan_errors"],
+                                     labels=["namespace"])
+        for loop in self.loops:
+            state = loop.state
+            ns = state.namespace
+            up.add_metric([ns], 1.0 if state.up else 0.0)
+            errors.add_metric([ns], state.errors)
+            latest = state.latest
+            success.add_metric([ns], latest.finished_at if latest else 0.0)
+            if latest is None:
+                continue
+            duration.add_metric([ns], latest.duration)
+            scanned.add_metric([ns], latest.keys_scanned)
+            if not state.up:
+                continue
+            stats = latest.stats
+            rooms.add_metric([ns], stats.rooms)
+            for participant, counts in sorted(stats.by_participant.items()):
+                for status in KVPoll:
+                    entries.add_metric([ns, participant, status.name], counts.get(status, 0))
+            no_ttl.add_metric([ns], stats.keys_without_ttl_count)
+            corrupted.add_metric([ns], stats.corrupted_count)
+            for label in bucket_labels():
+                by_ttl.add_metric([ns, label], stats.ttl_left.get(label, 0))
+            age = 0.0
+            if stats.oldest and stats.oldest[0].ttl_ms is not None:
+                age = max(self.ttl - stats.oldest[0].ttl_ms / 1000, 0.0)
+            oldest.add_metric([ns], age)
+            lost.add_metric([ns], latest.rooms_on_lost_participants)
+            leases.add_metric([ns], 1.0 if latest.lease_tracking else 0.0)
+        return [up, rooms, entries, no_ttl, corrupted, by_ttl, oldest, lost, leases, duration, scanned, success, errors]
+
+
+def build_registry(loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS) -> CollectorRegistry:
+    """A registry with the namespaces' collector and the exporter's own process metrics."""
+    registry = CollectorRegistry()
+    registry.register(NamespaceCollector(loops, ttl))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def make_loops(client: Any, schemas: Sequence[KeySchema], *, interval: float, batch: int, pause: float,
+               lost_participants: Optional[LostParticipants] = None) -> list[PassLoop]:
+    return [PassLoop(client, schema, interval=interval, batch=batch, pause=pause,
+                     lost_participants=lost_participants) for schema in schemas]
+
+
+def run_exporter(client: Any, schemas: Sequence[KeySchema], *, port: int = DEFAULT_PORT, host: str = "0.0.0.0",
+                 interval: float = 15.0, batch: int = 500, pause: float = 0.0, ttl: float = DEFAULT_TTL_SECONDS,
+                 lost_participants: Optional[LostParticipants] = None,
+                 ready: Optional[Callable[[str, int], None]] = None,
+                 stop: Optional[threading.Event] = None) -> int:
+    """Serve ``/metrics`` until SIGTERM or SIGINT (or ``stop`` is set); returns 0 (the exit code).
+
+    ``ready(host, port)`` is called once the port is bound (``port=0`` picks a free one).
+    Signal handlers are installed only when called from the main thread.
+    """
+    stop = stop or threading.Event()
+    loops = make_loops(client, schemas, interval=interval, batch=batch, pause=pause,
+                       lost_participants=lost_participants)
+    server, thread = start_http_server(port, addr=host, registry=build_registry(loops, ttl))
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        for loop in loops:
+            loop.start()
+        if ready is not None:
+            bound_host, bound_port = server.server_address[:2]
+            ready(str(bound_host), int(bound_port))
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for loop in loops:
+            loop.stop()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

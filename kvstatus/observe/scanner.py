@@ -1,0 +1,199 @@
+"""A bounded, incremental pass over a namespace, repeated on an interval in a background thread.
+
+Shared by ``kvstatus exporter`` and ``kvstatus serve``. A pass is the SCAN of
+:func:`kvstatus.admin.scan.iter_room_keys` advanced one batch per step (one
+SCAN call plus one pipelined HGETALL+PTTL round trip of at most ``batch``
+keys), with an optional pause between steps, so Redis never runs a long
+command on our behalf and the load is capped at ``batch / pause`` keys per
+second. Readers only ever see the last *completed* pass.
+
+Counting is :class:`kvstatus.admin.stats.StatsBuilder`, the code behind
+``kvstatus stats``; the optional per-room snapshot is
+:class:`kvstatus.admin.watch.Snapshot`, the state ``kvstatus watch`` diffs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from kvstatus.admin.scan import DEFAULT_BATCH, iter_room_keys, read_rooms
+from kvstatus.admin.stats import Stats, StatsBuilder
+from kvstatus.admin.watch import RoomState, Snapshot
+from kvstatus.errors import KVStatusError
+from kvstatus.keys import KeySchema
+from kvstatus.redact import mask_url
+from kvstatus.rule import KVPoll, RoomView
+
+log = logging.getLogger("kvstatus.observe")
+
+LostParticipants = Callable[[Any, KeySchema], Collection[str]]
+"""(client, schema) -> the participants whose lease is lost, asked once at the start of each pass.
+
+kvstatus has no participant leases yet (issue 12). The lease helper plugs in
+here: rooms holding an entry of a returned participant are counted as rooms on
+lost participants. Without one, that count is reported as 0 and
+:attr:`PassResult.lease_tracking` is False.
+"""
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one completed pass found. Times: ``finished_at`` Unix seconds, ``duration`` seconds."""
+
+    namespace: str
+    stats: Stats
+    snapshot: Optional[Snapshot]
+    rooms_on_lost_participants: int
+    lease_tracking: bool
+    keys_scanned: int
+    finished_at: float
+    duration: float
+
+
+class NamespacePass:
+    """One pass over ``schema``'s namespace; :meth:`step` reads one batch and returns True once the pass is done."""
+
+    def __init__(self, client: Any, schema: KeySchema, *, batch: int = DEFAULT_BATCH, oldest: int = 1,
+                 keep_rooms: bool = False, lost_participants: Optional[LostParticipants] = None) -> None:
+        self.client = client
+        self.schema = schema
+        self._keys: Iterator[list[str]] = iter_room_keys(client, schema, batch)
+        self._builder = StatsBuilder(oldest=oldest)
+        self._rooms: Optional[dict[int, RoomState]] = {} if keep_rooms else None
+        self._by_status: Counter = Counter()
+        self._lost = frozenset(lost_participants(client, schema)) if lost_participants is not None else frozenset()
+        self._lease_tracking = lost_participants is not None
+        self._on_lost = 0
+        self._scanned = 0
+        self._started = time.monotonic()
+        self.result: Optional[PassResult] = None
+
+    def step(self) -> bool:
+        """Read the next batch; True when the pass is complete (``result`` is then set). Raises KVStatusError."""
+        if self.result is not None:
+            return True
+        keys = next(self._keys, None)
+        if keys is None:
+            self._finish()
+            return True
+        self._scanned += len(keys)
+        for view in read_rooms(self.client, self.schema, keys, self._builder.corrupt):
+            self._add(view)
+        return False
+
+    def _add(self, view: RoomView) -> None:
+        self._builder.add(view)
+        if self._lost and not self._lost.isdisjoint(view.participants):
+            self._on_lost += 1
+        if self._rooms is not None:
+            state = tuple((n, None if e.status is None else int(e.status)) for n, e in view.participants.items())
+            previous = self._rooms.get(view.room)
+            if previous is not None:  # SCAN returned the key twice
+                self._by_status.subtract(KVPoll(s) for _, s in previous if s is not None)
+            self._rooms[view.room] = state
+            self._by_status.update(KVPoll(s) for _, s in state if s is not None)
+
+    def _finish(self) -> None:
+        stats = self._builder.finish()
+        snapshot = None
+        if self._rooms is not None:
+            snapshot = Snapshot(self._rooms, +self._by_status, stats.corrupted_count)
+        self.result = PassResult(self.schema.namespace, stats, snapshot, self._on_lost, self._lease_tracking,
+                                 self._scanned, time.time(), time.monotonic() - self._started)
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """What readers see: the last completed pass, and whether Redis answered the last step (``up``)."""
+
+    namespace: str
+    up: bool
+    latest: Optional[PassResult]
+    last_error: Optional[str]
+    errors: int
+    passes: int
+
+
+class PassLoop:
+    """Runs passes over one namespace every ``interval`` seconds in a daemon thread; never raises out of it.
+
+    ``pause`` seconds are slept between batches (0: none). A Redis error ends
+    the pass, sets ``up`` False and the next pass is tried after ``interval``
+    (the previous completed pass stays in ``latest``). ``on_result`` is called
+    in the loop's thread after each completed pass.
+    """
+
+    def __init__(self, client: Any, schema: KeySchema, *, interval: float = 15.0, batch: int = DEFAULT_BATCH,
+                 pause: float = 0.0, keep_rooms: bool = False, oldest: int = 1,
+                 lost_participants: Optional[LostParticipants] = None,
+                 on_result: Optional[Callable[[PassResult], None]] = None) -> None:
+        self.client = client
+        self.schema = schema
+        self.interval = interval
+        self.batch = batch
+        self.pause = pause
+        self.keep_rooms = keep_rooms
+        self.oldest = oldest
+        self.lost_participants = lost_participants
+        self.on_result = on_result
+        self._state = LoopState(schema.namespace, False, None, None, 0, 0)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def state(self) -> LoopState:
+        return self._state
+
+    def start(self) -> "PassLoop":
+        self._thread = threading.Thread(target=self._run, name=f"kvstatus-pass-{self.schema.namespace}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the loop to stop and wait up to ``timeout`` seconds (it stops between batches)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_once(self) -> Optional[PassResult]:
+        """Run one pass in the calling thread; None if Redis failed or the loop was stopped."""
+        try:
+            current = NamespacePass(self.client, self.schema, batch=self.batch, oldest=self.oldest,
+                                    keep_rooms=self.keep_rooms, lost_participants=self.lost_participants)
+            while not current.step():
+                self._set(up=True)
+                if self._stop.is_set() or (self.pause and self._stop.wait(self.pause)):
+                    return None
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any failure; it is logged, masked
+            message = mask_url(str(exc)) if isinstance(exc, KVStatusError) else mask_url(f"{type(exc).__name__}: {exc}")
+            if not self._state.last_error:
+                log.warning("namespace %s: pass failed: %s", self.schema.namespace, message)
+            self._set(up=False, last_error=message, errors=self._state.errors + 1)
+            return None
+        result = current.result
+        assert result is not None
+        if self._state.last_error:
+            log.warning("namespace %s: Redis answers again", self.schema.namespace)
+        self._set(up=True, latest=result, last_error=None, passes=self._state.passes + 1)
+        if self.on_result is not None:
+            try:
+                self.on_result(result)
+            except Exception:  # noqa: BLE001 - a reader's bug must not stop the passes
+                log.exception("namespace %s: on_result failed", self.schema.namespace)
+        return result
+
+    def _set(self, **changes: Any) -> None:
+        old = self._state
+        self._state = LoopState(**{**old.__dict__, **changes})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.run_once()
+            self._stop.wait(max(self.interval - (time.monotonic() - started), 0.05))

@@ -1,0 +1,138 @@
+"""The board in a real browser: Debian's headless Chromium driven by selenium through /usr/bin/chromedriver.
+
+No browser is downloaded: selenium is pointed at the system chromium and
+chromedriver (Debian packages ``chromium`` and ``chromium-driver``). Without
+them the test skips saying so; with CI=true it fails. Set
+KVSTATUS_BOARD_SCREENSHOT=path to keep the screenshot (docs/board.png is made so).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from kvstatus import KVPoll, StatusStore
+from kvstatus.demo.server import RedisServer
+from tests.observe.support import ServerProcess, wait_until
+from tests.support import fresh_namespace, real_redis_required
+
+pytestmark = pytest.mark.real
+
+CHROMIUM = ("/usr/bin/chromium", "chromium")
+CHROMEDRIVER = ("/usr/bin/chromedriver", "chromium-driver")
+
+
+def _find(path: str, name: str) -> str:
+    found = path if os.access(path, os.X_OK) else shutil.which(Path(path).name)
+    if found is None:
+        message = (f"{Path(path).name} is not installed, so the board's browser test cannot run "
+                   f"(Debian: apt-get install {name})")
+        if real_redis_required():
+            pytest.fail(message + "; CI requires it", pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    chromium, chromedriver = _find(*CHROMIUM), _find(*CHROMEDRIVER)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        if real_redis_required():
+            pytest.fail("selenium is not installed (pip install 'kvstatus[test]'); CI requires it", pytrace=False)
+        pytest.skip("selenium is not installed (pip install 'kvstatus[test]')")
+    profile = tempfile.mkdtemp(prefix="kvstatus-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1200,780", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def populate(url: str, namespace: str) -> dict[str, int]:
+    """A small PD cluster's rooms, written through the library; returns the expected entries by status."""
+    plan = {"prefill-0": range(0, 40), "prefill-1": range(40, 80), "decode-0": range(0, 80)}
+    for participant, rooms in plan.items():
+        with StatusStore.from_url(url, namespace=namespace, participant=participant) as store:
+            store.update_many({room: KVPoll(1 + room % 4) for room in rooms})
+            if participant == "decode-0":
+                store.update_many({room: KVPoll.Failed for room in range(3, 80, 10)})
+                store.record_failure(3, "decode-0: KV transfer timed out after 300 s")
+    with StatusStore.from_url(url, namespace=namespace) as store:
+        counts = {s.name: 0 for s in KVPoll}
+        for participant in plan:
+            for status in store.for_participant(participant).get_many(range(80)).values():
+                if status is not None:
+                    counts[status.name] += 1
+    return counts
+
+
+def test_board_renders_counts_and_a_rooms_detail_in_chromium(browser, redis_server: RedisServer,
+                                                             tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    namespace = fresh_namespace("browser")
+    expected = populate(redis_server.url, namespace)
+    with ServerProcess("--url", redis_server.url, "--namespace", namespace, "serve", "--port", "0",
+                       "--interval", "0.5") as server:
+        browser.get(server.base + "/")
+        text = lambda element_id: browser.find_element(By.ID, element_id).text
+        wait_until(lambda: text("count-rooms") == "80", 30, "the rendered room count")
+        assert text("namespace") == namespace
+        for status, count in expected.items():
+            assert text(f"count-{status}") == str(count), status
+        assert text("count-nottl") == "0"
+        lines = browser.find_elements(By.CSS_SELECTOR, "#chart polyline")
+        assert len(lines) == 5
+        strokes = {line.get_attribute("data-status"): line.value_of_css_property("stroke") for line in lines}
+        assert strokes["Failed"] == "rgb(214, 69, 69)" and len(set(strokes.values())) == 5, strokes
+
+        with StatusStore.from_url(redis_server.url, namespace=namespace, participant="prefill-0") as store:
+            for step in range(3):  # the cluster moves on: the chart and the live changes follow
+                store.update_many({room: KVPoll.Success for room in range(step * 12, step * 12 + 12)})
+                store.update_many({room: KVPoll.Bootstrapping for room in range(100 + step * 15, 115 + step * 15)})
+                shown = len(browser.find_elements(By.CSS_SELECTOR, "#changes div a"))
+                wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#changes div a")) > shown, 30,
+                           "the change to show up")
+        wait_until(lambda: text("count-rooms") == "125", 30, "the new rooms counted")
+        changes = text("changes")
+        assert "new room 114" in changes and "advanced room 0" in changes, changes
+
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.room[data-room='3']"), 30, "the rooms table")
+        browser.find_element(By.CSS_SELECTOR, "tr.room[data-room='3']").click()
+        wait_until(lambda: text("detail").startswith("room 3"), 30, "room 3's detail")
+        detail = text("detail")
+        for line in ("prefill-0 Success -", "decode-0 Failed decode-0: KV transfer timed out after 300 s"):
+            assert line in detail, detail
+        assert "prefill-1" not in detail
+        ttl = float(text("detail-ttl").split()[0])
+        assert 500 < ttl <= 600
+
+        browser.execute_script("document.getElementById('f-status').value = 'Failed';"
+                               "document.getElementById('f-participant').value = 'decode-0';")
+        browser.find_element(By.ID, "apply").click()
+        wait_until(lambda:
+                   {e.get_attribute("data-room") for e in browser.find_elements(By.CSS_SELECTOR, "tr.room")}
+                   == {str(r) for r in range(3, 80, 10)}, 30, "the Failed rooms of decode-0")
+
+        shot = Path(os.environ.get("KVSTATUS_BOARD_SCREENSHOT") or tmp_path / "board.png")
+        browser.execute_script("location.hash = 'room=3'")
+        wait_until(lambda: text("detail").startswith("room 3"), 10, "the detail again")
+        browser.execute_script("window.scrollTo(0, 0)")
+        assert browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert server.terminate() == 0

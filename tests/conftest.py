@@ -13,7 +13,7 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from tests.servers import RedisClusterServers, RedisServer
-from tests.support import Backend, require_redis_server
+from tests.helpers.backends import Backend, require_redis_server
 
 
 @pytest.fixture(scope="session")

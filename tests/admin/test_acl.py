@@ -16,12 +16,13 @@ from kvstatus.admin.acl import (
     read_write_commands,
     sentinel_acl_rules,
 )
+from tests.helpers import ROOT
 from tests.servers import RedisClusterServers, RedisSentinelServers, RedisServer
-from tests.support import require_redis_server
+from tests.helpers.backends import require_redis_server
 
 ADMIN_SECRET = "admin-Secr3t"
 USER_SECRET = "worker-Pa55"
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 
 
 def _add_users(client) -> None:

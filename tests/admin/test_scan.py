@@ -19,7 +19,7 @@ from kvstatus.admin.watch import (
 )
 from kvstatus.keys import KeySchema
 from tests.servers import RedisClusterServers
-from tests.support import fresh_namespace
+from tests.helpers.backends import fresh_namespace
 
 
 def test_batches_are_bounded_and_cover_every_room_once() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import PROBE_PARTICIPANT
-from tests.cli_support import assert_clean_failure, invoke, json_lines
+from tests.helpers.cli import assert_clean_failure, invoke, json_lines
 
 NS = "prod-a"
 

@@ -9,9 +9,9 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import PROBE_PARTICIPANT
-from tests.cli_support import assert_clean_failure, json_lines, run_cli
+from tests.helpers.cli import assert_clean_failure, json_lines, run_cli
 from tests.servers import RedisServer
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace, require_redis_server
 
 pytestmark = pytest.mark.real
 
@@ -153,7 +153,7 @@ def test_watch_exits_cleanly_on_ctrl_c(env: dict[str, str]) -> None:
 @pytest.mark.slow
 def test_doctor_and_ls_on_a_sentinel_master_client() -> None:
     """Through the CLI's client seam: a Sentinel-managed master client, as redis+sentinel:// URLs will build."""
-    from tests.cli_support import invoke
+    from tests.helpers.cli import invoke
     from tests.servers import RedisSentinelServers
 
     require_redis_server()

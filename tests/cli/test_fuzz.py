@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstatus import KVPoll, StatusStore
-from tests.cli_support import invoke
+from tests.helpers.cli import invoke
 
 SECRET = "hunter2-not-shown"
 COMMANDS = ["clear", "doctor", "explain", "get", "ls", "set", "stats", "watch"]

@@ -9,9 +9,10 @@ import click
 import pytest
 
 from kvstatus.cli import main
-from tests.cli_support import invoke
+from tests.helpers import ROOT
+from tests.helpers.cli import invoke
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = ROOT / "README.md"
 COMMANDS = sorted(main.commands)
 
 

@@ -11,9 +11,9 @@ from click.testing import Result
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.connection import connect
-from tests.cli_support import assert_clean_failure, invoke, json_lines
+from tests.helpers.cli import assert_clean_failure, invoke, json_lines
 from tests.servers import RedisClusterServers, RedisServer
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace, require_redis_server
 
 pytestmark = pytest.mark.real
 

@@ -10,7 +10,7 @@ from redis.cluster import key_slot
 
 from kvstatus import AsyncStatusStore, KVPoll, Outcome, StatusStore, apply_rule, scripts
 from tests.servers import RedisClusterServers
-from tests.support import fresh_namespace
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 

@@ -20,7 +20,7 @@ from kvstatus import (
 from kvstatus.connection import ConnectionOptions, connect, parse_url
 from kvstatus.redact import mask_url
 from tests.servers import RedisServer, free_port, make_tls_files
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace, require_redis_server
 
 SECRET = "s3cr3t-Pa55"
 

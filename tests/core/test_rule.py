@@ -7,7 +7,7 @@ from typing import Optional
 import pytest
 
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
-from tests.support import Backend, all_combinations
+from tests.helpers.backends import Backend, all_combinations
 
 COMBINATIONS = list(all_combinations())
 POLICIES = [Policy.SEED, Policy.STRICT]

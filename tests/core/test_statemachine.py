@@ -14,7 +14,7 @@ from hypothesis.stateful import (
 )
 
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
-from tests.support import Backend, fresh_namespace
+from tests.helpers.backends import Backend, fresh_namespace
 
 ROOMS = st.sampled_from([0, 1, 2, 2**63 - 1])
 PARTICIPANTS = st.sampled_from(["default", "prefill-0", "decode-1"])

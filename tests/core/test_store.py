@@ -17,7 +17,7 @@ from kvstatus import (
     Outcome,
 )
 from kvstatus.operations import MAX_REASON_BYTES
-from tests.support import Backend
+from tests.helpers.backends import Backend
 
 BAD_ROOMS = [True, False, -1, 2**63, 1.0, "1", None, b"1"]
 BAD_STATUSES = [True, -1, 5, 2.0, "Failed", None]

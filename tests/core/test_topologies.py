@@ -26,7 +26,7 @@ from tests.servers import (
     TLSFiles,
     make_tls_files,
 )
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace, require_redis_server
 
 SECRET = "Top-s3cret-pw"
 SENTINEL_SECRET = "Sentinel-s3cret"

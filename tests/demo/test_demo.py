@@ -11,7 +11,7 @@ import pytest
 from fakeredis import TcpFakeServer
 
 from kvstatus.demo.workload import DemoConfig, run_demo
-from tests.cli_support import invoke, run_cli
+from tests.helpers.cli import invoke, run_cli
 from tests.servers import free_port
 
 SMALL = ("--requests", "120", "--seed", "7")
@@ -34,7 +34,7 @@ def assert_kvstatus_clean_prefix_broken(rows: dict[str, dict], requests: int) ->
 
 @pytest.mark.real
 def test_demo_on_embedded_redis_server(tmp_path) -> None:
-    from tests.support import require_redis_server
+    from tests.helpers.backends import require_redis_server
 
     require_redis_server()
     result = run_cli("demo", *SMALL, "--json")

@@ -27,7 +27,7 @@ from tests.servers import (
     find_redis_server,
     free_port,
 )
-from tests.support import require_redis_server
+from tests.helpers.backends import require_redis_server
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import yaml
 
 from kvstatus.connection import parse_url
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 README = (ROOT / "README.md").read_text()

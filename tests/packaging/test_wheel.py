@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tests.servers import RedisServer
 
-ROOT = Path(__file__).resolve().parent.parent
 
 SMOKE = """
 import sys

@@ -18,9 +18,9 @@ import fakeredis
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
-from tests.failover import Workload
+from tests.helpers.failover import Workload
 from tests.servers import RedisClusterServers, RedisSentinelServers
-from tests.support import SyncAdapter, fresh_namespace, require_redis_server
+from tests.helpers.backends import SyncAdapter, fresh_namespace, require_redis_server
 
 # A resend budget above the slowest failover these small groups take (node timeout 1 s,
 # down-after 1 s): 0.1+0.2+0.4+0.8+1.6+2+2 = 7.1 s. The default 3.1 s is tight here.

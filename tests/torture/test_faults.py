@@ -25,7 +25,7 @@ from kvstatus import (
     scripts,
 )
 from tests.servers import RedisServer
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace, require_redis_server
 
 pytestmark = pytest.mark.real
 

@@ -20,7 +20,7 @@ from kvstatus import (
     UpdateResult,
 )
 from tests.servers import RedisServer
-from tests.support import fresh_namespace
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvstatus.rule import KVPoll, Outcome, Policy
-from tests.history import Call, find_violations, linearizable, run_history
+from tests.helpers.history import Call, find_violations, linearizable, run_history
 from tests.servers import RedisServer
-from tests.support import fresh_namespace
+from tests.helpers.backends import fresh_namespace
 
 
 def _update(thread: str, start: int, end: int, status: KVPoll, outcome: Outcome, after: KVPoll | None) -> Call:

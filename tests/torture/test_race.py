@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.race import run_race
+from tests.helpers.race import run_race
 from tests.servers import RedisServer
-from tests.support import fresh_namespace
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 

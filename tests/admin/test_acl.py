@@ -18,7 +18,6 @@ from kvstatus.admin.acl import (
 )
 from tests.helpers import ROOT
 from tests.servers import RedisClusterServers, RedisSentinelServers, RedisServer
-from tests.helpers.backends import require_redis_server
 
 ADMIN_SECRET = "admin-Secr3t"
 USER_SECRET = "worker-Pa55"
@@ -32,7 +31,6 @@ def _add_users(client) -> None:
 
 @pytest.fixture(scope="module")
 def acl_server() -> Iterator[RedisServer]:
-    require_redis_server()
     with RedisServer(password=ADMIN_SECRET) as server:
         with server.client() as admin:
             _add_users(admin)
@@ -120,7 +118,6 @@ def test_readme_recipe_is_the_library_recipe() -> None:
 
 @pytest.mark.real
 def test_sentinel_user_of_the_recipe_finds_the_master() -> None:
-    require_redis_server()
     with RedisSentinelServers(password=ADMIN_SECRET) as group:
         for sentinel in group.sentinels:
             with sentinel.client() as client:

@@ -11,7 +11,7 @@ from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import PROBE_PARTICIPANT
 from tests.helpers.cli import assert_clean_failure, json_lines, run_cli
 from tests.servers import RedisServer
-from tests.helpers.backends import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -26,7 +26,6 @@ def env(redis_server: RedisServer) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def locked_server() -> Iterator[RedisServer]:
     """A redis-server with a password on the default user, and two ACL users for doctor."""
-    require_redis_server()
     with RedisServer(password=SECRET) as server:
         admin = server.client()
         admin.execute_command("ACL", "SETUSER", "reader", "on", f">{SECRET}", "~kvstatus:*", "+@read", "+evalsha",
@@ -156,7 +155,6 @@ def test_doctor_and_ls_on_a_sentinel_master_client() -> None:
     from tests.helpers.cli import invoke
     from tests.servers import RedisSentinelServers
 
-    require_redis_server()
     with RedisSentinelServers() as group:
         store = StatusStore(group.client(), namespace="sent")
         store.update_status(11, KVPoll.Transferring)

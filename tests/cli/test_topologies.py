@@ -13,7 +13,7 @@ from kvstatus.admin.acl import acl_rules
 from kvstatus.connection import connect
 from tests.helpers.cli import assert_clean_failure, invoke, json_lines
 from tests.servers import RedisClusterServers, RedisServer
-from tests.helpers.backends import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -49,7 +49,6 @@ def test_ls_stats_watch_and_doctor_cover_every_cluster_primary(redis_cluster: Re
 
 @pytest.fixture(scope="module")
 def acl_server() -> Iterator[RedisServer]:
-    require_redis_server()
     with RedisServer(password=ADMIN) as server:
         with server.client() as admin:
             admin.execute_command("ACL", "SETUSER", "worker", *acl_rules("prod-a", password=SECRET))

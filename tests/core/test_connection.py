@@ -20,7 +20,7 @@ from kvstatus import (
 from kvstatus.connection import ConnectionOptions, connect, parse_url
 from kvstatus.redact import mask_url
 from tests.servers import RedisServer, free_port, make_tls_files
-from tests.helpers.backends import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
 
 SECRET = "s3cr3t-Pa55"
 
@@ -118,7 +118,6 @@ async def test_unreachable_server_async() -> None:
 
 @pytest.fixture(scope="module")
 def password_server():
-    require_redis_server()
     with RedisServer(password=SECRET) as server:
         yield server
 
@@ -158,7 +157,6 @@ def test_refused_credentials_are_not_retried(password_server: RedisServer) -> No
 
 @pytest.mark.real
 def test_unix_socket(tmp_path: Path) -> None:
-    require_redis_server()
     sock = tmp_path / "redis.sock"
     with RedisServer(extra_args=["--unixsocket", str(sock), "--unixsocketperm", "700"]):
         with StatusStore.from_url(f"unix://{sock}?db=1", namespace=fresh_namespace()) as store:
@@ -168,7 +166,6 @@ def test_unix_socket(tmp_path: Path) -> None:
 
 @pytest.mark.real
 def test_tls(tmp_path: Path) -> None:
-    require_redis_server()
     tls = make_tls_files(tmp_path)
     with RedisServer(tls=tls) as server:
         url = f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={tls.ca}"

@@ -26,7 +26,7 @@ from tests.servers import (
     TLSFiles,
     make_tls_files,
 )
-from tests.helpers.backends import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
 
 SECRET = "Top-s3cret-pw"
 SENTINEL_SECRET = "Sentinel-s3cret"
@@ -94,21 +94,18 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
 
 @pytest.fixture(scope="module")
 def tls_standalone(tls_files: TLSFiles) -> Iterator[RedisServer]:
-    require_redis_server()
     with RedisServer(tls=tls_files, password=SECRET, tls_auth_clients="yes") as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def tls_cluster(tls_files: TLSFiles) -> Iterator[RedisClusterServers]:
-    require_redis_server()
     with RedisClusterServers(tls=tls_files, password=SECRET) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
 def tls_sentinel(tls_files: TLSFiles) -> Iterator[RedisSentinelServers]:
-    require_redis_server()
     with RedisSentinelServers(tls=tls_files, password=SECRET, sentinel_password=SENTINEL_SECRET) as group:
         yield group
 

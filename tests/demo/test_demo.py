@@ -34,9 +34,6 @@ def assert_kvstatus_clean_prefix_broken(rows: dict[str, dict], requests: int) ->
 
 @pytest.mark.real
 def test_demo_on_embedded_redis_server(tmp_path) -> None:
-    from tests.helpers.backends import require_redis_server
-
-    require_redis_server()
     result = run_cli("demo", *SMALL, "--json")
     assert result.returncode == 0, result.stderr
     assert "embedded redis-server" in result.stderr and "embedded server stopped" in result.stderr

@@ -27,15 +27,6 @@ from tests.servers import (
     find_redis_server,
     free_port,
 )
-from tests.helpers.backends import require_redis_server
-
-
-@pytest.fixture
-def redis_binary() -> str:
-    return require_redis_server()
-
-
-needs_redis = pytest.mark.usefixtures("redis_binary")
 
 
 def _no_retry_client(host: str, port: int, **kwargs: object) -> redis.Redis:
@@ -81,7 +72,7 @@ def test_missing_binary_raises_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_
 # ------------------------------------------------------------------------ standalone
 
 
-@needs_redis
+@pytest.mark.real
 def test_start_and_stop() -> None:
     with RedisServer() as server:
         pid, port = server.pid, server.port
@@ -101,7 +92,7 @@ def test_start_and_stop() -> None:
     server.stop()
 
 
-@needs_redis
+@pytest.mark.real
 def test_restart_keeps_port_and_drops_data() -> None:
     with RedisServer() as server:
         port, old_pid = server.port, server.pid
@@ -114,7 +105,7 @@ def test_restart_keeps_port_and_drops_data() -> None:
             assert client.get("k") is None
 
 
-@needs_redis
+@pytest.mark.real
 def test_kill_then_restart() -> None:
     with RedisServer() as server:
         pid = server.pid
@@ -128,7 +119,7 @@ def test_kill_then_restart() -> None:
         assert server.client().ping()
 
 
-@needs_redis
+@pytest.mark.real
 def test_password() -> None:
     with RedisServer(password="p@ss word") as server:
         assert server.url == f"redis://:p%40ss%20word@127.0.0.1:{server.port}/0"
@@ -139,7 +130,7 @@ def test_password() -> None:
         assert server.client().ping()
 
 
-@needs_redis
+@pytest.mark.real
 def test_acl_file(tmp_path: Path) -> None:
     acl = tmp_path / "users.acl"
     acl.write_text("user default off\nuser alice on >secret ~* &* +@all\n")
@@ -150,7 +141,7 @@ def test_acl_file(tmp_path: Path) -> None:
             _no_retry_client(server.host, server.port).ping()
 
 
-@needs_redis
+@pytest.mark.real
 def test_start_retries_on_a_taken_port(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
@@ -167,7 +158,7 @@ def test_start_retries_on_a_taken_port(monkeypatch: pytest.MonkeyPatch) -> None:
             RedisServer(port=taken).start()
 
 
-@needs_redis
+@pytest.mark.real
 def test_startup_failure_reports_log_tail() -> None:
     server = RedisServer(extra_args=["--no-such-directive", "x"])
     with pytest.raises(RedisServerError, match="Bad directive"):
@@ -175,7 +166,7 @@ def test_startup_failure_reports_log_tail() -> None:
     assert server.pid is None
 
 
-@needs_redis
+@pytest.mark.real
 def test_servers_are_stopped_at_interpreter_exit() -> None:
     code = "from kvstatus.demo.server import RedisServer; print(RedisServer().start().pid)"
     package_root = str(Path(embedded.__file__).resolve().parents[1])
@@ -195,7 +186,7 @@ def _tls_generators() -> list[object]:
     ]
 
 
-@needs_redis
+@pytest.mark.real
 @pytest.mark.parametrize("generate", _tls_generators())
 def test_tls(generate: Callable[[Path], TLSFiles], tmp_path: Path) -> None:
     files = generate(tmp_path)
@@ -207,7 +198,7 @@ def test_tls(generate: Callable[[Path], TLSFiles], tmp_path: Path) -> None:
             _no_retry_client(server.host, server.port).ping()
 
 
-@needs_redis
+@pytest.mark.real
 def test_tls_client_certificate_required(tmp_path: Path) -> None:
     files = tls_files.make_tls_files(tmp_path)
     with RedisServer(tls=files, tls_auth_clients="yes") as server:
@@ -219,7 +210,7 @@ def test_tls_client_certificate_required(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- cluster
 
 
-@needs_redis
+@pytest.mark.real
 @pytest.mark.slow
 def test_cluster_of_three_masters() -> None:
     with RedisClusterServers() as cluster:
@@ -243,7 +234,7 @@ def test_cluster_of_three_masters() -> None:
     assert all(node.pid is None for node in cluster.nodes)
 
 
-@needs_redis
+@pytest.mark.real
 @pytest.mark.slow
 def test_cluster_failover_after_master_is_killed() -> None:
     with RedisClusterServers(replicas=1, password="pw") as cluster:
@@ -270,7 +261,7 @@ def test_cluster_failover_after_master_is_killed() -> None:
 # -------------------------------------------------------------------------- sentinel
 
 
-@needs_redis
+@pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("password", [None, 'p w"1'])
 def test_sentinel_failover(password: str | None) -> None:
@@ -296,7 +287,7 @@ def test_sentinel_failover(password: str | None) -> None:
     assert all(server.pid is None for server in [*group.sentinels, *group.nodes])
 
 
-@needs_redis
+@pytest.mark.real
 @pytest.mark.slow
 def test_sentinel_promotes_replica_when_master_is_killed() -> None:
     with RedisSentinelServers() as group:

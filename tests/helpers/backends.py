@@ -8,27 +8,10 @@ import itertools
 import os
 from typing import Any, Callable, Iterator, Optional
 
-import pytest
 
 from kvstatus import AsyncStatusStore, StatusStore
-from tests.servers import find_redis_server
 
 _namespaces = itertools.count()
-
-
-def real_redis_required() -> bool:
-    """True in CI (or when asked): a missing redis-server then fails the real tier instead of skipping it."""
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes") or os.environ.get("KVSTATUS_REQUIRE_REDIS") == "1"
-
-
-def require_redis_server() -> str:
-    path = find_redis_server()
-    if path is None:
-        message = "redis-server is not on PATH, so the real-Redis tier cannot run (Debian: apt-get install redis-server)"
-        if real_redis_required():
-            pytest.fail(message + "; CI requires it", pytrace=False)
-        pytest.skip(message)
-    return path
 
 
 def fresh_namespace(tag: str = "t") -> str:

@@ -20,7 +20,7 @@ import pytest
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from tests.helpers.failover import Workload
 from tests.servers import RedisClusterServers, RedisSentinelServers
-from tests.helpers.backends import SyncAdapter, fresh_namespace, require_redis_server
+from tests.helpers.backends import SyncAdapter, fresh_namespace
 
 # A resend budget above the slowest failover these small groups take (node timeout 1 s,
 # down-after 1 s): 0.1+0.2+0.4+0.8+1.6+2+2 = 7.1 s. The default 3.1 s is tight here.
@@ -72,7 +72,6 @@ def _report(kind: str, took: float, workloads: list[Workload]) -> None:
 
 @pytest.mark.real
 def test_store_follows_a_promoted_cluster_replica() -> None:
-    require_redis_server()
     with RedisClusterServers(masters=3, replicas=1) as cluster:
         workloads, close = _workloads(cluster.url)
         victim = cluster.masters()[0]
@@ -100,7 +99,6 @@ def test_store_follows_a_promoted_cluster_replica() -> None:
 
 @pytest.mark.real
 def test_store_follows_a_sentinel_failover() -> None:
-    require_redis_server()
     with RedisSentinelServers(password="data-pw") as group:
         workloads, close = _workloads(group.url)
         old = group.current_master_address()

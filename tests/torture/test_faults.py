@@ -25,7 +25,7 @@ from kvstatus import (
     scripts,
 )
 from tests.servers import RedisServer
-from tests.helpers.backends import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -105,7 +105,6 @@ def _hammer(name: str, call: Callable[[int], Any], rooms: itertools.count, stop:
 
 
 def test_clients_ride_out_a_redis_restart_without_lying() -> None:
-    require_redis_server()
     namespace = fresh_namespace("restart")
     server = RedisServer(extra_args=["--save", "", "--appendonly", "no"]).start()
     patient = StatusStore.from_url(server.url, namespace=namespace)  # default retries: about 3 s of backoff

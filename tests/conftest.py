@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from tests.servers import RedisClusterServers, RedisServer
 from tests.helpers.backends import Backend
-from tests.helpers.tiers import (  # noqa: F401  (pytest finds hooks and fixtures by name here)
+from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures by name here
     _redis_server_needs_the_real_marker,
     pytest_collection_modifyitems,
     pytest_runtest_setup,

@@ -1,10 +1,10 @@
-"""Cluster and Sentinel URLs, TLS on every topology, and credentials that never leak."""
+"""TLS on every topology (standalone, cluster, Sentinel) and credentials that never leak, on real servers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -16,9 +16,6 @@ from kvstatus import (
     Outcome,
     StatusStore,
 )
-from kvstatus.connection import _ssl_kwargs, parse_url
-from kvstatus.errors import InvalidURLError
-from kvstatus.redact import mask_url
 from tests.servers import (
     RedisClusterServers,
     RedisSentinelServers,
@@ -30,58 +27,6 @@ from tests.helpers.backends import fresh_namespace
 
 SECRET = "Top-s3cret-pw"
 SENTINEL_SECRET = "Sentinel-s3cret"
-
-
-@pytest.mark.parametrize(
-    "url, scheme, hosts, service, db",
-    [
-        ("redis+cluster://a:7000,b:7001", "redis+cluster", (("a", 7000), ("b", 7001)), None, 0),
-        ("rediss+cluster://u:pw@a:7000?ssl_ca_certs=/ca.pem", "rediss+cluster", (("a", 7000),), None, 0),
-        ("redis+sentinel://s1:26379,s2:26380/mymaster", "redis+sentinel", (("s1", 26379), ("s2", 26380)),
-         "mymaster", 0),
-        ("rediss+sentinel://:pw@s1:26379/prod-redis/2?sentinel_password=x", "rediss+sentinel",
-         (("s1", 26379),), "prod-redis", 2),
-    ],
-)
-def test_cluster_and_sentinel_urls_parse(url: str, scheme: str, hosts: Any, service: Any, db: int) -> None:
-    parsed = parse_url(url)
-    assert (parsed.scheme, parsed.hosts, parsed.service, parsed.db) == (scheme, hosts, service, db)
-    assert parsed.tls is scheme.startswith("rediss")
-
-
-@pytest.mark.parametrize(
-    "url, complaint",
-    [
-        ("redis+sentinel://s1:26379", "needs /service_name"),
-        ("redis+sentinel://s1:26379/mymaster/x", "database is not a number"),
-        ("redis+cluster://a:7000/3", "only database 0"),
-        ("redis://h?sentinel_password=x", "sentinel_\\* options need redis\\+sentinel://"),
-        ("redis+cluster://a:notaport", "bad port"),
-    ],
-)
-def test_bad_topology_urls_name_the_problem(url: str, complaint: str) -> None:
-    with pytest.raises(InvalidURLError, match=complaint):
-        parse_url(url)
-
-
-def test_every_password_is_masked() -> None:
-    url = f"rediss+sentinel://user:{SECRET}@s1:1,s2:2/svc/0?sentinel_username=s&sentinel_password={SENTINEL_SECRET}"
-    for text in (mask_url(url), repr(parse_url(url)), parse_url(url).masked):
-        assert SECRET not in text and SENTINEL_SECRET not in text
-    assert mask_url(url).endswith("sentinel_password=***")
-    with pytest.raises(InvalidURLError) as info:
-        parse_url(url.replace("svc/0", "svc/zero"))
-    assert SECRET not in str(info.value) and SENTINEL_SECRET not in str(info.value)
-
-
-def test_tls_options_pass_through() -> None:
-    parsed = parse_url("rediss+cluster://a:1?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k"
-                       "&ssl_check_hostname=false&ssl_cert_reqs=optional")
-    from kvstatus.connection import ConnectionOptions
-
-    assert _ssl_kwargs(parsed.query, ConnectionOptions()) == {
-        "ssl": True, "ssl_ca_certs": "/ca", "ssl_certfile": "/c", "ssl_keyfile": "/k",
-        "ssl_check_hostname": False, "ssl_cert_reqs": "optional"}
 
 
 # ------------------------------------------------------------------ real TLS groups

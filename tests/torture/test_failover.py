@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Callable
 
-import fakeredis
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
@@ -111,21 +110,3 @@ def test_store_follows_a_sentinel_failover() -> None:
                 assert workload.audit(group.client()) == []
         finally:
             close()
-
-
-def test_the_audit_catches_resurrected_rooms_and_keys_without_ttl() -> None:
-    raw = fakeredis.FakeRedis()
-    store = StatusStore(raw, namespace="audit")
-    workload = Workload(store, rooms=200)
-    for _ in range(3):
-        workload.step()
-    assert workload.audit(raw) == []
-    untouched = next(r for r in range(200) if not workload.history[r])
-    raw.hset(store.keys.room_key(untouched), store.participant, "0")  # a late abort resurrecting a room
-    never_success = next(r for r in range(200) if workload.history[r]
-                         and all(change != KVPoll.Success for change, _ in workload.history[r]))
-    raw.hset(store.keys.room_key(never_success), store.participant, "4")
-    problems = workload.audit(raw)
-    assert any(f"room {untouched} is {KVPoll.Failed!r}" in p for p in problems)
-    assert any(f"{{{untouched}}} has no TTL" in p for p in problems)
-    assert any(f"room {never_success} is {KVPoll.Success!r}" in p for p in problems)

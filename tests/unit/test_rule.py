@@ -45,19 +45,53 @@ SEED_TABLE: dict[tuple[Optional[KVPoll], KVPoll], tuple[Outcome, Optional[KVPoll
     (S, S): (Outcome.UNCHANGED, S),
 }
 
-STRICT_DIFFERENCES = {
+# (stored, new) -> (outcome, result) under strict, written out row by row from DESIGN §2 on its own (not
+# derived from SEED_TABLE), so a wrong row in either table, or in apply_rule, cannot hide behind the other.
+STRICT_TABLE: dict[tuple[Optional[KVPoll], KVPoll], tuple[Outcome, Optional[KVPoll]]] = {
+    (None, F): (Outcome.IGNORED_MISSING, None),
+    (None, B): (Outcome.CREATED, B),
+    (None, W): (Outcome.CREATED, W),
     (None, T): (Outcome.REFUSED_CREATE, None),
     (None, S): (Outcome.REFUSED_CREATE, None),
+    (F, F): (Outcome.UNCHANGED, F),
     (F, B): (Outcome.REFUSED_TERMINAL, F),
     (F, W): (Outcome.REFUSED_TERMINAL, F),
     (F, T): (Outcome.REFUSED_TERMINAL, F),
     (F, S): (Outcome.REFUSED_TERMINAL, F),
+    (B, F): (Outcome.FAILED, F),
+    (B, B): (Outcome.UNCHANGED, B),
+    (B, W): (Outcome.ADVANCED, W),
+    (B, T): (Outcome.ADVANCED, T),
+    (B, S): (Outcome.ADVANCED, S),
+    (W, F): (Outcome.FAILED, F),
+    (W, B): (Outcome.UNCHANGED, W),
+    (W, W): (Outcome.UNCHANGED, W),
+    (W, T): (Outcome.ADVANCED, T),
+    (W, S): (Outcome.ADVANCED, S),
+    (T, F): (Outcome.FAILED, F),
+    (T, B): (Outcome.UNCHANGED, T),
+    (T, W): (Outcome.UNCHANGED, T),
+    (T, T): (Outcome.UNCHANGED, T),
+    (T, S): (Outcome.ADVANCED, S),
+    (S, F): (Outcome.FAILED, F),
+    (S, B): (Outcome.UNCHANGED, S),
+    (S, W): (Outcome.UNCHANGED, S),
+    (S, T): (Outcome.UNCHANGED, S),
+    (S, S): (Outcome.UNCHANGED, S),
 }
-STRICT_TABLE = {**SEED_TABLE, **STRICT_DIFFERENCES}
+EVERY_PAIR = {(current, new) for current in (None, *KVPoll) for new in KVPoll}
+# DESIGN §2: strict closes exactly two holes (late creates, leaving Failed) and is "otherwise as seed".
+STRICT_HOLES = {(None, T), (None, S), (F, B), (F, W), (F, T), (F, S)}
 
 
-def test_tables_cover_every_pair() -> None:
-    assert len(SEED_TABLE) == 6 * 5 == len(STRICT_TABLE)
+@pytest.mark.parametrize("table", [SEED_TABLE, STRICT_TABLE], ids=["seed", "strict"])
+def test_tables_cover_every_pair(table: dict) -> None:
+    assert set(table) == EVERY_PAIR
+
+
+def test_the_tables_differ_exactly_where_design_says_strict_differs() -> None:
+    assert {pair for pair in EVERY_PAIR if SEED_TABLE[pair] != STRICT_TABLE[pair]} == STRICT_HOLES
+    assert all(STRICT_TABLE[pair][0] in (Outcome.REFUSED_CREATE, Outcome.REFUSED_TERMINAL) for pair in STRICT_HOLES)
 
 
 @pytest.mark.parametrize("policy, table", [(Policy.SEED, SEED_TABLE), (Policy.STRICT, STRICT_TABLE)])

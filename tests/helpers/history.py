@@ -12,8 +12,9 @@ An ``update_many`` is checked as one call per room it touches, all with the
 same interval. Linearizability is local, so checking entries one by one is
 the same as checking the whole store.
 
-:class:`NaiveStore` is the same API done client-side (HGET, decide in
-Python, HSET): the check must reject it, which proves it has teeth.
+With ``naive=True`` the workers use the client-side read-then-write baseline
+(:class:`kvstatus.demo.baselines.ClientSideStore`, its race window widened):
+the check must reject it, which proves it has teeth.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from typing import Any, NamedTuple, Optional
 import redis
 
 from kvstatus import KVPoll, StatusStore, apply_rule
-from kvstatus.rule import Outcome, Policy, UpdateResult
+from kvstatus.demo.baselines import make_store
+from kvstatus.rule import Outcome, Policy
 
 # An entry's state: (status value or None, reason or None).
 State = tuple[Optional[int], Optional[str]]
 EMPTY: State = (None, None)
+RACE_WINDOW = 0.0005
+"""Seconds the client-side baseline sleeps between read and write (a real client's window, widened)."""
 
 
 class Call(NamedTuple):
@@ -113,61 +117,10 @@ def find_violations(calls: list[Call], policy: Policy = Policy.SEED) -> list[tup
     return [entry for entry, history in sorted(by_entry.items()) if not linearizable(history, policy)]
 
 
-class NaiveStore:
-    """The store's API as a client-side read-decide-write: not atomic, so concurrent calls interfere."""
-
-    def __init__(self, client: redis.Redis, namespace: str, participant: str, policy: Policy) -> None:
-        self._policy = policy
-        self._keys = StatusStore(client, namespace=namespace, participant=participant).keys
-        self._client = client
-        self._field = participant
-        self._reason = f"reason:{participant}"
-
-    def _read(self, key: str) -> State:
-        status, reason = self._client.hmget(key, self._field, self._reason)
-        return (None if status is None else int(status), None if reason is None else reason.decode())
-
-    def _write(self, key: str, state: State) -> None:
-        time.sleep(0.0005)  # the window a real client-side read-modify-write has, widened
-        status, reason = state
-        self._client.hdel(key, self._field, self._reason)
-        if status is not None:
-            self._client.hset(key, self._field, str(status))
-            if reason is not None:
-                self._client.hset(key, self._reason, reason)
-            self._client.pexpire(key, 600_000)
-
-    def _apply(self, room: int, kind: str, arg: Any) -> Any:
-        key = self._keys.room_key(room)
-        before = self._read(key)
-        after, result = step(before, kind, arg, self._policy)
-        if after != before:
-            self._write(key, after)
-        return result
-
-    def update_status(self, room: int, status: KVPoll) -> UpdateResult:
-        outcome, after = self._apply(room, "update", int(status))
-        return UpdateResult(Outcome(outcome), None if after is None else KVPoll(after))
-
-    def update_many(self, updates: dict[int, KVPoll]) -> dict[int, UpdateResult]:
-        return {room: self.update_status(room, status) for room, status in updates.items()}
-
-    def clear(self, room: int) -> bool:
-        return self._apply(room, "clear", None)
-
-    def record_failure(self, room: int, reason: str) -> bool:
-        return self._apply(room, "fail", reason)
-
-    def get(self, room: int) -> Optional[KVPoll]:
-        status = self._read(self._keys.room_key(room))[0]
-        return None if status is None else KVPoll(status)
-
-
 def _make_store(url: str, namespace: str, participant: str, naive: bool, policy: Policy) -> Any:
-    client = redis.Redis.from_url(url)
-    if naive:
-        return NaiveStore(client, namespace, participant, policy)
-    return StatusStore(client, namespace=namespace, participant=participant, policy=policy)
+    implementation = "client-side" if naive else "kvstatus"
+    return make_store(implementation, redis.Redis.from_url(url), namespace, participant=participant, policy=policy,
+                      race_window=RACE_WINDOW)
 
 
 def _thread_calls(url: str, namespace: str, name: str, seed: int, rooms: list[int], participants: list[str],

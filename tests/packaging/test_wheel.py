@@ -37,10 +37,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def test_wheel_ships_the_lua_scripts(wheel: Path) -> None:
+def test_wheel_ships_the_lua_scripts_and_no_test_infrastructure(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    for script in sorted(p.name for p in (ROOT / "lua").glob("*.lua")):
+    scripts = sorted(p.name for p in (ROOT / "lua").glob("*.lua"))
+    assert {"update.lua", "record_failure.lua", "get_many.lua"} <= set(scripts)  # an empty glob would pass below
+    for script in scripts:
         assert f"kvstatus/lua/{script}" in names
+    assert "kvstatus/demo/server.py" in names
+    outside = [n for n in names if not n.startswith(("kvstatus/", "kvstatus-"))]
+    assert outside == [], "the wheel ships files outside the package"
+    assert not [n for n in names if "/tests/" in n or n.startswith("tests/") or n.startswith("benchmarks/")]
 
 
 @pytest.mark.real

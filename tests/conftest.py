@@ -1,4 +1,9 @@
-"""Backends for the semantic tests: fakeredis and real redis-server processes, each sync and async."""
+"""Fixtures shared by every folder: real servers and the backends of the semantic tests.
+
+The tiers (markers ``unit``, ``real``, ``slow``) and the one way to require a
+real redis-server are in :mod:`tests.helpers.tiers`, whose hooks are imported
+here; tests/README.md says which folder holds what.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +18,17 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from tests.servers import RedisClusterServers, RedisServer
-from tests.support import Backend, require_redis_server
+from tests.helpers.backends import Backend
+from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures by name here
+    _redis_server_needs_the_real_marker,
+    pytest_collection_modifyitems,
+    pytest_runtest_setup,
+)
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """A real redis-server started for this test session on a free loopback port."""
-    require_redis_server()
     with RedisServer() as server:
         yield server
 
@@ -27,7 +36,6 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterServers]:
     """A real 3-master Redis Cluster (no replicas) started for this test session."""
-    require_redis_server()
     with RedisClusterServers(masters=3) as cluster:
         yield cluster
 

@@ -13,12 +13,9 @@ the late-abort race.
 Implementations (same workload, same seed):
 
 - ``kvstatus``: the store's atomic Lua rule.
-- ``client-side``: the fixed rule applied in the client as read-then-write
-  (HGET, decide with :func:`~kvstatus.rule.apply_rule`, HSET + PEXPIRE),
-  without atomicity, as many result backends do.
-- ``pre-fix``: the rule before the upstream fix: an abort writes Failed
-  unconditionally (HSET, no TTL: the upstream dict had none); the other updates
-  go through kvstatus.
+- ``client-side`` and ``pre-fix``: the baselines of :mod:`kvstatus.demo.baselines`,
+  the fixed rule as a client-side read-then-write, and the rule before the
+  upstream fix (an abort writes Failed unconditionally).
 
 Measured per implementation: requests; resurrected rooms (abort writes that
 re-created a participant's cleared entry, from the write's own reply);
@@ -43,13 +40,13 @@ import redis
 
 from kvstatus.admin.scan import iter_room_keys
 from kvstatus.connection import CLUSTER_SCHEMES, connect, parse_url
+from kvstatus.demo.baselines import BASELINES, make_store
 from kvstatus.demo.server import RedisServer, find_redis_server, free_port
 from kvstatus.keys import KeySchema
-from kvstatus.rule import KVPoll, Outcome, apply_rule
-from kvstatus.store import StatusStore
+from kvstatus.rule import KVPoll, Outcome
 from kvstatus.translate import translate_error
 
-IMPLEMENTATIONS = ("kvstatus", "client-side", "pre-fix")
+IMPLEMENTATIONS = ("kvstatus", *BASELINES)
 # fakeredis serves every worker from one Python thread, about 5x slower than redis-server; the default
 # size on it is cut so that a default run still takes well under 30 s.
 FAKEREDIS_DEFAULT_REQUESTS = 300
@@ -110,16 +107,17 @@ class DemoResult:
 # -- the three implementations, as each worker process sees them
 
 
-class KvstatusImpl:
-    """The store: every update is the atomic Lua rule."""
+class _Participants:
+    """One implementation's stores (kvstatus or a baseline of :mod:`kvstatus.demo.baselines`), per participant."""
 
-    def __init__(self, client: redis.Redis, namespace: str, ttl: float) -> None:
-        self._stores: dict[str, StatusStore] = {}
-        self._base = StatusStore(client, namespace=namespace, ttl=ttl)
+    def __init__(self, implementation: str, client: redis.Redis, namespace: str, ttl: float) -> None:
+        self._make = lambda participant: make_store(implementation, client, namespace, participant=participant,
+                                                    ttl=ttl)
+        self._stores: dict[str, Any] = {}
 
-    def store(self, participant: str) -> StatusStore:
+    def store(self, participant: str) -> Any:
         if participant not in self._stores:
-            self._stores[participant] = self._base.for_participant(participant)
+            self._stores[participant] = self._make(participant)
         return self._stores[participant]
 
     def get(self, room: int, participant: str) -> Optional[KVPoll]:
@@ -131,38 +129,6 @@ class KvstatusImpl:
 
     def clear(self, room: int, participant: str) -> None:
         self.store(participant).clear(room)
-
-
-class PreFixImpl(KvstatusImpl):
-    """Before the upstream fix: an abort writes Failed whether or not the entry still exists."""
-
-    def update(self, room: int, status: KVPoll, participant: str) -> bool:
-        if status != KVPoll.Failed:
-            return super().update(room, status, participant)
-        store = self.store(participant)
-        return store.client.hset(store.keys.room_key(room), participant, int(KVPoll.Failed)) == 1
-
-
-class ClientSideImpl(KvstatusImpl):
-    """The fixed rule, decided in the client between a read and a write (no atomicity)."""
-
-    def update(self, room: int, status: KVPoll, participant: str) -> bool:
-        store = self.store(participant)
-        current = store.get(room)
-        result = apply_rule(current, status)
-        if result.outcome not in (Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED):
-            return False
-        key = store.keys.room_key(room)
-        created = store.client.hset(key, participant, int(status)) == 1
-        store.client.pexpire(key, round(store.ttl * 1000))
-        return created
-
-
-_IMPLS: dict[str, Callable[[redis.Redis, str, float], KvstatusImpl]] = {
-    "kvstatus": KvstatusImpl,
-    "client-side": ClientSideImpl,
-    "pre-fix": PreFixImpl,
-}
 
 
 # -- one worker process
@@ -185,7 +151,7 @@ class _Worker:
         self.config = config
         self.inboxes = inboxes
         self.progress = progress
-        self.impl = _IMPLS[implementation](connect(url), namespace, config.ttl)
+        self.impl = _Participants(implementation, connect(url), namespace, config.ttl)
         self.rng = random.Random(config.seed * 1_000_003 + index)
         pool = index if index < config.prefill else index - config.prefill
         self.rooms = [1_000_000 * (pool + 1) + i for i in range(config.rooms)]

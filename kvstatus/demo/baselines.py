@@ -1,0 +1,134 @@
+"""The broken stores the demo (and the tests' race and history checks) compare kvstatus against.
+
+Each has the :class:`~kvstatus.store.StatusStore` methods a worker uses
+(``update_status``, ``update_many``, ``get``, ``clear``, ``record_failure``)
+and keeps the same keys (:class:`~kvstatus.keys.KeySchema`), so one workload
+runs unchanged on kvstatus and on a baseline:
+
+- :class:`ClientSideStore`: the *fixed* rule decided in the client between a
+  read and a write (HGET, :func:`~kvstatus.rule.apply_rule`, HSET + PEXPIRE),
+  as many result backends do. Used alone it gives the same answers as
+  kvstatus; used concurrently a write can act on a status that changed since
+  it was read, so a late abort can resurrect a cleared room.
+- :class:`PreFixStore`: the rule before the upstream fix: an abort writes
+  Failed whether or not the entry still exists (HSET, no TTL, as the upstream
+  dict had none); every other call goes through kvstatus.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Optional
+
+from kvstatus.keys import DEFAULT_PARTICIPANT, KeySchema, reason_field
+from kvstatus.rule import KVPoll, Outcome, Policy, UpdateResult, apply_rule, to_status
+from kvstatus.store import StatusStore
+
+BASELINES = ("client-side", "pre-fix")
+
+
+class ClientSideStore:
+    """The store's API as a client-side read-decide-write: right when alone, not atomic.
+
+    ``race_window`` (seconds) is slept between the read and the write: 0 is an
+    honest client; tests widen it so that a race shows up in few operations.
+    """
+
+    def __init__(self, client: Any, namespace: str, *, participant: str = DEFAULT_PARTICIPANT,
+                 ttl: float = 600.0, policy: Policy | str = Policy.SEED, race_window: float = 0.0) -> None:
+        self.client = client
+        self.schema = KeySchema(namespace)
+        self.participant = participant
+        self.policy = Policy(policy)
+        self._ttl_ms = round(ttl * 1000)
+        self._reason = reason_field(participant)
+        self._race_window = race_window
+
+    def _key(self, room: int) -> str:
+        return self.schema.room_key(room)
+
+    def _pause(self) -> None:
+        if self._race_window > 0:
+            time.sleep(self._race_window)
+
+    def get(self, room: int) -> Optional[KVPoll]:
+        value = self.client.hget(self._key(room), self.participant)
+        return None if value is None else KVPoll(int(value))
+
+    def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
+        """Read, decide with the reference rule, write: the outcome is the rule's, CREATED from HSET's reply."""
+        status = to_status(status)
+        key = self._key(room)
+        current = self.get(room)
+        result = apply_rule(current, status, self.policy)
+        self._pause()
+        if result.outcome in (Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED):
+            created = self.client.hset(key, self.participant, str(int(status))) == 1
+            if result.outcome is Outcome.ADVANCED and current is KVPoll.Failed:
+                self.client.hdel(key, self._reason)  # as kvstatus: leaving Failed drops the old reason
+            self.client.pexpire(key, self._ttl_ms)
+            if created:
+                return UpdateResult(Outcome.CREATED, status)
+        elif result.outcome is Outcome.UNCHANGED:
+            self.client.pexpire(key, self._ttl_ms)
+        return result
+
+    def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
+        return {room: self.update_status(room, status) for room, status in updates.items()}
+
+    def clear(self, room: int) -> bool:
+        return bool(self.client.hdel(self._key(room), self.participant, self._reason))
+
+    def record_failure(self, room: int, reason: str) -> bool:
+        """Record ``reason`` if the entry exists and has none yet (read, then write)."""
+        key = self._key(room)
+        exists, earlier = self.client.hmget(key, self.participant, self._reason)
+        if exists is None or earlier is not None:
+            return False
+        self._pause()
+        self.client.hset(key, self._reason, reason)
+        self.client.pexpire(key, self._ttl_ms)
+        return True
+
+
+class PreFixStore:
+    """kvstatus, except that an abort writes Failed unconditionally (HSET, no TTL), as before the upstream fix."""
+
+    def __init__(self, client: Any, namespace: str, *, participant: str = DEFAULT_PARTICIPANT,
+                 ttl: float = 600.0, policy: Policy | str = Policy.SEED) -> None:
+        self.client = client
+        self.schema = KeySchema(namespace)
+        self.participant = participant
+        self._store = StatusStore(client, namespace=namespace, participant=participant, ttl=ttl, policy=policy)
+
+    def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
+        """A Failed update is CREATED when its HSET made the field (a resurrection), else FAILED."""
+        if to_status(status) is not KVPoll.Failed:
+            return self._store.update_status(room, status)
+        created = self.client.hset(self.schema.room_key(room), self.participant, str(int(KVPoll.Failed))) == 1
+        return UpdateResult(Outcome.CREATED if created else Outcome.FAILED, KVPoll.Failed)
+
+    def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
+        return {room: self.update_status(room, status) for room, status in updates.items()}
+
+    def get(self, room: int) -> Optional[KVPoll]:
+        return self._store.get(room)
+
+    def clear(self, room: int) -> bool:
+        return self._store.clear(room)
+
+    def record_failure(self, room: int, reason: str) -> bool:
+        return self._store.record_failure(room, reason)
+
+
+def make_store(implementation: str, client: Any, namespace: str, **settings: Any) -> Any:
+    """A store of ``implementation`` ("kvstatus" or one of :data:`BASELINES`) with StatusStore's settings."""
+    if implementation == "kvstatus":
+        settings.pop("race_window", None)
+        return StatusStore(client, namespace=namespace, **settings)
+    if implementation == "client-side":
+        return ClientSideStore(client, namespace, **settings)
+    if implementation == "pre-fix":
+        settings.pop("race_window", None)
+        return PreFixStore(client, namespace, **settings)
+    raise ValueError(f"unknown implementation {implementation!r}: expected kvstatus or one of {BASELINES}")

@@ -1,0 +1,69 @@
+"""The one way to require a real redis-server (tests/helpers/tiers.py), run in a pytest subprocess.
+
+A tiny test file marked ``real`` runs with redis-server stripped from PATH:
+it is skipped with the reason, and with CI=true (or KVSTATUS_REQUIRE_REDIS=1)
+it fails loudly. A test that starts a server without the marker fails too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+TINY = '''
+import pytest
+from kvstatus.demo.server import RedisServer
+
+@pytest.mark.real
+def test_needs_a_server():
+    with RedisServer() as server:
+        assert server.client().ping()
+
+def test_forgets_the_marker():
+    with RedisServer() as server:
+        assert server.client().ping()
+'''
+
+
+def _pytest(tmp_path: Path, path: str, test: str = "test_needs_a_server", **env: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_tiny.py").write_text(TINY)
+    environment = {k: v for k, v in os.environ.items() if k not in ("CI", "KVSTATUS_REQUIRE_REDIS")}
+    environment.update(PATH=path, PYTHONPATH=str(ROOT), **env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.helpers.tiers", "-p", "no:cacheprovider", "-rA",
+         "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_tiny.py"),
+         "-k", test],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment,
+    )
+
+
+@pytest.mark.parametrize("env", [{"CI": "true"}, {"KVSTATUS_REQUIRE_REDIS": "1"}], ids=["CI", "KVSTATUS_REQUIRE_REDIS"])
+def test_ci_fails_loudly_without_redis_server(tmp_path: Path, env: dict[str, str]) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = _pytest(tmp_path, str(empty), **env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 error" in result.stdout and "skipped" not in result.stdout, result.stdout
+    assert "redis-server is not on PATH" in result.stdout and "requires it" in result.stdout, result.stdout
+
+
+def test_without_ci_a_missing_redis_server_skips_with_the_reason(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = _pytest(tmp_path, str(empty))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 skipped" in result.stdout, result.stdout
+    assert "SKIPPED" in result.stdout and "redis-server is not on PATH" in result.stdout, result.stdout
+
+
+@pytest.mark.real  # redis-server must be on PATH for the guard to be reached; none is started
+def test_a_test_that_starts_a_server_without_the_marker_fails(tmp_path: Path) -> None:
+    result = _pytest(tmp_path, os.environ["PATH"], "test_forgets_the_marker")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "starts a redis-server but is not marked real" in result.stdout, result.stdout

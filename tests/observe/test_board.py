@@ -18,7 +18,7 @@ from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from kvstatus.observe.board import MAX_SCAN_STEPS
 from tests.observe.support import ServerProcess, get, wait_until
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -174,7 +174,6 @@ def test_works_with_the_read_only_acl_user(redis_server: RedisServer) -> None:
 
 
 def test_password_is_masked_everywhere_and_an_outage_is_shown_not_fatal() -> None:
-    require_redis_server()
     namespace = fresh_namespace("board")
     with RedisServer(password=PASSWORD) as redis:
         populate(redis.url, namespace)

@@ -19,7 +19,8 @@ import pytest
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
 from tests.observe.support import ServerProcess, wait_until
-from tests.support import fresh_namespace, real_redis_required
+from tests.helpers.backends import fresh_namespace
+from tests.helpers.tiers import real_redis_required
 
 pytestmark = pytest.mark.real
 

@@ -12,13 +12,11 @@ import threading
 import pytest
 
 from tests.observe.support import get, wait_until
-from tests.support import require_redis_server
 
 pytestmark = pytest.mark.real
 
 
 def test_demo_serve_keeps_the_board_up_until_ctrl_c() -> None:
-    require_redis_server()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
     proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", "demo", "--prefill", "1", "--decode", "1",
                              "--requests", "150", "--serve", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -13,7 +13,7 @@ from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer, free_port
 from kvstatus.observe.exporter import METRICS
 from tests.observe.support import ServerProcess, sample, scrape, wait_until
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -86,7 +86,6 @@ def test_exporter_numbers_agree_with_stats_json_and_it_stops_on_sigterm(redis_se
 
 
 def test_exporter_survives_a_redis_restart_and_never_shows_the_password() -> None:
-    require_redis_server()
     namespace = fresh_namespace("exp")
     with RedisServer(password=PASSWORD) as server:
         store = StatusStore.from_url(server.url, namespace=namespace, participant="p")

@@ -12,7 +12,7 @@ import pytest
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
 from tests.observe.support import ServerProcess, scrape, wait_until
-from tests.support import fresh_namespace
+from tests.helpers.backends import fresh_namespace
 
 METRIC = re.compile(r"\bkvstatus_[a-z_]+\b")
 

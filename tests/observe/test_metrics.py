@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from kvstatus import KVPoll, Outcome, StatusStore, UpdateResult
 from kvstatus.errors import BackendUnavailableError, InvalidRoomError
 from kvstatus.observe.metrics import ERROR_TYPES, OPERATIONS, StoreMetrics, instruments
-from tests.support import fresh_namespace
+from tests.helpers.backends import fresh_namespace
 
 
 def updates(registry: CollectorRegistry, namespace: str, participant: str, outcome: str) -> Optional[float]:

@@ -89,7 +89,8 @@ def result_table(results: list[DemoResult]) -> str:
               help="Share of requests that are aborted.")
 @click.option("--late-share", type=click.FloatRange(0, 1), default=DEFAULTS.late_abort_share, show_default=True,
               help="Share of aborts delivered after the room was cleared (the late-abort race).")
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Random seed, for reproducible runs.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of the workload: every run draws the same requests, rooms and aborts. The counts still vary "
+                   "a little from run to run: they depend on how the OS interleaves the worker processes.")
 @json_option
 @pass_env
 def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms: int, abort_rate: float, late_share: float,

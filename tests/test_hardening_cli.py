@@ -20,7 +20,8 @@ import pytest
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.cli import main
-from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect, options_for
+from kvstatus import connection
+from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
 from kvstatus.errors import InvalidURLError
 from tests.cli_support import invoke, json_lines
 from tests.servers import RedisServer
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 NS = "prod-a"
 SECRET = "s3cr3t-hardening"
+CHECKOUT_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+"""The ``kvstatus`` command of the venv, running the code of this checkout."""
 
 
 @pytest.fixture
@@ -101,7 +104,7 @@ def real_server() -> Iterator[RedisServer]:
 
 def _sh(script: str, real_server: RedisServer, namespace: str, user: str = "default") -> subprocess.CompletedProcess:
     env = {"KVSTATUS_URL": f"redis://{user}:{SECRET}@{real_server.host}:{real_server.port}/0",
-           "KVSTATUS_NAMESPACE": namespace, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+           "KVSTATUS_NAMESPACE": namespace, **CHECKOUT_ENV}
     return subprocess.run(["bash", "-c", "set -e\n" + script + "\necho reached-the-end"], env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -252,18 +255,18 @@ def test_every_connection_option_is_a_url_option() -> None:
     for field in fields(ConnectionOptions):
         value = _url_value(field.name)
         scheme = "rediss" if field.name.startswith("ssl_") else "redis"
-        opts = options_for(f"{scheme}://127.0.0.1:1/0?{field.name}={value}")
+        opts = connection.options_for(f"{scheme}://127.0.0.1:1/0?{field.name}={value}")
         assert str(getattr(opts, field.name)).lower() == value.lower(), field.name
-    assert options_for("redis://127.0.0.1:1/0?retries=0").retries == 0
+    assert connection.options_for("redis://127.0.0.1:1/0?retries=0").retries == 0
     assert connect("redis://127.0.0.1:1/0?retries=0").get_retry()._retries == 0
-    assert options_for("redis://h/0?retries=2", retries=7).retries == 2  # the URL wins
+    assert connection.options_for("redis://h/0?retries=2", retries=7).retries == 2  # the URL wins
 
 
 @pytest.mark.parametrize("query", ["retries=-1", "retries=x", "socket_timeout=0", "socket_timeout=nan",
                                    "backoff_cap=-1", "health_check_interval=-5", "nope=1"])
 def test_bad_connection_options_in_a_url_are_refused(query: str) -> None:
     with pytest.raises(InvalidURLError):
-        options_for(f"redis://127.0.0.1:1/0?{query}")
+        connection.options_for(f"redis://127.0.0.1:1/0?{query}")
 
 
 def test_readme_cites_only_files_in_the_repository() -> None:
@@ -297,7 +300,7 @@ def test_version_and_completion_work_and_are_in_the_readme() -> None:
     result = invoke(lambda url: None, "--version")
     assert result.exit_code == 0 and result.output.strip() == f"kvstatus {version('kvstatus')}"
     assert "kvstatus --version" in README and "_KVSTATUS_COMPLETE=bash_source kvstatus" in README
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    env = CHECKOUT_ENV
     for shell in ("bash", "zsh", "fish"):
         script = subprocess.run(["kvstatus"], env={**env, "_KVSTATUS_COMPLETE": f"{shell}_source"},
                                 capture_output=True, text=True, timeout=60)

@@ -90,12 +90,12 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def environment(server: RedisServer) -> dict[str, str]:
-    """The reader's shell after the README's exports, with the kvstatus of this checkout on PATH."""
+    """The reader's shell after the README's exports, with the kvstatus command running this checkout."""
     with server.client() as admin:
         admin.flushall()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
     env.update(KVSTATUS_URL=server.url, KVSTATUS_NAMESPACE=NAMESPACE,
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT))
     return env
 
 

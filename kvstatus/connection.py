@@ -15,15 +15,29 @@ Supported URLs (passwords are masked in every message kvstatus prints):
   user and password are the data nodes'; the Sentinels' own credentials, if
   any, are the query options ``sentinel_username`` and ``sentinel_password``.
 
-Every form also takes ``socket_timeout`` and ``socket_connect_timeout``
-(seconds) as query options. Topologies are chosen by scheme in
-:data:`_BUILDERS`.
+Every field of :class:`ConnectionOptions` is also a query option of every
+form (``?socket_timeout=1&retries=0``), parsed and checked by the same code;
+an option in the URL wins over the same keyword argument. The ``ssl_*``
+options need a TLS scheme: on ``redis://`` they would be ignored, so they are
+refused. A URL holds no fragment: a ``#`` means an unencoded ``#`` in a
+password. Topologies are chosen by scheme in :data:`_BUILDERS`.
+
+A ``rediss://`` URL pointing at a plain-text server fails within
+``socket_connect_timeout`` with "TLS handshake failed: is the server TLS?",
+and is not retried: the handshake runs under the connect timeout, and a
+server that answers a plain ``PING`` is known not to speak TLS.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+import asyncio
+import math
+import socket
+import ssl
+import types
+import typing
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -32,7 +46,7 @@ import redis.asyncio.retry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from kvstatus.errors import InvalidURLError
+from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.redact import mask_url
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
@@ -74,6 +88,30 @@ class ConnectionOptions:
     ssl_check_hostname: Optional[bool] = None
     ssl_cert_reqs: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0")
+        for name in ("backoff_base", "backoff_cap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds >= 0")
+        for name in ("retries", "health_check_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= 0")
+        if self.ssl_cert_reqs is not None and self.ssl_cert_reqs not in _CERT_REQS:
+            raise InvalidArgumentError(f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of "
+                                       + ", ".join(_CERT_REQS))
+
+    def tls_options(self) -> dict[str, Any]:
+        """The ``ssl_*`` fields that are set (they need a TLS scheme)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name.startswith("ssl_") and getattr(self, f.name) is not None}
+
     def retry_delays(self) -> tuple[float, ...]:
         """The wait in seconds before each resend: ``min(backoff_cap, backoff_base * 2**n)``, n = 1..retries."""
         return tuple(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
@@ -104,11 +142,18 @@ class ParsedURL:
         return self.scheme in TLS_SCHEMES
 
     @property
+    def options(self) -> dict[str, Any]:
+        """The :class:`ConnectionOptions` fields this URL sets, parsed."""
+        return {name: _QUERY_OPTIONS[name](value) for name, value in self.query.items() if name in _OPTION_FIELDS}
+
+    @property
     def masked(self) -> str:
-        """The URL's shape without its password."""
+        """The URL's shape without its password (user info without a password may be one: masked whole)."""
         auth = ""
-        if self.username or self.password:
-            auth = f"{self.username or ''}{':***' if self.password else ''}@"
+        if self.password is not None:
+            auth = f"{self.username or ''}:***@"
+        elif self.username:
+            auth = "***@"
         where = self.path or ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
         if self.scheme in CLUSTER_SCHEMES:
             return f"{self.scheme}://{auth}{where}"
@@ -122,19 +167,29 @@ def _hint(shown: str) -> str:
 
 
 _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+_CERT_REQS = ("required", "optional", "none")
+
+
+def _field_parser(annotation: Any) -> Callable[[str], Any]:
+    """How a query value becomes a ConnectionOptions field of type ``annotation`` (Optional[X] -> X)."""
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return {bool: lambda v: _BOOL[v.lower()], int: int, float: float, str: str}[annotation]
+
+
+_OPTION_FIELDS: dict[str, Callable[[str], Any]] = {
+    name: _field_parser(annotation) for name, annotation in typing.get_type_hints(ConnectionOptions).items()
+}
+_OPTION_FIELDS["ssl_cert_reqs"] = lambda v: _CERT_REQS[_CERT_REQS.index(v.lower())]
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "socket_timeout": float,
-    "socket_connect_timeout": float,
-    "ssl_ca_certs": str,
-    "ssl_certfile": str,
-    "ssl_keyfile": str,
-    "ssl_check_hostname": lambda v: _BOOL[v.lower()],
-    "ssl_cert_reqs": lambda v: {"required": "required", "optional": "optional", "none": "none"}[v.lower()],
+    **_OPTION_FIELDS,
     "db": int,
     "sentinel_username": str,
     "sentinel_password": str,
 }
+"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
+_TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
 
 
 def parse_url(url: object) -> ParsedURL:
@@ -150,17 +205,31 @@ def parse_url(url: object) -> ParsedURL:
                 f"invalid Redis URL {shown}: unsupported scheme {parts.scheme!r}; use one of "
                 + ", ".join(f"{s}://" for s in _BUILDERS)
             )
+        if "#" in url:
+            raise InvalidURLError(f"invalid Redis URL {shown}: a Redis URL has no '#' part "
+                                  "(percent-encode # in a password as %23)")
         query: dict[str, str] = {}
         for name, values in parse_qs(parts.query, keep_blank_values=True, strict_parsing=False).items():
             if name not in _QUERY_OPTIONS:
-                named = f" {name!r}" if name.isidentifier() else ""  # a split password is no option name
-                raise InvalidURLError(f"invalid Redis URL {shown}: unknown option{named}{_hint(shown)}")
+                # An unencoded & ? in a password splits it into "options": name one only if the masked URL shows it.
+                shows = any(f"{sep}{name}" in shown for sep in "?&;")
+                named = f" {name!r}" if name.isidentifier() and shows else ""
+                raise InvalidURLError(f"invalid Redis URL {shown}: unknown option{named} (options: "
+                                      f"{', '.join(_QUERY_OPTIONS)}; percent-encode & in a password as %26)")
             query[name] = values[-1]
         for name, value in query.items():
             try:
                 _QUERY_OPTIONS[name](value)
             except (KeyError, ValueError):
                 raise InvalidURLError(f"invalid Redis URL {shown}: bad value for option {name!r}") from None
+        try:
+            replace(ConnectionOptions(), **{n: _OPTION_FIELDS[n](v) for n, v in query.items() if n in _OPTION_FIELDS})
+        except InvalidArgumentError as exc:
+            raise InvalidURLError(f"invalid Redis URL {shown}: {exc}") from None
+        if scheme not in TLS_SCHEMES and any(name in query for name in _TLS_ONLY):
+            raise InvalidURLError(f"invalid Redis URL {shown}: ssl_* options need a TLS scheme (rediss://, "
+                                  "rediss+cluster://, rediss+sentinel://); on {scheme}:// they would be ignored "
+                                  "and the connection would be plain text".replace("{scheme}", scheme))
         username = unquote(parts.username) if parts.username else None
         password = unquote(parts.password) if parts.password is not None else None
         if scheme == "unix":
@@ -222,18 +291,18 @@ def _parse_db(path: str, from_query: Optional[str], shown: str) -> int:
 
 
 def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, Any]:
-    query = parsed.query
+    """redis-py keyword arguments; ``options`` already hold the URL's query options."""
     kwargs: dict[str, Any] = {
         "username": parsed.username,
         "password": parsed.password,
         "db": parsed.db,
-        "socket_timeout": float(query.get("socket_timeout", options.socket_timeout)),
-        "socket_connect_timeout": float(query.get("socket_connect_timeout", options.socket_connect_timeout)),
+        "socket_timeout": options.socket_timeout,
+        "socket_connect_timeout": options.socket_connect_timeout,
         "health_check_interval": options.health_check_interval,
         "client_name": options.client_name,
     }
     if parsed.tls:
-        kwargs.update(_ssl_kwargs(query, options))
+        kwargs.update(_ssl_kwargs(parsed.query, options))
     return kwargs
 
 
@@ -255,12 +324,87 @@ def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: boo
         if len(parsed.hosts) > 1:
             raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {parsed.scheme}:// takes one host")
     client_class = redis.asyncio.Redis if asynchronous else redis.Redis
-    return client_class(retry=_retry(options, asynchronous), **kwargs)
+    client = client_class(retry=_retry(options, asynchronous), **kwargs)
+    if parsed.tls:
+        pool = client.connection_pool
+        pool.connection_class = _tls_class(pool.connection_class)
+    return client
+
+
+TLS_HANDSHAKE_FAILED = "TLS handshake failed: is the server TLS?"
+
+
+class TLSHandshakeError(redis.exceptions.ConnectionError):
+    """A TLS connection met a server that does not speak TLS, or a certificate that failed; never resent."""
+
+
+def _speaks_plain_redis(host: str, port: int, timeout: float) -> bool:
+    """True if ``host:port`` answers a plain-text ``PING`` like Redis does (``+PONG`` or an ``-ERR``)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as probe:
+            probe.sendall(b"PING\r\n")
+            return probe.recv(16)[:1] in (b"+", b"-")
+    except OSError:
+        return False
+
+
+def _handshake_error(exc: BaseException, host: str, port: int, timeout: float) -> Optional[TLSHandshakeError]:
+    """The error to raise for a failed TLS handshake, or None to let ``exc`` through (a hung server is retried)."""
+    where = f"{host}:{port}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TLSHandshakeError(f"TLS certificate verification failed for {where}: {exc.verify_message} "
+                                 "(check ssl_ca_certs and ssl_check_hostname)")
+    if _speaks_plain_redis(host, port, timeout):
+        return TLSHandshakeError(f"{TLS_HANDSHAKE_FAILED} {where} answers in plain text; "
+                                 "use redis:// for it, or enable TLS on the server")
+    if isinstance(exc, ssl.SSLError):
+        return TLSHandshakeError(f"{TLS_HANDSHAKE_FAILED} {where} did not complete a TLS handshake ({exc})")
+    return None
+
+
+class _TLSHandshake:
+    """Mixin for redis-py's sync TLS connections: the handshake runs under ``socket_connect_timeout``."""
+
+    def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
+        sock.settimeout(self.socket_connect_timeout)  # type: ignore[attr-defined]
+        try:
+            tls = super()._wrap_socket_with_ssl(sock)  # type: ignore[misc]
+        except (ssl.SSLError, socket.timeout) as exc:
+            error = _handshake_error(exc, self.host, self.port, self.socket_connect_timeout)  # type: ignore[attr-defined]
+            if error is None:
+                raise
+            raise error from None
+        tls.settimeout(self.socket_timeout)  # type: ignore[attr-defined]
+        return tls
+
+
+class _AsyncTLSHandshake:
+    """Mixin for redis.asyncio's TLS connections (the handshake already runs under the connect timeout)."""
+
+    async def _connect(self) -> None:
+        try:
+            await super()._connect()  # type: ignore[misc]
+        except (ssl.SSLError, asyncio.TimeoutError) as exc:
+            error = await asyncio.get_running_loop().run_in_executor(
+                None, _handshake_error, exc, self.host, self.port, self.socket_connect_timeout)  # type: ignore[attr-defined]
+            if error is None:
+                raise
+            raise error from None
+
+
+def _tls_class(base: type) -> type:
+    """``base`` (a redis-py TLS connection class) with the handshake checks of kvstatus."""
+    mixin = _AsyncTLSHandshake if base.__module__.startswith("redis.asyncio") else _TLSHandshake
+    return type(f"KVStatus{base.__name__}", (mixin, base), {})
 
 
 def _retryable(error: Exception, is_retryable: Optional[Callable[[Exception], bool]]) -> bool:
-    # redis-py's AuthenticationError is a ConnectionError; resending the same password cannot help.
-    return not isinstance(error, redis.exceptions.AuthenticationError) and (is_retryable is None or is_retryable(error))
+    # redis-py's AuthenticationError is a ConnectionError; resending the same password cannot help, nor can
+    # a TLS handshake with a plain-text server. redis.asyncio wraps connect errors: look at the cause too.
+    final = (redis.exceptions.AuthenticationError, TLSHandshakeError)
+    if isinstance(error, final) or isinstance(error.__cause__, final):
+        return False
+    return is_retryable is None or is_retryable(error)
 
 
 class _Retry(Retry):
@@ -294,7 +438,14 @@ def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) 
         from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
         nodes = [AsyncNode(host, port) for host, port in parsed.hosts]
-        return AsyncCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
+        cluster = AsyncCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
+        if parsed.tls:  # nodes are built from these kwargs when the client first connects
+            manager = cluster.nodes_manager
+            tls_class = _tls_class(manager.connection_kwargs.get("connection_class", redis.asyncio.SSLConnection))
+            manager.connection_kwargs["connection_class"] = tls_class
+            for node in manager.startup_nodes.values():
+                node.connection_class = tls_class
+        return cluster
     from redis.cluster import ClusterNode, RedisCluster
 
 
@@ -316,12 +467,15 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         "password": query.get("sentinel_password"),
         "retry": _no_retry(asynchronous),
     }
-    if parsed.tls:
-        sentinel_kwargs.update(_ssl_kwargs(query, options))
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel as SentinelClass
+        from redis.asyncio.sentinel import SentinelManagedSSLConnection
     else:
         from redis.sentinel import Sentinel as SentinelClass
+        from redis.sentinel import SentinelManagedSSLConnection
+    if parsed.tls:
+        sentinel_kwargs.update(_ssl_kwargs(query, options))
+        kwargs["connection_class"] = _tls_class(SentinelManagedSSLConnection)
     # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
     # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
     # until its budget is spent. The store resends the whole call instead, through a fresh
@@ -329,6 +483,9 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
     sentinel = SentinelClass(
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
+    if parsed.tls:
+        for client in sentinel.sentinels:
+            client.connection_pool.connection_class = _tls_class(client.connection_pool.connection_class)
     return sentinel.master_for(parsed.service)
 
 
@@ -349,15 +506,24 @@ _BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {
 }
 
 
+def options_for(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> ConnectionOptions:
+    """The options a client of ``url`` uses: ``options``, then ``overrides``, then the URL's query options.
+
+    Raises :class:`InvalidURLError` for a bad URL, and for ``ssl_*`` options given with a non-TLS scheme.
+    """
+    parsed = parse_url(url)
+    opts = replace(replace(options or ConnectionOptions(), **overrides), **parsed.options)
+    if not parsed.tls and opts.tls_options():
+        raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {', '.join(opts.tls_options())} given, but "
+                              f"{parsed.scheme}:// is plain text; use a TLS scheme (rediss://...)")
+    return opts
+
+
 def connect(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
     """A redis-py client for ``url``; ``overrides`` replace fields of ``options``. Connects lazily."""
-    parsed = parse_url(url)
-    opts = replace(options or ConnectionOptions(), **overrides)
-    return _BUILDERS[parsed.scheme](parsed, opts, False)
+    return _BUILDERS[parse_url(url).scheme](parse_url(url), options_for(url, options, **overrides), False)
 
 
 def connect_async(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
     """Like :func:`connect`, for ``redis.asyncio``."""
-    parsed = parse_url(url)
-    opts = replace(options or ConnectionOptions(), **overrides)
-    return _BUILDERS[parsed.scheme](parsed, opts, True)
+    return _BUILDERS[parse_url(url).scheme](parse_url(url), options_for(url, options, **overrides), True)

@@ -32,7 +32,7 @@ def validate_name(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidNameError(f"invalid {what} {value!r}: expected a string")
     if not _NAME.fullmatch(value) or len(value) > MAX_NAME_LENGTH:
-        shown = mask_url(repr(value))  # a URL pasted into the wrong option must not print its password
+        shown = repr(mask_url(value))  # a URL pasted into the wrong option must not print its password
         raise InvalidNameError(
             f"invalid {what} {shown}: use 1..{MAX_NAME_LENGTH} characters from A-Z a-z 0-9 _ . - "
             "(no braces, glob characters, colons or whitespace)"

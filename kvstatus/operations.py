@@ -75,7 +75,8 @@ def ttl_to_ms(ttl: object) -> int:
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
         raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected a number of seconds")
     if not 0 < ttl <= MAX_TTL_SECONDS:
-        raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected seconds in (0, {MAX_TTL_SECONDS:g}]")
+        raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected seconds > 0 and at most "
+                                   f"{MAX_TTL_SECONDS:.0f} ({MAX_TTL_SECONDS / 86400:g} days)")
     return max(1, round(ttl * 1000))
 
 

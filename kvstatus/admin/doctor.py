@@ -114,19 +114,32 @@ def probe_operations(client: Any, schema: KeySchema) -> dict[str, tuple[Optional
     return results
 
 
-def permission_checks(results: dict[str, tuple[Optional[bool], str]]) -> list[Check]:
-    """One check per operation, or one line for a read-only user (every read allowed, every tested write refused)."""
+def is_read_only(results: dict[str, tuple[Optional[bool], str]]) -> bool:
+    """True for a read-only user (the README's dashboard recipe): every read allowed, every tested write refused."""
     writes = [name for name, w in PROBE_OPERATIONS if w and results[name][0] is not None]
     reads = [name for name, w in PROBE_OPERATIONS if not w]
-    if writes and not any(results[n][0] for n in writes) and all(results[n][0] for n in reads):
+    return bool(writes) and not any(results[n][0] for n in writes) and all(results[n][0] for n in reads)
+
+
+def permission_checks(results: dict[str, tuple[Optional[bool], str]]) -> list[Check]:
+    """One check per operation, or one passing line for a read-only user that can do every read kvstatus does."""
+    if is_read_only(results):
+        writes = [name for name, w in PROBE_OPERATIONS if w and results[name][0] is not None]
         why = ", ".join(f"{n}: {results[n][1]}" for n in writes)
-        return [Check("acl", False, f"read-only user: reads ok, writes refused ({why})")]
+        reads = ", ".join(name for name, w in PROBE_OPERATIONS if not w)
+        return [Check("acl", True, f"read-only user: reads ok, writes refused ({why}); every read works ({reads}): "
+                                   "enough for get, ls, stats, watch and doctor; set and clear need a read-write user")]
     return [Check(f"acl {name}", bool(ok), "allowed" if ok else why)
             for name, (ok, why) in ((n, results[n]) for n, _ in PROBE_OPERATIONS)]
 
 
-def ttl_check(client: Any, schema: KeySchema, ttl: float) -> Check:
-    """The store's TTL setting, and whether a write through the store leaves a TTL on its key."""
+def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True) -> Check:
+    """The store's TTL setting, and (``write``) whether a write through the store leaves a TTL on its key."""
+    if not write:
+        detail = f"store TTL {ttl:g} s; the write check is skipped: a read-only user cannot write the probe"
+        if ttl < SGLANG_TIMEOUT_SECONDS:
+            return Check("ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts")
+        return Check("ttl", True, detail)
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
                         participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS)
     ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
@@ -173,6 +186,7 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
     ok, why = _attempt(lambda: [client.script_load(s.source) for s in scripts.ALL])
     names = ", ".join(s.name for s in scripts.ALL)
     checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
-    checks.append(ttl_check(client, schema, ttl))
-    checks.extend(permission_checks(probe_operations(client, schema)))
+    results = probe_operations(client, schema)
+    checks.append(ttl_check(client, schema, ttl, write=not is_read_only(results)))
+    checks.extend(permission_checks(results))
     return checks

@@ -1,12 +1,14 @@
 """The ``kvstatus`` click group: shared options, the client seam, and the one place errors become exit codes.
 
 Exit codes: 0 ok, 1 not found or operational error (unreachable, ACL denied,
-corrupted value), 2 usage error (bad argument, option, room, status, name, URL).
+corrupted value, a failed doctor check), 2 usage error (bad argument, option,
+room, status, name, URL), 3 ``stats`` found keys without TTL or corrupted values.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -16,11 +18,14 @@ import click
 from kvstatus import connection
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
+from kvstatus.operations import DEFAULT_TTL_SECONDS, ttl_to_ms
 from kvstatus.redact import mask_url
 from kvstatus.rule import KVPoll, parse_status
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS = 0, 1, 2, 3
+EXIT_CODES_HELP = ("Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
+                   "3 stats found keys without TTL or corrupted values.")
 
 
 class NotFound(click.ClickException):
@@ -48,7 +53,11 @@ class CliEnv:
         return mask_url(self.url_or_default)
 
     def client(self) -> Any:
+        """The Redis client; says on stderr which server it is when no URL was given (set one to silence it)."""
         if self._client is None:
+            if not self.url:
+                click.echo(f"kvstatus: no --url or KVSTATUS_URL given, using {connection.DEFAULT_URL} "
+                           "(set KVSTATUS_URL to silence this)", err=True)
             self._client = self.connect(self.url_or_default)
         return self._client
 
@@ -64,8 +73,32 @@ class CliEnv:
                 close()
 
 
+_NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?")
+
+
+class KvstatusCommand(click.Command):
+    """A command whose argument errors print its own usage, and which reads ``-5`` as a bad value, not an option."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if _NEGATIVE_NUMBER.fullmatch(exc.option_name):
+                raise click.UsageError(f"invalid value {exc.option_name!r}: negative numbers are no room, status "
+                                       "or option (rooms are 0..2**63-1, statuses 0..4)", ctx) from None
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InvalidArgumentError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+
+
 class KvstatusGroup(click.Group):
     """Turns kvstatus and Redis errors into a one-line message and an exit code, never a traceback."""
+
+    command_class = KvstatusCommand
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -104,7 +137,12 @@ def _hint(error: BaseException) -> str:
 def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefix: str) -> None:
     """Inspect, change, watch and audit the room statuses kvstatus keeps in Redis.
 
-    Exit codes: 0 ok, 1 not found or operational error, 2 usage error.
+    Exit codes: 0 ok, 1 not found or operational error, 2 usage error,
+    3 stats found keys without TTL or corrupted values.
+
+    Without --url / KVSTATUS_URL it uses redis://localhost:6379/0 and says so
+    on stderr. Shell completion: eval "$(_KVSTATUS_COMPLETE=bash_source kvstatus)"
+    (zsh_source, fish_source for other shells).
     """
     env = ctx.ensure_object(CliEnv)
     env.url, env.namespace, env.prefix = url, namespace, prefix
@@ -118,6 +156,34 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
 pass_env = click.make_pass_decorator(CliEnv)
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+participant_option = click.option(
+    "--participant", "-p", metavar="NAME",
+    help="The participant (writer) whose entry to use, e.g. prefill-0; default: the shared 'default' entry.")
+
+participant_filter_option = click.option(
+    "--participant", "-p", metavar="NAME",
+    help="Only entries of this participant, e.g. prefill-0; default: every participant.")
+
+
+class TTLType(click.ParamType):
+    """A TTL in seconds, checked by the library's own rule (kvstatus.operations.ttl_to_ms)."""
+
+    name = "SECONDS"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
+        try:
+            seconds = float(value)
+            ttl_to_ms(seconds)
+        except ValueError as exc:
+            self.fail(str(exc) if isinstance(exc, InvalidArgumentError) else f"invalid ttl {value!r}: expected "
+                      "a number of seconds", param, ctx)
+        return seconds
+
+
+def ttl_option(help: str) -> Callable[[Any], Any]:
+    """``--ttl SECONDS``, the same check for every command that takes one."""
+    return click.option("--ttl", type=TTLType(), default=DEFAULT_TTL_SECONDS, show_default=True, help=help)
 
 
 class RoomType(click.ParamType):

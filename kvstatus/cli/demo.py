@@ -121,7 +121,8 @@ class _Board:
               help="Share of requests that are aborted.")
 @click.option("--late-share", type=click.FloatRange(0, 1), default=DEFAULTS.late_abort_share, show_default=True,
               help="Share of aborts delivered after the room was cleared (the late-abort race).")
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Random seed, for reproducible runs.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of the workload: every run draws the same requests, rooms and aborts. The counts still vary "
+                   "a little from run to run: they depend on how the OS interleaves the worker processes.")
 @click.option("--serve", "serve_port", type=click.IntRange(0, 65535), metavar="PORT",
               help="Also run the web board (kvstatus serve) of the kvstatus run on 127.0.0.1:PORT, live during the "
                    "demo, and keep it and the Redis up afterwards until Ctrl-C (needs kvstatus[web]).")

@@ -14,6 +14,7 @@ from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.admin.stats import bucket_labels, collect_stats
 from kvstatus.admin.watch import KINDS, Snapshot, watch_changes
 from kvstatus.cli.app import (
+    EXIT_FINDINGS,
     STATUS,
     CliEnv,
     emit_json,
@@ -23,9 +24,9 @@ from kvstatus.cli.app import (
     status_text,
     stderr_is_tty,
     table,
+    ttl_option,
     ttl_text,
 )
-from kvstatus.operations import DEFAULT_TTL_SECONDS
 from kvstatus.rule import KVPoll, Policy, apply_rule
 from kvstatus.rule import explain as explain_rule
 
@@ -56,22 +57,29 @@ def _end_progress(progress: Any) -> None:
 @json_option
 @pass_env
 def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
-    """Count rooms by status and participant, and audit leaks: keys without TTL, TTL left, oldest rooms.
+    """Count entries by status and participant, and audit leaks: keys without TTL, TTL left, oldest rooms.
 
-    "Oldest" are the non-terminal rooms with the least TTL left: every write
-    refreshes the TTL, so they went longest without progress.
+    A room holds one entry per participant, so the counts by status are
+    entries, beside the number of rooms. "Oldest" are the non-terminal rooms
+    with the least TTL left: every write refreshes the TTL, so they went
+    longest without progress. Exits 3 if it finds room keys without TTL or
+    values kvstatus does not write (for cron and alerting), 0 if clean.
     """
     schema = env.schema()
     progress = _progress("stats")
     result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress)
     _end_progress(progress)
+    findings = result.keys_without_ttl_count > 0 or result.corrupted_count > 0
     if as_json:
-        emit_json({"namespace": schema.namespace, **result.to_json()})
+        emit_json({"namespace": schema.namespace, **result.to_json(), "findings": findings})
+        if findings:
+            raise click.exceptions.Exit(EXIT_FINDINGS)
         return
-    click.echo(f"namespace {schema.namespace}: {result.rooms} rooms, {result.entries} entries")
+    click.echo(f"namespace {schema.namespace}: {result.rooms} rooms holding {result.entries} entries "
+               "(one per participant); counts below are entries")
     click.echo("")
     participants = sorted(result.by_participant)
-    headers = ["STATUS", "ALL"] + participants
+    headers = ["STATUS", "ALL ENTRIES"] + participants
     rows = [[s.name, result.by_status.get(s, 0)] + [result.by_participant[p].get(s, 0) for p in participants]
             for s in KVPoll]
     click.echo(table(headers, rows))
@@ -94,12 +102,14 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
         rows = [[v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(e.status)}" for n, e in v.participants.items())]
                 for v in result.oldest]
         click.echo(table(["ROOM", "TTL LEFT", "ENTRIES"], rows))
+    if findings:
+        raise click.exceptions.Exit(EXIT_FINDINGS)
 
 
 def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [f"kvstatus watch  namespace {schema_ns}  {now}  every {interval:g}s  (Ctrl-C to stop)", "",
-             f"rooms {len(snap.rooms)}  " + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll)
+             f"rooms {len(snap.rooms)}  entries: " + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll)
              + (f"  (skipped {snap.corrupted} corrupted rooms)" if snap.corrupted else ""), ""]
     counts = {kind: sum(1 for c in changes if c.kind == kind) for kind in KINDS}
     lines.append("since last refresh: " + "  ".join(f"{k} {counts[k]}" for k in KINDS))
@@ -120,10 +130,11 @@ def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> s
 @json_option
 @pass_env
 def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_json: bool) -> None:
-    """A live view: counts by status and the rooms that changed (new, advanced, failed, cleared) since the last refresh.
+    """A live view: rooms, entries by status, and the rooms that changed (new, advanced, failed, cleared) since the last refresh.
 
     With --json, streams JSON lines: a "snapshot" line per refresh with the
-    counts, then one line per changed room. Exits cleanly on Ctrl-C.
+    counts ("by_status" counts entries, one per participant), then one line
+    per changed room. Exits cleanly on Ctrl-C.
     """
     schema = env.schema()
     terminal = sys.stdout.isatty() and not as_json
@@ -131,6 +142,7 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_jso
         for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch):
             if as_json:
                 emit_json({"event": "snapshot", "time": time.time(), "rooms": len(snap.rooms), "corrupted": snap.corrupted,
+                           "entries": sum(snap.by_status.values()),
                            "by_status": {s.name: snap.by_status.get(s, 0) for s in KVPoll}})
                 for change in changes:
                     emit_json(change.to_json())
@@ -146,15 +158,16 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_jso
 
 
 @main.command()
-@click.option("--ttl", type=float, default=DEFAULT_TTL_SECONDS, show_default=True,
-              help="The store TTL in seconds your workers use, to check against SGLang's timeouts.")
+@ttl_option("The store TTL in seconds your workers use, to check against SGLang's timeouts.")
 @json_option
 @pass_env
 def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
     """Check connectivity, server version, topology, script load, TTL, and that the ACL allows every command kvstatus needs.
 
     Permissions are checked by running the real operations against a probe
-    entry in the namespace (30 s TTL, removed afterwards). Exits 1 if any check fails.
+    entry in the namespace (30 s TTL, removed afterwards). A read-only user
+    (every read works, every write is refused) passes: it is what get, ls,
+    stats and watch need. Exits 1 if any check fails.
     """
     schema = env.schema()
     checks = run_checks(env.client(), schema, ttl, env.shown_url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import click
@@ -21,9 +22,12 @@ from kvstatus.cli.app import (
     emit_json,
     json_option,
     main,
+    participant_filter_option,
+    participant_option,
     pass_env,
     status_text,
     table,
+    ttl_option,
     ttl_text,
 )
 from kvstatus.errors import InvalidArgumentError
@@ -59,10 +63,6 @@ def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[An
 
 ROOM_HEADERS = ["ROOM", "PARTICIPANT", "STATUS", "TTL LEFT", "REASON"]
 
-participant_option = click.option("--participant", "-p", metavar="NAME",
-                                  help="The participant (writer) whose entry to use, e.g. prefill-0; "
-                                       "default: the shared 'default' entry.")
-
 
 @main.command()
 @click.argument("rooms", nargs=-1, required=True, type=ROOM, metavar="ROOM...")
@@ -92,8 +92,7 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
 @click.argument("status", type=STATUS)
 @participant_option
 @click.option("--reason", metavar="TEXT", help="Failure reason to record (only with STATUS Failed; first reason wins).")
-@click.option("--ttl", type=float, default=DEFAULT_TTL_SECONDS, show_default=True,
-              help="TTL in seconds given to the room key by this write.")
+@ttl_option("TTL in seconds given to the room key by this write (at most 30 days).")
 @click.option("--policy", type=click.Choice([p.value for p in Policy]), default=Policy.SEED.value, show_default=True,
               help="Update rule policy: seed (upstream rule) or strict (Failed is terminal, no late creates).")
 @json_option
@@ -130,7 +129,8 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
     store = store_for(env, participant)
     cleared = {room: store.clear(room) for room in rooms}
     if as_json:
-        emit_json({"participant": store.participant, "cleared": {str(r): c for r, c in cleared.items()}})
+        emit_json({"namespace": store.namespace, "participant": store.participant,
+                   "rooms": [{"room": room, "cleared": removed} for room, removed in cleared.items()]})
         return
     for room, removed in cleared.items():
         click.echo(f"room {room} {store.participant}: {'cleared' if removed else 'nothing to clear'}")
@@ -138,8 +138,9 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
 
 @main.command(name="ls")
 @click.option("--status", "-s", type=STATUS, help="Only rooms with an entry in this status (name or number).")
-@participant_option
-@click.option("--limit", "-n", type=click.IntRange(min=1), help="Stop after this many rooms.")
+@participant_filter_option
+@click.option("--limit", "-n", type=click.IntRange(min=1),
+              help="Print at most this many rows (one per entry; with --json one line per room).")
 @click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
               help="Keys per SCAN step and per pipelined read.")
 @json_option
@@ -152,27 +153,36 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
     kvstatus does not write is skipped with a warning on stderr, and the exit code is 1.
     """
     schema = env.schema()
+    client = env.client()
     shown = 0
-    if not as_json:
-        click.echo(f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON")
+    header = f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON"
     corrupted: list[int] = []
 
     def warn(room: int, message: str) -> None:
         corrupted.append(room)
         click.echo(f"warning: skipped room {room}: {message}", err=True)
 
-    for view in iter_rooms(env.client(), schema, batch, on_corrupt=warn):
+    def lines(view: RoomView) -> list[str]:
+        if as_json:
+            return [json.dumps(room_json(view))]
+        return [f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip()
+                for row in room_rows(view, participant) if status is None or row[2] == status_text(status)]
+
+    # The header is printed with the first row (or at the end): never before an error from Redis.
+    for view in iter_rooms(client, schema, batch, on_corrupt=warn):
         if not room_matches(view, status, participant):
             continue
-        if as_json:
-            emit_json(room_json(view))
-        else:
-            for row in room_rows(view, participant):
-                if status is None or row[2] == status_text(status):
-                    click.echo(f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip())
-        shown += 1
+        for line in lines(view):
+            if shown == 0 and not as_json:
+                click.echo(header)
+            click.echo(line)
+            shown += 1
+            if limit is not None and shown >= limit:
+                break
         if limit is not None and shown >= limit:
             break
+    if shown == 0 and not as_json:
+        click.echo(header)
     if corrupted:
         raise click.ClickException(f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped "
                                    "and left as they are")

@@ -93,7 +93,8 @@ def test_clear_removes_only_the_participant_entry(connect, store):
     assert cli(connect, "clear", "5", "-p", "prefill-0").output == "room 5 prefill-0: nothing to clear\n"
     assert list(store.room(5).participants) == ["decode-0"]
     doc = json.loads(cli(connect, "clear", "5", "6", "-p", "decode-0", "--json").output)
-    assert doc == {"participant": "decode-0", "cleared": {"5": True, "6": False}}
+    assert doc == {"namespace": NS, "participant": "decode-0",
+                   "rooms": [{"room": 5, "cleared": True}, {"room": 6, "cleared": False}]}
     assert not store.room(5).exists
 
 
@@ -144,7 +145,7 @@ def test_watch_table(connect, store):
     store.update_status(1, KVPoll.Bootstrapping)
     result = cli(connect, "watch", "--count", "1")
     assert result.exit_code == 0
-    assert "rooms 1  Failed 0  Bootstrapping 1" in result.output
+    assert "rooms 1  entries: Failed 0  Bootstrapping 1" in result.output
     assert "since last refresh: new 0  advanced 0  failed 0  cleared 0" in result.output
 
 
@@ -185,7 +186,7 @@ def test_probe_entry_is_never_counted(connect, store):
 
 @pytest.mark.parametrize("args, code, needle", [
     (["get", "abc"], 2, "invalid room 'abc'"),
-    (["get", "-1"], 2, "No such option"),
+    (["get", "-1"], 2, "negative numbers are no room"),
     (["get", str(2**63)], 2, "invalid room 9223372036854775808"),
     (["set", "1", "done"], 2, "invalid status 'done'"),
     (["set", "1", "7"], 2, "invalid status '7'"),
@@ -240,7 +241,7 @@ def test_stats_counts_corrupted_rooms_and_goes_on(connect, store, server):
 def test_watch_skips_corrupted_rooms_and_says_so(connect, store, server):
     store.update_status(1, KVPoll.Bootstrapping)
     fakeredis.FakeRedis(server=server).hset(store.keys.room_key(2), "default", "banana")
-    assert "rooms 1  Failed 0  Bootstrapping 1" in cli(connect, "watch", "--count", "1").output
+    assert "rooms 1  entries: Failed 0  Bootstrapping 1" in cli(connect, "watch", "--count", "1").output
     assert "(skipped 1 corrupted rooms)" in cli(connect, "watch", "--count", "1").output
     assert json_lines(cli(connect, "watch", "--count", "1", "--json").output)[0]["corrupted"] == 1
 

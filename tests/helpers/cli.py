@@ -11,11 +11,13 @@ from typing import Any, Callable, Optional
 from click.testing import CliRunner, Result
 
 from kvstatus.cli import CliEnv, main
+from kvstatus.connection import DEFAULT_URL
 
 
 def invoke(connect: Callable[[str], Any], *args: str, env: Optional[dict[str, str]] = None) -> Result:
     """Run ``kvstatus ARGS`` in-process; ``connect`` builds the Redis client (the CLI's seam)."""
-    environment = {"KVSTATUS_URL": None, "KVSTATUS_NAMESPACE": None, **(env or {})}
+    # An explicit URL (the injected client ignores it) keeps the "no URL given" notice out of the output.
+    environment = {"KVSTATUS_URL": DEFAULT_URL, "KVSTATUS_NAMESPACE": None, **(env or {})}
     return CliRunner().invoke(main, list(args), obj=CliEnv(connect=connect), env=environment,
                               catch_exceptions=False, prog_name="kvstatus")
 

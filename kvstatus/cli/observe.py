@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kvstatus.admin.scan import DEFAULT_BATCH
-from kvstatus.cli.app import CliEnv, main, pass_env
+from kvstatus.cli.app import CliEnv, main, pass_env, ttl_option
 from kvstatus.keys import KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS
 
@@ -50,8 +50,7 @@ def _with_scan_options(command: Any) -> Any:
               help="TCP port of /metrics (0: any free port, printed on stderr).")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @_with_scan_options
-@click.option("--ttl", type=click.FloatRange(min=0.001), default=DEFAULT_TTL_SECONDS, show_default=True,
-              help="The store TTL in seconds your workers use; the age of the oldest room is TTL minus its TTL left.")
+@ttl_option("The store TTL in seconds your workers use; the age of the oldest room is TTL minus its TTL left.")
 @pass_env
 def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, interval: float, batch: int,
              pause: float, ttl: float) -> None:

@@ -66,7 +66,8 @@ def test_readme_starts_with_the_demo_then_the_tests() -> None:
 def test_readme_shows_output_of_every_command() -> None:
     section = cli_section()
     for name in COMMANDS:
-        # demo and watch cannot be replayed as pasted (timing, concurrent writers): their output is a text block
+        # demo, watch, exporter and serve cannot be replayed as pasted (timing, concurrent writers, servers): their output is a text block
         # introduced by the command; every other command is in the console transcript tests/test_readme.py runs.
-        prefix = {"demo": "`./dev demo`", "watch": "`kvstatus watch --count"}.get(name, f"$ kvstatus {name}")
+        prefix = {"demo": "`./dev demo`", "watch": "`kvstatus watch --count", "exporter": "`kvstatus exporter ",
+                  "serve": "`kvstatus serve "}.get(name, f"$ kvstatus {name}")
         assert prefix in section, name

@@ -60,6 +60,8 @@ def test_free_cluster_port_skips_a_port_whose_bus_port_is_taken(monkeypatch: pyt
         if taken_bus < 1024 + embedded.CLUSTER_BUS_OFFSET:
             pytest.skip(f"the OS gave port {taken_bus}, too low to be anyone's cluster bus port")
         good = free_port()
+        while good + embedded.CLUSTER_BUS_OFFSET > 65535 or not embedded._port_is_free(good + embedded.CLUSTER_BUS_OFFSET):
+            good = free_port()
         picks = iter([taken_bus - embedded.CLUSTER_BUS_OFFSET, good])
         monkeypatch.setattr(embedded, "free_port", lambda: next(picks))
         assert embedded.free_cluster_port() == good

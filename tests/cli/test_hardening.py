@@ -23,11 +23,12 @@ from kvstatus.cli import main
 from kvstatus import connection
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
 from kvstatus.errors import InvalidURLError
-from tests.cli_support import invoke, json_lines
+from tests.helpers.cli import invoke, json_lines
 from tests.servers import RedisServer
-from tests.support import fresh_namespace, require_redis_server
+from tests.helpers.backends import fresh_namespace
+from tests.helpers.tiers import require_redis_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 NS = "prod-a"
 SECRET = "s3cr3t-hardening"
@@ -191,7 +192,7 @@ def ttl_commands() -> list[str]:
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "2592001", "x"])
 def test_every_ttl_option_has_the_same_check(connect_fake, value: str) -> None:
-    assert sorted(ttl_commands()) == ["doctor", "set"]
+    assert sorted(ttl_commands()) == ["doctor", "exporter", "set"]
     for name in ttl_commands():
         args = ["set", "1", "1"] if name == "set" else [name]
         result = cli(connect_fake, *args, "--ttl", value)

@@ -14,7 +14,7 @@ from kvstatus.connection import _BUILDERS, TLS_SCHEMES, connect, connect_async, 
 from kvstatus.errors import BackendUnavailableError, InvalidURLError
 from tests.servers import RedisServer
 from tests.servers.tls import make_tls_files
-from tests.support import require_redis_server
+from tests.helpers.tiers import require_redis_server
 
 PLAIN_SCHEMES = sorted(set(_BUILDERS) - TLS_SCHEMES)
 SSL_OPTIONS = ["ssl_ca_certs=/ca.pem", "ssl_certfile=/c.pem", "ssl_keyfile=/k.pem", "ssl_check_hostname=false",

@@ -14,7 +14,7 @@ from kvstatus.connection import _BUILDERS, SENTINEL_SCHEMES, parse_url
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name
 from kvstatus.redact import mask_url
-from tests.cli_support import invoke
+from tests.helpers.cli import invoke
 
 MARK = "Qz7"
 """Wraps every generated password, and every character of some: a leaked piece of one shows the mark."""

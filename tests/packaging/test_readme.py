@@ -20,21 +20,23 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
+import yaml
 
 from tests.servers import RedisServer
-from tests.support import require_redis_server
+from tests.helpers.tiers import require_redis_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 NAMESPACE = "prod-a"
 
-RUNNABLE = {"python", "sh", "console", "redis"}
+RUNNABLE = {"python", "sh", "console", "redis", "yaml"}
 NOT_COMMANDS = {"text"}
 SKIP_REASONS = {
     "runs-the-suite": "running the whole suite from inside it would recurse",
     "installs": "it changes the Python environment the suite runs in",
     "needs-docker": "no Docker daemon in the test environment",
     "needs-sentinel": "the line is for Sentinels, not a data node",
+    "serves-until-stopped": "a long-running server; the test named in the comment runs and stops it",
 }
 
 _BLOCK = re.compile(r"(?:<!-- readme-test: skip (?P<skip>[\w-]+)[^\n]*-->\n)?^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```$",
@@ -125,6 +127,9 @@ def test_block_runs_as_pasted(block: Block, environment: dict[str, str], server:
         done = subprocess.run(["bash", "-e", "-u", "-o", "pipefail", "-c", block.body], cwd=tmp_path,
                               env=environment, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
+    elif block.info == "yaml":
+        document = yaml.safe_load(block.body)  # a Prometheus scrape config: it must at least parse as pasted
+        assert isinstance(document, dict) and document, block.id
     elif block.info == "redis":
         with server.client() as admin:
             for line in filter(None, map(str.strip, block.body.splitlines())):

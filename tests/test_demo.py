@@ -22,11 +22,12 @@ def by_implementation(results: list[dict]) -> dict[str, dict]:
 
 
 def assert_kvstatus_clean_prefix_broken(rows: dict[str, dict], requests: int) -> None:
-    assert set(rows) == {"kvstatus", "client-side", "pre-fix"}
+    assert set(rows) == {"kvstatus", "client-side", "sglang-map", "pre-fix"}
     for row in rows.values():
         assert row["requests"] == requests and row["aborts"] > 0 and row["updates"] > 0
-    kv = rows["kvstatus"]
-    assert (kv["resurrected"], kv["stale"], kv["leaked_keys"], kv["keys_without_ttl"]) == (0, 0, 0, 0)
+    for clean in ("kvstatus", "sglang-map"):
+        kv = rows[clean]
+        assert (kv["resurrected"], kv["stale"], kv["leaked_keys"], kv["keys_without_ttl"]) == (0, 0, 0, 0)
     pre = rows["pre-fix"]
     assert pre["resurrected"] > 0 and pre["stale"] > 0
     assert pre["leaked_keys"] + pre["stale"] > 0
@@ -46,7 +47,8 @@ def test_demo_on_embedded_redis_server(tmp_path) -> None:
     assert table.returncode == 0, table.stderr
     header = table.stdout.splitlines()[2]
     assert header.split()[:3] == ["IMPLEMENTATION", "REQUESTS", "ABORTS"]
-    assert [line.split()[0] for line in table.stdout.splitlines()[3:6]] == ["kvstatus", "client-side", "pre-fix"]
+    assert [line.split()[0] for line in table.stdout.splitlines()[3:7]] == \
+        ["kvstatus", "client-side", "sglang-map", "pre-fix"]
 
 
 def test_demo_falls_back_to_fakeredis_without_redis_server() -> None:
@@ -83,7 +85,7 @@ def test_run_demo_leaves_the_namespace_empty(fake_tcp_url: str) -> None:
     import redis
 
     results = run_demo(fake_tcp_url, "t-demo", DemoConfig(prefill=1, decode=2, requests=20, seed=5))
-    assert [r.implementation for r in results] == ["kvstatus", "client-side", "pre-fix"]
+    assert [r.implementation for r in results] == ["kvstatus", "client-side", "sglang-map", "pre-fix"]
     assert redis.Redis.from_url(fake_tcp_url).keys("*") == []
 
 

@@ -16,6 +16,10 @@ Implementations (same workload, same seed):
 - ``client-side``: the fixed rule applied in the client as read-then-write
   (HGET, decide with :func:`~kvstatus.rule.apply_rule`, HSET + PEXPIRE),
   without atomicity, as many result backends do.
+- ``sglang-map``: the store driven through :class:`kvstatus.sglang.RoomStatusMap`,
+  the ``request_status`` mapping an SGLang KV manager gets from
+  :func:`kvstatus.sglang.install` (``in``/``get`` reads, rule-applying writes,
+  ``pop(room, None)`` on clear, as the managers do; sglang is not needed).
 - ``pre-fix``: the rule before the upstream fix: an abort writes Failed
   unconditionally (HSET, no TTL: the upstream dict had none); the other updates
   go through kvstatus.
@@ -46,10 +50,11 @@ from kvstatus.connection import CLUSTER_SCHEMES, connect, parse_url
 from kvstatus.demo.server import RedisServer, find_redis_server, free_port
 from kvstatus.keys import KeySchema
 from kvstatus.rule import KVPoll, Outcome, apply_rule
+from kvstatus.sglang.mapping import RoomStatusMap
 from kvstatus.store import StatusStore
 from kvstatus.translate import translate_error
 
-IMPLEMENTATIONS = ("kvstatus", "client-side", "pre-fix")
+IMPLEMENTATIONS = ("kvstatus", "client-side", "sglang-map", "pre-fix")
 # fakeredis serves every worker from one Python thread, about 5x slower than redis-server; the default
 # size on it is cut so that a default run still takes well under 30 s.
 FAKEREDIS_DEFAULT_REQUESTS = 300
@@ -143,6 +148,29 @@ class PreFixImpl(KvstatusImpl):
         return store.client.hset(store.keys.room_key(room), participant, int(KVPoll.Failed)) == 1
 
 
+class SglangMapImpl(KvstatusImpl):
+    """Each participant's statuses through the mapping an SGLang KV manager's ``request_status`` becomes."""
+
+    def __init__(self, client: redis.Redis, namespace: str, ttl: float) -> None:
+        super().__init__(client, namespace, ttl)
+        self._maps: dict[str, RoomStatusMap] = {}
+
+    def map(self, participant: str) -> RoomStatusMap:
+        if participant not in self._maps:
+            self._maps[participant] = RoomStatusMap(self.store(participant))
+        return self._maps[participant]
+
+    def get(self, room: int, participant: str) -> Optional[KVPoll]:
+        statuses = self.map(participant)
+        return statuses[room] if room in statuses else None
+
+    def update(self, room: int, status: KVPoll, participant: str) -> bool:
+        return self.map(participant).update_status(room, status).outcome is Outcome.CREATED
+
+    def clear(self, room: int, participant: str) -> None:
+        self.map(participant).pop(room, None)
+
+
 class ClientSideImpl(KvstatusImpl):
     """The fixed rule, decided in the client between a read and a write (no atomicity)."""
 
@@ -161,6 +189,7 @@ class ClientSideImpl(KvstatusImpl):
 _IMPLS: dict[str, Callable[[redis.Redis, str, float], KvstatusImpl]] = {
     "kvstatus": KvstatusImpl,
     "client-side": ClientSideImpl,
+    "sglang-map": SglangMapImpl,
     "pre-fix": PreFixImpl,
 }
 

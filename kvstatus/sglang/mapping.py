@@ -92,6 +92,7 @@ class RoomStatusMap:
         # PP rank 0 reads whole rooms on `in`: its polls go on to collect().
         self._reads_rooms = self.pp_participants is not None and self.pp_participants[0] == self.participant
         self._local = threading.local()
+        self._rank_stores: Optional[list[Any]] = None
 
     # -- reads
 
@@ -144,6 +145,17 @@ class RoomStatusMap:
             view = self.store.room(room)
         entries = view.participants
         return [entry.status if (entry := entries.get(name)) is not None else None for name in self.pp_participants]
+
+    def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
+        """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""
+        if self.pp_participants is None:
+            raise InvalidArgumentError("collect_many() needs pp_participants: this map was built without pipeline ranks")
+        self._local.memo = None
+        if self._rank_stores is None:
+            self._rank_stores = [self.store if name == self.participant else self.store.for_participant(name)
+                                 for name in self.pp_participants]
+        per_rank = [store.get_many(rooms) for store in self._rank_stores]
+        return {room: [statuses[room] for statuses in per_rank] for room in dict.fromkeys(rooms)}
 
     # -- writes
 

@@ -107,6 +107,7 @@ def test_collect_reads_every_pp_rank_in_rank_order(store: StatusStore) -> None:
         ranks[r][ROOM] = status
     assert ranks[0].collect(ROOM) == [3, None, 4, 0]
     assert ranks[1].collect(ROOM) == [3, None, 4, 0]  # any rank may ask (upstream: rank 0 only)
+    assert ranks[0].collect_many([ROOM, 7, ROOM]) == {ROOM: [3, None, 4, 0], 7: [None] * 4}
     with pytest.raises(InvalidArgumentError, match="pp_participants"):
         RoomStatusMap(store).collect(ROOM)
     with pytest.raises(InvalidArgumentError, match="distinct"):

@@ -21,8 +21,9 @@ server's start with a clear message instead of being skipped):
 - ``KVSTATUS_SGLANG_TTL``        seconds [default: the store's, 600].
 - ``KVSTATUS_SGLANG_NEAR_CACHE`` ``1`` to read through the store's near cache [default ``0``].
 
-This module imports neither kvstatus nor sglang at import time: sglang loads
-it in every process, enabled or not.
+sglang loads this module in every process, enabled or not: it imports sglang
+only when enabled, and kvstatus' store only when a manager is installed
+(loading it does import the ``kvstatus`` package, i.e. redis-py).
 """
 
 from __future__ import annotations

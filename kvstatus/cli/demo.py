@@ -130,7 +130,7 @@ class _Board:
 @pass_env
 def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms: int, abort_rate: float, late_share: float,
          seed: int, serve_port: Optional[int], as_json: bool) -> None:
-    """Simulate a PD cluster: the same workload against kvstatus, a client-side read-then-write rule, and the pre-fix rule.
+    """Simulate a PD cluster: the same workload against kvstatus, a client-side read-then-write rule, kvstatus through the SGLang mapping (kvstatus.sglang), and the pre-fix rule.
 
     Prefill and decode worker processes run SGLang-like request lifecycles on
     reused room ids, with random aborts, some delivered after the room was

@@ -16,6 +16,10 @@ Implementations (same workload, same seed):
 - ``client-side`` and ``pre-fix``: the baselines of :mod:`kvstatus.demo.baselines`,
   the fixed rule as a client-side read-then-write, and the rule before the
   upstream fix (an abort writes Failed unconditionally).
+- ``sglang-map``: the store driven through :class:`kvstatus.sglang.RoomStatusMap`,
+  the ``request_status`` mapping an SGLang KV manager gets from
+  :func:`kvstatus.sglang.install` (``in``/``get`` reads, rule-applying writes,
+  ``pop(room, None)`` on clear, as the managers do; sglang is not needed).
 
 Measured per implementation: requests; resurrected rooms (abort writes that
 re-created a participant's cleared entry, from the write's own reply);
@@ -44,9 +48,11 @@ from kvstatus.demo.baselines import BASELINES, make_store
 from kvstatus.demo.server import RedisServer, find_redis_server, free_port
 from kvstatus.keys import KeySchema
 from kvstatus.rule import KVPoll, Outcome
+from kvstatus.sglang.mapping import RoomStatusMap
 from kvstatus.translate import translate_error
 
-IMPLEMENTATIONS = ("kvstatus", *BASELINES)
+IMPLEMENTATIONS = ("kvstatus", "client-side", "sglang-map", "pre-fix")
+assert set(IMPLEMENTATIONS) == {"kvstatus", "sglang-map", *BASELINES}
 # fakeredis serves every worker from one Python thread, about 5x slower than redis-server; the default
 # size on it is cut so that a default run still takes well under 30 s.
 FAKEREDIS_DEFAULT_REQUESTS = 300
@@ -111,8 +117,10 @@ class _Participants:
     """One implementation's stores (kvstatus or a baseline of :mod:`kvstatus.demo.baselines`), per participant."""
 
     def __init__(self, implementation: str, client: redis.Redis, namespace: str, ttl: float) -> None:
-        self._make = lambda participant: make_store(implementation, client, namespace, participant=participant,
-                                                    ttl=ttl)
+        base = "kvstatus" if implementation == "sglang-map" else implementation
+        make = lambda participant: make_store(base, client, namespace, participant=participant, ttl=ttl)  # noqa: E731
+        # sglang-map: the kvstatus store behind the request_status mapping kvstatus.sglang gives a KV manager
+        self._make = (lambda participant: RoomStatusMap(make(participant))) if base != implementation else make
         self._stores: dict[str, Any] = {}
 
     def store(self, participant: str) -> Any:
@@ -121,14 +129,21 @@ class _Participants:
         return self._stores[participant]
 
     def get(self, room: int, participant: str) -> Optional[KVPoll]:
-        return self.store(participant).get(room)
+        store = self.store(participant)
+        if isinstance(store, RoomStatusMap):  # as a KV manager polls: `room in request_status`, then a read
+            return store[room] if room in store else None
+        return store.get(room)
 
     def update(self, room: int, status: KVPoll, participant: str) -> bool:
         """Apply ``status``; True if the write created the participant's entry."""
         return self.store(participant).update_status(room, status).outcome is Outcome.CREATED
 
     def clear(self, room: int, participant: str) -> None:
-        self.store(participant).clear(room)
+        store = self.store(participant)
+        if isinstance(store, RoomStatusMap):
+            store.pop(room, None)  # a KV sender's / receiver's clear()
+        else:
+            store.clear(room)
 
 
 # -- one worker process

@@ -17,8 +17,9 @@ import pytest
 from fakeredis import TcpFakeServer
 
 from kvstatus import StatusStore
-from kvstatus.demo.baselines import BASELINES, ClientSideStore, PreFixStore
+from kvstatus.demo.baselines import ClientSideStore, PreFixStore
 from kvstatus.demo.workload import IMPLEMENTATIONS, DemoConfig, _Participants, run_demo
+from kvstatus.sglang.mapping import RoomStatusMap
 from tests.helpers.cli import invoke, run_cli
 from tests.servers import free_port
 
@@ -31,19 +32,21 @@ def by_implementation(results: list[dict]) -> dict[str, dict]:
 
 def assert_report(rows: dict[str, dict], requests: int) -> None:
     """Every implementation ran the same workload; kvstatus left nothing behind."""
-    assert list(rows) == ["kvstatus", "client-side", "pre-fix"]
+    assert list(rows) == ["kvstatus", "client-side", "sglang-map", "pre-fix"]
     for row in rows.values():
         assert row["requests"] == requests and row["aborts"] > 0 and row["updates"] > 0
     assert len({row["aborts"] for row in rows.values()}) == 1  # same seed, same aborts
-    kv = rows["kvstatus"]
-    assert (kv["resurrected"], kv["stale"], kv["leaked_keys"], kv["keys_without_ttl"]) == (0, 0, 0, 0)
+    for clean in ("kvstatus", "sglang-map"):
+        kv = rows[clean]
+        assert (kv["resurrected"], kv["stale"], kv["leaked_keys"], kv["keys_without_ttl"]) == (0, 0, 0, 0)
 
 
 def test_the_demo_runs_the_shipped_baselines() -> None:
-    assert IMPLEMENTATIONS == ("kvstatus", *BASELINES)
+    assert IMPLEMENTATIONS == ("kvstatus", "client-side", "sglang-map", "pre-fix")
     client = fakeredis.FakeRedis()
     kinds = {name: type(_Participants(name, client, "t-demo", 60.0).store("decode-0")) for name in IMPLEMENTATIONS}
-    assert kinds == {"kvstatus": StatusStore, "client-side": ClientSideStore, "pre-fix": PreFixStore}
+    assert kinds == {"kvstatus": StatusStore, "client-side": ClientSideStore, "sglang-map": RoomStatusMap,
+                     "pre-fix": PreFixStore}
 
 
 @pytest.mark.real
@@ -57,7 +60,8 @@ def test_demo_on_embedded_redis_server(tmp_path) -> None:
     assert table.returncode == 0, table.stderr
     header = table.stdout.splitlines()[2]
     assert header.split()[:3] == ["IMPLEMENTATION", "REQUESTS", "ABORTS"]
-    assert [line.split()[0] for line in table.stdout.splitlines()[3:6]] == ["kvstatus", "client-side", "pre-fix"]
+    assert [line.split()[0] for line in table.stdout.splitlines()[3:7]] == \
+        ["kvstatus", "client-side", "sglang-map", "pre-fix"]
 
 
 def test_demo_falls_back_to_fakeredis_without_redis_server(tmp_path: Path) -> None:
@@ -93,7 +97,7 @@ def test_run_demo_leaves_the_namespace_empty(fake_tcp_url: str) -> None:
     import redis
 
     results = run_demo(fake_tcp_url, "t-demo", DemoConfig(prefill=1, decode=2, requests=20, seed=5))
-    assert [r.implementation for r in results] == ["kvstatus", "client-side", "pre-fix"]
+    assert [r.implementation for r in results] == ["kvstatus", "client-side", "sglang-map", "pre-fix"]
     assert redis.Redis.from_url(fake_tcp_url).keys("*") == []
 
 

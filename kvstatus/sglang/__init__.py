@@ -1,0 +1,29 @@
+"""SGLang integration: a KV manager's ``request_status`` on kvstatus (sglang is imported only by the plugin hook).
+
+- :class:`RoomStatusMap`: the mapping assigned to ``kv_manager.request_status``.
+- :func:`install` / :func:`uninstall`: put one KV manager onto a store, or back.
+- :mod:`kvstatus.sglang.plugin`: the process-wide switch, an sglang plugin enabled by ``KVSTATUS_SGLANG_URL``.
+"""
+
+from kvstatus.sglang.manager import (
+    install,
+    is_installed,
+    near_cache_available,
+    open_store,
+    participant_name,
+    pp_participants,
+    uninstall,
+)
+from kvstatus.sglang.mapping import DEFAULT_MEMO_SECONDS, RoomStatusMap
+
+__all__ = [
+    "DEFAULT_MEMO_SECONDS",
+    "RoomStatusMap",
+    "install",
+    "is_installed",
+    "near_cache_available",
+    "open_store",
+    "participant_name",
+    "pp_participants",
+    "uninstall",
+]

@@ -1,0 +1,217 @@
+"""install(): put one SGLang KV manager (``CommonKVManager`` or a subclass) onto a kvstatus store.
+
+Works on any object with the attribute names of sglang 0.5.23's
+``CommonKVManager``; sglang itself is never imported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from typing import Any, Callable, Optional, Union
+
+from kvstatus.connection import ConnectionOptions
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.keys import validate_name
+from kvstatus.rule import KVPoll, Outcome, UpdateResult, to_policy
+from kvstatus.sglang.mapping import DEFAULT_MEMO_SECONDS, RoomStatusMap
+from kvstatus.store import StatusStore
+
+# Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
+OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
+# The class whose methods install() replaces; a subclass's own override (nixl's check_status) is kept.
+UPSTREAM_CLASS = "CommonKVManager"
+REPLACED = ("update_status", "check_status", "check_status_pp_consensus")
+_PREVIOUS = "_kvstatus_previous_request_status"
+_INSTALLED = "_kvstatus_replaced_methods"
+
+
+def _rank(kv_manager: Any, name: str) -> int:
+    value = getattr(kv_manager, name, 0)
+    return int(value or 0)
+
+
+def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
+    """The participant name of a KV manager: ``<mode>[-<instance>][-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>``.
+
+    ``mode`` is ``disaggregation_mode`` (prefill/decode), ``t`` the manager's
+    TP rank (``kv_args.engine_rank``), ``p`` its ``pp_rank``. The data-parallel
+    (``system_dp_rank``), attention-DP (``attn_dp_rank``) and context-parallel
+    (``attn_cp_rank``) parts appear only when their size is above 1.
+    ``instance`` tells apart two servers of the same role sharing a namespace
+    (the same room id in flight on both would otherwise share a field).
+    """
+    mode = getattr(kv_manager, "disaggregation_mode", None)
+    mode = str(getattr(mode, "value", mode) or "kv")
+    kv_args = getattr(kv_manager, "kv_args", None)
+    tp = getattr(kv_args, "engine_rank", None)
+    if tp is None:
+        tp = _rank(kv_manager, "attn_tp_rank")
+    parts = [mode]
+    if instance:
+        parts.append(instance)
+    for size, rank, tag in (("system_dp_size", "system_dp_rank", "dp"), ("attn_dp_size", "attn_dp_rank", "adp"),
+                            ("attn_cp_size", "attn_cp_rank", "cp")):
+        if _rank(kv_manager, size) > 1:
+            parts.append(f"{tag}{_rank(kv_manager, rank)}")
+    parts += [f"tp{int(tp)}", f"pp{_rank(kv_manager, 'pp_rank')}"]
+    return validate_name("-".join(parts), "participant")
+
+
+def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
+    """The participant of every PP rank of this manager's pipeline, rank 0 first; None without PP consensus.
+
+    Only a prefill manager with ``pp_size > 1`` gets them: the managers SGLang
+    gives a ``PPConsensusStore``. Rank names differ only in their ``-pp<rank>`` suffix.
+    """
+    pp_size, pp_rank = _rank(kv_manager, "pp_size") or 1, _rank(kv_manager, "pp_rank")
+    mode = getattr(kv_manager, "disaggregation_mode", None)
+    if pp_size <= 1 or str(getattr(mode, "value", mode)) != "prefill":
+        return None
+    suffix = f"-pp{pp_rank}"
+    if not participant.endswith(suffix):
+        raise InvalidArgumentError(
+            f"participant {participant!r} of PP rank {pp_rank} must end with {suffix!r}: rank 0 finds every rank's "
+            "entry by that suffix"
+        )
+    base = participant[: -len(suffix)]
+    return [f"{base}-pp{rank}" for rank in range(pp_size)]
+
+
+def near_cache_available() -> bool:
+    """True when this kvstatus has the near cache (``StatusStore.from_url(..., near_cache=True)``)."""
+    if "near_cache" in inspect.signature(StatusStore.from_url).parameters:
+        return True
+    return "near_cache" in {f.name for f in dataclasses.fields(ConnectionOptions)}
+
+
+def open_store(url: str, *, namespace: str, participant: str, policy: str = "strict", near_cache: bool = False,
+               **store_options: Any) -> StatusStore:
+    """``StatusStore.from_url`` with ``near_cache`` passed only when asked for (a clear error if unavailable)."""
+    if near_cache:
+        if not near_cache_available():
+            raise InvalidArgumentError("near_cache=True needs a kvstatus with the near cache "
+                                       "(StatusStore.from_url(..., near_cache=True)); this one has none")
+        store_options["near_cache"] = True
+    return StatusStore.from_url(url, namespace=namespace, participant=participant, policy=policy, **store_options)
+
+
+def _defined_by(kv_manager: Any, name: str) -> Optional[type]:
+    for cls in type(kv_manager).__mro__:
+        if name in cls.__dict__:
+            return cls
+    return None
+
+
+def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Callable[..., Any]]:
+    """The three methods install() binds to ``kv_manager``: upstream's bodies, with one atomic store call."""
+
+    def update_status(self: Any, bootstrap_room: int, status: KVPoll | int) -> UpdateResult:
+        result = status_map.update_status(bootstrap_room, status)
+        if result.outcome is Outcome.CREATED:
+            if status in OPENING:
+                # A new room lifecycle drops the deferred-ACK state of the previous request on this room.
+                self._deferred_ack_targets.pop(bootstrap_room, None)
+                self._deferred_ack_poisoned_rooms.discard(bootstrap_room)
+                self._staging_outstanding.pop(bootstrap_room, None)
+        elif status == KVPoll.Failed and result.outcome in (Outcome.FAILED, Outcome.UNCHANGED):
+            # Upstream notifies a deferred bootstrap on every Failed that finds an entry, even one already Failed.
+            if self.deferred_bootstrap is not None:
+                self._notify_bootstrap(bootstrap_room, self.deferred_bootstrap.fail(bootstrap_room))
+        return result
+
+    def check_status(self: Any, bootstrap_room: int) -> KVPoll:
+        return status_map[bootstrap_room]
+
+    def check_status_pp_consensus(self: Any, bootstrap_room: int) -> KVPoll:
+        statuses = status_map.collect(bootstrap_room)
+        if any(status is None for status in statuses):
+            return KVPoll.Bootstrapping
+        return min(statuses)  # type: ignore[type-var]
+
+    return {"update_status": update_status, "check_status": check_status,
+            "check_status_pp_consensus": check_status_pp_consensus}
+
+
+def install(
+    kv_manager: Any,
+    store_or_url: Union[StatusStore, str],
+    *,
+    participant: Optional[str] = None,
+    policy: str = "strict",
+    namespace: Optional[str] = None,
+    instance: Optional[str] = None,
+    near_cache: bool = False,
+    memo_seconds: float = DEFAULT_MEMO_SECONDS,
+    **store_options: Any,
+) -> RoomStatusMap:
+    """Put ``kv_manager``'s room statuses into kvstatus; returns the :class:`RoomStatusMap` now in ``request_status``.
+
+    ``store_or_url``: a :class:`~kvstatus.StatusStore` (its policy must be
+    ``policy``; it is re-bound to this manager's participant) or a URL
+    (``namespace`` required; ``near_cache``, ``ttl`` and connection options
+    are passed to ``StatusStore.from_url``). ``participant`` overrides
+    :func:`participant_name`.
+
+    ``update_status``, ``check_status`` and ``check_status_pp_consensus``
+    become instance methods that make one store call each. ``update_status``
+    keeps upstream's local side effects, keyed on the outcome: CREATED by an
+    opening status drops the room's deferred-ACK and staging state; Failed
+    finding an entry (FAILED, or UNCHANGED on a Failed entry) notifies a
+    deferred bootstrap. It returns the :class:`~kvstatus.UpdateResult`
+    (upstream returns None). A method that a subclass overrides (nixl's
+    ``check_status``) is left alone: it reads the map. Install before the
+    manager serves requests (a non-empty dict is refused); :func:`uninstall` undoes it.
+    """
+    if is_installed(kv_manager):
+        raise InvalidArgumentError("this KV manager is already on kvstatus")
+    wanted = to_policy(policy)
+    name = participant_name(kv_manager, instance) if participant is None else validate_name(participant, "participant")
+    ranks = pp_participants(kv_manager, name)
+    if isinstance(store_or_url, str):
+        if namespace is None:
+            raise InvalidArgumentError("install() with a URL needs namespace=")
+        store = open_store(store_or_url, namespace=namespace, participant=name, policy=wanted.value,
+                           near_cache=near_cache, **store_options)
+    else:
+        if namespace is not None or near_cache or store_options:
+            raise InvalidArgumentError("namespace, near_cache and store options apply to a URL; "
+                                       "build the store with them instead")
+        if store_or_url.policy != wanted:
+            raise InvalidArgumentError(
+                f"the store's policy is {store_or_url.policy.value!r} but install() was asked for {wanted.value!r}; "
+                f"pass policy={store_or_url.policy.value!r} or build the store with policy={wanted.value!r}"
+            )
+        store = store_or_url if store_or_url.participant == name else store_or_url.for_participant(name)
+    previous = getattr(kv_manager, "request_status", None)
+    if isinstance(previous, dict) and previous:
+        raise InvalidArgumentError(
+            f"the KV manager already tracks {len(previous)} room(s) in its dict; install() before it serves requests"
+        )
+    status_map = RoomStatusMap(store, pp_participants=ranks, memo_seconds=memo_seconds)
+    replaced = []
+    for method_name, function in _status_methods(kv_manager, status_map).items():
+        owner = _defined_by(kv_manager, method_name)
+        if owner is None or owner.__name__ == UPSTREAM_CLASS:
+            setattr(kv_manager, method_name, types.MethodType(function, kv_manager))
+            replaced.append(method_name)
+    setattr(kv_manager, _PREVIOUS, previous)
+    setattr(kv_manager, _INSTALLED, tuple(replaced))
+    kv_manager.request_status = status_map
+    return status_map
+
+
+def is_installed(kv_manager: Any) -> bool:
+    """True when ``kv_manager.request_status`` is a :class:`RoomStatusMap`."""
+    return isinstance(getattr(kv_manager, "request_status", None), RoomStatusMap)
+
+
+def uninstall(kv_manager: Any) -> None:
+    """Undo :func:`install`: the class's methods and the previous ``request_status`` are back (rooms are not copied)."""
+    if not is_installed(kv_manager):
+        raise InvalidArgumentError("this KV manager is not on kvstatus")
+    for method_name in getattr(kv_manager, _INSTALLED, ()):
+        kv_manager.__dict__.pop(method_name, None)
+    kv_manager.request_status = kv_manager.__dict__.pop(_PREVIOUS, {})
+    kv_manager.__dict__.pop(_INSTALLED, None)

@@ -1,0 +1,208 @@
+"""RoomStatusMap: SGLang's ``request_status`` dict as a view of one participant's entries in a kvstatus store.
+
+This module does not import sglang: the mapping only needs a
+:class:`~kvstatus.StatusStore`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.rule import KVPoll, RoomView, UpdateResult
+
+# How long (seconds) the read made by ``room in m`` may answer the next read of the same room by the same thread.
+DEFAULT_MEMO_SECONDS = 0.002
+
+_MISSING = object()
+_LEN_ITER_MESSAGE = (
+    "a RoomStatusMap is a view of rooms shared by every process of the namespace: it has no length and is not "
+    "iterable (that would SCAN Redis). Use `kvstatus ls` or kvstatus.admin.scan to list rooms"
+)
+
+_Memo = tuple[int, float, Union[Optional[KVPoll], RoomView]]
+
+
+class RoomStatusMap:
+    """``kv_manager.request_status`` backed by ``store``: room -> this participant's status (a :class:`KVPoll`).
+
+    Each operation is one store call on the store's participant, so one round
+    trip (``pop`` takes two):
+
+    - ``room in m``: True when the participant has an entry in ``room``.
+    - ``m[room]``: the status; ``KeyError(room)`` when there is no entry.
+    - ``m.get(room, default=None)``: the status, or ``default``.
+    - ``m[room] = status``: **applies the update rule**, it does not overwrite:
+      exactly ``store.update_status(room, status)`` under the store's policy
+      (``strict`` for SGLang). A late Failed on a cleared room is ignored, a
+      status never goes backwards, and under ``strict`` Failed stays Failed and
+      only Bootstrapping/WaitingForInput create an entry. That is what every
+      assignment in SGLang means (``update_status`` assigns only what its rule
+      decided), and it keeps the rule atomic even for code that assigns
+      directly. :meth:`update_status` does the same and returns the outcome.
+    - ``del m[room]``: removes the entry (and its failure reason); ``KeyError`` when there was none.
+    - ``m.pop(room, default)``: the status read just before the entry is
+      removed, or ``default``; two round trips (a read, then the removal).
+    - ``m.collect(room)``: with ``pp_participants`` (one name per PP rank), each
+      rank's status in rank order, None where a rank has no entry, read in one
+      round trip (the room hash holds every rank's field). Replaces
+      ``PPConsensusStore.collect``; unlike it, it works on any rank.
+    - ``len(m)`` and ``iter(m)`` raise ``TypeError``: the map is a view of a
+      namespace every node shares, and counting it would SCAN Redis. Like
+      ``PPConsensusStore``, the map is always true in a boolean context.
+
+    **The poll memo.** SGLang polls with ``room in m`` and at once reads the
+    status again (``check_status``). ``in`` keeps what it read in a
+    per-thread memo; the next read of the *same* room by the *same* thread
+    (``m[room]``, ``m.get``, ``collect``) within ``memo_seconds`` takes it
+    instead of reading Redis, and empties the memo. Any other call by that
+    thread empties it too. So a poll costs one round trip (none when the
+    store's near cache answers ``in``), and the ``in`` check and the read it
+    guards see one snapshot (two reads could see the room vanish in
+    between). ``memo_seconds=0`` turns the memo off.
+
+    On PP rank 0 (``pp_participants`` given and the store's participant is
+    the first of them) ``in`` reads the whole room in its one round trip, so
+    the consensus poll (``in`` then ``collect``) is one round trip as well.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        pp_participants: Optional[Sequence[str]] = None,
+        memo_seconds: float = DEFAULT_MEMO_SECONDS,
+    ) -> None:
+        if isinstance(memo_seconds, bool) or not isinstance(memo_seconds, (int, float)) or memo_seconds < 0:
+            raise InvalidArgumentError(f"invalid memo_seconds {memo_seconds!r}: expected seconds >= 0")
+        self.store = store
+        self.participant: str = store.participant
+        self.pp_participants: Optional[tuple[str, ...]] = None
+        if pp_participants is not None:
+            names = tuple(pp_participants)
+            if not names or len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
+                raise InvalidArgumentError(
+                    f"invalid pp_participants {pp_participants!r}: expected distinct participant names, rank 0 first"
+                )
+            self.pp_participants = names
+        self.memo_seconds = float(memo_seconds)
+        # PP rank 0 reads whole rooms on `in`: its polls go on to collect().
+        self._reads_rooms = self.pp_participants is not None and self.pp_participants[0] == self.participant
+        self._local = threading.local()
+        self._rank_stores: Optional[list[Any]] = None
+
+    # -- reads
+
+    def _take(self, room: int) -> Any:
+        """The memo's value for ``room`` if it is fresh, else ``_MISSING``; empties the memo either way."""
+        memo: Optional[_Memo] = getattr(self._local, "memo", None)
+        if memo is None:
+            return _MISSING
+        self._local.memo = None
+        if memo[0] == room and time.monotonic() - memo[1] <= self.memo_seconds:
+            return memo[2]
+        return _MISSING
+
+    def _own(self, value: Union[Optional[KVPoll], RoomView]) -> Optional[KVPoll]:
+        if isinstance(value, RoomView):
+            entry = value.participants.get(self.participant)
+            return None if entry is None else entry.status
+        return value
+
+    def _read(self, room: int) -> Optional[KVPoll]:
+        value = self._take(room)
+        return self.store.get(room) if value is _MISSING else self._own(value)
+
+    def __contains__(self, room: object) -> bool:
+        self._local.memo = None
+        value: Union[Optional[KVPoll], RoomView] = (
+            self.store.room(room) if self._reads_rooms else self.store.get(room)  # type: ignore[arg-type]
+        )
+        if self.memo_seconds > 0:
+            self._local.memo = (room, time.monotonic(), value)
+        return self._own(value) is not None
+
+    def __getitem__(self, room: int) -> KVPoll:
+        status = self._read(room)
+        if status is None:
+            raise KeyError(room)
+        return status
+
+    def get(self, room: int, default: Any = None) -> Any:
+        """The participant's status in ``room``, or ``default`` when it has no entry."""
+        status = self._read(room)
+        return default if status is None else status
+
+    def collect(self, room: int) -> list[Optional[KVPoll]]:
+        """Every PP rank's status in ``room`` (rank order, None where missing), in one round trip."""
+        if self.pp_participants is None:
+            raise InvalidArgumentError("collect() needs pp_participants: this map was built without pipeline ranks")
+        view = self._take(room)
+        if not isinstance(view, RoomView):
+            view = self.store.room(room)
+        entries = view.participants
+        return [entry.status if (entry := entries.get(name)) is not None else None for name in self.pp_participants]
+
+    def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
+        """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""
+        if self.pp_participants is None:
+            raise InvalidArgumentError("collect_many() needs pp_participants: this map was built without pipeline ranks")
+        self._local.memo = None
+        if self._rank_stores is None:
+            self._rank_stores = [self.store if name == self.participant else self.store.for_participant(name)
+                                 for name in self.pp_participants]
+        per_rank = [store.get_many(rooms) for store in self._rank_stores]
+        return {room: [statuses[room] for statuses in per_rank] for room in dict.fromkeys(rooms)}
+
+    # -- writes
+
+    def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
+        """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
+        self._local.memo = None
+        return self.store.update_status(room, status)
+
+    def __setitem__(self, room: int, status: KVPoll | int) -> None:
+        self.update_status(room, status)
+
+    def __delitem__(self, room: int) -> None:
+        self._local.memo = None
+        if not self.store.clear(room):
+            raise KeyError(room)
+
+    def pop(self, room: int, default: Any = _MISSING) -> Any:
+        """Remove the entry; return the status read just before, or ``default`` (``KeyError`` without one)."""
+        self._local.memo = None
+        status = self.store.get(room)
+        self.store.clear(room)
+        if status is not None:
+            return status
+        if default is _MISSING:
+            raise KeyError(room)
+        return default
+
+    def clear_room(self, room: int) -> bool:
+        """Remove the entry in one round trip; True if there was one (``pop`` without the read)."""
+        self._local.memo = None
+        return bool(self.store.clear(room))
+
+    # -- what a shared view cannot do
+
+    def __len__(self) -> int:
+        raise TypeError(_LEN_ITER_MESSAGE)
+
+    def __iter__(self) -> Any:
+        raise TypeError(_LEN_ITER_MESSAGE)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Close the store's client (``PPConsensusStore.close`` stops its thread; here there is none)."""
+        self.store.close()
+
+    def __repr__(self) -> str:
+        pp = f", pp_participants={list(self.pp_participants)!r}" if self.pp_participants else ""
+        return f"RoomStatusMap({self.store!r}{pp})"

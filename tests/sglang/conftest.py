@@ -1,0 +1,23 @@
+"""The real-sglang tier: tests marked ``sglang`` need the real package (``./dev test-sglang`` provides it)."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+REQUIRE = "KVSTATUS_REQUIRE_SGLANG"
+
+
+@pytest.fixture(scope="session")
+def sglang_conn() -> types.ModuleType:
+    """``sglang.srt.disaggregation.common.conn``; skips without sglang (fails when KVSTATUS_REQUIRE_SGLANG=1)."""
+    try:
+        import sglang.srt.disaggregation.common.conn as conn
+    except ImportError as exc:
+        message = f"the real sglang is not importable ({exc}); run ./dev test-sglang for this tier"
+        if os.environ.get(REQUIRE) == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return conn

@@ -12,8 +12,11 @@ import redis.asyncio
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from kvstatus.demo.fakelua import accept_script_shebang
 from tests.servers import RedisClusterServers, RedisServer
 from tests.support import Backend, require_redis_server
+
+accept_script_shebang()  # fakeredis does not strip get_many.lua's "#!lua flags=no-writes" as Redis does
 
 
 @pytest.fixture(scope="session")

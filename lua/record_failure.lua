@@ -24,22 +24,14 @@ local SCRIPT = "record_failure"
 -- roll back, so a command the ACL refused half way would leave the writes before
 -- it done, a created key without its TTL among them. Redis >= 7 can be asked in
 -- advance; older servers cannot, and there the ACL must grant every command.
--- Returns the error naming the first of `commands` refused on KEYS[first..last], or nil.
-local function acl_refusal(commands, first, last)
-  if not redis.acl_check_cmd then
-    return nil
-  end
-  for i = first, last do
-    for _, command in ipairs(commands) do
-      if not redis.acl_check_cmd(command, KEYS[i]) then
-        return "NOPERM this user has no permissions to run the '" .. command .. "' command on key "
-          .. KEYS[i] .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)"
-      end
-    end
+-- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
+local function acl_refusal(command, key)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
+    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
+      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
   end
   return nil
 end
-
 
 local field, reason_field, reason, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
@@ -50,9 +42,9 @@ if #KEYS ~= 1 or not reason or field == "" or reason_field == "" then
   return redis.error_reply("KVSTATUS_BADARG expected one key, status field, reason field and reason")
 end
 
-local denied = acl_refusal({"hexists", "hsetnx", "pexpire"}, 1, 1)
+local denied = acl_refusal("hexists", KEYS[1]) or acl_refusal("hsetnx", KEYS[1]) or acl_refusal("pexpire", KEYS[1])
 if denied then
-  return redis.error_reply(denied)
+  return denied
 end
 
 if redis.call("HEXISTS", KEYS[1], field) == 0 then

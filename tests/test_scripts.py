@@ -202,3 +202,35 @@ def test_calls_survive_continuous_script_flushes(redis_server: RedisServer, asyn
         backend.close()
     assert flushes[0] > 100
     assert errors == []
+
+
+@pytest.mark.real
+def test_a_batch_reaching_a_key_outside_the_acl_writes_nothing(redis_server: RedisServer) -> None:
+    """The ACL covers rooms 1x only: a batch that also names room 20 is refused before its first write."""
+    with redis_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "split", "reset", "on", ">pw", "~kvstatus:split:{1*}", "+evalsha",
+                              "+script|load", "+hget", "+hset", "+hdel", "+pexpire")
+        with redis.Redis(host=redis_server.host, port=redis_server.port, username="split", password="pw") as client:
+            store = StatusStore(client, namespace="split")
+            assert store.update_status(10, KVPoll.Bootstrapping).outcome is Outcome.CREATED
+            with pytest.raises(PermissionDeniedError):
+                store.update_many({10: KVPoll.Success, 11: KVPoll.Bootstrapping, 20: KVPoll.Bootstrapping})
+            assert store.get_many([10, 11]) == {10: KVPoll.Bootstrapping, 11: None}
+        assert admin.exists("kvstatus:split:{20}") == 0
+
+
+@pytest.mark.real
+def test_a_user_without_hdel_still_creates_and_advances(redis_server: RedisServer) -> None:
+    """The scripts ask the ACL only about the writes a call makes; HDEL runs only when an entry leaves Failed."""
+    with redis_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", "nohdel", "reset", "on", ">pw", "~kvstatus:nohdel:*", "+evalsha",
+                              "+script|load", "+hget", "+hset", "+pexpire")
+    with redis.Redis(host=redis_server.host, port=redis_server.port, username="nohdel", password="pw") as client:
+        store = StatusStore(client, namespace="nohdel")
+        assert store.update_status(1, KVPoll.Bootstrapping).outcome is Outcome.CREATED
+        assert store.update_many({1: KVPoll.Success, 2: KVPoll.Failed, 3: KVPoll.WaitingForInput})[1].outcome \
+            is Outcome.ADVANCED
+        assert store.update_status(1, KVPoll.Failed).outcome is Outcome.FAILED
+        with pytest.raises(PermissionDeniedError, match="'hdel'"):
+            store.update_status(1, KVPoll.Success)
+        assert store.get(1) is KVPoll.Failed

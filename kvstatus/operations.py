@@ -113,9 +113,9 @@ def status_args(statuses: Iterable[Any]) -> list[str]:
 
 def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
     """:func:`decode_status` over a batch reply, with one dict lookup per value on the hot path."""
-    decoded = [_STATUS_BY_VALUE.get(value) for value in values]
-    for value, status, key in zip(values, decoded, keys):
-        if status is None and value is not None:
+    decoded = list(map(_STATUS_BY_VALUE.get, values))
+    if None in decoded and decoded.count(None) != values.count(None):  # a stored value that is not a status
+        for value, key in zip(values, keys):
             decode_status(value, key, field)  # raises, naming the key
     return decoded
 
@@ -217,6 +217,11 @@ class StoreCore:
             room = validate_room(room)
         return f"{self._base}{{{room}}}"
 
+    def _keys(self, rooms: list[int]) -> list[str]:
+        """Keys of validated room ids."""
+        base = self._base
+        return [f"{base}{{{room}}}" for room in rooms]
+
     def update_status(self, room: int, status: KVPoll | int) -> Request[UpdateResult]:
         key = self._key(room)
         arg = _STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
@@ -229,12 +234,14 @@ class StoreCore:
         args = status_args(updates.values())
         if not rooms:
             return _no_calls({})
-        keys = self.schema.room_keys(rooms)
+        keys = self._keys(rooms)
         if not self.cluster:
             def decode_one(replies: list[Any]) -> dict[int, UpdateResult]:
                 pairs = iter(replies[0])
-                pairs = zip(pairs, pairs)
-                results = [_RESULTS.get(pair) or update_result(*pair) for pair in pairs]
+                results = list(map(_RESULTS.get, zip(pairs, pairs)))
+                if None in results:
+                    pairs = iter(replies[0])
+                    results = [update_result(*pair) for pair in zip(pairs, pairs)]  # raises, naming the pair
                 return dict(zip(rooms, results))
 
             return Request([script_call(scripts.UPDATE, keys, (*self._update_head, *args))], decode_one)
@@ -279,14 +286,14 @@ class StoreCore:
     def get_many(self, rooms: Iterable[int]) -> Request[dict[int, Optional[KVPoll]]]:
         if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
             raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
-        unique = list(dict.fromkeys(validate_rooms(rooms)))
-        if not unique:
+        ids = validate_rooms(rooms)  # a repeated room is read twice and kept once by the decoding dict
+        if not ids:
             return _no_calls({})
-        keys = self.schema.room_keys(unique)
+        keys = self._keys(ids)
         field = self.participant
         if not self.cluster:
             return Request([script_call(scripts.GET_MANY, keys, (field,))],
-                           lambda replies: dict(zip(unique, decode_statuses(replies[0], keys, field))))
+                           lambda replies: dict(zip(ids, decode_statuses(replies[0], keys, field))))
         groups = self._slot_groups(keys)
         calls = [
             Call(("HGET", keys[group[0]], field))
@@ -300,8 +307,8 @@ class StoreCore:
             for group, call, reply in zip(groups, calls, replies):
                 values = reply if call.script else [reply]
                 for i, value in zip(group, values):
-                    result[unique[i]] = decode_status(value, keys[i], field)
-            return {room: result[room] for room in unique}
+                    result[ids[i]] = decode_status(value, keys[i], field)
+            return {room: result[room] for room in ids}
 
         return Request(calls, decode)
 

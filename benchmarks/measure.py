@@ -1,9 +1,10 @@
 """Interleaved timing: every variant of a comparison runs in alternating blocks (ABAB...).
 
 Times are nanoseconds from :func:`time.perf_counter_ns`. A *block* is one
-variant's samples in one round; comparisons use the median over rounds of
-each block's statistic, so a noisy neighbour that slows one round slows both
-variants alike.
+variant's samples in one round. A ratio is the median over rounds of the two
+variants' p50s *in the same round* (:func:`ratio`): on a shared box the round
+trip itself can double from one second to the next, and blocks that ran back
+to back saw the same box.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Summary:
     p99_us: float
     rounds: int
     samples: int
+    round_p50s_us: tuple[float, ...] = ()
 
     @property
     def per_second(self) -> float:
@@ -61,6 +63,11 @@ def interleave(blocks: Mapping[str, Block], rounds: int) -> dict[str, Summary]:
 
 
 def summarise(rounds: list[list[int]]) -> Summary:
-    p50 = statistics.median(percentile(s, 0.50) for s in rounds) / 1000
+    p50s = tuple(percentile(s, 0.50) / 1000 for s in rounds)
     p99 = statistics.median(percentile(s, 0.99) for s in rounds) / 1000
-    return Summary(p50, p99, len(rounds), sum(len(s) for s in rounds))
+    return Summary(statistics.median(p50s), p99, len(rounds), sum(len(s) for s in rounds), p50s)
+
+
+def ratio(a: Summary, b: Summary) -> float:
+    """Median over rounds of a's p50 / b's p50 in the same round: the two ran back to back on the same box state."""
+    return statistics.median(x / y for x, y in zip(a.round_p50s_us, b.round_p50s_us))

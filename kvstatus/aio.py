@@ -7,17 +7,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
-from kvstatus.operations import Call, Op
+from kvstatus.errors import BackendUnavailableError
+from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
-from kvstatus.storebase import (
-    EXECUTE,
-    LOAD,
-    PIPELINE,
-    SLEEP,
-    Plan,
-    StoreBase,
-    send_plan,
-)
+from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
 from kvstatus.translate import REDIS_ERRORS
 
 T = TypeVar("T")
@@ -29,28 +22,28 @@ class AsyncStatusStore(StoreBase):
     _connect = staticmethod(connect_async)
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
-        return await self._run(self._core.update_status(room, status))
+        return await self._send(self._core.update_status(room, status))
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        return await self._run(self._core.update_many(updates))
+        return await self._send(self._core.update_many(updates))
 
     async def check_status(self, room: int) -> KVPoll:
-        return await self._run(self._core.check_status(room))
+        return await self._send(self._core.check_status(room))
 
     async def get(self, room: int) -> Optional[KVPoll]:
-        return await self._run(self._core.get(room))
+        return await self._send(self._core.get(room))
 
     async def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
-        return await self._run(self._core.get_many(rooms))
+        return await self._send(self._core.get_many(rooms))
 
     async def clear(self, room: int) -> bool:
-        return await self._run(self._core.clear(room))
+        return await self._send(self._core.clear(room))
 
     async def record_failure(self, room: int, reason: str) -> bool:
-        return await self._run(self._core.record_failure(room, reason))
+        return await self._send(self._core.record_failure(room, reason))
 
     async def room(self, room: int) -> RoomView:
-        return await self._run(self._core.room(room))
+        return await self._send(self._core.room(room))
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -61,40 +54,58 @@ class AsyncStatusStore(StoreBase):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _run(self, op: Op[T]) -> T:
+    # The send loop of store.py with awaits. Decisions live in storebase.py.
+
+    async def _send(self, request: Request[T]) -> T:
+        calls = request.calls
+        if len(calls) == 1:
+            try:
+                reply = await self.client.execute_command(*calls[0].args)
+            except Exception as exc:
+                return request.decode(await self._replies(calls, [exc]))
+            return request.decode([reply])
+        return request.decode(await self._replies(calls, None) if calls else [])
+
+    async def _replies(self, calls: list[Call], first: Optional[list[Any]]) -> list[Any]:
+        for delay in self._failover_delays:
+            try:
+                return await self._round_trip(calls, first)
+            except BackendUnavailableError:
+                first = None
+                await asyncio.sleep(delay)
+                await self._refresh_slots()
+        return await self._round_trip(calls, first)
+
+    async def _round_trip(self, calls: list[Call], replies: Optional[list[Any]]) -> list[Any]:
+        replies = await self._io(calls) if replies is None else replies
+        for as_eval in (False, True):
+            indices, resend = noscript_resend(calls, replies, as_eval)
+            if indices:
+                for script in () if as_eval else scripts_of(resend):
+                    await self._load(script.source)
+                merge(replies, indices, await self._io(resend))
+        return checked(calls, replies)
+
+    async def _io(self, calls: list[Call]) -> list[Any]:
         try:
-            calls = next(op)
-            while True:
-                calls = op.send(await self._drive(send_plan(calls, self._failover_delays, self._core.cluster)))
-        except StopIteration as done:
-            return done.value
+            if len(calls) == 1:
+                return [await self.client.execute_command(*calls[0].args)]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    pipe.execute_command(*call.args)
+                return await pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            return [exc] * len(calls)
 
-    async def _drive(self, plan: Plan[T]) -> T:
-        """Perform the plan's actions, sending back each reply or throwing in each redis-py error."""
-        reply: Any = None
-        error: Optional[BaseException] = None
-        while True:
-            try:
-                kind, argument = plan.send(reply) if error is None else plan.throw(error)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
-            try:
-                if kind == EXECUTE:
-                    reply = await self.client.execute_command(*argument.args)
-                elif kind == PIPELINE:
-                    reply = await self._pipe(argument)
-                elif kind == LOAD:
-                    await self.client.script_load(argument.source)
-                elif kind == SLEEP:
-                    await asyncio.sleep(argument)
-                else:
-                    await self.client.nodes_manager.initialize()
-            except REDIS_ERRORS as exc:
-                error = exc
+    async def _load(self, source: str) -> None:
+        try:
+            await self.client.script_load(source)
+        except REDIS_ERRORS:
+            pass
 
-    async def _pipe(self, calls: list[Call]) -> list[Any]:
-        async with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                pipe.execute_command(*call.args)
-            return await pipe.execute(raise_on_error=False)
+    async def _refresh_slots(self) -> None:
+        if self._core.cluster:
+            try:
+                await self.client.nodes_manager.initialize()
+            except REDIS_ERRORS:
+                pass

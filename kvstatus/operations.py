@@ -1,26 +1,26 @@
-"""The store's operations, written once and free of I/O.
+"""The store's operations as plain data, written once and free of I/O.
 
-Each operation is a generator: it validates its arguments, yields the Redis
-calls it needs as one batch (sent in one round trip), receives their replies in
-the same order, and returns the decoded result. :class:`~kvstatus.StatusStore`
-drives these generators with blocking calls and
-:class:`~kvstatus.AsyncStatusStore` with awaits; nothing else differs.
+Each operation validates its arguments and returns a :class:`Request`: the
+Redis calls to send in one round trip, and the function that turns their
+replies (in the same order) into the result. :class:`~kvstatus.StatusStore`
+sends them with blocking calls and :class:`~kvstatus.AsyncStatusStore` with
+awaits; nothing else differs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Optional, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
 
 from redis.cluster import key_slot
 
 from kvstatus import scripts
-from kvstatus.errors import CorruptedValueError, InvalidArgumentError
+from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentError
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
+    MAX_ROOM,
     REASON_FIELD_PREFIX,
     KeySchema,
     reason_field,
@@ -33,6 +33,7 @@ from kvstatus.rule import (
     Outcome,
     ParticipantEntry,
     Policy,
+    ReasonOutcome,
     RoomView,
     UpdateResult,
     to_policy,
@@ -48,15 +49,26 @@ MAX_REASON_BYTES = 2048
 _TRUNCATED = " [truncated]"
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One Redis command; ``script`` is set when ``args`` is an EVALSHA of that script."""
 
     args: tuple[Any, ...]
     script: Optional[LuaScript] = None
 
+    def as_eval(self) -> "Call":
+        """The same script call sent with its source (``EVAL``), which a server without the script still runs."""
+        assert self.script is not None
+        return Call(("EVAL", self.script.source, *self.args[2:]), self.script)
 
-Op = Generator[list[Call], list[Any], T]
+
+class Request(Generic[T]):
+    """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order)."""
+
+    __slots__ = ("calls", "decode")
+
+    def __init__(self, calls: list[Call], decode: Callable[[list[Any]], T]) -> None:
+        self.calls = calls
+        self.decode = decode
 
 _STATUS_ARG = tuple(str(s.value) for s in KVPoll)
 _STATUS_BY_VALUE: dict[Any, KVPoll] = {}
@@ -65,9 +77,13 @@ for _s in KVPoll:
     _STATUS_BY_VALUE[str(_s.value).encode()] = _s
 # The exact types whose statuses the batch hot path indexes _STATUS_ARG with directly (bool is not one).
 _PLAIN_STATUS_TYPES = frozenset({KVPoll, int})
+# Every (outcome, status) pair lua/update.lua may return; status -1 means "no entry".
 _RESULTS = {
     (o.value, s): UpdateResult(o, None if s < 0 else KVPoll(s)) for o in Outcome for s in range(-1, len(KVPoll))
 }
+# lua/record_failure.lua's codes -> record_failure's result (True: the reason was stored).
+_RECORDED = {ReasonOutcome.RECORDED.value: True, ReasonOutcome.KEPT_EARLIER.value: False,
+             ReasonOutcome.IGNORED_MISSING.value: False}
 
 
 def ttl_to_ms(ttl: object) -> int:
@@ -98,9 +114,9 @@ def status_args(statuses: Iterable[Any]) -> list[str]:
 
 def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
     """:func:`decode_status` over a batch reply, with one dict lookup per value on the hot path."""
-    decoded = [_STATUS_BY_VALUE.get(value) for value in values]
-    for value, status, key in zip(values, decoded, keys):
-        if status is None and value is not None:
+    decoded = list(map(_STATUS_BY_VALUE.get, values))
+    if None in decoded and decoded.count(None) != values.count(None):  # a stored value that is not a status
+        for value, key in zip(values, keys):
             decode_status(value, key, field)  # raises, naming the key
     return decoded
 
@@ -117,6 +133,30 @@ def decode_status(value: Any, key: str, field: str) -> Optional[KVPoll]:
     return status
 
 
+def update_result(outcome: Any, status: Any) -> UpdateResult:
+    """Decode one (outcome, status) pair of lua/update.lua; raise :class:`BackendError` for an unknown pair."""
+    result = _RESULTS.get((outcome, status))
+    if result is None:
+        raise BackendError(f"the update script replied outcome {outcome!r} status {status!r}, which this kvstatus "
+                           "does not know (expected outcome 1..7, status -1..4): is another kvstatus version's "
+                           "script loaded under the same SHA?")
+    return result
+
+
+def _decode_update(replies: list[Any]) -> UpdateResult:
+    outcome, status = replies[0]
+    result = _RESULTS.get((outcome, status))
+    return update_result(outcome, status) if result is None else result
+
+
+def _decode_record(replies: list[Any]) -> bool:
+    recorded = _RECORDED.get(replies[0])
+    if recorded is None:
+        codes = ", ".join(f"{o.value} {o.name}" for o in ReasonOutcome)
+        raise BackendError(f"the record_failure script replied {replies[0]!r}, expected one of {codes}")
+    return recorded
+
+
 def truncate_reason(reason: object) -> str:
     """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut."""
     if not isinstance(reason, str):
@@ -126,6 +166,10 @@ def truncate_reason(reason: object) -> str:
         return reason
     keep = MAX_REASON_BYTES - len(_TRUNCATED)
     return data[:keep].decode("utf-8", "ignore") + _TRUNCATED
+
+
+def _no_calls(result: T) -> Request[T]:
+    return Request([], lambda replies: result)
 
 
 class StoreCore:
@@ -146,8 +190,10 @@ class StoreCore:
         self.ttl_ms = ttl_to_ms(ttl)
         self.policy = to_policy(policy)
         self.cluster = cluster
+        self._base = self.schema.base
         self._reason_field = reason_field(self.participant)
         self._update_head = (self.policy.value, str(self.ttl_ms), self.participant, self._reason_field)
+        self._update_one = ("EVALSHA", scripts.UPDATE.sha, 1)
 
     def settings(self) -> dict[str, Any]:
         """Keyword arguments that rebuild this core (for ``for_participant``)."""
@@ -167,92 +213,124 @@ class StoreCore:
             by_slot.setdefault(key_slot(key.encode()), []).append(i)
         return list(by_slot.values())
 
-    def update_status(self, room: int, status: KVPoll | int) -> Op[UpdateResult]:
-        room = validate_room(room)
-        arg = _STATUS_ARG[to_status(status)]
-        replies = yield [script_call(scripts.UPDATE, [self.schema.room_key(room)], (*self._update_head, arg))]
-        outcome, after = replies[0]
-        return _RESULTS[outcome, after]
+    def _key(self, room: object) -> str:
+        if type(room) is not int or not 0 <= room <= MAX_ROOM:  # type: ignore[operator]
+            room = validate_room(room)
+        return f"{self._base}{{{room}}}"
 
-    def update_many(self, updates: Mapping[int, KVPoll | int]) -> Op[dict[int, UpdateResult]]:
+    def _keys(self, rooms: list[int]) -> list[str]:
+        """Keys of validated room ids."""
+        base = self._base
+        return [f"{base}{{{room}}}" for room in rooms]
+
+    def update_status(self, room: int, status: KVPoll | int) -> Request[UpdateResult]:
+        key = self._key(room)
+        arg = _STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
+        return Request([Call((*self._update_one, key, *self._update_head, arg), scripts.UPDATE)], _decode_update)
+
+    def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
         if not isinstance(updates, Mapping):
             raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
         rooms = validate_rooms(updates)
         args = status_args(updates.values())
         if not rooms:
-            return {}
-        keys = self.schema.room_keys(rooms)
+            return _no_calls({})
+        keys = self._keys(rooms)
         if not self.cluster:
-            (reply,) = yield [script_call(scripts.UPDATE, keys, (*self._update_head, *args))]
-            pairs = iter(reply)
-            return dict(zip(rooms, [_RESULTS[pair] for pair in zip(pairs, pairs)]))
+            def decode_one(replies: list[Any]) -> dict[int, UpdateResult]:
+                pairs = iter(replies[0])
+                results = list(map(_RESULTS.get, zip(pairs, pairs)))
+                if None in results:
+                    pairs = iter(replies[0])
+                    results = [update_result(*pair) for pair in zip(pairs, pairs)]  # raises, naming the pair
+                return dict(zip(rooms, results))
+
+            return Request([script_call(scripts.UPDATE, keys, (*self._update_head, *args))], decode_one)
         groups = self._slot_groups(keys)
         calls = [
             script_call(scripts.UPDATE, [keys[i] for i in group], (*self._update_head, *(args[i] for i in group)))
             for group in groups
         ]
-        replies = yield calls
-        results: dict[int, UpdateResult] = {}
-        for group, reply in zip(groups, replies):
-            for n, i in enumerate(group):
-                results[rooms[i]] = _RESULTS[reply[2 * n], reply[2 * n + 1]]
-        return results
 
-    def get(self, room: int) -> Op[Optional[KVPoll]]:
-        key = self.schema.room_key(validate_room(room))
-        replies = yield [Call(("HGET", key, self.participant))]
-        return decode_status(replies[0], key, self.participant)
+        def decode_groups(replies: list[Any]) -> dict[int, UpdateResult]:
+            results: dict[int, UpdateResult] = {}
+            for group, reply in zip(groups, replies):
+                for n, i in enumerate(group):
+                    results[rooms[i]] = update_result(reply[2 * n], reply[2 * n + 1])
+            return results
 
-    def check_status(self, room: int) -> Op[KVPoll]:
-        status = yield from self.get(room)
-        if status is None:
-            raise KeyError(room)
-        return status
+        return Request(calls, decode_groups)
 
-    def get_many(self, rooms: Iterable[int]) -> Op[dict[int, Optional[KVPoll]]]:
+    def get(self, room: int) -> Request[Optional[KVPoll]]:
+        key = self._key(room)
+        field = self.participant
+
+        def decode(replies: list[Any]) -> Optional[KVPoll]:
+            value = replies[0]
+            status = _STATUS_BY_VALUE.get(value)
+            return decode_status(value, key, field) if status is None else status
+
+        return Request([Call(("HGET", key, field))], decode)
+
+    def check_status(self, room: int) -> Request[KVPoll]:
+        request = self.get(room)
+        decode_get = request.decode
+
+        def decode(replies: list[Any]) -> KVPoll:
+            status = decode_get(replies)
+            if status is None:
+                raise KeyError(room)
+            return status
+
+        return Request(request.calls, decode)
+
+    def get_many(self, rooms: Iterable[int]) -> Request[dict[int, Optional[KVPoll]]]:
         if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
             raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
-        unique = list(dict.fromkeys(validate_rooms(rooms)))
-        if not unique:
-            return {}
-        keys = self.schema.room_keys(unique)
+        ids = validate_rooms(rooms)  # a repeated room is read twice and kept once by the decoding dict
+        if not ids:
+            return _no_calls({})
+        keys = self._keys(ids)
+        field = self.participant
         if not self.cluster:
-            (reply,) = yield [script_call(scripts.GET_MANY, keys, (self.participant,))]
-            return dict(zip(unique, decode_statuses(reply, keys, self.participant)))
+            return Request([script_call(scripts.GET_MANY, keys, (field,))],
+                           lambda replies: dict(zip(ids, decode_statuses(replies[0], keys, field))))
         groups = self._slot_groups(keys)
         calls = [
-            Call(("HGET", keys[group[0]], self.participant))
+            Call(("HGET", keys[group[0]], field))
             if len(group) == 1
-            else script_call(scripts.GET_MANY, [keys[i] for i in group], (self.participant,))
+            else script_call(scripts.GET_MANY, [keys[i] for i in group], (field,))
             for group in groups
         ]
-        replies = yield calls
-        result: dict[int, Optional[KVPoll]] = {}
-        for group, call, reply in zip(groups, calls, replies):
-            values = reply if call.script else [reply]
-            for i, value in zip(group, values):
-                result[unique[i]] = decode_status(value, keys[i], self.participant)
-        return {room: result[room] for room in unique}
 
-    def clear(self, room: int) -> Op[bool]:
-        key = self.schema.room_key(validate_room(room))
-        replies = yield [Call(("HDEL", key, self.participant, self._reason_field))]
-        return bool(replies[0])
+        def decode(replies: list[Any]) -> dict[int, Optional[KVPoll]]:
+            result: dict[int, Optional[KVPoll]] = {}
+            for group, call, reply in zip(groups, calls, replies):
+                values = reply if call.script else [reply]
+                for i, value in zip(group, values):
+                    result[ids[i]] = decode_status(value, keys[i], field)
+            return {room: result[room] for room in ids}
 
-    def record_failure(self, room: int, reason: str) -> Op[bool]:
-        key = self.schema.room_key(validate_room(room))
+        return Request(calls, decode)
+
+    def clear(self, room: int) -> Request[bool]:
+        key = self._key(room)
+        return Request([Call(("HDEL", key, self.participant, self._reason_field))],
+                       lambda replies: bool(replies[0]))
+
+    def record_failure(self, room: int, reason: str) -> Request[bool]:
+        key = self._key(room)
         text = truncate_reason(reason)
         call = script_call(
             scripts.RECORD_FAILURE, [key], (self.participant, self._reason_field, text, str(self.ttl_ms))
         )
-        replies = yield [call]
-        return replies[0] == 1
+        return Request([call], _decode_record)
 
-    def room(self, room: int) -> Op[RoomView]:
+    def room(self, room: int) -> Request[RoomView]:
         room = validate_room(room)
         key = self.schema.room_key(room)
-        fields, pttl = yield [Call(("HGETALL", key)), Call(("PTTL", key))]
-        return decode_room(room, key, fields, pttl)
+        return Request([Call(("HGETALL", key)), Call(("PTTL", key))],
+                       lambda replies: decode_room(room, key, replies[0], replies[1]))
 
 
 def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int) -> RoomView:

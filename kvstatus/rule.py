@@ -40,6 +40,17 @@ class Outcome(enum.IntEnum):
         return self in _TTL_REFRESHING
 
 
+class ReasonOutcome(enum.IntEnum):
+    """What ``record_failure`` did; the integer is what ``lua/record_failure.lua`` returns.
+
+    Codes continue :class:`Outcome`'s, so one number means one thing in every script.
+    """
+
+    IGNORED_MISSING = 5  # Outcome.IGNORED_MISSING: no entry, nothing written
+    RECORDED = 8  # the reason was stored and the room's TTL refreshed
+    KEPT_EARLIER = 9  # an earlier reason stays; nothing written
+
+
 _TTL_REFRESHING = frozenset({Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED, Outcome.UNCHANGED})
 
 

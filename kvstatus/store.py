@@ -7,17 +7,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect
-from kvstatus.operations import Call, Op
+from kvstatus.errors import BackendUnavailableError
+from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
-from kvstatus.storebase import (
-    EXECUTE,
-    LOAD,
-    PIPELINE,
-    SLEEP,
-    Plan,
-    StoreBase,
-    send_plan,
-)
+from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
 from kvstatus.translate import REDIS_ERRORS
 
 T = TypeVar("T")
@@ -35,35 +28,35 @@ class StatusStore(StoreBase):
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        return self._run(self._core.update_status(room, status))
+        return self._send(self._core.update_status(room, status))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Apply the rule to many rooms in one round trip (atomically on a single Redis)."""
-        return self._run(self._core.update_many(updates))
+        return self._send(self._core.update_many(updates))
 
     def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
-        return self._run(self._core.check_status(room))
+        return self._send(self._core.check_status(room))
 
     def get(self, room: int) -> Optional[KVPoll]:
         """This participant's status, or None."""
-        return self._run(self._core.get(room))
+        return self._send(self._core.get(room))
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
         """This participant's status in each room, in one round trip."""
-        return self._run(self._core.get_many(rooms))
+        return self._send(self._core.get_many(rooms))
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason; True if anything was removed."""
-        return self._run(self._core.clear(room))
+        return self._send(self._core.clear(room))
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
-        return self._run(self._core.record_failure(room, reason))
+        return self._send(self._core.record_failure(room, reason))
 
     def room(self, room: int) -> RoomView:
         """Every participant's entry in ``room``, with reasons and the TTL left."""
-        return self._run(self._core.room(room))
+        return self._send(self._core.room(room))
 
     def close(self) -> None:
         self.client.close()
@@ -74,45 +67,64 @@ class StatusStore(StoreBase):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _run(self, op: Op[T]) -> T:
+    # The send loop; aio.py has the same lines with awaits. Decisions live in storebase.py.
+
+    def _send(self, request: Request[T]) -> T:
+        calls = request.calls
+        if len(calls) == 1:  # the fast path: one command, straight to redis-py
+            try:
+                reply = self.client.execute_command(*calls[0].args)
+            except Exception as exc:  # NOSCRIPT, a failover, an error: the full path, from this reply on
+                return request.decode(self._replies(calls, [exc]))
+            return request.decode([reply])
+        return request.decode(self._replies(calls, None) if calls else [])
+
+    def _replies(self, calls: list[Call], first: Optional[list[Any]]) -> list[Any]:
+        for delay in self._failover_delays:
+            try:
+                return self._round_trip(calls, first)
+            except BackendUnavailableError:
+                first = None
+                time.sleep(delay)
+                self._refresh_slots()
+        return self._round_trip(calls, first)
+
+    def _round_trip(self, calls: list[Call], replies: Optional[list[Any]]) -> list[Any]:
+        replies = self._io(calls) if replies is None else replies
+        for as_eval in (False, True):
+            indices, resend = noscript_resend(calls, replies, as_eval)
+            if indices:
+                for script in () if as_eval else scripts_of(resend):
+                    self._load(script.source)
+                merge(replies, indices, self._io(resend))
+        return checked(calls, replies)
+
+    def _io(self, calls: list[Call]) -> list[Any]:
+        """The replies of ``calls`` in one round trip, redis-py errors in place."""
         try:
-            calls = next(op)
-            while True:
-                calls = op.send(self._drive(send_plan(calls, self._failover_delays, self._core.cluster)))
-        except StopIteration as done:
-            return done.value
+            if len(calls) == 1:
+                return [self.client.execute_command(*calls[0].args)]
+            route = self._core.cluster
+            with self.client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    if route and call.script is not None:
+                        # redis-py's sync cluster pipeline would ask a node COMMAND GETKEYS for every script call.
+                        pipe.execute_command(*call.args, target_nodes=self.client.get_node_from_key(call.args[3]))
+                    else:
+                        pipe.execute_command(*call.args)
+                return pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            return [exc] * len(calls)
 
-    def _drive(self, plan: Plan[T]) -> T:
-        """Perform the plan's actions, sending back each reply or throwing in each redis-py error."""
-        reply: Any = None
-        error: Optional[BaseException] = None
-        while True:
-            try:
-                kind, argument = plan.send(reply) if error is None else plan.throw(error)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
-            try:
-                if kind == EXECUTE:
-                    reply = self.client.execute_command(*argument.args)
-                elif kind == PIPELINE:
-                    reply = self._pipe(argument)
-                elif kind == LOAD:
-                    self.client.script_load(argument.source)
-                elif kind == SLEEP:
-                    time.sleep(argument)
-                else:
-                    self.client.nodes_manager.initialize()
-            except REDIS_ERRORS as exc:
-                error = exc
+    def _load(self, source: str) -> None:
+        try:
+            self.client.script_load(source)
+        except REDIS_ERRORS:
+            pass  # the resend reports the failure, or runs the script by its source
 
-    def _pipe(self, calls: list[Call]) -> list[Any]:
-        route = self._core.cluster
-        with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                if route and call.script is not None:
-                    # redis-py's sync cluster pipeline would ask a node COMMAND GETKEYS for every EVALSHA.
-                    pipe.execute_command(*call.args, target_nodes=self.client.get_node_from_key(call.args[3]))
-                else:
-                    pipe.execute_command(*call.args)
-            return pipe.execute(raise_on_error=False)
+    def _refresh_slots(self) -> None:
+        if self._core.cluster:
+            try:
+                self.client.nodes_manager.initialize()
+            except REDIS_ERRORS:
+                pass  # the resend reports the failure if the cluster is still down

@@ -1,23 +1,30 @@
 """What the sync and async stores share around their I/O: settings, topology
-detection, and :func:`send_plan`, the way a batch of calls is sent (NOSCRIPT
-healing, resends during a failover) written once as a generator of I/O actions
-that each store performs with blocking calls or awaits."""
+detection, and every decision of the send loop (what to resend after NOSCRIPT,
+which delays a failover gets, how errors are translated). Each store's loop
+performs those decisions with blocking calls or awaits, and nothing else.
+
+Sending a request: one call goes out with ``execute_command``, several in one
+non-transactional pipeline. Script calls that meet NOSCRIPT (a restart,
+``SCRIPT FLUSH``, a new cluster node) are sent again after ``SCRIPT LOAD``;
+if the script is gone again by then, they are sent with their source
+(``EVAL``), which cannot meet NOSCRIPT. A cluster or Sentinel client that meets
+an unavailable backend resends the whole request after each failover delay.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
-from redis import exceptions as rx
 from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions
-from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.rule import Policy
-from kvstatus.translate import REDIS_ERRORS, raise_first_error, scripts_to_reload, translate_error, unique_scripts
+from kvstatus.scripts import LuaScript
+from kvstatus.translate import translate_error
 
 S = TypeVar("S", bound="StoreBase")
 T = TypeVar("T")
@@ -135,62 +142,33 @@ class StoreBase:
         )
 
 
-# The I/O actions of a send plan: (kind, argument).
-EXECUTE = "execute"  # argument: a Call; reply: its result
-PIPELINE = "pipeline"  # argument: list[Call]; reply: their results, errors in place
-LOAD = "load"  # argument: a LuaScript to SCRIPT LOAD
-SLEEP = "sleep"  # argument: seconds
-REFRESH = "refresh"  # re-read a cluster's slot map
-Action = tuple[str, Any]
-Plan = Generator[Action, Any, T]
+def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:
+    """The script calls whose reply is NOSCRIPT: their indices, and the calls to send again in their place.
 
-
-def send_plan(calls: list[Call], resend_delays: Sequence[float], cluster: bool) -> Plan[list[Any]]:
-    """Send ``calls`` in one round trip and return their replies, raising kvstatus errors.
-
-    A store performs each yielded action and sends back its reply, or throws
-    the redis-py error it raised into the plan. Scripts a server does not know
-    are loaded and sent again. After an unavailable backend the calls are sent
-    again after each of ``resend_delays`` (seconds; cluster and Sentinel only),
-    re-reading a cluster's slot map first.
+    ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them);
+    True: ``EVAL`` with the script's source, which no SCRIPT FLUSH can make fail.
     """
-    for delay in resend_delays:
-        try:
-            return (yield from _attempt(calls))
-        except BackendUnavailableError:
-            yield SLEEP, delay
-            if cluster:
-                try:
-                    yield REFRESH, None
-                except REDIS_ERRORS:
-                    pass  # the resend reports the failure if the cluster is still down
-    return (yield from _attempt(calls))
+    indices = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError) and calls[i].script]
+    return indices, [calls[i].as_eval() if as_eval else calls[i] for i in indices]
 
 
-def _attempt(calls: list[Call]) -> Plan[list[Any]]:
-    """One round trip for ``calls``, loading scripts the server lacks; redis-py errors become kvstatus errors."""
-    try:
-        if len(calls) > 1:
-            return (yield from _pipeline(calls))
-        call = calls[0]
-        try:
-            return [(yield EXECUTE, call)]
-        except rx.NoScriptError:
-            if call.script is None:
-                raise
-            yield LOAD, call.script
-            return [(yield EXECUTE, call)]
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc, calls[0] if len(calls) == 1 else None) from exc
+def scripts_of(calls: list[Call]) -> list[LuaScript]:
+    """The distinct scripts of ``calls``, each to SCRIPT LOAD once."""
+    return list({call.script.sha: call.script for call in calls if call.script}.values())
 
 
-def _pipeline(calls: list[Call]) -> Plan[list[Any]]:
-    replies = yield PIPELINE, calls
-    again = scripts_to_reload(calls, replies)
-    if again:
-        for script in unique_scripts(calls, again):
-            yield LOAD, script
-        for i, reply in zip(again, (yield PIPELINE, [calls[i] for i in again])):
-            replies[i] = reply
-    raise_first_error(calls, replies)
+def merge(replies: list[Any], indices: list[int], resent: list[Any]) -> None:
+    """Put the replies of resent calls in their places."""
+    for i, reply in zip(indices, resent):
+        replies[i] = reply
+
+
+def checked(calls: list[Call], replies: list[Any]) -> list[Any]:
+    """``replies`` if none is an error; else raise the first error as its kvstatus error."""
+    for call, reply in zip(calls, replies):
+        if isinstance(reply, Exception):
+            error = translate_error(reply, call)
+            if error is reply:
+                raise reply
+            raise error from reply
     return replies

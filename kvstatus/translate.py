@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
@@ -14,33 +12,18 @@ from kvstatus.errors import (
     BackendError,
     BackendUnavailableError,
     CorruptedValueError,
+    InvalidArgumentError,
     KVStatusError,
     PermissionDeniedError,
 )
 from kvstatus.operations import Call
 from kvstatus.redact import mask_url
-from kvstatus.scripts import LuaScript
 
+# Error prefixes the scripts in lua/ return (redis.error_reply); NOPERM arrives as redis-py's NoPermissionError.
+_BADARG = "KVSTATUS_BADARG "
 _CORRUPT = "KVSTATUS_CORRUPT "
-# Redis 7 names the script line, not the command, when a script's redis.call is denied by ACL.
+# Redis' own text when a script's redis.call is denied by ACL; it names the script line, not the command.
 _SCRIPT_NOPERM = "The user executing the script can't run this command"
-_SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
-_LUA_CALL = re.compile(r"redis\.p?call\(\s*[\"'](\w+)[\"']")
-
-
-def scripts_to_reload(calls: Sequence[Call], replies: Sequence[Any]) -> list[int]:
-    """Indices of pipelined script calls that failed with NOSCRIPT and must be sent again."""
-    return [i for i, reply in enumerate(replies) if isinstance(reply, rx.NoScriptError) and calls[i].script]
-
-
-def unique_scripts(calls: Sequence[Call], indices: Sequence[int]) -> list[LuaScript]:
-    return list({calls[i].script.sha: calls[i].script for i in indices if calls[i].script}.values())
-
-
-def raise_first_error(calls: Sequence[Call], replies: Sequence[Any]) -> None:
-    for call, reply in zip(calls, replies):
-        if isinstance(reply, Exception):
-            raise translate_error(reply, call) from reply
 
 
 REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
@@ -72,11 +55,14 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
     if isinstance(exc, rx.NoPermissionError):
         return PermissionDeniedError(f"Redis ACL denied the request: {text}")
     if _SCRIPT_NOPERM in text:
-        command = script_command_at(call, text)
+        # The scripts check their writes in advance and name a refused one themselves (NOPERM above);
+        # this is a read the ACL refused on a key after the first, which Redis reports by line number only.
         return PermissionDeniedError(
-            f"Redis ACL denied the request: this user has no permissions to run the '{command}' command "
-            f"(called inside the kvstatus script {call.script.name if call and call.script else '?'})"
+            f"Redis ACL denied the request: a command called inside the kvstatus script "
+            f"{call.script.name if call and call.script else '?'} ({text.split(' script:')[0]})"
         )
+    if text.startswith(_BADARG):
+        return InvalidArgumentError(f"the kvstatus script refused its arguments: {text[len(_BADARG):]}")
     if text.startswith(_CORRUPT):
         return CorruptedValueError(text[len(_CORRUPT) :].split(" script:")[0])
     if text.startswith("WRONGTYPE"):
@@ -87,17 +73,7 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
 
 def _first_key(call: Call) -> Optional[str]:
     args = call.args
-    if args[0] == "EVALSHA":
+    if args[0] in ("EVALSHA", "EVAL"):
         return str(args[3]) if args[2] == 1 else None
     return str(args[1]) if len(args) > 1 else None
 
-
-def script_command_at(call: Optional[Call], text: str) -> str:
-    """The Redis command called on the script line named in ``text`` (lower case), or "unknown"."""
-    line = _SCRIPT_LINE.search(text)
-    if call is None or call.script is None or line is None:
-        return "unknown"
-    lines = call.script.source.splitlines()
-    number = int(line.group(1))
-    found = _LUA_CALL.search(lines[number - 1]) if 0 < number <= len(lines) else None
-    return found.group(1).lower() if found else "unknown"

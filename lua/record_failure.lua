@@ -8,29 +8,43 @@
 -- ARGV[3]  the reason text
 -- ARGV[4]  TTL in milliseconds, a positive integer
 --
--- Returns 1 RECORDED (TTL refreshed), 2 KEPT_EARLIER (an earlier reason
--- stays; nothing written), 0 IGNORED_MISSING (no entry; nothing written).
--- Errors: "KVSTATUS_BADARG <what>" for malformed arguments; "NOPERM <what>" when
--- the ACL would refuse HSETNX or PEXPIRE (checked before writing, on Redis >= 7).
+-- Returns an integer, kvstatus.rule.ReasonOutcome (the constants below; they
+-- continue kvstatus.rule.Outcome, so a number means one thing in every script):
+--   RECORDED         the reason was stored and the room's TTL refreshed
+--   KEPT_EARLIER     an earlier reason stays; nothing written
+--   IGNORED_MISSING  the participant has no entry; nothing written
+-- Errors, raised before the first write:
+--   "KVSTATUS_BADARG <what>"  malformed arguments
+--   "NOPERM <what>"           the ACL refuses a command this script runs (see acl_refusal)
 
-local RECORDED, KEPT_EARLIER, IGNORED_MISSING = 1, 2, 0
+local IGNORED_MISSING, RECORDED, KEPT_EARLIER = 5, 8, 9
+local SCRIPT = "record_failure"
+
+-- The ACL pre-check, written the same in every kvstatus script. Lua does not
+-- roll back, so a command the ACL refused half way would leave the writes before
+-- it done, a created key without its TTL among them. Redis >= 7 can be asked in
+-- advance; older servers cannot, and there the ACL must grant every command.
+-- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
+local function acl_refusal(command, key)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
+    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
+      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
+  end
+  return nil
+end
+
 local field, reason_field, reason, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if type(ttl) ~= "string" or not string.match(ttl, "^[1-9][0-9]*$") or #ttl > 15 then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
-if not reason or field == "" or reason_field == "" then
-  return redis.error_reply("KVSTATUS_BADARG expected status field, reason field and reason")
+if #KEYS ~= 1 or not reason or field == "" or reason_field == "" then
+  return redis.error_reply("KVSTATUS_BADARG expected one key, status field, reason field and reason")
 end
 
-if redis.acl_check_cmd then
-  for _, command in ipairs({"hsetnx", "pexpire"}) do
-    local args = command == "hsetnx" and {reason_field, reason} or {ttl}
-    if not redis.acl_check_cmd(command, KEYS[1], unpack(args)) then
-      return redis.error_reply("NOPERM this user has no permissions to run the '" .. command
-        .. "' command on key " .. KEYS[1] .. " (checked by the kvstatus record_failure script before writing)")
-    end
-  end
+local denied = acl_refusal("hexists", KEYS[1]) or acl_refusal("hsetnx", KEYS[1]) or acl_refusal("pexpire", KEYS[1])
+if denied then
+  return denied
 end
 
 if redis.call("HEXISTS", KEYS[1], field) == 0 then

@@ -1,6 +1,6 @@
--- kvstatus update rule (DESIGN §2), applied atomically to one participant's
--- entry in each room hash named in KEYS. kvstatus/status.py:apply_rule is the
--- same table in Python; the tests hold the two together.
+-- kvstatus update rule, applied atomically to one participant's entry in each
+-- room hash named in KEYS. kvstatus/rule.py:apply_rule is the same table in
+-- Python; the tests hold the two together.
 --
 -- KEYS[i]    room hash of the i-th room
 -- ARGV[1]    policy: "seed" or "strict"
@@ -10,19 +10,33 @@
 -- ARGV[4+i]  new status for KEYS[i], "0".."4"
 --
 -- Returns {outcome_1, status_1, outcome_2, status_2, ...}, integers only:
---   outcome  1 CREATED  2 ADVANCED  3 FAILED  4 UNCHANGED
---            5 IGNORED_MISSING  6 REFUSED_TERMINAL  7 REFUSED_CREATE
+--   outcome  kvstatus.rule.Outcome (the constants below)
 --   status   the entry's status afterwards, 0..4, or -1 when there is no entry
 -- Errors, raised before the first write, so nothing is half-written:
 --   "KVSTATUS_BADARG <what>"   malformed arguments
 --   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is
---   "NOPERM <what>"            the ACL would refuse one of the writes (Redis >= 7 can tell
---                              in advance; a refusal half way would leave a key without TTL)
--- Outcomes 1-4 refresh the room's TTL; 5-7 write nothing.
+--   "NOPERM <what>"            the ACL refuses a write this call would make (see acl_refusal)
+-- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL; the others write nothing.
 
 local CREATED, ADVANCED, FAILED, UNCHANGED = 1, 2, 3, 4
 local IGNORED_MISSING, REFUSED_TERMINAL, REFUSED_CREATE = 5, 6, 7
-local STATUS_FAILED, STATUS_WAITING = 0, 2
+local STATUS_FAILED, STATUS_WAITING_FOR_INPUT = 0, 2
+local byte = string.byte
+local ZERO = byte("0")  -- a status is one character, "0".."4"
+local SCRIPT = "update"
+
+-- The ACL pre-check, written the same in every kvstatus script. Lua does not
+-- roll back, so a command the ACL refused half way would leave the writes before
+-- it done, a created key without its TTL among them. Redis >= 7 can be asked in
+-- advance; older servers cannot, and there the ACL must grant every command.
+-- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
+local function acl_refusal(command, key)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
+    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
+      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
+  end
+  return nil
+end
 
 local policy, ttl, field, reason_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
@@ -35,55 +49,42 @@ end
 if not field or field == "" or not reason_field or reason_field == "" then
   return redis.error_reply("KVSTATUS_BADARG participant fields must be non-empty")
 end
-if #ARGV ~= 4 + #KEYS then
-  return redis.error_reply("KVSTATUS_BADARG expected one status per key")
+if #KEYS == 0 or #ARGV ~= 4 + #KEYS then
+  return redis.error_reply("KVSTATUS_BADARG expected one status per key, and at least one key")
 end
 
--- The first of HSET, HDEL, PEXPIRE the ACL refuses on key, or nil.
-local function refused_write(key)
-  if not redis.acl_check_cmd then
-    return nil  -- Redis < 7 cannot be asked in advance
-  end
-  if not redis.acl_check_cmd("hset", key, field, "0") then return "hset" end
-  if not redis.acl_check_cmd("hdel", key, reason_field) then return "hdel" end
-  if not redis.acl_check_cmd("pexpire", key, ttl) then return "pexpire" end
-  return nil
-end
-
--- First pass: validate every argument and read every entry; no writes yet.
-local current, new = {}, {}
+-- First pass: validate, read, apply the rule, and ask the ACL about every write
+-- the second pass will make; nothing is written yet. PEXPIRE is checked on every
+-- key that will be written, so no key can be left without its TTL whatever the
+-- ACL. HSET and HDEL are checked once per call, on the first key that needs them:
+-- a user's own ACL rules allow a command on a key when the command is allowed
+-- (the same for every key) and the key matches its patterns (the same for HSET,
+-- HDEL and PEXPIRE, which all need read-write access), so the PEXPIRE check of
+-- each key covers them too and nothing is half-written. (ACL selectors can grant
+-- HSET and PEXPIRE on different keys; there a batch could stop half way, but
+-- never leave a key without TTL.) One check per key instead of three.
+local result, leaves_failed = {}, nil
+local hset_checked, denied = false, nil
 for i = 1, #KEYS do
-  local denied = refused_write(KEYS[i])
-  if denied then
-    return redis.error_reply("NOPERM this user has no permissions to run the '" .. denied
-      .. "' command on key " .. KEYS[i] .. " (checked by the kvstatus update script before writing)")
+  local key, arg = KEYS[i], ARGV[4 + i]
+  local s = #arg == 1 and byte(arg) - ZERO
+  if not s or s < 0 or s > 4 then
+    return redis.error_reply("KVSTATUS_BADARG status for key " .. key .. " must be 0..4")
   end
-  local s = ARGV[4 + i]
-  if not string.match(s, "^[0-4]$") then
-    return redis.error_reply("KVSTATUS_BADARG status for key " .. KEYS[i] .. " must be 0..4")
-  end
-  new[i] = tonumber(s)
-  local stored = redis.call("HGET", KEYS[i], field)
+  local stored = redis.call("HGET", key, field)
+  local cur = false
   if stored then
-    if not string.match(stored, "^[0-4]$") then
-      return redis.error_reply("KVSTATUS_CORRUPT key " .. KEYS[i] .. " field " .. field
+    cur = #stored == 1 and byte(stored) - ZERO
+    if not cur or cur < 0 or cur > 4 then
+      return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. field
         .. " holds " .. string.format("%q", string.sub(stored, 1, 40)) .. ", not a status 0..4")
     end
-    current[i] = tonumber(stored)
-  else
-    current[i] = false
   end
-end
-
--- Second pass: apply the rule and write.
-local result = {}
-for i = 1, #KEYS do
-  local key, cur, s = KEYS[i], current[i], new[i]
   local outcome, after
   if not cur then
     if s == STATUS_FAILED then
       outcome, after = IGNORED_MISSING, -1
-    elseif policy == "strict" and s > STATUS_WAITING then
+    elseif policy == "strict" and s > STATUS_WAITING_FOR_INPUT then
       outcome, after = REFUSED_CREATE, -1
     else
       outcome, after = CREATED, s
@@ -101,18 +102,39 @@ for i = 1, #KEYS do
   else
     outcome, after = UNCHANGED, cur
   end
-
-  if outcome == CREATED or outcome == ADVANCED or outcome == FAILED then
-    redis.call("HSET", key, field, s)
+  if outcome < UNCHANGED and not hset_checked then
+    denied, hset_checked = acl_refusal("hset", key), true
   end
   if outcome == ADVANCED and cur == STATUS_FAILED then
     -- A seed-policy entry leaving Failed drops the reason of the failure it left.
-    redis.call("HDEL", key, reason_field)
+    if not leaves_failed then
+      leaves_failed, denied = {}, denied or acl_refusal("hdel", key)
+    end
+    leaves_failed[i] = true
   end
   if outcome <= UNCHANGED then
-    redis.call("PEXPIRE", key, ttl)
+    denied = denied or acl_refusal("pexpire", key)
+  end
+  if denied then
+    return denied
   end
   result[2 * i - 1] = outcome
   result[2 * i] = after
+end
+
+-- Second pass: write. CREATED, ADVANCED and FAILED store the status; those and
+-- UNCHANGED refresh the TTL.
+for i = 1, #KEYS do
+  local outcome = result[2 * i - 1]
+  if outcome <= UNCHANGED then
+    local key = KEYS[i]
+    if outcome < UNCHANGED then
+      redis.call("HSET", key, field, result[2 * i])
+      if leaves_failed and leaves_failed[i] then
+        redis.call("HDEL", key, reason_field)
+      end
+    end
+    redis.call("PEXPIRE", key, ttl)
+  end
 end
 return result

@@ -17,6 +17,7 @@ import redis.asyncio
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from kvstatus.demo.fakelua import accept_script_shebang
 from tests.servers import RedisClusterServers, RedisServer
 from tests.helpers.backends import Backend
 from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures by name here
@@ -24,6 +25,8 @@ from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures
     pytest_collection_modifyitems,
     pytest_runtest_setup,
 )
+
+accept_script_shebang()  # fakeredis does not strip get_many.lua's "#!lua flags=no-writes" as Redis does
 
 
 @pytest.fixture(scope="session")

@@ -360,12 +360,15 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
         return
     try:
         from fakeredis import TcpFakeServer
+
+        from kvstatus.demo.fakelua import accept_script_shebang
     except ImportError:
         raise DemoError(
             "no Redis to run on: redis-server is not on PATH and fakeredis is not installed; "
             "install redis-server (Debian: apt-get install redis-server), or `pip install kvstatus[fake]`, "
             "or pass --url"
         ) from None
+    accept_script_shebang()
     port = free_port()
     server = TcpFakeServer(("127.0.0.1", port))
     thread = threading.Thread(target=server.serve_forever, name="fakeredis-tcp", daemon=True)

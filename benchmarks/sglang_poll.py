@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from kvstatus import KVPoll, StatusStore
+from kvstatus import KVPoll
 from kvstatus.connection import connect
 from kvstatus.demo.server import RedisServer
 from kvstatus.sglang import install, near_cache_available

@@ -10,7 +10,6 @@ import click
 from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.cli.app import CliEnv, main, pass_env, ttl_option
 from kvstatus.keys import KeySchema
-from kvstatus.operations import DEFAULT_TTL_SECONDS
 
 
 def _need(extra: str, what: str, exc: ImportError) -> click.ClickException:

@@ -8,6 +8,8 @@ KVSTATUS_BOARD_SCREENSHOT=path to keep the screenshot (docs/board.png is made so
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 import shutil
 import tempfile
@@ -82,9 +84,14 @@ def populate(url: str, namespace: str) -> dict[str, int]:
     return counts
 
 
-def test_board_renders_counts_and_a_rooms_detail_in_chromium(browser, redis_server: RedisServer,
-                                                             tmp_path: Path) -> None:
+def test_board_renders_counts_and_a_rooms_detail_in_chromium(browser, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
+
+    with RedisServer() as redis_server:  # its own server: the screenshot shows this namespace alone
+        _render_and_check(browser, redis_server, tmp_path, By)
+
+
+def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, By: Any) -> None:
 
     namespace = fresh_namespace("browser")
     expected = populate(redis_server.url, namespace)

@@ -34,7 +34,8 @@ def test_demo_serve_keeps_the_board_up_until_ctrl_c() -> None:
         assert summary["history"], "the board ran passes during the demo"
         assert proc.poll() is None
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
-        out, _ = proc.communicate(timeout=60)
+        out, rest = proc.communicate(timeout=60)  # reads what the reader thread had not read yet
+        lines.append(rest)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -17,9 +17,9 @@ from kvstatus.operations import Request, script_call, update_result
 from kvstatus.rule import ReasonOutcome
 from kvstatus.translate import translate_error
 from tests.servers import RedisServer
-from tests.support import Backend, fresh_namespace
+from tests.helpers.backends import Backend, fresh_namespace
 
-LUA = Path(__file__).resolve().parent.parent / "lua"
+LUA = Path(__file__).resolve().parents[2] / "lua"
 SOURCES = {path.stem: path.read_text() for path in sorted(LUA.glob("*.lua"))}
 WRITES = ("HSET", "HSETNX", "HDEL", "PEXPIRE", "DEL", "SET", "EXPIRE")
 

@@ -56,11 +56,11 @@ class Stats:
     by_status: Counter = field(default_factory=Counter)
     by_participant: dict[str, Counter] = field(default_factory=dict)
     ttl_left: Counter = field(default_factory=Counter)
-    keys_without_ttl: list[int] = field(default_factory=list)
-    keys_without_ttl_count: int = 0
+    keys_without_ttl: int = 0
+    keys_without_ttl_sample: list[int] = field(default_factory=list)
     oldest: list[RoomView] = field(default_factory=list)
-    corrupted_count: int = 0
-    corrupted: list[str] = field(default_factory=list)
+    corrupted_rooms: int = 0
+    corrupted_sample: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,10 +71,10 @@ class Stats:
                 p: {s.name: c.get(s, 0) for s in KVPoll} for p, c in sorted(self.by_participant.items())
             },
             "ttl_left": {label: self.ttl_left.get(label, 0) for label in bucket_labels()},
-            "keys_without_ttl": self.keys_without_ttl_count,
-            "keys_without_ttl_sample": self.keys_without_ttl,
-            "corrupted_rooms": self.corrupted_count,
-            "corrupted_sample": self.corrupted,
+            "keys_without_ttl": self.keys_without_ttl,
+            "keys_without_ttl_sample": self.keys_without_ttl_sample,
+            "corrupted_rooms": self.corrupted_rooms,
+            "corrupted_sample": self.corrupted_sample,
             "oldest_non_terminal": [
                 {"room": v.room, "ttl_ms": v.ttl_ms,
                  "statuses": {n: e.status.name if e.status is not None else None
@@ -100,9 +100,9 @@ class StatsBuilder:
     def corrupt(self, room: int, message: str) -> None:
         """Count a room holding a value kvstatus does not write (keeping up to ``sample`` messages)."""
         stats = self.stats
-        stats.corrupted_count += 1
-        if len(stats.corrupted) < self._sample:
-            stats.corrupted.append(message)
+        stats.corrupted_rooms += 1
+        if len(stats.corrupted_sample) < self._sample:
+            stats.corrupted_sample.append(message)
 
     def add(self, view: RoomView) -> None:
         stats = self.stats
@@ -115,9 +115,9 @@ class StatsBuilder:
             stats.by_participant.setdefault(name, Counter())[entry.status] += 1
         stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
         if view.ttl_ms is None:
-            stats.keys_without_ttl_count += 1
-            if len(stats.keys_without_ttl) < self._sample:
-                stats.keys_without_ttl.append(view.room)
+            stats.keys_without_ttl += 1
+            if len(stats.keys_without_ttl_sample) < self._sample:
+                stats.keys_without_ttl_sample.append(view.room)
         elif self._oldest > 0 and not is_terminal(view):
             heap = self._heap
             item = (-view.ttl_ms, view.room, view)

@@ -69,7 +69,7 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
     progress = _progress("stats")
     result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress)
     _end_progress(progress)
-    findings = result.keys_without_ttl_count > 0 or result.corrupted_count > 0
+    findings = result.keys_without_ttl > 0 or result.corrupted_rooms > 0
     if as_json:
         emit_json({"namespace": schema.namespace, **result.to_json(), "findings": findings})
         if findings:
@@ -85,16 +85,16 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
     click.echo(table(headers, rows))
     click.echo("")
     click.echo("TTL left: " + ", ".join(f"{label} {result.ttl_left.get(label, 0)}" for label in bucket_labels()))
-    if result.keys_without_ttl_count:
-        sample = ", ".join(map(str, result.keys_without_ttl))
-        click.secho(f"LEAK: {result.keys_without_ttl_count} room keys have NO TTL and will never expire "
+    if result.keys_without_ttl:
+        sample = ", ".join(map(str, result.keys_without_ttl_sample))
+        click.secho(f"LEAK: {result.keys_without_ttl} room keys have NO TTL and will never expire "
                     f"(kvstatus never writes one; something else did): rooms {sample}", fg="red", bold=True)
     else:
         click.echo("keys without TTL: 0 (good: every room will expire if it is abandoned)")
-    if result.corrupted_count:
-        click.secho(f"CORRUPTED: {result.corrupted_count} rooms hold values kvstatus does not write "
+    if result.corrupted_rooms:
+        click.secho(f"CORRUPTED: {result.corrupted_rooms} rooms hold values kvstatus does not write "
                     f"(left as they are, not counted above):", fg="red", bold=True)
-        for message in result.corrupted:
+        for message in result.corrupted_sample:
             click.echo(f"  {message}")
     if result.oldest:
         click.echo("")

@@ -100,7 +100,7 @@ class Board:
             "by_status": {s.name: stats.by_status.get(s, 0) for s in KVPoll},
             "by_participant": {p: {s.name: c.get(s, 0) for s in KVPoll} for p, c in sorted(stats.by_participant.items())},
             "participants": sorted(stats.by_participant),
-            "keys_without_ttl": stats.keys_without_ttl_count, "corrupted_rooms": stats.corrupted_count,
+            "keys_without_ttl": stats.keys_without_ttl, "corrupted_rooms": stats.corrupted_rooms,
             "oldest_non_terminal": [room_json(v) for v in stats.oldest],
         })
         return document

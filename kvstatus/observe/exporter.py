@@ -86,8 +86,8 @@ class NamespaceCollector(Collector):
             for participant, counts in sorted(stats.by_participant.items()):
                 for status in KVPoll:
                     entries.add_metric([ns, participant, status.name], counts.get(status, 0))
-            no_ttl.add_metric([ns], stats.keys_without_ttl_count)
-            corrupted.add_metric([ns], stats.corrupted_count)
+            no_ttl.add_metric([ns], stats.keys_without_ttl)
+            corrupted.add_metric([ns], stats.corrupted_rooms)
             for label in bucket_labels():
                 by_ttl.add_metric([ns, label], stats.ttl_left.get(label, 0))
             age = 0.0

@@ -103,7 +103,7 @@ class NamespacePass:
         stats = self._builder.finish()
         snapshot = None
         if self._rooms is not None:
-            snapshot = Snapshot(self._rooms, +self._by_status, stats.corrupted_count)
+            snapshot = Snapshot(self._rooms, +self._by_status, stats.corrupted_rooms)
         self.result = PassResult(self.schema.namespace, stats, snapshot, self._on_lost, self._lease_tracking,
                                  self._scanned, time.time(), time.monotonic() - self._started)
 

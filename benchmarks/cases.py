@@ -173,11 +173,11 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         return time_calls(lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n)
 
     def minimal_block() -> list[int]:
-        keys = store.keys.room_keys(rooms.take(n))
+        keys = store.schema.room_keys(rooms.take(n))
         return time_calls(lambda i: run("EVALSHA", minimal_sha, 1, keys[i], str(TTL_MS), PARTICIPANT, "1"), n)
 
     def no_acl_block() -> list[int]:
-        keys = store.keys.room_keys(rooms.take(n))
+        keys = store.schema.room_keys(rooms.take(n))
         return time_calls(lambda i: run("EVALSHA", bare_sha, 1, keys[i], *head, "1"), n)
 
     def set_block() -> list[int]:
@@ -218,7 +218,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
 
     existing = rooms.take(n)
     store.update_many(dict.fromkeys(existing, KVPoll.Transferring))
-    keys = store.keys.room_keys(existing)
+    keys = store.schema.room_keys(existing)
     s = interleave({"get": lambda: time_calls(lambda i: store.get(existing[i]), n),
                     "HGET": lambda: time_calls(lambda i: run("HGET", keys[i], PARTICIPANT), n)}, plan.rounds)
     get, hget = s["get"].p50_us, s["HGET"].p50_us
@@ -246,13 +246,13 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
         return time_calls(lambda i: store.update_many(work[i]), calls)
 
     def minimal_block() -> list[int]:
-        work = [store.keys.room_keys(rooms.take(size)) for _ in range(calls)]
+        work = [store.schema.room_keys(rooms.take(size)) for _ in range(calls)]
         sha = client.script_load(MINIMAL_RULE)
         args = ("1",) * size
         return time_calls(lambda i: run("EVALSHA", sha, size, *work[i], str(TTL_MS), PARTICIPANT, *args), calls)
 
     def no_acl_block() -> list[int]:
-        work = [store.keys.room_keys(rooms.take(size)) for _ in range(calls)]
+        work = [store.schema.room_keys(rooms.take(size)) for _ in range(calls)]
         sha = client.script_load(update_without_acl_check())
         args = ("1",) * size
         return time_calls(lambda i: run("EVALSHA", sha, size, *work[i], *head, *args), calls)
@@ -303,7 +303,7 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     present = rooms.take(size)
     store.update_many(dict.fromkeys(present, KVPoll.Transferring))
     raw_keys = _set_raw_keys(client, "mget", present)
-    present_keys = store.keys.room_keys(present)
+    present_keys = store.schema.room_keys(present)
     blocks = {"get_many": lambda: time_calls(lambda i: store.get_many(present), calls * 4),
               "mget": lambda: time_calls(lambda i: (client.mget_nonatomic(raw_keys) if cluster
                                                     else run("MGET", *raw_keys)), calls * 4)}
@@ -403,13 +403,13 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     before = _used_memory(client)
     with client.pipeline(transaction=False) as pipe:
         for i, room in enumerate(work):
-            pipe.set(store.keys.room_key(room), "3", px=TTL_MS)
+            pipe.set(store.schema.room_key(room), "3", px=TTL_MS)
             if i % 1000 == 999:
                 pipe.execute()
         pipe.execute()
     per_string = (_used_memory(client) - before) / n
     client.flushall()
-    key = store.keys.room_key(work[0])
+    key = store.schema.room_key(work[0])
     out.rows += [Measurement("memory", "live room (hash, one participant, TTL)", per_room, "bytes",
                              note=f"{n:,} rooms, key `{key}` ({len(key)} bytes), field `{PARTICIPANT}`"),
                  Measurement("memory", "live room, two participants (`prefill-0` and `decode-0`)", per_pd_room,

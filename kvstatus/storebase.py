@@ -127,8 +127,8 @@ class StoreBase:
         return self._core.policy
 
     @property
-    def keys(self) -> KeySchema:
-        """The :class:`~kvstatus.keys.KeySchema` of this store's namespace."""
+    def schema(self) -> KeySchema:
+        """The :class:`~kvstatus.keys.KeySchema` of this store's namespace: how its keys are built and parsed."""
         return self._core.schema
 
     def for_participant(self, participant: str) -> Any:

@@ -28,11 +28,11 @@ def test_batches_are_bounded_and_cover_every_room_once() -> None:
     store.update_many({room: KVPoll.Bootstrapping for room in range(1000)})
     client.set("kvstatus:ns:not-a-room", "x")
     client.set("kvstatus:other:{5}", "x")
-    batches = list(iter_room_keys(client, store.keys, batch=64))
+    batches = list(iter_room_keys(client, store.schema, batch=64))
     assert all(0 < len(b) <= 64 for b in batches)
-    assert sorted(store.keys.room_of(k) for b in batches for k in b) == list(range(1000))
+    assert sorted(store.schema.room_of(k) for b in batches for k in b) == list(range(1000))
     seen = []
-    rooms = [v.room for v in iter_rooms(client, store.keys, batch=100, progress=seen.append)]
+    rooms = [v.room for v in iter_rooms(client, store.schema, batch=100, progress=seen.append)]
     assert sorted(rooms) == list(range(1000)) and seen[-1] == 1000
 
 
@@ -40,7 +40,7 @@ def test_rooms_deleted_between_scan_and_read_are_skipped() -> None:
     client = fakeredis.FakeRedis()
     store = StatusStore(client, namespace="ns")
     store.update_many({1: KVPoll.Success, 2: KVPoll.Success})
-    walk = iter_rooms(client, store.keys, batch=1)
+    walk = iter_rooms(client, store.schema, batch=1)
     first = next(walk)
     store.clear(3 - first.room)
     assert list(walk) == []
@@ -63,10 +63,10 @@ def test_diff_between_snapshots() -> None:
     client = fakeredis.FakeRedis()
     store = StatusStore(client, namespace="ns")
     store.update_many({1: KVPoll.Bootstrapping, 2: KVPoll.Bootstrapping})
-    before = Snapshot.take(client, store.keys)
+    before = Snapshot.take(client, store.schema)
     store.update_status(1, KVPoll.Failed)
     store.update_status(3, KVPoll.WaitingForInput)
-    after = Snapshot.take(client, store.keys)
+    after = Snapshot.take(client, store.schema)
     assert [(c.kind, c.room) for c in diff(before, after)] == [(FAILED, 1), (NEW, 3)]
     assert after.by_status == {KVPoll.Failed: 1, KVPoll.Bootstrapping: 1, KVPoll.WaitingForInput: 1}
 
@@ -87,15 +87,15 @@ def test_scan_covers_every_cluster_primary(redis_cluster: RedisClusterServers) -
     with redis_cluster.client() as client:
         store = StatusStore(client, namespace=fresh_namespace("cluster"))
         store.update_many({room: KVPoll.Transferring for room in range(300)})
-        per_node = [len(list(node.scan_iter(match=store.keys.scan_pattern))) for node in
+        per_node = [len(list(node.scan_iter(match=store.schema.scan_pattern))) for node in
                     (client.get_redis_connection(n) for n in client.get_primaries())]
         assert len(per_node) == 3 and all(n > 0 for n in per_node) and sum(per_node) == 300
-        assert sorted(v.room for v in iter_rooms(client, store.keys, batch=50)) == list(range(300))
-        stats = collect_stats(client, store.keys)
+        assert sorted(v.room for v in iter_rooms(client, store.schema, batch=50)) == list(range(300))
+        stats = collect_stats(client, store.schema)
         assert stats.rooms == 300 and stats.by_status[KVPoll.Transferring] == 300
         from kvstatus.admin.doctor import run_checks
 
-        checks = {c.name: c for c in run_checks(client, store.keys)}
+        checks = {c.name: c for c in run_checks(client, store.schema)}
         assert checks["topology"].detail == "cluster with 3 primaries"
         assert all(c.ok for c in checks.values()), [c for c in checks.values() if not c.ok]
 
@@ -115,6 +115,6 @@ def test_watch_changes_reports_what_happened_between_refreshes() -> None:
         store.clear(3)
         store.update_status(4, KVPoll.Bootstrapping)
 
-    refreshes = list(watch_changes(client, store.keys, 0.5, count=2, sleep=meanwhile))
+    refreshes = list(watch_changes(client, store.schema, 0.5, count=2, sleep=meanwhile))
     assert slept == [0.5] and refreshes[0][1] == []
     assert [(c.kind, c.room) for c in refreshes[1][1]] == [(ADVANCED, 1), (FAILED, 2), (CLEARED, 3), (NEW, 4)]

@@ -119,7 +119,7 @@ def test_stats_counts_and_audits_ttl(connect, store, server):
     store.for_participant("prefill-0").update_many({1: KVPoll.Success, 2: KVPoll.Transferring, 3: KVPoll.Bootstrapping})
     store.for_participant("decode-0").update_status(3, KVPoll.WaitingForInput)
     raw = fakeredis.FakeRedis(server=server)
-    raw.hset(store.keys.room_key(9), "decode-0", "2")  # a key kvstatus would never write: no TTL
+    raw.hset(store.schema.room_key(9), "decode-0", "2")  # a key kvstatus would never write: no TTL
     doc = json.loads(cli(connect, "stats", "--json").output)
     assert doc["rooms"] == 4 and doc["entries"] == 5
     assert doc["by_status"] == {"Failed": 0, "Bootstrapping": 1, "WaitingForInput": 2, "Transferring": 1, "Success": 1}
@@ -129,7 +129,7 @@ def test_stats_counts_and_audits_ttl(connect, store, server):
     assert sorted(r["room"] for r in doc["oldest_non_terminal"]) == [2, 3]
     text = cli(connect, "stats").output
     assert "LEAK: 1 room keys have NO TTL" in text
-    raw.delete(store.keys.room_key(9))
+    raw.delete(store.schema.room_key(9))
     assert "keys without TTL: 0" in cli(connect, "stats").output
 
 
@@ -219,14 +219,14 @@ def test_bad_url_is_a_usage_error_and_masks_the_password(connect):
 
 
 def test_corrupted_value_is_an_operational_error(connect, store, server):
-    fakeredis.FakeRedis(server=server).hset(store.keys.room_key(3), "default", "banana")
+    fakeredis.FakeRedis(server=server).hset(store.schema.room_key(3), "default", "banana")
     result = cli(connect, "get", "3")
     assert_clean_failure(result.output, result.exit_code, 1, "not a status 0..4", "left as it is")
 
 
 def test_stats_counts_corrupted_rooms_and_goes_on(connect, store, server):
     store.update_status(1, KVPoll.Bootstrapping)
-    fakeredis.FakeRedis(server=server).hset(store.keys.room_key(2), "default", "banana")
+    fakeredis.FakeRedis(server=server).hset(store.schema.room_key(2), "default", "banana")
     doc = json.loads(cli(connect, "stats", "--json").output)
     assert doc["rooms"] == 1 and doc["corrupted_rooms"] == 1
     assert "holds 'banana'" in doc["corrupted_sample"][0]
@@ -240,7 +240,7 @@ def test_stats_counts_corrupted_rooms_and_goes_on(connect, store, server):
 
 def test_watch_skips_corrupted_rooms_and_says_so(connect, store, server):
     store.update_status(1, KVPoll.Bootstrapping)
-    fakeredis.FakeRedis(server=server).hset(store.keys.room_key(2), "default", "banana")
+    fakeredis.FakeRedis(server=server).hset(store.schema.room_key(2), "default", "banana")
     assert "rooms 1  entries: Failed 0  Bootstrapping 1" in cli(connect, "watch", "--count", "1").output
     assert "(skipped 1 corrupted rooms)" in cli(connect, "watch", "--count", "1").output
     assert json_lines(cli(connect, "watch", "--count", "1", "--json").output)[0]["corrupted"] == 1
@@ -248,7 +248,7 @@ def test_watch_skips_corrupted_rooms_and_says_so(connect, store, server):
 
 def test_a_key_of_another_type_is_skipped_as_corrupted(connect, store, server):
     store.update_status(1, KVPoll.Bootstrapping)
-    fakeredis.FakeRedis(server=server).set(store.keys.room_key(2), "not a hash", ex=600)
+    fakeredis.FakeRedis(server=server).set(store.schema.room_key(2), "not a hash", ex=600)
     doc = json.loads(cli(connect, "stats", "--json").output)
     assert doc["rooms"] == 1 and doc["corrupted_rooms"] == 1
     assert "not a kvstatus room hash" in doc["corrupted_sample"][0]

@@ -73,14 +73,14 @@ def test_stats_exits_3_on_keys_without_ttl_and_on_corrupted_values(connect_fake,
     store.update_status(1, KVPoll.Bootstrapping)
     assert cli(connect_fake, "stats").exit_code == 0
     raw = fakeredis.FakeRedis(server=server)
-    raw.persist(store.keys.room_key(1))
+    raw.persist(store.schema.room_key(1))
     for as_json in ([], ["--json"]):
         result = cli(connect_fake, "stats", *as_json)
         assert result.exit_code == 3, result.output
     assert json.loads(cli(connect_fake, "stats", "--json").stdout)["findings"] is True
-    raw.pexpire(store.keys.room_key(1), 60_000)
-    raw.hset(store.keys.room_key(2), "default", "banana")
-    raw.pexpire(store.keys.room_key(2), 60_000)
+    raw.pexpire(store.schema.room_key(1), 60_000)
+    raw.hset(store.schema.room_key(2), "default", "banana")
+    raw.pexpire(store.schema.room_key(2), 60_000)
     corrupted = cli(connect_fake, "stats")
     assert corrupted.exit_code == 3 and "CORRUPTED" in corrupted.output
 

@@ -31,7 +31,7 @@ def test_ls_stats_watch_and_doctor_cover_every_cluster_primary(redis_cluster: Re
     with StatusStore.from_url(redis_cluster.url, namespace=namespace, participant="prefill-0") as store:
         store.update_many({room: KVPoll.Transferring for room in range(300)})
         store.update_many({room: KVPoll.Failed for room in range(0, 300, 3)})
-        per_primary = [sum(1 for _ in node.scan_iter(match=store.keys.scan_pattern))
+        per_primary = [sum(1 for _ in node.scan_iter(match=store.schema.scan_pattern))
                        for node in (store.client.get_redis_connection(n) for n in store.client.get_primaries())]
     assert len(per_primary) == 3 and all(per_primary)
     listed = json_lines(_cli(redis_cluster.url, namespace, "ls", "--json", "--batch", "50").output)

@@ -32,7 +32,7 @@ def _rooms_per_master(cluster: RedisClusterServers, store: StatusStore) -> dict[
     counts = {}
     for master in cluster.masters():
         with master.client() as client:
-            counts[master.port] = sum(1 for _ in client.scan_iter(match=store.keys.scan_pattern, count=1000))
+            counts[master.port] = sum(1 for _ in client.scan_iter(match=store.schema.scan_pattern, count=1000))
     return counts
 
 
@@ -86,7 +86,7 @@ def test_noscript_on_one_node_heals_inside_a_batch(redis_cluster: RedisClusterSe
 
 
 def _slot_owner(cluster: RedisClusterServers, store: StatusStore, room: int) -> int:
-    slot = key_slot(store.keys.room_key(room).encode())
+    slot = key_slot(store.schema.room_key(room).encode())
     with cluster.client() as client:
         return client.nodes_manager.get_node_from_slot(slot).port
 

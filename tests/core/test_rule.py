@@ -23,7 +23,7 @@ def _seed_room(backend: Backend, key: str, field: str, current: Optional[int]) -
 def test_single_updates_follow_the_reference(backend: Backend, policy: Policy) -> None:
     store = backend.store(policy=policy, ttl=30)
     for room, (current, new) in enumerate(COMBINATIONS):
-        key = store.keys.room_key(room)
+        key = store.schema.room_key(room)
         _seed_room(backend, key, store.participant, current)
         expected = apply_rule(None if current is None else KVPoll(current), KVPoll(new), policy)
 
@@ -44,7 +44,7 @@ def test_single_updates_follow_the_reference(backend: Backend, policy: Policy) -
 def test_one_batch_of_every_combination_matches_single_updates(backend: Backend, policy: Policy) -> None:
     store = backend.store(policy=policy)
     for room, (current, _) in enumerate(COMBINATIONS):
-        _seed_room(backend, store.keys.room_key(room), store.participant, current)
+        _seed_room(backend, store.schema.room_key(room), store.participant, current)
     results = store.update_many({room: new for room, (_, new) in enumerate(COMBINATIONS)})
 
     assert list(results) == list(range(len(COMBINATIONS)))

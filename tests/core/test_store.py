@@ -101,7 +101,7 @@ def test_room_view_has_ttl_and_every_participant(backend: Backend) -> None:
 
 def test_every_write_refreshes_the_ttl(backend: Backend) -> None:
     store = backend.store(ttl=100)
-    key = store.keys.room_key(1)
+    key = store.schema.room_key(1)
     store.update_status(1, KVPoll.Bootstrapping)
     backend.raw.pexpire(key, 5_000)
     store.update_status(1, KVPoll.Bootstrapping)  # UNCHANGED still touches
@@ -199,13 +199,13 @@ def test_update_many_wants_a_mapping(backend: Backend) -> None:
 
 def _room_in_same_slot(store, room: int) -> int:
     """Another room whose key hashes to the same cluster slot as ``room``'s."""
-    slot = key_slot(store.keys.room_key(room).encode())
-    return next(r for r in itertools.count(room + 1) if key_slot(store.keys.room_key(r).encode()) == slot)
+    slot = key_slot(store.schema.room_key(room).encode())
+    return next(r for r in itertools.count(room + 1) if key_slot(store.schema.room_key(r).encode()) == slot)
 
 
 def test_corrupted_status_is_reported_and_not_overwritten(backend: Backend) -> None:
     store = backend.store()
-    key = store.keys.room_key(8)
+    key = store.schema.room_key(8)
     backend.raw.hset(key, store.participant, "garbage")
     backend.raw.pexpire(key, 60_000)
     neighbour = _room_in_same_slot(store, 8)
@@ -230,7 +230,7 @@ def test_corrupted_status_is_reported_and_not_overwritten(backend: Backend) -> N
 
 def test_a_key_of_another_type_is_reported(backend: Backend) -> None:
     store = backend.store()
-    key = store.keys.room_key(8)
+    key = store.schema.room_key(8)
     backend.raw.set(key, "not a hash", px=60_000)
     with pytest.raises(CorruptedValueError, match="not a kvstatus room hash"):
         store.update_status(8, KVPoll.Bootstrapping)

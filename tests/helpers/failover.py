@@ -101,7 +101,7 @@ class Workload:
             possible = self.possible_states(room)
             if status not in possible:
                 problems.append(f"room {room} is {status!r}; its history allows only {sorted(map(repr, possible))}")
-            key = self.store.keys.room_key(room)
+            key = self.store.schema.room_key(room)
             if raw.exists(key) and raw.pttl(key) < 0:
                 problems.append(f"{key} has no TTL")
         return problems

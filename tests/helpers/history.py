@@ -204,7 +204,7 @@ def run_history(url: str, namespace: str, *, naive: bool = False, processes: int
     if errors or any(worker.exitcode != 0 for worker in workers):
         raise RuntimeError(f"history workers failed: {errors} exit codes {[w.exitcode for w in workers]}")
     client = redis.Redis.from_url(url)
-    schema = StatusStore(client, namespace=namespace).keys
+    schema = StatusStore(client, namespace=namespace).schema
     for room in room_ids:
         for name in names:
             start = time.monotonic_ns()

@@ -135,7 +135,7 @@ def test_clients_ride_out_a_redis_restart_without_lying() -> None:
         for thread in threads:
             thread.join(timeout=30)
         raw = server.client()
-        stored = {StatusStore(raw, namespace=namespace).keys.room_of(k) for k in
+        stored = {StatusStore(raw, namespace=namespace).schema.room_of(k) for k in
                   raw.scan_iter(match=f"kvstatus:{namespace}:*", count=1000)}
         reloaded = raw.script_exists(scripts.UPDATE.sha)  # the restarted server started with no scripts
         raw.close()

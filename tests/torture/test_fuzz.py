@@ -116,8 +116,8 @@ def test_urls_validate_without_connecting(url: Any) -> None:
 @given(stored=st.binary(max_size=12), status=st.sampled_from(list(KVPoll)))
 def test_a_corrupted_value_is_reported_and_left_alone(client: redis.Redis, stored: bytes, status: KVPoll) -> None:
     store = StatusStore(client, namespace=fresh_namespace("fuzz"))
-    key = store.keys.room_key(7)
-    other = store.keys.room_key(8)
+    key = store.schema.room_key(7)
+    other = store.schema.room_key(8)
     client.hset(key, store.participant, stored)
     client.pexpire(key, 60_000)
     valid = stored in (b"0", b"1", b"2", b"3", b"4")

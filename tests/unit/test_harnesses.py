@@ -47,10 +47,10 @@ def test_the_audit_catches_resurrected_rooms_and_keys_without_ttl() -> None:
         workload.step()
     assert workload.audit(raw) == []
     untouched = next(r for r in range(200) if not workload.history[r])
-    raw.hset(store.keys.room_key(untouched), store.participant, "0")  # a late abort resurrecting a room
+    raw.hset(store.schema.room_key(untouched), store.participant, "0")  # a late abort resurrecting a room
     never_success = next(r for r in range(200) if workload.history[r]
                          and all(change != KVPoll.Success for change, _ in workload.history[r]))
-    raw.hset(store.keys.room_key(never_success), store.participant, "4")
+    raw.hset(store.schema.room_key(never_success), store.participant, "4")
     problems = workload.audit(raw)
     assert any(f"room {untouched} is {KVPoll.Failed!r}" in p for p in problems)
     assert any(f"{{{untouched}}} has no TTL" in p for p in problems)

@@ -158,10 +158,20 @@ def _decode_record(replies: list[Any]) -> bool:
 
 
 def truncate_reason(reason: object) -> str:
-    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut."""
+    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut.
+
+    Raises :class:`InvalidArgumentError` for a non-string, or a string that is
+    no text (a lone surrogate, which is what Python makes of undecodable bytes
+    in ``sys.argv``): it cannot be sent as UTF-8, and it is refused before any write.
+    """
     if not isinstance(reason, str):
         raise InvalidArgumentError(f"invalid reason {reason!r}: expected a string")
-    data = reason.encode("utf-8")
+    try:
+        data = reason.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"invalid reason {reason[:60]!r}: not valid UTF-8 text (character "
+                                   f"{exc.start}, {reason[exc.start]!r}, is a lone surrogate, e.g. from bytes "
+                                   "that were not UTF-8)") from None
     if len(data) <= MAX_REASON_BYTES:
         return reason
     keep = MAX_REASON_BYTES - len(_TRUNCATED)

@@ -31,7 +31,7 @@ from kvstatus.cli.app import (
     ttl_text,
 )
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.operations import DEFAULT_TTL_SECONDS
+from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
 from kvstatus.rule import KVPoll, Policy, RoomView
 from kvstatus.store import StatusStore
 
@@ -106,6 +106,8 @@ def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], rea
     """
     if reason is not None and status != KVPoll.Failed:
         raise InvalidArgumentError("--reason goes with status Failed only")
+    if reason is not None:
+        truncate_reason(reason)  # a reason Redis cannot be sent is refused before the update writes Failed
     store = store_for(env, participant, ttl, policy)
     result = store.update_status(room, status)
     recorded = store.record_failure(room, reason) if reason is not None else None

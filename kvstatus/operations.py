@@ -112,6 +112,36 @@ def status_args(statuses: Iterable[Any]) -> list[str]:
     return [_STATUS_ARG[to_status(s)] for s in values]
 
 
+def batch_args(updates: object) -> tuple[list[int], list[str]]:
+    """The validated rooms of an ``update_many`` batch and the script argument of each one's status, pair by pair.
+
+    Raises :class:`InvalidArgumentError` for a room that comes twice (a Mapping
+    whose iteration yields it twice, or equal int subclasses a dict holds as
+    two keys): one script decides every room of a batch from one read, so a
+    second status for a room would be decided without the first; send such
+    updates in order, in separate calls. A plain ``dict`` of ``int`` rooms,
+    the hot path, cannot hold a room twice and pays no check.
+    """
+    if type(updates) is dict:
+        rooms = list(updates)
+        if rooms and set(map(type, rooms)) == {int} and 0 <= min(rooms) and max(rooms) <= MAX_ROOM:
+            return rooms, status_args(updates.values())
+    elif not isinstance(updates, Mapping):
+        raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
+    # Rooms and statuses from one walk over items(), so a Mapping whose __iter__ and values() disagree pairs right.
+    pairs = list(updates.items())
+    rooms = validate_rooms([room for room, _ in pairs])
+    if len(set(rooms)) != len(rooms):
+        first: dict[int, int] = {}
+        for i, room in enumerate(rooms):
+            if room in first:
+                raise InvalidArgumentError(
+                    f"update_many got room {room} twice (batch positions {first[room]} and {i}): a batch holds "
+                    "each room once; send updates of one room in order, in separate calls")
+            first[room] = i
+    return rooms, status_args([status for _, status in pairs])
+
+
 def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
     """:func:`decode_status` over a batch reply, with one dict lookup per value on the hot path."""
     decoded = list(map(_STATUS_BY_VALUE.get, values))
@@ -239,10 +269,7 @@ class StoreCore:
         return Request([Call((*self._update_one, key, *self._update_head, arg), scripts.UPDATE)], _decode_update)
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
-        if not isinstance(updates, Mapping):
-            raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
-        rooms = validate_rooms(updates)
-        args = status_args(updates.values())
+        rooms, args = batch_args(updates)
         if not rooms:
             return _no_calls({})
         keys = self._keys(rooms)

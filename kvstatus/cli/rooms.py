@@ -129,7 +129,7 @@ def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], rea
 def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_json: bool) -> None:
     """Remove the participant's entry (and its failure reason) from each ROOM. Clearing nothing is not an error."""
     store = store_for(env, participant)
-    cleared = {room: store.clear(room) for room in rooms}
+    cleared = {room: store.clear(room) for room in dict.fromkeys(rooms)}  # a room named twice is cleared once
     if as_json:
         emit_json({"namespace": store.namespace, "participant": store.participant,
                    "rooms": [{"room": room, "cleared": removed} for room, removed in cleared.items()]})

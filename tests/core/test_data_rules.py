@@ -214,3 +214,11 @@ def test_cli_refuses_a_url_with_bytes_that_are_no_utf8_with_exit_2() -> None:
                            "--namespace", "ns", "get", "1"], capture_output=True)
     output = (proc.stdout + proc.stderr).decode("utf-8", "replace")
     assert_clean_failure(output, proc.returncode, 2, "UTF-8", secrets=("s3cr",))
+
+
+def test_cli_clear_of_a_room_named_twice_reports_that_it_was_cleared() -> None:
+    server = fakeredis.FakeServer()
+    StatusStore(fakeredis.FakeRedis(server=server), namespace="ns").update_status(5, KVPoll.Bootstrapping)
+    result = invoke(lambda url: fakeredis.FakeRedis(server=server), "--namespace", "ns", "clear", "5", "5")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["room 5 default: cleared"]

@@ -119,7 +119,7 @@ class StoreBase:
 
     @property
     def ttl(self) -> float:
-        """TTL of every room key, in seconds."""
+        """Seconds: the least TTL each write of this store leaves on a room key (a longer one stays)."""
         return self._core.ttl_ms / 1000
 
     @property

@@ -92,7 +92,7 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
 @click.argument("status", type=STATUS)
 @participant_option
 @click.option("--reason", metavar="TEXT", help="Failure reason to record (only with STATUS Failed; first reason wins).")
-@ttl_option("TTL in seconds given to the room key by this write (at most 30 days).")
+@ttl_option("Least TTL in seconds this write leaves on the room key; a longer one stays (at most 30 days).")
 @click.option("--policy", type=click.Choice([p.value for p in Policy]), default=Policy.SEED.value, show_default=True,
               help="Update rule policy: seed (upstream rule) or strict (Failed is terminal, no late creates).")
 @json_option

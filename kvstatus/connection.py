@@ -191,10 +191,17 @@ _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     "db": int,
     "sentinel_username": str,
     "sentinel_password": str,
+    "scripts": lambda v: ("eval", "functions")[("eval", "functions").index(v)],
 }
-"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials."""
+"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials, and
+``scripts`` (eval or functions: how the store runs its Lua; see :func:`url_script_mode`)."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
+
+
+def url_script_mode(url: str) -> str:
+    """The URL's ``?scripts=`` option (eval or functions: how a store on it runs its Lua), "eval" if absent."""
+    return parse_url(url).query.get("scripts", "eval")
 
 
 def parse_url(url: object) -> ParsedURL:

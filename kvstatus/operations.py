@@ -50,7 +50,7 @@ _TRUNCATED = " [truncated]"
 
 
 class Call(NamedTuple):
-    """One Redis command; ``script`` is set when ``args`` is an EVALSHA of that script."""
+    """One Redis command; ``script`` is set when ``args`` runs that script (EVALSHA, or FCALL of its function)."""
 
     args: tuple[Any, ...]
     script: Optional[LuaScript] = None
@@ -368,6 +368,55 @@ class StoreCore:
         key = self.schema.room_key(room)
         return Request([Call(("HGETALL", key)), Call(("PTTL", key))],
                        lambda replies: decode_room(room, key, replies[0], replies[1]))
+
+
+SCRIPT_MODES = ("eval", "functions")
+"""How a store runs the Lua of ``lua/``: ``eval`` (EVALSHA, loaded by the client itself on NOSCRIPT) or
+``functions`` (FCALL / FCALL_RO of the function library an admin loaded, see :data:`kvstatus.scripts.LIBRARY`)."""
+
+
+def validate_script_mode(mode: object) -> str:
+    """Return ``mode`` if it is one of :data:`SCRIPT_MODES`; raise :class:`InvalidArgumentError`."""
+    if mode not in SCRIPT_MODES:
+        raise InvalidArgumentError(f"invalid scripts {mode!r}: expected one of {', '.join(SCRIPT_MODES)}")
+    return mode  # type: ignore[return-value]
+
+
+def as_fcall(call: Call) -> Call:
+    """The FCALL (FCALL_RO for a read-only script) of the function that holds ``call``'s script; others as they are."""
+    script = call.script
+    if script is None:
+        return call
+    command = "FCALL_RO" if script is scripts.GET_MANY else "FCALL"
+    return Call((command, scripts.function_name(script), *call.args[2:]), script)
+
+
+class FunctionsCore(StoreCore):
+    """:class:`StoreCore` whose scripts run as the functions of :data:`kvstatus.scripts.LIBRARY` (``scripts="functions"``).
+
+    Nothing is loaded by the client: an admin loads the library once
+    (``kvstatus functions load``); a call that finds it missing raises
+    :class:`~kvstatus.errors.BackendError` saying so. The update of one key,
+    the hot path, is built as FCALL directly.
+    """
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._update_one = ("FCALL", scripts.function_name(scripts.UPDATE), 1)
+
+    @staticmethod
+    def _fcalls(request: Request[T]) -> Request[T]:
+        request.calls = [as_fcall(call) for call in request.calls]
+        return request
+
+    def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
+        return self._fcalls(super().update_many(updates))
+
+    def get_many(self, rooms: Iterable[int]) -> Request[dict[int, Optional[KVPoll]]]:
+        return self._fcalls(super().get_many(rooms))
+
+    def record_failure(self, room: int, reason: str) -> Request[bool]:
+        return self._fcalls(super().record_failure(room, reason))
 
 
 def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int) -> RoomView:

@@ -40,7 +40,7 @@ def store_for(env: CliEnv, participant: Optional[str] = None, ttl: float = DEFAU
               policy: str = Policy.SEED.value) -> StatusStore:
     schema = env.schema()
     return StatusStore(env.client(), namespace=schema.namespace, prefix=schema.prefix, participant=participant,
-                       ttl=ttl, policy=policy)
+                       ttl=ttl, policy=policy, scripts=env.scripts)
 
 
 def room_json(view: RoomView) -> dict[str, Any]:

@@ -103,6 +103,11 @@ class ConnectionOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= 0")
+        if self.client_name is not None and (not isinstance(self.client_name, str)
+                                             or not all("!" <= c <= "~" for c in self.client_name)):
+            # Redis' own rule for CLIENT SETNAME; refused here, before a connection sends it.
+            raise InvalidArgumentError(f"invalid client_name {self.client_name!r}: use printable ASCII without "
+                                       "spaces")
         if self.ssl_cert_reqs is not None and self.ssl_cert_reqs not in _CERT_REQS:
             raise InvalidArgumentError(f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of "
                                        + ", ".join(_CERT_REQS))
@@ -186,17 +191,30 @@ _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     "db": int,
     "sentinel_username": str,
     "sentinel_password": str,
+    "scripts": lambda v: ("eval", "functions")[("eval", "functions").index(v)],
 }
-"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials."""
+"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials, and
+``scripts`` (eval or functions: how the store runs its Lua; see :func:`url_script_mode`)."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
+
+
+def url_script_mode(url: str) -> str:
+    """The URL's ``?scripts=`` option (eval or functions: how a store on it runs its Lua), "eval" if absent."""
+    return parse_url(url).query.get("scripts", "eval")
 
 
 def parse_url(url: object) -> ParsedURL:
     """Validate a Redis URL; raise :class:`InvalidURLError` naming what is wrong (password masked)."""
     if not isinstance(url, str) or not url:
         raise InvalidURLError(f"invalid Redis URL {url!r}: expected a string such as {DEFAULT_URL}")
-    shown = mask_url(url)
+    # Undecodable bytes from argv or the environment arrive as lone surrogates, which cannot be sent to Redis.
+    shown = mask_url(url).encode("utf-8", "backslashreplace").decode("utf-8")
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidURLError(f"invalid Redis URL {shown}: not valid UTF-8 text (bytes that are not UTF-8, "
+                              "e.g. in the password; percent-encode them)") from None
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
@@ -209,7 +227,8 @@ def parse_url(url: object) -> ParsedURL:
             raise InvalidURLError(f"invalid Redis URL {shown}: a Redis URL has no '#' part "
                                   "(percent-encode # in a password as %23)")
         query: dict[str, str] = {}
-        for name, values in parse_qs(parts.query, keep_blank_values=True, strict_parsing=False).items():
+        for name, values in parse_qs(parts.query, keep_blank_values=True, strict_parsing=False,
+                                     errors="strict").items():
             if name not in _QUERY_OPTIONS:
                 # An unencoded & ? in a password splits it into "options": name one only if the masked URL shows it.
                 shows = any(f"{sep}{name}" in shown for sep in "?&;")
@@ -230,8 +249,12 @@ def parse_url(url: object) -> ParsedURL:
             raise InvalidURLError(f"invalid Redis URL {shown}: ssl_* options need a TLS scheme (rediss://, "
                                   "rediss+cluster://, rediss+sentinel://); on {scheme}:// they would be ignored "
                                   "and the connection would be plain text".replace("{scheme}", scheme))
-        username = unquote(parts.username) if parts.username else None
-        password = unquote(parts.password) if parts.password is not None else None
+        try:
+            username = unquote(parts.username, errors="strict") if parts.username else None
+            password = unquote(parts.password, errors="strict") if parts.password is not None else None
+        except UnicodeDecodeError:
+            raise InvalidURLError(f"invalid Redis URL {shown}: the user name or password is percent-encoded "
+                                  "bytes that are not UTF-8, which redis-py cannot send") from None
         if scheme == "unix":
             path = unquote(parts.path)
             if not path:
@@ -273,7 +296,7 @@ def _parse_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
 def _parse_service(path: str, shown: str) -> tuple[str, str]:
     """Split ``/service_name[/db]`` of a Sentinel URL."""
     service, _, db = path.strip("/").partition("/")
-    service = unquote(service)
+    service = unquote(service, errors="strict")
     if not service:
         raise InvalidURLError(f"invalid Redis URL {shown}: a Sentinel URL needs /service_name after the hosts")
     if any(char.isspace() or char == "/" for char in service):

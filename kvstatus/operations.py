@@ -50,7 +50,7 @@ _TRUNCATED = " [truncated]"
 
 
 class Call(NamedTuple):
-    """One Redis command; ``script`` is set when ``args`` is an EVALSHA of that script."""
+    """One Redis command; ``script`` is set when ``args`` runs that script (EVALSHA, or FCALL of its function)."""
 
     args: tuple[Any, ...]
     script: Optional[LuaScript] = None
@@ -112,6 +112,36 @@ def status_args(statuses: Iterable[Any]) -> list[str]:
     return [_STATUS_ARG[to_status(s)] for s in values]
 
 
+def batch_args(updates: object) -> tuple[list[int], list[str]]:
+    """The validated rooms of an ``update_many`` batch and the script argument of each one's status, pair by pair.
+
+    Raises :class:`InvalidArgumentError` for a room that comes twice (a Mapping
+    whose iteration yields it twice, or equal int subclasses a dict holds as
+    two keys): one script decides every room of a batch from one read, so a
+    second status for a room would be decided without the first; send such
+    updates in order, in separate calls. A plain ``dict`` of ``int`` rooms,
+    the hot path, cannot hold a room twice and pays no check.
+    """
+    if type(updates) is dict:
+        rooms = list(updates)
+        if rooms and set(map(type, rooms)) == {int} and 0 <= min(rooms) and max(rooms) <= MAX_ROOM:
+            return rooms, status_args(updates.values())
+    elif not isinstance(updates, Mapping):
+        raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
+    # Rooms and statuses from one walk over items(), so a Mapping whose __iter__ and values() disagree pairs right.
+    pairs = list(updates.items())
+    rooms = validate_rooms([room for room, _ in pairs])
+    if len(set(rooms)) != len(rooms):
+        first: dict[int, int] = {}
+        for i, room in enumerate(rooms):
+            if room in first:
+                raise InvalidArgumentError(
+                    f"update_many got room {room} twice (batch positions {first[room]} and {i}): a batch holds "
+                    "each room once; send updates of one room in order, in separate calls")
+            first[room] = i
+    return rooms, status_args([status for _, status in pairs])
+
+
 def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
     """:func:`decode_status` over a batch reply, with one dict lookup per value on the hot path."""
     decoded = list(map(_STATUS_BY_VALUE.get, values))
@@ -158,10 +188,20 @@ def _decode_record(replies: list[Any]) -> bool:
 
 
 def truncate_reason(reason: object) -> str:
-    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut."""
+    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut.
+
+    Raises :class:`InvalidArgumentError` for a non-string, or a string that is
+    no text (a lone surrogate, which is what Python makes of undecodable bytes
+    in ``sys.argv``): it cannot be sent as UTF-8, and it is refused before any write.
+    """
     if not isinstance(reason, str):
         raise InvalidArgumentError(f"invalid reason {reason!r}: expected a string")
-    data = reason.encode("utf-8")
+    try:
+        data = reason.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"invalid reason {reason[:60]!r}: not valid UTF-8 text (character "
+                                   f"{exc.start}, {reason[exc.start]!r}, is a lone surrogate, e.g. from bytes "
+                                   "that were not UTF-8)") from None
     if len(data) <= MAX_REASON_BYTES:
         return reason
     keep = MAX_REASON_BYTES - len(_TRUNCATED)
@@ -229,10 +269,7 @@ class StoreCore:
         return Request([Call((*self._update_one, key, *self._update_head, arg), scripts.UPDATE)], _decode_update)
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
-        if not isinstance(updates, Mapping):
-            raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
-        rooms = validate_rooms(updates)
-        args = status_args(updates.values())
+        rooms, args = batch_args(updates)
         if not rooms:
             return _no_calls({})
         keys = self._keys(rooms)
@@ -331,6 +368,55 @@ class StoreCore:
         key = self.schema.room_key(room)
         return Request([Call(("HGETALL", key)), Call(("PTTL", key))],
                        lambda replies: decode_room(room, key, replies[0], replies[1]))
+
+
+SCRIPT_MODES = ("eval", "functions")
+"""How a store runs the Lua of ``lua/``: ``eval`` (EVALSHA, loaded by the client itself on NOSCRIPT) or
+``functions`` (FCALL / FCALL_RO of the function library an admin loaded, see :data:`kvstatus.scripts.LIBRARY`)."""
+
+
+def validate_script_mode(mode: object) -> str:
+    """Return ``mode`` if it is one of :data:`SCRIPT_MODES`; raise :class:`InvalidArgumentError`."""
+    if mode not in SCRIPT_MODES:
+        raise InvalidArgumentError(f"invalid scripts {mode!r}: expected one of {', '.join(SCRIPT_MODES)}")
+    return mode  # type: ignore[return-value]
+
+
+def as_fcall(call: Call) -> Call:
+    """The FCALL (FCALL_RO for a read-only script) of the function that holds ``call``'s script; others as they are."""
+    script = call.script
+    if script is None:
+        return call
+    command = "FCALL_RO" if script is scripts.GET_MANY else "FCALL"
+    return Call((command, scripts.function_name(script), *call.args[2:]), script)
+
+
+class FunctionsCore(StoreCore):
+    """:class:`StoreCore` whose scripts run as the functions of :data:`kvstatus.scripts.LIBRARY` (``scripts="functions"``).
+
+    Nothing is loaded by the client: an admin loads the library once
+    (``kvstatus functions load``); a call that finds it missing raises
+    :class:`~kvstatus.errors.BackendError` saying so. The update of one key,
+    the hot path, is built as FCALL directly.
+    """
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._update_one = ("FCALL", scripts.function_name(scripts.UPDATE), 1)
+
+    @staticmethod
+    def _fcalls(request: Request[T]) -> Request[T]:
+        request.calls = [as_fcall(call) for call in request.calls]
+        return request
+
+    def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
+        return self._fcalls(super().update_many(updates))
+
+    def get_many(self, rooms: Iterable[int]) -> Request[dict[int, Optional[KVPoll]]]:
+        return self._fcalls(super().get_many(rooms))
+
+    def record_failure(self, room: int, reason: str) -> Request[bool]:
+        return self._fcalls(super().record_failure(room, reason))
 
 
 def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int) -> RoomView:

@@ -43,3 +43,48 @@ GET_MANY: LuaScript = _load("get_many")
 RECORD_FAILURE: LuaScript = _load("record_failure")
 
 ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE)
+
+
+# Redis 7 functions: the same three files, registered as one function library that an admin loads
+# once (FUNCTION LOAD), so that a tenant needs FCALL / FCALL_RO only, never SCRIPT LOAD or EVAL (which
+# run any Lua). The library is built by plain concatenation: each file's text, its first line dropped
+# when it is a "#!lua" shebang (functions declare flags at registration instead), between fixed lines
+# that make it the body of a local function and register that function. No value is interpolated but
+# the version tag: the first 12 hex digits of the SHA-1 over the three files, a function of the files
+# themselves and never of a caller's value. It names the library and its functions, so each kvstatus
+# version's rule lives under its own names, two versions coexist during a rolling upgrade (as EVALSHA's
+# SHA-named scripts do), and a client never runs another version's rule: it finds its functions
+# missing and says what an admin runs. The state machine stays in lua/*.lua, and only there.
+
+_FUNCTION_SCRIPTS: tuple[tuple[LuaScript, bool], ...] = ((UPDATE, False), (GET_MANY, True), (RECORD_FAILURE, False))
+"""Each script of the library, and whether it is registered read-only (``no-writes``: FCALL_RO, replicas)."""
+
+LIBRARY_TAG: str = hashlib.sha1("".join(s.source for s in ALL).encode("utf-8")).hexdigest()[:12]
+LIBRARY_NAME: str = "kvstatus_" + LIBRARY_TAG
+
+
+def function_name(script: LuaScript) -> str:
+    """The FCALL name of ``script`` in :data:`LIBRARY_NAME`, e.g. ``kvstatus_<tag>_update``."""
+    return LIBRARY_NAME + "_" + script.name
+
+
+def _body(script: LuaScript) -> str:
+    first, _, rest = script.source.partition("\n")
+    return rest if first.startswith("#!") else script.source
+
+
+def _library() -> str:
+    parts = ["#!lua name=" + LIBRARY_NAME + "\n"]
+    for script, read_only in _FUNCTION_SCRIPTS:
+        parts += [
+            "local function " + script.name + "(KEYS, ARGV)\n",
+            _body(script),
+            "\nend\n",
+            "redis.register_function{function_name='" + function_name(script) + "', callback=" + script.name
+            + (", flags={'no-writes'}" if read_only else "") + "}\n",
+        ]
+    return "".join(parts)
+
+
+LIBRARY: str = _library()
+"""The Lua source an admin loads with ``FUNCTION LOAD`` (``kvstatus functions load``)."""

@@ -21,7 +21,9 @@ class StatusStore(StoreBase):
 
     ``StatusStore(client, namespace=...)`` wraps an existing redis-py client
     (``Redis`` or ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in
-    seconds. Every method is one round trip.
+    seconds: every write leaves the room key at least that TTL, never
+    shortening a longer one another writer left (one TTL per room key). Every
+    method is one round trip.
     """
 
     _connect = staticmethod(connect)

@@ -19,9 +19,9 @@ from typing import Any, Callable, ClassVar, Optional, TypeVar
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from kvstatus.connection import DEFAULT_URL, ConnectionOptions
+from kvstatus.connection import DEFAULT_URL, ConnectionOptions, url_script_mode
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
-from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
+from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, FunctionsCore, StoreCore, validate_script_mode
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
@@ -74,11 +74,14 @@ class StoreBase:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
+        scripts: str = "eval",
     ) -> None:
+        """``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
+        library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows)."""
         self.client = client
         self.options = options or ConnectionOptions()
         self._failover_delays = failover_delays(client, self.options)
-        self._core = StoreCore(
+        self._core = (FunctionsCore if validate_script_mode(scripts) == "functions" else StoreCore)(
             namespace=namespace,
             participant=participant,
             prefix=prefix,
@@ -98,12 +101,17 @@ class StoreBase:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
+        scripts: Optional[str] = None,
         **option_overrides: Any,
     ) -> S:
-        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
+        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields.
+
+        ``scripts`` None takes the URL's ``?scripts=`` option, else "eval".
+        """
         opts = replace(options or ConnectionOptions(), **option_overrides)
+        mode = url_script_mode(url) if scripts is None else scripts
         return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
-                   policy=policy, options=opts)
+                   policy=policy, options=opts, scripts=mode)
 
     @property
     def namespace(self) -> str:
@@ -119,12 +127,17 @@ class StoreBase:
 
     @property
     def ttl(self) -> float:
-        """TTL of every room key, in seconds."""
+        """Seconds: the least TTL each write of this store leaves on a room key (a longer one stays)."""
         return self._core.ttl_ms / 1000
 
     @property
     def policy(self) -> Policy:
         return self._core.policy
+
+    @property
+    def scripts(self) -> str:
+        """How this store runs its Lua: "eval" (EVALSHA) or "functions" (FCALL)."""
+        return "functions" if isinstance(self._core, FunctionsCore) else "eval"
 
     @property
     def schema(self) -> KeySchema:
@@ -133,7 +146,8 @@ class StoreBase:
 
     def for_participant(self, participant: str) -> Any:
         """A store with the same client and settings, writing as ``participant``."""
-        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options)
+        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
+                          scripts=self.scripts)
 
     def __repr__(self) -> str:
         return (

@@ -17,6 +17,7 @@ from kvstatus.errors import (
     PermissionDeniedError,
 )
 from kvstatus.operations import Call
+from kvstatus.scripts import LIBRARY_NAME
 from kvstatus.redact import mask_url
 
 # Error prefixes the scripts in lua/ return (redis.error_reply); NOPERM arrives as redis-py's NoPermissionError.
@@ -53,7 +54,16 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
                         rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
         return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, rx.NoPermissionError):
-        return PermissionDeniedError(f"Redis ACL denied the request: {text}")
+        hint = ""
+        if call is not None and call.args[0] in ("EVALSHA", "EVAL") and "'eval" in text:
+            hint = (" (a user of the tenant ACL recipe runs kvstatus' Lua as functions: give the store "
+                    "scripts=\"functions\", or the URL ?scripts=functions)")
+        return PermissionDeniedError(f"Redis ACL denied the request: {text}{hint}")
+    if "Function not found" in text and call is not None and call.args[0] in ("FCALL", "FCALL_RO"):
+        return BackendError(f"the kvstatus function library {LIBRARY_NAME} (this kvstatus version's Lua) is not "
+                            "loaded on this Redis: an admin runs `kvstatus --url ADMIN_URL functions load` once "
+                            "(FUNCTION LOAD on every primary; replicas, restarts with persistence and failovers "
+                            "keep it), or the store uses scripts=\"eval\"")
     if _SCRIPT_NOPERM in text:
         # The scripts check their writes in advance and name a refused one themselves (NOPERM above);
         # this is a read the ACL refused on a key after the first, which Redis reports by line number only.

@@ -10,7 +10,7 @@
 --
 -- Returns an integer, kvstatus.rule.ReasonOutcome (the constants below; they
 -- continue kvstatus.rule.Outcome, so a number means one thing in every script):
---   RECORDED         the reason was stored and the room's TTL refreshed
+--   RECORDED         the reason was stored and the room's TTL refreshed (never shortened, see EXPIRE_FLAGS)
 --   KEPT_EARLIER     an earlier reason stays; nothing written
 --   IGNORED_MISSING  the participant has no entry; nothing written
 -- Errors, raised before the first write:
@@ -33,6 +33,15 @@ local function acl_refusal(command, key)
   return nil
 end
 
+-- One TTL per room key, shared by its participants, and a write never shortens it: the key's TTL
+-- becomes max(TTL left, ttl), a key without TTL counting as 0. Written the same in every kvstatus
+-- script that sets a TTL. Redis >= 7 does it with PEXPIRE NX / GT, in one call when the first flag
+-- fits: NX for a key this call probably created (no TTL yet), else GT; the other flag follows when
+-- the first set nothing, and either order ends the same. GT alone would never give a TTL to a key
+-- that has none: Redis counts that as infinite. Older servers (no REDIS_VERSION_NUM, no flags)
+-- compare with PTTL first.
+local EXPIRE_FLAGS = redis.REDIS_VERSION_NUM ~= nil
+
 local field, reason_field, reason, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if type(ttl) ~= "string" or not string.match(ttl, "^[1-9][0-9]*$") or #ttl > 15 then
@@ -53,5 +62,12 @@ end
 if redis.call("HSETNX", KEYS[1], reason_field, reason) == 0 then
   return KEPT_EARLIER
 end
-redis.call("PEXPIRE", KEYS[1], ttl)
+-- The participant has an entry, so the key has a TTL already (GT first).
+if EXPIRE_FLAGS then
+  if redis.call("PEXPIRE", KEYS[1], ttl, "GT") == 0 then
+    redis.call("PEXPIRE", KEYS[1], ttl, "NX")
+  end
+elseif redis.call("PTTL", KEYS[1]) < tonumber(ttl) then
+  redis.call("PEXPIRE", KEYS[1], ttl)
+end
 return RECORDED

@@ -16,7 +16,8 @@
 --   "KVSTATUS_BADARG <what>"   malformed arguments
 --   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is
 --   "NOPERM <what>"            the ACL refuses a write this call would make (see acl_refusal)
--- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL; the others write nothing.
+-- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL to at least ARGV[2] (never shorter than
+-- what another writer left, see EXPIRE_FLAGS); the others write nothing.
 
 local CREATED, ADVANCED, FAILED, UNCHANGED = 1, 2, 3, 4
 local IGNORED_MISSING, REFUSED_TERMINAL, REFUSED_CREATE = 5, 6, 7
@@ -37,6 +38,15 @@ local function acl_refusal(command, key)
   end
   return nil
 end
+
+-- One TTL per room key, shared by its participants, and a write never shortens it: the key's TTL
+-- becomes max(TTL left, ttl), a key without TTL counting as 0. Written the same in every kvstatus
+-- script that sets a TTL. Redis >= 7 does it with PEXPIRE NX / GT, in one call when the first flag
+-- fits: NX for a key this call probably created (no TTL yet), else GT; the other flag follows when
+-- the first set nothing, and either order ends the same. GT alone would never give a TTL to a key
+-- that has none: Redis counts that as infinite. Older servers (no REDIS_VERSION_NUM, no flags)
+-- compare with PTTL first.
+local EXPIRE_FLAGS = redis.REDIS_VERSION_NUM ~= nil
 
 local policy, ttl, field, reason_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
@@ -123,7 +133,7 @@ for i = 1, #KEYS do
 end
 
 -- Second pass: write. CREATED, ADVANCED and FAILED store the status; those and
--- UNCHANGED refresh the TTL.
+-- UNCHANGED refresh the TTL (never shorter than another writer's, see EXPIRE_FLAGS).
 for i = 1, #KEYS do
   local outcome = result[2 * i - 1]
   if outcome <= UNCHANGED then
@@ -134,7 +144,14 @@ for i = 1, #KEYS do
         redis.call("HDEL", key, reason_field)
       end
     end
-    redis.call("PEXPIRE", key, ttl)
+    if EXPIRE_FLAGS then  -- inline, not a function: this loop is the hot path
+      local fresh = outcome == CREATED
+      if redis.call("PEXPIRE", key, ttl, fresh and "NX" or "GT") == 0 then
+        redis.call("PEXPIRE", key, ttl, fresh and "GT" or "NX")
+      end
+    elseif redis.call("PTTL", key) < tonumber(ttl) then
+      redis.call("PEXPIRE", key, ttl)
+    end
   end
 end
 return result

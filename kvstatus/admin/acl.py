@@ -1,15 +1,31 @@
 """The Redis ACL rules kvstatus needs: one user per namespace, and a read-only variant.
 
 The command lists below are the single source of the README's ACL recipe (a
-test holds the two together). ACL checks the commands a Lua script calls as
-well as the EVALSHA that runs it, so the scripts' own commands are listed.
+test holds the two together). ACL checks the commands a Lua script or function
+calls as well as the command that runs it, so those commands are listed too.
+
+Two recipes, by how the store runs its Lua (``scripts=``):
+
+- ``functions`` (the tenant recipe, Redis >= 7): an admin loads kvstatus'
+  function library once (``kvstatus functions load``); tenants may only
+  ``FCALL`` / ``FCALL_RO`` it. No ``EVAL``, ``EVALSHA`` or ``SCRIPT LOAD``:
+  a tenant cannot run Lua of its own. The read-write (worker) user has no
+  ``SCAN`` either: SCAN cannot be limited to a key pattern, so it would list
+  every namespace's room ids; only the read-only (dashboard, ``ls``) user has it.
+- ``eval`` (Redis 6, or one tenant per server): ``EVALSHA`` plus ``SCRIPT
+  LOAD`` and ``EVAL`` to heal NOSCRIPT by itself. A user that may load a
+  script can run any Lua, which can block the whole server: not an isolation
+  boundary.
+
+No recipe grants ``INFO`` (it shows every namespace's totals); ``doctor``
+reads the server version from ``HELLO``.
 
 - :data:`HANDSHAKE`  what redis-py sends on connect and for health checks
 - :data:`CLUSTER_DISCOVERY`  what ``RedisCluster`` needs to learn the slot map
-  (harmless on a standalone server)
-- :data:`SCRIPTS`  EVALSHA, and SCRIPT LOAD for healing NOSCRIPT
-- :data:`READS` / :data:`WRITES`  the commands the store, the scripts and the
-  CLI (``ls``, ``stats``, ``watch``, ``doctor``) run on room keys
+  (harmless on a standalone server); ``COMMAND`` also lets it find FCALL's keys
+- :data:`FUNCTIONS` / :data:`FUNCTIONS_READ_ONLY` / :data:`EVAL_SCRIPTS`  how the Lua runs
+- :data:`READS` / :data:`WRITES`  the commands the store and its scripts run on room keys
+- :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
 """
 
 from __future__ import annotations
@@ -17,39 +33,49 @@ from __future__ import annotations
 from typing import Optional
 
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
+from kvstatus.operations import validate_script_mode
 
 # CLIENT SETINFO (Redis >= 7.2) is left out on purpose: ACL SETUSER refuses it on older
 # servers, and redis-py ignores a refused SETINFO during its handshake.
 HANDSHAKE: tuple[str, ...] = ("ping", "client|setname", "select", "hello")
 CLUSTER_DISCOVERY: tuple[str, ...] = ("cluster|slots", "cluster|shards", "cluster|nodes", "command", "asking")
-SCRIPTS: tuple[str, ...] = ("evalsha", "script|load")
-READS: tuple[str, ...] = ("hget", "hgetall", "hexists", "pttl", "scan", "info")
-WRITES: tuple[str, ...] = ("hset", "hsetnx", "hdel", "pexpire")
+FUNCTIONS: tuple[str, ...] = ("fcall", "fcall_ro")
+FUNCTIONS_READ_ONLY: tuple[str, ...] = ("fcall_ro",)
+EVAL_SCRIPTS: tuple[str, ...] = ("evalsha", "eval", "script|load")
+READS: tuple[str, ...] = ("hget", "hgetall", "pttl")
+WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "pexpire")
+SCAN: tuple[str, ...] = ("scan",)
 SENTINEL_COMMANDS: tuple[str, ...] = (
     "ping", "sentinel|get-master-addr-by-name", "sentinel|masters", "sentinel|sentinels", "sentinel|replicas",
 )
 """What the client of a Sentinel URL asks the Sentinels (a user on the Sentinels, not the data nodes)."""
 
 
-def read_only_commands() -> tuple[str, ...]:
-    """Commands of a dashboard or CLI user that reads statuses and never writes."""
-    return HANDSHAKE + CLUSTER_DISCOVERY + SCRIPTS + READS
+def read_only_commands(scripts: str = "functions") -> tuple[str, ...]:
+    """Commands of a dashboard or CLI user that reads statuses (``get``, ``ls``, ``stats``, ``watch``), never writes."""
+    lua = FUNCTIONS_READ_ONLY if validate_script_mode(scripts) == "functions" else EVAL_SCRIPTS
+    return HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + SCAN
 
 
-def read_write_commands() -> tuple[str, ...]:
-    """Commands of a PD worker's user: everything the store and the CLI do."""
-    return read_only_commands() + WRITES
+def read_write_commands(scripts: str = "functions") -> tuple[str, ...]:
+    """Commands of a PD worker's user: every store operation (no SCAN under the functions recipe)."""
+    if validate_script_mode(scripts) == "functions":
+        return HANDSHAKE + CLUSTER_DISCOVERY + FUNCTIONS + READS + WRITES
+    return HANDSHAKE + CLUSTER_DISCOVERY + EVAL_SCRIPTS + READS + SCAN + WRITES
 
 
 def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
-              password: Optional[str] = None) -> list[str]:
+              password: Optional[str] = None, scripts: str = "functions") -> list[str]:
     """The ``ACL SETUSER <name>`` rules for a user limited to one namespace.
 
-    ``password`` None leaves the password out (add ``>secret`` yourself); keys
-    are limited to ``<prefix>:<namespace>:*`` and no Pub/Sub channel is allowed.
+    ``scripts`` "functions" is the tenant recipe (its stores use
+    ``scripts="functions"``; an admin runs ``kvstatus functions load``);
+    "eval" the recipe for Redis 6 or a server of one tenant. ``password``
+    None leaves the password out (add ``>secret`` yourself); keys are limited
+    to ``<prefix>:<namespace>:*`` and no Pub/Sub channel is allowed.
     """
     schema = KeySchema(namespace, prefix)
-    commands = read_only_commands() if read_only else read_write_commands()
+    commands = read_only_commands(scripts) if read_only else read_write_commands(scripts)
     rules = ["reset", "on"]
     if password is not None:
         rules.append(f">{password}")
@@ -63,8 +89,9 @@ def sentinel_acl_rules(password: Optional[str] = None) -> list[str]:
     return rules + ["resetchannels", "-@all", *(f"+{command}" for command in SENTINEL_COMMANDS)]
 
 
-def acl_setuser_line(user: str, namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False) -> str:
+def acl_setuser_line(user: str, namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
+                     scripts: str = "functions") -> str:
     """The recipe as one ``ACL SETUSER`` line, with ``>PASSWORD`` as a placeholder (for docs and users.acl)."""
-    rules = acl_rules(namespace, prefix=prefix, read_only=read_only)
+    rules = acl_rules(namespace, prefix=prefix, read_only=read_only, scripts=scripts)
     rules.insert(2, ">PASSWORD")
     return f"ACL SETUSER {user} " + " ".join(rules)

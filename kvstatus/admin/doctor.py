@@ -16,7 +16,7 @@ from redis import exceptions as rx
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
-from kvstatus import scripts
+from kvstatus import scripts as lua
 from kvstatus.admin.scan import PROBE_PARTICIPANT, iter_room_keys, scan_clients
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, KeySchema
@@ -75,7 +75,7 @@ def _attempt(action: Callable[[], Any]) -> tuple[bool, str]:
         return False, f"NOPERM {command}" if command else str(error)
 
 
-# (name, writes?) of every operation the probe runs, in order.
+# (name, writes?) of every operation the probe runs, in order ("script load" only with scripts="eval").
 PROBE_OPERATIONS = (
     ("update_status", True),
     ("record_failure", True),
@@ -86,12 +86,18 @@ PROBE_OPERATIONS = (
     ("script load", False),
     ("scan", False),
 )
+# Refused SCAN is no failure under scripts="functions": the tenant recipe gives it to the read-only user only.
+OPTIONAL_OPERATIONS = ("scan",)
 
 
-def probe_operations(client: Any, schema: KeySchema) -> dict[str, tuple[Optional[bool], str]]:
+def _operations(scripts: str) -> tuple[tuple[str, bool], ...]:
+    return tuple(op for op in PROBE_OPERATIONS if scripts == "eval" or op[0] != "script load")
+
+
+def probe_operations(client: Any, schema: KeySchema, scripts: str = "eval") -> dict[str, tuple[Optional[bool], str]]:
     """Run each operation kvstatus needs against the probe entry; name -> (ok, why), ok None: not testable."""
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts)
     actions: dict[str, Callable[[], Any]] = {
         "update_status": lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping),
         "record_failure": lambda: store.record_failure(PROBE_ROOM, "kvstatus doctor probe"),
@@ -99,11 +105,11 @@ def probe_operations(client: Any, schema: KeySchema) -> dict[str, tuple[Optional
         "get_many": lambda: store.get_many([PROBE_ROOM, PROBE_ROOM - 1]),
         "room": lambda: store.room(PROBE_ROOM),
         "clear": lambda: store.clear(PROBE_ROOM),
-        "script load": lambda: [client.script_load(s.source) for s in scripts.ALL],
+        "script load": lambda: [client.script_load(s.source) for s in lua.ALL],
         "scan": lambda: next(iter_room_keys(client, schema, batch=10), None),
     }
     results: dict[str, tuple[Optional[bool], str]] = {}
-    for name, _ in PROBE_OPERATIONS:
+    for name, _ in _operations(scripts):
         if name == "record_failure" and not results["update_status"][0]:
             # Without an entry the script writes nothing, so it would pass without testing the write.
             results[name] = (None, "not tested: needs the entry update_status could not write")
@@ -116,24 +122,80 @@ def probe_operations(client: Any, schema: KeySchema) -> dict[str, tuple[Optional
 
 def is_read_only(results: dict[str, tuple[Optional[bool], str]]) -> bool:
     """True for a read-only user (the README's dashboard recipe): every read allowed, every tested write refused."""
-    writes = [name for name, w in PROBE_OPERATIONS if w and results[name][0] is not None]
-    reads = [name for name, w in PROBE_OPERATIONS if not w]
+    operations = [op for op in PROBE_OPERATIONS if op[0] in results]
+    writes = [name for name, w in operations if w and results[name][0] is not None]
+    reads = [name for name, w in operations if not w]
     return bool(writes) and not any(results[n][0] for n in writes) and all(results[n][0] for n in reads)
 
 
-def permission_checks(results: dict[str, tuple[Optional[bool], str]]) -> list[Check]:
-    """One check per operation, or one passing line for a read-only user that can do every read kvstatus does."""
+def permission_checks(results: dict[str, tuple[Optional[bool], str]], scripts: str = "eval") -> list[Check]:
+    """One check per operation, or one passing line for a read-only user that can do every read kvstatus does.
+
+    With ``scripts="functions"`` a refused SCAN passes: the tenant recipe's worker has none.
+    """
+    operations = [op for op in PROBE_OPERATIONS if op[0] in results]
     if is_read_only(results):
-        writes = [name for name, w in PROBE_OPERATIONS if w and results[name][0] is not None]
+        writes = [name for name, w in operations if w and results[name][0] is not None]
         why = ", ".join(f"{n}: {results[n][1]}" for n in writes)
-        reads = ", ".join(name for name, w in PROBE_OPERATIONS if not w)
+        reads = ", ".join(name for name, w in operations if not w)
         return [Check("acl", True, f"read-only user: reads ok, writes refused ({why}); every read works ({reads}): "
                                    "enough for get, ls, stats, watch and doctor; set and clear need a read-write user")]
-    return [Check(f"acl {name}", bool(ok), "allowed" if ok else why)
-            for name, (ok, why) in ((n, results[n]) for n, _ in PROBE_OPERATIONS)]
+    checks = []
+    for name, _ in operations:
+        ok, why = results[name]
+        if not ok and scripts == "functions" and name in OPTIONAL_OPERATIONS:
+            checks.append(Check(f"acl {name}", True, f"refused ({why}): enough for every store operation (the "
+                                "worker recipe); ls, stats, watch, the exporter and the board need the read-only "
+                                "user, which has SCAN"))
+        else:
+            checks.append(Check(f"acl {name}", bool(ok), "allowed" if ok else why))
+    return checks
 
 
-def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True) -> Check:
+# Lua that cannot compile: a probe that is allowed fails to compile, so it never runs or loads anything.
+_BROKEN_LUA = "return ("
+_OWN_LUA_PROBES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SCRIPT LOAD", ("SCRIPT", "LOAD", _BROKEN_LUA)),
+    ("EVAL", ("EVAL", _BROKEN_LUA, "0")),
+    ("FUNCTION LOAD", ("FUNCTION", "LOAD", "#!lua name=kvstatus_doctor_probe\n" + _BROKEN_LUA)),
+)
+
+
+def isolation_check(client: Any) -> Check:
+    """Whether this user can run Lua of its own (SCRIPT LOAD, EVAL, FUNCTION LOAD), which no ACL confines.
+
+    Informational (always ok): a tenant that can is not isolated from the
+    other namespaces on the server; the functions recipe refuses all three.
+    """
+    allowed = []
+    for name, command in _OWN_LUA_PROBES:
+        try:
+            scan_clients(client)[0].execute_command(*command)
+            allowed.append(name)
+        except (KVStatusError, *REDIS_ERRORS) as exc:
+            if denied_command(translate_error(exc)) is None and "NOPERM" not in str(exc):
+                allowed.append(name)  # refused for another reason (the Lua does not compile): allowed
+    if not allowed:
+        return Check("isolation", True, "this user cannot run Lua of its own: SCRIPT LOAD, EVAL and FUNCTION LOAD "
+                                        "refused (the tenant recipe)")
+    return Check("isolation", True, f"WARNING: this user may run Lua of its own ({', '.join(allowed)} allowed), "
+                                    "which can read any key and block the whole server: fine for an admin, not for "
+                                    "a tenant (use the functions recipe, README 'Security')")
+
+
+def functions_check(client: Any) -> Check:
+    """With ``scripts="functions"``: is this version's function library loaded (an FCALL_RO of it, no keys)?"""
+    ok, why = _attempt(lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0,
+                                                      PROBE_PARTICIPANT))
+    if ok:
+        return Check("functions", True, f"library {lua.LIBRARY_NAME} loaded, FCALL_RO allowed")
+    if "Function not found" in why:
+        why = (f"library {lua.LIBRARY_NAME} is not loaded: an admin runs `kvstatus --url ADMIN_URL functions "
+               "load` (once per server, every primary of a cluster)")
+    return Check("functions", False, why)
+
+
+def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True, scripts: str = "eval") -> Check:
     """The store's TTL setting, and (``write``) whether a write through the store leaves a TTL on its key."""
     if not write:
         detail = f"store TTL {ttl:g} s; the write check is skipped: a read-only user cannot write the probe"
@@ -141,7 +203,7 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True) ->
             return Check("ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts")
         return Check("ttl", True, detail)
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts)
     ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
     if not ok:
         return Check("ttl", False, f"store TTL {ttl:g} s; could not write the probe entry: {why}")
@@ -161,10 +223,20 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True) ->
     return Check("ttl", True, detail)
 
 
+def _hello_version(node: Any) -> str:
+    """The server's version from HELLO (no INFO: the ACL recipes do not grant it)."""
+    reply = node.execute_command("HELLO")
+    fields = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+    version = fields.get(b"version", fields.get("version"))
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
 def version_check(node: Any) -> Check:
-    """The server's version from INFO; Redis 6.0 or later is needed (ACLs)."""
+    """The server's version from INFO, or HELLO where the ACL refuses INFO (the recipes do); Redis 6.0 or later."""
     version: list[str] = []
     ok, why = _attempt(lambda: version.append(str(node.info("server").get("redis_version"))))
+    if not ok and why.startswith("NOPERM"):
+        ok, why = _attempt(lambda: version.append(_hello_version(node)))
     if not ok:
         if "unknown command" in why:
             return Check("server version", True, "unknown: the server does not implement INFO (fakeredis?)")
@@ -175,18 +247,26 @@ def version_check(node: Any) -> Check:
     return Check("server version", True, f"Redis {version[0]}")
 
 
-def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS, where: str = "") -> list[Check]:
-    """Every check, in order; stops after connectivity if Redis cannot be reached."""
+def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS, where: str = "",
+               scripts: str = "eval") -> list[Check]:
+    """Every check, in order; stops after connectivity if Redis cannot be reached.
+
+    ``scripts`` is the store's mode: "eval" checks SCRIPT LOAD, "functions" that the library is loaded.
+    """
     ok, why = _attempt(lambda: [node.ping() for node in scan_clients(client)])
     checks = [Check("connectivity", ok, f"PONG from {where}" if ok else why)]
     if not ok:
         return checks
     checks.append(version_check(scan_clients(client)[0]))
     checks.append(Check("topology", True, topology(client)))
-    ok, why = _attempt(lambda: [client.script_load(s.source) for s in scripts.ALL])
-    names = ", ".join(s.name for s in scripts.ALL)
-    checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
-    results = probe_operations(client, schema)
-    checks.append(ttl_check(client, schema, ttl, write=not is_read_only(results)))
-    checks.extend(permission_checks(results))
+    if scripts == "functions":
+        checks.append(functions_check(client))
+    else:
+        ok, why = _attempt(lambda: [client.script_load(s.source) for s in lua.ALL])
+        names = ", ".join(s.name for s in lua.ALL)
+        checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
+    results = probe_operations(client, schema, scripts)
+    checks.append(ttl_check(client, schema, ttl, write=not is_read_only(results), scripts=scripts))
+    checks.extend(permission_checks(results, scripts))
+    checks.append(isolation_check(client))
     return checks

@@ -61,6 +61,11 @@ class CliEnv:
             self._client = self.connect(self.url_or_default)
         return self._client
 
+    @property
+    def scripts(self) -> str:
+        """How stores on this URL run their Lua: the URL's ``?scripts=`` (eval or functions), else eval."""
+        return connection.url_script_mode(self.url_or_default)
+
     def schema(self) -> KeySchema:
         if not self.namespace:
             raise click.UsageError("no namespace: pass --namespace NAME or set KVSTATUS_NAMESPACE")

@@ -1,4 +1,4 @@
-"""``stats``, ``watch``, ``doctor`` and ``explain``: looking at a namespace as a whole, or at the rule."""
+"""``stats``, ``watch``, ``doctor``, ``explain`` and ``functions``: a namespace as a whole, the rule, the Lua library."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, Optional
 import click
 
 from kvstatus.admin.doctor import run_checks
+from kvstatus.admin.functions import load_functions, loaded_libraries
 from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.admin.stats import bucket_labels, collect_stats
 from kvstatus.admin.watch import KINDS, Snapshot, watch_changes
@@ -17,6 +18,7 @@ from kvstatus.cli.app import (
     EXIT_FINDINGS,
     STATUS,
     CliEnv,
+    NotFound,
     emit_json,
     json_option,
     main,
@@ -28,6 +30,7 @@ from kvstatus.cli.app import (
     ttl_text,
 )
 from kvstatus.rule import KVPoll, Policy, apply_rule
+from kvstatus.scripts import LIBRARY_NAME
 from kvstatus.rule import explain as explain_rule
 
 MAX_CHANGES_SHOWN = 20
@@ -170,7 +173,7 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
     stats and watch need. Exits 1 if any check fails.
     """
     schema = env.schema()
-    checks = run_checks(env.client(), schema, ttl, env.shown_url)
+    checks = run_checks(env.client(), schema, ttl, env.shown_url, scripts=env.scripts)
     if as_json:
         emit_json({"url": env.shown_url, "namespace": schema.namespace, "checks": [c.to_json() for c in checks]})
     else:
@@ -179,6 +182,47 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
             click.echo(f"{mark}  {check.name:<20} {check.detail}")
     if not all(c.ok for c in checks):
         raise click.exceptions.Exit(1)
+
+
+@main.group()
+def functions() -> None:
+    """Load or list kvstatus' Redis 7 function library (the admin's step of the tenant ACL recipe).
+
+    Stores whose URL carries ?scripts=functions run the update rule by FCALL of
+    this library and never load Lua themselves, so their ACL users need neither
+    EVAL nor SCRIPT LOAD. Run `load` with an admin user, once per server (every
+    primary of a cluster), and again after upgrading kvstatus.
+    """
+
+
+@functions.command(name="load")
+@json_option
+@pass_env
+def functions_load(env: CliEnv, as_json: bool) -> None:
+    """FUNCTION LOAD this kvstatus version's library (REPLACE; idempotent) on the server or every primary."""
+    nodes = load_functions(env.client())
+    if as_json:
+        emit_json({"library": LIBRARY_NAME, "nodes": nodes})
+        return
+    click.echo(f"loaded kvstatus' function library (update, get_many, record_failure) on {', '.join(nodes)}; "
+               "tenants' URLs carry ?scripts=functions")
+
+
+@functions.command(name="list")
+@json_option
+@pass_env
+def functions_list(env: CliEnv, as_json: bool) -> None:
+    """List the kvstatus libraries on each node; exit 1 if this version's is missing on one."""
+    found = loaded_libraries(env.client())
+    if as_json:
+        emit_json({"library": LIBRARY_NAME, "nodes": found})
+    else:
+        for node, names in found.items():
+            shown = ", ".join(f"{n} (this version)" if n == LIBRARY_NAME else n for n in names) or "none"
+            click.echo(f"{node}: {shown}")
+    missing = [node for node, names in found.items() if LIBRARY_NAME not in names]
+    if missing:
+        raise NotFound(f"{LIBRARY_NAME} is not loaded on {', '.join(missing)}: run `kvstatus functions load`")
 
 
 def _current(text: str) -> Optional[KVPoll]:

@@ -31,7 +31,7 @@ from kvstatus.cli.app import (
     ttl_text,
 )
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.operations import DEFAULT_TTL_SECONDS
+from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
 from kvstatus.rule import KVPoll, Policy, RoomView
 from kvstatus.store import StatusStore
 
@@ -40,7 +40,7 @@ def store_for(env: CliEnv, participant: Optional[str] = None, ttl: float = DEFAU
               policy: str = Policy.SEED.value) -> StatusStore:
     schema = env.schema()
     return StatusStore(env.client(), namespace=schema.namespace, prefix=schema.prefix, participant=participant,
-                       ttl=ttl, policy=policy)
+                       ttl=ttl, policy=policy, scripts=env.scripts)
 
 
 def room_json(view: RoomView) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
 @click.argument("status", type=STATUS)
 @participant_option
 @click.option("--reason", metavar="TEXT", help="Failure reason to record (only with STATUS Failed; first reason wins).")
-@ttl_option("TTL in seconds given to the room key by this write (at most 30 days).")
+@ttl_option("Least TTL in seconds this write leaves on the room key; a longer one stays (at most 30 days).")
 @click.option("--policy", type=click.Choice([p.value for p in Policy]), default=Policy.SEED.value, show_default=True,
               help="Update rule policy: seed (upstream rule) or strict (Failed is terminal, no late creates).")
 @json_option
@@ -106,6 +106,8 @@ def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], rea
     """
     if reason is not None and status != KVPoll.Failed:
         raise InvalidArgumentError("--reason goes with status Failed only")
+    if reason is not None:
+        truncate_reason(reason)  # a reason Redis cannot be sent is refused before the update writes Failed
     store = store_for(env, participant, ttl, policy)
     result = store.update_status(room, status)
     recorded = store.record_failure(room, reason) if reason is not None else None
@@ -127,7 +129,7 @@ def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], rea
 def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_json: bool) -> None:
     """Remove the participant's entry (and its failure reason) from each ROOM. Clearing nothing is not an error."""
     store = store_for(env, participant)
-    cleared = {room: store.clear(room) for room in rooms}
+    cleared = {room: store.clear(room) for room in dict.fromkeys(rooms)}  # a room named twice is cleared once
     if as_json:
         emit_json({"namespace": store.namespace, "participant": store.participant,
                    "rooms": [{"room": room, "cleared": removed} for room, removed in cleared.items()]})

@@ -6,7 +6,7 @@ and keeps the same keys (:class:`~kvstatus.keys.KeySchema`), so one workload
 runs unchanged on kvstatus and on a baseline:
 
 - :class:`ClientSideStore`: the *fixed* rule decided in the client between a
-  read and a write (HGET, :func:`~kvstatus.rule.apply_rule`, HSET + PEXPIRE),
+  read and a write (HGET, :func:`~kvstatus.rule.apply_rule`, HSET + PTTL/PEXPIRE),
   as many result backends do. Used alone it gives the same answers as
   kvstatus; used concurrently a write can act on a status that changed since
   it was read, so a late abort can resurrect a cleared room.
@@ -66,12 +66,17 @@ class ClientSideStore:
             created = self.client.hset(key, self.participant, str(int(status))) == 1
             if result.outcome is Outcome.ADVANCED and current is KVPoll.Failed:
                 self.client.hdel(key, self._reason)  # as kvstatus: leaving Failed drops the old reason
-            self.client.pexpire(key, self._ttl_ms)
+            self._extend_ttl(key)
             if created:
                 return UpdateResult(Outcome.CREATED, status)
         elif result.outcome is Outcome.UNCHANGED:
-            self.client.pexpire(key, self._ttl_ms)
+            self._extend_ttl(key)
         return result
+
+    def _extend_ttl(self, key: str) -> None:
+        """As kvstatus: the key's TTL becomes at least this store's, never shorter (read, then write)."""
+        if self.client.pttl(key) < self._ttl_ms:
+            self.client.pexpire(key, self._ttl_ms)
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         return {room: self.update_status(room, status) for room, status in updates.items()}
@@ -87,7 +92,7 @@ class ClientSideStore:
             return False
         self._pause()
         self.client.hset(key, self._reason, reason)
-        self.client.pexpire(key, self._ttl_ms)
+        self._extend_ttl(key)
         return True
 
 

@@ -24,8 +24,9 @@ README = ROOT / "README.md"
 
 
 def _add_users(client) -> None:
-    client.execute_command("ACL", "SETUSER", "ns-a", *acl_rules("ns-a", password=USER_SECRET))
-    client.execute_command("ACL", "SETUSER", "ns-a-ro", *acl_rules("ns-a", read_only=True, password=USER_SECRET))
+    client.execute_command("ACL", "SETUSER", "ns-a", *acl_rules("ns-a", password=USER_SECRET, scripts="eval"))
+    client.execute_command("ACL", "SETUSER", "ns-a-ro", *acl_rules("ns-a", read_only=True, password=USER_SECRET,
+                                                                   scripts="eval"))
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,8 @@ def test_an_acl_that_would_stop_a_write_half_way_is_refused_before_any_write(
 ) -> None:
     user = f"ns-a-no-{missing}"
     with acl_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", user, *acl_rules("ns-a", password=USER_SECRET), f"-{missing}")
+        admin.execute_command("ACL", "SETUSER", user, *acl_rules("ns-a", password=USER_SECRET, scripts="eval"),
+                              f"-{missing}")
         key = "kvstatus:ns-a:{4242}"
         admin.delete(key, "kvstatus:ns-a:{4241}")
         if missing == "hdel":  # HDEL runs only when an entry leaves Failed (and drops its reason)
@@ -166,7 +168,8 @@ def test_an_acl_that_would_stop_a_write_half_way_is_refused_before_any_write(
 @pytest.mark.real
 def test_record_failure_is_refused_before_writing_when_pexpire_is_denied(acl_server: RedisServer) -> None:
     with acl_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", "ns-a-rf", *acl_rules("ns-a", password=USER_SECRET), "-pexpire")
+        admin.execute_command("ACL", "SETUSER", "ns-a-rf", *acl_rules("ns-a", password=USER_SECRET, scripts="eval"),
+                              "-pexpire")
         admin.hset("kvstatus:ns-a:{4343}", "default", "3")
         admin.pexpire("kvstatus:ns-a:{4343}", 60_000)
         with StatusStore.from_url(_url("redis", "ns-a-rf", f"{acl_server.host}:{acl_server.port}"),

@@ -97,8 +97,11 @@ def real_server() -> Iterator[RedisServer]:
     require_redis_server()
     with RedisServer(password=SECRET) as started:
         admin = started.client()
-        admin.execute_command("ACL", "SETUSER", "dashboard", *acl_rules(NS, read_only=True, password=SECRET))
-        admin.execute_command("ACL", "SETUSER", "dashboard-noscan", *acl_rules(NS, read_only=True, password=SECRET),
+        # The eval variant of the recipe: these CLI calls run the scripts by EVALSHA (tests/admin/test_tenancy.py
+        # runs the functions recipe).
+        dashboard = acl_rules(NS, read_only=True, password=SECRET, scripts="eval")
+        admin.execute_command("ACL", "SETUSER", "dashboard", *dashboard)
+        admin.execute_command("ACL", "SETUSER", "dashboard-noscan", *dashboard,
                               "-scan")
         yield started
 

@@ -51,10 +51,10 @@ def test_ls_stats_watch_and_doctor_cover_every_cluster_primary(redis_cluster: Re
 def acl_server() -> Iterator[RedisServer]:
     with RedisServer(password=ADMIN) as server:
         with server.client() as admin:
-            admin.execute_command("ACL", "SETUSER", "worker", *acl_rules("prod-a", password=SECRET))
-            admin.execute_command("ACL", "SETUSER", "dashboard", *acl_rules("prod-a", read_only=True,
-                                                                              password=SECRET))
-            no_hset = [rule for rule in acl_rules("prod-a", password=SECRET) if rule != "+hset"]
+            admin.execute_command("ACL", "SETUSER", "worker", *acl_rules("prod-a", password=SECRET, scripts="eval"))
+            admin.execute_command("ACL", "SETUSER", "dashboard", *acl_rules("prod-a", read_only=True, password=SECRET,
+                                                                              scripts="eval"))
+            no_hset = [rule for rule in acl_rules("prod-a", password=SECRET, scripts="eval") if rule != "+hset"]
             admin.execute_command("ACL", "SETUSER", "no-hset", *no_hset)
         yield server
 

@@ -17,8 +17,9 @@ from kvstatus import KVPoll, Outcome, Policy, StatusStore
 from kvstatus.demo.baselines import BASELINES, ClientSideStore, PreFixStore, make_store
 
 
-UNTOUCHED_MS = 10**9
-"""Every key's TTL is set to this before each call: a key whose TTL is lower afterwards was refreshed by it."""
+UNTOUCHED_MS = 300_000
+"""Every key's TTL is set to this (below the stores' 600 s) before each call: a key whose TTL is higher
+afterwards was refreshed by it (a write never shortens a TTL)."""
 
 
 def _entries(client: fakeredis.FakeRedis, namespace: str) -> dict[str, tuple[dict[bytes, bytes], str]]:
@@ -26,7 +27,7 @@ def _entries(client: fakeredis.FakeRedis, namespace: str) -> dict[str, tuple[dic
     found = {}
     for key in client.scan_iter(match=f"kvstatus:{namespace}:*"):
         pttl = client.pttl(key)
-        ttl = "none" if pttl < 0 else "untouched" if pttl > UNTOUCHED_MS - 60_000 else "refreshed"
+        ttl = "none" if pttl < 0 else "untouched" if pttl <= UNTOUCHED_MS else "refreshed"
         found[key.decode().split(":", 2)[2]] = (client.hgetall(key), ttl)
     return found
 

@@ -519,6 +519,12 @@ class Topology:
             groups.setdefault(node.name, []).append(i)
         return groups
 
+    def node_name(self, key: str) -> str:
+        """The name of the node serving ``key`` ("" on a single server)."""
+        if not self.cluster:
+            return ""
+        return self.client.nodes_manager.get_node_from_slot(key_slot(key.encode())).name
+
     def new_data_connection(self, name: str) -> Any:
         """An unconnected connection to node ``name`` (any name on a single server)."""
         if not self.cluster:
@@ -967,3 +973,33 @@ def near_cache_for(client: Any, schema: KeySchema, options: Optional[NearCacheOp
     topology = Topology(client)
     cls: Callable[..., Any] = AsyncNearCache if topology.asynchronous else NearCache
     return cls(client, schema, options, resend_delays)
+
+
+def near_cache_setting(url: str, near_cache: Any) -> Any:
+    """The near cache a store built by ``from_url`` gets: the argument if given (not None), else the URL's
+    ``near_cache=true`` / ``near_cache_size=N`` query options (None: no cache)."""
+    if near_cache is not None:
+        return near_cache
+    from kvstatus.connection import _QUERY_OPTIONS, parse_url
+
+    query = parse_url(url).query
+    size = query.get("near_cache_size")
+    enabled = _QUERY_OPTIONS["near_cache"](query["near_cache"]) if "near_cache" in query else size is not None
+    if not enabled:
+        return None
+    return NearCacheOptions(max_rooms=int(size)) if size is not None else True
+
+
+def make_near_cache(setting: Any, client: Any, schema: KeySchema, resend_delays: Sequence[float]) -> Any:
+    """The cache object for a store: None (``setting`` None/False), a shared cache object as given, or a
+    new one (``setting`` True or :class:`NearCacheOptions`)."""
+    if setting is None or setting is False:
+        return None
+    if isinstance(setting, (NearCache, AsyncNearCache)):
+        return setting
+    if setting is not True and not isinstance(setting, NearCacheOptions):
+        raise InvalidArgumentError(f"invalid near_cache {setting!r}: expected True, False or NearCacheOptions")
+    if type(client).__module__.startswith("fakeredis"):
+        raise InvalidArgumentError("the near cache needs a real Redis (CLIENT TRACKING); fakeredis has none")
+    options = setting if isinstance(setting, NearCacheOptions) else NearCacheOptions()
+    return near_cache_for(client, schema, options, resend_delays or (0.05, 0.1, 0.2, 0.4, 0.8))

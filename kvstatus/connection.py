@@ -133,6 +133,9 @@ _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     "db": int,
     "sentinel_username": str,
     "sentinel_password": str,
+    # Read by the stores' from_url (kvstatus.nearcache.near_cache_setting), not by the client.
+    "near_cache": lambda v: _BOOL[v.lower()],
+    "near_cache_size": lambda v: int(v) if v.isdigit() and int(v) > 0 else int("bad"),
 }
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 

@@ -19,12 +19,17 @@
 --   "NOPERM <what>"            the ACL would refuse one of the writes (Redis >= 7 can tell
 --                              in advance; a refusal half way would leave a key without TTL)
 -- Outcomes 1-4 refresh the room's TTL; 5-7 write nothing.
+-- Outcomes 1-3 publish "<status>:<participant>" on the room's channel, named like its key, for
+-- wait_for: SPUBLISH (a shard channel: it stays on the key's node) where the server has it (Redis >= 7),
+-- else PUBLISH. Only where the ACL allows it, asked before publishing: a user without the channel
+-- still updates (its waiters fall back to re-reading), and a refused publish never fails an update.
 
 local CREATED, ADVANCED, FAILED, UNCHANGED = 1, 2, 3, 4
 local IGNORED_MISSING, REFUSED_TERMINAL, REFUSED_CREATE = 5, 6, 7
 local STATUS_FAILED, STATUS_WAITING = 0, 2
 
 local policy, ttl, field, reason_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local PUBLISH = redis.REDIS_VERSION_NUM and "spublish" or "publish"
 
 if policy ~= "seed" and policy ~= "strict" then
   return redis.error_reply("KVSTATUS_BADARG policy must be seed or strict")
@@ -104,6 +109,10 @@ for i = 1, #KEYS do
 
   if outcome == CREATED or outcome == ADVANCED or outcome == FAILED then
     redis.call("HSET", key, field, s)
+    local message = s .. ":" .. field
+    if not redis.acl_check_cmd or redis.acl_check_cmd(PUBLISH, key, message) then
+      redis.call(PUBLISH, key, message)
+    end
   end
   if outcome == ADVANCED and cur == STATUS_FAILED then
     -- A seed-policy entry leaving Failed drops the reason of the failure it left.

@@ -116,8 +116,10 @@ class Subscription:
     def __init__(self, connection: Any, channel: str) -> None:
         self.connection = connection
         self.channel = channel
+        self.error = ""
 
     def open(self) -> bool:
+        """Subscribe; False (reason in ``error``) if the connection or the ACL refused."""
         conn = self.connection
         try:
             conn.connect()
@@ -129,7 +131,8 @@ class Subscription:
                 except rx.ResponseError as exc:
                     if "unknown command" not in str(exc).lower():
                         raise
-        except (*_BROKEN, rx.ResponseError):
+        except (*_BROKEN, rx.ResponseError) as exc:
+            self.error = str(exc)
             self.close()
         return False
 
@@ -199,6 +202,11 @@ class AsyncSubscription:
             await self.connection.disconnect()
         except Exception:  # noqa: BLE001
             pass
+
+
+def subscription_for(client: Any, key: str) -> Subscription:
+    """An unopened :class:`Subscription` to the channel of room ``key`` on its node (sync client)."""
+    return _open(client, key, Subscription)
 
 
 def _open(client: Any, key: str, cls: Any) -> Any:

@@ -16,7 +16,7 @@ from redis import exceptions as rx
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
-from kvstatus import scripts
+from kvstatus import scripts, waiting
 from kvstatus.admin.scan import PROBE_PARTICIPANT, iter_room_keys, scan_clients
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, KeySchema
@@ -175,4 +175,44 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
     checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
     checks.append(ttl_check(client, schema, ttl))
     checks.extend(permission_checks(probe_operations(client, schema)))
+    if type(client).__module__.startswith("fakeredis"):
+        checks.append(Check("near cache / wait_for push", True, "not tested: fakeredis has no CLIENT TRACKING"))
+    else:
+        checks.append(near_cache_check(client, schema))
+        checks.append(wait_check(client, schema))
     return checks
+
+
+def near_cache_check(client: Any, schema: KeySchema) -> Check:
+    """Whether the near cache can open its links (CLIENT ID, CLIENT TRACKING, SUBSCRIBE __redis__:invalidate)."""
+    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, near_cache=True)
+    try:
+        ok, why = _attempt(lambda: store.get(PROBE_ROOM))
+    finally:
+        store.near_cache.close()
+    if ok:
+        return Check("near cache", True, "CLIENT TRACKING and the invalidation channel are allowed")
+    return Check("near cache", False, f"{why} (needs +client|tracking +client|id +subscribe &__redis__:invalidate)")
+
+
+def wait_check(client: Any, schema: KeySchema) -> Check:
+    """Whether wait_for gets pushed changes: subscribe to the probe room's channel, update it, see the message."""
+    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS)
+    subscription = waiting.subscription_for(client, schema.room_key(PROBE_ROOM))
+    try:
+        if not subscription.open():
+            return Check("wait_for push", False, f"cannot subscribe to the room channels: {subscription.error}; "
+                         f"wait_for falls back to polling (needs +ssubscribe &{schema.base}*)")
+        ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
+        if not ok:
+            return Check("wait_for push", False, f"could not write the probe entry: {why}")
+        got = subscription.receive(1.0) or []
+        if not any(waiting.parse_payload(p)[0] == PROBE_PARTICIPANT for p in got):
+            return Check("wait_for push", False, "the update script published nothing: this user may not publish on "
+                         f"{schema.base}* (needs +spublish &{schema.base}*); wait_for falls back to polling")
+        return Check("wait_for push", True, "changes are pushed to waiters")
+    finally:
+        subscription.close()
+        _attempt(lambda: store.clear(PROBE_ROOM))

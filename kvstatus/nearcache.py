@@ -507,6 +507,27 @@ class Topology:
         self.cluster = is_cluster_client(client)
         self.asynchronous = type(client).__module__.startswith("redis.asyncio") or \
             type(client).__module__.startswith("fakeredis.aioredis")
+        from kvstatus.storebase import is_sentinel_client
+
+        self.sentinel = is_sentinel_client(client)
+
+    def probe_command(self) -> Optional[tuple[str, ...]]:
+        """What the periodic topology check sends on a data connection: the slot map of a cluster, the role
+        of a Sentinel-managed master, nothing on a plain server (a restart closes the connections)."""
+        if self.cluster:
+            return ("CLUSTER", "SLOTS")
+        if self.sentinel:
+            return ("INFO", "replication")
+        return None
+
+    def probe_changed(self, reply: Any, previous: Optional[tuple[Any, ...]]) -> tuple[Optional[str], Any]:
+        """(why the cache must be emptied or None, the fingerprint to remember) for a probe reply."""
+        if self.cluster:
+            fingerprint = _slot_fingerprint(reply)
+            changed = previous is not None and fingerprint != previous
+            return ("cluster slot map changed" if changed else None), fingerprint
+        role = _info_field(reply, "role")
+        return (None if role == "master" else f"the server became a {role} (failover)"), None
 
     def group(self, rooms: Sequence[int], keys: list[str]) -> dict[str, list[int]]:
         """Indices of ``keys`` by the name of the node that serves them ("" on a single server)."""
@@ -556,8 +577,9 @@ class NearCache:
         self.resend_delays = tuple(resend_delays)
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
-        self._slots: Optional[tuple[Any, ...]] = None
-        self._next_slot_check = 0.0
+        self._probe = self.topology.probe_command()
+        self._fingerprint: Any = None
+        self._next_check = 0.0
         self.closed = False
 
     # ---- the hot path
@@ -573,6 +595,8 @@ class NearCache:
     def status(self, room: int, participant: str) -> Optional[KVPoll]:
         """``participant``'s status in a validated ``room``, or None."""
         now = time.monotonic()
+        if now >= self._next_check:
+            self._check_topology(now)
         with self._lock:
             if self._ready(now):
                 entry = self.state.entries.get(room)
@@ -584,6 +608,8 @@ class NearCache:
     def statuses(self, rooms: list[int], participant: str) -> dict[int, Optional[KVPoll]]:
         """``participant``'s status in each of the validated, distinct ``rooms``."""
         now = time.monotonic()
+        if now >= self._next_check:
+            self._check_topology(now)
         result: dict[int, Optional[KVPoll]] = {}
         misses: list[int] = []
         with self._lock:
@@ -608,6 +634,8 @@ class NearCache:
     def view(self, room: int) -> RoomView:
         """Every participant's entry in a validated ``room``, TTL counted down locally."""
         now = time.monotonic()
+        if now >= self._next_check:
+            self._check_topology(now)
         with self._lock:
             if self._ready(now):
                 entry = self.state.entries.get(room)
@@ -669,7 +697,6 @@ class NearCache:
                         self._open_link(name)
                 links = [state.links[name] for name in groups]
                 token = state.token()
-                self._check_slots(time.monotonic())
             sent_at = time.monotonic()
             for link, indices in zip(links, groups.values()):
                 conn = link.data
@@ -711,27 +738,40 @@ class NearCache:
             if inval is not None:
                 inval.close()
             raise
+        if self.topology.cluster and self._fingerprint is None:
+            data.send_command("CLUSTER", "SLOTS", check_health=False)
+            self._fingerprint = _slot_fingerprint(data.read_response())
         # A new link means a new (or reconnected) server: nothing read before can be trusted.
         self.state.flush(f"link to {name or 'server'} opened")
         self.state.add_link(LinkState(name, inval, data, data._sock.fileno(), time.monotonic()))
 
-    def _check_slots(self, now: float) -> None:
-        """Under the lock: on a cluster, compare the slot map with the one the links were opened on."""
-        if not self.topology.cluster or now < self._next_slot_check:
+    def _check_topology(self, now: float) -> None:
+        """Every ``max_staleness`` seconds: has the cluster's slot map changed, or is the Sentinel-managed server
+        no longer the master? Then empty the cache (a failure empties it too). One round trip."""
+        self._next_check = now + self.state.options.max_staleness
+        if self._probe is None or not self.state.links:
             return
-        self._next_slot_check = now + self.state.options.max_staleness
-        link = next(iter(self.state.links.values()))
-        link.data.send_command("CLUSTER", "SLOTS", check_health=False)
-        fingerprint = _slot_fingerprint(link.data.read_response())
-        if self._slots is not None and fingerprint != self._slots:
-            self._slots = fingerprint
-            raise SlotMoved("cluster slot map changed")
-        self._slots = fingerprint
+        try:
+            with self._io_lock:
+                link = next(iter(self.state.links.values()), None)
+                if link is None:
+                    return
+                link.data.send_command(*self._probe, check_health=False)
+                reply = link.data.read_response()
+        except (LinkLost, *_LINK_ERRORS, rx.ResponseError) as exc:
+            self._reset_links(f"topology check failed: {exc}")
+            return
+        reason, self._fingerprint = self.topology.probe_changed(reply, self._fingerprint)
+        if reason:
+            self._reset_topology(reason)
 
     def check(self) -> None:
-        """Poll once: apply invalidations, and on a cluster check the slot map if it is due (tests, benchmarks)."""
+        """Poll once: apply invalidations, check the topology if due (tests, benchmarks)."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._check_topology(now)
         with self._lock:
-            self._ready(time.monotonic())
+            self._ready(now)
 
     def _reset_links(self, reason: str) -> None:
         with self._lock:
@@ -741,11 +781,12 @@ class NearCache:
 
     def _reset_topology(self, reason: str) -> None:
         self._reset_links(reason)
-        self._slots = None
-        try:
-            self.topology.client.nodes_manager.initialize()
-        except rx.RedisError:
-            pass  # the next read reports it
+        self._fingerprint = None
+        if self.topology.cluster:
+            try:
+                self.topology.client.nodes_manager.initialize()
+            except rx.RedisError:
+                pass  # the next read reports it
 
     def close(self) -> None:
         self._reset_links("closed")
@@ -774,8 +815,9 @@ class AsyncNearCache:
         self.state = CacheState(schema, options or NearCacheOptions(), _close_async_link)
         self.resend_delays = tuple(resend_delays)
         self._io_lock = asyncio.Lock()
-        self._slots: Optional[tuple[Any, ...]] = None
-        self._next_slot_check = 0.0
+        self._probe = self.topology.probe_command()
+        self._fingerprint: Any = None
+        self._next_check = 0.0
         self.closed = False
 
     def _ready(self, now: float) -> bool:
@@ -794,6 +836,8 @@ class AsyncNearCache:
 
     async def status(self, room: int, participant: str) -> Optional[KVPoll]:
         now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
         if self._ready(now):
             entry = self.state.entries.get(room)
             if entry is not None:
@@ -803,6 +847,8 @@ class AsyncNearCache:
 
     async def statuses(self, rooms: list[int], participant: str) -> dict[int, Optional[KVPoll]]:
         now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
         result: dict[int, Optional[KVPoll]] = {}
         misses: list[int] = []
         if self._ready(now):
@@ -825,6 +871,8 @@ class AsyncNearCache:
 
     async def view(self, room: int) -> RoomView:
         now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
         if self._ready(now):
             entry = self.state.entries.get(room)
             if entry is not None:
@@ -878,7 +926,6 @@ class AsyncNearCache:
                     await self._open_link(name)
             links = [state.links[name] for name in groups]
             token = state.token()
-            await self._check_slots(time.monotonic())
             sent_at = time.monotonic()
             for link, indices in zip(links, groups.values()):
                 conn = link.data
@@ -918,20 +965,29 @@ class AsyncNearCache:
             if inval is not None:
                 inval.close()
             raise
+        if self.topology.cluster and self._fingerprint is None:
+            await data.send_command("CLUSTER", "SLOTS", check_health=False)
+            self._fingerprint = _slot_fingerprint(await data.read_response())
         self.state.flush(f"link to {name or 'server'} opened")
         self.state.add_link(LinkState(name, inval, data, None, time.monotonic()))
 
-    async def _check_slots(self, now: float) -> None:
-        if not self.topology.cluster or now < self._next_slot_check:
+    async def _check_topology(self, now: float) -> None:
+        self._next_check = now + self.state.options.max_staleness
+        if self._probe is None or not self.state.links:
             return
-        self._next_slot_check = now + self.state.options.max_staleness
-        link = next(iter(self.state.links.values()))
-        await link.data.send_command("CLUSTER", "SLOTS", check_health=False)
-        fingerprint = _slot_fingerprint(await link.data.read_response())
-        if self._slots is not None and fingerprint != self._slots:
-            self._slots = fingerprint
-            raise SlotMoved("cluster slot map changed")
-        self._slots = fingerprint
+        try:
+            async with self._io_lock:
+                link = next(iter(self.state.links.values()), None)
+                if link is None:
+                    return
+                await link.data.send_command(*self._probe, check_health=False)
+                reply = await link.data.read_response()
+        except (LinkLost, *_LINK_ERRORS, rx.ResponseError) as exc:
+            self._reset_links(f"topology check failed: {exc}")
+            return
+        reason, self._fingerprint = self.topology.probe_changed(reply, self._fingerprint)
+        if reason:
+            await self._reset_topology(reason)
 
     def check(self) -> None:
         self._ready(time.monotonic())
@@ -943,11 +999,12 @@ class AsyncNearCache:
 
     async def _reset_topology(self, reason: str) -> None:
         self._reset_links(reason)
-        self._slots = None
-        try:
-            await self.topology.client.nodes_manager.initialize()
-        except rx.RedisError:
-            pass
+        self._fingerprint = None
+        if self.topology.cluster:
+            try:
+                await self.topology.client.nodes_manager.initialize()
+            except rx.RedisError:
+                pass
 
     async def close(self) -> None:
         self._reset_links("closed")

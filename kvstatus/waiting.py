@@ -190,8 +190,7 @@ class AsyncSubscription:
             while reply is not None:
                 if _is_message(reply):
                     payloads.append(reply[2])
-                reply = await conn.read_response(timeout=1.0, push_request=True) \
-                    if await conn.can_read_destructive() else None
+                reply = await conn.read_response(timeout=1.0, push_request=True) if await _buffered(conn) else None
         except _BROKEN:
             await self.close()
             return None
@@ -283,3 +282,9 @@ async def async_wait_for(client: Any, key: str, participant: str, statuses: Any,
         plan.close()
         if subscription is not None:
             await subscription.close()
+
+
+async def _buffered(conn: Any) -> bool:
+    """True if another reply is already waiting (redis-py 8 renamed ``can_read_destructive`` to ``can_read``)."""
+    check = getattr(conn, "can_read", None) or conn.can_read_destructive
+    return bool(await check())

@@ -272,3 +272,18 @@ def test_for_participant_shares_the_cache(cached: StatusStore, writer: StatusSto
     assert other.near_cache is cached.near_cache
     other.update_status(8, KVPoll.Bootstrapping)
     assert cached.room(8).participants["p2"].status == KVPoll.Bootstrapping
+
+
+def test_bad_room_ids_are_refused_on_the_cached_path_too(cached: StatusStore, writer: StatusStore) -> None:
+    from kvstatus.errors import InvalidRoomError
+
+    writer.update_many({0: KVPoll.Bootstrapping, 1: KVPoll.Bootstrapping, 4: KVPoll.Bootstrapping})
+    assert cached.get_many([0, 1, 4]) == {0: KVPoll.Bootstrapping, 1: KVPoll.Bootstrapping, 4: KVPoll.Bootstrapping}
+    for bad in ([True], [1.0], [0, -1], ["1"]):
+        with pytest.raises(InvalidRoomError):
+            cached.get_many(bad)
+    for bad in (True, 1.0, -1, 2**63):
+        with pytest.raises(InvalidRoomError):
+            cached.get(bad)
+    with pytest.raises(InvalidArgumentError):
+        cached.get_many("123")

@@ -53,9 +53,9 @@ def test_invalidation_keys_of_other_namespaces_are_ignored() -> None:
 def test_lru_eviction_and_expiry() -> None:
     state = _state(max_rooms=3)
     state.store(state.token(), {r: _entry(r, pttl=10_000 * (r + 1)) for r in range(3)})
-    state.entries.move_to_end(0)
+    state.referenced.add(0)  # room 0 was read: it gets a second chance
     state.store(state.token(), {3: _entry(3)})
-    assert list(state.entries) == [2, 0, 3]
+    assert list(state.entries) == [2, 3, 0]  # room 1 evicted; room 0 got its second chance
     assert state.earliest_deadline == 10.0  # room 0: 10 s after the read was sent at t=0
     state.expire(9.5)  # within a second of room 0's deadline: dropped early, never late
     assert 0 not in state.entries and 2 in state.entries

@@ -61,6 +61,8 @@ def test_times_out_cleanly(writer: StatusStore, redis_server: RedisServer) -> No
     writer.update_status(3, KVPoll.Transferring)  # another participant's change is not what it waits for
     assert writer.for_participant("x").wait_for(3, KVPoll.Transferring, timeout=0.2) is None
     assert not [c for c in raw.client_list() if int(c.get("ssub", 0)) or int(c.get("sub", 0))]  # none left open
+    for _ in range(writer.client.connection_pool.max_connections + 10):  # no connection is leaked or counted
+        assert writer.wait_for(3, KVPoll.Success, timeout=0) is None
     assert _subscribers(raw, writer.keys.room_key(3)) == 0
 
 

@@ -8,10 +8,12 @@ from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
 from kvstatus.errors import BackendUnavailableError
+from kvstatus.keys import validate_name, validate_room
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
 from kvstatus.translate import REDIS_ERRORS
+from kvstatus.waiting import async_wait_for
 
 T = TypeVar("T")
 
@@ -22,30 +24,60 @@ class AsyncStatusStore(StoreBase):
     _connect = staticmethod(connect_async)
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
-        return await self._send(self._core.update_status(room, status))
+        try:
+            return await self._send(self._core.update_status(room, status))
+        finally:
+            self._wrote((room,))
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        return await self._send(self._core.update_many(updates))
+        try:
+            return await self._send(self._core.update_many(updates))
+        finally:
+            self._wrote(updates)
 
     async def check_status(self, room: int) -> KVPoll:
+        if self._near is not None:
+            return await self._near.check_status(room, self.participant)
         return await self._send(self._core.check_status(room))
 
     async def get(self, room: int) -> Optional[KVPoll]:
+        if self._near is not None:
+            return await self._near.get(room, self.participant)
         return await self._send(self._core.get(room))
 
     async def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
+        if self._near is not None:
+            return await self._near.get_many(rooms, self.participant)
         return await self._send(self._core.get_many(rooms))
 
     async def clear(self, room: int) -> bool:
-        return await self._send(self._core.clear(room))
+        try:
+            return await self._send(self._core.clear(room))
+        finally:
+            self._wrote((room,))
 
     async def record_failure(self, room: int, reason: str) -> bool:
-        return await self._send(self._core.record_failure(room, reason))
+        try:
+            return await self._send(self._core.record_failure(room, reason))
+        finally:
+            self._wrote((room,))
 
     async def room(self, room: int) -> RoomView:
+        if self._near is not None:
+            return await self._near.room(room)
         return await self._send(self._core.room(room))
 
+    async def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
+                       *, participant: Optional[str] = None) -> Optional[KVPoll]:
+        """:meth:`StatusStore.wait_for <kvstatus.StatusStore.wait_for>`, awaitable."""
+        who = self.participant if participant is None else validate_name(participant, "participant")
+        key = self._core.schema.room_key(validate_room(room))
+        return await async_wait_for(self.client, key, who, statuses, timeout,
+                                    read=lambda: self._uncached(who).get(room))
+
     async def close(self) -> None:
+        if self._near is not None:
+            await self._near.close()
         await self.client.aclose()
 
     async def __aenter__(self) -> "AsyncStatusStore":

@@ -181,13 +181,27 @@ _OPTION_FIELDS: dict[str, Callable[[str], Any]] = {
     name: _field_parser(annotation) for name, annotation in typing.get_type_hints(ConnectionOptions).items()
 }
 _OPTION_FIELDS["ssl_cert_reqs"] = lambda v: _CERT_REQS[_CERT_REQS.index(v.lower())]
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+STORE_OPTIONS: dict[str, Callable[[str], Any]] = {"near_cache": lambda v: _BOOL[v.lower()],
+                                                  "near_cache_size": _positive_int}
+"""Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     **_OPTION_FIELDS,
     "db": int,
     "sentinel_username": str,
     "sentinel_password": str,
+    **STORE_OPTIONS,
 }
-"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials."""
+"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials,
+the store's options."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
 

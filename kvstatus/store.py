@@ -8,10 +8,12 @@ from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect
 from kvstatus.errors import BackendUnavailableError
+from kvstatus.keys import validate_name, validate_room
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
 from kvstatus.translate import REDIS_ERRORS
+from kvstatus.waiting import wait_for
 
 T = TypeVar("T")
 
@@ -28,37 +30,69 @@ class StatusStore(StoreBase):
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        return self._send(self._core.update_status(room, status))
+        try:
+            return self._send(self._core.update_status(room, status))
+        finally:
+            self._wrote((room,))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Apply the rule to many rooms in one round trip (atomically on a single Redis)."""
-        return self._send(self._core.update_many(updates))
+        try:
+            return self._send(self._core.update_many(updates))
+        finally:
+            self._wrote(updates)
 
     def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
+        if self._near is not None:
+            return self._near.check_status(room, self.participant)
         return self._send(self._core.check_status(room))
 
     def get(self, room: int) -> Optional[KVPoll]:
         """This participant's status, or None."""
+        if self._near is not None:
+            return self._near.get(room, self.participant)
         return self._send(self._core.get(room))
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
         """This participant's status in each room, in one round trip."""
+        if self._near is not None:
+            return self._near.get_many(rooms, self.participant)
         return self._send(self._core.get_many(rooms))
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason; True if anything was removed."""
-        return self._send(self._core.clear(room))
+        try:
+            return self._send(self._core.clear(room))
+        finally:
+            self._wrote((room,))
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
-        return self._send(self._core.record_failure(room, reason))
+        try:
+            return self._send(self._core.record_failure(room, reason))
+        finally:
+            self._wrote((room,))
 
     def room(self, room: int) -> RoomView:
         """Every participant's entry in ``room``, with reasons and the TTL left."""
+        if self._near is not None:
+            return self._near.room(room)
         return self._send(self._core.room(room))
 
+    def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
+                 *, participant: Optional[str] = None) -> Optional[KVPoll]:
+        """Block until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
+        return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by Redis Pub/Sub
+        (see :mod:`kvstatus.waiting`), re-reading every second and polling if the subscription breaks."""
+        who = self.participant if participant is None else validate_name(participant, "participant")
+        key = self._core.schema.room_key(validate_room(room))
+        return wait_for(self.client, key, who, statuses, timeout, read=lambda: self._uncached(who).get(room))
+
     def close(self) -> None:
+        """Close the near cache's connections (if any) and the client."""
+        if self._near is not None:
+            self._near.close()
         self.client.close()
 
     def __enter__(self) -> "StatusStore":

@@ -21,6 +21,7 @@ from redis.exceptions import NoScriptError
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
+from kvstatus.nearcache import make_near_cache, near_cache_setting
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
@@ -74,6 +75,7 @@ class StoreBase:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
+        near_cache: Any = None,
     ) -> None:
         self.client = client
         self.options = options or ConnectionOptions()
@@ -86,6 +88,8 @@ class StoreBase:
             policy=policy,
             cluster=is_cluster_client(client),
         )
+        # near_cache: True or NearCacheOptions for a new cache (kvstatus.nearcache), a cache to share, or None.
+        self._near = make_near_cache(near_cache, client, self._core.schema, self.options.retry_delays())
 
     @classmethod
     def from_url(
@@ -98,12 +102,15 @@ class StoreBase:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
+        near_cache: Any = None,
         **option_overrides: Any,
     ) -> S:
-        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
+        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields.
+        ``near_cache`` (or the URL's ``near_cache=true&near_cache_size=N``) turns the near cache on."""
         opts = replace(options or ConnectionOptions(), **option_overrides)
+        cache = near_cache_setting(url, near_cache)
         return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
-                   policy=policy, options=opts)
+                   policy=policy, options=opts, near_cache=cache)
 
     @property
     def namespace(self) -> str:
@@ -133,6 +140,24 @@ class StoreBase:
 
     def for_participant(self, participant: str) -> Any:
         """A store with the same client and settings, writing as ``participant``."""
+        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
+                          near_cache=self._near)
+
+    @property
+    def near_cache(self) -> Any:
+        """The :mod:`kvstatus.nearcache` cache serving this store's reads, or None."""
+        return self._near
+
+    def _wrote(self, rooms: Any) -> None:
+        """Drop rooms this store wrote (or may have written) from its near cache: read-your-writes."""
+        if self._near is not None:
+            try:
+                self._near.invalidate(list(rooms))
+            except TypeError:
+                pass  # not an iterable of rooms: the operation itself raised about it
+
+    def _uncached(self, participant: str) -> Any:
+        """A store on the same client reading ``participant``'s entry without the near cache (for wait_for)."""
         return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options)
 
     def __repr__(self) -> str:

@@ -10,6 +10,10 @@ well as the EVALSHA that runs it, so the scripts' own commands are listed.
 - :data:`SCRIPTS`  EVALSHA, and SCRIPT LOAD for healing NOSCRIPT
 - :data:`READS` / :data:`WRITES`  the commands the store, the scripts and the
   CLI (``ls``, ``stats``, ``watch``, ``doctor``) run on room keys
+- :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections
+  (channel ``__redis__:invalidate``)
+- :data:`WAIT` / :data:`PUBLISH`  ``wait_for``'s subscriptions and the update
+  script's publish, on the namespace's channels (named like the room keys)
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ CLUSTER_DISCOVERY: tuple[str, ...] = ("cluster|slots", "cluster|shards", "cluste
 SCRIPTS: tuple[str, ...] = ("evalsha", "script|load")
 READS: tuple[str, ...] = ("hget", "hgetall", "hexists", "pttl", "scan", "info")
 WRITES: tuple[str, ...] = ("hset", "hsetnx", "hdel", "pexpire")
+NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "subscribe")
+WAIT: tuple[str, ...] = ("ssubscribe", "subscribe")  # SUBSCRIBE: Redis 6 has no shard channels
+PUBLISH: tuple[str, ...] = ("spublish", "publish")  # the update script publishes (PUBLISH on Redis 6)
+INVALIDATE_CHANNEL = "__redis__:invalidate"
 SENTINEL_COMMANDS: tuple[str, ...] = (
     "ping", "sentinel|get-master-addr-by-name", "sentinel|masters", "sentinel|sentinels", "sentinel|replicas",
 )
@@ -33,12 +41,21 @@ SENTINEL_COMMANDS: tuple[str, ...] = (
 
 def read_only_commands() -> tuple[str, ...]:
     """Commands of a dashboard or CLI user that reads statuses and never writes."""
-    return HANDSHAKE + CLUSTER_DISCOVERY + SCRIPTS + READS
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + SCRIPTS + READS + NEAR_CACHE + WAIT)
 
 
 def read_write_commands() -> tuple[str, ...]:
     """Commands of a PD worker's user: everything the store and the CLI do."""
-    return read_only_commands() + WRITES
+    return read_only_commands() + WRITES + PUBLISH
+
+
+def _unique(commands: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(commands))
+
+
+def channel_rules(schema: KeySchema) -> list[str]:
+    """Channel permissions: the invalidation channel and the namespace's room channels."""
+    return [f"&{INVALIDATE_CHANNEL}", f"&{schema.base}*"]
 
 
 def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
@@ -46,14 +63,16 @@ def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool =
     """The ``ACL SETUSER <name>`` rules for a user limited to one namespace.
 
     ``password`` None leaves the password out (add ``>secret`` yourself); keys
-    are limited to ``<prefix>:<namespace>:*`` and no Pub/Sub channel is allowed.
+    are limited to ``<prefix>:<namespace>:*``, channels to the near cache's
+    ``__redis__:invalidate`` and the namespace's room channels ``<prefix>:<namespace>:*``.
     """
     schema = KeySchema(namespace, prefix)
     commands = read_only_commands() if read_only else read_write_commands()
     rules = ["reset", "on"]
     if password is not None:
         rules.append(f">{password}")
-    rules += [f"~{schema.base}*", "resetchannels", "-@all", *(f"+{command}" for command in commands)]
+    rules += [f"~{schema.base}*", "resetchannels", *channel_rules(schema), "-@all",
+              *(f"+{command}" for command in commands)]
     return rules
 
 

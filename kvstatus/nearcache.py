@@ -49,6 +49,11 @@ slot map check, at most ``max_staleness`` seconds later.
 
 Bounded: at most ``max_rooms`` rooms; the oldest fill not read since its last chance is evicted first
 (CLOCK, an approximation of least recently used).
+
+Observed: given the observer of the store that turned it on (``metrics=``, :mod:`kvstatus.observer`), the
+cache counts rooms answered from memory (hits) and read from Redis (misses), cached rooms dropped by
+Redis' invalidation messages, errors of its reads, and sets its size. Stores made by ``for_participant``
+share the cache, so its series carry the labels of the store that made it.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ MAX_MAX_ROOMS = 10_000_000
 # measured ~770 bytes (a room with an entry) and ~400 (an absent room). tests/nearcache holds the bound.
 CLIENT_BYTES_PER_ROOM = 1_000
 _LOG_KEEP = 4096
+_NULL_INVALIDATION = "null invalidation (FLUSHDB/FLUSHALL or tracking table full)"
 _MISS = object()
 _PING = b"*1\r\n$4\r\nPING\r\n"
 _RECV = 65536
@@ -341,6 +347,7 @@ class CacheState:
         self.next_ping = 0.0
         self.earliest_deadline = float("inf")
         self._ping_interval = options.max_staleness / 4
+        self.metrics: Any = None  # a kvstatus.observer.StoreObserver, told of invalidations and the size
 
     # ---- links
 
@@ -380,6 +387,11 @@ class CacheState:
     # ---- invalidation
 
     def flush(self, reason: str) -> None:
+        metrics = self.metrics
+        if metrics is not None and self.entries:
+            if reason == _NULL_INVALIDATION:
+                metrics.on_cache_invalidation(len(self.entries))
+            metrics.set_cache_size(0)
         self.entries.clear()
         for flat in self.flats.values():
             flat.clear()
@@ -390,24 +402,32 @@ class CacheState:
         self.earliest_deadline = float("inf")
         self.flush_reasons = (self.flush_reasons + [reason])[-8:]
 
-    def invalidate(self, rooms: Iterable[int]) -> None:
-        """Drop ``rooms`` (an invalidation, or this process's own write) and log them for racing fills."""
+    def invalidate(self, rooms: Iterable[int]) -> int:
+        """Drop ``rooms`` (an invalidation, or this process's own write) and log them for racing fills;
+        returns how many were cached."""
         pop = self.entries.pop
         flats = list(self.flats.values())
         log = self._log
+        dropped = 0
         for room in rooms:
             if pop(room, None) is not None:
+                dropped += 1
                 for flat in flats:
                     flat.pop(room, None)
             log.append(room)
             self.invalidated += 1
         if len(log) > 2 * _LOG_KEEP:
             del log[: len(log) - _LOG_KEEP]
+        if dropped and self.metrics is not None:
+            self.metrics.set_cache_size(len(self.entries))
+        return dropped
 
     def _apply(self, keys: list[bytes]) -> None:
         room_of = self.schema.room_of
         rooms = [room for room in map(room_of, keys) if room is not None]
-        self.invalidate(rooms)
+        dropped = self.invalidate(rooms)
+        if dropped and self.metrics is not None:
+            self.metrics.on_cache_invalidation(dropped)
 
     def poll(self, now: float) -> list[str]:
         """Apply whatever arrived on the invalidation sockets; return the names of failed links
@@ -427,7 +447,7 @@ class CacheState:
                 broken.append(link.name)
                 continue
             if flush:
-                self.flush("null invalidation (FLUSHDB/FLUSHALL or tracking table full)")
+                self.flush(_NULL_INVALIDATION)
             elif keys:
                 self._apply(keys)
             if pong and link.ping_outstanding is not None:
@@ -461,6 +481,8 @@ class CacheState:
             self._forget(room)
         self.earliest_deadline = min(
             (entry.deadline for entry in self.entries.values() if entry.deadline is not None), default=float("inf"))
+        if expired and self.metrics is not None:
+            self.metrics.set_cache_size(len(self.entries))
 
     def token(self) -> tuple[int, int]:
         """Where a fill starts: (flushes, invalidated)."""
@@ -487,6 +509,8 @@ class CacheState:
             if entry.deadline is not None and entry.deadline < self.earliest_deadline:
                 self.earliest_deadline = entry.deadline
         self._evict()
+        if self.metrics is not None:
+            self.metrics.set_cache_size(len(entries))
 
     def _evict(self) -> None:
         """CLOCK: drop the oldest rooms beyond ``max_rooms``; a room read since its last chance moves to the end."""
@@ -638,9 +662,11 @@ class NearCache:
     """
 
     def __init__(self, client: Any, schema: KeySchema, options: Optional[NearCacheOptions] = None,
-                 resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8)) -> None:
+                 resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8), metrics: Any = None) -> None:
         self.topology = Topology(client)
         self.state = CacheState(schema, options or NearCacheOptions(), _close_sync_link)
+        # A kvstatus.observer.StoreObserver (the store's that made the cache) or None: hits, misses, errors.
+        self.metrics = self.state.metrics = metrics
         self.resend_delays = tuple(resend_delays)
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
@@ -670,6 +696,8 @@ class NearCache:
                 if status is not _MISS:
                     if self.state.marking:
                         self.state.referenced.add(room)
+                    if self.metrics is not None:
+                        self.metrics.on_cache_hit()
                     return status  # type: ignore[return-value]
         return self._fill([room])[room].statuses.get(participant)
 
@@ -692,6 +720,8 @@ class NearCache:
                 self.state.referenced.update(result)
             else:
                 misses = list(rooms)
+        if result and self.metrics is not None:
+            self.metrics.on_cache_hit(len(result))
         if not misses:
             return result
         for room, entry in self._fill(misses).items():
@@ -715,6 +745,8 @@ class NearCache:
                 entry = self.state.entries.get(room)
                 if entry is not None:
                     self.state.referenced.add(room)
+                    if self.metrics is not None:
+                        self.metrics.on_cache_hit()
                     return view_at(entry, now)
         return view_at(self._fill([room])[room], time.monotonic())
 
@@ -738,6 +770,8 @@ class NearCache:
         if type(rooms) is list or type(rooms) is tuple:  # the hot path: every room cached
             found = self._hits(rooms, participant)
             if found is not None:
+                if self.metrics is not None:
+                    self.metrics.on_cache_hit(len(rooms))
                 return found
         unique = unique_rooms(rooms)
         return self.statuses(unique, participant) if unique else {}
@@ -748,6 +782,17 @@ class NearCache:
     # ---- misses
 
     def _fill(self, rooms: list[int]) -> dict[int, CachedRoom]:
+        """Read ``rooms`` from Redis (and cache them); the observer counts them as misses, and any error."""
+        if self.metrics is None:
+            return self._fill_retrying(rooms)
+        self.metrics.on_cache_miss(len(rooms))
+        try:
+            return self._fill_retrying(rooms)
+        except Exception as exc:
+            self.metrics.on_error(exc)
+            raise
+
+    def _fill_retrying(self, rooms: list[int]) -> dict[int, CachedRoom]:
         delays = self.resend_delays
         for attempt in range(len(delays) + 1):
             try:
@@ -888,9 +933,10 @@ class AsyncNearCache:
     even when the event loop has not run since it arrived)."""
 
     def __init__(self, client: Any, schema: KeySchema, options: Optional[NearCacheOptions] = None,
-                 resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8)) -> None:
+                 resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8), metrics: Any = None) -> None:
         self.topology = Topology(client)
         self.state = CacheState(schema, options or NearCacheOptions(), _close_async_link)
+        self.metrics = self.state.metrics = metrics
         self.resend_delays = tuple(resend_delays)
         self._io_lock = asyncio.Lock()
         self._probe = self.topology.probe_command()
@@ -921,6 +967,8 @@ class AsyncNearCache:
             if status is not _MISS:
                 if self.state.marking:
                     self.state.referenced.add(room)
+                if self.metrics is not None:
+                    self.metrics.on_cache_hit()
                 return status  # type: ignore[return-value]
         return (await self._fill([room]))[room].statuses.get(participant)
 
@@ -941,6 +989,8 @@ class AsyncNearCache:
             self.state.referenced.update(result)
         else:
             misses = list(rooms)
+        if result and self.metrics is not None:
+            self.metrics.on_cache_hit(len(result))
         if not misses:
             return result
         for room, entry in (await self._fill(misses)).items():
@@ -955,6 +1005,8 @@ class AsyncNearCache:
             entry = self.state.entries.get(room)
             if entry is not None:
                 self.state.referenced.add(room)
+                if self.metrics is not None:
+                    self.metrics.on_cache_hit()
                 return view_at(entry, now)
         return view_at((await self._fill([room]))[room], time.monotonic())
 
@@ -978,6 +1030,8 @@ class AsyncNearCache:
             if self._ready(now):
                 found = self.state.hits(rooms, participant)
                 if found is not None:
+                    if self.metrics is not None:
+                        self.metrics.on_cache_hit(len(rooms))
                     return found
         unique = unique_rooms(rooms)
         return await self.statuses(unique, participant) if unique else {}
@@ -986,6 +1040,16 @@ class AsyncNearCache:
         return await self.view(validate_room(room))
 
     async def _fill(self, rooms: list[int]) -> dict[int, CachedRoom]:
+        if self.metrics is None:
+            return await self._fill_retrying(rooms)
+        self.metrics.on_cache_miss(len(rooms))
+        try:
+            return await self._fill_retrying(rooms)
+        except Exception as exc:
+            self.metrics.on_error(exc)
+            raise
+
+    async def _fill_retrying(self, rooms: list[int]) -> dict[int, CachedRoom]:
         delays = self.resend_delays
         for attempt in range(len(delays) + 1):
             try:
@@ -1111,11 +1175,11 @@ def _close_async_link(link: LinkState) -> None:
 
 
 def near_cache_for(client: Any, schema: KeySchema, options: Optional[NearCacheOptions] = None,
-                   resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8)) -> Any:
+                   resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8), metrics: Any = None) -> Any:
     """A :class:`NearCache` or :class:`AsyncNearCache`, whichever fits ``client``."""
     topology = Topology(client)
     cls: Callable[..., Any] = AsyncNearCache if topology.asynchronous else NearCache
-    return cls(client, schema, options, resend_delays)
+    return cls(client, schema, options, resend_delays, metrics)
 
 
 def near_cache_setting(url: str, near_cache: Any) -> Any:
@@ -1133,9 +1197,10 @@ def near_cache_setting(url: str, near_cache: Any) -> Any:
     return NearCacheOptions(max_rooms=STORE_OPTIONS["near_cache_size"](size)) if size is not None else True
 
 
-def make_near_cache(setting: Any, client: Any, schema: KeySchema, resend_delays: Sequence[float]) -> Any:
-    """The cache object for a store: None (``setting`` None/False), a shared cache object as given, or a
-    new one (``setting`` True or :class:`NearCacheOptions`)."""
+def make_near_cache(setting: Any, client: Any, schema: KeySchema, resend_delays: Sequence[float],
+                    metrics: Any = None) -> Any:
+    """The cache object for a store: None (``setting`` None/False), a shared cache object as given (with its own
+    observer), or a new one (``setting`` True or :class:`NearCacheOptions`) told of its work by ``metrics``."""
     if setting is None or setting is False:
         return None
     if isinstance(setting, (NearCache, AsyncNearCache)):
@@ -1145,4 +1210,4 @@ def make_near_cache(setting: Any, client: Any, schema: KeySchema, resend_delays:
     if type(client).__module__.startswith("fakeredis"):
         raise InvalidArgumentError("the near cache needs a real Redis (CLIENT TRACKING); fakeredis has none")
     options = setting if isinstance(setting, NearCacheOptions) else NearCacheOptions()
-    return near_cache_for(client, schema, options, resend_delays or (0.05, 0.1, 0.2, 0.4, 0.8))
+    return near_cache_for(client, schema, options, resend_delays or (0.05, 0.1, 0.2, 0.4, 0.8), metrics)

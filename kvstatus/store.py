@@ -11,7 +11,15 @@ from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
-from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
+from kvstatus.storebase import (
+    StoreBase,
+    checked,
+    merge,
+    noscript_resend,
+    observe_error,
+    observe_result,
+    scripts_of,
+)
 from kvstatus.translate import REDIS_ERRORS
 from kvstatus.waiting import wait_for
 
@@ -31,14 +39,14 @@ class StatusStore(StoreBase):
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
         try:
-            return self._send(self._core.update_status(room, status))
+            return self._send(self._core.update_status(room, status), "update_status")
         finally:
             self._wrote((room,))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Apply the rule to many rooms in one round trip (atomically on a single Redis)."""
         try:
-            return self._send(self._core.update_many(updates))
+            return self._send(self._core.update_many(updates), "update_many")
         finally:
             self._wrote(updates)
 
@@ -46,31 +54,31 @@ class StatusStore(StoreBase):
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
         if self._near is not None:
             return self._near.check_status(room, self.participant)
-        return self._send(self._core.check_status(room))
+        return self._send(self._core.check_status(room), "check_status")
 
     def get(self, room: int) -> Optional[KVPoll]:
         """This participant's status, or None."""
         if self._near is not None:
             return self._near.get(room, self.participant)
-        return self._send(self._core.get(room))
+        return self._send(self._core.get(room), "get")
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
         """This participant's status in each room, in one round trip."""
         if self._near is not None:
             return self._near.get_many(rooms, self.participant)
-        return self._send(self._core.get_many(rooms))
+        return self._send(self._core.get_many(rooms), "get_many")
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason; True if anything was removed."""
         try:
-            return self._send(self._core.clear(room))
+            return self._send(self._core.clear(room), "clear")
         finally:
             self._wrote((room,))
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
         try:
-            return self._send(self._core.record_failure(room, reason))
+            return self._send(self._core.record_failure(room, reason), "record_failure")
         finally:
             self._wrote((room,))
 
@@ -78,7 +86,7 @@ class StatusStore(StoreBase):
         """Every participant's entry in ``room``, with reasons and the TTL left."""
         if self._near is not None:
             return self._near.room(room)
-        return self._send(self._core.room(room))
+        return self._send(self._core.room(room), "room")
 
     def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
                  *, participant: Optional[str] = None) -> Optional[KVPoll]:
@@ -103,7 +111,27 @@ class StatusStore(StoreBase):
 
     # The send loop; aio.py has the same lines with awaits. Decisions live in storebase.py.
 
-    def _send(self, request: Request[T]) -> T:
+    def _send(self, request: Request[T], operation: str = "other") -> T:
+        """Send ``request`` (from the method ``operation``) and decode its replies; the observer, if any, is told."""
+        if self._metrics is not None:
+            return self._observed(request, operation)
+        return self._deliver(request)
+
+    def _observed(self, request: Request[T], operation: str) -> T:
+        metrics = self._metrics
+        assert metrics is not None
+        started = time.perf_counter()
+        try:
+            result = self._deliver(request)
+        except Exception as exc:
+            observe_error(metrics, exc)
+            raise
+        finally:
+            metrics.on_call(operation, time.perf_counter() - started)
+        observe_result(metrics, operation, result)
+        return result
+
+    def _deliver(self, request: Request[T]) -> T:
         calls = request.calls
         if len(calls) == 1:  # the fast path: one command, straight to redis-py
             try:
@@ -121,6 +149,7 @@ class StatusStore(StoreBase):
                 first = None
                 time.sleep(delay)
                 self._refresh_slots()
+                self._resent()
         return self._round_trip(calls, first)
 
     def _round_trip(self, calls: list[Call], replies: Optional[list[Any]]) -> list[Any]:
@@ -130,6 +159,7 @@ class StatusStore(StoreBase):
             if indices:
                 for script in () if as_eval else scripts_of(resend):
                     self._load(script.source)
+                self._resent()
                 merge(replies, indices, self._io(resend))
         return checked(calls, replies)
 

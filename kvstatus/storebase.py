@@ -9,6 +9,11 @@ non-transactional pipeline. Script calls that meet NOSCRIPT (a restart,
 if the script is gone again by then, they are sent with their source
 (``EVAL``), which cannot meet NOSCRIPT. A cluster or Sentinel client that meets
 an unavailable backend resends the whole request after each failover delay.
+
+Observing (``metrics=``, :mod:`kvstatus.observer`): with an observer, each
+call the loop sends is timed and its outcome or error reported
+(:func:`observe_result`, :func:`observe_error`), and every resend counted;
+without one the loop pays one attribute check.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from redis.exceptions import NoScriptError
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.nearcache import make_near_cache, near_cache_setting
+from kvstatus.observer import StoreObserver, check_observer
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
@@ -76,6 +82,7 @@ class StoreBase:
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
         near_cache: Any = None,
+        metrics: Optional[StoreObserver] = None,
     ) -> None:
         self.client = client
         self.options = options or ConnectionOptions()
@@ -88,8 +95,11 @@ class StoreBase:
             policy=policy,
             cluster=is_cluster_client(client),
         )
+        # metrics: an observer (kvstatus.observer.StoreObserver, e.g. kvstatus.observe.metrics.StoreMetrics) or None.
+        self._metrics = check_observer(metrics)
         # near_cache: True or NearCacheOptions for a new cache (kvstatus.nearcache), a cache to share, or None.
-        self._near = make_near_cache(near_cache, client, self._core.schema, self.options.retry_delays())
+        self._near = make_near_cache(near_cache, client, self._core.schema, self.options.retry_delays(),
+                                     self._metrics)
 
     @classmethod
     def from_url(
@@ -103,14 +113,16 @@ class StoreBase:
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
         near_cache: Any = None,
+        metrics: Optional[StoreObserver] = None,
         **option_overrides: Any,
     ) -> S:
         """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields.
-        ``near_cache`` (or the URL's ``near_cache=true&near_cache_size=N``) turns the near cache on."""
+        ``near_cache`` (or the URL's ``near_cache=true&near_cache_size=N``) turns the near cache on;
+        ``metrics`` is an observer of every call (:mod:`kvstatus.observer`)."""
         opts = replace(options or ConnectionOptions(), **option_overrides)
         cache = near_cache_setting(url, near_cache)
         return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
-                   policy=policy, options=opts, near_cache=cache)
+                   policy=policy, options=opts, near_cache=cache, metrics=metrics)
 
     @property
     def namespace(self) -> str:
@@ -140,8 +152,14 @@ class StoreBase:
 
     def for_participant(self, participant: str) -> Any:
         """A store with the same client and settings, writing as ``participant``."""
+        metrics = None if self._metrics is None else self._metrics.for_participant(participant)
         return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
-                          near_cache=self._near)
+                          near_cache=self._near, metrics=metrics)
+
+    @property
+    def metrics(self) -> Optional[StoreObserver]:
+        """The observer told of every call (:mod:`kvstatus.observer`), or None."""
+        return self._metrics
 
     @property
     def near_cache(self) -> Any:
@@ -156,6 +174,11 @@ class StoreBase:
             except TypeError:
                 pass  # not an iterable of rooms: the operation itself raised about it
 
+    def _resent(self) -> None:
+        """The send loop sends a call again (NOSCRIPT, failover): tell the observer."""
+        if self._metrics is not None:
+            self._metrics.on_resend()
+
     def _uncached(self, participant: str) -> Any:
         """A store on the same client reading ``participant``'s entry without the near cache (for wait_for)."""
         return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options)
@@ -165,6 +188,20 @@ class StoreBase:
             f"{type(self).__name__}(namespace={self.namespace!r}, participant={self.participant!r}, "
             f"prefix={self.prefix!r}, ttl={self.ttl:g}, policy={self.policy.value!r})"
         )
+
+
+def observe_result(metrics: StoreObserver, operation: str, result: Any) -> None:
+    """Tell ``metrics`` what a call returned: the rule's outcomes of ``update_status`` and ``update_many``."""
+    if operation == "update_status":
+        metrics.on_update(result)
+    elif operation == "update_many":
+        metrics.on_updates(result.values())
+
+
+def observe_error(metrics: StoreObserver, exc: BaseException) -> None:
+    """Tell ``metrics`` of an error raised to the caller; ``check_status``'s KeyError is an answer, not an error."""
+    if not isinstance(exc, KeyError):
+        metrics.on_error(exc)
 
 
 def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:

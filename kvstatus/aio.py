@@ -81,8 +81,8 @@ class AsyncStatusStore(StoreBase):
         """:meth:`StatusStore.wait_for <kvstatus.StatusStore.wait_for>`, awaitable."""
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))
-        return await async_wait_for(self.client, key, who, statuses, timeout,
-                                    read=lambda: self._uncached(who).get(room))
+        reader = self._uncached(who)
+        return await async_wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room))
 
     async def close(self) -> None:
         if self._near is not None:

@@ -31,7 +31,8 @@ class StatusStore(StoreBase):
 
     ``StatusStore(client, namespace=...)`` wraps an existing redis-py client
     (``Redis`` or ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in
-    seconds. Every method is one round trip.
+    seconds. Every method is one round trip; with ``near_cache`` on (see
+    :mod:`kvstatus.nearcache`) a read of an unchanged room is none.
     """
 
     _connect = staticmethod(connect)
@@ -95,7 +96,8 @@ class StatusStore(StoreBase):
         (see :mod:`kvstatus.waiting`), re-reading every second and polling if the subscription breaks."""
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))
-        return wait_for(self.client, key, who, statuses, timeout, read=lambda: self._uncached(who).get(room))
+        reader = self._uncached(who)
+        return wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room))
 
     def close(self) -> None:
         """Close the near cache's connections (if any) and the client."""

@@ -73,6 +73,8 @@ import redis
 from redis import exceptions as rx
 from redis.cluster import key_slot
 
+from kvstatus.clients import is_cluster_client, is_sentinel_client
+from kvstatus.connection import STORE_OPTIONS, parse_url
 from kvstatus.errors import BackendUnavailableError, InvalidArgumentError
 from kvstatus.keys import KeySchema, validate_room, validate_rooms
 from kvstatus.operations import decode_room
@@ -589,14 +591,10 @@ class Topology:
     """Which server holds a key, and how to open connections to it (sync or async client)."""
 
     def __init__(self, client: Any) -> None:
-        from kvstatus.storebase import is_cluster_client
-
         self.client = client
         self.cluster = is_cluster_client(client)
         self.asynchronous = type(client).__module__.startswith("redis.asyncio") or \
             type(client).__module__.startswith("fakeredis.aioredis")
-        from kvstatus.storebase import is_sentinel_client
-
         self.sentinel = is_sentinel_client(client)
 
     def probe_command(self) -> Optional[tuple[str, ...]]:
@@ -1187,8 +1185,6 @@ def near_cache_setting(url: str, near_cache: Any) -> Any:
     ``near_cache=true`` / ``near_cache_size=N`` query options (None: no cache)."""
     if near_cache is not None:
         return near_cache
-    from kvstatus.connection import STORE_OPTIONS, parse_url
-
     query = parse_url(url).query  # has validated the values
     size = query.get("near_cache_size")
     enabled = STORE_OPTIONS["near_cache"](query["near_cache"]) if "near_cache" in query else size is not None

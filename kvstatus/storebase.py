@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
-from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from kvstatus.clients import is_cluster_client, is_sentinel_client
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.nearcache import make_near_cache, near_cache_setting
@@ -35,21 +35,6 @@ from kvstatus.translate import translate_error
 
 S = TypeVar("S", bound="StoreBase")
 T = TypeVar("T")
-
-
-def is_cluster_client(client: Any) -> bool:
-    """True for redis-py cluster clients (sync or async), whose batches are split by slot."""
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-
-    return isinstance(client, (RedisCluster, AsyncRedisCluster))
-
-
-def is_sentinel_client(client: Any) -> bool:
-    """True for a redis-py client made by ``Sentinel.master_for`` (sync or async)."""
-    from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
-    from redis.sentinel import SentinelConnectionPool
-
-    return isinstance(getattr(client, "connection_pool", None), (SentinelConnectionPool, AsyncSentinelPool))
 
 
 def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[float, ...]:

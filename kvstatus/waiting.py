@@ -24,6 +24,7 @@ from typing import Any, Optional
 from redis import exceptions as rx
 
 from kvstatus.errors import InvalidArgumentError
+from kvstatus.nearcache import Topology
 from kvstatus.rule import KVPoll, to_status
 
 RECHECK_SECONDS = 1.0
@@ -209,8 +210,6 @@ def subscription_for(client: Any, key: str) -> Subscription:
 
 
 def _open(client: Any, key: str, cls: Any) -> Any:
-    from kvstatus.nearcache import Topology
-
     topology = Topology(client)
     return cls(topology.new_data_connection(topology.node_name(key)), key)
 

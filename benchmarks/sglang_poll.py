@@ -2,12 +2,13 @@
 
 1. "Poll 256 rooms, 100 iterations", as ``CommonKVSender._poll_with_status``
    does it (``room in request_status``, then ``check_status``), with
-   upstream's dict, with kvstatus (memo on: one round trip a poll; memo off:
-   two) and with kvstatus' near cache when this kvstatus has one.
+   upstream's dict, with kvstatus uncached (memo on: one round trip a poll;
+   memo off: two) and with kvstatus' near cache (``install(...,
+   near_cache=True)``: no round trip while the rooms do not change).
 2. PP rank 0's consensus read of 256 rooms (``check_status_pp_consensus``,
-   4 ranks): kvstatus (one round trip a room) against the real
-   ``PPConsensusStore.collect``. That needs sglang: run in a Python that has
-   it, or let this script call the cached ``./dev test-sglang`` venv.
+   4 ranks): kvstatus uncached (one round trip a room) and cached, against the
+   real ``PPConsensusStore.collect``. That needs sglang: run in a Python that
+   has it, or let this script call the cached ``./dev test-sglang`` venv.
 
 Every variant runs in interleaved rounds on one embedded redis-server
 (persistence off); the table shows medians over rounds. Markdown on stdout.
@@ -30,7 +31,7 @@ from typing import Any, Optional
 from kvstatus import KVPoll
 from kvstatus.connection import connect
 from kvstatus.demo.server import RedisServer
-from kvstatus.sglang import install, near_cache_available
+from kvstatus.sglang import install
 from tests.sglang.standin import make_manager
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,26 +83,24 @@ def poll_benchmark(url: str, iterations: int, rounds: int) -> list[list[str]]:
     variants = {"dict (upstream)": poll_loop(upstream, rooms),
                 "kvstatus, uncached (memo: 1 round trip a poll)": poll_loop(seeded(memo, rooms), rooms),
                 "kvstatus, uncached, memo off (2 round trips a poll)": poll_loop(seeded(nomemo, rooms), rooms)}
-    cached_name = "kvstatus, near cache"
-    if near_cache_available():
-        cached = make_manager()
-        install(cached, url, namespace="bench-sgl-near", near_cache=True)
-        variants[cached_name] = poll_loop(seeded(cached, rooms), rooms)
+    cached = make_manager()
+    install(cached, url, namespace="bench-sgl-near", near_cache=True)
+    variants["kvstatus, near cache (0 round trips a poll)"] = poll_loop(seeded(cached, rooms), rooms)
+    cached_nomemo = make_manager()
+    install(cached_nomemo, url, namespace="bench-sgl-near-nomemo", near_cache=True, memo_seconds=0)
+    variants["kvstatus, near cache, memo off"] = poll_loop(seeded(cached_nomemo, rooms), rooms)
     times = timed_rounds(variants, iterations, rounds)
     base = times["dict (upstream)"]
-    rows = [[name, f"{t * 1e3:,.1f}", f"{t / (iterations * ROOMS) * 1e6:,.2f}", f"{t / base:,.1f}x"]
+    return [[name, f"{t * 1e3:,.1f}", f"{t / (iterations * ROOMS) * 1e6:,.2f}", f"{t / base:,.1f}x"]
             for name, t in times.items()]
-    if cached_name not in times:
-        rows.append([cached_name, "n/a", "n/a", "n/a (this kvstatus has no near cache yet)"])
-    return rows
 
 
-def kvstatus_consensus(url: str, iterations: int, rounds: int) -> dict[str, float]:
+def kvstatus_consensus(url: str, iterations: int, rounds: int, near_cache: bool = False) -> dict[str, float]:
     """Seconds for rank 0 to read the consensus of 256 rooms, median over rounds; 4 ranks, one client each."""
     rooms = list(range(20_000, 20_000 + ROOMS))
     managers = [make_manager(pp_rank=r, pp_size=PP) for r in range(PP)]
     for m in managers:
-        install(m, url, namespace="bench-sgl-pp")
+        install(m, url, namespace=f"bench-sgl-pp{'-near' if near_cache else ''}", near_cache=near_cache)
         seeded(m, rooms)
     rank0 = managers[0]
 
@@ -179,6 +178,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"sglang_poll: redis-server on {server.host}:{server.port}", file=sys.stderr)
         poll_rows = poll_benchmark(server.url, args.iterations, args.rounds)
         ours = kvstatus_consensus(server.url, args.iterations, args.rounds)
+        cached = kvstatus_consensus(server.url, args.iterations, args.rounds, near_cache=True)
         connect(server.url).flushall()
     theirs = upstream_consensus_anywhere(args.iterations, args.rounds)
     print(f"### Scheduler poll loop: {ROOMS} rooms x {args.iterations} iterations (median of {args.rounds} rounds)\n")
@@ -187,7 +187,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     rows = [["kvstatus `check_status_pp_consensus` (1 round trip a room)", f"{ours['consensus'] * 1e3:,.2f}", ""],
             ["kvstatus poll (`in` + consensus, 1 round trip a room)", f"{ours['poll'] * 1e3:,.2f}", ""],
             [f"kvstatus `collect_many` (batched: {PP} round trips for all rooms; sglang does not batch)",
-             f"{ours['batched'] * 1e3:,.2f}", ""]]
+             f"{ours['batched'] * 1e3:,.2f}", ""],
+            ["kvstatus + near cache `check_status_pp_consensus` (0 round trips)", f"{cached['consensus'] * 1e3:,.3f}",
+             ""],
+            ["kvstatus + near cache poll (`in` + consensus, 0 round trips)", f"{cached['poll'] * 1e3:,.3f}", ""],
+            ["kvstatus + near cache `collect_many` (0 round trips)", f"{cached['batched'] * 1e3:,.3f}", ""]]
     if theirs is None:
         rows += [["`PPConsensusStore.collect` (sglang)", "n/a", "n/a: sglang not importable, no ./dev test-sglang venv"]]
     else:
@@ -196,6 +200,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         rows[0][2] = f"{ours['consensus'] / theirs['consensus']:,.0f}x upstream consensus"
         rows[1][2] = f"{ours['poll'] / theirs['consensus']:,.0f}x upstream consensus"
         rows[2][2] = f"{ours['batched'] / theirs['collect']:,.1f}x upstream collect"
+        rows[3][2] = f"{cached['consensus'] / theirs['consensus']:,.1f}x upstream consensus"
+        rows[4][2] = f"{cached['poll'] / theirs['consensus']:,.1f}x upstream consensus"
+        rows[5][2] = f"{cached['batched'] / theirs['collect']:,.1f}x upstream collect"
     print(table(["read", "256 rooms (ms)", "ratio"], rows))
 
 

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
 from kvstatus.errors import BackendUnavailableError
+from kvstatus.keys import validate_name, validate_room
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
-from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
+from kvstatus.storebase import (
+    StoreBase,
+    checked,
+    merge,
+    noscript_resend,
+    observe_error,
+    observe_result,
+    scripts_of,
+)
 from kvstatus.translate import REDIS_ERRORS
+from kvstatus.waiting import async_wait_for
 
 T = TypeVar("T")
 
@@ -22,30 +33,60 @@ class AsyncStatusStore(StoreBase):
     _connect = staticmethod(connect_async)
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
-        return await self._send(self._core.update_status(room, status))
+        try:
+            return await self._send(self._core.update_status(room, status), "update_status")
+        finally:
+            self._wrote((room,))
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        return await self._send(self._core.update_many(updates))
+        try:
+            return await self._send(self._core.update_many(updates), "update_many")
+        finally:
+            self._wrote(updates)
 
     async def check_status(self, room: int) -> KVPoll:
-        return await self._send(self._core.check_status(room))
+        if self._near is not None:
+            return await self._near.check_status(room, self.participant)
+        return await self._send(self._core.check_status(room), "check_status")
 
     async def get(self, room: int) -> Optional[KVPoll]:
-        return await self._send(self._core.get(room))
+        if self._near is not None:
+            return await self._near.get(room, self.participant)
+        return await self._send(self._core.get(room), "get")
 
     async def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
-        return await self._send(self._core.get_many(rooms))
+        if self._near is not None:
+            return await self._near.get_many(rooms, self.participant)
+        return await self._send(self._core.get_many(rooms), "get_many")
 
     async def clear(self, room: int) -> bool:
-        return await self._send(self._core.clear(room))
+        try:
+            return await self._send(self._core.clear(room), "clear")
+        finally:
+            self._wrote((room,))
 
     async def record_failure(self, room: int, reason: str) -> bool:
-        return await self._send(self._core.record_failure(room, reason))
+        try:
+            return await self._send(self._core.record_failure(room, reason), "record_failure")
+        finally:
+            self._wrote((room,))
 
     async def room(self, room: int) -> RoomView:
-        return await self._send(self._core.room(room))
+        if self._near is not None:
+            return await self._near.room(room)
+        return await self._send(self._core.room(room), "room")
+
+    async def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
+                       *, participant: Optional[str] = None) -> Optional[KVPoll]:
+        """:meth:`StatusStore.wait_for <kvstatus.StatusStore.wait_for>`, awaitable."""
+        who = self.participant if participant is None else validate_name(participant, "participant")
+        key = self._core.schema.room_key(validate_room(room))
+        reader = self._uncached(who)
+        return await async_wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room))
 
     async def close(self) -> None:
+        if self._near is not None:
+            await self._near.close()
         await self.client.aclose()
 
     async def __aenter__(self) -> "AsyncStatusStore":
@@ -56,7 +97,26 @@ class AsyncStatusStore(StoreBase):
 
     # The send loop of store.py with awaits. Decisions live in storebase.py.
 
-    async def _send(self, request: Request[T]) -> T:
+    async def _send(self, request: Request[T], operation: str = "other") -> T:
+        if self._metrics is not None:
+            return await self._observed(request, operation)
+        return await self._deliver(request)
+
+    async def _observed(self, request: Request[T], operation: str) -> T:
+        metrics = self._metrics
+        assert metrics is not None
+        started = time.perf_counter()
+        try:
+            result = await self._deliver(request)
+        except Exception as exc:
+            observe_error(metrics, exc)
+            raise
+        finally:
+            metrics.on_call(operation, time.perf_counter() - started)
+        observe_result(metrics, operation, result)
+        return result
+
+    async def _deliver(self, request: Request[T]) -> T:
         calls = request.calls
         if len(calls) == 1:
             try:
@@ -74,6 +134,7 @@ class AsyncStatusStore(StoreBase):
                 first = None
                 await asyncio.sleep(delay)
                 await self._refresh_slots()
+                self._resent()
         return await self._round_trip(calls, first)
 
     async def _round_trip(self, calls: list[Call], replies: Optional[list[Any]]) -> list[Any]:
@@ -83,6 +144,7 @@ class AsyncStatusStore(StoreBase):
             if indices:
                 for script in () if as_eval else scripts_of(resend):
                     await self._load(script.source)
+                self._resent()
                 merge(replies, indices, await self._io(resend))
         return checked(calls, replies)
 

@@ -186,15 +186,29 @@ _OPTION_FIELDS: dict[str, Callable[[str], Any]] = {
     name: _field_parser(annotation) for name, annotation in typing.get_type_hints(ConnectionOptions).items()
 }
 _OPTION_FIELDS["ssl_cert_reqs"] = lambda v: _CERT_REQS[_CERT_REQS.index(v.lower())]
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+STORE_OPTIONS: dict[str, Callable[[str], Any]] = {"near_cache": lambda v: _BOOL[v.lower()],
+                                                  "near_cache_size": _positive_int}
+"""Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     **_OPTION_FIELDS,
     "db": int,
     "sentinel_username": str,
     "sentinel_password": str,
     "scripts": lambda v: ("eval", "functions")[("eval", "functions").index(v)],
+    **STORE_OPTIONS,
 }
-"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials, and
-``scripts`` (eval or functions: how the store runs its Lua; see :func:`url_script_mode`)."""
+"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials,
+``scripts`` (eval or functions: how the store runs its Lua; see :func:`url_script_mode`), and the store's
+near-cache options."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
 
@@ -255,6 +269,10 @@ def parse_url(url: object) -> ParsedURL:
         except UnicodeDecodeError:
             raise InvalidURLError(f"invalid Redis URL {shown}: the user name or password is percent-encoded "
                                   "bytes that are not UTF-8, which redis-py cannot send") from None
+        if "@" in parts.path:
+            # An unencoded "/" in the user info ends the authority early: the rest of the password would
+            # land in the socket path or the database, and be shown. Refuse instead of guessing.
+            raise InvalidURLError(f"invalid Redis URL {shown}: an '@' after the host{_hint(shown)}")
         if scheme == "unix":
             path = unquote(parts.path)
             if not path:

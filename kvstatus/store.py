@@ -8,10 +8,20 @@ from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect
 from kvstatus.errors import BackendUnavailableError
+from kvstatus.keys import validate_name, validate_room
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
-from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
+from kvstatus.storebase import (
+    StoreBase,
+    checked,
+    merge,
+    noscript_resend,
+    observe_error,
+    observe_result,
+    scripts_of,
+)
 from kvstatus.translate import REDIS_ERRORS
+from kvstatus.waiting import wait_for
 
 T = TypeVar("T")
 
@@ -23,44 +33,78 @@ class StatusStore(StoreBase):
     (``Redis`` or ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in
     seconds: every write leaves the room key at least that TTL, never
     shortening a longer one another writer left (one TTL per room key). Every
-    method is one round trip.
+    method is one round trip; with ``near_cache`` on (see
+    :mod:`kvstatus.nearcache`) a read of an unchanged room is none.
     """
 
     _connect = staticmethod(connect)
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        return self._send(self._core.update_status(room, status))
+        try:
+            return self._send(self._core.update_status(room, status), "update_status")
+        finally:
+            self._wrote((room,))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Apply the rule to many rooms in one round trip (atomically on a single Redis)."""
-        return self._send(self._core.update_many(updates))
+        try:
+            return self._send(self._core.update_many(updates), "update_many")
+        finally:
+            self._wrote(updates)
 
     def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
-        return self._send(self._core.check_status(room))
+        if self._near is not None:
+            return self._near.check_status(room, self.participant)
+        return self._send(self._core.check_status(room), "check_status")
 
     def get(self, room: int) -> Optional[KVPoll]:
         """This participant's status, or None."""
-        return self._send(self._core.get(room))
+        if self._near is not None:
+            return self._near.get(room, self.participant)
+        return self._send(self._core.get(room), "get")
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
         """This participant's status in each room, in one round trip."""
-        return self._send(self._core.get_many(rooms))
+        if self._near is not None:
+            return self._near.get_many(rooms, self.participant)
+        return self._send(self._core.get_many(rooms), "get_many")
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason; True if anything was removed."""
-        return self._send(self._core.clear(room))
+        try:
+            return self._send(self._core.clear(room), "clear")
+        finally:
+            self._wrote((room,))
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
-        return self._send(self._core.record_failure(room, reason))
+        try:
+            return self._send(self._core.record_failure(room, reason), "record_failure")
+        finally:
+            self._wrote((room,))
 
     def room(self, room: int) -> RoomView:
         """Every participant's entry in ``room``, with reasons and the TTL left."""
-        return self._send(self._core.room(room))
+        if self._near is not None:
+            return self._near.room(room)
+        return self._send(self._core.room(room), "room")
+
+    def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
+                 *, participant: Optional[str] = None) -> Optional[KVPoll]:
+        """Block until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
+        return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by Redis Pub/Sub
+        (see :mod:`kvstatus.waiting`), re-reading every second and polling if the subscription breaks."""
+        who = self.participant if participant is None else validate_name(participant, "participant")
+        key = self._core.schema.room_key(validate_room(room))
+        reader = self._uncached(who)
+        return wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room))
 
     def close(self) -> None:
+        """Close the near cache's connections (if any) and the client."""
+        if self._near is not None:
+            self._near.close()
         self.client.close()
 
     def __enter__(self) -> "StatusStore":
@@ -71,7 +115,27 @@ class StatusStore(StoreBase):
 
     # The send loop; aio.py has the same lines with awaits. Decisions live in storebase.py.
 
-    def _send(self, request: Request[T]) -> T:
+    def _send(self, request: Request[T], operation: str = "other") -> T:
+        """Send ``request`` (from the method ``operation``) and decode its replies; the observer, if any, is told."""
+        if self._metrics is not None:
+            return self._observed(request, operation)
+        return self._deliver(request)
+
+    def _observed(self, request: Request[T], operation: str) -> T:
+        metrics = self._metrics
+        assert metrics is not None
+        started = time.perf_counter()
+        try:
+            result = self._deliver(request)
+        except Exception as exc:
+            observe_error(metrics, exc)
+            raise
+        finally:
+            metrics.on_call(operation, time.perf_counter() - started)
+        observe_result(metrics, operation, result)
+        return result
+
+    def _deliver(self, request: Request[T]) -> T:
         calls = request.calls
         if len(calls) == 1:  # the fast path: one command, straight to redis-py
             try:
@@ -89,6 +153,7 @@ class StatusStore(StoreBase):
                 first = None
                 time.sleep(delay)
                 self._refresh_slots()
+                self._resent()
         return self._round_trip(calls, first)
 
     def _round_trip(self, calls: list[Call], replies: Optional[list[Any]]) -> list[Any]:
@@ -98,6 +163,7 @@ class StatusStore(StoreBase):
             if indices:
                 for script in () if as_eval else scripts_of(resend):
                     self._load(script.source)
+                self._resent()
                 merge(replies, indices, self._io(resend))
         return checked(calls, replies)
 

@@ -9,6 +9,11 @@ non-transactional pipeline. Script calls that meet NOSCRIPT (a restart,
 if the script is gone again by then, they are sent with their source
 (``EVAL``), which cannot meet NOSCRIPT. A cluster or Sentinel client that meets
 an unavailable backend resends the whole request after each failover delay.
+
+Observing (``metrics=``, :mod:`kvstatus.observer`): with an observer, each
+call the loop sends is timed and its outcome or error reported
+(:func:`observe_result`, :func:`observe_error`), and every resend counted;
+without one the loop pays one attribute check.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
-from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from kvstatus.clients import is_cluster_client, is_sentinel_client
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, url_script_mode
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
+from kvstatus.nearcache import make_near_cache, near_cache_setting
+from kvstatus.observer import StoreObserver, check_observer
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, FunctionsCore, StoreCore, validate_script_mode
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
@@ -28,21 +35,6 @@ from kvstatus.translate import translate_error
 
 S = TypeVar("S", bound="StoreBase")
 T = TypeVar("T")
-
-
-def is_cluster_client(client: Any) -> bool:
-    """True for redis-py cluster clients (sync or async), whose batches are split by slot."""
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-
-    return isinstance(client, (RedisCluster, AsyncRedisCluster))
-
-
-def is_sentinel_client(client: Any) -> bool:
-    """True for a redis-py client made by ``Sentinel.master_for`` (sync or async)."""
-    from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
-    from redis.sentinel import SentinelConnectionPool
-
-    return isinstance(getattr(client, "connection_pool", None), (SentinelConnectionPool, AsyncSentinelPool))
 
 
 def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
@@ -75,6 +67,8 @@ class StoreBase:
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
         scripts: str = "eval",
+        near_cache: Any = None,
+        metrics: Optional[StoreObserver] = None,
     ) -> None:
         """``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
         library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows)."""
@@ -89,6 +83,11 @@ class StoreBase:
             policy=policy,
             cluster=is_cluster_client(client),
         )
+        # metrics: an observer (kvstatus.observer.StoreObserver, e.g. kvstatus.observe.metrics.StoreMetrics) or None.
+        self._metrics = check_observer(metrics)
+        # near_cache: True or NearCacheOptions for a new cache (kvstatus.nearcache), a cache to share, or None.
+        self._near = make_near_cache(near_cache, client, self._core.schema, self.options.retry_delays(),
+                                     self._metrics)
 
     @classmethod
     def from_url(
@@ -102,16 +101,21 @@ class StoreBase:
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
         scripts: Optional[str] = None,
+        near_cache: Any = None,
+        metrics: Optional[StoreObserver] = None,
         **option_overrides: Any,
     ) -> S:
         """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields.
 
-        ``scripts`` None takes the URL's ``?scripts=`` option, else "eval".
+        ``scripts`` None takes the URL's ``?scripts=`` option, else "eval". ``near_cache`` (or the URL's
+        ``near_cache=true&near_cache_size=N``) turns the near cache on; ``metrics`` is an observer of every
+        call (:mod:`kvstatus.observer`).
         """
         opts = replace(options or ConnectionOptions(), **option_overrides)
         mode = url_script_mode(url) if scripts is None else scripts
+        cache = near_cache_setting(url, near_cache)
         return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
-                   policy=policy, options=opts, scripts=mode)
+                   policy=policy, options=opts, scripts=mode, near_cache=cache, metrics=metrics)
 
     @property
     def namespace(self) -> str:
@@ -146,6 +150,35 @@ class StoreBase:
 
     def for_participant(self, participant: str) -> Any:
         """A store with the same client and settings, writing as ``participant``."""
+        metrics = None if self._metrics is None else self._metrics.for_participant(participant)
+        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
+                          scripts=self.scripts, near_cache=self._near, metrics=metrics)
+
+    @property
+    def metrics(self) -> Optional[StoreObserver]:
+        """The observer told of every call (:mod:`kvstatus.observer`), or None."""
+        return self._metrics
+
+    @property
+    def near_cache(self) -> Any:
+        """The :mod:`kvstatus.nearcache` cache serving this store's reads, or None."""
+        return self._near
+
+    def _wrote(self, rooms: Any) -> None:
+        """Drop rooms this store wrote (or may have written) from its near cache: read-your-writes."""
+        if self._near is not None:
+            try:
+                self._near.invalidate(list(rooms))
+            except TypeError:
+                pass  # not an iterable of rooms: the operation itself raised about it
+
+    def _resent(self) -> None:
+        """The send loop sends a call again (NOSCRIPT, failover): tell the observer."""
+        if self._metrics is not None:
+            self._metrics.on_resend()
+
+    def _uncached(self, participant: str) -> Any:
+        """A store on the same client reading ``participant``'s entry without the near cache (for wait_for)."""
         return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
                           scripts=self.scripts)
 
@@ -154,6 +187,20 @@ class StoreBase:
             f"{type(self).__name__}(namespace={self.namespace!r}, participant={self.participant!r}, "
             f"prefix={self.prefix!r}, ttl={self.ttl:g}, policy={self.policy.value!r})"
         )
+
+
+def observe_result(metrics: StoreObserver, operation: str, result: Any) -> None:
+    """Tell ``metrics`` what a call returned: the rule's outcomes of ``update_status`` and ``update_many``."""
+    if operation == "update_status":
+        metrics.on_update(result)
+    elif operation == "update_many":
+        metrics.on_updates(result.values())
+
+
+def observe_error(metrics: StoreObserver, exc: BaseException) -> None:
+    """Tell ``metrics`` of an error raised to the caller; ``check_status``'s KeyError is an answer, not an error."""
+    if not isinstance(exc, KeyError):
+        metrics.on_error(exc)
 
 
 def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:

@@ -26,6 +26,10 @@ reads the server version from ``HELLO``.
 - :data:`FUNCTIONS` / :data:`FUNCTIONS_READ_ONLY` / :data:`EVAL_SCRIPTS`  how the Lua runs
 - :data:`READS` / :data:`WRITES`  the commands the store and its scripts run on room keys
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
+- :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections
+  (channel ``__redis__:invalidate``)
+- :data:`WAIT` / :data:`PUBLISH`  ``wait_for``'s subscriptions and the update
+  script's publish, on the namespace's channels (named like the room keys)
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ EVAL_SCRIPTS: tuple[str, ...] = ("evalsha", "eval", "script|load")
 READS: tuple[str, ...] = ("hget", "hgetall", "pttl")
 WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "pexpire")
 SCAN: tuple[str, ...] = ("scan",)
+NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "subscribe", "role")  # ROLE: a Sentinel master's demotion
+WAIT: tuple[str, ...] = ("ssubscribe", "subscribe")  # SUBSCRIBE: Redis 6 has no shard channels
+PUBLISH: tuple[str, ...] = ("spublish", "publish")  # the update script publishes (PUBLISH on Redis 6)
+INVALIDATE_CHANNEL = "__redis__:invalidate"
 SENTINEL_COMMANDS: tuple[str, ...] = (
     "ping", "sentinel|get-master-addr-by-name", "sentinel|masters", "sentinel|sentinels", "sentinel|replicas",
 )
@@ -54,14 +62,25 @@ SENTINEL_COMMANDS: tuple[str, ...] = (
 def read_only_commands(scripts: str = "functions") -> tuple[str, ...]:
     """Commands of a dashboard or CLI user that reads statuses (``get``, ``ls``, ``stats``, ``watch``), never writes."""
     lua = FUNCTIONS_READ_ONLY if validate_script_mode(scripts) == "functions" else EVAL_SCRIPTS
-    return HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + SCAN
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + SCAN + NEAR_CACHE + WAIT)
 
 
 def read_write_commands(scripts: str = "functions") -> tuple[str, ...]:
     """Commands of a PD worker's user: every store operation (no SCAN under the functions recipe)."""
     if validate_script_mode(scripts) == "functions":
-        return HANDSHAKE + CLUSTER_DISCOVERY + FUNCTIONS + READS + WRITES
-    return HANDSHAKE + CLUSTER_DISCOVERY + EVAL_SCRIPTS + READS + SCAN + WRITES
+        lua: tuple[str, ...] = FUNCTIONS
+    else:
+        lua = EVAL_SCRIPTS + SCAN
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + NEAR_CACHE + WAIT + PUBLISH)
+
+
+def _unique(commands: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(commands))
+
+
+def channel_rules(schema: KeySchema) -> list[str]:
+    """Channel permissions: the invalidation channel and the namespace's room channels."""
+    return [f"&{INVALIDATE_CHANNEL}", f"&{schema.base}*"]
 
 
 def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
@@ -72,14 +91,16 @@ def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool =
     ``scripts="functions"``; an admin runs ``kvstatus functions load``);
     "eval" the recipe for Redis 6 or a server of one tenant. ``password``
     None leaves the password out (add ``>secret`` yourself); keys are limited
-    to ``<prefix>:<namespace>:*`` and no Pub/Sub channel is allowed.
+    to ``<prefix>:<namespace>:*``, channels to the near cache's
+    ``__redis__:invalidate`` and the namespace's room channels ``<prefix>:<namespace>:*``.
     """
     schema = KeySchema(namespace, prefix)
     commands = read_only_commands(scripts) if read_only else read_write_commands(scripts)
     rules = ["reset", "on"]
     if password is not None:
         rules.append(f">{password}")
-    rules += [f"~{schema.base}*", "resetchannels", "-@all", *(f"+{command}" for command in commands)]
+    rules += [f"~{schema.base}*", "resetchannels", *channel_rules(schema), "-@all",
+              *(f"+{command}" for command in commands)]
     return rules
 
 

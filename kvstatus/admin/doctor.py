@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
 from kvstatus import scripts as lua
+from kvstatus import waiting
 from kvstatus.admin.scan import PROBE_PARTICIPANT, iter_room_keys, scan_clients
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, KeySchema
@@ -266,7 +267,57 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
         names = ", ".join(s.name for s in lua.ALL)
         checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
     results = probe_operations(client, schema, scripts)
-    checks.append(ttl_check(client, schema, ttl, write=not is_read_only(results), scripts=scripts))
+    write = not is_read_only(results)
+    checks.append(ttl_check(client, schema, ttl, write=write, scripts=scripts))
     checks.extend(permission_checks(results, scripts))
     checks.append(isolation_check(client))
+    if type(client).__module__.startswith("fakeredis"):
+        checks.append(Check("near cache / wait_for push", True, "not tested: fakeredis has no CLIENT TRACKING"))
+    else:
+        checks.append(near_cache_check(client, schema))
+        checks.append(wait_check(client, schema, write=write, scripts=scripts))
     return checks
+
+
+def near_cache_check(client: Any, schema: KeySchema) -> Check:
+    """Whether the near cache can open its links (CLIENT ID, CLIENT TRACKING, SUBSCRIBE __redis__:invalidate).
+    Never a failure: the cache is opt-in, and the detail says what a user without it lacks."""
+    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, near_cache=True)
+    try:
+        ok, why = _attempt(lambda: store.get(PROBE_ROOM))
+    finally:
+        store.near_cache.close()
+    if ok:
+        return Check("near cache", True, "CLIENT TRACKING and the invalidation channel are allowed")
+    # The cache is opt-in: a user without it is reported, not failed.
+    return Check("near cache", True, f"not available to this user: {why}; only near_cache=True needs it "
+                 "(+client|tracking +client|id +subscribe &__redis__:invalidate)")
+
+
+def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str = "eval") -> Check:
+    """Whether wait_for gets pushed changes: subscribe to the probe room's channel, update it, see the message.
+    ``write`` False (a read-only user): only the subscription is checked. Only a failed probe write fails:
+    without the channels wait_for still works, by polling, and the detail says so."""
+    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts)
+    subscription = waiting.subscription_for(client, schema.room_key(PROBE_ROOM))
+    try:
+        if not subscription.open():
+            return Check("wait_for push", True, f"not available to this user: cannot subscribe to the room "
+                         f"channels ({subscription.error}); wait_for polls instead (needs +ssubscribe &{schema.base}*)")
+        if not write:
+            return Check("wait_for push", True, "waiters can subscribe to the room channels (read-only user)")
+        ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
+        if not ok:
+            return Check("wait_for push", False, f"could not write the probe entry: {why}")
+        got = subscription.receive(1.0) or []
+        if not any(waiting.parse_payload(p)[0] == PROBE_PARTICIPANT for p in got):
+            return Check("wait_for push", True, "not available to this user: the update script published nothing, "
+                         f"this user may not publish on {schema.base}* (needs +spublish &{schema.base}*); "
+                         "wait_for polls instead")
+        return Check("wait_for push", True, "changes are pushed to waiters")
+    finally:
+        subscription.close()
+        if write:
+            _attempt(lambda: store.clear(PROBE_ROOM))

@@ -8,7 +8,6 @@
 from kvstatus.sglang.manager import (
     install,
     is_installed,
-    near_cache_available,
     open_store,
     participant_name,
     pp_participants,
@@ -21,7 +20,6 @@ __all__ = [
     "RoomStatusMap",
     "install",
     "is_installed",
-    "near_cache_available",
     "open_store",
     "participant_name",
     "pp_participants",

@@ -6,12 +6,9 @@ Works on any object with the attribute names of sglang 0.5.23's
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import types
 from typing import Any, Callable, Optional, Union
 
-from kvstatus.connection import ConnectionOptions
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name
 from kvstatus.rule import KVPoll, Outcome, UpdateResult, to_policy
@@ -79,22 +76,12 @@ def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
     return [f"{base}-pp{rank}" for rank in range(pp_size)]
 
 
-def near_cache_available() -> bool:
-    """True when this kvstatus has the near cache (``StatusStore.from_url(..., near_cache=True)``)."""
-    if "near_cache" in inspect.signature(StatusStore.from_url).parameters:
-        return True
-    return "near_cache" in {f.name for f in dataclasses.fields(ConnectionOptions)}
-
-
 def open_store(url: str, *, namespace: str, participant: str, policy: str = "strict", near_cache: bool = False,
                **store_options: Any) -> StatusStore:
-    """``StatusStore.from_url`` with ``near_cache`` passed only when asked for (a clear error if unavailable)."""
-    if near_cache:
-        if not near_cache_available():
-            raise InvalidArgumentError("near_cache=True needs a kvstatus with the near cache "
-                                       "(StatusStore.from_url(..., near_cache=True)); this one has none")
-        store_options["near_cache"] = True
-    return StatusStore.from_url(url, namespace=namespace, participant=participant, policy=policy, **store_options)
+    """``StatusStore.from_url`` for one manager; ``near_cache=True`` turns the store's near cache on, so a poll of
+    an unchanged room (``in``, ``check_status``, PP rank 0's consensus read) costs no round trip."""
+    return StatusStore.from_url(url, namespace=namespace, participant=participant, policy=policy,
+                                near_cache=near_cache or None, **store_options)
 
 
 def _defined_by(kv_manager: Any, name: str) -> Optional[type]:
@@ -149,10 +136,11 @@ def install(
     """Put ``kv_manager``'s room statuses into kvstatus; returns the :class:`RoomStatusMap` now in ``request_status``.
 
     ``store_or_url``: a :class:`~kvstatus.StatusStore` (its policy must be
-    ``policy``; it is re-bound to this manager's participant) or a URL
-    (``namespace`` required; ``near_cache``, ``ttl`` and connection options
-    are passed to ``StatusStore.from_url``). ``participant`` overrides
-    :func:`participant_name`.
+    ``policy``; it is re-bound to this manager's participant, keeping its near
+    cache and metrics) or a URL (``namespace`` required; ``near_cache``,
+    ``ttl``, ``metrics`` and connection options are passed to
+    ``StatusStore.from_url``). ``participant`` overrides :func:`participant_name`.
+    With the near cache on, polls of unchanged rooms are answered from memory.
 
     ``update_status``, ``check_status`` and ``check_status_pp_consensus``
     become instance methods that make one store call each. ``update_status``

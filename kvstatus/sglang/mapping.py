@@ -30,7 +30,10 @@ class RoomStatusMap:
     """``kv_manager.request_status`` backed by ``store``: room -> this participant's status (a :class:`KVPoll`).
 
     Each operation is one store call on the store's participant, so one round
-    trip (``pop`` takes two):
+    trip (``pop`` takes two), and none for a read that the store's near cache
+    answers (``StatusStore.from_url(..., near_cache=True)``, or ``install(...,
+    near_cache=True)``; every read here goes through it, ``collect`` and
+    ``collect_many`` included):
 
     - ``room in m``: True when the participant has an entry in ``room``.
     - ``m[room]``: the status; ``KeyError(room)`` when there is no entry.
@@ -66,7 +69,9 @@ class RoomStatusMap:
 
     On PP rank 0 (``pp_participants`` given and the store's participant is
     the first of them) ``in`` reads the whole room in its one round trip, so
-    the consensus poll (``in`` then ``collect``) is one round trip as well.
+    the consensus poll (``in`` then ``collect``) is one round trip as well,
+    and none while the near cache holds the room (it caches whole rooms, every
+    rank's field, and Redis invalidates them when any rank writes).
     """
 
     def __init__(

@@ -5,16 +5,17 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Any, Callable
 
 import fakeredis
 import pytest
+import redis
 
 from kvstatus import InvalidArgumentError, KVPoll, Outcome, StatusStore
 from kvstatus.sglang import (
     RoomStatusMap,
     install,
     is_installed,
-    near_cache_available,
     participant_name,
     pp_participants,
     uninstall,
@@ -24,6 +25,7 @@ from tests.sglang import differential, standin
 from tests.sglang.standin import CommonKVSender, DeferredBootstrap, DisaggregationMode, make_manager
 from tests.sglang.support import counting_store
 from tests.helpers.backends import Backend, fresh_namespace
+from tests.nearcache.helpers import eventually
 
 ROOM = 4242
 
@@ -238,9 +240,6 @@ def test_install_refuses_what_would_change_behaviour() -> None:
         install(make_manager(), "redis://127.0.0.1:1/0")
     with pytest.raises(InvalidArgumentError, match="apply to a URL"):
         install(make_manager(), counting_store(), namespace="x")
-    if not near_cache_available():
-        with pytest.raises(InvalidArgumentError, match="near cache"):
-            install(make_manager(), "redis://127.0.0.1:1/0", namespace="x", near_cache=True)
 
 
 def test_side_effects_follow_the_outcome() -> None:
@@ -357,22 +356,82 @@ def test_install_from_env_on_a_real_redis(redis_server) -> None:
     status_map.close()
 
 
+def commands_served(raw: Any) -> dict[str, int]:
+    """Calls per command so far (INFO commandstats), without INFO itself and the near cache's liveness PINGs
+    (sent on its invalidation connection without waiting: not a round trip of a poll)."""
+    return {k: v["calls"] for k, v in raw.info("commandstats").items() if k not in ("cmdstat_info", "cmdstat_ping")}
+
+
+def round_trips_of(raw: Any, work: Callable[[], object]) -> dict[str, int]:
+    before = commands_served(raw)
+    work()
+    after = commands_served(raw)
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+
+
 @pytest.mark.real
 def test_near_cache_poll_costs_no_round_trip(redis_server) -> None:
-    if not near_cache_available():
-        pytest.skip("this kvstatus has no near cache yet (StatusStore.from_url(..., near_cache=True))")
-    import redis
-
     namespace = fresh_namespace("sg")
     manager = make_manager()
     install(manager, redis_server.url, namespace=namespace, near_cache=True)
+    assert manager.request_status.store.near_cache is not None
+    manager.update_status(ROOM, KVPoll.Bootstrapping)  # strict: only an opening status creates the room
     manager.update_status(ROOM, KVPoll.Transferring)
     sender = CommonKVSender(manager, ROOM)
     assert sender.poll() == KVPoll.Transferring  # warms the cache
     raw = redis.Redis(host=redis_server.host, port=redis_server.port)
-    before = raw.info("commandstats")
-    for _ in range(50):
-        assert sender.poll() == KVPoll.Transferring
-    after = raw.info("commandstats")
-    reads = {k: after[k]["calls"] - before.get(k, {"calls": 0})["calls"] for k in after if k != "cmdstat_info"}
-    assert sum(reads.values()) == 0, reads
+
+    def polls() -> None:
+        for _ in range(50):
+            assert sender.poll() == KVPoll.Transferring
+
+    assert round_trips_of(raw, polls) == {}
+    # A change by another process reaches the next poll (after its invalidation), then polls are free again.
+    StatusStore.from_url(redis_server.url, namespace=namespace, participant="prefill-tp0-pp0",
+                         policy="strict").update_status(ROOM, KVPoll.Success)
+    eventually(lambda: sender.poll() == KVPoll.Success, what="the change, through the near cache")
+    assert round_trips_of(raw, lambda: [sender.poll() for _ in range(50)]) == {}
+    manager.request_status.close()
+
+
+@pytest.mark.real
+def test_pp_consensus_reads_are_cached_too(redis_server) -> None:
+    """Rank 0's consensus poll (``in`` + ``collect``) and ``collect_many`` read cached rooms: no round trip."""
+    namespace = fresh_namespace("sg")
+    managers = [make_manager(pp_rank=rank, pp_size=2) for rank in range(2)]
+    maps = [install(m, redis_server.url, namespace=namespace, near_cache=True) for m in managers]
+    rooms = [ROOM, ROOM + 1]
+    for manager in managers:
+        for room in rooms:
+            manager.update_status(room, KVPoll.Bootstrapping)
+    rank0 = managers[0]
+    assert [rank0.check_status_pp_consensus(room) for room in rooms] == [KVPoll.Bootstrapping] * 2  # warms
+    assert maps[0].collect_many(rooms) == {room: [KVPoll.Bootstrapping] * 2 for room in rooms}
+    raw = redis.Redis(host=redis_server.host, port=redis_server.port)
+
+    def consensus_polls() -> None:
+        for _ in range(20):
+            for room in rooms:
+                assert room in rank0.request_status
+                assert rank0.check_status_pp_consensus(room) == KVPoll.Bootstrapping
+            assert maps[0].collect_many(rooms)[ROOM] == [KVPoll.Bootstrapping] * 2
+
+    assert round_trips_of(raw, consensus_polls) == {}
+    # Rank 1 advances: rank 0's cached room is invalidated, and its consensus follows.
+    for room in rooms:
+        managers[1].update_status(room, KVPoll.WaitingForInput)
+        managers[0].update_status(room, KVPoll.WaitingForInput)
+    eventually(lambda: rank0.check_status_pp_consensus(ROOM) == KVPoll.WaitingForInput,
+               what="rank 1's write, through rank 0's near cache")
+    assert maps[0].collect_many(rooms) == {room: [KVPoll.WaitingForInput] * 2 for room in rooms}
+    for status_map in maps:
+        status_map.close()
+
+
+@pytest.mark.real
+def test_install_on_a_cached_store_keeps_its_cache(redis_server) -> None:
+    namespace = fresh_namespace("sg")
+    store = StatusStore.from_url(redis_server.url, namespace=namespace, policy="strict", near_cache=True)
+    status_map = install(make_manager(), store)
+    assert status_map.store.participant == "prefill-tp0-pp0" and status_map.store.near_cache is store.near_cache
+    store.close()

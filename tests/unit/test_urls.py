@@ -132,3 +132,11 @@ def test_tls_options_pass_through() -> None:
     assert _ssl_kwargs(parsed.query, ConnectionOptions()) == {
         "ssl": True, "ssl_ca_certs": "/ca", "ssl_certfile": "/c", "ssl_keyfile": "/k",
         "ssl_check_hostname": False, "ssl_cert_reqs": "optional"}
+
+
+def test_an_unencoded_slash_in_a_password_is_refused_without_showing_any_of_it() -> None:
+    """urlsplit ends the user info at the first '/': the rest of the password would become the path."""
+    for url in ("unix://user:Qz7/Qz7@/tmp/redis.sock", "redis://user:1/Qz7@host:6379/0"):
+        with pytest.raises(InvalidURLError) as caught:
+            parse_url(url)
+        assert "Qz7" not in str(caught.value) and "percent-encode" in str(caught.value)

@@ -1,0 +1,69 @@
+"""What a store tells an observer (library metrics), as a Protocol: the core imports no metrics library.
+
+A store built with ``metrics=observer`` calls it from its send loop, and its
+near cache (if on) calls the cache hooks. :class:`kvstatus.observe.metrics.StoreMetrics`
+is the Prometheus observer (``kvstatus[metrics]`` extra); any object with
+these methods works. With ``metrics=None`` (the default) a store call pays one
+attribute check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Optional, Protocol, runtime_checkable
+
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.rule import UpdateResult
+
+
+@runtime_checkable
+class StoreObserver(Protocol):
+    """The hooks a store calls. Every method must be cheap and must not raise."""
+
+    def on_call(self, operation: str, seconds: float) -> None:
+        """One store call sent to Redis took ``seconds`` (failed ones too); ``operation`` is the method's name."""
+
+    def on_update(self, result: UpdateResult) -> None:
+        """``update_status`` returned ``result``."""
+
+    def on_updates(self, results: Iterable[UpdateResult]) -> None:
+        """``update_many`` returned these results."""
+
+    def on_error(self, exc: BaseException) -> None:
+        """A store call sent to Redis raised ``exc`` to its caller (``check_status``'s KeyError is no error)."""
+
+    def on_resend(self) -> None:
+        """A store call was sent again: NOSCRIPT healed, or a resend while a failover moves the topology."""
+
+    def on_cache_hit(self, count: int = 1) -> None:
+        """``count`` room reads were answered by the near cache."""
+
+    def on_cache_miss(self, count: int = 1) -> None:
+        """``count`` rooms were read from Redis by the near cache."""
+
+    def on_cache_invalidation(self, count: int = 1) -> None:
+        """``count`` cached rooms were dropped by Redis invalidation messages (a null one drops every room)."""
+
+    def set_cache_size(self, entries: int) -> None:
+        """The near cache holds ``entries`` rooms now."""
+
+    def for_participant(self, participant: Optional[str]) -> "StoreObserver":
+        """The observer of ``store.for_participant(participant)``."""
+
+
+HOOKS: tuple[str, ...] = (
+    "on_call", "on_update", "on_updates", "on_error", "on_resend", "on_cache_hit", "on_cache_miss",
+    "on_cache_invalidation", "set_cache_size", "for_participant",
+)
+
+
+def check_observer(metrics: Any) -> Optional[StoreObserver]:
+    """``metrics`` if it is None or has every hook; raise :class:`InvalidArgumentError` naming what it lacks."""
+    if metrics is None:
+        return None
+    missing = [name for name in HOOKS if not callable(getattr(metrics, name, None))]
+    if missing:
+        raise InvalidArgumentError(
+            f"invalid metrics {type(metrics).__name__}: an observer needs the methods {', '.join(missing)} "
+            "(kvstatus.observe.metrics.StoreMetrics is one)")
+    return metrics  # type: ignore[no-any-return]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
+from kvstatus.deadline import DEADLINE, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
-from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
+from kvstatus.storebase import StoreBase, checked, may_resend, merge, noscript_resend, pool_exhausted, scripts_of
 from kvstatus.translate import REDIS_ERRORS
 
 T = TypeVar("T")
@@ -20,6 +22,7 @@ class AsyncStatusStore(StoreBase):
     """:class:`~kvstatus.StatusStore` for asyncio: same arguments, same semantics, awaitable methods."""
 
     _connect = staticmethod(connect_async)
+    _asynchronous = True
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         return await self._send(self._core.update_status(room, status))
@@ -57,6 +60,26 @@ class AsyncStatusStore(StoreBase):
     # The send loop of store.py with awaits. Decisions live in storebase.py.
 
     async def _send(self, request: Request[T]) -> T:
+        token = DEADLINE.set(time.monotonic() + self._deadline + request.extra_seconds)
+        try:
+            if self._gate is None:
+                return await self._send_now(request)
+            gate, limit = self._gate
+            if gate.locked():
+                try:
+                    await asyncio.wait_for(gate.acquire(), max(0.0, time_left() or 0.0))
+                except asyncio.TimeoutError:
+                    raise pool_exhausted(limit, self._deadline + request.extra_seconds) from None
+            else:
+                await gate.acquire()
+            try:
+                return await self._send_now(request)
+            finally:
+                gate.release()
+        finally:
+            DEADLINE.reset(token)
+
+    async def _send_now(self, request: Request[T]) -> T:
         calls = request.calls
         if len(calls) == 1:
             try:
@@ -71,6 +94,8 @@ class AsyncStatusStore(StoreBase):
             try:
                 return await self._round_trip(calls, first)
             except BackendUnavailableError:
+                if not may_resend(delay):
+                    raise
                 first = None
                 await asyncio.sleep(delay)
                 await self._refresh_slots()

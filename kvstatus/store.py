@@ -7,10 +7,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect
+from kvstatus.deadline import DEADLINE, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
-from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
+from kvstatus.storebase import StoreBase, checked, may_resend, merge, noscript_resend, pool_exhausted, scripts_of
 from kvstatus.translate import REDIS_ERRORS
 
 T = TypeVar("T")
@@ -25,6 +26,7 @@ class StatusStore(StoreBase):
     """
 
     _connect = staticmethod(connect)
+    _asynchronous = False
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
@@ -70,6 +72,21 @@ class StatusStore(StoreBase):
     # The send loop; aio.py has the same lines with awaits. Decisions live in storebase.py.
 
     def _send(self, request: Request[T]) -> T:
+        token = DEADLINE.set(time.monotonic() + self._deadline + request.extra_seconds)
+        try:
+            if self._gate is None:
+                return self._send_now(request)
+            gate, limit = self._gate
+            if not gate.acquire(timeout=max(0.0, time_left() or 0.0)):
+                raise pool_exhausted(limit, self._deadline + request.extra_seconds)
+            try:
+                return self._send_now(request)
+            finally:
+                gate.release()
+        finally:
+            DEADLINE.reset(token)
+
+    def _send_now(self, request: Request[T]) -> T:
         calls = request.calls
         if len(calls) == 1:  # the fast path: one command, straight to redis-py
             try:
@@ -84,6 +101,8 @@ class StatusStore(StoreBase):
             try:
                 return self._round_trip(calls, first)
             except BackendUnavailableError:
+                if not may_resend(delay):
+                    raise
                 first = None
                 time.sleep(delay)
                 self._refresh_slots()

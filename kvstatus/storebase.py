@@ -9,10 +9,20 @@ non-transactional pipeline. Script calls that meet NOSCRIPT (a restart,
 if the script is gone again by then, they are sent with their source
 (``EVAL``), which cannot meet NOSCRIPT. A cluster or Sentinel client that meets
 an unavailable backend resends the whole request after each failover delay.
+
+Every call runs under a deadline (``ConnectionOptions.deadline``, plus
+``CHUNK_SECONDS`` per further chunk of a batch): the store sets
+:data:`kvstatus.deadline.DEADLINE` for its duration, kvstatus connections
+cap every socket wait to the time left, and no resend starts whose backoff
+would end past it. Clients whose pools cannot queue for a connection
+(redis-py's cluster clients) pass a *gate* first: at most ``max_connections``
+calls of one client run at a time, the others wait until their deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
@@ -20,6 +30,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions
+from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.rule import Policy
@@ -59,10 +70,30 @@ def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[
     return (options or ConnectionOptions()).retry_delays()
 
 
+def gate_for(client: Any, options: ConnectionOptions, asynchronous: bool) -> Optional[Any]:
+    """The semaphore that queues a cluster client's calls, shared by every store on ``client``; None elsewhere.
+
+    redis-py's cluster clients have no blocking pool: a call past a node's ``max_connections`` fails at once.
+    A store call holds at most one connection per node, so admitting ``max_connections`` calls at a time keeps
+    every node's pool within its size.
+    """
+    if not is_cluster_client(client):
+        return None
+    made = asyncio.Semaphore(options.max_connections) if asynchronous \
+        else threading.BoundedSemaphore(options.max_connections)
+    return client.__dict__.setdefault("_kvstatus_gate", (made, options.max_connections))
+
+
+def pool_exhausted(limit: int, waited: float) -> BaseException:
+    """The error of a call that waited at the gate until its deadline (nothing was sent)."""
+    return translate_error(ClientPoolExhausted(limit, waited))
+
+
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
     _connect: ClassVar[Callable[..., Any]]
+    _asynchronous: ClassVar[bool]
 
     def __init__(
         self,
@@ -78,6 +109,8 @@ class StoreBase:
         self.client = client
         self.options = options or ConnectionOptions()
         self._failover_delays = failover_delays(client, self.options)
+        self._deadline = self.options.deadline
+        self._gate = gate_for(client, self.options, self._asynchronous)
         self._core = StoreCore(
             namespace=namespace,
             participant=participant,
@@ -140,6 +173,11 @@ class StoreBase:
             f"{type(self).__name__}(namespace={self.namespace!r}, participant={self.participant!r}, "
             f"prefix={self.prefix!r}, ttl={self.ttl:g}, policy={self.policy.value!r})"
         )
+
+
+def may_resend(delay: float) -> bool:
+    """True if a resend after ``delay`` seconds still starts before the running call's deadline."""
+    return may_wait(delay)
 
 
 def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:

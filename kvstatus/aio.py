@@ -28,6 +28,7 @@ class AsyncStatusStore(StoreBase):
         return await self._send(self._core.update_status(room, status))
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
+        """Atomic per chunk of ``CHUNK_ROOMS`` rooms, not as a whole (see :meth:`StatusStore.update_many`)."""
         return await self._send(self._core.update_many(updates))
 
     async def check_status(self, room: int) -> KVPoll:

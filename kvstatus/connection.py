@@ -543,9 +543,9 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
     sentinel = SentinelClass(
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
-    if parsed.tls:
-        for client in sentinel.sentinels:
-            client.connection_pool.connection_class = _connection_class(client.connection_pool.connection_class, True)
+    for client in sentinel.sentinels:  # asking the Sentinels where the master is counts against the deadline too
+        client.connection_pool.connection_class = _connection_class(client.connection_pool.connection_class,
+                                                                    parsed.tls)
     pool_class = _AsyncSentinelPool if asynchronous else _SentinelPool
     return sentinel.master_for(parsed.service, connection_pool_class=pool_class,
                                max_connections=options.max_connections, timeout=options.deadline)

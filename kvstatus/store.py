@@ -22,7 +22,8 @@ class StatusStore(StoreBase):
 
     ``StatusStore(client, namespace=...)`` wraps an existing redis-py client
     (``Redis`` or ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in
-    seconds. Every method is one round trip.
+    seconds. Every method is one round trip, and returns or raises within the
+    connection's ``deadline`` (seconds); safe to share between threads.
     """
 
     _connect = staticmethod(connect)
@@ -33,7 +34,12 @@ class StatusStore(StoreBase):
         return self._send(self._core.update_status(room, status))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        """Apply the rule to many rooms in one round trip (atomically on a single Redis)."""
+        """Apply the rule to many rooms in one round trip (per node).
+
+        Atomic per chunk of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot within a
+        chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
+        the others applied.
+        """
         return self._send(self._core.update_many(updates))
 
     def check_status(self, room: int) -> KVPoll:
@@ -45,7 +51,8 @@ class StatusStore(StoreBase):
         return self._send(self._core.get(room))
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
-        """This participant's status in each room, in one round trip."""
+        """This participant's status in each room, in one round trip (per node; read in chunks of
+        :data:`~kvstatus.operations.CHUNK_ROOMS` rooms, each a consistent snapshot)."""
         return self._send(self._core.get_many(rooms))
 
     def clear(self, room: int) -> bool:

@@ -50,14 +50,14 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from kvstatus.deadline import (
-    AsyncBlockingPool,
     AsyncDeadlineConnection,
-    AsyncDeadlinePool,
     AsyncDeadlineRetry,
-    BlockingPool,
+    AsyncWaitingConnectionPool,
+    AsyncWaitingPool,
     DeadlineConnection,
-    DeadlinePool,
     DeadlineRetry,
+    WaitingConnectionPool,
+    WaitingPool,
 )
 
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
@@ -362,7 +362,7 @@ def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: boo
     client = client_class(retry=_retry(options, asynchronous), **kwargs)
     # The same connections on a pool that queues for a free one (redis-py's default pool fails at once).
     made = client.connection_pool
-    pool_class = AsyncBlockingPool if asynchronous else BlockingPool
+    pool_class = AsyncWaitingConnectionPool if asynchronous else WaitingConnectionPool
     client.connection_pool = pool_class(
         connection_class=_connection_class(made.connection_class, parsed.tls),
         max_connections=options.max_connections,
@@ -557,13 +557,12 @@ def _no_retry(asynchronous: bool) -> Any:
     return (redis.asyncio.retry.Retry if asynchronous else Retry)(NoBackoff(), 0)
 
 
-class _SentinelPool(DeadlinePool, redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
+class _SentinelPool(WaitingPool, redis.sentinel.SentinelConnectionPool):
     """redis-py's SentinelConnectionPool (the master's address from the Sentinels) that queues for a free
-    connection like :class:`~kvstatus.deadline.BlockingPool`."""
+    connection (see :class:`~kvstatus.deadline.WaitingPool`)."""
 
 
-class _AsyncSentinelPool(AsyncDeadlinePool, redis.asyncio.sentinel.SentinelConnectionPool,
-                         redis.asyncio.BlockingConnectionPool):
+class _AsyncSentinelPool(AsyncWaitingPool, redis.asyncio.sentinel.SentinelConnectionPool):
     """:class:`_SentinelPool` for redis.asyncio."""
 
 

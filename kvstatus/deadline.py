@@ -7,17 +7,20 @@ each other's. While it is set:
 
 - every socket wait of a kvstatus connection (connect, handshake, health
   check, send, each reply) waits at most ``min(its own timeout, time left)``;
-- the wait for a free pooled connection ends at the deadline, with
-  :class:`ClientPoolExhausted`, never "Redis unavailable";
+- a call that finds every pooled connection in use waits for one, until the
+  deadline, then raises :class:`ClientPoolExhausted`, never "Redis unavailable";
 - no resend starts whose backoff would end past the deadline: the call gives
   up with the last error instead (:class:`DeadlineRetry`).
 
-So a call returns within its deadline plus Python's own overhead, whatever the
-server does. Outside a store call (admin tools, a raw client) nothing changes.
+So a call returns within its deadline plus :data:`TOLERANCE` (0.1 s) and
+Python's own overhead, whatever the server does. Outside a store call (admin tools, a raw client) nothing changes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import threading
 import time
 from contextvars import ContextVar
 from typing import Any, Callable, Optional
@@ -31,9 +34,14 @@ from redis.retry import Retry
 
 DEADLINE: ContextVar[Optional[float]] = ContextVar("kvstatus_deadline", default=None)
 """``time.monotonic()`` at which the running store call gives up; None outside a store call."""
+_get_deadline = DEADLINE.get
+_monotonic = time.monotonic
 
 _SHORTEST_WAIT = 0.001  # seconds: a socket timeout of 0 would mean "non-blocking", not "expired"
-_NO_CONNECTION = "No connection available."  # redis-py's BlockingConnectionPool, when its wait timed out
+TOLERANCE = 0.1
+"""Seconds a call may outlast its deadline: a socket wait that would end at most this much past it is left
+as it is (see :func:`_capped`)."""
+_WAIT_SLICE = 0.05  # seconds: a waiter for a connection looks again at least this often
 
 
 def time_left() -> Optional[float]:
@@ -60,8 +68,16 @@ class ClientPoolExhausted(redis.exceptions.RedisError):
                          "ConnectionOptions field and URL option) or the deadline, or make fewer concurrent calls")
 
 
-def _capped(timeout: Optional[float], left: float) -> float:
-    return max(_SHORTEST_WAIT, left if timeout is None else min(timeout, left))
+def _capped(timeout: Optional[float], left: float) -> Optional[float]:
+    """The timeout to use instead of ``timeout`` with ``left`` seconds to go, or None to keep ``timeout``.
+
+    A wait that would end at most :data:`TOLERANCE` past the deadline keeps its timeout: changing a socket's
+    timeout costs system calls, and with the defaults (deadline = socket_timeout) the first wait of every call
+    would pay them.
+    """
+    if timeout is not None and left + TOLERANCE >= timeout:
+        return None
+    return max(_SHORTEST_WAIT, left)
 
 
 class _Timeouts:
@@ -69,12 +85,32 @@ class _Timeouts:
 
     __slots__ = ("connection", "saved")
 
-    def __init__(self, connection: Any, left: float) -> None:
+    def __init__(self, connection: Any, timeout: Optional[float], connect_timeout: Optional[float]) -> None:
         self.connection = connection
         self.saved = (connection.socket_timeout, connection.socket_connect_timeout)
-        connection.socket_timeout = _capped(self.saved[0], left)
-        connection.socket_connect_timeout = _capped(self.saved[1], left)
+        if timeout is not None:
+            connection.socket_timeout = timeout
+        if connect_timeout is not None:
+            connection.socket_connect_timeout = connect_timeout
         self._apply()
+
+    @classmethod
+    def lowered(cls, connection: Any) -> Optional["_Timeouts"]:
+        """The connection's timeouts lowered to the time left (None: nothing to lower); raises once expired.
+
+        The hot path of every store call: written for speed (one context lookup, one clock read).
+        """
+        at = _get_deadline()
+        if at is None:
+            return None
+        left = at - _monotonic()
+        if left <= 0:
+            raise _expired()
+        timeout, connect_timeout = connection.socket_timeout, connection.socket_connect_timeout
+        if (timeout is not None and left + TOLERANCE >= timeout
+                and connect_timeout is not None and left + TOLERANCE >= connect_timeout):
+            return None
+        return cls(connection, _capped(timeout, left), _capped(connect_timeout, left))
 
     def restore(self) -> None:
         self.connection.socket_timeout, self.connection.socket_connect_timeout = self.saved
@@ -86,42 +122,33 @@ class _Timeouts:
             sock.settimeout(self.connection.socket_timeout)
 
 
-def _expired() -> redis.exceptions.TimeoutError:
-    return redis.exceptions.TimeoutError("the call's deadline passed before this command was sent "
-                                         "(ConnectionOptions.deadline)")
-
-
 class DeadlineConnection:
     """Mixin for redis-py's sync connections: every socket wait ends by the running store call's deadline."""
 
     def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
-        left = time_left()
-        if left is None:
+        timeouts = None if self._sock else _Timeouts.lowered(self)  # type: ignore[attr-defined]
+        if timeouts is None:
             return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        if left <= 0:
-            raise _expired()
-        timeouts = _Timeouts(self, left)
         try:
             return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
         finally:
             timeouts.restore()
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
-        left = time_left()
-        if left is None:
+        timeouts = _Timeouts.lowered(self)
+        if timeouts is None:
             return super().send_packed_command(command, check_health)  # type: ignore[misc]
-        if left <= 0:
-            raise _expired()
-        timeouts = _Timeouts(self, left)
         try:
             return super().send_packed_command(command, check_health)  # type: ignore[misc]
         finally:
             timeouts.restore()
 
     def read_response(self, disable_decoding: bool = False, *, timeout: Any = SENTINEL, **kwargs: Any) -> Any:
-        left = time_left()
-        if left is not None and timeout is SENTINEL:
-            timeout = _capped(self.socket_timeout, left)  # type: ignore[attr-defined]
+        at = _get_deadline()
+        if at is not None and timeout is SENTINEL:
+            capped = _capped(self.socket_timeout, at - _monotonic())  # type: ignore[attr-defined]
+            if capped is not None:
+                timeout = capped
         return super().read_response(disable_decoding, timeout=timeout, **kwargs)  # type: ignore[misc]
 
 
@@ -129,24 +156,18 @@ class AsyncDeadlineConnection:
     """Mixin for redis.asyncio's connections: every socket wait ends by the running store call's deadline."""
 
     async def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
-        left = time_left()
-        if left is None:
+        timeouts = None if self.is_connected else _Timeouts.lowered(self)  # type: ignore[attr-defined]
+        if timeouts is None:
             return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        if left <= 0:
-            raise _expired()
-        timeouts = _Timeouts(self, left)
         try:
             return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
         finally:
             timeouts.restore()
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
-        left = time_left()
-        if left is None:
+        timeouts = _Timeouts.lowered(self)
+        if timeouts is None:
             return await super().send_packed_command(command, check_health)  # type: ignore[misc]
-        if left <= 0:
-            raise _expired()
-        timeouts = _Timeouts(self, left)
         try:
             return await super().send_packed_command(command, check_health)  # type: ignore[misc]
         finally:
@@ -154,74 +175,115 @@ class AsyncDeadlineConnection:
 
     async def read_response(self, disable_decoding: bool = False, timeout: Optional[float] = None,
                             **kwargs: Any) -> Any:
-        left = time_left()
-        if left is None or timeout is not None:
-            return await super().read_response(disable_decoding, timeout, **kwargs)  # type: ignore[misc]
         # Not the timeout argument: redis.asyncio answers None, not TimeoutError, when that one expires.
-        timeouts = _Timeouts(self, left)
+        timeouts = _Timeouts.lowered(self) if timeout is None else None
+        if timeouts is None:
+            return await super().read_response(disable_decoding, timeout, **kwargs)  # type: ignore[misc]
         try:
             return await super().read_response(disable_decoding, None, **kwargs)  # type: ignore[misc]
         finally:
             timeouts.restore()
 
 
-class _PoolWait:
-    """The wait for a free connection of redis-py's blocking pools (sync and asyncio): it ends at the running
-    store call's deadline, else after ``timeout`` seconds."""
-
-    _wait: Optional[float]
-
-    @property
-    def timeout(self) -> Optional[float]:
-        left = time_left()
-        if left is None:
-            return self._wait
-        return max(0.0, left if self._wait is None else min(self._wait, left))
-
-    @timeout.setter
-    def timeout(self, value: Optional[float]) -> None:
-        self._wait = value
-
-    def _exhausted(self, exc: redis.exceptions.ConnectionError, started: float) -> Optional[ClientPoolExhausted]:
-        if str(exc) == _NO_CONNECTION:
-            return ClientPoolExhausted(self.max_connections, time.monotonic() - started)  # type: ignore[attr-defined]
-        return None
+def _pool_wait(timeout: Optional[float]) -> Optional[float]:
+    """Seconds a call may wait for a free connection: until its deadline, else ``timeout`` (None: forever)."""
+    left = time_left()
+    if left is None:
+        return timeout
+    return max(0.0, left if timeout is None else min(timeout, left))
 
 
-class DeadlinePool(_PoolWait):
-    """Mixin for a sync blocking pool: the wait ends by the deadline and raises :class:`ClientPoolExhausted`."""
+class WaitingPool:
+    """Mixin for redis-py's sync ConnectionPool (and its Sentinel subclass): a call that finds all
+    ``max_connections`` in use waits for one to be released, until its deadline (outside a store call:
+    ``timeout`` seconds), then raises :class:`ClientPoolExhausted`.
+
+    Unlike redis-py's BlockingConnectionPool, the path with a free connection is redis-py's plain one:
+    nothing is added to it.
+    """
+
+    def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
+        self._wait = timeout
+        self._released = threading.Condition(threading.Lock())
+        self._waiting = 0
+        super().__init__(*args, **kwargs)
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.monotonic()
         try:
             return super().get_connection(*args, **kwargs)  # type: ignore[misc]
-        except redis.exceptions.ConnectionError as exc:
-            error = self._exhausted(exc, started)
-            if error is None:
-                raise
-            raise error from None
+        except redis.exceptions.MaxConnectionsError:
+            pass
+        started = _monotonic()
+        wait = _pool_wait(self._wait)
+        end = None if wait is None else started + wait
+        while True:
+            with self._released:
+                self._waiting += 1
+                try:
+                    # A release between the failed attempt and this wait is caught by the next slice.
+                    self._released.wait(_WAIT_SLICE if end is None else max(0.0, min(_WAIT_SLICE, end - _monotonic())))
+                finally:
+                    self._waiting -= 1
+            try:
+                return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            except redis.exceptions.MaxConnectionsError:
+                if end is not None and _monotonic() >= end:
+                    raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
+
+    def release(self, connection: Any) -> None:
+        super().release(connection)  # type: ignore[misc]
+        if self._waiting:
+            with self._released:
+                self._released.notify()
 
 
-class AsyncDeadlinePool(_PoolWait):
-    """:class:`DeadlinePool` for redis.asyncio."""
+class AsyncWaitingPool:
+    """:class:`WaitingPool` for redis.asyncio's ConnectionPool: waiters queue first come, first served."""
+
+    def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
+        self._wait = timeout
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        super().__init__(*args, **kwargs)
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.monotonic()
         try:
             return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
-        except redis.exceptions.ConnectionError as exc:
-            error = self._exhausted(exc, started)
-            if error is None:
-                raise
-            raise error from None
+        except redis.exceptions.MaxConnectionsError:
+            pass
+        started = _monotonic()
+        wait = _pool_wait(self._wait)
+        end = None if wait is None else started + wait
+        while True:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiters.append(turn)
+            try:
+                await asyncio.wait_for(turn, _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - _monotonic()))
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if not turn.done():
+                    self._waiters.remove(turn)
+            try:
+                return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            except redis.exceptions.MaxConnectionsError:
+                if end is not None and _monotonic() >= end:
+                    raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)  # type: ignore[misc]
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                break
 
 
-class BlockingPool(DeadlinePool, redis.BlockingConnectionPool):
-    """redis-py's sync BlockingConnectionPool, deadline-aware."""
+class WaitingConnectionPool(WaitingPool, redis.ConnectionPool):
+    """redis-py's sync ConnectionPool that queues for a connection (see :class:`WaitingPool`)."""
 
 
-class AsyncBlockingPool(AsyncDeadlinePool, redis.asyncio.BlockingConnectionPool):
-    """redis.asyncio's BlockingConnectionPool, deadline-aware."""
+class AsyncWaitingConnectionPool(AsyncWaitingPool, redis.asyncio.ConnectionPool):
+    """redis.asyncio's ConnectionPool that queues for a connection (see :class:`AsyncWaitingPool`)."""
 
 
 class DeadlineRetry(Retry):

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 import redis
-import redis.asyncio
 
 from kvstatus.connection import ConnectionOptions, connect, connect_async, options_for
+from kvstatus.deadline import AsyncWaitingPool, WaitingPool
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.operations import CHUNK_ROOMS, CHUNK_SECONDS, StoreCore
 from kvstatus.translate import translate_error
@@ -39,11 +39,9 @@ def test_bad_pool_and_deadline_values_are_refused_as_keywords(field: str, value:
 
 def test_a_standalone_url_builds_a_pool_that_queues() -> None:
     client = connect("redis://h:1/0?max_connections=7&deadline=2")
-    assert isinstance(client.connection_pool, redis.BlockingConnectionPool)
-    assert client.connection_pool.max_connections == 7 and client.connection_pool.timeout == 2
+    assert isinstance(client.connection_pool, WaitingPool) and client.connection_pool.max_connections == 7
     aclient = connect_async("unix:///tmp/nothing.sock?max_connections=3")
-    assert isinstance(aclient.connection_pool, redis.asyncio.BlockingConnectionPool)
-    assert aclient.connection_pool.max_connections == 3
+    assert isinstance(aclient.connection_pool, AsyncWaitingPool) and aclient.connection_pool.max_connections == 3
     asyncio.run(aclient.aclose())
 
 

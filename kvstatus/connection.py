@@ -78,8 +78,8 @@ class ConnectionOptions:
     connection, every send and reply, and every resend with its backoff. No
     socket wait outlasts the time left, and no resend starts whose backoff
     would end past the deadline, so a call returns (or raises) within
-    ``deadline`` seconds plus Python's own overhead, even against a hung
-    server. A batch of more than ``operations.CHUNK_ROOMS`` rooms gets
+    ``deadline`` seconds plus ``deadline.TOLERANCE`` (0.1 s) and Python's own
+    overhead, even against a hung server. A batch of more than ``operations.CHUNK_ROOMS`` rooms gets
     ``operations.CHUNK_SECONDS`` more per further chunk.
 
     Within the deadline, a command that fails with a connection error or a

@@ -4,6 +4,7 @@ from kvstatus.aio import AsyncStatusStore
 from kvstatus.connection import ConnectionOptions
 from kvstatus.errors import (
     AuthenticationError,
+    BackendBusyError,
     BackendError,
     BackendUnavailableError,
     CorruptedValueError,
@@ -14,6 +15,7 @@ from kvstatus.errors import (
     InvalidURLError,
     KVStatusError,
     PermissionDeniedError,
+    PoolExhaustedError,
 )
 from kvstatus.rule import (
     KVPoll,
@@ -31,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncStatusStore",
     "AuthenticationError",
+    "BackendBusyError",
     "BackendError",
     "BackendUnavailableError",
     "ConnectionOptions",
@@ -44,6 +47,7 @@ __all__ = [
     "KVStatusError",
     "Outcome",
     "PermissionDeniedError",
+    "PoolExhaustedError",
     "ParticipantEntry",
     "Policy",
     "RoomView",

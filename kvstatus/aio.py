@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
+from kvstatus.deadline import DEADLINE, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.operations import Call, Request
@@ -15,10 +16,12 @@ from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import (
     StoreBase,
     checked,
+    may_resend,
     merge,
     noscript_resend,
     observe_error,
     observe_result,
+    pool_exhausted,
     scripts_of,
 )
 from kvstatus.translate import REDIS_ERRORS
@@ -31,6 +34,7 @@ class AsyncStatusStore(StoreBase):
     """:class:`~kvstatus.StatusStore` for asyncio: same arguments, same semantics, awaitable methods."""
 
     _connect = staticmethod(connect_async)
+    _asynchronous = True
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         try:
@@ -39,6 +43,7 @@ class AsyncStatusStore(StoreBase):
             self._wrote((room,))
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
+        """Atomic per chunk of ``CHUNK_ROOMS`` rooms, not as a whole (see :meth:`StatusStore.update_many`)."""
         try:
             return await self._send(self._core.update_many(updates), "update_many")
         finally:
@@ -117,6 +122,26 @@ class AsyncStatusStore(StoreBase):
         return result
 
     async def _deliver(self, request: Request[T]) -> T:
+        token = DEADLINE.set(time.monotonic() + self._deadline + request.extra_seconds)
+        try:
+            if self._gate is None:
+                return await self._send_now(request)
+            gate, limit = self._gate
+            if gate.locked():
+                try:
+                    await asyncio.wait_for(gate.acquire(), max(0.0, time_left() or 0.0))
+                except asyncio.TimeoutError:
+                    raise pool_exhausted(limit, self._deadline + request.extra_seconds) from None
+            else:
+                await gate.acquire()
+            try:
+                return await self._send_now(request)
+            finally:
+                gate.release()
+        finally:
+            DEADLINE.reset(token)
+
+    async def _send_now(self, request: Request[T]) -> T:
         calls = request.calls
         if len(calls) == 1:
             try:
@@ -131,6 +156,8 @@ class AsyncStatusStore(StoreBase):
             try:
                 return await self._round_trip(calls, first)
             except BackendUnavailableError:
+                if not may_resend(delay):
+                    raise
                 first = None
                 await asyncio.sleep(delay)
                 await self._refresh_slots()

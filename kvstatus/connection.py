@@ -31,6 +31,7 @@ server that answers a plain ``PING`` is known not to speak TLS.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import socket
 import ssl
@@ -43,8 +44,21 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+from kvstatus.deadline import (
+    AsyncDeadlineConnection,
+    AsyncDeadlineRetry,
+    AsyncWaitingConnectionPool,
+    AsyncWaitingPool,
+    DeadlineConnection,
+    DeadlineRetry,
+    WaitingConnectionPool,
+    WaitingPool,
+)
 
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.redact import mask_url
@@ -58,25 +72,43 @@ CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 
 @dataclass(frozen=True)
 class ConnectionOptions:
-    """Timeouts (seconds) and the retry policy of every connection.
+    """Timeouts (seconds), the retry policy, the per-call deadline and the pool size of every client.
 
-    A command that fails with a connection error or a timeout is sent again up
-    to ``retries`` times, after ``min(backoff_cap, backoff_base * 2**n)``
-    seconds. The defaults ride out about 3-4 s of outage (a restart, a
-    failover), then raise :class:`~kvstatus.errors.BackendUnavailableError`.
-    On cluster and Sentinel clients the store resends the whole call with
-    these waits (redis-py surfaces those failovers at once); size the budget
-    above ``cluster-node-timeout`` or Sentinel's ``down-after-milliseconds``.
-    A resend cannot corrupt a room: the rule is idempotent, so the same
-    update applied twice leaves the same state. It can land after another
-    writer's update to the same entry, like any late write (under ``seed`` a
-    resent status can move an entry out of a Failed written in between;
-    under ``strict`` the resend answers REFUSED_TERMINAL for an update that
-    was applied first). ``retries=0`` makes every update at most once.
+    ``deadline`` bounds every store call as a whole: the wait for a free
+    connection, every send and reply, and every resend with its backoff. No
+    socket wait outlasts the time left, and no resend starts whose backoff
+    would end past the deadline, so a call returns (or raises) within
+    ``deadline`` seconds plus ``deadline.TOLERANCE`` (0.1 s) and Python's own
+    overhead, even against a hung server. A batch of more than ``operations.CHUNK_ROOMS`` rooms gets
+    ``operations.CHUNK_SECONDS`` more per further chunk.
+
+    Within the deadline, a command that fails with a connection error or a
+    timeout is sent again up to ``retries`` times, after
+    ``min(backoff_cap, backoff_base * 2**n)`` seconds. The defaults ride out
+    about 3-4 s of outage (a restart, a failover), then raise
+    :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
+    whether applied": the last attempt may have been executed by Redis. On
+    cluster and Sentinel clients the store resends the whole call with these
+    waits (redis-py surfaces those failovers at once); size ``deadline`` and
+    the budget above ``cluster-node-timeout`` or Sentinel's
+    ``down-after-milliseconds``. A resend cannot corrupt a room: the rule is
+    idempotent, so the same update applied twice leaves the same state. It
+    can land after another writer's update to the same entry, like any late
+    write (under ``seed`` a resent status can move an entry out of a Failed
+    written in between; under ``strict`` the resend answers REFUSED_TERMINAL
+    for an update that was applied first). ``retries=0`` makes every update
+    at most once.
+
+    ``max_connections`` caps the connections of one client (per node on a
+    cluster). A call that finds them all busy queues for one until its
+    deadline, then raises :class:`~kvstatus.errors.PoolExhaustedError`
+    ("client connection pool exhausted (max_connections=N)"; nothing was sent).
     """
 
     socket_timeout: float = 5.0
     socket_connect_timeout: float = 2.0
+    deadline: float = 5.0
+    max_connections: int = 100
     retries: int = 5
     backoff_base: float = 0.05
     backoff_cap: float = 2.0
@@ -89,7 +121,7 @@ class ConnectionOptions:
     ssl_cert_reqs: Optional[str] = None
 
     def __post_init__(self) -> None:
-        for name in ("socket_timeout", "socket_connect_timeout"):
+        for name in ("socket_timeout", "socket_connect_timeout", "deadline"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value <= 0:
@@ -108,6 +140,9 @@ class ConnectionOptions:
             # Redis' own rule for CLIENT SETNAME; refused here, before a connection sends it.
             raise InvalidArgumentError(f"invalid client_name {self.client_name!r}: use printable ASCII without "
                                        "spaces")
+        if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) \
+                or self.max_connections < 1:
+            raise InvalidArgumentError(f"invalid max_connections {self.max_connections!r}: expected an int >= 1")
         if self.ssl_cert_reqs is not None and self.ssl_cert_reqs not in _CERT_REQS:
             raise InvalidArgumentError(f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of "
                                        + ", ".join(_CERT_REQS))
@@ -366,9 +401,15 @@ def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: boo
             raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {parsed.scheme}:// takes one host")
     client_class = redis.asyncio.Redis if asynchronous else redis.Redis
     client = client_class(retry=_retry(options, asynchronous), **kwargs)
-    if parsed.tls:
-        pool = client.connection_pool
-        pool.connection_class = _tls_class(pool.connection_class)
+    # The same connections on a pool that queues for a free one (redis-py's default pool fails at once).
+    made = client.connection_pool
+    pool_class = AsyncWaitingConnectionPool if asynchronous else WaitingConnectionPool
+    client.connection_pool = pool_class(
+        connection_class=_connection_class(made.connection_class, parsed.tls),
+        max_connections=options.max_connections,
+        timeout=options.deadline,
+        **made.connection_kwargs,
+    )
     return client
 
 
@@ -433,68 +474,86 @@ class _AsyncTLSHandshake:
             raise error from None
 
 
-def _tls_class(base: type) -> type:
-    """``base`` (a redis-py TLS connection class) with the handshake checks of kvstatus."""
-    mixin = _AsyncTLSHandshake if base.__module__.startswith("redis.asyncio") else _TLSHandshake
-    return type(f"KVStatus{base.__name__}", (mixin, base), {})
+@functools.lru_cache(maxsize=None)
+def _connection_class(base: type, tls: bool) -> type:
+    """``base`` (a redis-py connection class) with the deadline of store calls, and the TLS handshake checks."""
+    asynchronous = base.__module__.startswith("redis.asyncio")
+    mixins: tuple[type, ...] = (AsyncDeadlineConnection if asynchronous else DeadlineConnection,)
+    if tls:
+        mixins += (_AsyncTLSHandshake if asynchronous else _TLSHandshake,)
+    return type(f"KVStatus{base.__name__}", (*mixins, base), {})
 
 
-def _retryable(error: Exception, is_retryable: Optional[Callable[[Exception], bool]]) -> bool:
-    # redis-py's AuthenticationError is a ConnectionError; resending the same password cannot help, nor can
-    # a TLS handshake with a plain-text server. redis.asyncio wraps connect errors: look at the cause too.
+def _is_final(error: Exception) -> bool:
+    """Errors never resent: refused credentials (a ConnectionError in redis-py), a TLS handshake with a
+    plain-text server. redis.asyncio wraps connect errors: look at the cause too."""
     final = (redis.exceptions.AuthenticationError, TLSHandshakeError)
-    if isinstance(error, final) or isinstance(error.__cause__, final):
-        return False
-    return is_retryable is None or is_retryable(error)
-
-
-class _Retry(Retry):
-    """redis-py's Retry, except that refused credentials fail at once."""
-
-    def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
-        return super().call_with_retry(do, fail, lambda e: _retryable(e, is_retryable), with_failure_count)
-
-
-class _AsyncRetry(redis.asyncio.retry.Retry):
-    """redis.asyncio's Retry, except that refused credentials fail at once."""
-
-    async def call_with_retry(
-        self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False
-    ) -> Any:
-        return await super().call_with_retry(do, fail, lambda e: _retryable(e, is_retryable), with_failure_count)
+    return isinstance(error, final) or isinstance(error.__cause__, final)
 
 
 def _retry(options: ConnectionOptions, asynchronous: bool) -> Any:
     backoff = ExponentialBackoff(cap=options.backoff_cap, base=options.backoff_base)
-    retry_class = _AsyncRetry if asynchronous else _Retry
-    return retry_class(backoff, options.retries)
+    retry_class = AsyncDeadlineRetry if asynchronous else DeadlineRetry
+    return retry_class(backoff, options.retries, _is_final)
 
 
 def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
-    """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node."""
+    """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node.
+
+    redis-py's cluster clients have no blocking pool: the store queues its calls instead
+    (:func:`kvstatus.storebase.gate_for`), at most ``max_connections`` at a time, each holding at most one
+    connection per node, so no node's pool runs out.
+    """
     kwargs = _common_kwargs(parsed, options)
     del kwargs["db"]
+    kwargs["max_connections"] = options.max_connections
     if asynchronous:
         from redis.asyncio.cluster import ClusterNode as AsyncNode
         from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
         nodes = [AsyncNode(host, port) for host, port in parsed.hosts]
         cluster = AsyncCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
-        if parsed.tls:  # nodes are built from these kwargs when the client first connects
-            manager = cluster.nodes_manager
-            tls_class = _tls_class(manager.connection_kwargs.get("connection_class", redis.asyncio.SSLConnection))
-            manager.connection_kwargs["connection_class"] = tls_class
-            for node in manager.startup_nodes.values():
-                node.connection_class = tls_class
+        # Nodes are built from these kwargs when the client first connects.
+        manager = cluster.nodes_manager
+        default = redis.asyncio.SSLConnection if parsed.tls else redis.asyncio.Connection
+        connection_class = _connection_class(manager.connection_kwargs.get("connection_class", default), parsed.tls)
+        manager.connection_kwargs["connection_class"] = connection_class
+        for node in manager.startup_nodes.values():
+            node.connection_class = connection_class
         return cluster
     from redis.cluster import ClusterNode, RedisCluster
 
-
     try:  # the sync client reads the slot map right away
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],
-                            retry=_retry(options, False), **kwargs)
+        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],
+                               retry=_retry(options, False), **kwargs)
     except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
+    _deadline_nodes(cluster, parsed.tls)
+    return cluster
+
+
+def _deadline_nodes(cluster: Any, tls: bool) -> None:
+    """Give every node client of a sync RedisCluster, present and future, kvstatus connections.
+
+    redis-py's sync ``Redis`` takes no connection class (with ``ssl=True`` it imposes SSLConnection), so the
+    class is set on each node's pool as the node is made; the nodes of the first slot map are redone here.
+    """
+    manager = cluster.nodes_manager
+    make_node = manager.create_redis_node
+
+    def create_redis_node(*args: Any, **kwargs: Any) -> Any:
+        node = make_node(*args, **kwargs)
+        pool = node.connection_pool
+        pool.connection_class = _connection_class(pool.connection_class, tls)
+        return node
+
+    manager.create_redis_node = create_redis_node
+    for node in manager.nodes_cache.values():
+        if node.redis_connection is not None:
+            pool = node.redis_connection.connection_pool
+            pool.disconnect()
+            pool.connection_class = _connection_class(pool.connection_class, tls)
+            pool.reset()
 
 
 def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
@@ -510,13 +569,14 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
     }
     if asynchronous:
         from redis.asyncio.sentinel import Sentinel as SentinelClass
-        from redis.asyncio.sentinel import SentinelManagedSSLConnection
+        from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
     else:
         from redis.sentinel import Sentinel as SentinelClass
-        from redis.sentinel import SentinelManagedSSLConnection
+        from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
     if parsed.tls:
         sentinel_kwargs.update(_ssl_kwargs(query, options))
-        kwargs["connection_class"] = _tls_class(SentinelManagedSSLConnection)
+    kwargs["connection_class"] = _connection_class(
+        SentinelManagedSSLConnection if parsed.tls else SentinelManagedConnection, parsed.tls)
     # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
     # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
     # until its budget is spent. The store resends the whole call instead, through a fresh
@@ -524,16 +584,27 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
     sentinel = SentinelClass(
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
-    if parsed.tls:
-        for client in sentinel.sentinels:
-            client.connection_pool.connection_class = _tls_class(client.connection_pool.connection_class)
-    return sentinel.master_for(parsed.service)
+    for client in sentinel.sentinels:  # asking the Sentinels where the master is counts against the deadline too
+        client.connection_pool.connection_class = _connection_class(client.connection_pool.connection_class,
+                                                                    parsed.tls)
+    pool_class = _AsyncSentinelPool if asynchronous else _SentinelPool
+    return sentinel.master_for(parsed.service, connection_pool_class=pool_class,
+                               max_connections=options.max_connections, timeout=options.deadline)
 
 
 def _no_retry(asynchronous: bool) -> Any:
     from redis.backoff import NoBackoff
 
     return (redis.asyncio.retry.Retry if asynchronous else Retry)(NoBackoff(), 0)
+
+
+class _SentinelPool(WaitingPool, redis.sentinel.SentinelConnectionPool):
+    """redis-py's SentinelConnectionPool (the master's address from the Sentinels) that queues for a free
+    connection (see :class:`~kvstatus.deadline.WaitingPool`)."""
+
+
+class _AsyncSentinelPool(AsyncWaitingPool, redis.asyncio.sentinel.SentinelConnectionPool):
+    """:class:`_SentinelPool` for redis.asyncio."""
 
 
 _BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {

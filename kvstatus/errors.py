@@ -39,7 +39,26 @@ class BackendError(KVStatusError):
 
 
 class BackendUnavailableError(BackendError, ConnectionError):
-    """Redis could not be reached (refused, timed out, or down) after the configured retries."""
+    """Redis could not be reached (refused, timed out, or down) within the call's retries and deadline.
+
+    It means "unknown whether applied": the last attempt may have run in Redis
+    (a hung server executes it when it wakes up). Calling again is safe because
+    the update rule is idempotent: the same update applied twice leaves the
+    same state.
+    """
+
+
+class PoolExhaustedError(BackendError):
+    """Every connection of the client's pool stayed busy until the call's deadline; nothing was sent.
+
+    The message says "client connection pool exhausted (max_connections=N)": raise
+    ``max_connections`` or make fewer concurrent calls. Redis itself may be fine.
+    """
+
+
+class BackendBusyError(BackendError):
+    """Redis answered BUSY: a script (another client's, or a runaway one) holds the server past
+    ``busy-reply-threshold``. This call was not run and is not resent; Redis is up, not down."""
 
 
 class AuthenticationError(BackendError):

@@ -44,6 +44,17 @@ from kvstatus.scripts import LuaScript
 T = TypeVar("T")
 
 DEFAULT_TTL_SECONDS = 600.0
+CHUNK_ROOMS = 1000
+"""Rooms per script call of a batch. A script holds Redis for its whole run, so ``update_many`` and
+``get_many`` send a large batch as one pipeline of script calls of at most this many rooms, and other
+clients' commands run between them. Measured with INFO commandstats on Redis 7.0.15 (2-core box, client
+on the same cores), 100 chunks of 1000 rooms each: lua/update.lua 5.1 ms per chunk creating entries and
+4.3 ms advancing them (4-5 us per room; 6-8 us under load), lua/get_many.lua 1.3 ms. So one chunk holds
+Redis for about 4-8 ms, within the ~10 ms goal. The atomicity unit of a batch is one chunk (on a
+cluster: the rooms of one slot within a chunk)."""
+CHUNK_SECONDS = 0.02
+"""Seconds added to a call's deadline for each further chunk of a batch (Redis' time, and the client's
+encoding and decoding of 1000 rooms, with a wide margin)."""
 MAX_TTL_SECONDS = 30 * 24 * 3600.0
 MAX_REASON_BYTES = 2048
 _TRUNCATED = " [truncated]"
@@ -62,13 +73,17 @@ class Call(NamedTuple):
 
 
 class Request(Generic[T]):
-    """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order)."""
+    """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order).
 
-    __slots__ = ("calls", "decode")
+    ``extra_seconds`` is added to the call's deadline: a batch of many chunks gets more time than one command.
+    """
 
-    def __init__(self, calls: list[Call], decode: Callable[[list[Any]], T]) -> None:
+    __slots__ = ("calls", "decode", "extra_seconds")
+
+    def __init__(self, calls: list[Call], decode: Callable[[list[Any]], T], extra_seconds: float = 0.0) -> None:
         self.calls = calls
         self.decode = decode
+        self.extra_seconds = extra_seconds
 
 _STATUS_ARG = tuple(str(s.value) for s in KVPoll)
 _STATUS_BY_VALUE: dict[Any, KVPoll] = {}
@@ -208,6 +223,11 @@ def truncate_reason(reason: object) -> str:
     return data[:keep].decode("utf-8", "ignore") + _TRUNCATED
 
 
+def _extra_seconds(rooms: int) -> float:
+    """Deadline seconds a batch of ``rooms`` gets beyond one call's: :data:`CHUNK_SECONDS` per further chunk."""
+    return max(0, math.ceil(rooms / CHUNK_ROOMS) - 1) * CHUNK_SECONDS
+
+
 def _no_calls(result: T) -> Request[T]:
     return Request([], lambda replies: result)
 
@@ -245,13 +265,17 @@ class StoreCore:
             "policy": self.policy,
         }
 
-    @staticmethod
-    def _slot_groups(keys: list[str]) -> list[list[int]]:
-        """Indices of ``keys`` grouped by cluster slot: the keys one script call may share on a cluster."""
+    def _chunks(self, keys: list[str]) -> list[list[int]]:
+        """Indices of ``keys`` in the groups one script call may take: at most :data:`CHUNK_ROOMS` keys each,
+        and on a cluster all of one slot (the keys one script call may share there)."""
+        if not self.cluster:
+            return [list(range(start, min(start + CHUNK_ROOMS, len(keys))))
+                    for start in range(0, len(keys), CHUNK_ROOMS)]
         by_slot: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             by_slot.setdefault(key_slot(key.encode()), []).append(i)
-        return list(by_slot.values())
+        return [group[start:start + CHUNK_ROOMS] for group in by_slot.values()
+                for start in range(0, len(group), CHUNK_ROOMS)]
 
     def _key(self, room: object) -> str:
         if type(room) is not int or not 0 <= room <= MAX_ROOM:  # type: ignore[operator]
@@ -273,7 +297,7 @@ class StoreCore:
         if not rooms:
             return _no_calls({})
         keys = self._keys(rooms)
-        if not self.cluster:
+        if not self.cluster and len(keys) <= CHUNK_ROOMS:
             def decode_one(replies: list[Any]) -> dict[int, UpdateResult]:
                 pairs = iter(replies[0])
                 results = list(map(_RESULTS.get, zip(pairs, pairs)))
@@ -283,7 +307,7 @@ class StoreCore:
                 return dict(zip(rooms, results))
 
             return Request([script_call(scripts.UPDATE, keys, (*self._update_head, *args))], decode_one)
-        groups = self._slot_groups(keys)
+        groups = self._chunks(keys)
         calls = [
             script_call(scripts.UPDATE, [keys[i] for i in group], (*self._update_head, *(args[i] for i in group)))
             for group in groups
@@ -296,7 +320,7 @@ class StoreCore:
                     results[rooms[i]] = update_result(reply[2 * n], reply[2 * n + 1])
             return results
 
-        return Request(calls, decode_groups)
+        return Request(calls, decode_groups, _extra_seconds(len(keys)))
 
     def get(self, room: int) -> Request[Optional[KVPoll]]:
         key = self._key(room)
@@ -329,10 +353,10 @@ class StoreCore:
             return _no_calls({})
         keys = self._keys(ids)
         field = self.participant
-        if not self.cluster:
+        if not self.cluster and len(keys) <= CHUNK_ROOMS:
             return Request([script_call(scripts.GET_MANY, keys, (field,))],
                            lambda replies: dict(zip(ids, decode_statuses(replies[0], keys, field))))
-        groups = self._slot_groups(keys)
+        groups = self._chunks(keys)
         calls = [
             Call(("HGET", keys[group[0]], field))
             if len(group) == 1
@@ -348,7 +372,7 @@ class StoreCore:
                     result[ids[i]] = decode_status(value, keys[i], field)
             return {room: result[room] for room in ids}
 
-        return Request(calls, decode)
+        return Request(calls, decode, _extra_seconds(len(keys)))
 
     def clear(self, room: int) -> Request[bool]:
         key = self._key(room)

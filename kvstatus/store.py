@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect
+from kvstatus.deadline import DEADLINE, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.operations import Call, Request
@@ -14,10 +15,12 @@ from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import (
     StoreBase,
     checked,
+    may_resend,
     merge,
     noscript_resend,
     observe_error,
     observe_result,
+    pool_exhausted,
     scripts_of,
 )
 from kvstatus.translate import REDIS_ERRORS
@@ -33,11 +36,13 @@ class StatusStore(StoreBase):
     (``Redis`` or ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in
     seconds: every write leaves the room key at least that TTL, never
     shortening a longer one another writer left (one TTL per room key). Every
-    method is one round trip; with ``near_cache`` on (see
-    :mod:`kvstatus.nearcache`) a read of an unchanged room is none.
+    method is one round trip (a read of an unchanged room none with ``near_cache``
+    on, see :mod:`kvstatus.nearcache`), and returns or raises within the
+    connection's ``deadline`` (seconds); safe to share between threads.
     """
 
     _connect = staticmethod(connect)
+    _asynchronous = False
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
@@ -47,7 +52,12 @@ class StatusStore(StoreBase):
             self._wrote((room,))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        """Apply the rule to many rooms in one round trip (atomically on a single Redis)."""
+        """Apply the rule to many rooms in one round trip (per node).
+
+        Atomic per chunk of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot within a
+        chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
+        the others applied.
+        """
         try:
             return self._send(self._core.update_many(updates), "update_many")
         finally:
@@ -66,7 +76,8 @@ class StatusStore(StoreBase):
         return self._send(self._core.get(room), "get")
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
-        """This participant's status in each room, in one round trip."""
+        """This participant's status in each room, in one round trip (per node; read in chunks of
+        :data:`~kvstatus.operations.CHUNK_ROOMS` rooms, each a consistent snapshot)."""
         if self._near is not None:
             return self._near.get_many(rooms, self.participant)
         return self._send(self._core.get_many(rooms), "get_many")
@@ -136,6 +147,21 @@ class StatusStore(StoreBase):
         return result
 
     def _deliver(self, request: Request[T]) -> T:
+        token = DEADLINE.set(time.monotonic() + self._deadline + request.extra_seconds)
+        try:
+            if self._gate is None:
+                return self._send_now(request)
+            gate, limit = self._gate
+            if not gate.acquire(timeout=max(0.0, time_left() or 0.0)):
+                raise pool_exhausted(limit, self._deadline + request.extra_seconds)
+            try:
+                return self._send_now(request)
+            finally:
+                gate.release()
+        finally:
+            DEADLINE.reset(token)
+
+    def _send_now(self, request: Request[T]) -> T:
         calls = request.calls
         if len(calls) == 1:  # the fast path: one command, straight to redis-py
             try:
@@ -150,6 +176,8 @@ class StatusStore(StoreBase):
             try:
                 return self._round_trip(calls, first)
             except BackendUnavailableError:
+                if not may_resend(delay):
+                    raise
                 first = None
                 time.sleep(delay)
                 self._refresh_slots()

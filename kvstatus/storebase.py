@@ -14,10 +14,20 @@ Observing (``metrics=``, :mod:`kvstatus.observer`): with an observer, each
 call the loop sends is timed and its outcome or error reported
 (:func:`observe_result`, :func:`observe_error`), and every resend counted;
 without one the loop pays one attribute check.
+
+Every call runs under a deadline (``ConnectionOptions.deadline``, plus
+``CHUNK_SECONDS`` per further chunk of a batch): the store sets
+:data:`kvstatus.deadline.DEADLINE` for its duration, kvstatus connections
+cap every socket wait to the time left, and no resend starts whose backoff
+would end past it. Clients whose pools cannot queue for a connection
+(redis-py's cluster clients) pass a *gate* first: at most ``max_connections``
+calls of one client run at a time, the others wait until their deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
@@ -25,6 +35,7 @@ from redis.exceptions import NoScriptError
 
 from kvstatus.clients import is_cluster_client, is_sentinel_client
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, url_script_mode
+from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.nearcache import make_near_cache, near_cache_setting
 from kvstatus.observer import StoreObserver, check_observer
@@ -51,10 +62,30 @@ def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[
     return (options or ConnectionOptions()).retry_delays()
 
 
+def gate_for(client: Any, options: ConnectionOptions, asynchronous: bool) -> Optional[Any]:
+    """The semaphore that queues a cluster client's calls, shared by every store on ``client``; None elsewhere.
+
+    redis-py's cluster clients have no blocking pool: a call past a node's ``max_connections`` fails at once.
+    A store call holds at most one connection per node, so admitting ``max_connections`` calls at a time keeps
+    every node's pool within its size.
+    """
+    if not is_cluster_client(client):
+        return None
+    made = asyncio.Semaphore(options.max_connections) if asynchronous \
+        else threading.BoundedSemaphore(options.max_connections)
+    return client.__dict__.setdefault("_kvstatus_gate", (made, options.max_connections))
+
+
+def pool_exhausted(limit: int, waited: float) -> BaseException:
+    """The error of a call that waited at the gate until its deadline (nothing was sent)."""
+    return translate_error(ClientPoolExhausted(limit, waited))
+
+
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
     _connect: ClassVar[Callable[..., Any]]
+    _asynchronous: ClassVar[bool]
 
     def __init__(
         self,
@@ -75,6 +106,8 @@ class StoreBase:
         self.client = client
         self.options = options or ConnectionOptions()
         self._failover_delays = failover_delays(client, self.options)
+        self._deadline = self.options.deadline
+        self._gate = gate_for(client, self.options, self._asynchronous)
         self._core = (FunctionsCore if validate_script_mode(scripts) == "functions" else StoreCore)(
             namespace=namespace,
             participant=participant,
@@ -201,6 +234,11 @@ def observe_error(metrics: StoreObserver, exc: BaseException) -> None:
     """Tell ``metrics`` of an error raised to the caller; ``check_status``'s KeyError is an answer, not an error."""
     if not isinstance(exc, KeyError):
         metrics.on_error(exc)
+
+
+def may_resend(delay: float) -> bool:
+    """True if a resend after ``delay`` seconds still starts before the running call's deadline."""
+    return may_wait(delay)
 
 
 def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:

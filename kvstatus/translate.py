@@ -9,13 +9,16 @@ from redis.sentinel import MasterNotFoundError
 
 from kvstatus.errors import (
     AuthenticationError,
+    BackendBusyError,
     BackendError,
     BackendUnavailableError,
     CorruptedValueError,
     InvalidArgumentError,
     KVStatusError,
     PermissionDeniedError,
+    PoolExhaustedError,
 )
+from kvstatus.deadline import ClientPoolExhausted
 from kvstatus.operations import Call
 from kvstatus.scripts import LIBRARY_NAME
 from kvstatus.redact import mask_url
@@ -50,9 +53,15 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
         return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, rx.AuthenticationError):
         return AuthenticationError(f"Redis refused the credentials: {text}")
+    if isinstance(exc, ClientPoolExhausted):
+        return PoolExhaustedError(text)
+    if isinstance(exc, rx.MaxConnectionsError):  # a non-blocking pool, e.g. of a client the caller built
+        return PoolExhaustedError(f"client connection pool exhausted (max_connections reached: {text}); "
+                                  "nothing was sent. Give the client a larger pool or a BlockingConnectionPool")
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,
                         rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
-        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
+        return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; the call may or may not "
+                                       f"have been applied): {text}")
     if isinstance(exc, rx.NoPermissionError):
         hint = ""
         if call is not None and call.args[0] in ("EVALSHA", "EVAL") and "'eval" in text:
@@ -75,6 +84,9 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
         return InvalidArgumentError(f"the kvstatus script refused its arguments: {text[len(_BADARG):]}")
     if text.startswith(_CORRUPT):
         return CorruptedValueError(text[len(_CORRUPT) :].split(" script:")[0])
+    if text.startswith("BUSY "):
+        return BackendBusyError(f"Redis is busy running a script (BUSY): this call was not run and is not resent; "
+                                f"it succeeds once the script ends or an admin runs SCRIPT KILL ({text})")
     if text.startswith("WRONGTYPE"):
         where = f"key {_first_key(call)}" if call and _first_key(call) else "a room key"
         return CorruptedValueError(f"{where} holds a value that is not a kvstatus room hash; left as it is")

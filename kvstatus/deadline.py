@@ -1,0 +1,337 @@
+"""The per-call deadline, and the redis-py pieces that honour it.
+
+A store call (``StatusStore`` or ``AsyncStatusStore``) sets :data:`DEADLINE`
+to ``time.monotonic() + deadline`` for as long as it runs; the context
+variable is per thread and per asyncio task, so concurrent calls never see
+each other's. While it is set:
+
+- every socket wait of a kvstatus connection (connect, handshake, health
+  check, send, each reply) waits at most ``min(its own timeout, time left)``;
+- a call that finds every pooled connection in use waits for one, until the
+  deadline, then raises :class:`ClientPoolExhausted`, never "Redis unavailable";
+- no resend starts whose backoff would end past the deadline: the call gives
+  up with the last error instead (:class:`DeadlineRetry`).
+
+So a call returns within its deadline plus :data:`TOLERANCE` (0.1 s) and
+Python's own overhead, whatever the server does. Outside a store call (admin tools, a raw client) nothing changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from contextvars import ContextVar
+from typing import Any, Callable, Optional
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+from redis.backoff import ExponentialBackoff
+from redis.connection import SENTINEL
+from redis.retry import Retry
+
+DEADLINE: ContextVar[Optional[float]] = ContextVar("kvstatus_deadline", default=None)
+"""``time.monotonic()`` at which the running store call gives up; None outside a store call."""
+_get_deadline = DEADLINE.get
+_monotonic = time.monotonic
+
+_SHORTEST_WAIT = 0.001  # seconds: a socket timeout of 0 would mean "non-blocking", not "expired"
+TOLERANCE = 0.1
+"""Seconds a call may outlast its deadline: a socket wait that would end at most this much past it is left
+as it is (see :func:`_capped`)."""
+_WAIT_SLICE = 0.05  # seconds: a waiter for a connection looks again at least this often
+
+
+def time_left() -> Optional[float]:
+    """Seconds left before the running store call's deadline (may be <= 0), or None outside a store call."""
+    at = DEADLINE.get()
+    return None if at is None else at - time.monotonic()
+
+
+def may_wait(seconds: float) -> bool:
+    """True if a wait of ``seconds`` still leaves time for another attempt before the deadline."""
+    left = time_left()
+    return left is None or seconds < left
+
+
+class ClientPoolExhausted(redis.exceptions.RedisError):
+    """No pooled connection came free before the call's deadline; nothing was sent.
+
+    Not a ConnectionError, so that nothing resends it: Redis is fine, the client ran out of connections.
+    """
+
+    def __init__(self, max_connections: Any, waited: float) -> None:
+        super().__init__(f"client connection pool exhausted (max_connections={max_connections}): no connection "
+                         f"came free within {waited:.3g} s; nothing was sent. Raise max_connections (a "
+                         "ConnectionOptions field and URL option) or the deadline, or make fewer concurrent calls")
+
+
+def _expired() -> redis.exceptions.TimeoutError:
+    """What a socket wait that would start after the call's deadline raises (a TimeoutError: unknown whether an
+    earlier send of the call was applied, like any timeout)."""
+    return redis.exceptions.TimeoutError("the call's deadline passed (ConnectionOptions.deadline)")
+
+
+def _capped(timeout: Optional[float], left: float) -> Optional[float]:
+    """The timeout to use instead of ``timeout`` with ``left`` seconds to go, or None to keep ``timeout``.
+
+    A wait that would end at most :data:`TOLERANCE` past the deadline keeps its timeout: changing a socket's
+    timeout costs system calls, and with the defaults (deadline = socket_timeout) the first wait of every call
+    would pay them.
+    """
+    if timeout is not None and left + TOLERANCE >= timeout:
+        return None
+    return max(_SHORTEST_WAIT, left)
+
+
+class _Timeouts:
+    """Lowers a connection's socket timeouts to the time left, and puts them back (one user per connection)."""
+
+    __slots__ = ("connection", "saved")
+
+    def __init__(self, connection: Any, timeout: Optional[float], connect_timeout: Optional[float]) -> None:
+        self.connection = connection
+        self.saved = (connection.socket_timeout, connection.socket_connect_timeout)
+        if timeout is not None:
+            connection.socket_timeout = timeout
+        if connect_timeout is not None:
+            connection.socket_connect_timeout = connect_timeout
+        self._apply()
+
+    @classmethod
+    def lowered(cls, connection: Any) -> Optional["_Timeouts"]:
+        """The connection's timeouts lowered to the time left (None: nothing to lower); raises once expired.
+
+        The hot path of every store call: written for speed (one context lookup, one clock read).
+        """
+        at = _get_deadline()
+        if at is None:
+            return None
+        left = at - _monotonic()
+        if left <= 0:
+            raise _expired()
+        timeout, connect_timeout = connection.socket_timeout, connection.socket_connect_timeout
+        if (timeout is not None and left + TOLERANCE >= timeout
+                and connect_timeout is not None and left + TOLERANCE >= connect_timeout):
+            return None
+        return cls(connection, _capped(timeout, left), _capped(connect_timeout, left))
+
+    def restore(self) -> None:
+        self.connection.socket_timeout, self.connection.socket_connect_timeout = self.saved
+        self._apply()
+
+    def _apply(self) -> None:
+        sock = getattr(self.connection, "_sock", None)  # sync connections only; asyncio reads the attribute
+        if sock is not None:
+            sock.settimeout(self.connection.socket_timeout)
+
+
+class DeadlineConnection:
+    """Mixin for redis-py's sync connections: every socket wait ends by the running store call's deadline."""
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+        timeouts = None if self._sock else _Timeouts.lowered(self)  # type: ignore[attr-defined]
+        if timeouts is None:
+            return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        try:
+            return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            timeouts.restore()
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
+        timeouts = _Timeouts.lowered(self)
+        if timeouts is None:
+            return super().send_packed_command(command, check_health)  # type: ignore[misc]
+        try:
+            return super().send_packed_command(command, check_health)  # type: ignore[misc]
+        finally:
+            timeouts.restore()
+
+    def read_response(self, disable_decoding: bool = False, *, timeout: Any = SENTINEL, **kwargs: Any) -> Any:
+        at = _get_deadline()
+        if at is not None and timeout is SENTINEL:
+            capped = _capped(self.socket_timeout, at - _monotonic())  # type: ignore[attr-defined]
+            if capped is not None:
+                timeout = capped
+        return super().read_response(disable_decoding, timeout=timeout, **kwargs)  # type: ignore[misc]
+
+
+class AsyncDeadlineConnection:
+    """Mixin for redis.asyncio's connections: every socket wait ends by the running store call's deadline."""
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+        timeouts = None if self.is_connected else _Timeouts.lowered(self)  # type: ignore[attr-defined]
+        if timeouts is None:
+            return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        try:
+            return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            timeouts.restore()
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
+        timeouts = _Timeouts.lowered(self)
+        if timeouts is None:
+            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        try:
+            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        finally:
+            timeouts.restore()
+
+    async def read_response(self, disable_decoding: bool = False, timeout: Optional[float] = None,
+                            **kwargs: Any) -> Any:
+        # Not the timeout argument: redis.asyncio answers None, not TimeoutError, when that one expires.
+        timeouts = _Timeouts.lowered(self) if timeout is None else None
+        if timeouts is None:
+            return await super().read_response(disable_decoding, timeout, **kwargs)  # type: ignore[misc]
+        try:
+            return await super().read_response(disable_decoding, None, **kwargs)  # type: ignore[misc]
+        finally:
+            timeouts.restore()
+
+
+def _pool_wait(timeout: Optional[float]) -> Optional[float]:
+    """Seconds a call may wait for a free connection: until its deadline, else ``timeout`` (None: forever)."""
+    left = time_left()
+    if left is None:
+        return timeout
+    return max(0.0, left if timeout is None else min(timeout, left))
+
+
+class WaitingPool:
+    """Mixin for redis-py's sync ConnectionPool (and its Sentinel subclass): a call that finds all
+    ``max_connections`` in use waits for one to be released, until its deadline (outside a store call:
+    ``timeout`` seconds), then raises :class:`ClientPoolExhausted`.
+
+    Unlike redis-py's BlockingConnectionPool, the path with a free connection is redis-py's plain one:
+    nothing is added to it.
+    """
+
+    def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
+        self._wait = timeout
+        self._released = threading.Condition(threading.Lock())
+        self._waiting = 0
+        super().__init__(*args, **kwargs)
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+        except redis.exceptions.MaxConnectionsError:
+            pass
+        started = _monotonic()
+        wait = _pool_wait(self._wait)
+        end = None if wait is None else started + wait
+        while True:
+            with self._released:
+                self._waiting += 1
+                try:
+                    # A release between the failed attempt and this wait is caught by the next slice.
+                    self._released.wait(_WAIT_SLICE if end is None else max(0.0, min(_WAIT_SLICE, end - _monotonic())))
+                finally:
+                    self._waiting -= 1
+            try:
+                return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            except redis.exceptions.MaxConnectionsError:
+                if end is not None and _monotonic() >= end:
+                    raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
+
+    def release(self, connection: Any) -> None:
+        super().release(connection)  # type: ignore[misc]
+        if self._waiting:
+            with self._released:
+                self._released.notify()
+
+
+class AsyncWaitingPool:
+    """:class:`WaitingPool` for redis.asyncio's ConnectionPool: waiters queue first come, first served."""
+
+    def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
+        self._wait = timeout
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        super().__init__(*args, **kwargs)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+        except redis.exceptions.MaxConnectionsError:
+            pass
+        started = _monotonic()
+        wait = _pool_wait(self._wait)
+        end = None if wait is None else started + wait
+        while True:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiters.append(turn)
+            try:
+                await asyncio.wait_for(turn, _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - _monotonic()))
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if not turn.done():
+                    self._waiters.remove(turn)
+            try:
+                return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            except redis.exceptions.MaxConnectionsError:
+                if end is not None and _monotonic() >= end:
+                    raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)  # type: ignore[misc]
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                break
+
+
+class WaitingConnectionPool(WaitingPool, redis.ConnectionPool):
+    """redis-py's sync ConnectionPool that queues for a connection (see :class:`WaitingPool`)."""
+
+
+class AsyncWaitingConnectionPool(AsyncWaitingPool, redis.asyncio.ConnectionPool):
+    """redis.asyncio's ConnectionPool that queues for a connection (see :class:`AsyncWaitingPool`)."""
+
+
+class DeadlineRetry(Retry):
+    """redis-py's Retry that gives up, with the last error, when the next backoff would end past the deadline.
+
+    The backoff must be a pure function of the failure count (ExponentialBackoff is): it is asked ahead.
+
+    ``is_final`` names errors that are never resent (refused credentials, a failed TLS handshake).
+    """
+
+    def __init__(self, backoff: ExponentialBackoff, retries: int, is_final: Callable[[Exception], bool]) -> None:
+        super().__init__(backoff, retries)
+        self._is_final = is_final
+
+    def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
+        def failed(error: Exception, failures: int) -> None:
+            fail(error, failures) if with_failure_count else fail(error)
+            if failures <= self._retries and not may_wait(self._backoff.compute(failures)):
+                raise error
+
+        def retryable(error: Exception) -> bool:
+            return not self._is_final(error) and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, failed, retryable, True)
+
+
+class AsyncDeadlineRetry(redis.asyncio.retry.Retry):
+    """:class:`DeadlineRetry` for redis.asyncio."""
+
+    def __init__(self, backoff: ExponentialBackoff, retries: int, is_final: Callable[[Exception], bool]) -> None:
+        super().__init__(backoff, retries)
+        self._is_final = is_final
+
+    async def call_with_retry(
+        self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False
+    ) -> Any:
+        async def failed(error: Exception, failures: int) -> None:
+            await (fail(error, failures) if with_failure_count else fail(error))
+            if failures <= self._retries and not may_wait(self._backoff.compute(failures)):
+                raise error
+
+        def retryable(error: Exception) -> bool:
+            return not self._is_final(error) and (is_retryable is None or is_retryable(error))
+
+        return await super().call_with_retry(do, failed, retryable, True)

@@ -13,14 +13,18 @@ from kvstatus.errors import (
     InvalidStatusError,
     InvalidURLError,
     KVStatusError,
+    LeaseLostError,
     PermissionDeniedError,
 )
+from kvstatus.consensus import LeaseState, RoomConsensus
 from kvstatus.rule import (
+    ClearedEntry,
     KVPoll,
     Outcome,
     ParticipantEntry,
     Policy,
     RoomView,
+    Tombstone,
     UpdateResult,
     apply_rule,
 )
@@ -33,6 +37,7 @@ __all__ = [
     "AuthenticationError",
     "BackendError",
     "BackendUnavailableError",
+    "ClearedEntry",
     "ConnectionOptions",
     "CorruptedValueError",
     "InvalidArgumentError",
@@ -42,12 +47,16 @@ __all__ = [
     "InvalidURLError",
     "KVPoll",
     "KVStatusError",
+    "LeaseLostError",
+    "LeaseState",
     "Outcome",
     "PermissionDeniedError",
     "ParticipantEntry",
     "Policy",
+    "RoomConsensus",
     "RoomView",
     "StatusStore",
+    "Tombstone",
     "UpdateResult",
     "apply_rule",
 ]

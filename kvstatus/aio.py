@@ -7,7 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
-from kvstatus.errors import BackendUnavailableError
+from kvstatus.consensus import RoomConsensus
+from kvstatus.errors import BackendUnavailableError, InvalidArgumentError
+from kvstatus.leases import AsyncLeaseKeeper
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
@@ -20,12 +22,19 @@ class AsyncStatusStore(StoreBase):
     """:class:`~kvstatus.StatusStore` for asyncio: same arguments, same semantics, awaitable methods."""
 
     _connect = staticmethod(connect_async)
+    _keeper_class = AsyncLeaseKeeper
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
-        return await self._send(self._core.update_status(room, status))
+        request = self._core.update_status(room, status)
+        if self._keeper is not None:
+            await self._keeper.ensure()
+        return await self._send(request)
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        return await self._send(self._core.update_many(updates))
+        request = self._core.update_many(updates)
+        if self._keeper is not None:
+            await self._keeper.ensure()
+        return await self._send(request)
 
     async def check_status(self, room: int) -> KVPoll:
         return await self._send(self._core.check_status(room))
@@ -37,15 +46,34 @@ class AsyncStatusStore(StoreBase):
         return await self._send(self._core.get_many(rooms))
 
     async def clear(self, room: int) -> bool:
-        return await self._send(self._core.clear(room))
+        request = self._core.clear(room)
+        if self._keeper is not None:
+            await self._keeper.ensure()
+        return await self._send(request)
 
     async def record_failure(self, room: int, reason: str) -> bool:
-        return await self._send(self._core.record_failure(room, reason))
+        request = self._core.record_failure(room, reason)
+        if self._keeper is not None:
+            await self._keeper.ensure()
+        return await self._send(request)
 
     async def room(self, room: int) -> RoomView:
         return await self._send(self._core.room(room))
 
+    async def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
+        return (await self._send(self._core.room_statuses([room], participants)))[room]
+
+    async def room_statuses(self, rooms: Iterable[int], participants: Iterable[str]) -> dict[int, RoomConsensus]:
+        return await self._send(self._core.room_statuses(rooms, participants))
+
+    async def acquire_lease(self) -> None:
+        if self._keeper is None:
+            raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
+        await self._keeper.refresh()
+
     async def close(self) -> None:
+        if self._keeper is not None:
+            await self._keeper.close()
         await self.client.aclose()
 
     async def __aenter__(self) -> "AsyncStatusStore":

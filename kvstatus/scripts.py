@@ -41,5 +41,10 @@ def _load(name: str) -> LuaScript:
 UPDATE: LuaScript = _load("update")
 GET_MANY: LuaScript = _load("get_many")
 RECORD_FAILURE: LuaScript = _load("record_failure")
+CLEAR: LuaScript = _load("clear")
+ROOM: LuaScript = _load("room")
+LEASE: LuaScript = _load("lease")
+ROOM_STATUSES: LuaScript = _load("room_statuses")
+SWEEP: LuaScript = _load("sweep")
 
-ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE)
+ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEASE, ROOM_STATUSES, SWEEP)

@@ -7,7 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect
-from kvstatus.errors import BackendUnavailableError
+from kvstatus.consensus import RoomConsensus
+from kvstatus.errors import BackendUnavailableError, InvalidArgumentError
+from kvstatus.leases import LeaseKeeper
 from kvstatus.operations import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase, checked, merge, noscript_resend, scripts_of
@@ -25,14 +27,21 @@ class StatusStore(StoreBase):
     """
 
     _connect = staticmethod(connect)
+    _keeper_class = LeaseKeeper
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        return self._send(self._core.update_status(room, status))
+        request = self._core.update_status(room, status)
+        if self._keeper is not None:
+            self._keeper.ensure()  # raises LeaseLostError once the lease is lost
+        return self._send(request)
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Apply the rule to many rooms in one round trip (atomically on a single Redis)."""
-        return self._send(self._core.update_many(updates))
+        request = self._core.update_many(updates)
+        if self._keeper is not None:
+            self._keeper.ensure()
+        return self._send(request)
 
     def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
@@ -47,18 +56,41 @@ class StatusStore(StoreBase):
         return self._send(self._core.get_many(rooms))
 
     def clear(self, room: int) -> bool:
-        """Remove this participant's entry and failure reason; True if anything was removed."""
-        return self._send(self._core.clear(room))
+        """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
+        request = self._core.clear(room)
+        if self._keeper is not None:
+            self._keeper.ensure()
+        return self._send(request)
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
-        return self._send(self._core.record_failure(room, reason))
+        request = self._core.record_failure(room, reason)
+        if self._keeper is not None:
+            self._keeper.ensure()
+        return self._send(request)
 
     def room(self, room: int) -> RoomView:
-        """Every participant's entry in ``room``, with reasons and the TTL left."""
+        """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears."""
         return self._send(self._core.room(room))
 
+    def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
+        """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""
+        return self._send(self._core.room_statuses([room], participants))[room]
+
+    def room_statuses(self, rooms: Iterable[int], participants: Iterable[str]) -> dict[int, RoomConsensus]:
+        """:meth:`room_status` of many rooms over the same participants, in one round trip."""
+        return self._send(self._core.room_statuses(rooms, participants))
+
+    def acquire_lease(self) -> None:
+        """Acquire the lease now (else the first write does), or renew it now if held; LeaseLostError if lost."""
+        if self._keeper is None:
+            raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
+        self._keeper.refresh()
+
     def close(self) -> None:
+        """Release the lease (if any), then close the client."""
+        if self._keeper is not None:
+            self._keeper.close()
         self.client.close()
 
     def __enter__(self) -> "StatusStore":

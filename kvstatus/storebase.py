@@ -21,7 +21,8 @@ from redis.exceptions import NoScriptError
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
-from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, StoreCore
+from kvstatus.leases import LeaseCore
+from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS, DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
@@ -63,6 +64,7 @@ class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
     _connect: ClassVar[Callable[..., Any]]
+    _keeper_class: ClassVar[Callable[..., Any]]
 
     def __init__(
         self,
@@ -74,6 +76,8 @@ class StoreBase:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
+        lease_ttl: Optional[float] = None,
+        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
     ) -> None:
         self.client = client
         self.options = options or ConnectionOptions()
@@ -85,7 +89,14 @@ class StoreBase:
             ttl=ttl,
             policy=policy,
             cluster=is_cluster_client(client),
+            tombstone_ttl=tombstone_ttl,
         )
+        self._keeper: Any = None
+        if lease_ttl is not None:
+            # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
+            lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl,
+                              keep_ms=self._core.ttl_ms + round(lease_ttl * 1000))
+            self._keeper = self._keeper_class(lease, self._send)
 
     @classmethod
     def from_url(
@@ -98,12 +109,19 @@ class StoreBase:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
+        lease_ttl: Optional[float] = None,
+        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
         **option_overrides: Any,
     ) -> S:
-        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields."""
+        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields.
+
+        ``lease_ttl`` (seconds, None: no lease) makes the store hold a lease for its participant
+        (:mod:`kvstatus.leases`); ``tombstone_ttl`` (seconds, 0: none) is how long ``clear()``'s
+        tombstone lives.
+        """
         opts = replace(options or ConnectionOptions(), **option_overrides)
         return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
-                   policy=policy, options=opts)
+                   policy=policy, options=opts, lease_ttl=lease_ttl, tombstone_ttl=tombstone_ttl)
 
     @property
     def namespace(self) -> str:
@@ -127,13 +145,20 @@ class StoreBase:
         return self._core.policy
 
     @property
+    def lease(self) -> Optional[LeaseCore]:
+        """This store's lease (participant, ttl, incarnation, generation, held, lost), or None without one."""
+        return None if self._keeper is None else self._keeper.core
+
+    @property
     def keys(self) -> KeySchema:
         """The :class:`~kvstatus.keys.KeySchema` of this store's namespace."""
         return self._core.schema
 
     def for_participant(self, participant: str) -> Any:
-        """A store with the same client and settings, writing as ``participant``."""
-        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options)
+        """A store with the same client and settings, writing as ``participant`` (with its own lease, if this one has one)."""
+        lease_ttl = None if self._keeper is None else self._keeper.core.ttl
+        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
+                          lease_ttl=lease_ttl)
 
     def __repr__(self) -> str:
         return (

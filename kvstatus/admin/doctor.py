@@ -91,7 +91,8 @@ PROBE_OPERATIONS = (
 def probe_operations(client: Any, schema: KeySchema) -> dict[str, tuple[Optional[bool], str]]:
     """Run each operation kvstatus needs against the probe entry; name -> (ok, why), ok None: not testable."""
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS,
+                        tombstone_ttl=0)  # the probe leaves nothing behind, not even a tombstone
     actions: dict[str, Callable[[], Any]] = {
         "update_status": lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping),
         "record_failure": lambda: store.record_failure(PROBE_ROOM, "kvstatus doctor probe"),
@@ -141,7 +142,8 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True) ->
             return Check("ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts")
         return Check("ttl", True, detail)
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS,
+                        tombstone_ttl=0)  # the probe leaves nothing behind, not even a tombstone
     ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
     if not ok:
         return Check("ttl", False, f"store TTL {ttl:g} s; could not write the probe entry: {why}")

@@ -9,7 +9,10 @@ well as the EVALSHA that runs it, so the scripts' own commands are listed.
   (harmless on a standalone server)
 - :data:`SCRIPTS`  EVALSHA, and SCRIPT LOAD for healing NOSCRIPT
 - :data:`READS` / :data:`WRITES`  the commands the store, the scripts and the
-  CLI (``ls``, ``stats``, ``watch``, ``doctor``) run on room keys
+  CLI (``ls``, ``stats``, ``watch``, ``doctor``, ``participants``, ``sweep``) run
+  on the namespace's keys: rooms, their tombstones (``{<room>}:t``) and the
+  lease records (``lease:<participant>``), all under ``<prefix>:<namespace>:``.
+  ``time`` is Redis' clock, which the lease, clear and consensus scripts read
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 HANDSHAKE: tuple[str, ...] = ("ping", "client|setname", "select", "hello")
 CLUSTER_DISCOVERY: tuple[str, ...] = ("cluster|slots", "cluster|shards", "cluster|nodes", "command", "asking")
 SCRIPTS: tuple[str, ...] = ("evalsha", "script|load")
-READS: tuple[str, ...] = ("hget", "hgetall", "hexists", "pttl", "scan", "info")
-WRITES: tuple[str, ...] = ("hset", "hsetnx", "hdel", "pexpire")
+READS: tuple[str, ...] = ("hget", "hmget", "hgetall", "hexists", "pttl", "time", "scan", "info")
+WRITES: tuple[str, ...] = ("hset", "hsetnx", "hdel", "hincrby", "pexpire")
 SENTINEL_COMMANDS: tuple[str, ...] = (
     "ping", "sentinel|get-master-addr-by-name", "sentinel|masters", "sentinel|sentinels", "sentinel|replicas",
 )

@@ -27,7 +27,8 @@ def options(command: click.Command) -> list[click.Option]:
 
 
 def test_there_are_the_commands_of_the_issue() -> None:
-    assert COMMANDS == ["clear", "demo", "doctor", "explain", "exporter", "get", "ls", "serve", "set", "stats", "watch"]
+    assert COMMANDS == ["clear", "demo", "doctor", "explain", "exporter", "get", "ls", "participants", "serve", "set",
+                        "stats", "sweep", "watch"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)

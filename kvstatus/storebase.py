@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
-from kvstatus.leases import LeaseCore
+from kvstatus.leases import LeaseCore, validate_lease_ttl
 from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS, DEFAULT_TTL_SECONDS, Call, StoreCore
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
@@ -94,6 +94,7 @@ class StoreBase:
         self._keeper: Any = None
         if lease_ttl is not None:
             # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
+            lease_ttl = validate_lease_ttl(lease_ttl)
             lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl,
                               keep_ms=self._core.ttl_ms + round(lease_ttl * 1000))
             self._keeper = self._keeper_class(lease, self._send)

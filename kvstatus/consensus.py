@@ -104,71 +104,55 @@ def validate_participants(participants: Iterable[str]) -> tuple[str, ...]:
     return names
 
 
-_STATUS_BY_VALUE: dict[Any, KVPoll] = {}
+_BY_CHAR: dict[str, Optional[KVPoll]] = {str(status.value): status for status in KVPoll}
+_BY_CHAR["-"] = None
+_VALUE_CHAR: dict[Any, str] = {}
 for _s in KVPoll:
-    _STATUS_BY_VALUE[str(_s.value)] = _s
-    _STATUS_BY_VALUE[str(_s.value).encode()] = _s
+    _VALUE_CHAR[str(_s.value)] = _VALUE_CHAR[str(_s.value).encode()] = str(_s.value)
 
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def decode_values(values: list[Any], where: Any) -> list[Optional[KVPoll]]:
-    """Stored status values (None stays None); ``where(i)`` names the key and field of value i for an error."""
-    decoded = list(map(_STATUS_BY_VALUE.get, values))
-    if None in decoded and decoded.count(None) != values.count(None):
-        for i, (value, status) in enumerate(zip(values, decoded)):
-            if status is None and value is not None:
-                raise CorruptedValueError(f"{where(i)} holds {_text(value)[:40]!r}, not a status 0..4; left as it is")
-    return decoded
-
-
-def decode_lease_states(values: list[Any]) -> list[LeaseState]:
-    return [LeaseState(int(v)) for v in values]
-
-
-def consensus_many(
-    rooms: list[int],
-    names: tuple[str, ...],
-    statuses: list[Optional[KVPoll]],
-    leases: list[LeaseState],
-    reasons: dict[int, str],
-) -> dict[int, RoomConsensus]:
-    """Apply :func:`room_consensus` to every room: ``statuses`` is room-major (len(rooms) * len(names)),
-    ``reasons`` maps an index of ``statuses`` to its recorded reason."""
-    p = len(names)
-    result: dict[int, RoomConsensus] = {}
-    if LeaseState.LOST not in leases and not reasons:
-        # The hot path: nobody is lost and no recorded reason to attach.
-        for i, room in enumerate(rooms):
-            chunk = statuses[i * p:(i + 1) * p]
-            if None in chunk:
-                result[room] = RoomConsensus(KVPoll.Bootstrapping, None, (),
-                                             tuple(n for n, s in zip(names, chunk) if s is None))
-            else:
-                result[room] = _PLAIN[min(chunk)]  # type: ignore[type-var]
-        return result
-    for i, room in enumerate(rooms):
-        chunk = statuses[i * p:(i + 1) * p]
-        room_reasons = {names[k - i * p]: reasons[k] for k in range(i * p, (i + 1) * p) if k in reasons}
-        result[room] = room_consensus(names, chunk, leases, room_reasons)
-    return result
-
-
 class Entries(NamedTuple):
-    """What the consensus view reads: ``statuses`` room-major (``len(rooms) * len(names)``), the
-    participants' lease states, and the recorded reasons of Failed entries (index into ``statuses`` -> text)."""
+    """What the consensus view reads. ``codes[i]`` is room ``rooms[i]``'s entries as one string, character j
+    participant ``names[j]``'s status ("0".."4", "-" for no entry); ``leases`` the participants' lease
+    states; ``reasons`` the recorded reasons of Failed entries (room-major index ``i * len(names) + j``)."""
 
     rooms: list[int]
     names: tuple[str, ...]
-    statuses: list[Optional[KVPoll]]
+    codes: list[Any]  # str, or bytes as the client returned them (decoded only where needed)
     leases: list[LeaseState]
     reasons: dict[int, str]
 
-    def of(self, room_index: int) -> list[Optional[KVPoll]]:
-        p = len(self.names)
-        return self.statuses[room_index * p:(room_index + 1) * p]
+    def statuses(self, i: int) -> list[Optional[KVPoll]]:
+        """Room ``rooms[i]``'s statuses, in ``names`` order (None: no entry)."""
+        return _statuses(self.codes[i])
+
+
+def _statuses(code: Any) -> list[Optional[KVPoll]]:
+    return [_BY_CHAR[c] for c in (code.decode() if isinstance(code, bytes) else code)]
+
+
+def consensus_many(entries: Entries) -> dict[int, RoomConsensus]:
+    """Apply :func:`room_consensus` to every room of ``entries``."""
+    names, leases, reasons = entries.names, entries.leases, entries.reasons
+    p = len(names)
+    if LeaseState.LOST not in leases and not reasons:
+        # The hot path: nobody is lost and no reason to attach, so a room's result depends on its code alone.
+        memo: dict[str, RoomConsensus] = {}
+
+        def plain(code: Any) -> RoomConsensus:
+            memo[code] = found = room_consensus(names, _statuses(code), leases)
+            return found
+
+        return {room: memo.get(code) or plain(code) for room, code in zip(entries.rooms, entries.codes)}
+    result: dict[int, RoomConsensus] = {}
+    for i, room in enumerate(entries.rooms):
+        own = {names[k - i * p]: reasons[k] for k in range(i * p, (i + 1) * p) if k in reasons} if reasons else None
+        result[room] = room_consensus(names, entries.statuses(i), leases, own)
+    return result
 
 
 def entries_request(core: Any, rooms: Iterable[int], participants: Iterable[str]) -> Any:
@@ -189,16 +173,13 @@ def entries_request(core: Any, rooms: Iterable[int], participants: Iterable[str]
     lease_keys = [schema.lease_key(name) for name in names]
     p = len(names)
 
-    def where(i: int) -> str:
-        return f"key {keys[i // p]} field {names[i % p]}"
-
     if not core.cluster:
         call = script_call(scripts.ROOM_STATUSES, keys + lease_keys, (str(len(ids)), *names))
 
         def decode_one(replies: list[Any]) -> Entries:
-            leases_raw, values, flat_reasons = replies[0]
-            reasons = {int(flat_reasons[j]) - 1: _text(flat_reasons[j + 1]) for j in range(0, len(flat_reasons), 2)}
-            return Entries(ids, names, decode_values(values, where), decode_lease_states(leases_raw), reasons)
+            leases_raw, codes, flat = replies[0]
+            reasons = {int(flat[j]): _text(flat[j + 1]) for j in range(0, len(flat), 2)}
+            return Entries(ids, names, codes, [LeaseState(int(v)) for v in leases_raw], reasons)
 
         return Request([call], decode_one)
 
@@ -208,15 +189,22 @@ def entries_request(core: Any, rooms: Iterable[int], participants: Iterable[str]
 
     def decode_cluster(replies: list[Any]) -> Entries:
         n = len(ids)
-        values: list[Any] = []
+        codes: list[str] = []
         reasons: dict[int, str] = {}
         for i, reply in enumerate(replies[:n]):
-            values.extend(reply[:p])
+            chars = []
             for j in range(p):
-                if reply[j] in (b"0", "0") and reply[p + j] is not None:
+                value = reply[j]
+                char = "-" if value is None else _VALUE_CHAR.get(value)
+                if char is None:
+                    raise CorruptedValueError(f"key {keys[i]} field {names[j]} holds {_text(value)[:40]!r}, not a "
+                                              "status 0..4; left as it is")
+                if char == "0" and reply[p + j] is not None:
                     reasons[i * p + j] = _text(reply[p + j])
+                chars.append(char)
+            codes.append("".join(chars))
         leases = [LeaseState(int(reply[0][0])) for reply in replies[n:]]
-        return Entries(ids, names, decode_values(values, where), leases, reasons)
+        return Entries(ids, names, codes, leases, reasons)
 
     return Request(calls, decode_cluster)
 
@@ -227,4 +215,4 @@ def consensus_calls(core: Any, rooms: Iterable[int], participants: Iterable[str]
 
     read = entries_request(core, rooms, participants)
     decode_entries = read.decode
-    return Request(read.calls, lambda replies: consensus_many(*decode_entries(replies)))
+    return Request(read.calls, lambda replies: consensus_many(decode_entries(replies)))

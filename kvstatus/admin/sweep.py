@@ -96,11 +96,10 @@ def sweep(client: Any, schema: KeySchema, *, batch: int = DEFAULT_BATCH, progres
         swept_rooms: set[int] = set()
         for names in chunks:
             entries = store._send(entries_request(store._core, rooms, names))
-            p = len(names)
             for j, name in enumerate(names):
                 if entries.leases[j] != LeaseState.LOST:
                     continue  # it holds a lease again (a new incarnation): leave it alone
-                targets = [room for i, room in enumerate(entries.rooms) if entries.statuses[i * p + j] in OPEN]
+                targets = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[j] in OPEN]
                 if not targets:
                     continue
                 outcomes = store._send(sweep_request(store, targets, name))

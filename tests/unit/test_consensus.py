@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstatus import InvalidArgumentError, KVPoll, LeaseState, RoomConsensus
-from kvstatus.consensus import consensus_many, room_consensus, validate_participants
+from kvstatus.consensus import Entries, consensus_many, room_consensus, validate_participants
 
 F, B, W, T, S = KVPoll.Failed, KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success
 NONE, ALIVE, LOST = LeaseState.NONE, LeaseState.ALIVE, LeaseState.LOST
@@ -58,7 +58,8 @@ def test_the_batch_agrees_with_the_rule_room_by_room(rooms: list[list[Optional[K
     flat = [s for room in rooms for s in room]
     reasons = {k: v for k, v in raw_reasons.items() if k < len(flat) and flat[k] == KVPoll.Failed}
     ids = list(range(100, 100 + len(rooms)))
-    got = consensus_many(ids, P, flat, leases, reasons)
+    codes = ["".join("-" if s is None else str(s.value) for s in room) for room in rooms]
+    got = consensus_many(Entries(ids, P, codes, leases, reasons))
     for i, room in enumerate(ids):
         own = {P[k - 3 * i]: text for k, text in reasons.items() if 3 * i <= k < 3 * i + 3}
         assert got[room] == room_consensus(P, rooms[i], leases, own)

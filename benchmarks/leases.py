@@ -187,7 +187,7 @@ def index_cost(url: str, samples: int) -> None:
 
 def populate(url: str, namespace: str, rooms: int) -> None:
     dead = StatusStore.from_url(url, namespace=namespace, participant="dead-0", lease_ttl=3)
-    live = dead.for_participant("live-0")
+    live = StatusStore(dead.client, namespace=namespace, participant="live-0")  # no lease: never swept
     chunk = 2_000
     for start in range(0, rooms, chunk):
         ids = range(start, min(start + chunk, rooms))

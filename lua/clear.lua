@@ -42,7 +42,7 @@ end
 
 local stored = redis.call("HGET", room, field)
 local denied = acl_refusal("hdel", room)
-  or (stored and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb)))
+  or (stored and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb) or acl_refusal("time", tomb)))
 if denied then
   return denied
 end

@@ -51,7 +51,7 @@ if not positive_ms(ttl) or not positive_ms(keep) or tonumber(keep) < tonumber(tt
   return redis.error_reply("KVSTATUS_BADARG lease TTL and keep time must be positive integers of ms, keep >= TTL")
 end
 
-local denied = acl_refusal("hset", key) or acl_refusal("pexpire", key)
+local denied = acl_refusal("hset", key) or acl_refusal("pexpire", key) or acl_refusal("time", key)
   or (op == "acquire" and acl_refusal("hincrby", key))
 if denied then
   return denied

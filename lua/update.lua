@@ -89,7 +89,10 @@ for i = 1, n do
   if not cur then
     if s == STATUS_FAILED then
       outcome, after = IGNORED_MISSING, -1
-      if tombs and redis.call("HEXISTS", KEYS[n + i], field) == 1 and not acl_refusal("hsetnx", KEYS[n + i]) then
+      -- The note is best effort: a user the ACL denies any of it gets the outcome without the note.
+      local tomb = tombs and KEYS[n + i]
+      if tomb and not (acl_refusal("hexists", tomb) or acl_refusal("hsetnx", tomb) or acl_refusal("time", tomb))
+          and redis.call("HEXISTS", tomb, field) == 1 then
         late = late or {}
         late[i] = true
       end

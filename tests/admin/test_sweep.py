@@ -154,3 +154,26 @@ def test_two_sweepers_at_once_fail_each_entry_exactly_once(topology: str, reques
     statuses = dead.get_many(rooms)
     assert {room: s for room, s in statuses.items() if s is not F} == {room: S for room in rooms if room % 4 == 0}
     dead.client.close()
+
+
+@pytest.mark.real
+def test_leases_consensus_tombstones_and_sweep_work_under_the_readme_acl_users(redis_server: Any) -> None:
+    from kvstatus.admin.acl import acl_rules
+
+    namespace = fresh_namespace("acl12")
+    with redis_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", f"{namespace}-rw", *acl_rules(namespace, password="pw"))
+        admin.execute_command("ACL", "SETUSER", f"{namespace}-ro", *acl_rules(namespace, read_only=True, password="pw"))
+    url = f"redis://{{}}:pw@{redis_server.host}:{redis_server.port}/0"
+    rw = StatusStore.from_url(url.format(f"{namespace}-rw"), namespace=namespace, participant="dead-0", lease_ttl=3)
+    rw.update_status(1, B)
+    rw.update_status(2, B)
+    assert rw.clear(2) is True and rw.update_status(2, F).outcome is Outcome.IGNORED_MISSING
+    assert rw.room(2).tombstone.cleared["dead-0"].late_failed_at is not None
+    ro = StatusStore.from_url(url.format(f"{namespace}-ro"), namespace=namespace)
+    assert ro.room_status(1, ["dead-0"]) == RoomConsensus(B)
+    _expire(rw.client, namespace, "dead-0")
+    assert ro.room_status(1, ["dead-0"]).status is F
+    assert sweep(rw.client, KeySchema(namespace)).swept == 1
+    rw.client.close()
+    ro.client.close()

@@ -8,10 +8,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect_async
+from kvstatus.consensus import RoomConsensus, consensus_calls
 from kvstatus.deadline import DEADLINE, time_left
-from kvstatus.errors import BackendUnavailableError
+from kvstatus.errors import BackendUnavailableError, InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
-from kvstatus.operations import Call, Request
+from kvstatus.leases import AsyncLeaseKeeper
+from kvstatus.operations import Call, Request, as_functions
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import (
     StoreBase,
@@ -35,17 +37,24 @@ class AsyncStatusStore(StoreBase):
 
     _connect = staticmethod(connect_async)
     _asynchronous = True
+    _keeper_class = AsyncLeaseKeeper
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
+        request = self._core.update_status(room, status)
+        if self._keeper is not None:
+            await self._keeper.ensure()
         try:
-            return await self._send(self._core.update_status(room, status), "update_status")
+            return await self._send(request, "update_status")
         finally:
             self._wrote((room,))
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Atomic per chunk of ``CHUNK_ROOMS`` rooms, not as a whole (see :meth:`StatusStore.update_many`)."""
+        request = self._core.update_many(updates)
+        if self._keeper is not None:
+            await self._keeper.ensure()
         try:
-            return await self._send(self._core.update_many(updates), "update_many")
+            return await self._send(request, "update_many")
         finally:
             self._wrote(updates)
 
@@ -65,14 +74,20 @@ class AsyncStatusStore(StoreBase):
         return await self._send(self._core.get_many(rooms), "get_many")
 
     async def clear(self, room: int) -> bool:
+        request = self._core.clear(room)
+        if self._keeper is not None:
+            await self._keeper.ensure()
         try:
-            return await self._send(self._core.clear(room), "clear")
+            return await self._send(request, "clear")
         finally:
             self._wrote((room,))
 
     async def record_failure(self, room: int, reason: str) -> bool:
+        request = self._core.record_failure(room, reason)
+        if self._keeper is not None:
+            await self._keeper.ensure()
         try:
-            return await self._send(self._core.record_failure(room, reason), "record_failure")
+            return await self._send(request, "record_failure")
         finally:
             self._wrote((room,))
 
@@ -89,7 +104,20 @@ class AsyncStatusStore(StoreBase):
         reader = self._uncached(who)
         return await async_wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room))
 
+    async def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
+        return (await self._send(consensus_calls(self._core, [room], participants)))[room]
+
+    async def room_statuses(self, rooms: Iterable[int], participants: Iterable[str]) -> dict[int, RoomConsensus]:
+        return await self._send(consensus_calls(self._core, rooms, participants))
+
+    async def acquire_lease(self) -> None:
+        if self._keeper is None:
+            raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
+        await self._keeper.refresh()
+
     async def close(self) -> None:
+        if self._keeper is not None:
+            await self._keeper.close()
         if self._near is not None:
             await self._near.close()
         await self.client.aclose()
@@ -122,6 +150,8 @@ class AsyncStatusStore(StoreBase):
         return result
 
     async def _deliver(self, request: Request[T]) -> T:
+        if self._functions:  # scripts="functions": every script call goes out as FCALL / FCALL_RO
+            request = as_functions(request)
         token = DEADLINE.set(time.monotonic() + self._deadline + request.extra_seconds)
         try:
             if self._gate is None:

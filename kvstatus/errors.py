@@ -67,3 +67,15 @@ class AuthenticationError(BackendError):
 
 class PermissionDeniedError(BackendError):
     """The Redis user may not run a command or touch a key kvstatus needs (ACL NOPERM)."""
+
+
+class LeaseLostError(KVStatusError):
+    """The store's participant lease is lost (expired, released, or taken over by a new incarnation).
+
+    Raised by every write of that store from then on: a sweeper may already have
+    failed its entries. ``participant`` names whose lease it was.
+    """
+
+    def __init__(self, message: str, *, participant: str = "") -> None:
+        super().__init__(message)
+        self.participant = participant

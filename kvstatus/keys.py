@@ -6,6 +6,13 @@ contain ``:``, so the two kinds never collide):
 
 - ``<participant>``         the participant's status, "0".."4"
 - ``reason:<participant>``  the first failure reason recorded for it
+
+Beside the rooms (none of these ends with ``}``, so the room SCAN pattern
+``<prefix>:<namespace>:{*}`` never matches them, and :meth:`KeySchema.room_of`
+rejects them):
+
+- ``<prefix>:<namespace>:{<room>}:t``           the room's tombstone (same slot), written by ``clear()``
+- ``<prefix>:<namespace>:lease:<participant>``  a participant's lease record (see :mod:`kvstatus.leases`)
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ MAX_NAME_LENGTH = 128
 DEFAULT_PREFIX = "kvstatus"
 DEFAULT_PARTICIPANT = "default"
 REASON_FIELD_PREFIX = "reason:"
+LATE_FIELD_PREFIX = "late:"
+TOMBSTONE_SUFFIX = ":t"
+LEASE_PART = "lease:"
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -94,6 +104,27 @@ class KeySchema:
         base = self.base
         return [f"{base}{{{room}}}" for room in rooms]
 
+    def tombstone_key(self, room: int) -> str:
+        """Key of a validated room's tombstone: the room key plus ``:t``, in the room's slot."""
+        return f"{self.base}{{{room}}}{TOMBSTONE_SUFFIX}"
+
+    def lease_key(self, participant: str) -> str:
+        """Key of a validated participant's lease record."""
+        return f"{self.base}{LEASE_PART}{participant}"
+
+    @property
+    def lease_pattern(self) -> str:
+        """SCAN MATCH pattern for every lease record of this namespace."""
+        return f"{self.base}{LEASE_PART}*"
+
+    def participant_of_lease(self, key: str | bytes) -> Optional[str]:
+        """Participant of a lease key of this namespace, or None for any other key."""
+        text = key.decode() if isinstance(key, bytes) else key
+        head = self.base + LEASE_PART
+        if not text.startswith(head) or not _NAME.fullmatch(text[len(head):]):
+            return None
+        return text[len(head):]
+
     def room_of(self, key: str | bytes) -> Optional[int]:
         """Room id of a key of this namespace, or None for any other key."""
         text = key.decode() if isinstance(key, bytes) else key
@@ -109,3 +140,8 @@ class KeySchema:
 
 def reason_field(participant: str) -> str:
     return REASON_FIELD_PREFIX + participant
+
+
+def late_field(participant: str) -> str:
+    """Tombstone field noting a late Failed of ``participant`` after its clear."""
+    return LATE_FIELD_PREFIX + participant

@@ -20,21 +20,26 @@ from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentEr
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
+    LATE_FIELD_PREFIX,
     MAX_ROOM,
     REASON_FIELD_PREFIX,
+    TOMBSTONE_SUFFIX,
     KeySchema,
+    late_field,
     reason_field,
     validate_name,
     validate_room,
     validate_rooms,
 )
 from kvstatus.rule import (
+    ClearedEntry,
     KVPoll,
     Outcome,
     ParticipantEntry,
     Policy,
     ReasonOutcome,
     RoomView,
+    Tombstone,
     UpdateResult,
     to_policy,
     to_status,
@@ -55,6 +60,7 @@ cluster: the rooms of one slot within a chunk)."""
 CHUNK_SECONDS = 0.02
 """Seconds added to a call's deadline for each further chunk of a batch (Redis' time, and the client's
 encoding and decoding of 1000 rooms, with a wide margin)."""
+DEFAULT_TOMBSTONE_TTL_SECONDS = 60.0
 MAX_TTL_SECONDS = 30 * 24 * 3600.0
 MAX_REASON_BYTES = 2048
 _TRUNCATED = " [truncated]"
@@ -244,6 +250,7 @@ class StoreCore:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         cluster: bool = False,
+        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
     ) -> None:
         self.schema = KeySchema(namespace, prefix)
         self.participant = validate_name(DEFAULT_PARTICIPANT if participant is None else participant, "participant")
@@ -254,6 +261,11 @@ class StoreCore:
         self._reason_field = reason_field(self.participant)
         self._update_head = (self.policy.value, str(self.ttl_ms), self.participant, self._reason_field)
         self._update_one = ("EVALSHA", scripts.UPDATE.sha, 1)
+        # tombstone_ttl 0 turns tombstones off: clear() is a plain HDEL and a late Failed notes nothing.
+        # A tombstone never outlives the store's TTL: no key kvstatus writes stays longer than one TTL.
+        self.tombstone_ttl_ms = 0 if tombstone_ttl == 0 else min(ttl_to_ms(tombstone_ttl), self.ttl_ms)
+        self._clear_args = (self.participant, self._reason_field, late_field(self.participant),
+                            str(self.tombstone_ttl_ms))
 
     def settings(self) -> dict[str, Any]:
         """Keyword arguments that rebuild this core (for ``for_participant``)."""
@@ -263,6 +275,7 @@ class StoreCore:
             "prefix": self.schema.prefix,
             "ttl": self.ttl_ms / 1000,
             "policy": self.policy,
+            "tombstone_ttl": self.tombstone_ttl_ms / 1000,
         }
 
     def _chunks(self, keys: list[str]) -> list[list[int]]:
@@ -290,6 +303,9 @@ class StoreCore:
     def update_status(self, room: int, status: KVPoll | int) -> Request[UpdateResult]:
         key = self._key(room)
         arg = _STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
+        if arg == "0" and self.tombstone_ttl_ms:  # only a Failed can be a late abort: it names the tombstone too
+            return Request([Call(("EVALSHA", scripts.UPDATE.sha, 2, key, key + TOMBSTONE_SUFFIX, *self._update_head,
+                                  arg), scripts.UPDATE)], _decode_update)
         return Request([Call((*self._update_one, key, *self._update_head, arg), scripts.UPDATE)], _decode_update)
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
@@ -297,6 +313,7 @@ class StoreCore:
         if not rooms:
             return _no_calls({})
         keys = self._keys(rooms)
+        tombs = self.tombstone_ttl_ms > 0 and "0" in args  # a batch with a Failed names the tombstones too
         if not self.cluster and len(keys) <= CHUNK_ROOMS:
             def decode_one(replies: list[Any]) -> dict[int, UpdateResult]:
                 pairs = iter(replies[0])
@@ -306,10 +323,13 @@ class StoreCore:
                     results = [update_result(*pair) for pair in zip(pairs, pairs)]  # raises, naming the pair
                 return dict(zip(rooms, results))
 
-            return Request([script_call(scripts.UPDATE, keys, (*self._update_head, *args))], decode_one)
+            all_keys = keys + [key + TOMBSTONE_SUFFIX for key in keys] if tombs else keys
+            return Request([script_call(scripts.UPDATE, all_keys, (*self._update_head, *args))], decode_one)
         groups = self._chunks(keys)
         calls = [
-            script_call(scripts.UPDATE, [keys[i] for i in group], (*self._update_head, *(args[i] for i in group)))
+            script_call(scripts.UPDATE,
+                        [keys[i] for i in group] + ([keys[i] + TOMBSTONE_SUFFIX for i in group] if tombs else []),
+                        (*self._update_head, *(args[i] for i in group)))
             for group in groups
         ]
 
@@ -376,7 +396,10 @@ class StoreCore:
 
     def clear(self, room: int) -> Request[bool]:
         key = self._key(room)
-        return Request([Call(("HDEL", key, self.participant, self._reason_field))],
+        if not self.tombstone_ttl_ms:
+            return Request([Call(("HDEL", key, self.participant, self._reason_field))],
+                           lambda replies: bool(replies[0]))
+        return Request([script_call(scripts.CLEAR, [key, key + TOMBSTONE_SUFFIX], self._clear_args)],
                        lambda replies: bool(replies[0]))
 
     def record_failure(self, room: int, reason: str) -> Request[bool]:
@@ -390,8 +413,13 @@ class StoreCore:
     def room(self, room: int) -> Request[RoomView]:
         room = validate_room(room)
         key = self.schema.room_key(room)
-        return Request([Call(("HGETALL", key)), Call(("PTTL", key))],
-                       lambda replies: decode_room(room, key, replies[0], replies[1]))
+
+        def decode(replies: list[Any]) -> RoomView:
+            fields, pttl, tomb_fields, tomb_pttl = replies[0]
+            return decode_room(room, key, _pairs(fields), pttl,
+                               decode_tombstone(_pairs(tomb_fields), tomb_pttl))
+
+        return Request([script_call(scripts.ROOM, [key, key + TOMBSTONE_SUFFIX], ())], decode)
 
 
 SCRIPT_MODES = ("eval", "functions")
@@ -409,9 +437,9 @@ def validate_script_mode(mode: object) -> str:
 def as_fcall(call: Call) -> Call:
     """The FCALL (FCALL_RO for a read-only script) of the function that holds ``call``'s script; others as they are."""
     script = call.script
-    if script is None:
+    if script is None or call.args[0] != "EVALSHA":
         return call
-    command = "FCALL_RO" if script is scripts.GET_MANY else "FCALL"
+    command = "FCALL_RO" if script.source.startswith(scripts.READ_ONLY_SHEBANG) else "FCALL"
     return Call((command, scripts.function_name(script), *call.args[2:]), script)
 
 
@@ -421,30 +449,51 @@ class FunctionsCore(StoreCore):
     Nothing is loaded by the client: an admin loads the library once
     (``kvstatus functions load``); a call that finds it missing raises
     :class:`~kvstatus.errors.BackendError` saying so. The update of one key,
-    the hot path, is built as FCALL directly.
+    the hot path, is built as FCALL directly; the store sends every other
+    request through :func:`as_functions`.
     """
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
         self._update_one = ("FCALL", scripts.function_name(scripts.UPDATE), 1)
 
-    @staticmethod
-    def _fcalls(request: Request[T]) -> Request[T]:
-        request.calls = [as_fcall(call) for call in request.calls]
-        return request
 
-    def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
-        return self._fcalls(super().update_many(updates))
-
-    def get_many(self, rooms: Iterable[int]) -> Request[dict[int, Optional[KVPoll]]]:
-        return self._fcalls(super().get_many(rooms))
-
-    def record_failure(self, room: int, reason: str) -> Request[bool]:
-        return self._fcalls(super().record_failure(room, reason))
+def as_functions(request: Request[T]) -> Request[T]:
+    """``request`` with every EVALSHA of a kvstatus script sent as the FCALL of its function (stores with
+    ``scripts="functions"`` pass every request through it, whatever built it: core operations, leases, sweeps)."""
+    request.calls = [as_fcall(call) for call in request.calls]
+    return request
 
 
-def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int) -> RoomView:
-    """Build a :class:`RoomView` from a room hash's fields and its PTTL reply."""
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    """A flat HGETALL reply from a script ({name, value, ...}) as a dict."""
+    it = iter(flat)
+    return dict(zip(it, it))
+
+
+def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone]:
+    """A :class:`Tombstone` from its hash fields (None when there are none); malformed notes are skipped."""
+    if not fields:
+        return None
+    cleared: dict[str, tuple[float, Optional[KVPoll]]] = {}
+    late: dict[str, float] = {}
+    for raw_field, raw_value in fields.items():
+        field, value = _text(raw_field), _text(raw_value)
+        try:
+            if field.startswith(LATE_FIELD_PREFIX):
+                late[field[len(LATE_FIELD_PREFIX):]] = int(value) / 1000
+            else:
+                at, _, status = value.partition(" ")
+                cleared[field] = (int(at) / 1000, _STATUS_BY_VALUE.get(status))
+        except ValueError:
+            continue  # not a note kvstatus writes: the tombstone only informs, so it is not fatal
+    entries = {name: ClearedEntry(at, status, late.get(name)) for name, (at, status) in sorted(cleared.items())}
+    return Tombstone(entries, pttl if pttl >= 0 else None) if entries else None
+
+
+def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int,
+                tombstone: Optional[Tombstone] = None) -> RoomView:
+    """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read)."""
     statuses: dict[str, Optional[KVPoll]] = {}
     reasons: dict[str, str] = {}
     for raw_field, value in fields.items():
@@ -459,4 +508,4 @@ def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int) -> Ro
         name: ParticipantEntry(statuses.get(name), reasons.get(name))
         for name in sorted(statuses.keys() | reasons.keys())
     }
-    return RoomView(room, participants, pttl if pttl >= 0 else None)
+    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone)

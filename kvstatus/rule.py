@@ -51,6 +51,14 @@ class ReasonOutcome(enum.IntEnum):
     KEPT_EARLIER = 9  # an earlier reason stays; nothing written
 
 
+class LeaseOutcome(enum.IntEnum):
+    """What ``lua/lease.lua`` did; codes continue :class:`ReasonOutcome`'s."""
+
+    HELD = 10  # acquired or renewed: the deadline moved to Redis' time + the lease TTL
+    LOST = 11  # another incarnation holds the record, it was released, or its deadline passed: nothing written
+    RELEASED = 12
+
+
 _TTL_REFRESHING = frozenset({Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED, Outcome.UNCHANGED})
 
 
@@ -149,17 +157,67 @@ class ParticipantEntry(NamedTuple):
     reason: Optional[str]
 
 
+class ClearedEntry(NamedTuple):
+    """One participant's ``clear()`` as its room's tombstone records it.
+
+    Times are Unix seconds by Redis' clock: ``cleared_at`` when the entry was
+    cleared, ``late_failed_at`` when the first Failed arrived after that clear
+    (it was ignored: IGNORED_MISSING), or None. ``status`` is the entry's last
+    status (None if it was not one kvstatus writes).
+    """
+
+    cleared_at: float
+    status: Optional[KVPoll]
+    late_failed_at: Optional[float] = None
+
+    def describe(self, participant: str, now: float) -> str:
+        """E.g. "cleared 3 s ago by prefill-0 at Success; a late abort arrived 1 s after the clear"."""
+        status = "an unknown status" if self.status is None else self.status.name
+        text = f"cleared {_seconds(now - self.cleared_at)} ago by {participant} at {status}"
+        if self.late_failed_at is not None:
+            text += f"; a late abort arrived {_seconds(self.late_failed_at - self.cleared_at)} after the clear (ignored)"
+        return text
+
+
+def _seconds(delta: float) -> str:
+    return f"{max(delta, 0.0):.0f} s" if delta >= 10 else f"{max(delta, 0.0):.1f} s"
+
+
+class Tombstone(NamedTuple):
+    """A room's short-lived record of its clears: participant -> :class:`ClearedEntry`; ``ttl_ms`` left (ms)."""
+
+    cleared: dict[str, ClearedEntry]
+    ttl_ms: Optional[int]
+
+    def describe(self, now: Optional[float] = None) -> list[str]:
+        """One sentence per cleared participant, latest clear first (``now``: Unix seconds, default the local clock)."""
+        import time
+
+        now = time.time() if now is None else now
+        ordered = sorted(self.cleared.items(), key=lambda item: item[1].cleared_at, reverse=True)
+        return [entry.describe(name, now) for name, entry in ordered]
+
+
 class RoomView(NamedTuple):
     """Everything stored for one room, across participants.
 
     ``ttl_ms`` is the time left in milliseconds; None when the room does not
     exist, or when its key has no TTL (a leak: kvstatus never writes one).
+    ``tombstone`` is the room's record of recent clears (see :meth:`StatusStore.clear
+    <kvstatus.StatusStore.clear>`), or None when there is none (never cleared,
+    or longer ago than the tombstone TTL); views built by SCAN leave it None.
     """
 
     room: int
     participants: dict[str, ParticipantEntry]
     ttl_ms: Optional[int]
+    tombstone: Optional[Tombstone] = None
 
     @property
     def exists(self) -> bool:
         return bool(self.participants)
+
+    @property
+    def cleared(self) -> bool:
+        """True when the room does not exist but its tombstone says it was cleared (not expired, not never created)."""
+        return not self.participants and self.tombstone is not None and bool(self.tombstone.cleared)

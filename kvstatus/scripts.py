@@ -41,22 +41,31 @@ def _load(name: str) -> LuaScript:
 UPDATE: LuaScript = _load("update")
 GET_MANY: LuaScript = _load("get_many")
 RECORD_FAILURE: LuaScript = _load("record_failure")
+CLEAR: LuaScript = _load("clear")
+ROOM: LuaScript = _load("room")
+LEASE: LuaScript = _load("lease")
+ROOM_STATUSES: LuaScript = _load("room_statuses")
+SWEEP: LuaScript = _load("sweep")
 
-ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE)
+READ_ONLY_SHEBANG = "#!lua flags=no-writes"
+"""The first line of a read-only script: EVALSHA on replicas and under CLIENT PAUSE WRITE, FCALL_RO as a function."""
+
+ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEASE, ROOM_STATUSES, SWEEP)
 
 
-# Redis 7 functions: the same three files, registered as one function library that an admin loads
+# Redis 7 functions: the same files, registered as one function library that an admin loads
 # once (FUNCTION LOAD), so that a tenant needs FCALL / FCALL_RO only, never SCRIPT LOAD or EVAL (which
 # run any Lua). The library is built by plain concatenation: each file's text, its first line dropped
 # when it is a "#!lua" shebang (functions declare flags at registration instead), between fixed lines
 # that make it the body of a local function and register that function. No value is interpolated but
-# the version tag: the first 12 hex digits of the SHA-1 over the three files, a function of the files
+# the version tag: the first 12 hex digits of the SHA-1 over the files, a function of the files
 # themselves and never of a caller's value. It names the library and its functions, so each kvstatus
 # version's rule lives under its own names, two versions coexist during a rolling upgrade (as EVALSHA's
 # SHA-named scripts do), and a client never runs another version's rule: it finds its functions
 # missing and says what an admin runs. The state machine stays in lua/*.lua, and only there.
 
-_FUNCTION_SCRIPTS: tuple[tuple[LuaScript, bool], ...] = ((UPDATE, False), (GET_MANY, True), (RECORD_FAILURE, False))
+_FUNCTION_SCRIPTS: tuple[tuple[LuaScript, bool], ...] = tuple(
+    (script, script.source.startswith(READ_ONLY_SHEBANG)) for script in ALL)
 """Each script of the library, and whether it is registered read-only (``no-writes``: FCALL_RO, replicas)."""
 
 LIBRARY_TAG: str = hashlib.sha1("".join(s.source for s in ALL).encode("utf-8")).hexdigest()[:12]

@@ -7,10 +7,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus.connection import connect
+from kvstatus.consensus import RoomConsensus, consensus_calls
 from kvstatus.deadline import DEADLINE, time_left
-from kvstatus.errors import BackendUnavailableError
+from kvstatus.errors import BackendUnavailableError, InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
-from kvstatus.operations import Call, Request
+from kvstatus.leases import LeaseKeeper
+from kvstatus.operations import Call, Request, as_functions
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import (
     StoreBase,
@@ -43,11 +45,15 @@ class StatusStore(StoreBase):
 
     _connect = staticmethod(connect)
     _asynchronous = False
+    _keeper_class = LeaseKeeper
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
+        request = self._core.update_status(room, status)
+        if self._keeper is not None:
+            self._keeper.ensure()  # raises LeaseLostError once the lease is lost
         try:
-            return self._send(self._core.update_status(room, status), "update_status")
+            return self._send(request, "update_status")
         finally:
             self._wrote((room,))
 
@@ -58,8 +64,11 @@ class StatusStore(StoreBase):
         chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
         the others applied.
         """
+        request = self._core.update_many(updates)
+        if self._keeper is not None:
+            self._keeper.ensure()
         try:
-            return self._send(self._core.update_many(updates), "update_many")
+            return self._send(request, "update_many")
         finally:
             self._wrote(updates)
 
@@ -83,21 +92,28 @@ class StatusStore(StoreBase):
         return self._send(self._core.get_many(rooms), "get_many")
 
     def clear(self, room: int) -> bool:
-        """Remove this participant's entry and failure reason; True if anything was removed."""
+        """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
+        request = self._core.clear(room)
+        if self._keeper is not None:
+            self._keeper.ensure()
         try:
-            return self._send(self._core.clear(room), "clear")
+            return self._send(request, "clear")
         finally:
             self._wrote((room,))
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
+        request = self._core.record_failure(room, reason)
+        if self._keeper is not None:
+            self._keeper.ensure()
         try:
-            return self._send(self._core.record_failure(room, reason), "record_failure")
+            return self._send(request, "record_failure")
         finally:
             self._wrote((room,))
 
     def room(self, room: int) -> RoomView:
-        """Every participant's entry in ``room``, with reasons and the TTL left."""
+        """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears
+        (not with the near cache on: its views carry no tombstone)."""
         if self._near is not None:
             return self._near.room(room)
         return self._send(self._core.room(room), "room")
@@ -112,10 +128,26 @@ class StatusStore(StoreBase):
         reader = self._uncached(who)
         return wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room))
 
+    def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
+        """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""
+        return self._send(consensus_calls(self._core, [room], participants))[room]
+
+    def room_statuses(self, rooms: Iterable[int], participants: Iterable[str]) -> dict[int, RoomConsensus]:
+        """:meth:`room_status` of many rooms over the same participants, in one round trip."""
+        return self._send(consensus_calls(self._core, rooms, participants))
+
+    def acquire_lease(self) -> None:
+        """Acquire the lease now (else the first write does), or renew it now if held; LeaseLostError if lost."""
+        if self._keeper is None:
+            raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
+        self._keeper.refresh()
+
     def close(self) -> None:
-        """Close the near cache's connections (if any) and the client."""
+        """Release the lease (if any), close the near cache's connections (if any), then the client."""
         if self._near is not None:
             self._near.close()
+        if self._keeper is not None:
+            self._keeper.close()
         self.client.close()
 
     def __enter__(self) -> "StatusStore":
@@ -147,6 +179,8 @@ class StatusStore(StoreBase):
         return result
 
     def _deliver(self, request: Request[T]) -> T:
+        if self._functions:  # scripts="functions": every script call goes out as FCALL / FCALL_RO
+            request = as_functions(request)
         token = DEADLINE.set(time.monotonic() + self._deadline + request.extra_seconds)
         try:
             if self._gate is None:

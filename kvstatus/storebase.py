@@ -37,9 +37,17 @@ from kvstatus.clients import is_cluster_client, is_sentinel_client
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, url_script_mode
 from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
+from kvstatus.leases import LeaseCore, validate_lease_ttl
 from kvstatus.nearcache import make_near_cache, near_cache_setting
 from kvstatus.observer import StoreObserver, check_observer
-from kvstatus.operations import DEFAULT_TTL_SECONDS, Call, FunctionsCore, StoreCore, validate_script_mode
+from kvstatus.operations import (
+    DEFAULT_TOMBSTONE_TTL_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    Call,
+    FunctionsCore,
+    StoreCore,
+    validate_script_mode,
+)
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
@@ -86,6 +94,7 @@ class StoreBase:
 
     _connect: ClassVar[Callable[..., Any]]
     _asynchronous: ClassVar[bool]
+    _keeper_class: ClassVar[Callable[..., Any]]
 
     def __init__(
         self,
@@ -100,6 +109,8 @@ class StoreBase:
         scripts: str = "eval",
         near_cache: Any = None,
         metrics: Optional[StoreObserver] = None,
+        lease_ttl: Optional[float] = None,
+        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
     ) -> None:
         """``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
         library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows)."""
@@ -115,12 +126,21 @@ class StoreBase:
             ttl=ttl,
             policy=policy,
             cluster=is_cluster_client(client),
+            tombstone_ttl=tombstone_ttl,
         )
+        self._functions = isinstance(self._core, FunctionsCore)  # every request goes out as FCALLs
         # metrics: an observer (kvstatus.observer.StoreObserver, e.g. kvstatus.observe.metrics.StoreMetrics) or None.
         self._metrics = check_observer(metrics)
         # near_cache: True or NearCacheOptions for a new cache (kvstatus.nearcache), a cache to share, or None.
         self._near = make_near_cache(near_cache, client, self._core.schema, self.options.retry_delays(),
                                      self._metrics)
+        self._keeper: Any = None
+        if lease_ttl is not None:
+            # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
+            lease_ttl = validate_lease_ttl(lease_ttl)
+            lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl,
+                              keep_ms=self._core.ttl_ms + round(lease_ttl * 1000))
+            self._keeper = self._keeper_class(lease, self._send)
 
     @classmethod
     def from_url(
@@ -136,6 +156,8 @@ class StoreBase:
         scripts: Optional[str] = None,
         near_cache: Any = None,
         metrics: Optional[StoreObserver] = None,
+        lease_ttl: Optional[float] = None,
+        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
         **option_overrides: Any,
     ) -> S:
         """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields.
@@ -143,12 +165,16 @@ class StoreBase:
         ``scripts`` None takes the URL's ``?scripts=`` option, else "eval". ``near_cache`` (or the URL's
         ``near_cache=true&near_cache_size=N``) turns the near cache on; ``metrics`` is an observer of every
         call (:mod:`kvstatus.observer`).
+        ``lease_ttl`` (seconds, None: no lease) makes the store hold a lease for its participant
+        (:mod:`kvstatus.leases`); ``tombstone_ttl`` (seconds, 0: none) is how long ``clear()``'s
+        tombstone lives.
         """
         opts = replace(options or ConnectionOptions(), **option_overrides)
         mode = url_script_mode(url) if scripts is None else scripts
         cache = near_cache_setting(url, near_cache)
         return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
-                   policy=policy, options=opts, scripts=mode, near_cache=cache, metrics=metrics)
+                   policy=policy, options=opts, scripts=mode, near_cache=cache, metrics=metrics,
+                   lease_ttl=lease_ttl, tombstone_ttl=tombstone_ttl)
 
     @property
     def namespace(self) -> str:
@@ -172,6 +198,11 @@ class StoreBase:
         return self._core.policy
 
     @property
+    def lease(self) -> Optional[LeaseCore]:
+        """This store's lease (participant, ttl, incarnation, generation, held, lost), or None without one."""
+        return None if self._keeper is None else self._keeper.core
+
+    @property
     def scripts(self) -> str:
         """How this store runs its Lua: "eval" (EVALSHA) or "functions" (FCALL)."""
         return "functions" if isinstance(self._core, FunctionsCore) else "eval"
@@ -182,10 +213,11 @@ class StoreBase:
         return self._core.schema
 
     def for_participant(self, participant: str) -> Any:
-        """A store with the same client and settings, writing as ``participant``."""
+        """A store with the same client and settings, writing as ``participant`` (with its own lease, if this one has one)."""
         metrics = None if self._metrics is None else self._metrics.for_participant(participant)
+        lease_ttl = None if self._keeper is None else self._keeper.core.ttl
         return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
-                          scripts=self.scripts, near_cache=self._near, metrics=metrics)
+                          scripts=self.scripts, near_cache=self._near, metrics=metrics, lease_ttl=lease_ttl)
 
     @property
     def metrics(self) -> Optional[StoreObserver]:

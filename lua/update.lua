@@ -2,7 +2,10 @@
 -- room hash named in KEYS. kvstatus/rule.py:apply_rule is the same table in
 -- Python; the tests hold the two together.
 --
--- KEYS[i]    room hash of the i-th room
+-- KEYS[i]    room hash of the i-th room, i = 1..n (n = #ARGV - 4)
+-- KEYS[n+i]  optional (then exactly n of them): the i-th room's tombstone (lua/clear.lua). Sent only
+--            with a Failed update; a Failed that finds no entry (IGNORED_MISSING) while the
+--            tombstone records this participant's clear notes "late:<participant>" there.
 -- ARGV[1]    policy: "seed" or "strict"
 -- ARGV[2]    TTL in milliseconds, a positive integer
 -- ARGV[3]    the participant's status field
@@ -64,9 +67,11 @@ end
 if not field or field == "" or not reason_field or reason_field == "" then
   return redis.error_reply("KVSTATUS_BADARG participant fields must be non-empty")
 end
-if #KEYS == 0 or #ARGV ~= 4 + #KEYS then
+local n = #ARGV - 4
+if n < 1 or (#KEYS ~= n and #KEYS ~= 2 * n) then
   return redis.error_reply("KVSTATUS_BADARG expected one status per key, and at least one key")
 end
+local tombs, late = #KEYS == 2 * n, nil
 
 -- First pass: validate, read, apply the rule, and ask the ACL about every write
 -- the second pass will make; nothing is written yet. PEXPIRE is checked on every
@@ -81,7 +86,7 @@ end
 local result, leaves_failed = {}, nil
 local hset_checked, denied = false, nil
 local publish = nil  -- whether the ACL lets this user publish on the room channels; asked once, like HSET
-for i = 1, #KEYS do
+for i = 1, n do
   local key, arg = KEYS[i], ARGV[4 + i]
   local s = #arg == 1 and byte(arg) - ZERO
   if not s or s < 0 or s > 4 then
@@ -100,6 +105,13 @@ for i = 1, #KEYS do
   if not cur then
     if s == STATUS_FAILED then
       outcome, after = IGNORED_MISSING, -1
+      -- The note is best effort: a user the ACL denies any of it gets the outcome without the note.
+      local tomb = tombs and KEYS[n + i]
+      if tomb and not (acl_refusal("hexists", tomb) or acl_refusal("hsetnx", tomb) or acl_refusal("time", tomb))
+          and redis.call("HEXISTS", tomb, field) == 1 then
+        late = late or {}
+        late[i] = true
+      end
     elseif policy == "strict" and s > STATUS_WAITING_FOR_INPUT then
       outcome, after = REFUSED_CREATE, -1
     else
@@ -141,7 +153,7 @@ end
 
 -- Second pass: write. CREATED, ADVANCED and FAILED store the status; those and
 -- UNCHANGED refresh the TTL (never shorter than another writer's, see EXPIRE_FLAGS).
-for i = 1, #KEYS do
+for i = 1, n do
   local outcome = result[2 * i - 1]
   if outcome <= UNCHANGED then
     local key = KEYS[i]
@@ -163,6 +175,9 @@ for i = 1, #KEYS do
     elseif redis.call("PTTL", key) < tonumber(ttl) then
       redis.call("PEXPIRE", key, ttl)
     end
+  elseif late and late[i] then
+    local time = redis.call("TIME")
+    redis.call("HSETNX", KEYS[n + i], "late:" .. field, tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
   end
 end
 return result

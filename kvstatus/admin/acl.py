@@ -24,7 +24,9 @@ reads the server version from ``HELLO``.
 - :data:`CLUSTER_DISCOVERY`  what ``RedisCluster`` needs to learn the slot map
   (harmless on a standalone server); ``COMMAND`` also lets it find FCALL's keys
 - :data:`FUNCTIONS` / :data:`FUNCTIONS_READ_ONLY` / :data:`EVAL_SCRIPTS`  how the Lua runs
-- :data:`READS` / :data:`WRITES`  the commands the store and its scripts run on room keys
+- :data:`READS` / :data:`WRITES`  the commands the store and its scripts run on the namespace's keys:
+  rooms, their tombstones (``{<room>}:t``) and the lease records (``lease:<participant>``), all under
+  ``<prefix>:<namespace>:``; ``time`` is Redis' clock, which the lease, clear and consensus scripts read
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
 - :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections
   (channel ``__redis__:invalidate``)
@@ -46,8 +48,8 @@ CLUSTER_DISCOVERY: tuple[str, ...] = ("cluster|slots", "cluster|shards", "cluste
 FUNCTIONS: tuple[str, ...] = ("fcall", "fcall_ro")
 FUNCTIONS_READ_ONLY: tuple[str, ...] = ("fcall_ro",)
 EVAL_SCRIPTS: tuple[str, ...] = ("evalsha", "eval", "script|load")
-READS: tuple[str, ...] = ("hget", "hgetall", "pttl")
-WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "pexpire")
+READS: tuple[str, ...] = ("hget", "hmget", "hgetall", "pttl", "time")
+WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "pexpire")
 SCAN: tuple[str, ...] = ("scan",)
 NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "subscribe", "role")  # ROLE: a Sentinel master's demotion
 WAIT: tuple[str, ...] = ("ssubscribe", "subscribe")  # SUBSCRIBE: Redis 6 has no shard channels

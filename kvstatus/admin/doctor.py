@@ -98,7 +98,8 @@ def _operations(scripts: str) -> tuple[tuple[str, bool], ...]:
 def probe_operations(client: Any, schema: KeySchema, scripts: str = "eval") -> dict[str, tuple[Optional[bool], str]]:
     """Run each operation kvstatus needs against the probe entry; name -> (ok, why), ok None: not testable."""
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts,
+                        tombstone_ttl=0)  # the probe leaves nothing behind, not even a tombstone
     actions: dict[str, Callable[[], Any]] = {
         "update_status": lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping),
         "record_failure": lambda: store.record_failure(PROBE_ROOM, "kvstatus doctor probe"),
@@ -204,7 +205,8 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True, sc
             return Check("ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts")
         return Check("ttl", True, detail)
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts,
+                        tombstone_ttl=0)  # the probe leaves nothing behind, not even a tombstone
     ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
     if not ok:
         return Check("ttl", False, f"store TTL {ttl:g} s; could not write the probe entry: {why}")
@@ -283,7 +285,7 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
     """Whether the near cache can open its links (CLIENT ID, CLIENT TRACKING, SUBSCRIBE __redis__:invalidate).
     Never a failure: the cache is opt-in, and the detail says what a user without it lacks."""
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, near_cache=True)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, near_cache=True, tombstone_ttl=0)
     try:
         ok, why = _attempt(lambda: store.get(PROBE_ROOM))
     finally:
@@ -300,7 +302,7 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     ``write`` False (a read-only user): only the subscription is checked. Only a failed probe write fails:
     without the channels wait_for still works, by polling, and the detail says so."""
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts)
+                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts, tombstone_ttl=0)
     subscription = waiting.subscription_for(client, schema.room_key(PROBE_ROOM))
     try:
         if not subscription.open():

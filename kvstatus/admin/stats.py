@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from kvstatus.admin.leases import lost_participants
 from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms
 from kvstatus.keys import KeySchema
 from kvstatus.rule import KVPoll, RoomView
@@ -61,6 +62,8 @@ class Stats:
     oldest: list[RoomView] = field(default_factory=list)
     corrupted_rooms: int = 0
     corrupted_sample: list[str] = field(default_factory=list)
+    lost_participants: list[str] = field(default_factory=list)
+    rooms_on_lost_participants: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +78,8 @@ class Stats:
             "keys_without_ttl_sample": self.keys_without_ttl_sample,
             "corrupted_rooms": self.corrupted_rooms,
             "corrupted_sample": self.corrupted_sample,
+            "lost_participants": self.lost_participants,
+            "rooms_on_lost_participants": self.rooms_on_lost_participants,
             "oldest_non_terminal": [
                 {"room": v.room, "ttl_ms": v.ttl_ms,
                  "statuses": {n: e.status.name if e.status is not None else None
@@ -91,8 +96,9 @@ def is_terminal(view: RoomView) -> bool:
 class StatsBuilder:
     """Builds a :class:`Stats` one room at a time; :func:`collect_stats` and incremental passes share it."""
 
-    def __init__(self, *, oldest: int = 5, sample: int = 10) -> None:
-        self.stats = Stats()
+    def __init__(self, *, oldest: int = 5, sample: int = 10, lost: frozenset[str] = frozenset()) -> None:
+        self.stats = Stats(lost_participants=sorted(lost))
+        self._lost = lost
         self._oldest = oldest
         self._sample = sample
         self._heap: list[tuple[int, int, RoomView]] = []  # (-ttl_ms, room, view): the `oldest` smallest TTLs
@@ -113,6 +119,9 @@ class StatsBuilder:
             stats.entries += 1
             stats.by_status[entry.status] += 1
             stats.by_participant.setdefault(name, Counter())[entry.status] += 1
+        if self._lost and any(name in self._lost and entry.status is not None and entry.status not in TERMINAL
+                              for name, entry in view.participants.items()):
+            stats.rooms_on_lost_participants += 1  # stuck: an open entry whose participant is gone
         stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
         if view.ttl_ms is None:
             stats.keys_without_ttl += 1
@@ -143,9 +152,11 @@ def collect_stats(
     """Count rooms by status and participant and audit TTLs in one SCAN pass.
 
     Rooms holding values kvstatus does not write are counted as corrupted
-    (with up to ``sample`` messages) instead of stopping the audit.
+    (with up to ``sample`` messages) instead of stopping the audit. Rooms with
+    an open entry of a participant whose lease is lost are counted as stuck
+    (``rooms_on_lost_participants``; the lease records are read first).
     """
-    builder = StatsBuilder(oldest=oldest, sample=sample)
+    builder = StatsBuilder(oldest=oldest, sample=sample, lost=lost_participants(client, schema))
     for view in iter_rooms(client, schema, batch, progress, builder.corrupt):
         builder.add(view)
     return builder.finish()

@@ -94,6 +94,12 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
                     f"(kvstatus never writes one; something else did): rooms {sample}", fg="red", bold=True)
     else:
         click.echo("keys without TTL: 0 (good: every room will expire if it is abandoned)")
+    if result.rooms_on_lost_participants:
+        click.secho(f"STUCK: {result.rooms_on_lost_participants} rooms have an open entry of a participant whose lease "
+                    f"is lost ({', '.join(result.lost_participants)}): `kvstatus sweep` fails them, "
+                    "`kvstatus ls --lost` lists them", fg="yellow", bold=True)
+    else:
+        click.echo("rooms stuck on lost participants: 0")
     if result.corrupted_rooms:
         click.secho(f"CORRUPTED: {result.corrupted_rooms} rooms hold values kvstatus does not write "
                     f"(left as they are, not counted above):", fg="red", bold=True)

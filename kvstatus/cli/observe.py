@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from kvstatus.admin.leases import lost_participants
 from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.cli.app import CliEnv, main, pass_env, ttl_option
 from kvstatus.keys import KeySchema
@@ -74,7 +75,7 @@ def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, int
 
     try:
         run_exporter(env.client(), schemas, port=port, host=host, interval=interval, batch=batch, pause=pause,
-                     ttl=ttl, ready=ready)
+                     ttl=ttl, ready=ready, lost_participants=lost_participants)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo("exporter: stopped", err=True)

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import click
 
+from kvstatus.admin.leases import lost_participants
 from kvstatus.admin.scan import (
     DEFAULT_BATCH,
     entries,
@@ -32,6 +33,7 @@ from kvstatus.cli.app import (
 )
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
+from kvstatus.admin.sweep import OPEN
 from kvstatus.rule import KVPoll, Policy, RoomView
 from kvstatus.store import StatusStore
 
@@ -44,7 +46,7 @@ def store_for(env: CliEnv, participant: Optional[str] = None, ttl: float = DEFAU
 
 
 def room_json(view: RoomView) -> dict[str, Any]:
-    return {
+    document: dict[str, Any] = {
         "room": view.room,
         "exists": view.exists,
         "ttl_ms": view.ttl_ms,
@@ -54,6 +56,13 @@ def room_json(view: RoomView) -> dict[str, Any]:
             for name, e in view.participants.items()
         },
     }
+    if view.tombstone is not None:
+        document["cleared"] = {
+            name: {"cleared_at": c.cleared_at, "status": None if c.status is None else c.status.name,
+                   "late_failed_at": c.late_failed_at}
+            for name, c in view.tombstone.cleared.items()
+        }
+    return document
 
 
 def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
@@ -75,16 +84,27 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
     """
     store = store_for(env)
     views = [without_probe(store.room(room)) for room in rooms]
-    missing = [v.room for v in views if not v.exists]
+    missing = [v for v in views if not v.exists]
     if as_json:
         emit_json({"namespace": store.namespace, "rooms": [room_json(v) for v in views]})
     else:
         rows = [row for v in views for row in room_rows(v)]
         if rows:
             click.echo(table(ROOM_HEADERS, rows))
+        for view in views:
+            if view.exists and view.tombstone is not None:
+                for line in view.tombstone.describe():
+                    click.echo(f"room {view.room}: {line}")
     if missing:
-        raise NotFound(f"room {', '.join(map(str, missing))} not found in namespace {store.namespace!r} "
-                       f"(cleared, expired, or never created)")
+        raise NotFound("; ".join(_not_found(view, store.namespace) for view in missing))
+
+
+def _not_found(view: RoomView, namespace: str) -> str:
+    """Why a room is absent: its tombstone's account of the clears, or "expired or never created"."""
+    if view.tombstone is not None:
+        return f"room {view.room} not found in namespace {namespace!r}: " + "; ".join(view.tombstone.describe())
+    return (f"room {view.room} not found in namespace {namespace!r} (no tombstone: it expired, was never created, "
+            "or was cleared longer ago than the tombstone TTL)")
 
 
 @main.command(name="set")
@@ -145,10 +165,12 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
               help="Print at most this many rows (one per entry; with --json one line per room).")
 @click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
               help="Keys per SCAN step and per pipelined read.")
+@click.option("--lost", is_flag=True,
+              help="Only rooms with an open entry of a participant whose lease is lost (what `kvstatus sweep` fails).")
 @json_option
 @pass_env
 def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit: Optional[int], batch: int,
-       as_json: bool) -> None:
+       lost: bool, as_json: bool) -> None:
     """Stream the rooms of the namespace (SCAN in bounded batches, constant memory), in no particular order.
 
     With --json, one JSON object per room (JSON lines). A room holding a value
@@ -159,6 +181,7 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
     shown = 0
     header = f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON"
     corrupted: list[int] = []
+    gone = lost_participants(client, schema) if lost else frozenset()
 
     def warn(room: int, message: str) -> None:
         corrupted.append(room)
@@ -173,6 +196,8 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
     # The header is printed with the first row (or at the end): never before an error from Redis.
     for view in iter_rooms(client, schema, batch, on_corrupt=warn):
         if not room_matches(view, status, participant):
+            continue
+        if lost and not any(name in gone and entry.status in OPEN for name, entry in view.participants.items()):
             continue
         for line in lines(view):
             if shown == 0 and not as_json:

@@ -46,7 +46,7 @@ from kvstatus.admin.scan import iter_room_keys
 from kvstatus.connection import CLUSTER_SCHEMES, connect, parse_url
 from kvstatus.demo.baselines import BASELINES, make_store
 from kvstatus.demo.server import RedisServer, find_redis_server, free_port
-from kvstatus.keys import KeySchema
+from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
 from kvstatus.rule import KVPoll, Outcome
 from kvstatus.sglang.mapping import RoomStatusMap
 from kvstatus.translate import translate_error
@@ -271,6 +271,9 @@ def namespace_keys(client: redis.Redis, schema: KeySchema) -> tuple[int, int]:
 def delete_namespace(client: redis.Redis, schema: KeySchema) -> None:
     for keys in iter_room_keys(client, schema):
         client.unlink(*keys)
+    # clear()'s tombstones (<room key>:t, their own short TTL): the demo leaves nothing behind.
+    for key in client.scan_iter(match=schema.scan_pattern + TOMBSTONE_SUFFIX, count=500):
+        client.unlink(key)
 
 
 def run_one(url: str, namespace: str, implementation: str, config: DemoConfig,

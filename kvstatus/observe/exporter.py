@@ -36,8 +36,8 @@ METRICS: dict[str, str] = {
     "kvstatus_rooms_by_ttl_left": "Live rooms by TTL left, in buckets of seconds.",
     "kvstatus_oldest_non_terminal_age_seconds": "Seconds since the last write of the non-terminal room that went "
     "longest without progress (store TTL minus its TTL left); 0 if there is none.",
-    "kvstatus_rooms_on_lost_participants": "Rooms holding an entry of a participant whose lease is lost "
-    "(0 while no lease source is configured: see kvstatus_lease_tracking).",
+    "kvstatus_rooms_on_lost_participants": "Rooms holding an open entry of a participant whose lease is lost: "
+    "what kvstatus sweep would fail (0 while no lease source is configured: see kvstatus_lease_tracking).",
     "kvstatus_lease_tracking": "1 if rooms on lost participants are computed from participant leases, else 0.",
     "kvstatus_exporter_scan_duration_seconds": "Seconds the last completed pass over the namespace took.",
     "kvstatus_exporter_scanned_keys": "Keys the last completed pass read.",

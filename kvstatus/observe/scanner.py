@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from kvstatus.admin.scan import DEFAULT_BATCH, iter_room_keys, read_rooms
-from kvstatus.admin.stats import Stats, StatsBuilder
+from kvstatus.admin.stats import TERMINAL, Stats, StatsBuilder
 from kvstatus.admin.watch import RoomState, Snapshot
 from kvstatus.errors import KVStatusError
 from kvstatus.keys import KeySchema
@@ -35,10 +35,11 @@ log = logging.getLogger("kvstatus.observe")
 LostParticipants = Callable[[Any, KeySchema], Collection[str]]
 """(client, schema) -> the participants whose lease is lost, asked once at the start of each pass.
 
-kvstatus has no participant leases yet (issue 12). The lease helper plugs in
-here: rooms holding an entry of a returned participant are counted as rooms on
-lost participants. Without one, that count is reported as 0 and
-:attr:`PassResult.lease_tracking` is False.
+:func:`kvstatus.admin.leases.lost_participants` is the one kvstatus ships (the
+exporter CLI passes it): rooms holding an open (neither Success nor Failed)
+entry of a returned participant are counted as rooms on lost participants,
+the rooms ``kvstatus sweep`` would fail. Without a hook, that count is
+reported as 0 and :attr:`PassResult.lease_tracking` is False.
 """
 
 
@@ -89,7 +90,8 @@ class NamespacePass:
 
     def _add(self, view: RoomView) -> None:
         self._builder.add(view)
-        if self._lost and not self._lost.isdisjoint(view.participants):
+        if self._lost and any(name in self._lost and entry.status is not None and entry.status not in TERMINAL
+                              for name, entry in view.participants.items()):
             self._on_lost += 1
         if self._rooms is not None:
             state = tuple((n, None if e.status is None else int(e.status)) for n, e in view.participants.items())

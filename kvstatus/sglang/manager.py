@@ -112,6 +112,8 @@ def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Cal
         return status_map[bootstrap_room]
 
     def check_status_pp_consensus(self: Any, bootstrap_room: int) -> KVPoll:
+        if status_map.uses_leases:  # every rank holds a lease: a dead rank fails the room instead of stalling it
+            return status_map.consensus(bootstrap_room).status
         statuses = status_map.collect(bootstrap_room)
         if any(status is None for status in statuses):
             return KVPoll.Bootstrapping
@@ -143,7 +145,10 @@ def install(
     With the near cache on, polls of unchanged rooms are answered from memory.
 
     ``update_status``, ``check_status`` and ``check_status_pp_consensus``
-    become instance methods that make one store call each. ``update_status``
+    become instance methods that make one store call each. With a store built
+    with ``lease_ttl`` (every rank holding a lease), ``check_status_pp_consensus``
+    is ``store.room_status`` over the PP ranks: a rank that died (its lease
+    lost) with an open entry makes the room Failed instead of stalling it. ``update_status``
     keeps upstream's local side effects, keyed on the outcome: CREATED by an
     opening status drops the room's deferred-ACK and staging state; Failed
     finding an entry (FAILED, or UNCHANGED on a Failed entry) notifies a

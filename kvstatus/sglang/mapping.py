@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 from kvstatus.errors import InvalidArgumentError
+from kvstatus.consensus import RoomConsensus
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 
 # How long (seconds) the read made by ``room in m`` may answer the next read of the same room by the same thread.
@@ -49,6 +50,12 @@ class RoomStatusMap:
     - ``del m[room]``: removes the entry (and its failure reason); ``KeyError`` when there was none.
     - ``m.pop(room, default)``: the status read just before the entry is
       removed, or ``default``; two round trips (a read, then the removal).
+    - ``m.consensus(room)``: with ``pp_participants``, the room's
+      :class:`~kvstatus.RoomConsensus` over the ranks (``store.room_status``,
+      one round trip): as ``check_status_pp_consensus`` (Bootstrapping while a
+      rank has no entry, else the minimum), and Failed with the reason when a
+      rank holding a lease lost it while its entry is open. ``install()`` uses
+      it for ``check_status_pp_consensus`` when the store holds a lease.
     - ``m.collect(room)``: with ``pp_participants`` (one name per PP rank), each
       rank's status in rank order, None where a rank has no entry, read in one
       round trip (the room hash holds every rank's field). Replaces
@@ -150,6 +157,18 @@ class RoomStatusMap:
             view = self.store.room(room)
         entries = view.participants
         return [entry.status if (entry := entries.get(name)) is not None else None for name in self.pp_participants]
+
+    def consensus(self, room: int) -> RoomConsensus:
+        """The room's consensus over the PP ranks, leases included (one round trip, no memo)."""
+        if self.pp_participants is None:
+            raise InvalidArgumentError("consensus() needs pp_participants: this map was built without pipeline ranks")
+        self._local.memo = None
+        return self.store.room_status(room, self.pp_participants)
+
+    @property
+    def uses_leases(self) -> bool:
+        """True when the store holds a participant lease: the PP consensus then counts lost ranks as Failed."""
+        return getattr(self.store, "lease", None) is not None
 
     def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
         """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""

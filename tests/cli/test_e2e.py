@@ -52,8 +52,11 @@ def test_lifecycle_through_the_cli(env: dict[str, str], redis_server: RedisServe
     assert run_cli("clear", "42", "-p", "prefill-0", env=env).stdout == "room 42 prefill-0: cleared\n"
     missing = run_cli("get", "42", env=env)
     assert_clean_failure(missing.stderr, missing.returncode, 1, "room 42 not found")
+    assert "by prefill-0 at Transferring" in missing.stderr  # the tombstone says who cleared it, and when
     raw = redis_server.client()
-    assert list(raw.scan_iter(match=f"kvstatus:{env['KVSTATUS_NAMESPACE']}:*")) == []
+    namespace = env["KVSTATUS_NAMESPACE"]
+    assert [k.decode() for k in raw.scan_iter(match=f"kvstatus:{namespace}:*")] == [f"kvstatus:{namespace}:{{42}}:t"]
+    assert 0 < raw.pttl(f"kvstatus:{namespace}:{{42}}:t") <= 60_000
 
 
 def test_doctor_passes_on_a_full_user_and_removes_its_probe(env: dict[str, str], redis_server: RedisServer) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll, Policy, StatusStore, apply_rule, scripts
 from kvstatus.admin.functions import load_functions
-from kvstatus.operations import StoreCore, as_fcall
+from kvstatus.operations import StoreCore, as_fcall, as_functions
 from tests.helpers.backends import Backend, all_combinations
 
 COMBINATIONS = list(all_combinations())
@@ -45,11 +45,15 @@ def test_the_calls_are_fcall_and_fcall_ro() -> None:
     fn_store = StatusStore(None, namespace="ns", scripts="functions")
     core = fn_store._core
     assert core.update_status(1, 1).calls[0].args[:3] == ("FCALL", scripts.function_name(scripts.UPDATE), 1)
-    assert core.get_many([1, 2]).calls[0].args[:3] == ("FCALL_RO", scripts.function_name(scripts.GET_MANY), 2)
-    assert core.record_failure(1, "x").calls[0].args[0] == "FCALL"
+    # Every other request goes out through as_functions, whatever built it (the store's send loop calls it).
+    assert as_functions(core.get_many([1, 2])).calls[0].args[:3] == (
+        "FCALL_RO", scripts.function_name(scripts.GET_MANY), 2)
+    assert as_functions(core.record_failure(1, "x")).calls[0].args[0] == "FCALL"
+    assert as_functions(core.room(1)).calls[0].args[:2] == ("FCALL_RO", scripts.function_name(scripts.ROOM))
+    assert as_functions(core.clear(1)).calls[0].args[:2] == ("FCALL", scripts.function_name(scripts.CLEAR))
     for request in (eval_core.update_many({1: 1, 2: 3}), eval_core.get_many([4]), eval_core.record_failure(1, "x")):
         assert [as_fcall(c).args[3:] for c in request.calls] == [c.args[3:] for c in request.calls]
-    assert core.get(1).calls[0].args[0] == "HGET"  # plain commands stay as they are
+    assert as_functions(core.get(1)).calls[0].args[0] == "HGET"  # plain commands stay as they are
 
 
 def test_an_unknown_script_mode_is_refused() -> None:

@@ -455,7 +455,8 @@ def test_a_poll_is_not_stalled_by_client_pause_write(asynchronous: bool) -> None
             store = StatusStore.from_url(server.url, namespace=namespace)
             run = lambda result: result  # noqa: E731
         run(store.update_many({room: KVPoll.Bootstrapping for room in range(10)}))
-        run(store.get_many(range(10)))  # the script is cached on the server
+        run(store.get_many(range(10)))  # the scripts are cached on the server (a first EVALSHA is not)
+        run(store.room(1))
         server.client().execute_command("CLIENT", "PAUSE", 3000, "WRITE")
         for read in (lambda: store.get_many(range(10)), lambda: store.get(1), lambda: store.room(1),
                      lambda: store.get_many(range(2 * CHUNK_ROOMS))):

@@ -14,7 +14,7 @@ import redis
 from kvstatus import KVPoll, Outcome, StatusStore, scripts
 from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentError, PermissionDeniedError
 from kvstatus.operations import Request, script_call, update_result
-from kvstatus.rule import ReasonOutcome
+from kvstatus.rule import LeaseOutcome, ReasonOutcome
 from kvstatus.translate import translate_error
 from tests.servers import RedisServer
 from tests.helpers.backends import Backend, fresh_namespace
@@ -39,6 +39,7 @@ def _snake(name: str) -> str:
 
 def test_every_script_numbers_outcomes_and_statuses_as_rule_py() -> None:
     known = {o.name: o.value for o in Outcome} | {o.name: o.value for o in ReasonOutcome}
+    known |= {o.name: o.value for o in LeaseOutcome}
     known |= {f"STATUS_{_snake(s.name)}": s.value for s in KVPoll}
     seen = set()
     for name, source in SOURCES.items():
@@ -51,7 +52,7 @@ def test_every_script_numbers_outcomes_and_statuses_as_rule_py() -> None:
 
 def test_outcome_codes_never_collide() -> None:
     by_value: dict[int, str] = {}
-    for member in [*Outcome, *ReasonOutcome]:
+    for member in [*Outcome, *ReasonOutcome, *LeaseOutcome]:
         assert by_value.setdefault(member.value, member.name) == member.name
 
 

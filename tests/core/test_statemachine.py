@@ -101,7 +101,7 @@ def run_machine(backend: Backend, max_examples: int) -> None:
         def keys_match_model_and_all_have_ttl(self) -> None:
             rooms = {room for room, _ in self.status.keys() | self.reason.keys()}
             store = self.store("default")
-            assert backend.keys(self.namespace) == sorted(store.schema.room_key(r) for r in rooms)
+            assert backend.room_keys(self.namespace) == sorted(store.schema.room_key(r) for r in rooms)
             assert backend.keys_without_ttl(self.namespace) == []
 
     run_state_machine_as_test(

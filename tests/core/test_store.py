@@ -15,6 +15,7 @@ from kvstatus import (
     InvalidStatusError,
     KVPoll,
     Outcome,
+    RoomView,
 )
 from kvstatus.operations import MAX_REASON_BYTES
 from tests.helpers.backends import Backend
@@ -50,7 +51,7 @@ def test_clear_removes_only_this_participant(backend: Backend) -> None:
     assert b.clear(1) is False
     assert list(a.room(1).participants) == ["prefill-0"]
     assert a.clear(1) is True
-    assert backend.keys() == []
+    assert backend.room_keys() == []
 
 
 def test_first_failure_reason_wins_and_needs_an_entry(backend: Backend) -> None:
@@ -96,7 +97,7 @@ def test_room_view_has_ttl_and_every_participant(backend: Backend) -> None:
         "default": (KVPoll.Bootstrapping, None),
     }
     missing = store.room(10)
-    assert missing == (10, {}, None) and not missing.exists
+    assert missing == RoomView(10, {}, None) and not missing.exists
 
 
 def test_every_write_refreshes_the_ttl(backend: Backend) -> None:

@@ -75,6 +75,10 @@ class Backend:
         pattern = f"kvstatus:{namespace or self.namespace}:*"
         return sorted(k.decode() for k in self.raw.scan_iter(match=pattern, count=1000))
 
+    def room_keys(self, namespace: Optional[str] = None) -> list[str]:
+        """:meth:`keys` without the tombstones (``...}:t``) and lease records (``...:lease:<p>``)."""
+        return [k for k in self.keys(namespace) if k.endswith("}")]
+
     def keys_without_ttl(self, namespace: Optional[str] = None) -> list[str]:
         return [k for k in self.keys(namespace) if self.raw.pttl(k) < 0]
 

@@ -99,5 +99,6 @@ def run_race(url: str, namespace: str, implementation: str, processes: int = 8, 
         worker.join(timeout=120)
     exit_codes = [worker.exitcode for worker in workers]
     client = redis.Redis.from_url(url)
-    survivors = sorted(k.decode() for k in client.scan_iter(match=f"kvstatus:{namespace}:*", count=1000))
+    # Room keys only (SCAN pattern {*} ends at the tag): a clear's tombstone ({room}:t) is meant to stay a while.
+    survivors = sorted(k.decode() for k in client.scan_iter(match=f"kvstatus:{namespace}:{{*}}", count=1000))
     return {"survivors": survivors, "stale_starts": stale.value, "exit_codes": exit_codes}

@@ -1,0 +1,106 @@
+"""Reading the participants' leases of a namespace (``kvstatus participants``, ``ls --lost``, ``stats``), without the CLI.
+
+Lease records are found with SCAN ``<prefix>:<namespace>:lease:*`` on every
+primary (SCAN walks the whole keyspace to find them, so a listing costs about
+as much as one SCAN pass, not one read per room) and read with one pipelined
+``HGETALL`` per record plus that node's ``TIME``, so alive and expired are
+judged by the clock of the Redis that holds the record, as the scripts do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from kvstatus.admin.scan import DEFAULT_BATCH, scan_clients
+from kvstatus.consensus import LeaseState
+from kvstatus.keys import KeySchema
+from kvstatus.translate import REDIS_ERRORS, translate_error
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """One participant's lease record. Times are Unix seconds by the Redis clock; ``ttl`` in seconds.
+
+    ``state``: "alive", "expired" (its deadline passed: the holder stopped
+    renewing) or "released" (closed by its store). ``generation`` counts the
+    name's incarnations; ``incarnation`` is the current holder's token.
+    """
+
+    participant: str
+    state: str
+    incarnation: str
+    generation: int
+    since: float
+    last_seen: float
+    deadline: float
+    ttl: float
+    now: float
+
+    @property
+    def lost(self) -> bool:
+        return self.state != "alive"
+
+    @property
+    def lease_state(self) -> LeaseState:
+        return LeaseState.LOST if self.lost else LeaseState.ALIVE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"participant": self.participant, "state": self.state, "incarnation": self.incarnation,
+                "generation": self.generation, "since": self.since, "last_seen": self.last_seen,
+                "last_seen_ago_s": round(self.now - self.last_seen, 3), "deadline": self.deadline, "ttl_s": self.ttl}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _decode(participant: str, fields: dict[Any, Any], now: float) -> Optional[LeaseInfo]:
+    record = {_text(k): _text(v) for k, v in fields.items()}
+    try:
+        deadline = int(record["deadline"]) / 1000
+        held = record.get("state") == "held"
+        state = "alive" if held and now * 1000 <= int(record["deadline"]) else "expired" if held else "released"
+        return LeaseInfo(participant, state, record.get("inc", ""), int(record.get("gen", 0)),
+                         int(record.get("since", 0)) / 1000, int(record.get("seen", 0)) / 1000, deadline,
+                         int(record.get("ttl", 0)) / 1000, now)
+    except (KeyError, ValueError):
+        return None  # not a record kvstatus writes (or half-expired): not a lease
+
+
+def iter_leases(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> Iterator[LeaseInfo]:
+    """Yield every lease record of the namespace (alive, expired or released), one SCAN pass per primary."""
+    try:
+        for node in scan_clients(client):
+            cursor: Any = 0
+            while True:
+                cursor, keys = node.scan(cursor=cursor, match=schema.lease_pattern, count=batch)
+                names = [(key, schema.participant_of_lease(key)) for key in keys]
+                names = [(key, name) for key, name in names if name is not None]
+                if names:
+                    with node.pipeline(transaction=False) as pipe:
+                        pipe.time()
+                        for key, _ in names:
+                            pipe.hgetall(key)
+                        replies = pipe.execute()
+                    seconds, micros = replies[0]
+                    now = int(seconds) + int(micros) / 1e6
+                    for (_, name), fields in zip(names, replies[1:]):
+                        info = _decode(name, fields, now) if fields else None  # type: ignore[arg-type]
+                        if info is not None:
+                            yield info
+                if int(cursor) == 0:
+                    break
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
+
+
+def list_leases(client: Any, schema: KeySchema) -> list[LeaseInfo]:
+    """Every lease record of the namespace, sorted by participant."""
+    return sorted(iter_leases(client, schema), key=lambda info: info.participant)
+
+
+def lost_participants(client: Any, schema: KeySchema) -> frozenset[str]:
+    """The participants whose lease is lost (expired or released); the exporter's hook has this signature."""
+    return frozenset(info.participant for info in iter_leases(client, schema) if info.lost)

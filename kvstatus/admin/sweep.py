@@ -1,0 +1,118 @@
+"""The sweeper (``kvstatus sweep``): fail every open entry of a participant whose lease is lost.
+
+1. The lost participants are read from their lease records
+   (:func:`kvstatus.admin.leases.lost_participants`). A participant that never
+   held a lease has no record and is never swept: only stores built with
+   ``lease_ttl`` can be declared dead.
+2. The rooms are walked with SCAN in batches of ``batch`` keys (bounded
+   memory, every cluster primary). Per batch, one round trip reads the lost
+   participants' entries *and* their lease states again (the read of the
+   consensus view, :func:`kvstatus.consensus.entries_request`), so a
+   participant that came back under a new incarnation meanwhile is left alone.
+3. For each participant still lost, its entries in Bootstrapping,
+   WaitingForInput or Transferring are failed by ``lua/sweep.lua``: per room,
+   atomically, an open entry becomes Failed (the update rule's FAILED row;
+   under ``strict`` no late write of the dead participant can undo it) with
+   the reason "participant P lost its lease", unless an earlier reason is
+   kept. Success, Failed and missing entries are never touched, nor is any
+   other participant's entry, nor the room's TTL.
+
+Running it from several places at once is safe and idempotent: the script
+re-reads each entry atomically, so an entry is failed once and every later
+sweep finds it terminal. It writes nothing when no lease is lost (then it
+does not even scan the rooms).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from kvstatus import scripts
+from kvstatus.admin.leases import lost_participants
+from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_room_keys
+from kvstatus.consensus import MAX_PARTICIPANTS, LeaseState, entries_request, lost_reason
+from kvstatus.keys import KeySchema, reason_field
+from kvstatus.operations import Request, script_call
+from kvstatus.rule import KVPoll, Outcome
+from kvstatus.store import StatusStore
+
+OPEN = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring})
+
+
+@dataclass
+class SweepResult:
+    """What one sweep did. ``swept``: entries it failed; ``rooms``: rooms holding one of them; ``raced``:
+    open entries that were terminal or gone by the time the script ran (another sweeper, or the participant)."""
+
+    lost: list[str] = field(default_factory=list)
+    scanned: int = 0
+    swept: int = 0
+    rooms: int = 0
+    raced: int = 0
+    by_participant: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lost_participants": self.lost, "keys_scanned": self.scanned, "entries_failed": self.swept,
+                "rooms": self.rooms, "raced": self.raced, "by_participant": self.by_participant,
+                "seconds": round(self.seconds, 3)}
+
+
+def sweep_request(store: StatusStore, rooms: list[int], participant: str) -> Request[list[Outcome]]:
+    """The calls failing ``participant``'s open entries in ``rooms`` (one script call; per slot on a cluster)."""
+    core = store._core
+    keys = core.schema.room_keys(rooms)
+    args = (participant, reason_field(participant), lost_reason(participant))
+    groups = core._chunks(keys)
+    calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in groups]
+
+    def decode(replies: list[Any]) -> list[Outcome]:
+        return [Outcome(code) for reply in replies for code in reply]
+
+    return Request(calls, decode)
+
+
+def sweep(client: Any, schema: KeySchema, *, batch: int = DEFAULT_BATCH, progress: Optional[Progress] = None,
+          participants: Optional[list[str]] = None) -> SweepResult:
+    """Fail the open entries of every participant whose lease is lost (only those in ``participants`` if given).
+
+    ``progress(keys_scanned)`` is called after each batch. Returns what was done; raises
+    :class:`~kvstatus.errors.KVStatusError` when Redis fails (a partial sweep is safe to run again).
+    """
+    started = time.monotonic()
+    lost = sorted(lost_participants(client, schema))
+    if participants is not None:
+        lost = [name for name in lost if name in set(participants)]
+    result = SweepResult(lost=lost, by_participant={name: 0 for name in lost})
+    if not lost:
+        result.seconds = time.monotonic() - started
+        return result
+    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix)
+    chunks = [lost[i:i + MAX_PARTICIPANTS] for i in range(0, len(lost), MAX_PARTICIPANTS)]
+    for keys in iter_room_keys(client, schema, batch):
+        rooms = [room for room in map(schema.room_of, keys) if room is not None]
+        swept_rooms: set[int] = set()
+        for names in chunks:
+            entries = store._send(entries_request(store._core, rooms, names))
+            for j, name in enumerate(names):
+                if entries.leases[j] != LeaseState.LOST:
+                    continue  # it holds a lease again (a new incarnation): leave it alone
+                targets = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[j] in OPEN]
+                if not targets:
+                    continue
+                outcomes = store._send(sweep_request(store, targets, name))
+                for room, outcome in zip(targets, outcomes):
+                    if outcome is Outcome.FAILED:
+                        result.swept += 1
+                        result.by_participant[name] += 1
+                        swept_rooms.add(room)
+                    else:
+                        result.raced += 1
+        result.rooms += len(swept_rooms)
+        result.scanned += len(keys)
+        if progress is not None:
+            progress(result.scanned)
+    result.seconds = time.monotonic() - started
+    return result

@@ -1,0 +1,81 @@
+"""``participants`` and ``sweep``: the participants' leases, and failing the rooms of the dead ones."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from kvstatus.admin.leases import list_leases
+from kvstatus.admin.scan import DEFAULT_BATCH
+from kvstatus.admin.sweep import sweep as run_sweep
+from kvstatus.cli.app import CliEnv, emit_json, json_option, main, pass_env, stderr_is_tty, table
+
+
+@main.command()
+@json_option
+@pass_env
+def participants(env: CliEnv, as_json: bool) -> None:
+    """List the participants' leases: alive, expired or released, incarnation, last seen, lease TTL.
+
+    Only stores built with lease_ttl hold a lease; a participant without one
+    is not listed and is never swept. A record stays for the store's room TTL
+    after its last renewal, so a dead participant is listed as expired for as
+    long as its entries can live.
+    """
+    schema = env.schema()
+    leases = list_leases(env.client(), schema)
+    if as_json:
+        emit_json({"namespace": schema.namespace, "participants": [info.to_json() for info in leases]})
+        return
+    if not leases:
+        click.echo(f"no participant holds or held a lease in namespace {schema.namespace!r} "
+                   "(stores built without lease_ttl have none)")
+        return
+    rows = [[info.participant, info.state, f"{info.generation} ({info.incarnation[:8]})",
+             f"{max(info.now - info.last_seen, 0):.1f}s ago", f"{info.ttl:g}s"] for info in leases]
+    click.echo(table(["PARTICIPANT", "STATE", "INCARNATION", "LAST SEEN", "LEASE TTL"], rows))
+
+
+@main.command()
+@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
+              help="Keys per SCAN step and per pipelined read.")
+@click.option("--participant", "-p", "only", multiple=True, metavar="NAME",
+              help="Only sweep this lost participant (repeatable); default: every participant whose lease is lost.")
+@json_option
+@pass_env
+def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None:
+    """Mark every open entry of a participant whose lease is lost as Failed, with that reason.
+
+    Open entries (Bootstrapping, WaitingForInput, Transferring) become Failed
+    through the update rule's FAILED row, atomically per room, with the reason
+    "participant P lost its lease"; Success, Failed and other participants'
+    entries are never touched. Safe to run from several places at once and
+    idempotent. Rooms are walked with SCAN in batches (bounded memory);
+    progress on stderr on a terminal. Participants that never held a lease are
+    never swept. Exits 0 whether or not it failed anything, 1 if Redis failed
+    (a partial sweep is safe to run again).
+    """
+    schema = env.schema()
+    started = time.monotonic()
+    progress = None
+    if stderr_is_tty():
+        def progress(scanned: int) -> None:
+            rate = scanned / max(time.monotonic() - started, 1e-6)
+            click.echo(f"\rsweep: {scanned} keys scanned ({rate:,.0f} keys/s)", nl=False, err=True)
+    result = run_sweep(env.client(), schema, batch=batch, progress=progress,
+                       participants=list(only) if only else None)
+    if progress is not None:
+        click.echo("\r\033[K", nl=False, err=True)
+    if as_json:
+        emit_json({"namespace": schema.namespace, **result.to_json()})
+        return
+    if not result.lost:
+        click.echo(f"no lost lease in namespace {schema.namespace!r}: nothing to sweep")
+        return
+    click.echo(f"lost participants: {', '.join(result.lost)}")
+    rate = result.scanned / result.seconds if result.seconds > 0 else 0.0
+    click.echo(f"failed {result.swept} open entries in {result.rooms} rooms ({result.scanned} keys scanned in "
+               f"{result.seconds:.1f}s, {rate:,.0f} keys/s)")
+    for name, count in result.by_participant.items():
+        click.echo(f"  {name}: {count}")

@@ -1,0 +1,217 @@
+"""The room consensus view: one status for a room over its expected participants.
+
+:func:`room_consensus` is the rule, pure Python; :func:`room_statuses_request`
+reads what it needs in one round trip (one ``lua/room_statuses.lua`` call on a
+single Redis; on a cluster one ``HMGET`` per room and one lease read per
+participant, pipelined per node) and applies it to every room.
+
+The rule, for a room and its expected participants (first match wins):
+
+1. **Failed**, reason "participant P lost its lease", if a participant whose
+   lease is lost (it held one, and it expired or was released) has an entry
+   that is not terminal (neither Failed nor Success): that entry can never
+   finish.
+2. **Bootstrapping** if an expected participant has no entry yet (the
+   semantics of SGLang's ``check_status_pp_consensus``).
+3. Otherwise the **minimum** over the entries; when that is Failed, the reason
+   is the first recorded failure reason among the Failed entries.
+
+A participant that never held a lease is never lost: it only counts through
+its entry.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Optional
+
+from kvstatus import scripts
+from kvstatus.errors import CorruptedValueError, InvalidArgumentError
+from kvstatus.keys import reason_field, validate_name, validate_rooms
+from kvstatus.operations import Call, Request, script_call
+from kvstatus.rule import KVPoll
+
+TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})
+MAX_PARTICIPANTS = 64
+
+
+class LeaseState(enum.IntEnum):
+    """A participant's lease as a reader sees it; the integer is what ``lua/room_statuses.lua`` returns."""
+
+    NONE = 0  # never held a lease (or its record expired): never "lost"
+    ALIVE = 1
+    LOST = 2  # expired (by Redis' clock) or released
+
+
+class RoomConsensus(NamedTuple):
+    """A room's status over its expected participants.
+
+    ``reason``: why it is Failed (None otherwise, or when no reason was
+    recorded); ``lost``: the expected participants whose lease is lost;
+    ``missing``: those with no entry yet.
+    """
+
+    status: KVPoll
+    reason: Optional[str] = None
+    lost: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+
+
+def lost_reason(participant: str) -> str:
+    """The failure reason of an entry whose participant lost its lease (the consensus view's and the sweeper's)."""
+    return f"participant {participant} lost its lease"
+
+
+_PLAIN = {status: RoomConsensus(status) for status in KVPoll}
+
+
+def room_consensus(
+    participants: Sequence[str],
+    statuses: Sequence[Optional[KVPoll]],
+    leases: Sequence[LeaseState],
+    reasons: Optional[Mapping[str, str]] = None,
+) -> RoomConsensus:
+    """The consensus of one room: ``statuses[i]`` and ``leases[i]`` belong to ``participants[i]``.
+
+    ``reasons`` maps a participant to its recorded failure reason (only Failed entries are looked up).
+    """
+    lost = tuple(p for p, lease in zip(participants, leases) if lease == LeaseState.LOST)
+    if lost:
+        for p, status, lease in zip(participants, statuses, leases):
+            if lease == LeaseState.LOST and status is not None and status not in TERMINAL:
+                missing = tuple(q for q, s in zip(participants, statuses) if s is None)
+                return RoomConsensus(KVPoll.Failed, lost_reason(p), lost, missing)
+    if None in statuses:
+        return RoomConsensus(KVPoll.Bootstrapping, None, lost,
+                             tuple(p for p, s in zip(participants, statuses) if s is None))
+    low: KVPoll = min(statuses)  # type: ignore[type-var,assignment]
+    reason = None
+    if low == KVPoll.Failed and reasons:
+        reason = next((reasons[p] for p, s in zip(participants, statuses) if s == KVPoll.Failed and p in reasons),
+                      None)
+    if reason is None and not lost:
+        return _PLAIN[low]
+    return RoomConsensus(low, reason, lost, ())
+
+
+def validate_participants(participants: Iterable[str]) -> tuple[str, ...]:
+    """The expected participants as a tuple of valid, distinct names (1..64 of them)."""
+    if isinstance(participants, (str, bytes)) or not isinstance(participants, Iterable):
+        raise InvalidArgumentError(f"participants must be a list of participant names, not {participants!r}")
+    names = tuple(validate_name(p, "participant") for p in participants)
+    if not names or len(names) > MAX_PARTICIPANTS or len(set(names)) != len(names):
+        raise InvalidArgumentError(f"expected 1..{MAX_PARTICIPANTS} distinct participant names, got {list(names)!r}")
+    return names
+
+
+_BY_CHAR: dict[str, Optional[KVPoll]] = {str(status.value): status for status in KVPoll}
+_BY_CHAR["-"] = None
+_VALUE_CHAR: dict[Any, str] = {}
+for _s in KVPoll:
+    _VALUE_CHAR[str(_s.value)] = _VALUE_CHAR[str(_s.value).encode()] = str(_s.value)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class Entries(NamedTuple):
+    """What the consensus view reads. ``codes[i]`` is room ``rooms[i]``'s entries as one string, character j
+    participant ``names[j]``'s status ("0".."4", "-" for no entry); ``leases`` the participants' lease
+    states; ``reasons`` the recorded reasons of Failed entries (room-major index ``i * len(names) + j``)."""
+
+    rooms: list[int]
+    names: tuple[str, ...]
+    codes: list[Any]  # str, or bytes as the client returned them (decoded only where needed)
+    leases: list[LeaseState]
+    reasons: dict[int, str]
+
+    def statuses(self, i: int) -> list[Optional[KVPoll]]:
+        """Room ``rooms[i]``'s statuses, in ``names`` order (None: no entry)."""
+        return _statuses(self.codes[i])
+
+
+def _statuses(code: Any) -> list[Optional[KVPoll]]:
+    return [_BY_CHAR[c] for c in (code.decode() if isinstance(code, bytes) else code)]
+
+
+def consensus_many(entries: Entries) -> dict[int, RoomConsensus]:
+    """Apply :func:`room_consensus` to every room of ``entries``."""
+    names, leases, reasons = entries.names, entries.leases, entries.reasons
+    p = len(names)
+    if LeaseState.LOST not in leases and not reasons:
+        # The hot path: nobody is lost and no reason to attach, so a room's result depends on its code alone.
+        memo: dict[str, RoomConsensus] = {}
+
+        def plain(code: Any) -> RoomConsensus:
+            memo[code] = found = room_consensus(names, _statuses(code), leases)
+            return found
+
+        return {room: memo.get(code) or plain(code) for room, code in zip(entries.rooms, entries.codes)}
+    result: dict[int, RoomConsensus] = {}
+    for i, room in enumerate(entries.rooms):
+        own = {names[k - i * p]: reasons[k] for k in range(i * p, (i + 1) * p) if k in reasons} if reasons else None
+        result[room] = room_consensus(names, entries.statuses(i), leases, own)
+    return result
+
+
+def entries_request(core: Any, rooms: Iterable[int], participants: Iterable[str]) -> Any:
+    """The :class:`~kvstatus.operations.Request` reading :class:`Entries` of ``rooms`` in one round trip.
+
+    ``core`` is a :class:`~kvstatus.operations.StoreCore` (its schema and topology).
+    """
+
+    if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
+        raise InvalidArgumentError(f"expected an iterable of room ids, not {type(rooms).__name__}")
+    ids = list(dict.fromkeys(validate_rooms(rooms)))
+    names = validate_participants(participants)
+    if not ids:
+        return Request([], lambda replies: Entries([], names, [], [], {}))
+    schema = core.schema
+    keys = schema.room_keys(ids)
+    lease_keys = [schema.lease_key(name) for name in names]
+    p = len(names)
+
+    if not core.cluster:
+        call = script_call(scripts.ROOM_STATUSES, keys + lease_keys, (str(len(ids)), *names))
+
+        def decode_one(replies: list[Any]) -> Entries:
+            leases_raw, codes, flat = replies[0]
+            reasons = {int(flat[j]): _text(flat[j + 1]) for j in range(0, len(flat), 2)}
+            return Entries(ids, names, codes, [LeaseState(int(v)) for v in leases_raw], reasons)
+
+        return Request([call], decode_one)
+
+    reason_fields = [reason_field(name) for name in names]
+    calls = [Call(("HMGET", key, *names, *reason_fields)) for key in keys]
+    calls += [script_call(scripts.ROOM_STATUSES, [lease_key], ("0", name)) for lease_key, name in zip(lease_keys, names)]
+
+    def decode_cluster(replies: list[Any]) -> Entries:
+        n = len(ids)
+        codes: list[str] = []
+        reasons: dict[int, str] = {}
+        for i, reply in enumerate(replies[:n]):
+            chars = []
+            for j in range(p):
+                value = reply[j]
+                char = "-" if value is None else _VALUE_CHAR.get(value)
+                if char is None:
+                    raise CorruptedValueError(f"key {keys[i]} field {names[j]} holds {_text(value)[:40]!r}, not a "
+                                              "status 0..4; left as it is")
+                if char == "0" and reply[p + j] is not None:
+                    reasons[i * p + j] = _text(reply[p + j])
+                chars.append(char)
+            codes.append("".join(chars))
+        leases = [LeaseState(int(reply[0][0])) for reply in replies[n:]]
+        return Entries(ids, names, codes, leases, reasons)
+
+    return Request(calls, decode_cluster)
+
+
+def consensus_calls(core: Any, rooms: Iterable[int], participants: Iterable[str]) -> Any:
+    """The :class:`~kvstatus.operations.Request` of ``room_statuses``: {room: RoomConsensus}, in one round trip."""
+
+    read = entries_request(core, rooms, participants)
+    decode_entries = read.decode
+    return Request(read.calls, lambda replies: consensus_many(decode_entries(replies)))

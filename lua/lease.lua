@@ -1,0 +1,86 @@
+-- A participant's lease: acquire, renew or release it, atomically, against Redis' own clock.
+-- kvstatus/leases.py keeps it alive; kvstatus/consensus.py and the sweeper read it (lua/room_statuses.lua).
+--
+-- KEYS[1]  the lease record, a hash: <prefix>:<namespace>:lease:<participant>
+-- ARGV[1]  "acquire", "renew" or "release"
+-- ARGV[2]  the holder's incarnation: a random token, new for every acquire
+-- ARGV[3]  lease TTL in milliseconds, a positive integer
+-- ARGV[4]  how long the record is kept after its last renewal, in milliseconds (>= the lease TTL):
+--          an expired lease stays visible as "lost" that long, so its rooms can be found and swept
+--
+-- Record fields: inc (incarnation), gen (how many incarnations so far), since, seen and deadline
+-- (Unix ms, server clock), ttl (ms), state ("held" or "released"). The lease is alive while
+-- state is "held" and the server's time is <= deadline; once that is false it is lost for good:
+-- renewing it again answers LOST, and only a new incarnation (acquire) holds the name again.
+--
+-- Returns {code, gen}, integers only. code, kvstatus.rule.LeaseOutcome: HELD (acquired or renewed),
+-- LOST (the record names another incarnation, was released, or its deadline passed: nothing
+-- written), RELEASED.
+-- Errors, raised before the first write:
+--   "KVSTATUS_BADARG <what>"  malformed arguments
+--   "NOPERM <what>"           the ACL refuses a command this script runs (see acl_refusal)
+
+local HELD, LOST, RELEASED = 10, 11, 12
+local SCRIPT = "lease"
+
+-- The ACL pre-check, written the same in every kvstatus script. Lua does not
+-- roll back, so a command the ACL refused half way would leave the writes before
+-- it done, a created key without its TTL among them. Redis >= 7 can be asked in
+-- advance; older servers cannot, and there the ACL must grant every command.
+-- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
+local function acl_refusal(command, key)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
+    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
+      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
+  end
+  return nil
+end
+
+local function positive_ms(value)
+  return type(value) == "string" and string.match(value, "^[1-9][0-9]*$") and #value <= 15
+end
+
+local key, op, inc, ttl, keep = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if #KEYS ~= 1 or (op ~= "acquire" and op ~= "renew" and op ~= "release") then
+  return redis.error_reply("KVSTATUS_BADARG expected one key and an operation acquire, renew or release")
+end
+if type(inc) ~= "string" or not string.match(inc, "^[0-9a-f]+$") or #inc > 64 then
+  return redis.error_reply("KVSTATUS_BADARG the incarnation must be 1..64 hex digits")
+end
+if not positive_ms(ttl) or not positive_ms(keep) or tonumber(keep) < tonumber(ttl) then
+  return redis.error_reply("KVSTATUS_BADARG lease TTL and keep time must be positive integers of ms, keep >= TTL")
+end
+
+local denied = acl_refusal("hset", key) or acl_refusal("pexpire", key) or acl_refusal("time", key)
+  or (op == "acquire" and acl_refusal("hincrby", key))
+if denied then
+  return denied
+end
+
+local time = redis.call("TIME")
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local deadline = now + tonumber(ttl)
+
+if op == "acquire" then
+  local gen = redis.call("HINCRBY", key, "gen", 1)
+  redis.call("HSET", key, "inc", inc, "state", "held", "since", now, "seen", now, "deadline", deadline, "ttl", ttl)
+  redis.call("PEXPIRE", key, keep)
+  return {HELD, gen}
+end
+
+local record = redis.call("HMGET", key, "inc", "state", "deadline", "gen")
+local gen = tonumber(record[4]) or 0
+if record[1] ~= inc or record[2] ~= "held" then
+  return {LOST, gen}
+end
+if op == "release" then
+  redis.call("HSET", key, "state", "released", "seen", now, "deadline", now)
+  redis.call("PEXPIRE", key, keep)
+  return {RELEASED, gen}
+end
+if now > (tonumber(record[3]) or 0) then
+  return {LOST, gen}
+end
+redis.call("HSET", key, "seen", now, "deadline", deadline)
+redis.call("PEXPIRE", key, keep)
+return {HELD, gen}

@@ -1,0 +1,123 @@
+#!lua flags=no-writes
+-- The consensus read of many rooms over expected participants, in one command (single Redis).
+-- kvstatus/consensus.py turns the reply into each room's RoomConsensus; on a cluster it reads the
+-- same data with one HMGET per room and this script once per lease key (ARGV[1] = "0").
+--
+-- KEYS[1..n]      room hashes
+-- KEYS[n+1..n+p]  lease records of the p participants, in ARGV order (lua/lease.lua)
+-- ARGV[1]         n, the number of rooms
+-- ARGV[2..p+1]    participant names (status fields)
+--
+-- Returns {leases, codes, reasons}:
+--   leases    p integers: 0 the participant never held a lease (no record), 1 alive, 2 lost
+--             (released, or the deadline passed by the server's clock)
+--   codes     n strings of p characters, one per room: character j is participant j's status
+--             "0".."4", or "-" where it has no entry (compact: the client decodes a room at once)
+--   reasons   {k, reason, ...}: for each Failed entry, k = (i - 1) * p + j (0-based room-major
+--             index of room i, participant j) and its recorded failure reason, when there is one
+-- Errors: "KVSTATUS_BADARG <what>"; "KVSTATUS_CORRUPT <what>" when a stored status is not
+-- "0".."4" (it is left as it is); "NOPERM <what>" when the ACL refuses HMGET on the first key.
+
+local SCRIPT = "room_statuses"
+
+-- The ACL pre-check, written the same in every kvstatus script. Lua does not
+-- roll back, so a command the ACL refused half way would leave the writes before
+-- it done, a created key without its TTL among them. Redis >= 7 can be asked in
+-- advance; older servers cannot, and there the ACL must grant every command.
+-- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
+local function acl_refusal(command, key)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
+    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
+      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
+  end
+  return nil
+end
+
+local n = tonumber(ARGV[1])
+local p = #ARGV - 1
+if not n or n < 0 or n % 1 ~= 0 or p < 1 or #KEYS ~= n + p then
+  return redis.error_reply("KVSTATUS_BADARG expected n room keys then one lease key per participant")
+end
+local denied = #KEYS > 0 and acl_refusal("hmget", KEYS[1])
+if denied then
+  return denied
+end
+
+local fields = {}
+for j = 1, p do
+  fields[j] = ARGV[j + 1]
+end
+
+local leases = {}
+local time = redis.call("TIME")
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+for j = 1, p do
+  local record = redis.call("HMGET", KEYS[n + j], "state", "deadline")
+  if not record[1] then
+    leases[j] = 0
+  elseif record[1] == "held" and now <= (tonumber(record[2]) or 0) then
+    leases[j] = 1
+  else
+    leases[j] = 2
+  end
+end
+
+-- Fields are read with explicit HMGET arguments, four at a time: unpack() of a table costs more
+-- in Redis' Lua than the HMGET itself. One reader per arity, chosen once.
+local call = redis.call
+local f1, f2, f3, f4 = fields[1], fields[2], fields[3], fields[4]
+local function chunk(key, from)
+  local a, b, c, d = fields[from], fields[from + 1], fields[from + 2], fields[from + 3]
+  local v = d and call("HMGET", key, a, b, c, d) or c and call("HMGET", key, a, b, c)
+    or b and call("HMGET", key, a, b) or call("HMGET", key, a)
+  return (v[1] or "-") .. (b and (v[2] or "-") or "") .. (c and (v[3] or "-") or "") .. (d and (v[4] or "-") or "")
+end
+local read
+if p == 4 then
+  read = function(key)
+    local v = call("HMGET", key, f1, f2, f3, f4)
+    return (v[1] or "-") .. (v[2] or "-") .. (v[3] or "-") .. (v[4] or "-")
+  end
+elseif p == 2 then
+  read = function(key)
+    local v = call("HMGET", key, f1, f2)
+    return (v[1] or "-") .. (v[2] or "-")
+  end
+elseif p == 1 then
+  read = function(key)
+    return call("HGET", key, f1) or "-"
+  end
+else
+  read = function(key)
+    local code = chunk(key, 1)
+    for from = 5, p, 4 do
+      code = code .. chunk(key, from)
+    end
+    return code
+  end
+end
+
+local find, codes, reasons = string.find, {}, {}
+for i = 1, n do
+  local key = KEYS[i]
+  local code = read(key)
+  -- The common case, one pattern match: p statuses 1..4 or missing. Otherwise validate and collect reasons.
+  if #code ~= p or not find(code, "^[1-4-]+$") then
+    for j = 1, p do
+      local value = call("HGET", key, fields[j])
+      if value and (#value ~= 1 or not find(value, "^[0-4]$")) then
+        return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. fields[j] .. " holds "
+          .. string.format("%q", string.sub(value, 1, 40)) .. ", not a status 0..4")
+      end
+      if value == "0" then
+        local reason = call("HGET", key, "reason:" .. fields[j])
+        if reason then
+          reasons[#reasons + 1] = (i - 1) * p + j - 1
+          reasons[#reasons + 1] = reason
+        end
+      end
+    end
+  end
+  codes[i] = code
+end
+return {leases, codes, reasons}

@@ -1,0 +1,59 @@
+-- Fail a lost participant's non-terminal entries (kvstatus sweep, kvstatus/admin/sweep.py).
+-- For each room hash in KEYS, atomically: an entry in Bootstrapping, WaitingForInput or
+-- Transferring becomes Failed, exactly the update rule's FAILED row (so under `strict` a late write
+-- of the lost participant cannot undo it), and the reason is recorded unless an earlier one is
+-- kept. Success, Failed and missing entries are left alone. The room's TTL is not touched: the
+-- sweeper does not extend a room's life, and HSET keeps the TTL the key already has.
+--
+-- KEYS[i]  room hash
+-- ARGV[1]  the lost participant's status field
+-- ARGV[2]  its failure-reason field
+-- ARGV[3]  the reason, e.g. "participant decode-1 lost its lease"
+--
+-- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), UNCHANGED (terminal, or a
+-- value kvstatus does not write: left as it is), IGNORED_MISSING (no entry).
+-- Errors, raised before the first write: "KVSTATUS_BADARG <what>", "NOPERM <what>".
+
+local FAILED, UNCHANGED, IGNORED_MISSING = 3, 4, 5
+local SCRIPT = "sweep"
+
+-- The ACL pre-check, written the same in every kvstatus script. Lua does not
+-- roll back, so a command the ACL refused half way would leave the writes before
+-- it done, a created key without its TTL among them. Redis >= 7 can be asked in
+-- advance; older servers cannot, and there the ACL must grant every command.
+-- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
+local function acl_refusal(command, key)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
+    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
+      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
+  end
+  return nil
+end
+
+local field, reason_field, reason = ARGV[1], ARGV[2], ARGV[3]
+if #KEYS == 0 or #ARGV ~= 3 or field == "" or reason_field == "" then
+  return redis.error_reply("KVSTATUS_BADARG expected room keys, a status field, a reason field and a reason")
+end
+
+local result = {}
+for i = 1, #KEYS do
+  local stored = redis.call("HGET", KEYS[i], field)
+  if not stored then
+    result[i] = IGNORED_MISSING
+  elseif stored == "1" or stored == "2" or stored == "3" then
+    local denied = acl_refusal("hset", KEYS[i]) or acl_refusal("hsetnx", KEYS[i])
+    if denied then
+      return denied
+    end
+    result[i] = FAILED
+  else
+    result[i] = UNCHANGED
+  end
+end
+for i = 1, #KEYS do
+  if result[i] == FAILED then
+    redis.call("HSET", KEYS[i], field, "0")
+    redis.call("HSETNX", KEYS[i], reason_field, reason)
+  end
+end
+return result

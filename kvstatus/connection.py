@@ -618,6 +618,10 @@ _BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {
 }
 
 
+CONNECTION_FIELDS: frozenset[str] = frozenset(field.name for field in fields(ConnectionOptions))
+"""The keyword arguments of ``from_url`` that are connection options rather than store settings."""
+
+
 def options_for(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> ConnectionOptions:
     """The options a client of ``url`` uses: ``options``, then ``overrides``, then the URL's query options.
 

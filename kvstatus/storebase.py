@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import replace
 from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 from redis.exceptions import NoScriptError
 
 from kvstatus.clients import is_cluster_client, is_sentinel_client
-from kvstatus.connection import DEFAULT_URL, ConnectionOptions, url_script_mode
+from kvstatus.connection import CONNECTION_FIELDS, DEFAULT_URL, ConnectionOptions, options_for, url_script_mode
 from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.leases import LeaseCore, validate_lease_ttl
@@ -147,34 +146,23 @@ class StoreBase:
         cls: type[S],
         url: str = DEFAULT_URL,
         *,
-        namespace: str,
-        participant: Optional[str] = None,
-        prefix: str = DEFAULT_PREFIX,
-        ttl: float = DEFAULT_TTL_SECONDS,
-        policy: str | Policy = Policy.SEED,
         options: Optional[ConnectionOptions] = None,
         scripts: Optional[str] = None,
         near_cache: Any = None,
-        metrics: Optional[StoreObserver] = None,
-        lease_ttl: Optional[float] = None,
-        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
-        **option_overrides: Any,
+        **settings: Any,
     ) -> S:
-        """Connect to ``url`` (see :mod:`kvstatus.connection`); ``option_overrides`` are ConnectionOptions fields.
+        """Connect to ``url`` (see :mod:`kvstatus.connection`) and wrap the client.
 
-        ``scripts`` None takes the URL's ``?scripts=`` option, else "eval". ``near_cache`` (or the URL's
-        ``near_cache=true&near_cache_size=N``) turns the near cache on; ``metrics`` is an observer of every
-        call (:mod:`kvstatus.observer`).
-        ``lease_ttl`` (seconds, None: no lease) makes the store hold a lease for its participant
-        (:mod:`kvstatus.leases`); ``tombstone_ttl`` (seconds, 0: none) is how long ``clear()``'s
-        tombstone lives.
+        ``settings`` are this class's keyword arguments (``namespace``, ``participant``, ``ttl`` ...) and any
+        :class:`ConnectionOptions` field, which overrides ``options``; the URL's own query options win over
+        both. ``scripts`` None takes the URL's ``?scripts=`` option, else "eval"; ``near_cache`` None takes
+        the URL's ``near_cache=true&near_cache_size=N``.
         """
-        opts = replace(options or ConnectionOptions(), **option_overrides)
+        overrides = {name: settings.pop(name) for name in list(settings) if name in CONNECTION_FIELDS}
+        opts = options_for(url, options, **overrides)
         mode = url_script_mode(url) if scripts is None else scripts
-        cache = near_cache_setting(url, near_cache)
-        return cls(cls._connect(url, opts), namespace=namespace, participant=participant, prefix=prefix, ttl=ttl,
-                   policy=policy, options=opts, scripts=mode, near_cache=cache, metrics=metrics,
-                   lease_ttl=lease_ttl, tombstone_ttl=tombstone_ttl)
+        return cls(cls._connect(url, opts), options=opts, scripts=mode, near_cache=near_cache_setting(url, near_cache),
+                   **settings)
 
     @property
     def namespace(self) -> str:

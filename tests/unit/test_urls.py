@@ -140,3 +140,15 @@ def test_an_unencoded_slash_in_a_password_is_refused_without_showing_any_of_it()
         with pytest.raises(InvalidURLError) as caught:
             parse_url(url)
         assert "Qz7" not in str(caught.value) and "percent-encode" in str(caught.value)
+
+
+def test_from_url_settles_connection_options_once_url_last() -> None:
+    """The store's own resends and deadline use the same options as its client: the URL's query wins."""
+    from kvstatus import StatusStore
+
+    store = StatusStore.from_url("redis://127.0.0.1:1/0?deadline=2.5&retries=2", namespace="u", retries=4,
+                                 socket_timeout=1.5, ttl=5)
+    assert (store.options.deadline, store.options.retries, store.options.socket_timeout) == (2.5, 2, 1.5)
+    assert store.ttl == 5 and store.namespace == "u"
+    with pytest.raises(TypeError, match="bogus"):
+        StatusStore.from_url("redis://127.0.0.1:1/0", namespace="u", bogus=1)

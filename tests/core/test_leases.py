@@ -21,7 +21,7 @@ from kvstatus import (
     StatusStore,
 )
 from kvstatus.admin.leases import list_leases, lost_participants
-from kvstatus.consensus import room_consensus
+from kvstatus.consensus import consensus_calls, room_consensus
 from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from tests.helpers.backends import Backend, fresh_namespace
@@ -154,7 +154,7 @@ def test_the_lease_ttl_is_validated(ttl: object) -> None:
 
 def test_the_consensus_is_one_script_call_on_a_single_redis() -> None:
     store = StatusStore(fakeredis.FakeRedis(), namespace="n")
-    request = store._core.room_statuses(range(256), ["p0", "p1", "p2", "p3"])
+    request = consensus_calls(store._core, range(256), ["p0", "p1", "p2", "p3"])
     assert len(request.calls) == 1 and request.calls[0].script is not None
     assert request.calls[0].args[2] == 256 + 4  # the lease records are declared keys
 

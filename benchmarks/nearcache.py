@@ -1,4 +1,4 @@
-"""``./dev python -m benchmarks.nearcache``: the near cache and wait_for budgets of DESIGN §5, side by side in one run.
+"""``./dev python -m benchmarks.nearcache``: the near cache and wait_for budgets, side by side in one run.
 
 Prints a Markdown table. Latencies are microseconds; every comparison is interleaved (ABAB...) so a noisy
 neighbour slows both sides alike. Staleness and wait_for delivery are measured from the writer's
@@ -100,7 +100,7 @@ def reads(url: str, report: Report, samples: int, rounds: int) -> None:
         report.row("single get: raw `HGET` round trip", f"{s['raw'].p50_us:,.1f} µs")
         report.budget("cached get p50", s["cached"].p50_us, "<=", 5, " µs")
         report.row("uncached get / raw HGET", f"{s['uncached'].p50_us / s['raw'].p50_us:.2f}×",
-                   "the store's existing budget (DESIGN: ≤ 1.05×, main measured 1.05-1.16×)")
+                   "the store's existing budget (budget ≤ 1.05×, main measured 1.05-1.16×)")
         if hasattr(writer, "_core") and hasattr(writer, "_send"):  # the read path as it was before the near cache
             before = lambda i: writer._send(writer._core.get(1))  # noqa: E731
             s = interleave({"store.get": lambda: time_calls(lambda i: writer.get(1), samples // 5),

@@ -793,15 +793,19 @@ class NearCache:
     # ---- misses
 
     def _fill(self, rooms: list[int]) -> dict[int, CachedRoom]:
-        """Read ``rooms`` from Redis (and cache them); the observer counts them as misses, and any error."""
-        if self.metrics is None:
-            return self._fill_retrying(rooms)
-        self.metrics.on_cache_miss(len(rooms))
+        """Read ``rooms`` from Redis (and cache them); the observer counts them as misses, and any error.
+
+        Raises kvstatus errors only, as the store does: a refused read (NOPERM) or a key of another type
+        (WRONGTYPE) is PermissionDeniedError / CorruptedValueError, never a redis-py exception."""
+        if self.metrics is not None:
+            self.metrics.on_cache_miss(len(rooms))
         try:
             return self._fill_retrying(rooms)
         except Exception as exc:
-            self.metrics.on_error(exc)
-            raise
+            error = _fill_error(exc, self.metrics)
+            if error is exc:
+                raise
+            raise error from exc
 
     def _fill_retrying(self, rooms: list[int]) -> dict[int, CachedRoom]:
         delays = self.resend_delays
@@ -923,6 +927,14 @@ class NearCache:
     def close(self) -> None:
         self._reset_links("closed")
         self.closed = True
+
+
+def _fill_error(exc: Exception, metrics: Any) -> Exception:
+    """The error a failed fill raises: ``exc`` as its kvstatus error (told to ``metrics``, if any)."""
+    error = translate_error(exc)
+    if metrics is not None:
+        metrics.on_error(error)
+    return error  # type: ignore[return-value]
 
 
 def _close_sync_link(link: LinkState) -> None:
@@ -1049,14 +1061,15 @@ class AsyncNearCache:
         return await self.view(validate_room(room))
 
     async def _fill(self, rooms: list[int]) -> dict[int, CachedRoom]:
-        if self.metrics is None:
-            return await self._fill_retrying(rooms)
-        self.metrics.on_cache_miss(len(rooms))
+        if self.metrics is not None:
+            self.metrics.on_cache_miss(len(rooms))
         try:
             return await self._fill_retrying(rooms)
         except Exception as exc:
-            self.metrics.on_error(exc)
-            raise
+            error = _fill_error(exc, self.metrics)
+            if error is exc:
+                raise
+            raise error from exc
 
     async def _fill_retrying(self, rooms: list[int]) -> dict[int, CachedRoom]:
         delays = self.resend_delays

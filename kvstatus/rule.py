@@ -113,7 +113,7 @@ def to_policy(value: object) -> Policy:
 
 
 def apply_rule(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED) -> UpdateResult:
-    """Apply the update rule of DESIGN §2 to one participant's entry (``current`` None: missing)."""
+    """Apply the update rule (README, "The update rule") to one participant's entry (``current`` None: missing)."""
     if current is None:
         if new == KVPoll.Failed:
             return UpdateResult(Outcome.IGNORED_MISSING, None)

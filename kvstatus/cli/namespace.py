@@ -30,7 +30,7 @@ from kvstatus.cli.app import (
     ttl_text,
 )
 from kvstatus.rule import KVPoll, Policy, apply_rule
-from kvstatus.scripts import LIBRARY_NAME
+from kvstatus.scripts import ALL as ALL_SCRIPTS, LIBRARY_NAME
 from kvstatus.rule import explain as explain_rule
 
 MAX_CHANGES_SHOWN = 20
@@ -210,7 +210,8 @@ def functions_load(env: CliEnv, as_json: bool) -> None:
     if as_json:
         emit_json({"library": LIBRARY_NAME, "nodes": nodes})
         return
-    click.echo(f"loaded kvstatus' function library (update, get_many, record_failure) on {', '.join(nodes)}; "
+    names = ", ".join(script.name for script in ALL_SCRIPTS)
+    click.echo(f"loaded kvstatus' function library ({names}) on {', '.join(nodes)}; "
                "tenants' URLs carry ?scripts=functions")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -28,9 +29,12 @@ def _logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+def _interval_option(default: float) -> Any:
+    return click.option("--interval", type=click.FloatRange(min=0.1), default=default, show_default=True,
+                        help="Seconds from the start of one pass over the namespace to the start of the next.")
+
+
 scan_options = [
-    click.option("--interval", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
-                 help="Seconds from the start of one pass over the namespace to the start of the next."),
     click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
                  help="Keys per SCAN step and per pipelined read."),
     click.option("--pause", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -38,10 +42,13 @@ scan_options = [
 ]
 
 
-def _with_scan_options(command: Any) -> Any:
-    for option in reversed(scan_options):
-        command = option(command)
-    return command
+def _with_scan_options(interval: float = 15.0) -> Callable[[Any], Any]:
+    """The decorator adding --interval (default ``interval`` seconds), --batch and --pause to a command."""
+    def decorate(command: Any) -> Any:
+        for option in reversed([_interval_option(interval), *scan_options]):
+            command = option(command)
+        return command
+    return decorate
 
 
 @main.command()
@@ -49,7 +56,7 @@ def _with_scan_options(command: Any) -> Any:
 @click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True,
               help="TCP port of /metrics (0: any free port, printed on stderr).")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@_with_scan_options
+@_with_scan_options()
 @ttl_option("The store TTL in seconds your workers use; the age of the oldest room is TTL minus its TTL left.")
 @pass_env
 def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, interval: float, batch: int,
@@ -86,14 +93,14 @@ def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, int
               help="TCP port of the board (0: any free port, printed on stderr).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (the board has no login: expose it only where rooms may be seen).")
-@_with_scan_options
+@_with_scan_options(interval=2.0)
 @pass_env
 def serve(env: CliEnv, port: int, host: str, interval: float, batch: int, pause: float) -> None:
     """Serve the read-only live web board of a namespace on http://HOST:PORT/ (needs kvstatus[web]).
 
     Counts by status over time, rooms filtered by status and participant with
     paging over SCAN cursors, a room's detail, and recent changes. It never
-    writes: a read-only ACL user is enough. --interval defaults to 2 s here.
+    writes: a read-only ACL user is enough.
     """
     try:
         from kvstatus.observe.board import run_board
@@ -101,14 +108,14 @@ def serve(env: CliEnv, port: int, host: str, interval: float, batch: int, pause:
         raise _need("web", "kvstatus serve", exc) from None
     schema = env.schema()
     _logging()
-    interval_given = click.get_current_context().get_parameter_source("interval")
-    if interval_given == click.core.ParameterSource.DEFAULT:
-        interval = 2.0
 
     def ready(bound_host: str, bound_port: int) -> None:
         click.echo(f"serve: board of {schema.namespace} at http://{bound_host}:{bound_port}/ "
                    f"from {env.shown_url} (Ctrl-C or SIGTERM to stop)", err=True)
 
-    run_board(env.client(), schema, shown_url=env.shown_url, host=host, port=port, interval=interval,
-              batch=batch, pause=pause, ready=ready)
+    try:
+        run_board(env.client(), schema, shown_url=env.shown_url, host=host, port=port, interval=interval,
+                  batch=batch, pause=pause, ready=ready)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo("serve: stopped", err=True)

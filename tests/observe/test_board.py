@@ -193,3 +193,31 @@ def test_password_is_masked_everywhere_and_an_outage_is_shown_not_fatal() -> Non
     for text in (json.dumps(summary), page, json.dumps(down), json.dumps(failed_page), output):
         assert PASSWORD not in text
     assert "redis://:***@" in summary["url"] and "Traceback" not in output
+
+
+@pytest.mark.parametrize("command", ["serve", "exporter"])
+def test_a_port_in_use_is_one_line_and_exit_1_not_a_traceback(redis_server: RedisServer, command: str) -> None:
+    import socket
+
+    from click.testing import CliRunner
+
+    from kvstatus.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["--url", redis_server.url, "--namespace", fresh_namespace("board"),
+                                           command, "--host", "127.0.0.1", "--port", str(port)])
+    assert result.exit_code == 1, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output and "Traceback" not in result.output
+    assert not isinstance(result.exception, OSError)
+
+
+def test_serve_help_states_its_own_interval_default() -> None:
+    from click.testing import CliRunner
+
+    from kvstatus.cli import main
+
+    assert "[default: 2.0" in CliRunner().invoke(main, ["serve", "--help"]).output
+    assert "[default: 15.0" in CliRunner().invoke(main, ["exporter", "--help"]).output

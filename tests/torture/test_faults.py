@@ -1,5 +1,5 @@
 """Workers SIGKILLed mid-run leave nothing behind one TTL later; a Redis killed and restarted mid-load
-is recovered from without lying about writes (DESIGN §6 leaks and faults)."""
+is recovered from without lying about writes."""
 
 from __future__ import annotations
 

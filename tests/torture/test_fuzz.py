@@ -1,5 +1,5 @@
 """Bad input, generated: every public call either works or raises a documented kvstatus error, and a
-rejected call writes nothing (DESIGN §6 bad input)."""
+rejected call writes nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Linearizability of the store under concurrent processes × threads on shared rooms (DESIGN §6 races)."""
+"""Linearizability of the store under concurrent processes × threads on shared rooms."""
 
 from __future__ import annotations
 

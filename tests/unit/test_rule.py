@@ -1,4 +1,4 @@
-"""The pure-Python reference rule against the table of DESIGN §2, and status parsing."""
+"""The pure-Python reference rule against the table of the README's "The update rule", and status parsing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kvstatus.rule import explain, parse_status, to_policy, to_status
 
 F, B, W, T, S = KVPoll  # Failed, Bootstrapping, WaitingForInput, Transferring, Success
 
-# (stored, new) -> (outcome, result) under seed, written out row by row from DESIGN §2.
+# (stored, new) -> (outcome, result) under seed, written out row by row from the README's rule table.
 SEED_TABLE: dict[tuple[Optional[KVPoll], KVPoll], tuple[Outcome, Optional[KVPoll]]] = {
     (None, F): (Outcome.IGNORED_MISSING, None),
     (None, B): (Outcome.CREATED, B),
@@ -45,7 +45,7 @@ SEED_TABLE: dict[tuple[Optional[KVPoll], KVPoll], tuple[Outcome, Optional[KVPoll
     (S, S): (Outcome.UNCHANGED, S),
 }
 
-# (stored, new) -> (outcome, result) under strict, written out row by row from DESIGN §2 on its own (not
+# (stored, new) -> (outcome, result) under strict, written out row by row from that table on its own (not
 # derived from SEED_TABLE), so a wrong row in either table, or in apply_rule, cannot hide behind the other.
 STRICT_TABLE: dict[tuple[Optional[KVPoll], KVPoll], tuple[Outcome, Optional[KVPoll]]] = {
     (None, F): (Outcome.IGNORED_MISSING, None),
@@ -80,7 +80,7 @@ STRICT_TABLE: dict[tuple[Optional[KVPoll], KVPoll], tuple[Outcome, Optional[KVPo
     (S, S): (Outcome.UNCHANGED, S),
 }
 EVERY_PAIR = {(current, new) for current in (None, *KVPoll) for new in KVPoll}
-# DESIGN §2: strict closes exactly two holes (late creates, leaving Failed) and is "otherwise as seed".
+# The rule: strict closes exactly two holes (late creates, leaving Failed) and is "otherwise as seed".
 STRICT_HOLES = {(None, T), (None, S), (F, B), (F, W), (F, T), (F, S)}
 
 

@@ -144,10 +144,10 @@ class StatusStore(StoreBase):
 
     def close(self) -> None:
         """Release the lease (if any), close the near cache's connections (if any), then the client."""
-        if self._near is not None:
-            self._near.close()
         if self._keeper is not None:
             self._keeper.close()
+        if self._near is not None:
+            self._near.close()
         self.client.close()
 
     def __enter__(self) -> "StatusStore":

@@ -9,7 +9,7 @@ One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
   ``MAX_SCAN_STEPS`` SCAN calls, so a page costs the same at 100 or 100k rooms.
   A page ends with the SCAN reply that reaches ``limit`` (it may hold a few
   more rooms) or the step budget (fewer, with a cursor to go on)
-- ``/api/rooms/{room}``  every participant's status and reason, and the TTL
+- ``/api/rooms/{room}``  every participant's status and reason, the TTL, and the tombstone of recent clears
 - ``/api/changes?after=SEQ``  rooms that changed between passes (the change
   detection of ``kvstatus watch``), newest last
 
@@ -36,10 +36,11 @@ from starlette.routing import Route
 from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, scan_clients
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
-from kvstatus.keys import KeySchema, parse_room
+from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
+from kvstatus.operations import decode_tombstone
 from kvstatus.observe.scanner import PassLoop, PassResult
 from kvstatus.redact import mask_url
-from kvstatus.rule import KVPoll, RoomView, parse_status
+from kvstatus.rule import KVPoll, RoomView, Tombstone, parse_status
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 MAX_PAGE = 500
@@ -132,8 +133,25 @@ class Board:
                 "cursor": None if done else f"{node_index}-{scan_cursor}", "done": done}
 
     def room(self, room: int) -> Optional[dict[str, Any]]:
-        views = read_rooms(self.client, self.schema, [self.schema.room_key(room)])
-        return room_json(views[0]) if views else None
+        """A room's entries and its tombstone (who cleared it, when, at which status); None if it has neither."""
+        key = self.schema.room_key(room)
+        views = read_rooms(self.client, self.schema, [key])
+        tombstone = self._tombstone(key)
+        if not views and tombstone is None:
+            return None
+        document = room_json(views[0]) if views else {"room": str(room), "ttl_ms": None, "participants": []}
+        document["tombstone"] = None if tombstone is None else tombstone.describe()
+        return document
+
+    def _tombstone(self, key: str) -> Optional[Tombstone]:
+        """The room's tombstone, read with plain HGETALL + PTTL (what the read-only ACL user has; same slot)."""
+        tomb = key + TOMBSTONE_SUFFIX
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                fields, pttl = pipe.hgetall(tomb).pttl(tomb).execute()
+        except REDIS_ERRORS as exc:
+            raise translate_error(exc) from exc
+        return decode_tombstone(fields, pttl)
 
     def changes_after(self, seq: int) -> dict[str, Any]:
         with self._lock:

@@ -117,6 +117,7 @@ def test_room_detail_and_errors(board) -> None:
         assert entry["status"] == written[name][27].name
     assert entries["prefill-1"]["reason"] == "prefill-1: transfer timed out"
     assert entries["prefill-0"]["reason"] is None
+    assert room["tombstone"] is None
     assert request(server.base + "/api/rooms/999999")[0] == 404
     for bad in ("/api/rooms/abc", "/api/rooms/99999999999999999999", "/api/rooms?status=Done",
                 "/api/rooms?cursor=banana", "/api/rooms?limit=0", "/api/changes?after=x"):
@@ -221,3 +222,15 @@ def test_serve_help_states_its_own_interval_default() -> None:
 
     assert "[default: 2.0" in CliRunner().invoke(main, ["serve", "--help"]).output
     assert "[default: 15.0" in CliRunner().invoke(main, ["exporter", "--help"]).output
+
+
+def test_room_detail_shows_the_tombstone_of_a_clear(board, redis_server: RedisServer) -> None:
+    server, namespace, _ = board
+    with StatusStore.from_url(redis_server.url, namespace=namespace, participant="decode-0") as store:
+        store.update_status(5000, KVPoll.WaitingForInput)
+        store.update_status(5000, KVPoll.Success)
+        store.clear(5000)
+        store.update_status(5000, KVPoll.Failed)  # a late abort: ignored, and noted
+    status, room = request(server.base + "/api/rooms/5000")
+    assert status == 200 and room["participants"] == [] and len(room["tombstone"]) == 1
+    assert "by decode-0 at Success" in room["tombstone"][0] and "late abort" in room["tombstone"][0]

@@ -56,12 +56,20 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _decode(participant: str, fields: dict[Any, Any], now: float) -> Optional[LeaseInfo]:
+def redis_ms(seconds: Any, micros: Any) -> int:
+    """A ``TIME`` reply as whole Unix ms, truncated exactly as the Lua scripts compute ``now``."""
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[LeaseInfo]:
+    """``now_ms``: the Redis clock in whole ms (:func:`redis_ms`). The lease is judged as lua/room_statuses.lua
+    judges it (the consensus view, the sweeper): a fractional ms here called a lease lost up to 1 ms before it did."""
     record = {_text(k): _text(v) for k, v in fields.items()}
+    now = now_ms / 1000
     try:
         deadline = int(record["deadline"]) / 1000
         held = record.get("state") == "held"
-        state = "alive" if held and now * 1000 <= int(record["deadline"]) else "expired" if held else "released"
+        state = "alive" if held and now_ms <= int(record["deadline"]) else "expired" if held else "released"
         return LeaseInfo(participant, state, record.get("inc", ""), int(record.get("gen", 0)),
                          int(record.get("since", 0)) / 1000, int(record.get("seen", 0)) / 1000, deadline,
                          int(record.get("ttl", 0)) / 1000, now)
@@ -84,10 +92,9 @@ def iter_leases(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> I
                         for key, _ in names:
                             pipe.hgetall(key)
                         replies = pipe.execute()
-                    seconds, micros = replies[0]
-                    now = int(seconds) + int(micros) / 1e6
+                    now_ms = redis_ms(*replies[0])
                     for (_, name), fields in zip(names, replies[1:]):
-                        info = _decode(name, fields, now) if fields else None  # type: ignore[arg-type]
+                        info = _decode(name, fields, now_ms) if fields else None  # type: ignore[arg-type]
                         if info is not None:
                             yield info
                 if int(cursor) == 0:

@@ -191,3 +191,34 @@ def test_the_async_keeper_renews_in_a_task_and_releases_on_close() -> None:
     assert held and 2 <= renewals <= 3
     assert {i.participant: i.state for i in list_leases(fakeredis.FakeRedis(server=server),
                                                          KeySchema(namespace))} == {"decode-0": "released"}
+
+
+def test_the_lease_listing_judges_by_whole_ms_as_the_consensus_script_does() -> None:
+    """TIME 0.4345 s past a deadline's second, deadline at ms 434: the script's now is ms 434 (alive), not 434.5."""
+    from kvstatus.admin.leases import _decode, redis_ms
+
+    fields = {b"state": b"held", b"deadline": b"1796039495434", b"inc": b"ab", b"gen": b"1"}
+    assert _decode("p", fields, redis_ms(b"1796039495", b"434500")).state == "alive"  # type: ignore[union-attr]
+    assert _decode("p", fields, redis_ms(b"1796039495", b"435000")).state == "expired"  # type: ignore[union-attr]
+
+
+@pytest.mark.real
+def test_a_lease_the_listing_calls_lost_is_lost_to_the_consensus_read_right_after(redis_server: RedisServer) -> None:
+    """The listing (TIME in Python) and lua/room_statuses.lua (TIME in Lua) agree at the deadline's millisecond:
+    polled back to back, once the listing says lost the next consensus read says LOST too (never ALIVE)."""
+    from kvstatus import scripts
+    from kvstatus.connection import connect
+
+    schema = KeySchema(fresh_namespace("edge"))
+    key = schema.lease_key("p")
+    client = connect(redis_server.url)
+    lease = client.register_script(scripts.LEASE.source)
+    read = client.register_script(scripts.ROOM_STATUSES.source)
+    seen = []
+    for _ in range(50):
+        lease(keys=[key], args=["acquire", "ab", "2", "60000"])  # a 2 ms lease, never renewed
+        while "p" not in lost_participants(client, schema):
+            pass
+        seen.append(LeaseState(read(keys=[key], args=["0", "p"])[0][0]))
+    client.close()
+    assert set(seen) == {LeaseState.LOST}

@@ -627,7 +627,10 @@ def options_for(url: str, options: Optional[ConnectionOptions] = None, **overrid
 
     Raises :class:`InvalidURLError` for a bad URL, and for ``ssl_*`` options given with a non-TLS scheme.
     """
-    parsed = parse_url(url)
+    return _options(parse_url(url), options, overrides)
+
+
+def _options(parsed: ParsedURL, options: Optional[ConnectionOptions], overrides: dict[str, Any]) -> ConnectionOptions:
     opts = replace(replace(options or ConnectionOptions(), **overrides), **parsed.options)
     if not parsed.tls and opts.tls_options():
         raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {', '.join(opts.tls_options())} given, but "
@@ -637,9 +640,11 @@ def options_for(url: str, options: Optional[ConnectionOptions] = None, **overrid
 
 def connect(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
     """A redis-py client for ``url``; ``overrides`` replace fields of ``options``. Connects lazily."""
-    return _BUILDERS[parse_url(url).scheme](parse_url(url), options_for(url, options, **overrides), False)
+    parsed = parse_url(url)
+    return _BUILDERS[parsed.scheme](parsed, _options(parsed, options, overrides), False)
 
 
 def connect_async(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
     """Like :func:`connect`, for ``redis.asyncio``."""
-    return _BUILDERS[parse_url(url).scheme](parse_url(url), options_for(url, options, **overrides), True)
+    parsed = parse_url(url)
+    return _BUILDERS[parsed.scheme](parsed, _options(parsed, options, overrides), True)

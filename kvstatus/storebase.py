@@ -193,7 +193,7 @@ class StoreBase:
     @property
     def scripts(self) -> str:
         """How this store runs its Lua: "eval" (EVALSHA) or "functions" (FCALL)."""
-        return "functions" if isinstance(self._core, FunctionsCore) else "eval"
+        return "functions" if self._functions else "eval"
 
     @property
     def schema(self) -> KeySchema:

@@ -664,7 +664,25 @@ class Topology:
 # --------------------------------------------------------------------------- the sync cache
 
 
-class NearCache:
+class _CacheBase:
+    """What the sync and async caches hold alike: the topology, the shared :class:`CacheState`, the resend
+    delays and the periodic topology check's bookkeeping; only the locks and the link closer differ."""
+
+    def __init__(self, close_link: Callable[[LinkState], None], client: Any, schema: KeySchema,
+                 options: Optional[NearCacheOptions] = None,
+                 resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8), metrics: Any = None) -> None:
+        self.topology = Topology(client)
+        self.state = CacheState(schema, options or NearCacheOptions(), close_link)
+        # A kvstatus.observer.StoreObserver (the store's that made the cache) or None: hits, misses, errors.
+        self.metrics = self.state.metrics = metrics
+        self.resend_delays = tuple(resend_delays)
+        self._probe = self.topology.probe_command()
+        self._fingerprint: Any = None
+        self._next_check = 0.0
+        self.closed = False
+
+
+class NearCache(_CacheBase):
     """The near cache of one namespace on a blocking redis-py client (thread-safe).
 
     ``rooms(rooms)`` returns each room's :class:`CachedRoom`, from the cache or read (and cached);
@@ -674,17 +692,9 @@ class NearCache:
 
     def __init__(self, client: Any, schema: KeySchema, options: Optional[NearCacheOptions] = None,
                  resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8), metrics: Any = None) -> None:
-        self.topology = Topology(client)
-        self.state = CacheState(schema, options or NearCacheOptions(), _close_sync_link)
-        # A kvstatus.observer.StoreObserver (the store's that made the cache) or None: hits, misses, errors.
-        self.metrics = self.state.metrics = metrics
-        self.resend_delays = tuple(resend_delays)
+        super().__init__(_close_sync_link, client, schema, options, resend_delays, metrics)
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
-        self._probe = self.topology.probe_command()
-        self._fingerprint: Any = None
-        self._next_check = 0.0
-        self.closed = False
 
     # ---- the hot path
 
@@ -948,22 +958,15 @@ def _close_sync_link(link: LinkState) -> None:
 # --------------------------------------------------------------------------- the async cache
 
 
-class AsyncNearCache:
+class AsyncNearCache(_CacheBase):
     """:class:`NearCache` on ``redis.asyncio``: same state and rules; the data connections are async, the
     invalidation sockets are the same non-blocking sockets (read without awaiting, so a change is seen
     even when the event loop has not run since it arrived)."""
 
     def __init__(self, client: Any, schema: KeySchema, options: Optional[NearCacheOptions] = None,
                  resend_delays: Sequence[float] = (0.05, 0.1, 0.2, 0.4, 0.8), metrics: Any = None) -> None:
-        self.topology = Topology(client)
-        self.state = CacheState(schema, options or NearCacheOptions(), _close_async_link)
-        self.metrics = self.state.metrics = metrics
-        self.resend_delays = tuple(resend_delays)
+        super().__init__(_close_async_link, client, schema, options, resend_delays, metrics)
         self._io_lock = asyncio.Lock()
-        self._probe = self.topology.probe_command()
-        self._fingerprint: Any = None
-        self._next_check = 0.0
-        self.closed = False
 
     def _ready(self, now: float) -> bool:
         state = self.state

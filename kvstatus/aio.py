@@ -40,23 +40,11 @@ class AsyncStatusStore(StoreBase):
     _keeper_class = AsyncLeaseKeeper
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
-        request = self._core.update_status(room, status)
-        if self._keeper is not None:
-            await self._keeper.ensure()
-        try:
-            return await self._send(request, "update_status")
-        finally:
-            self._wrote((room,))
+        return await self._write(self._core.update_status(room, status), "update_status", (room,))
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Atomic per chunk of ``CHUNK_ROOMS`` rooms, not as a whole (see :meth:`StatusStore.update_many`)."""
-        request = self._core.update_many(updates)
-        if self._keeper is not None:
-            await self._keeper.ensure()
-        try:
-            return await self._send(request, "update_many")
-        finally:
-            self._wrote(updates)
+        return await self._write(self._core.update_many(updates), "update_many", updates)
 
     async def check_status(self, room: int) -> KVPoll:
         if self._near is not None:
@@ -74,22 +62,10 @@ class AsyncStatusStore(StoreBase):
         return await self._send(self._core.get_many(rooms), "get_many")
 
     async def clear(self, room: int) -> bool:
-        request = self._core.clear(room)
-        if self._keeper is not None:
-            await self._keeper.ensure()
-        try:
-            return await self._send(request, "clear")
-        finally:
-            self._wrote((room,))
+        return await self._write(self._core.clear(room), "clear", (room,))
 
     async def record_failure(self, room: int, reason: str) -> bool:
-        request = self._core.record_failure(room, reason)
-        if self._keeper is not None:
-            await self._keeper.ensure()
-        try:
-            return await self._send(request, "record_failure")
-        finally:
-            self._wrote((room,))
+        return await self._write(self._core.record_failure(room, reason), "record_failure", (room,))
 
     async def room(self, room: int) -> RoomView:
         if self._near is not None:
@@ -129,6 +105,15 @@ class AsyncStatusStore(StoreBase):
         await self.close()
 
     # The send loop of store.py with awaits. Decisions live in storebase.py.
+
+    async def _write(self, request: Request[T], operation: str, rooms: Any) -> T:
+        """:meth:`StatusStore._write` with awaits."""
+        if self._keeper is not None:
+            await self._keeper.ensure()
+        try:
+            return await self._send(request, operation)
+        finally:
+            self._wrote(rooms)
 
     async def _send(self, request: Request[T], operation: str = "other") -> T:
         if self._metrics is not None:

@@ -49,13 +49,7 @@ class StatusStore(StoreBase):
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        request = self._core.update_status(room, status)
-        if self._keeper is not None:
-            self._keeper.ensure()  # raises LeaseLostError once the lease is lost
-        try:
-            return self._send(request, "update_status")
-        finally:
-            self._wrote((room,))
+        return self._write(self._core.update_status(room, status), "update_status", (room,))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Apply the rule to many rooms in one round trip (per node).
@@ -64,13 +58,7 @@ class StatusStore(StoreBase):
         chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
         the others applied.
         """
-        request = self._core.update_many(updates)
-        if self._keeper is not None:
-            self._keeper.ensure()
-        try:
-            return self._send(request, "update_many")
-        finally:
-            self._wrote(updates)
+        return self._write(self._core.update_many(updates), "update_many", updates)
 
     def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
@@ -93,23 +81,11 @@ class StatusStore(StoreBase):
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
-        request = self._core.clear(room)
-        if self._keeper is not None:
-            self._keeper.ensure()
-        try:
-            return self._send(request, "clear")
-        finally:
-            self._wrote((room,))
+        return self._write(self._core.clear(room), "clear", (room,))
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
-        request = self._core.record_failure(room, reason)
-        if self._keeper is not None:
-            self._keeper.ensure()
-        try:
-            return self._send(request, "record_failure")
-        finally:
-            self._wrote((room,))
+        return self._write(self._core.record_failure(room, reason), "record_failure", (room,))
 
     def room(self, room: int) -> RoomView:
         """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears
@@ -155,6 +131,16 @@ class StatusStore(StoreBase):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _write(self, request: Request[T], operation: str, rooms: Any) -> T:
+        """Send a write: renew the lease first if it may have lapsed (LeaseLostError once it is lost), and drop
+        ``rooms`` from the near cache afterwards, whatever happened (read-your-writes)."""
+        if self._keeper is not None:
+            self._keeper.ensure()
+        try:
+            return self._send(request, operation)
+        finally:
+            self._wrote(rooms)
 
     # The send loop; aio.py has the same lines with awaits. Decisions live in storebase.py.
 

@@ -681,6 +681,22 @@ class _CacheBase:
         self._next_check = 0.0
         self.closed = False
 
+    def _lookup(self, rooms: list[int], participant: str, now: float) -> tuple[dict[int, Optional[KVPoll]], list[int]]:
+        """(the cached statuses of ``rooms``, the rooms to read) at ``now``; the sync cache holds its lock."""
+        result: dict[int, Optional[KVPoll]] = {}
+        if not self._ready(now):  # type: ignore[attr-defined]
+            return result, list(rooms)
+        misses: list[int] = []
+        flat = self.state.flat(participant)
+        for room in rooms:
+            status = flat.get(room, _MISS)
+            if status is _MISS:
+                misses.append(room)
+            else:
+                result[room] = status  # type: ignore[assignment]
+        self.state.referenced.update(result)
+        return result, misses
+
 
 class NearCache(_CacheBase):
     """The near cache of one namespace on a blocking redis-py client (thread-safe).
@@ -727,20 +743,8 @@ class NearCache(_CacheBase):
         now = time.monotonic()
         if now >= self._next_check:
             self._check_topology(now)
-        result: dict[int, Optional[KVPoll]] = {}
-        misses: list[int] = []
         with self._lock:
-            if self._ready(now):
-                flat = self.state.flat(participant)
-                for room in rooms:
-                    status = flat.get(room, _MISS)
-                    if status is _MISS:
-                        misses.append(room)
-                    else:
-                        result[room] = status  # type: ignore[assignment]
-                self.state.referenced.update(result)
-            else:
-                misses = list(rooms)
+            result, misses = self._lookup(rooms, participant, now)
         if result and self.metrics is not None:
             self.metrics.on_cache_hit(len(result))
         if not misses:
@@ -1000,19 +1004,7 @@ class AsyncNearCache(_CacheBase):
         now = time.monotonic()
         if now >= self._next_check:
             await self._check_topology(now)
-        result: dict[int, Optional[KVPoll]] = {}
-        misses: list[int] = []
-        if self._ready(now):
-            flat = self.state.flat(participant)
-            for room in rooms:
-                status = flat.get(room, _MISS)
-                if status is _MISS:
-                    misses.append(room)
-                else:
-                    result[room] = status  # type: ignore[assignment]
-            self.state.referenced.update(result)
-        else:
-            misses = list(rooms)
+        result, misses = self._lookup(rooms, participant, now)
         if result and self.metrics is not None:
             self.metrics.on_cache_hit(len(result))
         if not misses:

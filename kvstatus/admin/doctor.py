@@ -47,6 +47,13 @@ class Check:
         return {"check": self.name, "ok": self.ok, "detail": self.detail}
 
 
+def probe_store(client: Any, schema: KeySchema, **settings: Any) -> StatusStore:
+    """A store writing as the probe participant, with the probe's short TTL; it leaves nothing behind, not
+    even a tombstone (``tombstone_ttl=0``)."""
+    return StatusStore(client, namespace=schema.namespace, prefix=schema.prefix, participant=PROBE_PARTICIPANT,
+                       ttl=PROBE_TTL_SECONDS, tombstone_ttl=0, **settings)
+
+
 def denied_command(exc: BaseException) -> Optional[str]:
     """The command an ACL denial names, or None if ``exc`` is no ACL denial."""
     text = str(exc)
@@ -97,9 +104,7 @@ def _operations(scripts: str) -> tuple[tuple[str, bool], ...]:
 
 def probe_operations(client: Any, schema: KeySchema, scripts: str = "eval") -> dict[str, tuple[Optional[bool], str]]:
     """Run each operation kvstatus needs against the probe entry; name -> (ok, why), ok None: not testable."""
-    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts,
-                        tombstone_ttl=0)  # the probe leaves nothing behind, not even a tombstone
+    store = probe_store(client, schema, scripts=scripts)
     actions: dict[str, Callable[[], Any]] = {
         "update_status": lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping),
         "record_failure": lambda: store.record_failure(PROBE_ROOM, "kvstatus doctor probe"),
@@ -204,9 +209,7 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True, sc
         if ttl < SGLANG_TIMEOUT_SECONDS:
             return Check("ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts")
         return Check("ttl", True, detail)
-    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts,
-                        tombstone_ttl=0)  # the probe leaves nothing behind, not even a tombstone
+    store = probe_store(client, schema, scripts=scripts)
     ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
     if not ok:
         return Check("ttl", False, f"store TTL {ttl:g} s; could not write the probe entry: {why}")
@@ -284,8 +287,7 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
 def near_cache_check(client: Any, schema: KeySchema) -> Check:
     """Whether the near cache can open its links (CLIENT ID, CLIENT TRACKING, SUBSCRIBE __redis__:invalidate).
     Never a failure: the cache is opt-in, and the detail says what a user without it lacks."""
-    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, near_cache=True, tombstone_ttl=0)
+    store = probe_store(client, schema, near_cache=True)
     try:
         ok, why = _attempt(lambda: store.get(PROBE_ROOM))
     finally:
@@ -301,8 +303,7 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     """Whether wait_for gets pushed changes: subscribe to the probe room's channel, update it, see the message.
     ``write`` False (a read-only user): only the subscription is checked. Only a failed probe write fails:
     without the channels wait_for still works, by polling, and the detail says so."""
-    store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix,
-                        participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, scripts=scripts, tombstone_ttl=0)
+    store = probe_store(client, schema, scripts=scripts)
     subscription = waiting.subscription_for(client, schema.room_key(PROBE_ROOM))
     try:
         if not subscription.open():

@@ -138,6 +138,9 @@ def test_doctor_passes_for_the_tenant_and_the_read_only_user(server: RedisServer
 
 def test_the_cli_works_for_the_tenant_and_doctor_flags_an_admin_as_not_isolated(server: RedisServer) -> None:
     env = {"KVSTATUS_NAMESPACE": "ns-a"}
+    # Its own entry first: a Failed without one is IGNORED_MISSING (the test must not lean on another test's rooms).
+    opened = run_cli("--url", _url(server, "tenant-a"), "set", "7", "transferring", "-p", "p0", env=env)
+    assert opened.returncode == 0, opened.stderr
     done = run_cli("--url", _url(server, "tenant-a"), "set", "7", "failed", "-p", "p0", "--reason", "lost", env=env)
     assert done.returncode == 0 and "FAILED" in done.stdout and "reason recorded" in done.stdout, done.stderr
     shown = run_cli("--url", _url(server, "tenant-a-ro"), "get", "7", env=env)

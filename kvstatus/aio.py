@@ -13,7 +13,8 @@ from kvstatus.deadline import DEADLINE, time_left
 from kvstatus.errors import BackendUnavailableError, InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.leases import AsyncLeaseKeeper
-from kvstatus.operations import Call, Request, as_functions
+from kvstatus.operations import as_functions
+from kvstatus.requests import Call, Request
 from kvstatus.rule import KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import (
     StoreBase,

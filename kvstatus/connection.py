@@ -1,26 +1,7 @@
 """Redis URL -> redis-py client, with explicit timeouts and a retry policy.
 
-Supported URLs (passwords are masked in every message kvstatus prints):
-
-- ``redis://[[user]:password@]host[:port][/db]``
-- ``rediss://...``  the same over TLS; query options ``ssl_ca_certs``,
-  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname`` (true/false),
-  ``ssl_cert_reqs`` (required/optional/none)
-- ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``
-- ``redis+cluster://[[user]:password@]host:port[,host:port...]`` a Redis
-  Cluster (db 0 only) on ``RedisCluster``; ``rediss+cluster://`` over TLS
-- ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]``
-  the master of ``service_name`` as reported by the listed Sentinels;
-  ``rediss+sentinel://`` over TLS (to the Sentinels and the data nodes). The
-  user and password are the data nodes'; the Sentinels' own credentials, if
-  any, are the query options ``sentinel_username`` and ``sentinel_password``.
-
-Every field of :class:`ConnectionOptions` is also a query option of every
-form (``?socket_timeout=1&retries=0``), parsed and checked by the same code;
-an option in the URL wins over the same keyword argument. The ``ssl_*``
-options need a TLS scheme: on ``redis://`` they would be ignored, so they are
-refused. A URL holds no fragment: a ``#`` means an unencoded ``#`` in a
-password. Topologies are chosen by scheme in :data:`_BUILDERS`.
+The URL grammar (schemes, query options, :class:`ConnectionOptions`) is :mod:`kvstatus.url`; it is
+re-exported here. Topologies are chosen by scheme in :data:`_BUILDERS`.
 
 A ``rediss://`` URL pointing at a plain-text server fails within
 ``socket_connect_timeout`` with "TLS handshake failed: is the server TLS?",
@@ -32,14 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import socket
 import ssl
-import types
-import typing
-from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Optional, Union
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any, Callable, Optional
 
 import redis
 import redis.asyncio
@@ -60,311 +36,24 @@ from kvstatus.deadline import (
     WaitingPool,
 )
 
-from kvstatus.errors import InvalidArgumentError, InvalidURLError
-from kvstatus.redact import mask_url
+from kvstatus.errors import InvalidURLError
 from kvstatus.translate import REDIS_ERRORS, translate_error
-
-DEFAULT_URL = "redis://localhost:6379/0"
-TLS_SCHEMES = frozenset({"rediss", "rediss+cluster", "rediss+sentinel"})
-SENTINEL_SCHEMES = frozenset({"redis+sentinel", "rediss+sentinel"})
-CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
-
-
-@dataclass(frozen=True)
-class ConnectionOptions:
-    """Timeouts (seconds), the retry policy, the per-call deadline and the pool size of every client.
-
-    ``deadline`` bounds every store call as a whole: the wait for a free
-    connection, every send and reply, and every resend with its backoff. No
-    socket wait outlasts the time left, and no resend starts whose backoff
-    would end past the deadline, so a call returns (or raises) within
-    ``deadline`` seconds plus ``deadline.TOLERANCE`` (0.1 s) and Python's own
-    overhead, even against a hung server. A batch of more than ``operations.CHUNK_ROOMS`` rooms gets
-    ``operations.CHUNK_SECONDS`` more per further chunk.
-
-    Within the deadline, a command that fails with a connection error or a
-    timeout is sent again up to ``retries`` times, after
-    ``min(backoff_cap, backoff_base * 2**n)`` seconds. The defaults ride out
-    about 3-4 s of outage (a restart, a failover), then raise
-    :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
-    whether applied": the last attempt may have been executed by Redis. On
-    cluster and Sentinel clients the store resends the whole call with these
-    waits (redis-py surfaces those failovers at once); size ``deadline`` and
-    the budget above ``cluster-node-timeout`` or Sentinel's
-    ``down-after-milliseconds``. A resend cannot corrupt a room: the rule is
-    idempotent, so the same update applied twice leaves the same state. It
-    can land after another writer's update to the same entry, like any late
-    write (under ``seed`` a resent status can move an entry out of a Failed
-    written in between; under ``strict`` the resend answers REFUSED_TERMINAL
-    for an update that was applied first). ``retries=0`` makes every update
-    at most once.
-
-    ``max_connections`` caps the connections of one client (per node on a
-    cluster). A call that finds them all busy queues for one until its
-    deadline, then raises :class:`~kvstatus.errors.PoolExhaustedError`
-    ("client connection pool exhausted (max_connections=N)"; nothing was sent).
-    """
-
-    socket_timeout: float = 5.0
-    socket_connect_timeout: float = 2.0
-    deadline: float = 5.0
-    max_connections: int = 100
-    retries: int = 5
-    backoff_base: float = 0.05
-    backoff_cap: float = 2.0
-    health_check_interval: int = 30
-    client_name: Optional[str] = "kvstatus"
-    ssl_ca_certs: Optional[str] = None
-    ssl_certfile: Optional[str] = None
-    ssl_keyfile: Optional[str] = None
-    ssl_check_hostname: Optional[bool] = None
-    ssl_cert_reqs: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        for name in ("socket_timeout", "socket_connect_timeout", "deadline"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0")
-        for name in ("backoff_base", "backoff_cap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds >= 0")
-        for name in ("retries", "health_check_interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= 0")
-        if self.client_name is not None and (not isinstance(self.client_name, str)
-                                             or not all("!" <= c <= "~" for c in self.client_name)):
-            # Redis' own rule for CLIENT SETNAME; refused here, before a connection sends it.
-            raise InvalidArgumentError(f"invalid client_name {self.client_name!r}: use printable ASCII without "
-                                       "spaces")
-        if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) \
-                or self.max_connections < 1:
-            raise InvalidArgumentError(f"invalid max_connections {self.max_connections!r}: expected an int >= 1")
-        if self.ssl_cert_reqs is not None and self.ssl_cert_reqs not in _CERT_REQS:
-            raise InvalidArgumentError(f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of "
-                                       + ", ".join(_CERT_REQS))
-
-    def tls_options(self) -> dict[str, Any]:
-        """The ``ssl_*`` fields that are set (they need a TLS scheme)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name.startswith("ssl_") and getattr(self, f.name) is not None}
-
-    def retry_delays(self) -> tuple[float, ...]:
-        """The wait in seconds before each resend: ``min(backoff_cap, backoff_base * 2**n)``, n = 1..retries."""
-        return tuple(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
-
-    def retry_budget(self) -> float:
-        """Total backoff in seconds before a command gives up (not counting the timeouts themselves)."""
-        return sum(self.retry_delays())
-
-
-@dataclass(frozen=True)
-class ParsedURL:
-    """A validated Redis URL. ``hosts`` holds (host, port) pairs; ``path`` is the unix socket path."""
-
-    scheme: str
-    hosts: tuple[tuple[str, int], ...]
-    username: Optional[str]
-    password: Optional[str]
-    db: int
-    path: Optional[str]
-    query: dict[str, str]
-    service: Optional[str] = None
-
-    def __repr__(self) -> str:
-        return f"ParsedURL({self.masked!r})"
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme in TLS_SCHEMES
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The :class:`ConnectionOptions` fields this URL sets, parsed."""
-        return {name: _QUERY_OPTIONS[name](value) for name, value in self.query.items() if name in _OPTION_FIELDS}
-
-    @property
-    def masked(self) -> str:
-        """The URL's shape without its password (user info without a password may be one: masked whole)."""
-        auth = ""
-        if self.password is not None:
-            auth = f"{self.username or ''}:***@"
-        elif self.username:
-            auth = "***@"
-        where = self.path or ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
-        if self.scheme in CLUSTER_SCHEMES:
-            return f"{self.scheme}://{auth}{where}"
-        service = f"/{self.service}" if self.service else ""
-        return f"{self.scheme}://{auth}{where}{service}/{self.db}"
-
-
-def _hint(shown: str) -> str:
-    """Where credentials are present, the likely cause of a malformed URL."""
-    return " (percent-encode any @ / ? # in the user name or password)" if "@" in shown else ""
-
-
-_BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-_CERT_REQS = ("required", "optional", "none")
-
-
-def _field_parser(annotation: Any) -> Callable[[str], Any]:
-    """How a query value becomes a ConnectionOptions field of type ``annotation`` (Optional[X] -> X)."""
-    if typing.get_origin(annotation) in (Union, types.UnionType):
-        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    return {bool: lambda v: _BOOL[v.lower()], int: int, float: float, str: str}[annotation]
-
-
-_OPTION_FIELDS: dict[str, Callable[[str], Any]] = {
-    name: _field_parser(annotation) for name, annotation in typing.get_type_hints(ConnectionOptions).items()
-}
-_OPTION_FIELDS["ssl_cert_reqs"] = lambda v: _CERT_REQS[_CERT_REQS.index(v.lower())]
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise ValueError(value)
-    return number
-
-
-STORE_OPTIONS: dict[str, Callable[[str], Any]] = {"near_cache": lambda v: _BOOL[v.lower()],
-                                                  "near_cache_size": _positive_int}
-"""Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
-_QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
-    **_OPTION_FIELDS,
-    "db": int,
-    "sentinel_username": str,
-    "sentinel_password": str,
-    "scripts": lambda v: ("eval", "functions")[("eval", "functions").index(v)],
-    **STORE_OPTIONS,
-}
-"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials,
-``scripts`` (eval or functions: how the store runs its Lua; see :func:`url_script_mode`), and the store's
-near-cache options."""
-_SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
-_TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
-
-
-def url_script_mode(url: str) -> str:
-    """The URL's ``?scripts=`` option (eval or functions: how a store on it runs its Lua), "eval" if absent."""
-    return parse_url(url).query.get("scripts", "eval")
-
-
-def parse_url(url: object) -> ParsedURL:
-    """Validate a Redis URL; raise :class:`InvalidURLError` naming what is wrong (password masked)."""
-    if not isinstance(url, str) or not url:
-        raise InvalidURLError(f"invalid Redis URL {url!r}: expected a string such as {DEFAULT_URL}")
-    # Undecodable bytes from argv or the environment arrive as lone surrogates, which cannot be sent to Redis.
-    shown = mask_url(url).encode("utf-8", "backslashreplace").decode("utf-8")
-    try:
-        url.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidURLError(f"invalid Redis URL {shown}: not valid UTF-8 text (bytes that are not UTF-8, "
-                              "e.g. in the password; percent-encode them)") from None
-    try:
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in _BUILDERS:
-            raise InvalidURLError(
-                f"invalid Redis URL {shown}: unsupported scheme {parts.scheme!r}; use one of "
-                + ", ".join(f"{s}://" for s in _BUILDERS)
-            )
-        if "#" in url:
-            raise InvalidURLError(f"invalid Redis URL {shown}: a Redis URL has no '#' part "
-                                  "(percent-encode # in a password as %23)")
-        query: dict[str, str] = {}
-        for name, values in parse_qs(parts.query, keep_blank_values=True, strict_parsing=False,
-                                     errors="strict").items():
-            if name not in _QUERY_OPTIONS:
-                # An unencoded & ? in a password splits it into "options": name one only if the masked URL shows it.
-                shows = any(f"{sep}{name}" in shown for sep in "?&;")
-                named = f" {name!r}" if name.isidentifier() and shows else ""
-                raise InvalidURLError(f"invalid Redis URL {shown}: unknown option{named} (options: "
-                                      f"{', '.join(_QUERY_OPTIONS)}; percent-encode & in a password as %26)")
-            query[name] = values[-1]
-        for name, value in query.items():
-            try:
-                _QUERY_OPTIONS[name](value)
-            except (KeyError, ValueError):
-                raise InvalidURLError(f"invalid Redis URL {shown}: bad value for option {name!r}") from None
-        try:
-            replace(ConnectionOptions(), **{n: _OPTION_FIELDS[n](v) for n, v in query.items() if n in _OPTION_FIELDS})
-        except InvalidArgumentError as exc:
-            raise InvalidURLError(f"invalid Redis URL {shown}: {exc}") from None
-        if scheme not in TLS_SCHEMES and any(name in query for name in _TLS_ONLY):
-            raise InvalidURLError(f"invalid Redis URL {shown}: ssl_* options need a TLS scheme (rediss://, "
-                                  "rediss+cluster://, rediss+sentinel://); on {scheme}:// they would be ignored "
-                                  "and the connection would be plain text".replace("{scheme}", scheme))
-        try:
-            username = unquote(parts.username, errors="strict") if parts.username else None
-            password = unquote(parts.password, errors="strict") if parts.password is not None else None
-        except UnicodeDecodeError:
-            raise InvalidURLError(f"invalid Redis URL {shown}: the user name or password is percent-encoded "
-                                  "bytes that are not UTF-8, which redis-py cannot send") from None
-        if "@" in parts.path:
-            # An unencoded "/" in the user info ends the authority early: the rest of the password would
-            # land in the socket path or the database, and be shown. Refuse instead of guessing.
-            raise InvalidURLError(f"invalid Redis URL {shown}: an '@' after the host{_hint(shown)}")
-        if scheme == "unix":
-            path = unquote(parts.path)
-            if not path:
-                raise InvalidURLError(f"invalid Redis URL {shown}: a unix:// URL needs a socket path")
-            return ParsedURL(scheme, (), username, password, int(query.pop("db", 0)), path, query)
-        hosts = _parse_hosts(parts.netloc.rpartition("@")[2], shown)
-        if scheme not in SENTINEL_SCHEMES and any(name in query for name in _SENTINEL_ONLY):
-            raise InvalidURLError(f"invalid Redis URL {shown}: sentinel_* options need redis+sentinel://")
-        if scheme in SENTINEL_SCHEMES:
-            service, db_path = _parse_service(parts.path, shown)
-            db = _parse_db(db_path, query.pop("db", None), shown)
-            return ParsedURL(scheme, hosts, username, password, db, None, query, service)
-        db = _parse_db(parts.path, query.pop("db", None), shown)
-        if scheme in CLUSTER_SCHEMES and db != 0:
-            raise InvalidURLError(f"invalid Redis URL {shown}: Redis Cluster has only database 0")
-        return ParsedURL(scheme, hosts, username, password, db, None, query)
-    except InvalidURLError:
-        raise
-    except ValueError as exc:
-        raise InvalidURLError(f"invalid Redis URL {shown}: {mask_url(str(exc))}") from None
-
-
-def _parse_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
-    hosts = []
-    for item in netloc.split(",") if netloc else ["localhost"]:
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else ""
-        else:
-            host, _, port_text = item.partition(":")
-        if not host:
-            raise InvalidURLError(f"invalid Redis URL {shown}: missing host{_hint(shown)}")
-        if port_text and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
-            raise InvalidURLError(f"invalid Redis URL {shown}: bad port (1..65535){_hint(shown)}")
-        hosts.append((host, int(port_text) if port_text else 6379))
-    return tuple(hosts)
-
-
-def _parse_service(path: str, shown: str) -> tuple[str, str]:
-    """Split ``/service_name[/db]`` of a Sentinel URL."""
-    service, _, db = path.strip("/").partition("/")
-    service = unquote(service, errors="strict")
-    if not service:
-        raise InvalidURLError(f"invalid Redis URL {shown}: a Sentinel URL needs /service_name after the hosts")
-    if any(char.isspace() or char == "/" for char in service):
-        raise InvalidURLError(f"invalid Redis URL {shown}: bad service name")
-    return service, db
-
-
-def _parse_db(path: str, from_query: Optional[str], shown: str) -> int:
-    text = from_query if from_query is not None else path.strip("/")
-    if not text:
-        return 0
-    if not text.isdigit():
-        raise InvalidURLError(f"invalid Redis URL {shown}: the database is not a number{_hint(shown)}")
-    return int(text)
-
+from kvstatus.url import (  # noqa: F401  re-exported: kvstatus.connection was the URL grammar's home
+    _QUERY_OPTIONS,
+    CLUSTER_SCHEMES,
+    CONNECTION_FIELDS,
+    DEFAULT_URL,
+    SCHEMES,
+    SENTINEL_SCHEMES,
+    STORE_OPTIONS,
+    TLS_SCHEMES,
+    ConnectionOptions,
+    ParsedURL,
+    _options,
+    options_for,
+    parse_url,
+    url_script_mode,
+)
 
 def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, Any]:
     """redis-py keyword arguments; ``options`` already hold the URL's query options."""
@@ -616,26 +305,7 @@ _BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {
     "redis+sentinel": _sentinel,
     "rediss+sentinel": _sentinel,
 }
-
-
-CONNECTION_FIELDS: frozenset[str] = frozenset(field.name for field in fields(ConnectionOptions))
-"""The keyword arguments of ``from_url`` that are connection options rather than store settings."""
-
-
-def options_for(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> ConnectionOptions:
-    """The options a client of ``url`` uses: ``options``, then ``overrides``, then the URL's query options.
-
-    Raises :class:`InvalidURLError` for a bad URL, and for ``ssl_*`` options given with a non-TLS scheme.
-    """
-    return _options(parse_url(url), options, overrides)
-
-
-def _options(parsed: ParsedURL, options: Optional[ConnectionOptions], overrides: dict[str, Any]) -> ConnectionOptions:
-    opts = replace(replace(options or ConnectionOptions(), **overrides), **parsed.options)
-    if not parsed.tls and opts.tls_options():
-        raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {', '.join(opts.tls_options())} given, but "
-                              f"{parsed.scheme}:// is plain text; use a TLS scheme (rediss://...)")
-    return opts
+assert tuple(_BUILDERS) == SCHEMES, "kvstatus.url.SCHEMES and the builders must name the same schemes"
 
 
 def connect(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Optional
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.keys import reason_field, validate_name, validate_rooms
-from kvstatus.operations import Call, Request, script_call
+from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import KVPoll
 
 TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})

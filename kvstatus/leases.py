@@ -38,6 +38,7 @@ from typing import Any, Awaitable, Callable, Optional
 from kvstatus import scripts
 from kvstatus.errors import BackendError, InvalidArgumentError, LeaseLostError
 from kvstatus.keys import KeySchema
+from kvstatus.requests import Request, script_call
 from kvstatus.rule import LeaseOutcome
 
 log = logging.getLogger("kvstatus.leases")
@@ -97,8 +98,6 @@ class LeaseCore:
 
     def request(self, op: str) -> Any:
         """The :class:`~kvstatus.operations.Request` of ``op`` ("acquire", "renew", "release"); decodes to (code, gen)."""
-        from kvstatus.operations import Request, script_call
-
         if op == "acquire":
             self.incarnation = secrets.token_hex(8)
             self.lost = self.released = self.taken_over = False

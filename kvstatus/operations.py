@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from redis.cluster import key_slot
 
@@ -44,7 +44,7 @@ from kvstatus.rule import (
     to_policy,
     to_status,
 )
-from kvstatus.scripts import LuaScript
+from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
 
 T = TypeVar("T")
 
@@ -65,31 +65,6 @@ MAX_TTL_SECONDS = 30 * 24 * 3600.0
 MAX_REASON_BYTES = 2048
 _TRUNCATED = " [truncated]"
 
-
-class Call(NamedTuple):
-    """One Redis command; ``script`` is set when ``args`` runs that script (EVALSHA, or FCALL of its function)."""
-
-    args: tuple[Any, ...]
-    script: Optional[LuaScript] = None
-
-    def as_eval(self) -> "Call":
-        """The same script call sent with its source (``EVAL``), which a server without the script still runs."""
-        assert self.script is not None
-        return Call(("EVAL", self.script.source, *self.args[2:]), self.script)
-
-
-class Request(Generic[T]):
-    """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order).
-
-    ``extra_seconds`` is added to the call's deadline: a batch of many chunks gets more time than one command.
-    """
-
-    __slots__ = ("calls", "decode", "extra_seconds")
-
-    def __init__(self, calls: list[Call], decode: Callable[[list[Any]], T], extra_seconds: float = 0.0) -> None:
-        self.calls = calls
-        self.decode = decode
-        self.extra_seconds = extra_seconds
 
 _STATUS_ARG = tuple(str(s.value) for s in KVPoll)
 _STATUS_BY_VALUE: dict[Any, KVPoll] = {}
@@ -115,10 +90,6 @@ def ttl_to_ms(ttl: object) -> int:
         raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected seconds > 0 and at most "
                                    f"{MAX_TTL_SECONDS:.0f} ({MAX_TTL_SECONDS / 86400:g} days)")
     return max(1, round(ttl * 1000))
-
-
-def script_call(script: LuaScript, keys: list[str], args: Iterable[Any]) -> Call:
-    return Call(("EVALSHA", script.sha, len(keys), *keys, *args), script)
 
 
 def _text(value: Any) -> str:

@@ -42,11 +42,11 @@ from kvstatus.observer import StoreObserver, check_observer
 from kvstatus.operations import (
     DEFAULT_TOMBSTONE_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
-    Call,
     FunctionsCore,
     StoreCore,
     validate_script_mode,
 )
+from kvstatus.requests import Call
 from kvstatus.rule import Policy
 from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error

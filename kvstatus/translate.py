@@ -19,7 +19,7 @@ from kvstatus.errors import (
     PoolExhaustedError,
 )
 from kvstatus.deadline import ClientPoolExhausted
-from kvstatus.operations import Call
+from kvstatus.requests import Call
 from kvstatus.scripts import LIBRARY_NAME
 from kvstatus.redact import mask_url
 

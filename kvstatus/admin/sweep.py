@@ -34,7 +34,7 @@ from kvstatus.admin.leases import lost_participants
 from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_room_keys
 from kvstatus.consensus import MAX_PARTICIPANTS, LeaseState, entries_request, lost_reason
 from kvstatus.keys import KeySchema, reason_field
-from kvstatus.operations import Request, script_call
+from kvstatus.requests import Request, script_call
 from kvstatus.rule import KVPoll, Outcome
 from kvstatus.store import StatusStore
 

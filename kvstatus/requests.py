@@ -1,0 +1,44 @@
+"""A store operation as plain data: the Redis calls to send in one round trip, and how to decode the replies.
+
+:mod:`kvstatus.operations` builds them; the send path (:mod:`kvstatus._async.sender`, and its generated sync
+twin) sends them. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
+
+from kvstatus.scripts import LuaScript
+
+T = TypeVar("T")
+
+
+class Call(NamedTuple):
+    """One Redis command; ``script`` is set when ``args`` runs that script (EVALSHA, or FCALL of its function)."""
+
+    args: tuple[Any, ...]
+    script: Optional[LuaScript] = None
+
+    def as_eval(self) -> "Call":
+        """The same script call sent with its source (``EVAL``), which a server without the script still runs."""
+        assert self.script is not None
+        return Call(("EVAL", self.script.source, *self.args[2:]), self.script)
+
+
+class Request(Generic[T]):
+    """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order).
+
+    ``extra_seconds`` is added to the call's deadline: a batch of many chunks gets more time than one command.
+    """
+
+    __slots__ = ("calls", "decode", "extra_seconds")
+
+    def __init__(self, calls: list[Call], decode: Callable[[list[Any]], T], extra_seconds: float = 0.0) -> None:
+        self.calls = calls
+        self.decode = decode
+        self.extra_seconds = extra_seconds
+
+
+def script_call(script: LuaScript, keys: list[str], args: Iterable[Any]) -> Call:
+    return Call(("EVALSHA", script.sha, len(keys), *keys, *args), script)

@@ -15,7 +15,7 @@ import asyncio
 import functools
 import socket
 import ssl
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import redis
 import redis.asyncio
@@ -94,7 +94,7 @@ def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: boo
     made = client.connection_pool
     pool_class = AsyncWaitingConnectionPool if asynchronous else WaitingConnectionPool
     client.connection_pool = pool_class(
-        connection_class=_connection_class(made.connection_class, parsed.tls),
+        connection_class=connection_class(made.connection_class, parsed.tls),
         max_connections=options.max_connections,
         timeout=options.deadline,
         **made.connection_kwargs,
@@ -164,7 +164,7 @@ class _AsyncTLSHandshake:
 
 
 @functools.lru_cache(maxsize=None)
-def _connection_class(base: type, tls: bool) -> type:
+def connection_class(base: type, tls: bool) -> type:
     """``base`` (a redis-py connection class) with the deadline of store calls, and the TLS handshake checks."""
     asynchronous = base.__module__.startswith("redis.asyncio")
     mixins: tuple[type, ...] = (AsyncDeadlineConnection if asynchronous else DeadlineConnection,)
@@ -205,10 +205,10 @@ def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) 
         # Nodes are built from these kwargs when the client first connects.
         manager = cluster.nodes_manager
         default = redis.asyncio.SSLConnection if parsed.tls else redis.asyncio.Connection
-        connection_class = _connection_class(manager.connection_kwargs.get("connection_class", default), parsed.tls)
-        manager.connection_kwargs["connection_class"] = connection_class
+        made = connection_class(manager.connection_kwargs.get("connection_class", default), parsed.tls)
+        manager.connection_kwargs["connection_class"] = made
         for node in manager.startup_nodes.values():
-            node.connection_class = connection_class
+            node.connection_class = made
         return cluster
     from redis.cluster import ClusterNode, RedisCluster
 
@@ -233,7 +233,7 @@ def _deadline_nodes(cluster: Any, tls: bool) -> None:
     def create_redis_node(*args: Any, **kwargs: Any) -> Any:
         node = make_node(*args, **kwargs)
         pool = node.connection_pool
-        pool.connection_class = _connection_class(pool.connection_class, tls)
+        pool.connection_class = connection_class(pool.connection_class, tls)
         return node
 
     manager.create_redis_node = create_redis_node
@@ -241,7 +241,7 @@ def _deadline_nodes(cluster: Any, tls: bool) -> None:
         if node.redis_connection is not None:
             pool = node.redis_connection.connection_pool
             pool.disconnect()
-            pool.connection_class = _connection_class(pool.connection_class, tls)
+            pool.connection_class = connection_class(pool.connection_class, tls)
             pool.reset()
 
 
@@ -264,7 +264,7 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
     if parsed.tls:
         sentinel_kwargs.update(_ssl_kwargs(query, options))
-    kwargs["connection_class"] = _connection_class(
+    kwargs["connection_class"] = connection_class(
         SentinelManagedSSLConnection if parsed.tls else SentinelManagedConnection, parsed.tls)
     # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
     # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
@@ -274,7 +274,7 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
     for client in sentinel.sentinels:  # asking the Sentinels where the master is counts against the deadline too
-        client.connection_pool.connection_class = _connection_class(client.connection_pool.connection_class,
+        client.connection_pool.connection_class = connection_class(client.connection_pool.connection_class,
                                                                     parsed.tls)
     pool_class = _AsyncSentinelPool if asynchronous else _SentinelPool
     return sentinel.master_for(parsed.service, connection_pool_class=pool_class,
@@ -308,13 +308,13 @@ _BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {
 assert tuple(_BUILDERS) == SCHEMES, "kvstatus.url.SCHEMES and the builders must name the same schemes"
 
 
-def connect(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
+def connect(url: Union[str, ParsedURL], options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
     """A redis-py client for ``url``; ``overrides`` replace fields of ``options``. Connects lazily."""
     parsed = parse_url(url)
     return _BUILDERS[parsed.scheme](parsed, _options(parsed, options, overrides), False)
 
 
-def connect_async(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
+def connect_async(url: Union[str, ParsedURL], options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
     """Like :func:`connect`, for ``redis.asyncio``."""
     parsed = parse_url(url)
     return _BUILDERS[parsed.scheme](parsed, _options(parsed, options, overrides), True)

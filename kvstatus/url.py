@@ -221,13 +221,16 @@ _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
 
 
-def url_script_mode(url: str) -> str:
+def url_script_mode(url: Union[str, ParsedURL]) -> str:
     """The URL's ``?scripts=`` option (eval or functions: how a store on it runs its Lua), "eval" if absent."""
     return parse_url(url).query.get("scripts", "eval")
 
 
 def parse_url(url: object) -> ParsedURL:
-    """Validate a Redis URL; raise :class:`InvalidURLError` naming what is wrong (password masked)."""
+    """Validate a Redis URL; raise :class:`InvalidURLError` naming what is wrong (password masked).
+    A :class:`ParsedURL` is returned as it is: callers parse a URL once and pass the result on."""
+    if isinstance(url, ParsedURL):
+        return url
     if not isinstance(url, str) or not url:
         raise InvalidURLError(f"invalid Redis URL {url!r}: expected a string such as {DEFAULT_URL}")
     # Undecodable bytes from argv or the environment arrive as lone surrogates, which cannot be sent to Redis.
@@ -343,7 +346,7 @@ CONNECTION_FIELDS: frozenset[str] = frozenset(field.name for field in fields(Con
 """The keyword arguments of ``from_url`` that are connection options rather than store settings."""
 
 
-def options_for(url: str, options: Optional[ConnectionOptions] = None, **overrides: Any) -> ConnectionOptions:
+def options_for(url: Union[str, ParsedURL], options: Optional[ConnectionOptions] = None, **overrides: Any) -> ConnectionOptions:
     """The options a client of ``url`` uses: ``options``, then ``overrides``, then the URL's query options.
 
     Raises :class:`InvalidURLError` for a bad URL, and for ``ssl_*`` options given with a non-TLS scheme.

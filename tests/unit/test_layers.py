@@ -36,8 +36,14 @@ def kvstatus_imports(path: Path) -> set[str]:
     return {name for name in found if name in modules}
 
 
+CORE_PACKAGES = ("_async", "_sync")
+"""The core's I/O, written once (``_async``) and generated (``_sync``): part of the core layer."""
+
+
 def package_of(module: str) -> str:
     parts = module.split(".")
+    if len(parts) > 1 and parts[1] in CORE_PACKAGES:
+        return ""
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYER) else ""
 
 

@@ -1,0 +1,323 @@
+"""The near cache's driver: serves reads from :class:`~kvstatus.cachestate.CacheState` and fills misses
+through the store's send path, on links that Redis tracks (see :mod:`kvstatus.nearcache` for how the
+cache stays coherent). Written once; the sync driver is generated from this file.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, Optional
+
+from redis import exceptions as rx
+
+from kvstatus._async.sender import AsyncSender
+from kvstatus.cachestate import (
+    MISS,
+    CachedRoom,
+    CacheState,
+    NearCacheBase,
+    NearCacheOptions,
+    unique_rooms,
+    view_at,
+)
+from kvstatus.concurrency import (
+    BROKEN,
+    AsyncLock,
+    async_close_link,
+    async_closed_links,
+    async_data_fd,
+    async_run_blocking,
+)
+from kvstatus.errors import KVStatusError
+from kvstatus.invalidation import InvalidationSocket, LinkLost, Links, LinkState, peer_of, sync_twin, tracking_command
+from kvstatus.keys import KeySchema, validate_room
+from kvstatus.requests import Call, Request
+from kvstatus.rule import KVPoll, RoomView
+from kvstatus.topology import SlotMoved, Topology, slot_fingerprint
+
+
+class AsyncNearCache(NearCacheBase):
+    """The near cache of one namespace (safe to share between the stores of one client).
+
+    Reads answer from memory while every link is live; a miss is read from Redis through ``sender``
+    (the store's send path: its deadline, observer, resends and error translation) and cached.
+    ``invalidate(rooms)`` drops rooms this process wrote; ``close()`` closes the links.
+    """
+
+    def __init__(self, client: Any, schema: KeySchema, options: NearCacheOptions, sender: AsyncSender) -> None:
+        self.topology = Topology(client)
+        self.state = CacheState(schema, options)
+        self.links = Links(self.state, _close_link)
+        self.sender = sender
+        self.metrics = self.state.metrics = sender.metrics
+        self._lock = threading.Lock()  # guards the state; never held across I/O
+        self._io_lock = AsyncLock()  # one fill or check at a time on the links' connections
+        self._probe = self.topology.probe_command()
+        self._fingerprint: Any = None
+        self._next_check = 0.0
+        self.closed = False
+
+    # ---- the hot path
+
+    def _ready(self, now: float) -> bool:
+        """Under the lock: apply invalidations, expire, and say whether cached rooms may be served."""
+        links = self.links
+        for name in async_closed_links(links.links):
+            links.drop_link(name, f"data connection of {name or 'server'} closed")
+        links.poll(now)
+        state = self.state
+        if now >= state.earliest_deadline:
+            state.expire(now)
+        return now < links.live_until
+
+    async def status(self, room: int, participant: str, operation: str = "get") -> Optional[KVPoll]:
+        """``participant``'s status in a validated ``room``, or None."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
+        with self._lock:
+            if self._ready(now):
+                status = self.state.flat(participant).get(room, MISS)
+                if status is not MISS:
+                    if self.state.marking:
+                        self.state.referenced.add(room)
+                    if self.metrics is not None:
+                        self.metrics.on_cache_hit()
+                    return status  # type: ignore[no-any-return]
+        return (await self._fill([room], operation))[room].statuses.get(participant)
+
+    async def statuses(self, rooms: list[int], participant: str) -> dict[int, Optional[KVPoll]]:
+        """``participant``'s status in each of the validated, distinct ``rooms``."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
+        result: dict[int, Optional[KVPoll]] = {}
+        misses = rooms
+        with self._lock:
+            if self._ready(now):
+                flat = self.state.flat(participant)
+                misses = []
+                for room in rooms:
+                    status = flat.get(room, MISS)
+                    if status is MISS:
+                        misses.append(room)
+                    else:
+                        result[room] = status
+                self.state.referenced.update(result)
+        if result and self.metrics is not None:
+            self.metrics.on_cache_hit(len(result))
+        if not misses:
+            return result
+        for room, entry in (await self._fill(misses, "get_many")).items():
+            result[room] = entry.statuses.get(participant)
+        return {room: result[room] for room in rooms}
+
+    async def view(self, room: int) -> RoomView:
+        """Every participant's entry in a validated ``room``, TTL counted down locally."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
+        with self._lock:
+            if self._ready(now):
+                entry = self.state.entries.get(room)
+                if entry is not None:
+                    self.state.referenced.add(room)
+                    if self.metrics is not None:
+                        self.metrics.on_cache_hit()
+                    return view_at(entry, now)
+        return view_at((await self._fill([room], "room"))[room], time.monotonic())
+
+    def invalidate(self, rooms: Iterable[int]) -> None:
+        """Drop ``rooms``: call after this process wrote them, before returning to its caller."""
+        with self._lock:
+            self.state.invalidate(rooms)
+
+    # ---- the store's read methods, with its argument checks and semantics
+
+    async def get(self, room: int, participant: str) -> Optional[KVPoll]:
+        return await self.status(validate_room(room), participant)
+
+    async def check_status(self, room: int, participant: str) -> KVPoll:
+        status = await self.status(validate_room(room), participant, "check_status")
+        if status is None:
+            raise KeyError(room)
+        return status
+
+    async def get_many(self, rooms: Iterable[int], participant: str) -> dict[int, Optional[KVPoll]]:
+        if type(rooms) is list or type(rooms) is tuple:  # the hot path: every room cached
+            now = time.monotonic()
+            if now >= self._next_check:
+                await self._check_topology(now)
+            with self._lock:
+                found = self.state.hits(rooms, participant) if self._ready(now) else None
+            if found is not None:
+                if self.metrics is not None:
+                    self.metrics.on_cache_hit(len(rooms))
+                return found
+        unique = unique_rooms(rooms)
+        return await self.statuses(unique, participant) if unique else {}
+
+    async def room(self, room: int) -> RoomView:
+        return await self.view(validate_room(room))
+
+    # ---- misses, through the store's send path
+
+    async def _fill(self, rooms: list[int], operation: str) -> dict[int, CachedRoom]:
+        """Read ``rooms`` from Redis and cache them (unless an invalidation raced the read)."""
+        if self.metrics is not None:
+            self.metrics.on_cache_miss(len(rooms))
+        keys, commands = self.state.fill_commands(rooms)
+        fill = AsyncLinkTransport(self)
+        replies = await self.sender.send(Request([Call(command) for command in commands], _as_is), operation,
+                                         via=fill)
+        filled = self.state.decode_fill(rooms, keys, replies, fill.sent_at)
+        with self._lock:
+            self.links.poll(time.monotonic())  # invalidations that raced the read arrive before it is stored
+            self.state.store(fill.token, filled)
+        return filled
+
+    async def _open_link(self, name: str) -> None:
+        """Under the I/O lock: connect the invalidation and the data connection of node ``name``."""
+        data = self.topology.new_data_connection(name)
+        inval: Optional[InvalidationSocket] = None
+        try:
+            await data.connect()
+            inval = InvalidationSocket(sync_twin(data))
+            await async_run_blocking(inval.open)
+            if peer_of(data) != inval.peer:
+                raise LinkLost("the data and invalidation connections reached different servers")
+            await data.send_command(*tracking_command(inval.client_id, self.state.schema, self.state.options.bcast))
+            reply = await data.read_response()
+            if reply not in (b"OK", "OK"):
+                raise LinkLost(f"CLIENT TRACKING answered {reply!r}")
+            if self.topology.cluster and self._fingerprint is None:
+                await data.send_command("CLUSTER", "SLOTS", check_health=False)
+                self._fingerprint = slot_fingerprint(await data.read_response())
+        except BaseException:
+            await data.disconnect()
+            if inval is not None:
+                inval.close()
+            raise
+        with self._lock:
+            # A new link means a new (or reconnected) server: nothing read before can be trusted.
+            self.state.flush(f"link to {name or 'server'} opened")
+            self.links.add_link(LinkState(name, inval, data, async_data_fd(data), time.monotonic()))
+
+    async def _check_topology(self, now: float) -> None:
+        """Every ``max_staleness`` seconds: has the cluster's slot map changed, or is the Sentinel-managed server
+        no longer the master? Then empty the cache (a failure empties it too). One round trip."""
+        self._next_check = now + self.state.options.max_staleness
+        if self._probe is None or not self.links.links:
+            return
+        try:
+            reply = await self.sender.send(Request([Call(self._probe)], _first), "topology",
+                                           via=AsyncLinkTransport(self, probe=True))
+        except KVStatusError as exc:
+            self._reset_links(f"topology check failed: {exc}")
+            return
+        reason, self._fingerprint = self.topology.probe_changed(reply, self._fingerprint)
+        if reason:
+            await self._reset_topology(reason)
+
+    async def check(self) -> None:
+        """Poll once: apply invalidations, check the topology if due (tests, benchmarks)."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
+        with self._lock:
+            self._ready(now)
+
+    def _reset_links(self, reason: str) -> None:
+        with self._lock:
+            for name in list(self.links.links):
+                self.links.drop_link(name, reason)
+            self.state.flush(reason)
+
+    async def _reset_topology(self, reason: str) -> None:
+        self._reset_links(reason)
+        self._fingerprint = None
+        if self.topology.cluster:
+            try:
+                await self.topology.client.nodes_manager.initialize()
+            except rx.RedisError:
+                pass  # the next read reports it
+
+    async def close(self) -> None:
+        self._reset_links("closed")
+        self.closed = True
+
+
+class AsyncLinkTransport:
+    """The near cache's transport (:class:`~kvstatus._async.sender.AsyncTransport`) for one fill or check:
+    the commands go out pipelined on each node's tracked data connection. A broken link or a moved slot
+    empties the cache and answers a connection error, which the send path resends after its delays."""
+
+    def __init__(self, cache: AsyncNearCache, probe: bool = False) -> None:
+        self.cache = cache
+        self.probe = probe
+        self.resend_delays = () if probe else cache.sender.options.retry_delays()
+        self.token = (0, 0)
+        self.sent_at = 0.0
+
+    async def io(self, calls: list[Call]) -> list[Any]:
+        cache = self.cache
+        try:
+            async with cache._io_lock:
+                links = cache.links.links
+                if self.probe:
+                    groups = {next(iter(links), ""): list(range(len(calls)))} if links else {}
+                else:
+                    groups = cache.topology.group([call.args[1] for call in calls])
+                    for name in groups:
+                        if name not in links:
+                            await cache._open_link(name)
+                if not groups:
+                    raise LinkLost("the near cache has no link")
+                with cache._lock:
+                    self.token = cache.state.token()
+                self.sent_at = time.monotonic()
+                for name, indices in groups.items():
+                    conn = links[name].data
+                    await conn.send_packed_command(conn.pack_commands([calls[i].args for i in indices]),
+                                                   check_health=False)
+                replies: list[Any] = [None] * len(calls)
+                for name, indices in groups.items():
+                    conn = links[name].data
+                    for i in indices:
+                        try:
+                            replies[i] = await conn.read_response(disconnect_on_error=True)
+                        except rx.ResponseError as exc:
+                            replies[i] = exc
+        except SlotMoved as exc:
+            await cache._reset_topology(str(exc))
+            return [rx.ConnectionError(f"the near cache's read met a moved slot: {exc}")] * len(calls)
+        except (LinkLost, *BROKEN) as exc:
+            cache._reset_links(f"read failed: {exc}")
+            return [rx.ConnectionError(f"the near cache's connection failed: {exc}")] * len(calls)
+        moved = next((r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))),
+                     None)
+        if moved is not None:
+            await cache._reset_topology(str(moved))
+            return [rx.ConnectionError(f"the near cache's read met a moved slot: {moved}")] * len(calls)
+        return replies
+
+    async def reset(self) -> None:
+        """Nothing to do before a resend: a failed link was already dropped, and is reopened by the next read."""
+
+    async def load(self, source: str) -> None:
+        """The near cache sends no scripts."""
+
+
+def _as_is(replies: list[Any]) -> list[Any]:
+    return replies
+
+
+def _first(replies: list[Any]) -> Any:
+    return replies[0]
+
+
+def _close_link(link: LinkState) -> None:
+    link.inval.close()
+    async_close_link(link.data)

@@ -1,0 +1,186 @@
+"""The one send path: every command kvstatus sends goes through :class:`AsyncSender`.
+
+Store operations, near-cache fills and topology checks, ``wait_for`` reads, lease renewals and
+consensus reads all keep the same promises here:
+
+- **deadline**: :data:`kvstatus.deadline.DEADLINE` is set for the call (``ConnectionOptions.deadline``
+  seconds, plus ``CHUNK_SECONDS`` per further chunk of a batch); kvstatus connections cap every socket
+  wait to the time left, and no resend starts whose backoff would end past it;
+- **observer**: with ``metrics=``, each call is timed and its outcome or error reported, every resend
+  counted;
+- **resends**: script calls that meet NOSCRIPT are sent again after ``SCRIPT LOAD`` (then with their
+  source); a transport that lost its connection resends the whole call after each of its delays;
+- **errors**: every redis-py error reaches the caller as its kvstatus error (:mod:`kvstatus.translate`).
+
+A call goes out on a *transport*: the client's own (``execute_command``, one non-transactional
+pipeline for several calls) unless the caller passes another, such as a near-cache link.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Protocol, TypeVar
+
+from kvstatus.concurrency import AsyncGate, async_pipeline_route, async_sleep
+from kvstatus.deadline import DEADLINE, time_left
+from kvstatus.errors import BackendUnavailableError
+from kvstatus.observer import StoreObserver
+from kvstatus.operations import as_functions
+from kvstatus.requests import Call, Request
+from kvstatus.sendrules import (
+    checked,
+    failover_delays,
+    gate_for,
+    may_resend,
+    merge,
+    noscript_resend,
+    observe_error,
+    observe_result,
+    pool_exhausted,
+    scripts_of,
+)
+from kvstatus.translate import REDIS_ERRORS
+from kvstatus.url import ConnectionOptions
+
+T = TypeVar("T")
+
+
+class AsyncTransport(Protocol):
+    """Where a call's commands go. ``resend_delays``: seconds before each resend of a whole call that met
+    an unavailable backend; :meth:`reset` runs before each such resend."""
+
+    resend_delays: tuple[float, ...]
+
+    async def io(self, calls: list[Call]) -> list[Any]:
+        """The replies of ``calls`` in one round trip, redis-py errors in place (never raised)."""
+        ...
+
+    async def reset(self) -> None: ...
+
+    async def load(self, source: str) -> None: ...
+
+
+class AsyncSender:
+    """Sends :class:`~kvstatus.requests.Request` objects on a redis-py client (see the module docstring)."""
+
+    def __init__(self, client: Any, options: ConnectionOptions, *, cluster: bool, functions: bool,
+                 metrics: Optional[StoreObserver]) -> None:
+        self.client = client
+        self.options = options
+        self.cluster = cluster
+        self.functions = functions  # every script call goes out as FCALL / FCALL_RO
+        self.metrics = metrics
+        self.deadline = options.deadline
+        self.resend_delays = failover_delays(client, options)
+        self.gate: Optional[AsyncGate] = gate_for(client, options, AsyncGate)
+
+    async def send(self, request: Request[T], operation: str = "other",
+                   via: Optional[AsyncTransport] = None) -> T:
+        """Send ``request`` (from the method ``operation``) on ``via`` (default: the client) and decode it."""
+        if self.metrics is not None:
+            return await self._observed(request, operation, via)
+        return await self._deliver(request, via)
+
+    async def _observed(self, request: Request[T], operation: str, via: Optional[AsyncTransport]) -> T:
+        metrics = self.metrics
+        assert metrics is not None
+        started = time.perf_counter()
+        try:
+            result = await self._deliver(request, via)
+        except Exception as exc:
+            observe_error(metrics, exc)
+            raise
+        finally:
+            metrics.on_call(operation, time.perf_counter() - started)
+        observe_result(metrics, operation, result)
+        return result
+
+    async def _deliver(self, request: Request[T], via: Optional[AsyncTransport]) -> T:
+        if self.functions:
+            request = as_functions(request)
+        ends = time.monotonic() + self.deadline + request.extra_seconds
+        outer = DEADLINE.get()  # set by wait_for: a read never outlasts the wait
+        token = DEADLINE.set(ends if outer is None or ends < outer else outer)
+        try:
+            if via is not None:
+                return request.decode(await self._replies(request.calls, None, via))
+            gate = self.gate
+            if gate is None:
+                return await self._send_now(request)
+            if not await gate.acquire(time_left() or 0.0):
+                raise pool_exhausted(gate.limit, self.deadline + request.extra_seconds)
+            try:
+                return await self._send_now(request)
+            finally:
+                gate.release()
+        finally:
+            DEADLINE.reset(token)
+
+    async def _send_now(self, request: Request[T]) -> T:
+        calls = request.calls
+        if len(calls) == 1:  # the fast path: one command, straight to redis-py
+            try:
+                reply = await self.client.execute_command(*calls[0].args)
+            except Exception as exc:  # NOSCRIPT, a failover, an error: the full path, from this reply on
+                return request.decode(await self._replies(calls, [exc], self))
+            return request.decode([reply])
+        return request.decode(await self._replies(calls, None, self) if calls else [])
+
+    async def _replies(self, calls: list[Call], first: Optional[list[Any]], via: AsyncTransport) -> list[Any]:
+        for delay in via.resend_delays:
+            try:
+                return await self._round_trip(calls, first, via)
+            except BackendUnavailableError:
+                if not may_resend(delay):
+                    raise
+                first = None
+                await async_sleep(delay)
+                await via.reset()
+                self._resent()
+        return await self._round_trip(calls, first, via)
+
+    async def _round_trip(self, calls: list[Call], replies: Optional[list[Any]], via: AsyncTransport) -> list[Any]:
+        replies = await via.io(calls) if replies is None else replies
+        for as_eval in (False, True):
+            indices, resend = noscript_resend(calls, replies, as_eval)
+            if indices:
+                for script in () if as_eval else scripts_of(resend):
+                    await via.load(script.source)
+                self._resent()
+                merge(replies, indices, await via.io(resend))
+        return checked(calls, replies)
+
+    def _resent(self) -> None:
+        if self.metrics is not None:
+            self.metrics.on_resend()
+
+    # The client's own transport.
+
+    async def io(self, calls: list[Call]) -> list[Any]:
+        try:
+            if len(calls) == 1:
+                return [await self.client.execute_command(*calls[0].args)]
+            route = self.cluster
+            async with self.client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    if route and call.script is not None:
+                        pipe.execute_command(*call.args, **async_pipeline_route(self.client, call.args[3]))
+                    else:
+                        pipe.execute_command(*call.args)
+                return await pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            return [exc] * len(calls)
+
+    async def reset(self) -> None:
+        """Before a resend: a cluster client reloads its slot map."""
+        if self.cluster:
+            try:
+                await self.client.nodes_manager.initialize()
+            except REDIS_ERRORS:
+                pass  # the resend reports the failure if the cluster is still down
+
+    async def load(self, source: str) -> None:
+        try:
+            await self.client.script_load(source)
+        except REDIS_ERRORS:
+            pass  # the resend reports the failure, or runs the script by its source

@@ -1,0 +1,143 @@
+"""The room-status store: its public methods, on the one send path (:mod:`kvstatus._async.sender`).
+
+Written once with awaits (:class:`AsyncStatusStore`, on ``redis.asyncio``); :class:`StatusStore`, on a
+blocking redis-py client, is generated from this file by tools/unasync.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional, TypeVar
+
+from kvstatus._async.leases import AsyncLeaseKeeper
+from kvstatus._async.nearcache import AsyncNearCache
+from kvstatus._async.sender import AsyncSender
+from kvstatus._async.waiting import async_wait_for
+from kvstatus.connection import connect_async
+from kvstatus.consensus import RoomConsensus, consensus_calls
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.keys import validate_name, validate_room
+from kvstatus.requests import Request
+from kvstatus.rule import KVPoll, RoomView, UpdateResult
+from kvstatus.storebase import StoreBase
+
+T = TypeVar("T")
+
+
+class AsyncStatusStore(StoreBase):
+    """Room statuses of one namespace, shared by every process that uses the same Redis.
+
+    ``AsyncStatusStore(client, namespace=...)`` wraps an existing redis-py client (``Redis`` or
+    ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in seconds: every write leaves the room key
+    at least that TTL, never shortening a longer one another writer left (one TTL per room key). Every
+    method is one round trip (a read of an unchanged room none with ``near_cache`` on, see
+    :mod:`kvstatus.nearcache`), and returns or raises within the connection's ``deadline`` (seconds);
+    safe to share between the tasks (threads, for the sync store) of one process.
+    """
+
+    _connect = staticmethod(connect_async)
+    _sender_class = AsyncSender
+    _near_class = AsyncNearCache
+    _keeper_class = AsyncLeaseKeeper
+
+    async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
+        """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
+        return await self._write(self._core.update_status(room, status), "update_status", (room,))
+
+    async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
+        """Apply the rule to many rooms in one round trip (per node).
+
+        Atomic per chunk of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot within a
+        chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
+        the others applied.
+        """
+        return await self._write(self._core.update_many(updates), "update_many", updates)
+
+    async def check_status(self, room: int) -> KVPoll:
+        """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
+        if self._near is not None:
+            return await self._near.check_status(room, self.participant)  # type: ignore[no-any-return]
+        return await self._sender.send(self._core.check_status(room), "check_status")  # type: ignore[no-any-return]
+
+    async def get(self, room: int) -> Optional[KVPoll]:
+        """This participant's status, or None."""
+        if self._near is not None:
+            return await self._near.get(room, self.participant)  # type: ignore[no-any-return]
+        return await self._sender.send(self._core.get(room), "get")  # type: ignore[no-any-return]
+
+    async def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
+        """This participant's status in each room, in one round trip (per node; read in chunks of
+        :data:`~kvstatus.operations.CHUNK_ROOMS` rooms, each a consistent snapshot)."""
+        if self._near is not None:
+            return await self._near.get_many(rooms, self.participant)  # type: ignore[no-any-return]
+        return await self._sender.send(self._core.get_many(rooms), "get_many")  # type: ignore[no-any-return]
+
+    async def clear(self, room: int) -> bool:
+        """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
+        return await self._write(self._core.clear(room), "clear", (room,))
+
+    async def record_failure(self, room: int, reason: str) -> bool:
+        """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
+        return await self._write(self._core.record_failure(room, reason), "record_failure", (room,))
+
+    async def room(self, room: int) -> RoomView:
+        """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears
+        (not with the near cache on: its views carry no tombstone)."""
+        if self._near is not None:
+            return await self._near.room(room)  # type: ignore[no-any-return]
+        return await self._sender.send(self._core.room(room), "room")  # type: ignore[no-any-return]
+
+    async def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
+                       *, participant: Optional[str] = None) -> Optional[KVPoll]:
+        """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
+        return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by Redis Pub/Sub
+        (see :mod:`kvstatus.waiting`), re-reading every second and polling if the subscription breaks. Each step
+        keeps the deadline: against a hung server it raises within ``min(deadline, timeout)`` seconds."""
+        who = self.participant if participant is None else validate_name(participant, "participant")
+        key = self._core.schema.room_key(validate_room(room))
+        reader = self._uncached(who)
+        return await async_wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room),
+                                    deadline=self.options.deadline)
+
+    async def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
+        """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""
+        return (await self._sender.send(consensus_calls(self._core, [room], participants), "room_status"))[room]
+
+    async def room_statuses(self, rooms: Iterable[int], participants: Iterable[str]) -> dict[int, RoomConsensus]:
+        """:meth:`room_status` of many rooms over the same participants, in one round trip."""
+        return await self._sender.send(consensus_calls(self._core, rooms, participants),  # type: ignore[no-any-return]
+                                       "room_statuses")
+
+    async def acquire_lease(self) -> None:
+        """Acquire the lease now (else the first write does), or renew it now if held; LeaseLostError if lost."""
+        if self._keeper is None:
+            raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
+        await self._keeper.refresh()
+
+    async def close(self) -> None:
+        """Release the lease (if any), close the near cache's connections (if any), then the client."""
+        if self._keeper is not None:
+            await self._keeper.close()
+        if self._near is not None:
+            await self._near.close()
+        await self.client.aclose()
+
+    async def __aenter__(self) -> "AsyncStatusStore":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _write(self, request: Request[T], operation: str, rooms: Any) -> T:
+        """Send a write: renew the lease first if it may have lapsed (LeaseLostError once it is lost), and drop
+        ``rooms`` from the near cache afterwards, whatever happened (read-your-writes)."""
+        if self._keeper is not None:
+            await self._keeper.ensure()
+        try:
+            return await self._sender.send(request, operation)
+        finally:
+            self._wrote(rooms)
+
+    async def _send(self, request: Request[T], operation: str = "other") -> T:
+        """Send ``request`` on this store's send path (for the admin tools: sweeps, listings)."""
+        return await self._sender.send(request, operation)

@@ -1,0 +1,307 @@
+"""The near cache's state as plain data: cached rooms, invalidation log, eviction (no I/O).
+
+The drivers (:mod:`kvstatus._async.nearcache` and its generated sync twin) read and fill it; the
+invalidation reader (:mod:`kvstatus.invalidation`) drops what Redis reports changed. How the pieces
+keep a cached read coherent is explained in :mod:`kvstatus.nearcache`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+from redis import exceptions as rx
+
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.keys import KeySchema, validate_rooms
+from kvstatus.operations import decode_room
+from kvstatus.rule import KVPoll, ParticipantEntry, RoomView
+from kvstatus.topology import SlotMoved
+from kvstatus.url import STORE_OPTIONS, ParsedURL
+
+DEFAULT_MAX_ROOMS = 16_384
+DEFAULT_MAX_STALENESS = 1.0
+MAX_MAX_ROOMS = 10_000_000
+# Upper bound of the client memory per cached room with one participant read through it; tracemalloc
+# measured ~770 bytes (a room with an entry) and ~400 (an absent room). tests/nearcache holds the bound.
+CLIENT_BYTES_PER_ROOM = 1_000
+_LOG_KEEP = 4096
+NULL_INVALIDATION = "null invalidation (FLUSHDB/FLUSHALL or tracking table full)"
+MISS: Any = object()
+"""What a lookup in a status map returns for a room that is not cached."""
+
+
+@dataclass(frozen=True)
+class NearCacheOptions:
+    """``max_rooms``: rooms kept (LRU). ``max_staleness``: seconds, the liveness bound above.
+    ``bcast``: track the whole namespace prefix (``BCAST PREFIX``) instead of each key read; see the
+    benchmark for why the default (per key) is the better choice for this workload."""
+
+    max_rooms: int = DEFAULT_MAX_ROOMS
+    max_staleness: float = DEFAULT_MAX_STALENESS
+    bcast: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_rooms, bool) or not isinstance(self.max_rooms, int) \
+                or not 1 <= self.max_rooms <= MAX_MAX_ROOMS:
+            raise InvalidArgumentError(f"invalid near cache size {self.max_rooms!r}: expected 1..{MAX_MAX_ROOMS} rooms")
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, (int, float)) \
+                or not 0.01 <= self.max_staleness <= 3600:
+            raise InvalidArgumentError(f"invalid near cache max_staleness {self.max_staleness!r}: "
+                                       "expected 0.01..3600 seconds")
+
+
+class CachedRoom(NamedTuple):
+    """One room as read: statuses by participant (entries with a status only), the full view, and the
+    local ``time.monotonic()`` deadline at or before which Redis expires the key (None: no TTL / no key)."""
+
+    statuses: dict[str, KVPoll]
+    view: RoomView
+    deadline: Optional[float]
+
+
+def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: float) -> CachedRoom:
+    """Decode an ``HGETALL`` reply (flat list or mapping) and a ``PTTL`` reply read at ``sent_at`` or later."""
+    if isinstance(fields, list):
+        pairs = iter(fields)
+        fields = dict(zip(pairs, pairs))
+    view = decode_room(room, key, fields, pttl)
+    statuses = {name: entry.status for name, entry in view.participants.items() if entry.status is not None}
+    # The key expires pttl ms after Redis read it, which is after sent_at: expiring the copy at
+    # sent_at + pttl is never late.
+    deadline = sent_at + pttl / 1000 if pttl >= 0 else None
+    return CachedRoom(statuses, view, deadline)
+
+
+def unique_rooms(rooms: Iterable[int]) -> list[int]:
+    """The distinct valid rooms of a ``get_many`` argument, in order (same checks as the store)."""
+    if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
+        raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
+    return list(dict.fromkeys(validate_rooms(rooms)))
+
+
+def view_at(entry: CachedRoom, now: float) -> RoomView:
+    """The cached view with its TTL counted down to ``now`` (a copy; the cache keeps its own)."""
+    view = entry.view
+    ttl_ms = None if entry.deadline is None else max(0, round((entry.deadline - now) * 1000))
+    participants = {name: ParticipantEntry(e.status, e.reason) for name, e in view.participants.items()}
+    return RoomView(view.room, participants, ttl_ms if view.ttl_ms is not None else None)
+
+
+# --------------------------------------------------------------------------- the invalidation socket
+
+
+
+class CacheState:
+    """The cached rooms and what keeps them honest, as plain data (no I/O): entries, the per-participant
+    status maps, the log of invalidated rooms that racing fills are checked against, and eviction.
+
+    Not thread-safe by itself: the sync cache holds a lock around it, the async cache runs it on one
+    event loop. :class:`kvstatus.invalidation.Links` feeds it what Redis reports.
+    """
+
+    def __init__(self, schema: KeySchema, options: NearCacheOptions) -> None:
+        self.schema = schema
+        self.options = options
+        self.entries: OrderedDict[int, CachedRoom] = OrderedDict()  # in fill order
+        # Per participant read so far: room -> its status (None: no entry), for every cached room. The hot
+        # paths are then one C-level dict lookup per room.
+        self.flats: dict[str, dict[int, Optional[KVPoll]]] = {}
+        # Rooms read since they were last given a second chance (CLOCK, an LRU approximation that costs
+        # one C-level set update per read instead of an OrderedDict move per room). Reads are only recorded
+        # once the cache is 3/4 full (``marking``): before that nothing is evicted, and a room read at a poll
+        # loop's rate is marked long before the cache fills up.
+        self.referenced: set[int] = set()
+        self.marking = False
+        self.flushes = 0
+        self.flush_reasons: list[str] = []  # the latest few, for tests and debugging
+        self.invalidated = 0  # rooms invalidated since the start (the log's end)
+        self._log: list[int] = []
+        self.earliest_deadline = float("inf")
+        self.metrics: Any = None  # a kvstatus.observer.StoreObserver, told of invalidations and the size
+
+    # ---- invalidation
+
+    def flush(self, reason: str) -> None:
+        metrics = self.metrics
+        if metrics is not None and self.entries:
+            if reason == NULL_INVALIDATION:
+                metrics.on_cache_invalidation(len(self.entries))
+            metrics.set_cache_size(0)
+        self.entries.clear()
+        for flat in self.flats.values():
+            flat.clear()
+        self.referenced.clear()
+        self.marking = False
+        self._log.clear()
+        self.flushes += 1
+        self.earliest_deadline = float("inf")
+        self.flush_reasons = (self.flush_reasons + [reason])[-8:]
+
+    def invalidate(self, rooms: Iterable[int]) -> int:
+        """Drop ``rooms`` (an invalidation, or this process's own write) and log them for racing fills;
+        returns how many were cached."""
+        pop = self.entries.pop
+        flats = list(self.flats.values())
+        log = self._log
+        dropped = 0
+        for room in rooms:
+            if pop(room, None) is not None:
+                dropped += 1
+                for flat in flats:
+                    flat.pop(room, None)
+            log.append(room)
+            self.invalidated += 1
+        if len(log) > 2 * _LOG_KEEP:
+            del log[: len(log) - _LOG_KEEP]
+        if dropped and self.metrics is not None:
+            self.metrics.set_cache_size(len(self.entries))
+        return dropped
+
+    def apply(self, keys: list[bytes]) -> None:
+        """Drop the rooms of invalidated keys (keys of other namespaces are ignored)."""
+        room_of = self.schema.room_of
+        rooms = [room for room in map(room_of, keys) if room is not None]
+        dropped = self.invalidate(rooms)
+        if dropped and self.metrics is not None:
+            self.metrics.on_cache_invalidation(dropped)
+
+    # ---- lookups and fills
+
+    def expire(self, now: float) -> None:
+        """Drop rooms whose key has expired in Redis (or will within a second: one sweep per second)."""
+        horizon = now + 1.0
+        expired = [room for room, entry in self.entries.items()
+                   if entry.deadline is not None and entry.deadline <= horizon]
+        for room in expired:
+            self._forget(room)
+        self.earliest_deadline = min(
+            (entry.deadline for entry in self.entries.values() if entry.deadline is not None), default=float("inf"))
+        if expired and self.metrics is not None:
+            self.metrics.set_cache_size(len(self.entries))
+
+    def token(self) -> tuple[int, int]:
+        """Where a fill starts: (flushes, invalidated)."""
+        return self.flushes, self.invalidated
+
+    def store(self, token: tuple[int, int], filled: dict[int, CachedRoom]) -> None:
+        """Keep the rooms of a fill that no invalidation or flush raced since ``token``."""
+        flushes, start = token
+        if flushes != self.flushes:
+            return
+        logged_from = self.invalidated - len(self._log)
+        if start < logged_from:
+            return  # the log no longer reaches back to the fill's start
+        raced = set(self._log[start - logged_from:]) if start < self.invalidated else ()
+        entries = self.entries
+        flats = self.flats.items()
+        for room, entry in filled.items():
+            if room in raced:
+                continue
+            entries[room] = entry
+            entries.move_to_end(room)
+            for participant, flat in flats:
+                flat[room] = entry.statuses.get(participant)
+            if entry.deadline is not None and entry.deadline < self.earliest_deadline:
+                self.earliest_deadline = entry.deadline
+        self._evict()
+        if self.metrics is not None:
+            self.metrics.set_cache_size(len(entries))
+
+    def _evict(self) -> None:
+        """CLOCK: drop the oldest rooms beyond ``max_rooms``; a room read since its last chance moves to the end."""
+        entries, referenced = self.entries, self.referenced
+        self.marking = len(entries) * 4 >= self.options.max_rooms * 3
+        while len(entries) > self.options.max_rooms:
+            room, entry = entries.popitem(last=False)
+            if room in referenced:
+                referenced.discard(room)
+                entries[room] = entry
+            else:
+                self._forget(room, entry_gone=True)
+        if len(referenced) > 2 * self.options.max_rooms:
+            referenced.clear()  # rooms read but since invalidated; keep the set bounded
+
+    def _forget(self, room: int, entry_gone: bool = False) -> None:
+        if not entry_gone:
+            self.entries.pop(room, None)
+        for flat in self.flats.values():
+            flat.pop(room, None)
+
+    def flat(self, participant: str) -> dict[int, Optional[KVPoll]]:
+        """The room -> status map of ``participant`` (built on its first read)."""
+        flat = self.flats.get(participant)
+        if flat is None:
+            flat = self.flats[participant] = {room: e.statuses.get(participant) for room, e in self.entries.items()}
+        return flat
+
+    def hits(self, rooms: Any, participant: str) -> Optional[dict[int, Optional[KVPoll]]]:
+        """``participant``'s status in every room of the list or tuple ``rooms`` if all are cached, else None."""
+        try:
+            result = dict(zip(rooms, map(self.flat(participant).__getitem__, rooms)))
+        except (KeyError, TypeError):
+            return None
+        # Only validated ints are cached, but True, 1.0 or KVPoll.Success would find room 1 or 4.
+        if list(map(type, rooms)).count(int) != len(rooms):  # twice as fast as a set of the types
+            return None
+        if self.marking:
+            self.referenced.update(rooms)
+        return result
+
+    def fill_commands(self, rooms: Sequence[int]) -> tuple[list[str], list[tuple[Any, ...]]]:
+        keys = self.schema.room_keys(rooms)
+        commands: list[tuple[Any, ...]] = []
+        for key in keys:
+            commands.append(("HGETALL", key))
+            commands.append(("PTTL", key))
+        return keys, commands
+
+    @staticmethod
+    def decode_fill(rooms: Sequence[int], keys: list[str], replies: list[Any], sent_at: float) -> dict[int, CachedRoom]:
+        for reply in replies:
+            if isinstance(reply, rx.ResponseError):
+                text = str(reply)
+                if text.startswith(("MOVED", "ASK")):
+                    raise SlotMoved(text)
+                raise reply
+        return {room: room_from_replies(room, key, replies[2 * i], replies[2 * i + 1], sent_at)
+                for i, (room, key) in enumerate(zip(rooms, keys))}
+
+
+class NearCacheBase:
+    """What both near-cache drivers are (:class:`~kvstatus.nearcache.NearCache`,
+    :class:`~kvstatus.nearcache.AsyncNearCache`): a store given one shares it."""
+
+    closed: bool
+
+
+def near_cache_setting(url: ParsedURL, near_cache: Union[bool, NearCacheOptions, NearCacheBase, None]
+                       ) -> Union[bool, NearCacheOptions, NearCacheBase, None]:
+    """The near cache a store built by ``from_url`` gets: the argument if given (not None), else the URL's
+    ``near_cache=true`` / ``near_cache_size=N`` query options (None: no cache)."""
+    if near_cache is not None:
+        return near_cache
+    query = url.query  # parse_url has validated the values
+    size = query.get("near_cache_size")
+    enabled = STORE_OPTIONS["near_cache"](query["near_cache"]) if "near_cache" in query else size is not None
+    if not enabled:
+        return None
+    return NearCacheOptions(max_rooms=STORE_OPTIONS["near_cache_size"](size)) if size is not None else True
+
+
+def make_near_cache(setting: Union[bool, NearCacheOptions, NearCacheBase, None], cache_class: Callable[..., Any],
+                    client: Any, schema: KeySchema, sender: Any) -> Optional[Any]:
+    """The cache of a store: None (``setting`` None/False), a shared cache as given, or a new
+    ``cache_class`` (``setting`` True or :class:`NearCacheOptions`) that sends through ``sender``."""
+    if setting is None or setting is False:
+        return None
+    if isinstance(setting, NearCacheBase):
+        return setting
+    if setting is not True and not isinstance(setting, NearCacheOptions):
+        raise InvalidArgumentError(f"invalid near_cache {setting!r}: expected True, False or NearCacheOptions")
+    if type(client).__module__.startswith("fakeredis"):
+        raise InvalidArgumentError("the near cache needs a real Redis (CLIENT TRACKING); fakeredis has none")
+    options = setting if isinstance(setting, NearCacheOptions) else NearCacheOptions()
+    return cache_class(client, schema, options, sender)

@@ -1,0 +1,206 @@
+"""The few things that really differ between the sync and the async I/O, each as a pair of names.
+
+kvstatus/_async/ is written once against the ``Async*`` / ``async_*`` names; tools/unasync.py
+generates kvstatus/_sync/ by mapping each to its twin here (``AsyncLock`` -> ``Lock``,
+``async_sleep`` -> ``sleep`` ...). Nothing else in the I/O code may differ between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable
+from typing import Any, Callable, Optional
+
+import redis.exceptions as rx
+
+AsyncLock = asyncio.Lock
+Lock = threading.Lock
+
+async_sleep = asyncio.sleep
+sleep = time.sleep
+
+BROKEN = (rx.ConnectionError, rx.TimeoutError, OSError, EOFError)
+"""What a broken connection raises, sync or async."""
+
+
+class AsyncGate:
+    """Admits at most ``limit`` calls at a time; the others wait up to their timeout (asyncio)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._semaphore = asyncio.Semaphore(limit)
+
+    async def acquire(self, timeout: float) -> bool:
+        """True once admitted; False if ``timeout`` seconds passed first."""
+        if not self._semaphore.locked():
+            await self._semaphore.acquire()
+            return True
+        try:
+            await asyncio.wait_for(self._semaphore.acquire(), max(0.0, timeout))
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+class Gate:
+    """:class:`AsyncGate` for threads."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._semaphore = threading.BoundedSemaphore(limit)
+
+    def acquire(self, timeout: float) -> bool:
+        return self._semaphore.acquire(timeout=max(0.0, timeout))
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+class AsyncBackground:
+    """Work that runs beside its owner until :meth:`stop`: an asyncio task."""
+
+    def __init__(self) -> None:
+        self._task: Optional[asyncio.Task[None]] = None
+        self._stopped = False
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    def start(self, work: Callable[[], Awaitable[None]], name: str) -> None:
+        self._task = asyncio.get_running_loop().create_task(work(), name=name)  # type: ignore[arg-type]
+
+    async def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True if the work should stop."""
+        await asyncio.sleep(seconds)
+        return self._stopped
+
+    async def stop(self) -> None:
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - its errors were logged by the work
+                pass
+
+
+class Background:
+    """:class:`AsyncBackground` as a daemon thread."""
+
+    def __init__(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self, work: Callable[[], None], name: str) -> None:
+        self._thread = threading.Thread(target=work, daemon=True, name=name)
+        self._thread.start()
+
+    def wait(self, seconds: float) -> bool:
+        return self._stop.wait(seconds)
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+
+async def async_run_blocking(work: Callable[[], Any]) -> Any:
+    """Run a short blocking call (a bounded handshake) off the event loop, in the caller's context."""
+    return await asyncio.to_thread(work)
+
+
+def run_blocking(work: Callable[[], Any]) -> Any:
+    return work()
+
+
+def async_pipeline_route(client: Any, key: str) -> dict[str, Any]:
+    """Keyword arguments that send a pipelined script call straight to its node: none for redis.asyncio,
+    whose cluster pipeline finds an EVALSHA's slot itself."""
+    return {}
+
+
+def pipeline_route(client: Any, key: str) -> dict[str, Any]:
+    """redis-py's sync cluster pipeline would ask a node COMMAND GETKEYS for every script call."""
+    return {"target_nodes": client.get_node_from_key(key)}
+
+
+async def async_receive(connection: Any, seconds: float) -> Optional[list[Any]]:
+    """Replies pushed on a subscribed connection within ``seconds`` (all that are ready once one is);
+    None if the connection broke."""
+    replies: list[Any] = []
+    try:
+        reply = await connection.read_response(timeout=max(seconds, 0.0), push_request=True)
+        while reply is not None:
+            replies.append(reply)
+            check = getattr(connection, "can_read", None) or connection.can_read_destructive
+            reply = await connection.read_response(timeout=1.0, push_request=True) if await check() else None
+    except BROKEN:
+        return None
+    return replies
+
+
+def receive(connection: Any, seconds: float) -> Optional[list[Any]]:
+    replies: list[Any] = []
+    try:
+        wait = seconds
+        while connection.can_read(timeout=wait):
+            replies.append(connection.read_response(push_request=True))
+            wait = 0
+    except BROKEN:
+        return None
+    return replies
+
+
+def async_close_link(connection: Any) -> None:
+    """Close an asyncio connection without awaiting (from the synchronous read path of the near cache)."""
+    writer = getattr(connection, "_writer", None)
+    if writer is not None:
+        try:
+            writer.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection must not raise
+            pass
+    connection._reader = connection._writer = None
+
+
+def close_link(connection: Any) -> None:
+    try:
+        connection.disconnect()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def async_data_fd(connection: Any) -> Optional[int]:
+    """The socket the near cache polls to notice a closed data connection: none for asyncio (its reader
+    is checked instead, see :func:`async_link_closed`)."""
+    return None
+
+
+def data_fd(connection: Any) -> Optional[int]:
+    return int(connection._sock.fileno())
+
+
+def async_closed_links(links: dict[str, Any]) -> list[str]:
+    """Names of the near cache's links whose asyncio data connection has ended (checked on every read)."""
+    closed = []
+    for name, link in links.items():
+        reader = getattr(link.data, "_reader", None)
+        if reader is None or reader.at_eof():
+            closed.append(name)
+    return closed
+
+
+def closed_links(links: dict[str, Any]) -> tuple[str, ...]:
+    """Sync data connections are polled through their socket (:func:`data_fd`) instead."""
+    return ()

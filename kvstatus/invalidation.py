@@ -1,0 +1,278 @@
+"""The near cache's invalidation reader: per server, a connection subscribed to Redis' invalidation
+messages, read without blocking on every cache read, and the liveness PINGs that bound staleness.
+
+Anything the reader does not understand on that connection (a message a client published on the
+channel, a malformed frame) empties the whole cache: it never drops a real invalidation, and never
+trusts a payload it cannot read.
+"""
+
+from __future__ import annotations
+
+import select
+import ssl
+from typing import Any, Callable, Optional
+
+import hiredis
+import redis
+
+from kvstatus.cachestate import NULL_INVALIDATION, CacheState
+from kvstatus.connection import connection_class
+from kvstatus.keys import KeySchema
+
+INVALIDATE_CHANNEL = "__redis__:invalidate"
+_PING = b"*1\r\n$4\r\nPING\r\n"
+_RECV = 65536
+_WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError, InterruptedError)
+
+
+class LinkLost(Exception):
+    """A connection of a link failed or closed; the cache was emptied."""
+
+
+def peer_of(connection: Any) -> Any:
+    """The address a connected redis-py connection (sync or async) talks to: which server it reached.
+
+    Compared instead of INFO's run_id, which the tenant ACL recipe does not grant (INFO shows every
+    namespace's totals)."""
+    sock = getattr(connection, "_sock", None)
+    if sock is not None:
+        return sock.getpeername()
+    writer = getattr(connection, "_writer", None)
+    if writer is None:
+        raise LinkLost("the connection is not connected")
+    return writer.get_extra_info("peername")
+
+
+class InvalidationSocket:
+    """The invalidation connection of one server, read without blocking (shared by sync and async caches).
+
+    ``open`` runs the blocking handshake (redis-py's: auth, TLS, ``CLIENT SETNAME``), reads the
+    connection's ``CLIENT ID`` and the server's address, subscribes, and turns the socket
+    non-blocking. From then on only :meth:`drain` and :meth:`ping` touch it.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.client_id = 0
+        self.peer: Any = None
+        self.sock: Any = None
+        self._reader = hiredis.Reader()
+
+    def open(self) -> None:
+        conn = self.connection
+        conn.connect()
+        conn.send_command("CLIENT", "ID")
+        self.client_id = int(conn.read_response())
+        self.peer = peer_of(conn)
+        conn.send_command("SUBSCRIBE", INVALIDATE_CHANNEL)
+        reply = conn.read_response(push_request=True)  # a push frame on RESP3
+        if not (isinstance(reply, list) and reply and reply[0] in (b"subscribe", "subscribe")):
+            raise LinkLost(f"unexpected SUBSCRIBE reply {reply!r}")
+        self.sock = conn._sock  # redis-py's handshake is done; this socket is ours from here on
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def drain(self) -> tuple[list[bytes], bool, bool]:
+        """Read what arrived: (invalidated keys, flush everything?, a PONG arrived?). Raises LinkLost."""
+        sock, reader = self.sock, self._reader
+        while True:
+            try:
+                data = sock.recv(_RECV)
+            except _WOULD_BLOCK:
+                break
+            except OSError as exc:
+                raise LinkLost(f"invalidation connection failed: {exc}") from exc
+            if not data:
+                raise LinkLost("invalidation connection closed by the server")
+            reader.feed(data)
+            if len(data) < _RECV and not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                break
+        keys: list[bytes] = []
+        flush = pong = False
+        while True:
+            message = reader.gets()
+            if message is False:
+                return keys, flush, pong
+            if isinstance(message, hiredis.ReplyError):
+                raise LinkLost(f"invalidation connection got an error: {message}")
+            if not isinstance(message, list):  # RESP3 answers PING with +PONG even when subscribed
+                pong = pong or message == b"PONG"
+                continue
+            kind = message[0]
+            if kind == b"message" or kind == b"invalidate":  # RESP2 Pub/Sub message, RESP3 push
+                payload = message[-1]
+                if isinstance(payload, list) and all(isinstance(key, bytes) for key in payload):
+                    keys.extend(payload)
+                else:  # None (FLUSHALL, tracking table full), or something a client PUBLISHed here
+                    flush = True
+            elif kind == b"pong":
+                pong = True
+
+    def ping(self) -> bool:
+        """Send a PING without blocking; False if the socket would block (try again later)."""
+        try:
+            sent = self.sock.send(_PING)
+        except _WOULD_BLOCK:
+            return False
+        except OSError as exc:
+            raise LinkLost(f"invalidation connection failed: {exc}") from exc
+        if sent != len(_PING):  # a partial PING would corrupt the stream; give the link up
+            raise LinkLost("invalidation connection send buffer full")
+        return True
+
+    def close(self) -> None:
+        try:
+            self.connection.disconnect()
+        except Exception:  # noqa: BLE001 - closing a broken connection must not raise
+            pass
+
+
+def sync_twin(conn: Any) -> redis.Connection:
+    """A new blocking redis-py connection to the server ``conn`` (sync or async, connected) is on,
+    with the same credentials, database and TLS settings, whose waits end by the running call's deadline."""
+    common: dict[str, Any] = {
+        "username": getattr(conn, "username", None),
+        "password": getattr(conn, "password", None),
+        "db": getattr(conn, "db", 0),
+        "socket_timeout": getattr(conn, "socket_timeout", None),
+        "socket_connect_timeout": getattr(conn, "socket_connect_timeout", None),
+        "client_name": getattr(conn, "client_name", None),
+        "credential_provider": getattr(conn, "credential_provider", None),
+    }
+    path = getattr(conn, "path", None)
+    if path:
+        return connection_class(redis.UnixDomainSocketConnection, False)(path=path, **common)
+    address = {"host": conn.host, "port": conn.port}
+    context = getattr(conn, "ssl_context", None)  # redis.asyncio's SSLConnection
+    tls_source = context if context is not None else conn
+    if context is not None or isinstance(conn, redis.SSLConnection):
+        return connection_class(redis.SSLConnection, True)(
+            **address, **common,
+            ssl_keyfile=getattr(tls_source, "keyfile", None),
+            ssl_certfile=getattr(tls_source, "certfile", None),
+            ssl_cert_reqs=getattr(tls_source, "cert_reqs", "required"),
+            ssl_ca_certs=getattr(tls_source, "ca_certs", None),
+            ssl_check_hostname=getattr(tls_source, "check_hostname", False),
+        )
+    return connection_class(redis.Connection, False)(**address, **common)
+
+
+def tracking_command(client_id: int, schema: KeySchema, bcast: bool) -> tuple[Any, ...]:
+    """``CLIENT TRACKING ON REDIRECT <id>`` (with ``BCAST PREFIX <namespace base>`` when ``bcast``)."""
+    command: tuple[Any, ...] = ("CLIENT", "TRACKING", "ON", "REDIRECT", client_id)
+    if bcast:
+        command += ("BCAST", "PREFIX", schema.base)
+    return command
+
+
+# --------------------------------------------------------------------------- the shared state
+
+
+class LinkState:
+    """Liveness bookkeeping of one link (times are ``time.monotonic()`` seconds)."""
+
+    __slots__ = ("name", "inval", "data", "data_fd", "confirmed", "ping_sent", "ping_outstanding")
+
+    def __init__(self, name: str, inval: InvalidationSocket, data: Any, data_fd: Optional[int], now: float) -> None:
+        self.name = name
+        self.inval = inval
+        self.data = data
+        self.data_fd = data_fd  # sync only: polled for an unexpected close
+        self.confirmed = now
+        self.ping_sent = now
+        self.ping_outstanding: Optional[float] = None
+
+
+class Links:
+    """The links of one near cache (one per server) and the invalidation reader that feeds its state.
+
+    :meth:`poll` reads every invalidation socket without blocking, applies what arrived to the
+    :class:`~kvstatus.cachestate.CacheState`, sends the liveness PINGs, and drops failed links;
+    ``live_until`` is the monotonic time until which cached rooms may be served.
+    """
+
+    def __init__(self, state: CacheState, close: Callable[[LinkState], None]) -> None:
+        self.state = state
+        self._close = close
+        self.links: dict[str, LinkState] = {}
+        self._poller = select.poll()
+        self._fds: dict[int, tuple[LinkState, bool]] = {}
+        self.live_until = 0.0
+        self.next_ping = 0.0
+        self._ping_interval = state.options.max_staleness / 4
+
+    def add_link(self, link: LinkState) -> None:
+        self.links[link.name] = link
+        self._register(link.inval.fileno(), link, True)
+        if link.data_fd is not None:
+            self._register(link.data_fd, link, False)
+        self._update_live()
+
+    def _register(self, fd: int, link: LinkState, is_inval: bool) -> None:
+        self._fds[fd] = (link, is_inval)
+        self._poller.register(fd, select.POLLIN | select.POLLPRI)
+
+    def drop_link(self, name: str, reason: str) -> Optional[LinkState]:
+        """Forget a link (the caller closes its connections) and empty the cache."""
+        link = self.links.pop(name, None)
+        if link is not None:
+            for fd, (owner, _) in list(self._fds.items()):
+                if owner is link:
+                    del self._fds[fd]
+                    try:
+                        self._poller.unregister(fd)
+                    except (KeyError, ValueError):
+                        pass
+            self._close(link)
+        self.state.flush(reason)
+        self._update_live()
+        return link
+
+    def _update_live(self) -> None:
+        if self.links:
+            self.live_until = min(link.confirmed for link in self.links.values()) + self.state.options.max_staleness
+        else:
+            self.live_until = 0.0
+
+    def poll(self, now: float) -> list[str]:
+        """Apply whatever arrived on the invalidation sockets; return the names of failed links
+        (their rooms are already flushed; the caller closes and forgets them). Sends due PINGs."""
+        broken: list[str] = []
+        events = self._poller.poll(0)
+        for fd, _ in events:
+            link, is_inval = self._fds.get(fd, (None, False))
+            if link is None or link.name in broken:
+                continue
+            if not is_inval:
+                broken.append(link.name)  # the data connection has nothing to say unless it closed
+                continue
+            try:
+                keys, flush, pong = link.inval.drain()
+            except LinkLost:
+                broken.append(link.name)
+                continue
+            if flush:
+                self.state.flush(NULL_INVALIDATION)
+            elif keys:
+                self.state.apply(keys)
+            if pong and link.ping_outstanding is not None:
+                link.confirmed = link.ping_outstanding
+                link.ping_outstanding = None
+                self._update_live()
+        if now >= self.next_ping:
+            self.next_ping = now + self._ping_interval
+            for link in self.links.values():
+                if link.ping_outstanding is None:
+                    try:
+                        if link.inval.ping():
+                            link.ping_outstanding = now
+                    except LinkLost:
+                        if link.name not in broken:
+                            broken.append(link.name)
+                elif now - link.ping_outstanding > max(5.0, 4 * self.state.options.max_staleness):
+                    broken.append(link.name)  # no answer at all: a dead peer that sent no FIN
+        for name in broken:
+            self.drop_link(name, f"connection of {name} lost")
+        return broken

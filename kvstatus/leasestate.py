@@ -1,0 +1,142 @@
+"""Participant leases: a store holds one for its participant and keeps it alive in the background.
+
+A lease is the record ``<prefix>:<namespace>:lease:<participant>`` (a hash,
+``lua/lease.lua``). It is alive while Redis' clock has not passed its
+deadline (set to *now + lease TTL* by each renewal) and it was not released.
+Once that is false it is **lost for good**: its holder cannot renew it, and
+only a new incarnation (a new store, e.g. after a restart) holds the name
+again. Each acquire draws a random incarnation token, so a restart under the
+same name is a new holder and the old one, if it still runs, is told LOST at
+its next renewal. The record outlives the lease by the store's room TTL, so
+readers (the consensus view, the sweeper, ``kvstatus participants``) still
+see a dead participant as *lost* for as long as its entries can exist.
+
+Upkeep: one renewal every ``ttl / 3`` seconds (a TTL of at least
+:data:`MIN_LEASE_TTL` = 3 s keeps it at most one command per second). Before
+each write the store checks its monotonic clock: when more than ``2/3`` of the
+TTL went by since the last successful renewal was sent, the lease may be
+about to expire, and the write first renews synchronously. A renewal that
+answers LOST makes that write, and every later one, raise
+:class:`~kvstatus.errors.LeaseLostError`: a process that was paused (SIGSTOP,
+a long GC pause) past its TTL learns so at its next write.
+
+:class:`LeaseCore` (here) is the logic: requests and state, no I/O. The keeper that performs it is
+written once in :mod:`kvstatus._async.leases` (an asyncio task) and generated for threads; both are
+re-exported by :mod:`kvstatus.leases`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from typing import Any, Optional
+
+from kvstatus import scripts
+from kvstatus.errors import BackendError, InvalidArgumentError, LeaseLostError
+from kvstatus.keys import KeySchema
+from kvstatus.requests import Request, script_call
+from kvstatus.rule import LeaseOutcome
+
+log = logging.getLogger("kvstatus.leases")
+
+MIN_LEASE_TTL = 3.0
+MAX_LEASE_TTL = 3600.0
+RENEWALS_PER_TTL = 3
+# The write path renews synchronously once this share of the TTL went by since the last renewal was sent.
+STALE_SHARE = 2 / 3
+
+HELD, LOST, RELEASED = LeaseOutcome.HELD.value, LeaseOutcome.LOST.value, LeaseOutcome.RELEASED.value
+
+
+def validate_lease_ttl(ttl: object) -> float:
+    """Return ``ttl`` (seconds) if it is a lease TTL in [3, 3600]; raise :class:`InvalidArgumentError`."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) \
+            or not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL:
+        raise InvalidArgumentError(
+            f"invalid lease_ttl {ttl!r}: expected seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}] (a renewal every "
+            "ttl/3 s keeps the upkeep at most one command per second; see the README on choosing it)")
+    return float(ttl)
+
+
+class LeaseCore:
+    """A store's lease, without I/O: the requests to send and what their replies mean.
+
+    Attributes: ``participant``; ``ttl`` (seconds); ``incarnation`` (the
+    random token of the current holder, None before the first acquire);
+    ``generation`` (how many incarnations the name has had, this one
+    included); ``lost`` (True once Redis answered LOST); ``released``.
+    """
+
+    def __init__(self, schema: KeySchema, participant: str, ttl: float, keep_ms: int) -> None:
+        self.participant = participant
+        self.ttl = validate_lease_ttl(ttl)
+        self.key = schema.lease_key(participant)
+        self._ttl_ms = str(round(self.ttl * 1000))
+        self._keep_ms = str(max(keep_ms, round(self.ttl * 1000)))
+        self.incarnation: Optional[str] = None
+        self.generation: Optional[int] = None
+        self.lost = False
+        self.released = False
+        self.taken_over = False
+        self._renewed_at = -math.inf  # monotonic time the last successful acquire/renew was *sent*
+        self._stale_after = self.ttl * STALE_SHARE
+        self.interval = self.ttl / RENEWALS_PER_TTL
+        self.renewals = 0
+
+    @property
+    def held(self) -> bool:
+        """True while this store holds the lease as far as it knows (acquired, not lost, not released)."""
+        return self.incarnation is not None and not self.lost and not self.released
+
+    def fresh(self) -> bool:
+        """True when a write may go ahead without renewing first (the write path's check, no I/O)."""
+        return time.monotonic() < self._renewed_at + self._stale_after and not self.lost
+
+    def request(self, op: str) -> Any:
+        """The :class:`~kvstatus.operations.Request` of ``op`` ("acquire", "renew", "release"); decodes to (code, gen)."""
+        if op == "acquire":
+            self.incarnation = secrets.token_hex(8)
+            self.lost = self.released = self.taken_over = False
+        assert self.incarnation is not None
+        call = script_call(scripts.LEASE, [self.key], (op, self.incarnation, self._ttl_ms, self._keep_ms))
+
+        def decode(replies: list[Any]) -> tuple[int, int]:
+            reply = replies[0]
+            if not isinstance(reply, list) or len(reply) != 2 or reply[0] not in (HELD, LOST, RELEASED):
+                raise BackendError(f"the lease script replied {reply!r}, expected [code 10..12, generation]")
+            return int(reply[0]), int(reply[1])
+
+        return Request([call], decode)
+
+    def settle(self, op: str, sent_at: float, reply: tuple[int, int]) -> None:
+        """Take in the reply of ``op`` sent at monotonic time ``sent_at``."""
+        code, generation = reply
+        if code == HELD:
+            self._renewed_at = sent_at
+            self.generation = generation
+            self.renewals += op == "renew"
+        elif code == RELEASED:
+            self.released = True
+        elif not self.lost:
+            self.lost = True
+            self.taken_over = self.generation is not None and generation != self.generation
+            log.warning("participant %s: lease lost (%s)", self.participant, self._why())
+
+    def next_delay(self) -> float:
+        """Seconds until the next background renewal is due."""
+        return max(self._renewed_at + self.interval - time.monotonic(), 0.0)
+
+    def _why(self) -> str:
+        if self.taken_over:
+            return ("another store took the name over with a new incarnation (a restart under the same participant "
+                    "name)")
+        return (f"it was not renewed within its TTL of {self.ttl:g} s (the process was paused, e.g. SIGSTOP or a long "
+                "GC pause, or Redis was unreachable), or it was released")
+
+    def lost_error(self) -> LeaseLostError:
+        return LeaseLostError(
+            f"participant {self.participant} lost its lease (incarnation {self.generation}, {self.incarnation}): "
+            f"{self._why()}. A sweeper may have failed its entries; this store refuses writes from now on: create a "
+            "new store (a new incarnation) to go on", participant=self.participant)

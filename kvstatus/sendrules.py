@@ -1,0 +1,103 @@
+"""Every decision of the send loop, as plain functions (no I/O): which delays a failover gets, which
+calls to resend after NOSCRIPT, how replies and errors are reported. :mod:`kvstatus._async.sender`
+(and its generated sync twin) performs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, TypeVar
+
+from redis.exceptions import NoScriptError
+
+from kvstatus.clients import is_cluster_client, is_sentinel_client
+from kvstatus.deadline import ClientPoolExhausted, may_wait
+from kvstatus.observer import StoreObserver
+from kvstatus.requests import Call
+from kvstatus.scripts import LuaScript
+from kvstatus.translate import translate_error
+from kvstatus.url import ConnectionOptions
+
+G = TypeVar("G")
+
+
+def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
+    """Seconds to wait before each resend of a whole store call that met an unavailable backend.
+
+    Only for cluster and Sentinel clients: redis-py surfaces a dead cluster
+    node or a demoted Sentinel master at once ("The previous master is now a
+    slave"), before the topology has moved. A standalone client already
+    retries each command itself (same :class:`ConnectionOptions`), so it gets
+    no second layer.
+    """
+    if not (is_cluster_client(client) or is_sentinel_client(client)):
+        return ()
+    return (options or ConnectionOptions()).retry_delays()
+
+
+def gate_for(client: Any, options: ConnectionOptions, gate_class: Callable[[int], G]) -> Optional[G]:
+    """The semaphore that queues a cluster client's calls, shared by every store on ``client``; None elsewhere.
+
+    redis-py's cluster clients have no blocking pool: a call past a node's ``max_connections`` fails at once.
+    A store call holds at most one connection per node, so admitting ``max_connections`` calls at a time keeps
+    every node's pool within its size.
+    """
+    if not is_cluster_client(client):
+        return None
+    gate: G = client.__dict__.setdefault("_kvstatus_gate", gate_class(options.max_connections))
+    return gate
+
+
+def pool_exhausted(limit: int, waited: float) -> BaseException:
+    """The error of a call that waited at the gate until its deadline (nothing was sent)."""
+    return translate_error(ClientPoolExhausted(limit, waited))
+
+
+def observe_result(metrics: StoreObserver, operation: str, result: Any) -> None:
+    """Tell ``metrics`` what a call returned: the rule's outcomes of ``update_status`` and ``update_many``."""
+    if operation == "update_status":
+        metrics.on_update(result)
+    elif operation == "update_many":
+        metrics.on_updates(result.values())
+
+
+def observe_error(metrics: StoreObserver, exc: BaseException) -> None:
+    """Tell ``metrics`` of an error raised to the caller; ``check_status``'s KeyError is an answer, not an error."""
+    if not isinstance(exc, KeyError):
+        metrics.on_error(exc)
+
+
+def may_resend(delay: float) -> bool:
+    """True if a resend after ``delay`` seconds still starts before the running call's deadline."""
+    return may_wait(delay)
+
+
+def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:
+    """The script calls whose reply is NOSCRIPT: their indices, and the calls to send again in their place.
+
+    ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them);
+    True: ``EVAL`` with the script's source, which no SCRIPT FLUSH can make fail.
+    """
+    indices = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError) and calls[i].script]
+    return indices, [calls[i].as_eval() if as_eval else calls[i] for i in indices]
+
+
+def scripts_of(calls: list[Call]) -> list[LuaScript]:
+    """The distinct scripts of ``calls``, each to SCRIPT LOAD once."""
+    return list({call.script.sha: call.script for call in calls if call.script}.values())
+
+
+def merge(replies: list[Any], indices: list[int], resent: list[Any]) -> None:
+    """Put the replies of resent calls in their places."""
+    for i, reply in zip(indices, resent):
+        replies[i] = reply
+
+
+def checked(calls: list[Call], replies: list[Any]) -> list[Any]:
+    """``replies`` if none is an error; else raise the first error as its kvstatus error."""
+    for call, reply in zip(calls, replies):
+        if isinstance(reply, Exception):
+            error = translate_error(reply, call)
+            if error is reply:
+                raise reply
+            raise error from reply
+    return replies

@@ -5,7 +5,7 @@ The plan (what to do when) is :mod:`kvstatus.waitplan`; the driver is written on
 """
 
 from kvstatus._async.waiting import AsyncSubscription, async_wait_for
-from kvstatus._sync.waiting import Subscription, wait_for
+from kvstatus._sync.waiting import Subscription, subscription_for, wait_for
 from kvstatus.waitplan import (
     POLL_INTERVAL_SECONDS,
     RECHECK_SECONDS,
@@ -16,4 +16,4 @@ from kvstatus.waitplan import (
 )
 
 __all__ = ["POLL_INTERVAL_SECONDS", "RECHECK_SECONDS", "AsyncSubscription", "Subscription", "async_wait_for",
-           "check_timeout", "parse_payload", "target_statuses", "wait_for", "wait_plan"]
+           "check_timeout", "parse_payload", "subscription_for", "target_statuses", "wait_for", "wait_plan"]

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from redis import exceptions as rx
 
 from kvstatus.concurrency import BROKEN, async_receive, async_sleep
-from kvstatus.deadline import DEADLINE
+from kvstatus.deadline import DEADLINE, TOLERANCE
 from kvstatus.rule import KVPoll
 from kvstatus.topology import Topology
 from kvstatus.waitplan import (
@@ -82,7 +82,8 @@ async def async_wait_for(client: Any, key: str, participant: str, statuses: Any,
     ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
     path; ``deadline`` (seconds) bounds each subscription attempt as it bounds a store call."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
-    ends = time.monotonic() + check_timeout(timeout)
+    # Each step may run TOLERANCE past the wait's end: a read that starts just before it is not cut short.
+    ends = time.monotonic() + check_timeout(timeout) + TOLERANCE
     token = DEADLINE.set(ends) if math.isfinite(ends) else None
     subscription: Optional[AsyncSubscription] = None
     reply: Any = None
@@ -117,6 +118,11 @@ async def async_wait_for(client: Any, key: str, participant: str, statuses: Any,
             await subscription.close()
         if token is not None:
             DEADLINE.reset(token)
+
+
+def subscription_for(client: Any, key: str) -> AsyncSubscription:
+    """An unopened subscription to the channel of room ``key``, on a new connection to its node."""
+    return AsyncSubscription(_connection_for(client, key), key)
 
 
 def _connection_for(client: Any, key: str) -> Any:

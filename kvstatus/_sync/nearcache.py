@@ -297,6 +297,8 @@ class LinkTransport:
         except (LinkLost, *BROKEN) as exc:
             cache._reset_links(f"read failed: {exc}")
             return [rx.ConnectionError(f"the near cache's connection failed: {exc}")] * len(calls)
+        except rx.RedisError as exc:  # a refusal while opening a link (NOPERM on TRACKING or SUBSCRIBE)
+            return [exc] * len(calls)
         moved = next((r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))),
                      None)
         if moved is not None:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from redis import exceptions as rx
 
 from kvstatus.concurrency import BROKEN, receive, sleep
-from kvstatus.deadline import DEADLINE
+from kvstatus.deadline import DEADLINE, TOLERANCE
 from kvstatus.rule import KVPoll
 from kvstatus.topology import Topology
 from kvstatus.waitplan import (
@@ -83,7 +83,8 @@ def wait_for(client: Any, key: str, participant: str, statuses: Any, timeout: Op
     ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
     path; ``deadline`` (seconds) bounds each subscription attempt as it bounds a store call."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
-    ends = time.monotonic() + check_timeout(timeout)
+    # Each step may run TOLERANCE past the wait's end: a read that starts just before it is not cut short.
+    ends = time.monotonic() + check_timeout(timeout) + TOLERANCE
     token = DEADLINE.set(ends) if math.isfinite(ends) else None
     subscription: Optional[Subscription] = None
     reply: Any = None
@@ -118,6 +119,11 @@ def wait_for(client: Any, key: str, participant: str, statuses: Any, timeout: Op
             subscription.close()
         if token is not None:
             DEADLINE.reset(token)
+
+
+def subscription_for(client: Any, key: str) -> Subscription:
+    """An unopened subscription to the channel of room ``key``, on a new connection to its node."""
+    return Subscription(_connection_for(client, key), key)
 
 
 def _connection_for(client: Any, key: str) -> Any:

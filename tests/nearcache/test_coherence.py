@@ -19,7 +19,7 @@ pytestmark = pytest.mark.real
 
 
 def link(store: StatusStore):  # noqa: ANN201 - the single server's link
-    return store.near_cache.state.links[""]
+    return store.near_cache.links.links[""]
 
 
 def test_a_missing_room_is_cached_and_another_writers_change_is_seen(cached: StatusStore, writer: StatusStore) -> None:
@@ -124,7 +124,7 @@ def test_the_liveness_ping_keeps_an_idle_cache_honest(url: str, namespace: str, 
     with StatusStore.from_url(url, namespace=namespace, participant="w", near_cache=options) as cached:
         writer.update_status(1, KVPoll.Bootstrapping)
         assert cached.get(1) == KVPoll.Bootstrapping
-        state = cached.near_cache.state
+        state = cached.near_cache.links
         eventually(lambda: (cached.near_cache.check(), state.live_until > state.links[""].ping_sent)[1])
         confirmed = state.links[""].confirmed
         eventually(lambda: (cached.get(1), state.links[""].confirmed > confirmed)[1], what="a PONG confirmed")

@@ -7,7 +7,7 @@ from kvstatus.nearcache import _LOG_KEEP, CacheState, NearCacheOptions, room_fro
 
 
 def _state(max_rooms: int = 100) -> CacheState:
-    return CacheState(KeySchema("ns"), NearCacheOptions(max_rooms=max_rooms), lambda link: None)
+    return CacheState(KeySchema("ns"), NearCacheOptions(max_rooms=max_rooms))
 
 
 def _entry(room: int, status: str = "1", pttl: int = 60_000, at: float = 0.0):  # noqa: ANN202
@@ -44,9 +44,9 @@ def test_a_fill_older_than_the_log_is_not_stored() -> None:
 def test_invalidation_keys_of_other_namespaces_are_ignored() -> None:
     state = _state()
     state.store(state.token(), {1: _entry(1)})
-    state._apply([b"kvstatus:other:{1}", b"kvstatus:ns:{1}x", b"kvstatus:ns:{2}"])
+    state.apply([b"kvstatus:other:{1}", b"kvstatus:ns:{1}x", b"kvstatus:ns:{2}"])
     assert 1 in state.entries
-    state._apply([b"kvstatus:ns:{1}"])
+    state.apply([b"kvstatus:ns:{1}"])
     assert 1 not in state.entries
 
 

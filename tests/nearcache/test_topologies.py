@@ -56,7 +56,7 @@ def test_cluster_cache_follows_every_shard_and_a_moved_slot() -> None:
             writer.update_many({r: KVPoll.Bootstrapping for r in rooms[:100]})
             expected = {r: (KVPoll.Bootstrapping if r < 100 else None) for r in rooms}
             assert cached.get_many(rooms) == expected
-            assert len(cached.near_cache.state.links) == 3  # one link per primary
+            assert len(cached.near_cache.links.links) == 3  # one link per primary
             writer.update_many({r: KVPoll.Transferring for r in rooms[::7]})
             eventually(lambda: all(cached.get_many(rooms)[r] == KVPoll.Transferring for r in rooms[::7]))
 

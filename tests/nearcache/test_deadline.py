@@ -1,0 +1,138 @@
+"""Every path keeps the deadline with the near cache on (one send path): against a SIGSTOPped server a `get`
+of an uncached room, a `get_many`, a `wait_for` and a `room_status` raise within the deadline + slack, sync
+and async; after a restart each recovers; under CLIENT PAUSE WRITE each answers during the pause.
+
+Before the send path was written once, the same `get` with near_cache=True blocked 293 s (deadline 1 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from kvstatus import AsyncStatusStore, KVPoll, StatusStore
+from kvstatus.errors import BackendUnavailableError
+from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.real
+
+DEADLINE = 1.0
+SLACK = 2.0  # seconds a call may outlast its deadline in these assertions, on a loaded 2-core box
+
+# Each path with the near cache on: the store method and its arguments. Room 99 is never cached.
+PATHS: dict[str, Callable[[Any], Any]] = {
+    "get": lambda store: store.get(99),
+    "get_many": lambda store: store.get_many([97, 98, 99]),
+    "wait_for": lambda store: store.wait_for(99, KVPoll.Success, timeout=30),
+    "room_status": lambda store: store.room_status(99, ["p", "q"]),
+}
+
+
+class Runner:
+    """Runs a store method of a sync or an async store to completion from plain test code."""
+
+    def __init__(self, url: str, asynchronous: bool) -> None:
+        settings = dict(namespace=fresh_namespace("dl"), participant="p", near_cache=True, deadline=DEADLINE)
+        self.loop = asyncio.new_event_loop() if asynchronous else None
+        self.store: Any = (AsyncStatusStore if asynchronous else StatusStore).from_url(url, **settings)
+
+    def __call__(self, call: Callable[[Any], Any]) -> Any:
+        result = call(self.store)
+        return self.loop.run_until_complete(result) if self.loop is not None else result
+
+    def close(self) -> None:
+        self(lambda store: store.close())
+        if self.loop is not None:
+            self.loop.close()
+
+
+@contextmanager
+def runner(url: str, asynchronous: bool) -> Iterator[Runner]:
+    made = Runner(url, asynchronous)
+    try:
+        made(lambda store: store.update_status(1, KVPoll.Bootstrapping))  # connected, scripts loaded
+        assert made(lambda store: store.get(1)) == KVPoll.Bootstrapping  # the cache's link is open
+        yield made
+    finally:
+        made.close()
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as started:
+        yield started
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_hung_server_fails_every_path_within_the_deadline(server: RedisServer, path: str,
+                                                            asynchronous: bool) -> None:
+    with runner(server.url, asynchronous) as run:
+        with stopped(server.pid):
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailableError):
+                run(PATHS[path])
+            took = time.monotonic() - started
+        assert took < DEADLINE + SLACK, f"{path} raised after {took:.1f} s (deadline {DEADLINE} s)"
+        assert run(lambda store: store.get(1)) == KVPoll.Bootstrapping  # and the store goes on afterwards
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_path_recovers_after_a_restart(server: RedisServer, path: str, asynchronous: bool) -> None:
+    with runner(server.url, asynchronous) as run:
+        server.restart()  # no persistence: the data and the scripts are gone, the links are closed
+        run(lambda store: store.update_status(99, KVPoll.Success))
+        expected = {"get": KVPoll.Success, "get_many": {97: None, 98: None, 99: KVPoll.Success},
+                    "wait_for": KVPoll.Success}
+        result = run(PATHS[path])
+        if path == "room_status":
+            assert result.missing == ("q",)
+        else:
+            assert result == expected[path]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_read_path_answers_under_client_pause_write(server: RedisServer, path: str,
+                                                          asynchronous: bool) -> None:
+    admin = server.client()
+    with runner(server.url, asynchronous) as run:
+        run(lambda store: store.update_status(99, KVPoll.Success))
+        run(lambda store: store.room_status(1, ["p"]))  # the consensus script is cached before the pause
+        admin.execute_command("CLIENT", "PAUSE", 3000, "WRITE")
+        try:
+            result = run(PATHS[path])
+            # The pause still holds writes back: a write from another client has not been applied yet.
+            writer = server.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+            with pytest.raises(redis.exceptions.TimeoutError):
+                writer.set("probe", "1")
+            assert admin.get("probe") is None
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        if path == "room_status":
+            assert result.missing == ("q",)
+        else:
+            expected = {"get": KVPoll.Success, "get_many": {97: None, 98: None, 99: KVPoll.Success},
+                        "wait_for": KVPoll.Success}
+            assert result == expected[path]

@@ -1,7 +1,7 @@
 """kvstatus: a Redis-backed status store for the rooms of a prefill/decode disaggregated LLM serving cluster."""
 
 from kvstatus.aio import AsyncStatusStore
-from kvstatus.connection import ConnectionOptions
+from kvstatus.url import ConnectionOptions
 from kvstatus.errors import (
     AuthenticationError,
     BackendBusyError,

@@ -12,7 +12,6 @@ server that answers a plain ``PING`` is known not to speak TLS.
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 import ssl
 from typing import Any, Callable, Optional, Union
@@ -163,9 +162,19 @@ class _AsyncTLSHandshake:
             raise error from None
 
 
-@functools.lru_cache(maxsize=None)
-def connection_class(base: type, tls: bool) -> type:
-    """``base`` (a redis-py connection class) with the deadline of store calls, and the TLS handshake checks."""
+_CLASSES: dict[tuple[Any, bool], Any] = {}
+
+
+def connection_class(base: Any, tls: bool) -> Any:
+    """``base`` (a redis-py connection class) with the deadline of store calls, and the TLS handshake checks
+    (one class per base, made once)."""
+    made = _CLASSES.get((base, tls))
+    if made is None:
+        made = _CLASSES[(base, tls)] = _with_mixins(base, tls)
+    return made
+
+
+def _with_mixins(base: Any, tls: bool) -> Any:
     asynchronous = base.__module__.startswith("redis.asyncio")
     mixins: tuple[type, ...] = (AsyncDeadlineConnection if asynchronous else DeadlineConnection,)
     if tls:
@@ -213,12 +222,12 @@ def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) 
     from redis.cluster import ClusterNode, RedisCluster
 
     try:  # the sync client reads the slot map right away
-        cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],
+        sync_cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],  # type: ignore[no-untyped-call]
                                retry=_retry(options, False), **kwargs)
     except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
-    _deadline_nodes(cluster, parsed.tls)
-    return cluster
+    _deadline_nodes(sync_cluster, parsed.tls)
+    return sync_cluster
 
 
 def _deadline_nodes(cluster: Any, tls: bool) -> None:
@@ -256,21 +265,17 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         "password": query.get("sentinel_password"),
         "retry": _no_retry(asynchronous),
     }
-    if asynchronous:
-        from redis.asyncio.sentinel import Sentinel as SentinelClass
-        from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
-    else:
-        from redis.sentinel import Sentinel as SentinelClass
-        from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
+    sentinel_module: Any = redis.asyncio.sentinel if asynchronous else redis.sentinel
     if parsed.tls:
         sentinel_kwargs.update(_ssl_kwargs(query, options))
     kwargs["connection_class"] = connection_class(
-        SentinelManagedSSLConnection if parsed.tls else SentinelManagedConnection, parsed.tls)
+        sentinel_module.SentinelManagedSSLConnection if parsed.tls else sentinel_module.SentinelManagedConnection,
+        parsed.tls)
     # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
     # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
     # until its budget is spent. The store resends the whole call instead, through a fresh
     # connection that asks the Sentinels where the master is (see StoreBase / failover_delays).
-    sentinel = SentinelClass(
+    sentinel = sentinel_module.Sentinel(
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
     for client in sentinel.sentinels:  # asking the Sentinels where the master is counts against the deadline too

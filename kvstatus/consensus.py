@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, Optional
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.keys import reason_field, validate_name, validate_rooms
+from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import KVPoll
 
@@ -156,7 +157,7 @@ def consensus_many(entries: Entries) -> dict[int, RoomConsensus]:
     return result
 
 
-def entries_request(core: Any, rooms: Iterable[int], participants: Iterable[str]) -> Any:
+def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterable[str]) -> Request[Entries]:
     """The :class:`~kvstatus.operations.Request` reading :class:`Entries` of ``rooms`` in one round trip.
 
     ``core`` is a :class:`~kvstatus.operations.StoreCore` (its schema and topology).
@@ -209,7 +210,8 @@ def entries_request(core: Any, rooms: Iterable[int], participants: Iterable[str]
     return Request(calls, decode_cluster)
 
 
-def consensus_calls(core: Any, rooms: Iterable[int], participants: Iterable[str]) -> Any:
+def consensus_calls(core: StoreCore, rooms: Iterable[int], participants: Iterable[str]
+                    ) -> Request[dict[int, RoomConsensus]]:
     """The :class:`~kvstatus.operations.Request` of ``room_statuses``: {room: RoomConsensus}, in one round trip."""
 
     read = entries_request(core, rooms, participants)

@@ -29,7 +29,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.retry
 from redis.backoff import ExponentialBackoff
-from redis.connection import SENTINEL
+from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
 
 DEADLINE: ContextVar[Optional[float]] = ContextVar("kvstatus_deadline", default=None)

@@ -72,7 +72,7 @@ class InvalidationSocket:
         self.sock.setblocking(False)
 
     def fileno(self) -> int:
-        return self.sock.fileno()
+        return int(self.sock.fileno())
 
     def drain(self) -> tuple[list[bytes], bool, bool]:
         """Read what arrived: (invalidated keys, flush everything?, a PONG arrived?). Raises LinkLost."""
@@ -143,12 +143,13 @@ def sync_twin(conn: Any) -> redis.Connection:
     }
     path = getattr(conn, "path", None)
     if path:
-        return connection_class(redis.UnixDomainSocketConnection, False)(path=path, **common)
+        made: redis.Connection = connection_class(redis.UnixDomainSocketConnection, False)(path=path, **common)
+        return made
     address = {"host": conn.host, "port": conn.port}
     context = getattr(conn, "ssl_context", None)  # redis.asyncio's SSLConnection
     tls_source = context if context is not None else conn
     if context is not None or isinstance(conn, redis.SSLConnection):
-        return connection_class(redis.SSLConnection, True)(
+        made = connection_class(redis.SSLConnection, True)(
             **address, **common,
             ssl_keyfile=getattr(tls_source, "keyfile", None),
             ssl_certfile=getattr(tls_source, "certfile", None),
@@ -156,7 +157,9 @@ def sync_twin(conn: Any) -> redis.Connection:
             ssl_ca_certs=getattr(tls_source, "ca_certs", None),
             ssl_check_hostname=getattr(tls_source, "check_hostname", False),
         )
-    return connection_class(redis.Connection, False)(**address, **common)
+        return made
+    made = connection_class(redis.Connection, False)(**address, **common)
+    return made
 
 
 def tracking_command(client_id: int, schema: KeySchema, bcast: bool) -> tuple[Any, ...]:

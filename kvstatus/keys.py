@@ -17,6 +17,8 @@ rejects them):
 
 from __future__ import annotations
 
+import typing
+
 import functools
 import re
 from dataclasses import dataclass
@@ -62,8 +64,10 @@ def validate_room(room: object) -> int:
 def validate_rooms(rooms: Iterable[object]) -> list[int]:
     """:func:`validate_room` over a batch; plain ints in range are checked inline (the hot path)."""
     checked = list(rooms)
-    if checked and set(map(type, checked)) == {int} and 0 <= min(checked) and max(checked) <= MAX_ROOM:
-        return checked  # type: ignore[return-value]
+    if checked and set(map(type, checked)) == {int}:
+        ints = typing.cast("list[int]", checked)
+        if 0 <= min(ints) and max(ints) <= MAX_ROOM:
+            return ints
     return [validate_room(room) for room in checked]
 
 
@@ -98,15 +102,21 @@ class KeySchema:
 
     def room_key(self, room: int) -> str:
         """Key of a validated room id."""
-        return f"{self.base}{{{room}}}"
+        return self.base + "{" + str(room) + "}"
 
     def room_keys(self, rooms: Iterable[int]) -> list[str]:
-        base = self.base
-        return [f"{base}{{{room}}}" for room in rooms]
+        """Keys of validated room ids (the batch path: one concatenation per room, no formatting)."""
+        head = self.base + "{"
+        return [head + digits + "}" for digits in map(str, rooms)]
 
     def tombstone_key(self, room: int) -> str:
         """Key of a validated room's tombstone: the room key plus ``:t``, in the room's slot."""
-        return f"{self.base}{{{room}}}{TOMBSTONE_SUFFIX}"
+        return self.room_key(room) + TOMBSTONE_SUFFIX
+
+    @staticmethod
+    def tombstone_of(room_key: str) -> str:
+        """The tombstone key of a room key built by :meth:`room_key`."""
+        return room_key + TOMBSTONE_SUFFIX
 
     def lease_key(self, participant: str) -> str:
         """Key of a validated participant's lease record."""

@@ -10,10 +10,11 @@ awaits; nothing else differs.
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
-from redis.cluster import key_slot
+from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
 from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentError
@@ -23,7 +24,6 @@ from kvstatus.keys import (
     LATE_FIELD_PREFIX,
     MAX_ROOM,
     REASON_FIELD_PREFIX,
-    TOMBSTONE_SUFFIX,
     KeySchema,
     late_field,
     reason_field,
@@ -47,6 +47,7 @@ from kvstatus.rule import (
 from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
 
 T = TypeVar("T")
+tomb = KeySchema.tombstone_of
 
 DEFAULT_TTL_SECONDS = 600.0
 CHUNK_ROOMS = 1000
@@ -228,7 +229,6 @@ class StoreCore:
         self.ttl_ms = ttl_to_ms(ttl)
         self.policy = to_policy(policy)
         self.cluster = cluster
-        self._base = self.schema.base
         self._reason_field = reason_field(self.participant)
         self._update_head = (self.policy.value, str(self.ttl_ms), self.participant, self._reason_field)
         self._update_one = ("EVALSHA", scripts.UPDATE.sha, 1)
@@ -262,20 +262,16 @@ class StoreCore:
                 for start in range(0, len(group), CHUNK_ROOMS)]
 
     def _key(self, room: object) -> str:
-        if type(room) is not int or not 0 <= room <= MAX_ROOM:  # type: ignore[operator]
+        """The key of ``room``, validated (the hot path checks an int's range only)."""
+        if type(room) is not int or not 0 <= room <= MAX_ROOM:
             room = validate_room(room)
-        return f"{self._base}{{{room}}}"
-
-    def _keys(self, rooms: list[int]) -> list[str]:
-        """Keys of validated room ids."""
-        base = self._base
-        return [f"{base}{{{room}}}" for room in rooms]
+        return self.schema.room_key(room)
 
     def update_status(self, room: int, status: KVPoll | int) -> Request[UpdateResult]:
         key = self._key(room)
         arg = _STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
         if arg == "0" and self.tombstone_ttl_ms:  # only a Failed can be a late abort: it names the tombstone too
-            return Request([Call(("EVALSHA", scripts.UPDATE.sha, 2, key, key + TOMBSTONE_SUFFIX, *self._update_head,
+            return Request([Call(("EVALSHA", scripts.UPDATE.sha, 2, key, tomb(key), *self._update_head,
                                   arg), scripts.UPDATE)], _decode_update)
         return Request([Call((*self._update_one, key, *self._update_head, arg), scripts.UPDATE)], _decode_update)
 
@@ -283,23 +279,23 @@ class StoreCore:
         rooms, args = batch_args(updates)
         if not rooms:
             return _no_calls({})
-        keys = self._keys(rooms)
+        keys = self.schema.room_keys(rooms)
         tombs = self.tombstone_ttl_ms > 0 and "0" in args  # a batch with a Failed names the tombstones too
         if not self.cluster and len(keys) <= CHUNK_ROOMS:
             def decode_one(replies: list[Any]) -> dict[int, UpdateResult]:
                 pairs = iter(replies[0])
-                results = list(map(_RESULTS.get, zip(pairs, pairs)))
-                if None in results:
+                found = list(map(_RESULTS.get, zip(pairs, pairs)))
+                if None in found:
                     pairs = iter(replies[0])
-                    results = [update_result(*pair) for pair in zip(pairs, pairs)]  # raises, naming the pair
-                return dict(zip(rooms, results))
+                    return dict(zip(rooms, [update_result(*pair) for pair in zip(pairs, pairs)]))  # raises, naming it
+                return dict(zip(rooms, typing.cast("list[UpdateResult]", found)))
 
-            all_keys = keys + [key + TOMBSTONE_SUFFIX for key in keys] if tombs else keys
+            all_keys = keys + [tomb(key) for key in keys] if tombs else keys
             return Request([script_call(scripts.UPDATE, all_keys, (*self._update_head, *args))], decode_one)
         groups = self._chunks(keys)
         calls = [
             script_call(scripts.UPDATE,
-                        [keys[i] for i in group] + ([keys[i] + TOMBSTONE_SUFFIX for i in group] if tombs else []),
+                        [keys[i] for i in group] + ([tomb(keys[i]) for i in group] if tombs else []),
                         (*self._update_head, *(args[i] for i in group)))
             for group in groups
         ]
@@ -342,7 +338,7 @@ class StoreCore:
         ids = validate_rooms(rooms)  # a repeated room is read twice and kept once by the decoding dict
         if not ids:
             return _no_calls({})
-        keys = self._keys(ids)
+        keys = self.schema.room_keys(ids)
         field = self.participant
         if not self.cluster and len(keys) <= CHUNK_ROOMS:
             return Request([script_call(scripts.GET_MANY, keys, (field,))],
@@ -370,7 +366,7 @@ class StoreCore:
         if not self.tombstone_ttl_ms:
             return Request([Call(("HDEL", key, self.participant, self._reason_field))],
                            lambda replies: bool(replies[0]))
-        return Request([script_call(scripts.CLEAR, [key, key + TOMBSTONE_SUFFIX], self._clear_args)],
+        return Request([script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
                        lambda replies: bool(replies[0]))
 
     def record_failure(self, room: int, reason: str) -> Request[bool]:
@@ -390,7 +386,7 @@ class StoreCore:
             return decode_room(room, key, _pairs(fields), pttl,
                                decode_tombstone(_pairs(tomb_fields), tomb_pttl))
 
-        return Request([script_call(scripts.ROOM, [key, key + TOMBSTONE_SUFFIX], ())], decode)
+        return Request([script_call(scripts.ROOM, [key, tomb(key)], ())], decode)
 
 
 SCRIPT_MODES = ("eval", "functions")
@@ -402,7 +398,7 @@ def validate_script_mode(mode: object) -> str:
     """Return ``mode`` if it is one of :data:`SCRIPT_MODES`; raise :class:`InvalidArgumentError`."""
     if mode not in SCRIPT_MODES:
         raise InvalidArgumentError(f"invalid scripts {mode!r}: expected one of {', '.join(SCRIPT_MODES)}")
-    return mode  # type: ignore[return-value]
+    return str(mode)
 
 
 def as_fcall(call: Call) -> Call:

@@ -70,8 +70,8 @@ class StoreBase:
         self._metrics = check_observer(metrics)
         self._sender = self._sender_class(client, self.options, cluster=self._core.cluster,
                                           functions=self._functions, metrics=self._metrics)
-        self._near: Any = make_near_cache(near_cache, self._near_class, client, self._core.schema, self._sender)
-        self._keeper: Any = None
+        self._near = make_near_cache(near_cache, self._near_class, client, self._core.schema, self._sender)
+        self._keeper = None
         if lease_ttl is not None:
             # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
             lease_ttl = validate_lease_ttl(lease_ttl)

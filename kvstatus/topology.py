@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from redis.cluster import key_slot
+from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus.clients import is_cluster_client, is_sentinel_client
 
@@ -78,7 +78,7 @@ class Topology:
         """The name of the node serving ``key`` ("" on a single server)."""
         if not self.cluster:
             return ""
-        return self.client.nodes_manager.get_node_from_slot(key_slot(key.encode())).name
+        return str(self.client.nodes_manager.get_node_from_slot(key_slot(key.encode())).name)
 
     def new_data_connection(self, name: str) -> Any:
         """An unconnected connection to node ``name`` (any name on a single server)."""

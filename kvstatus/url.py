@@ -187,7 +187,8 @@ def _field_parser(annotation: Any) -> Callable[[str], Any]:
     """How a query value becomes a ConnectionOptions field of type ``annotation`` (Optional[X] -> X)."""
     if typing.get_origin(annotation) in (Union, types.UnionType):
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    return {bool: lambda v: _BOOL[v.lower()], int: int, float: float, str: str}[annotation]
+    parsers: dict[Any, Callable[[str], Any]] = {bool: lambda v: _BOOL[v.lower()], int: int, float: float, str: str}
+    return parsers[annotation]
 
 
 _OPTION_FIELDS: dict[str, Callable[[str], Any]] = {

@@ -71,7 +71,7 @@ def wait_plan(participant: str, targets: frozenset[KVPoll], timeout: float, rech
     start = yield CLOCK, None
     deadline = start + timeout
     subscribed = yield SUBSCRIBE, None
-    status = yield READ, None
+    status: Optional[KVPoll] = yield READ, None
     next_read = start + (recheck if subscribed else poll_interval)
     while True:
         if status in targets:

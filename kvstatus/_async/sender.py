@@ -167,7 +167,8 @@ class AsyncSender:
                         pipe.execute_command(*call.args, **async_pipeline_route(self.client, call.args[3]))
                     else:
                         pipe.execute_command(*call.args)
-                return await pipe.execute(raise_on_error=False)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                return replies
         except REDIS_ERRORS as exc:
             return [exc] * len(calls)
 

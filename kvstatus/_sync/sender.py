@@ -168,7 +168,8 @@ class Sender:
                         pipe.execute_command(*call.args, **pipeline_route(self.client, call.args[3]))
                     else:
                         pipe.execute_command(*call.args)
-                return pipe.execute(raise_on_error=False)
+                replies: list[Any] = pipe.execute(raise_on_error=False)
+                return replies
         except REDIS_ERRORS as exc:
             return [exc] * len(calls)
 

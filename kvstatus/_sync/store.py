@@ -40,6 +40,9 @@ class StatusStore(StoreBase):
     _sender_class = Sender
     _near_class = NearCache
     _keeper_class = LeaseKeeper
+    _sender: Sender
+    _near: Optional[NearCache]
+    _keeper: Optional[LeaseKeeper]
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
@@ -57,21 +60,21 @@ class StatusStore(StoreBase):
     def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
         if self._near is not None:
-            return self._near.check_status(room, self.participant)  # type: ignore[no-any-return]
-        return self._sender.send(self._core.check_status(room), "check_status")  # type: ignore[no-any-return]
+            return self._near.check_status(room, self.participant)
+        return self._sender.send(self._core.check_status(room), "check_status")
 
     def get(self, room: int) -> Optional[KVPoll]:
         """This participant's status, or None."""
         if self._near is not None:
-            return self._near.get(room, self.participant)  # type: ignore[no-any-return]
-        return self._sender.send(self._core.get(room), "get")  # type: ignore[no-any-return]
+            return self._near.get(room, self.participant)
+        return self._sender.send(self._core.get(room), "get")
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
         """This participant's status in each room, in one round trip (per node; read in chunks of
         :data:`~kvstatus.operations.CHUNK_ROOMS` rooms, each a consistent snapshot)."""
         if self._near is not None:
-            return self._near.get_many(rooms, self.participant)  # type: ignore[no-any-return]
-        return self._sender.send(self._core.get_many(rooms), "get_many")  # type: ignore[no-any-return]
+            return self._near.get_many(rooms, self.participant)
+        return self._sender.send(self._core.get_many(rooms), "get_many")
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
@@ -85,8 +88,8 @@ class StatusStore(StoreBase):
         """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears
         (not with the near cache on: its views carry no tombstone)."""
         if self._near is not None:
-            return self._near.room(room)  # type: ignore[no-any-return]
-        return self._sender.send(self._core.room(room), "room")  # type: ignore[no-any-return]
+            return self._near.room(room)
+        return self._sender.send(self._core.room(room), "room")
 
     def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
                        *, participant: Optional[str] = None) -> Optional[KVPoll]:
@@ -106,8 +109,7 @@ class StatusStore(StoreBase):
 
     def room_statuses(self, rooms: Iterable[int], participants: Iterable[str]) -> dict[int, RoomConsensus]:
         """:meth:`room_status` of many rooms over the same participants, in one round trip."""
-        return self._sender.send(consensus_calls(self._core, rooms, participants),  # type: ignore[no-any-return]
-                                       "room_statuses")
+        return self._sender.send(consensus_calls(self._core, rooms, participants), "room_statuses")
 
     def acquire_lease(self) -> None:
         """Acquire the lease now (else the first write does), or renew it now if held; LeaseLostError if lost."""

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import cases
+from benchmarks import capacity, cases
 from benchmarks.cases import Plan, Results, RoomSource
 from benchmarks.report import machine, render, write
 from kvstatus.connection import connect
@@ -55,22 +55,22 @@ def run(args: argparse.Namespace) -> Results:
         client = connect(server.url)
         step("single key", cases.single_key(client, plan, rooms))
         step("batches", cases.batches(client, plan, rooms))
-        step("async vs sync", cases.async_vs_sync(server.url, client, plan, rooms))
-        step("memory", cases.memory_per_room(client, plan, rooms))
-        step("shard capacity", cases.shard_capacity(server.port, 20_000 if args.quick else 200_000))
+        step("async vs sync", capacity.async_vs_sync(server.url, client, plan, rooms))
+        step("memory", capacity.memory_per_room(client, plan, rooms))
+        step("shard capacity", capacity.shard_capacity(server.port, 20_000 if args.quick else 200_000))
         client.close()
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(RedisServer(extra_args=NO_PERSISTENCE)) for _ in plan.levels]
         clients = [connect(server.url) for server in servers]
-        step("live rooms", cases.scaling(clients, plan, rooms))
+        step("live rooms", capacity.scaling(clients, plan, rooms))
         for client in clients:
             client.close()
-    step("dict reference", cases.dict_reference(plan))
-    step("client code", cases.client_overhead(plan))
+    step("dict reference", capacity.dict_reference(plan))
+    step("client code", capacity.client_overhead(plan))
     if not args.no_cluster:
         with RedisClusterServers(masters=3, extra_args=NO_PERSISTENCE) as cluster:
             client = _cluster_client(cluster)
-            step("cluster", cases.cluster(client, cluster, plan, rooms))
+            step("cluster", capacity.cluster(client, cluster, plan, rooms))
             client.close()
     return results
 

@@ -13,6 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kvstatus.demo import launch
 from kvstatus.demo import server as embedded
 from kvstatus.demo.server import RedisServer, RedisServerError, RedisServerNotFound, find_redis_server, free_port
 
@@ -63,9 +64,9 @@ def test_free_cluster_port_skips_a_port_whose_bus_port_is_taken(monkeypatch: pyt
         while good + embedded.CLUSTER_BUS_OFFSET > 65535 or not embedded._port_is_free(good + embedded.CLUSTER_BUS_OFFSET):
             good = free_port()
         picks = iter([taken_bus - embedded.CLUSTER_BUS_OFFSET, good])
-        monkeypatch.setattr(embedded, "free_port", lambda: next(picks))
+        monkeypatch.setattr(launch, "free_port", lambda: next(picks))
         assert embedded.free_cluster_port() == good
-        monkeypatch.setattr(embedded, "free_port", lambda: taken_bus - embedded.CLUSTER_BUS_OFFSET)
+        monkeypatch.setattr(launch, "free_port", lambda: taken_bus - embedded.CLUSTER_BUS_OFFSET)
         with pytest.raises(RedisServerError, match="free port pair"):
             embedded.free_cluster_port()
 

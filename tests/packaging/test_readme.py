@@ -73,6 +73,16 @@ RUN = [b for b in BLOCKS if b.info in RUNNABLE and b.skip is None and not b.fres
 INSTALLS = [b for b in BLOCKS if b.fresh_venv]
 
 
+def _commands(block: Block) -> list[str]:
+    return [line.split("#")[0].strip() for line in block.body.splitlines() if line.split("#")[0].strip()]
+
+
+# An install block whose every command another install block also runs (the README's, a guide's extras) is not
+# installed again: pip builds the package each time, which is slow on a loaded box.
+INSTALLS_RUN = [b for b in INSTALLS
+                if not any(o is not b and set(_commands(b)) < set(_commands(o)) for o in INSTALLS)]
+
+
 def test_every_guide_is_read() -> None:
     assert {"docs/guide.md", "docs/sglang.md", "docs/cli.md", "docs/security.md", "docs/design.md"} <= set(PAGES)
     assert len(README.splitlines()) <= 250, "README.md is the front door: the details belong in docs/"
@@ -95,7 +105,12 @@ def test_blocks_are_found_and_every_one_runs_or_says_why_not(page: str) -> None:
 
 def test_every_kind_of_block_is_exercised() -> None:
     assert {b.info for b in RUN} == RUNNABLE
-    assert INSTALLS
+    assert INSTALLS_RUN and {"docs/guide.md"} == {b.page for b in INSTALLS_RUN}
+
+
+def test_every_install_command_of_the_guides_is_run() -> None:
+    run = {command for block in INSTALLS_RUN for command in _commands(block)}
+    assert [c for block in INSTALLS for c in _commands(block) if c not in run] == []
 
 
 @pytest.mark.parametrize("page", sorted(p for p, text in PAGES.items() if "$ kvstatus " in text))
@@ -112,7 +127,8 @@ def test_readme_has_a_pip_install_line_for_library_users() -> None:
 
 
 def _sources() -> dict[str, str]:
-    return {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in sorted((ROOT / "kvstatus").rglob("*.py"))}
+    return {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+            for p in sorted((ROOT / "kvstatus").rglob("*.py"))}
 
 
 def test_nothing_says_to_install_kvstatus_from_a_package_index() -> None:
@@ -125,7 +141,7 @@ def test_nothing_says_to_install_kvstatus_from_a_package_index() -> None:
 
 
 def test_the_cli_install_hints_are_tested_install_commands() -> None:
-    tested = {line.split("#")[0].strip() for block in INSTALLS for line in block.body.splitlines()}
+    tested = {command for block in INSTALLS_RUN for command in _commands(block)}
     hints = []
     for name, text in _sources().items():
         for command in re.findall(r"pip install '[^']*'", text):
@@ -216,14 +232,15 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtualenv whose pip installs offline: dependencies resolve from this test run's site-packages."""
     venv = tmp_path_factory.mktemp("fresh") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True,
+                             text=True).stdout.strip()
     Path(purelib, "_outer_site_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", INSTALLS, ids=lambda b: b.id)
+@pytest.mark.parametrize("block", INSTALLS_RUN, ids=lambda b: b.id)
 def test_install_block_runs_as_pasted_in_a_fresh_venv(block: Block, venv: Path, tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
     for name in CHECKOUT:

@@ -263,3 +263,15 @@ def test_install_block_runs_as_pasted_in_a_fresh_venv(block: Block, venv: Path, 
     version = subprocess.run([str(venv / "bin" / "kvstatus"), "--version"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("kvstatus "), version.stdout + version.stderr
+
+
+def test_the_api_reference_covers_the_public_api() -> None:
+    import kvstatus
+    from kvstatus import errors
+
+    reference = PAGES["docs/api.md"]
+    documented = set(re.findall(r"^::: kvstatus(?:\.\w+)*\.(\w+)$", reference, re.M))
+    if "::: kvstatus.errors\n" in reference:
+        documented |= {name for name, value in vars(errors).items() if isinstance(value, type)}
+    assert sorted(set(kvstatus.__all__) - documented) == []
+    assert {"NearCacheOptions", "StoreObserver", "RoomStatusMap"} <= documented

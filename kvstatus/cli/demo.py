@@ -143,7 +143,7 @@ def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms:
             import kvstatus.observe.board  # noqa: F401
         except ImportError as exc:
             raise click.ClickException(f"--serve needs the optional 'web' extra ({exc.name} is not installed): "
-                                       "pip install 'kvstatus[web]'") from None
+                                       "in a kvstatus checkout, pip install '.[web]'") from None
     bar = _Bar()
     board: Optional[_Board] = None
     try:

@@ -16,7 +16,7 @@ from kvstatus.keys import KeySchema
 
 def _need(extra: str, what: str, exc: ImportError) -> click.ClickException:
     return click.ClickException(f"{what} needs the optional '{extra}' extra ({exc.name} is not installed): "
-                                f"pip install 'kvstatus[{extra}]'")
+                                f"in a kvstatus checkout, pip install '.[{extra}]'")
 
 
 def _schemas(env: CliEnv, namespaces: tuple[str, ...]) -> list[KeySchema]:

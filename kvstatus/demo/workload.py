@@ -368,7 +368,8 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
     except ImportError:
         raise DemoError(
             "no Redis to run on: redis-server is not on PATH and fakeredis is not installed; "
-            "install redis-server (Debian: apt-get install redis-server), or `pip install kvstatus[fake]`, "
+            "install redis-server (Debian: apt-get install redis-server), or in a kvstatus checkout "
+            "pip install '.[fake]', "
             "or pass --url"
         ) from None
     accept_script_shebang()

@@ -1,4 +1,4 @@
-"""The library under the README's ACL users: one namespace each, read-write and read-only."""
+"""The library under the ACL users of docs/security.md: one namespace each, read-write and read-only."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.servers import RedisClusterServers, RedisSentinelServers, RedisServer
 
 ADMIN_SECRET = "admin-Secr3t"
 USER_SECRET = "worker-Pa55"
-README = ROOT / "README.md"
+SECURITY = ROOT / "docs" / "security.md"
 
 
 def _add_users(client) -> None:
@@ -109,10 +109,10 @@ def test_read_only_user_reads_but_never_writes(request: pytest.FixtureRequest, t
 
 
 def test_readme_recipe_is_the_library_recipe() -> None:
-    text = README.read_text()
+    text = SECURITY.read_text()
     for read_only, user in ((False, "prefill-prod-a"), (True, "dashboard-prod-a")):
         assert acl_setuser_line(user, "prod-a", read_only=read_only) in text
-    listed = set(re.findall(r"\+([a-z|_]+)", text.split("## Security", 1)[1].split("\n## ", 1)[0]))
+    listed = set(re.findall(r"\+([a-z|_]+)", text.split("## The tenant recipe", 1)[1].split("\n## ", 1)[0]))
     assert set(read_write_commands()) <= listed and set(read_only_commands()) <= listed
 
 
@@ -131,7 +131,7 @@ def test_sentinel_user_of_the_recipe_finds_the_master() -> None:
 
 def test_readme_sentinel_recipe_is_the_library_recipe() -> None:
     line = "ACL SETUSER kvstatus " + " ".join(sentinel_acl_rules("PASSWORD"))
-    assert line in README.read_text()
+    assert line in SECURITY.read_text()
 
 
 def test_read_only_rules_have_no_write_command() -> None:

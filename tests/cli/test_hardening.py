@@ -29,7 +29,8 @@ from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import require_redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {p: p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+CLI_GUIDE = DOCS[ROOT / "docs" / "cli.md"]
 NS = "prod-a"
 SECRET = "s3cr3t-hardening"
 CHECKOUT_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
@@ -88,7 +89,7 @@ def test_stats_exits_3_on_keys_without_ttl_and_on_corrupted_values(connect_fake,
 def test_exit_codes_are_in_the_help_and_the_readme() -> None:
     help_text = invoke(lambda url: None, "--help").output
     assert "3 stats found keys without TTL or corrupted values" in " ".join(help_text.split())
-    assert "3 `stats` found room keys" in README
+    assert "3 `stats` found room keys" in CLI_GUIDE
     assert "Exits 3" in invoke(lambda url: None, "stats", "--help").output
 
 
@@ -273,10 +274,11 @@ def test_bad_connection_options_in_a_url_are_refused(query: str) -> None:
         connection.options_for(f"redis://127.0.0.1:1/0?{query}")
 
 
-def test_readme_cites_only_files_in_the_repository() -> None:
-    assert "DESIGN §" not in README and "DESIGN.md" not in README
-    cited = set(re.findall(r"\b((?:kvstatus|tests|lua|benchmarks)/[\w/]+\.(?:py|lua))\b", README))
-    cited |= set(re.findall(r"`([\w-]+\.(?:md|yml|toml))`", README))
+def test_readme_and_guides_cite_only_files_in_the_repository() -> None:
+    text = "\n".join(DOCS.values())
+    assert "DESIGN §" not in text and "DESIGN.md" not in text
+    cited = set(re.findall(r"\b((?:kvstatus|tests|lua|benchmarks)/[\w/]+\.(?:py|lua))\b", text))
+    cited |= set(re.findall(r"`([\w-]+\.(?:md|yml|toml))`", text))
     missing = sorted(path for path in cited if not (ROOT / path).exists())
     assert not missing
 
@@ -303,7 +305,7 @@ def test_wheel_ships_py_typed_and_the_license(tmp_path: Path) -> None:
 def test_version_and_completion_work_and_are_in_the_readme() -> None:
     result = invoke(lambda url: None, "--version")
     assert result.exit_code == 0 and result.output.strip() == f"kvstatus {version('kvstatus')}"
-    assert "kvstatus --version" in README and "_KVSTATUS_COMPLETE=bash_source kvstatus" in README
+    assert "kvstatus --version" in CLI_GUIDE and "_KVSTATUS_COMPLETE=bash_source kvstatus" in CLI_GUIDE
     env = CHECKOUT_ENV
     for shell in ("bash", "zsh", "fish"):
         script = subprocess.run(["kvstatus"], env={**env, "_KVSTATUS_COMPLETE": f"{shell}_source"},

@@ -49,8 +49,8 @@ def browser() -> Iterator[object]:
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         if real_redis_required():
-            pytest.fail("selenium is not installed (pip install 'kvstatus[test]'); CI requires it", pytrace=False)
-        pytest.skip("selenium is not installed (pip install 'kvstatus[test]')")
+            pytest.fail("selenium is not installed (./dev test installs it); CI requires it", pytrace=False)
+        pytest.skip("selenium is not installed (./dev test installs it)")
     profile = tempfile.mkdtemp(prefix="kvstatus-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium

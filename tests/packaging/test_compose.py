@@ -1,4 +1,4 @@
-"""docker-compose.yml against the README (Docker does not run here: the file is read, not started)."""
+"""docker-compose.yml against the guides (Docker does not run here: the file is read, not started)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from tests.helpers import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-README = (ROOT / "README.md").read_text()
-DOCKER_SECTION = README.split("## Running Redis with Docker", 1)[1].split("\n## ", 1)[0]
+OPERATIONS = (ROOT / "docs" / "operations.md").read_text()
+GUIDE = (ROOT / "docs" / "guide.md").read_text()
+DOCKER_SECTION = OPERATIONS.split("## Running Redis with Docker", 1)[1].split("\n## ", 1)[0]
 
 
 def _profile(name: str) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def _flag(service: dict[str, Any], flag: str) -> str:
 
 def _readme_url(scheme: str) -> Any:
     urls = re.findall(rf"--url ({re.escape(scheme)}://\S+)", DOCKER_SECTION)
-    assert len(urls) == 1, f"expected one {scheme}:// kvstatus command in the README's Docker section"
+    assert len(urls) == 1, f"expected one {scheme}:// kvstatus command in the Docker section of docs/operations.md"
     return parse_url(urls[0])
 
 
@@ -80,11 +81,11 @@ def test_readme_names_only_existing_services(name: str) -> None:
     mentioned |= {f"cluster-node-{i}" for i in range(1, 7)} if "cluster-node-1..6" in DOCKER_SECTION else set()
     mentioned |= {f"sentinel-{i}" for i in range(1, 4)} if "sentinel-1..3" in DOCKER_SECTION else set()
     assert mentioned - {"redis"} <= set(SERVICES)
-    assert name in mentioned, f"service {name} is not described in the README's Docker section"
+    assert name in mentioned, f"service {name} is not described in the Docker section of docs/operations.md"
 
 
 def test_readme_url_examples_all_parse() -> None:
-    section = README.split("## Topologies and URLs", 1)[1].split("\n## ", 1)[0]
+    section = GUIDE.split("## Topologies and URLs", 1)[1].split("\n## ", 1)[0]
     examples = re.findall(r"\| `((?:redis|rediss|unix)[^`]*://[^`]*)` \|$", section, re.M)
     assert len(examples) == 7
     for url in examples:

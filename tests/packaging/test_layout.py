@@ -1,4 +1,4 @@
-"""README's "Layout" section names every module and folder of the package, and nothing that is not there."""
+"""The "Layout" section of docs/design.md names every module and folder of the package, and nothing that is not there."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
 
 
 def layout_block() -> str:
-    section = README[README.index("## Layout"):]
+    section = DESIGN[DESIGN.index("## Layout"):]
     return re.search(r"```text\n(.*?)```", section, re.S).group(1)
 
 

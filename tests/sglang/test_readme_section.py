@@ -1,4 +1,4 @@
-"""README.md's "Using it with SGLang": its Python runs as written, and it names the plugin's real settings."""
+"""The SGLang guide (docs/sglang.md): its Python runs as written, and it names the plugin's real settings."""
 
 from __future__ import annotations
 
@@ -7,20 +7,18 @@ from pathlib import Path
 
 from kvstatus.sglang import plugin
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "sglang.md"
 
 
 def section() -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("## Using it with SGLang")
-    return text[start:text.index("\n## ", start + 1)]
+    return GUIDE.read_text(encoding="utf-8")
 
 
 def test_python_blocks_run_as_pasted() -> None:
     blocks = re.findall(r"```python\n(.*?)```", section(), re.S)
     assert blocks
     for block in blocks:
-        exec(compile(block, str(README), "exec"), {})
+        exec(compile(block, str(GUIDE), "exec"), {})
 
 
 def test_every_setting_is_documented_and_exists() -> None:

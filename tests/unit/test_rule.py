@@ -1,4 +1,4 @@
-"""The pure-Python reference rule against the table of the README's "The update rule", and status parsing."""
+"""The pure-Python reference rule against the table of "The update rule" in docs/guide.md, and status parsing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kvstatus.rule import explain, parse_status, to_policy, to_status
 
 F, B, W, T, S = KVPoll  # Failed, Bootstrapping, WaitingForInput, Transferring, Success
 
-# (stored, new) -> (outcome, result) under seed, written out row by row from the README's rule table.
+# (stored, new) -> (outcome, result) under seed, written out row by row from the guide's rule table.
 SEED_TABLE: dict[tuple[Optional[KVPoll], KVPoll], tuple[Outcome, Optional[KVPoll]]] = {
     (None, F): (Outcome.IGNORED_MISSING, None),
     (None, B): (Outcome.CREATED, B),

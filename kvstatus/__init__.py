@@ -1,7 +1,8 @@
 """kvstatus: a Redis-backed status store for the rooms of a prefill/decode disaggregated LLM serving cluster."""
 
 from kvstatus.aio import AsyncStatusStore
-from kvstatus.url import ConnectionOptions
+from kvstatus.cachestate import NearCacheOptions
+from kvstatus.consensus import LeaseState, RoomConsensus
 from kvstatus.errors import (
     AuthenticationError,
     BackendBusyError,
@@ -18,7 +19,7 @@ from kvstatus.errors import (
     PermissionDeniedError,
     PoolExhaustedError,
 )
-from kvstatus.consensus import LeaseState, RoomConsensus
+from kvstatus.observer import StoreObserver
 from kvstatus.rule import (
     ClearedEntry,
     KVPoll,
@@ -31,10 +32,13 @@ from kvstatus.rule import (
     apply_rule,
 )
 from kvstatus.store import StatusStore
+from kvstatus.url import ConnectionOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "NearCacheOptions",
+    "StoreObserver",
     "AsyncStatusStore",
     "AuthenticationError",
     "BackendBusyError",

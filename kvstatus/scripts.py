@@ -7,7 +7,9 @@ is sent with its source (``EVAL_RO``), so each client registers a script the
 first time it needs it.
 
 Includes: a line ``-- @include NAME`` of a script is replaced by the text of
-``lua/lib/NAME.lua`` (BullMQ's convention), once, when the script is read. A
+``lua/lib/NAME.lua`` (BullMQ's convention), once, when the script is read; an
+indented include (inside a block, whose scope then holds the lib's locals) is
+spliced with its indentation. A
 helper is so written once and every script still runs as one self-contained
 text: its SHA (the EVALSHA handle) is the SHA of the spliced text, and
 ``python -m kvstatus.expand NAME`` prints that text, e.g. for
@@ -30,7 +32,7 @@ _Source = Union[Path, "resources.abc.Traversable"]
 READ_ONLY_SHEBANG = "#!lua flags=no-writes"
 """The first line of a read-only script: EVALSHA_RO (on replicas, under CLIENT PAUSE WRITE), FCALL_RO as a function."""
 
-_INCLUDE = re.compile(r"^--\s*@include\b(.*)$", re.M)
+_INCLUDE = re.compile(r"^([ \t]*)--\s*@include\b(.*)$", re.M)
 _LIB_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -67,7 +69,7 @@ def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> st
     def replace(match: re.Match[str]) -> str:
         line = text.count("\n", 0, match.start()) + 1
         where = f"lua/{name}.lua line {line}"
-        lib = match.group(1).strip()
+        indent, lib = match.group(1), match.group(2).strip()
         if not _LIB_NAME.fullmatch(lib):
             raise LuaIncludeError(f"{where}: expected '-- @include NAME' (NAME of lua/lib/NAME.lua: a-z, 0-9, _), "
                                   f"got {match.group(0)!r}")
@@ -81,7 +83,9 @@ def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> st
         if nested:
             raise LuaIncludeError(f"lua/lib/{lib}.lua (included by {where}) has an @include of its own: lib files "
                                   f"are spliced once and may not include ({nested.group(0)!r})")
-        return f"-- >>> lua/lib/{lib}.lua (-- @include {lib})\n{body.rstrip(chr(10))}\n-- <<< lua/lib/{lib}.lua"
+        lines = [f"-- >>> lua/lib/{lib}.lua (-- @include {lib})", *body.rstrip("\n").split("\n"),
+                 f"-- <<< lua/lib/{lib}.lua"]
+        return "\n".join(indent + line if line else line for line in lines)
 
     return _INCLUDE.sub(replace, text)
 

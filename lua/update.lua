@@ -38,7 +38,6 @@ local PUBLISH = redis.REDIS_VERSION_NUM and "spublish" or "publish"  -- REDIS_VE
 
 -- @include acl
 -- @include time
--- @include keys
 
 local policy, ttl, field, reason_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
@@ -56,7 +55,8 @@ if n < 1 or (#KEYS ~= n and #KEYS ~= 2 * n) then
   return redis.error_reply("KVSTATUS_BADARG expected one status per key, and at least one key")
 end
 local tombs, late = #KEYS == 2 * n, nil
-if n > 1 or tombs then
+if n > 1 or tombs then  -- keys that belong together; a call of one key (the hot path) defines none of this
+  -- @include keys
   local refused = room_keys_refusal(1, n)
   for i = 1, tombs and n or 0 do
     refused = refused or tombstone_refusal(KEYS[i], KEYS[n + i])

@@ -7,6 +7,7 @@ import hashlib
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from tests.servers import RedisServer
 LUA = Path(__file__).resolve().parents[2] / "lua"
 FILES = {path.stem: path.read_text() for path in sorted(LUA.glob("*.lua"))}
 LIBS = {path.stem: path.read_text() for path in sorted((LUA / "lib").glob("*.lua"))}
-INCLUDE = re.compile(r"^-- @include (\w+)$", re.M)
+INCLUDE = re.compile(r"^([ \t]*)-- @include (\w+)$", re.M)
 
 
 def test_every_include_is_spliced_with_the_lib_text() -> None:
@@ -31,14 +32,14 @@ def test_every_include_is_spliced_with_the_lib_text() -> None:
         includes = INCLUDE.findall(FILES[script.name])
         assert includes, f"{script.name}.lua includes nothing (every script runs the ACL pre-check of lib/acl.lua)"
         assert not re.search(r"^--\s*@include", script.source, re.M), script.name
-        for lib in includes:
-            assert LIBS[lib].rstrip("\n") in script.source, (script.name, lib)
+        for indent, lib in includes:
+            assert textwrap.indent(LIBS[lib].rstrip("\n"), indent) in script.source, (script.name, lib)
             assert script.source.count(f"-- >>> lua/lib/{lib}.lua") == 1
         # Outside the spliced parts, the source is the file's own text, line for line.
-        own = re.sub(r"^-- >>> lua/lib/(\w+)\.lua.*?^-- <<< lua/lib/\1\.lua$", lambda m: f"-- @include {m.group(1)}",
-                     script.source, flags=re.M | re.S)
+        own = re.sub(r"^([ \t]*)-- >>> lua/lib/(\w+)\.lua.*?^[ \t]*-- <<< lua/lib/\2\.lua$",
+                     lambda m: f"{m.group(1)}-- @include {m.group(2)}", script.source, flags=re.M | re.S)
         assert own == FILES[script.name]
-        used |= set(includes)
+        used |= {lib for _, lib in includes}
     assert used == set(LIBS), f"lib files no script includes: {set(LIBS) - used}"
 
 
@@ -97,6 +98,14 @@ def test_an_include_is_spliced_where_it_stands(tmp_path: Path, monkeypatch: pyte
     assert script.source == ("#!lua flags=no-writes\nlocal A = 1\n-- >>> lua/lib/b.lua (-- @include b)\nlocal B = 2\n"
                              "-- <<< lua/lib/b.lua\nreturn A + B\n")
     assert script.read_only and script.sha == hashlib.sha1(script.source.encode()).hexdigest()
+
+
+def test_an_indented_include_is_spliced_with_its_indentation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a block, the lib's locals are defined only when the block runs (update.lua's key checks)."""
+    _lua_dir(tmp_path, monkeypatch, {"x.lua": "if #KEYS > 1 then\n  -- @include b\n  return B\nend\n",
+                                     "lib/b.lua": "local B = 2\n\nlocal C = 3\n"})
+    assert scripts._load("x").source == ("if #KEYS > 1 then\n  -- >>> lua/lib/b.lua (-- @include b)\n  local B = 2\n\n"
+                                         "  local C = 3\n  -- <<< lua/lib/b.lua\n  return B\nend\n")
 
 
 def _expand(*args: str) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore, scripts
 from kvstatus.admin.functions import load_functions
 from kvstatus.operations import as_fcall, script_call
-from kvstatus.storebase import evalsha_fallback, noscript_resend, scripts_of
+from kvstatus.sendrules import evalsha_fallback, noscript_resend, scripts_of
 from tests.helpers.backends import fresh_namespace
 from tests.servers import RedisServer
 
@@ -97,7 +97,7 @@ def test_an_acl_without_evalsha_ro_is_found_out_once(redis_server: RedisServer) 
             store = StatusStore(client, namespace=namespace, participant="p")
             store.update_status(3, KVPoll.Bootstrapping)
             assert store.get_many([3, 4]) == {3: KVPoll.Bootstrapping, 4: None}
-            assert store._evalsha_only
+            assert store._sender.evalsha_only
             assert store.room(3).participants["p"].status is KVPoll.Bootstrapping
 
 

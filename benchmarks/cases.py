@@ -309,7 +309,8 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     s = interleave(blocks, plan.rounds)
     if not cluster:
         counts = commands_per_node([client], lambda: store.get_many(present))[0]
-        out.notes.append(f"`get_many(256)` on one Redis sends {counts.get('evalsha', 0)} command(s), one round "
+        sent = counts.get("evalsha_ro", 0) + counts.get("evalsha", 0)
+        out.notes.append(f"`get_many(256)` on one Redis sends {sent} command(s), one round "
                          f"trip (calls seen by the server, script-internal ones included: {counts})")
         out.rows.append(_tput(section, "bare `get_many.lua` over 256 keys, raw `EVALSHA`", s["bare"], size))
         out.budgets.append(Budget("get_many(256) vs bare get_many.lua", ratio(s["bare"], s["get_many"]),

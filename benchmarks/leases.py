@@ -52,7 +52,8 @@ def upkeep(url: str, seconds: float) -> None:
         admin.config_resetstat()
         time.sleep(seconds)
         stat = admin.info("commandstats")
-        calls = sum(v["calls"] for k, v in stat.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+        scripted = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro")
+        calls = sum(v["calls"] for k, v in stat.items() if k in scripted)
         store.close()
         row(f"lease upkeep, lease_ttl={ttl:g} s", f"{calls / seconds:.2f} commands/s per participant",
             f"budget <= 1; {calls} renewals in {seconds:g} s")

@@ -404,9 +404,9 @@ def validate_script_mode(mode: object) -> str:
 def as_fcall(call: Call) -> Call:
     """The FCALL (FCALL_RO for a read-only script) of the function that holds ``call``'s script; others as they are."""
     script = call.script
-    if script is None or call.args[0] != "EVALSHA":
+    if script is None or call.args[0] not in ("EVALSHA", "EVALSHA_RO"):
         return call
-    command = "FCALL_RO" if script.source.startswith(scripts.READ_ONLY_SHEBANG) else "FCALL"
+    command = "FCALL_RO" if script.read_only else "FCALL"
     return Call((command, scripts.function_name(script), *call.args[2:]), script)
 
 

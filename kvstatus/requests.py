@@ -15,15 +15,24 @@ T = TypeVar("T")
 
 
 class Call(NamedTuple):
-    """One Redis command; ``script`` is set when ``args`` runs that script (EVALSHA, or FCALL of its function)."""
+    """One Redis command; ``script`` is set when ``args`` runs that script (EVALSHA, EVALSHA_RO for a read-only
+    script, or FCALL / FCALL_RO of its function)."""
 
     args: tuple[Any, ...]
     script: Optional[LuaScript] = None
 
     def as_eval(self) -> "Call":
-        """The same script call sent with its source (``EVAL``), which a server without the script still runs."""
+        """The same script call sent with its source (``EVAL``; ``EVAL_RO`` for an ``EVALSHA_RO``), which a
+        server without the script still runs."""
         assert self.script is not None
-        return Call(("EVAL", self.script.source, *self.args[2:]), self.script)
+        command = "EVAL_RO" if self.args[0] == "EVALSHA_RO" else "EVAL"
+        return Call((command, self.script.source, *self.args[2:]), self.script)
+
+    def without_ro(self) -> "Call":
+        """``EVALSHA_RO`` / ``EVAL_RO`` as plain ``EVALSHA`` / ``EVAL`` (a server without them: Redis < 7,
+        fakeredis); other calls as they are."""
+        command = self.args[0]
+        return Call((command[:-3], *self.args[1:]), self.script) if command in ("EVALSHA_RO", "EVAL_RO") else self
 
 
 class Request(Generic[T]):
@@ -41,4 +50,5 @@ class Request(Generic[T]):
 
 
 def script_call(script: LuaScript, keys: list[str], args: Iterable[Any]) -> Call:
-    return Call(("EVALSHA", script.sha, len(keys), *keys, *args), script)
+    """``EVALSHA`` of ``script``, ``EVALSHA_RO`` for a read-only one (never held by CLIENT PAUSE WRITE)."""
+    return Call(("EVALSHA_RO" if script.read_only else "EVALSHA", script.sha, len(keys), *keys, *args), script)

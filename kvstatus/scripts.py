@@ -1,28 +1,53 @@
-"""The Lua scripts of ``lua/``, read once at import.
+"""The Lua scripts of ``lua/``, read once at import, with the helpers of ``lua/lib/`` spliced in.
 
-Scripts run by EVALSHA; a server that does not know one (``NOSCRIPT``: a
-restart, ``SCRIPT FLUSH``, a new cluster node) is sent ``SCRIPT LOAD`` and the
-call is repeated, so each client registers a script the first time it needs it.
+Scripts run by EVALSHA (EVALSHA_RO for a read-only one); a server that does not
+know one (``NOSCRIPT``: a restart, ``SCRIPT FLUSH``, a new cluster node) is sent
+``SCRIPT LOAD`` and the call is repeated, or, for a read-only script, the call
+is sent with its source (``EVAL_RO``), so each client registers a script the
+first time it needs it.
+
+Includes: a line ``-- @include NAME`` of a script is replaced by the text of
+``lua/lib/NAME.lua`` (BullMQ's convention), once, when the script is read; an
+indented include (inside a block, whose scope then holds the lib's locals) is
+spliced with its indentation. A
+helper is so written once and every script still runs as one self-contained
+text: its SHA (the EVALSHA handle) is the SHA of the spliced text, and
+``python -m kvstatus.expand NAME`` prints that text, e.g. for
+``redis-cli --eval``. A lib file may not include another (no nesting), and a
+script includes each lib at most once; anything else raises
+:class:`LuaIncludeError` naming the file and line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Union
+from typing import Callable, Optional, Union
 
 _Source = Union[Path, "resources.abc.Traversable"]
+
+READ_ONLY_SHEBANG = "#!lua flags=no-writes"
+"""The first line of a read-only script: EVALSHA_RO (on replicas, under CLIENT PAUSE WRITE), FCALL_RO as a function."""
+
+_INCLUDE = re.compile(r"^([ \t]*)--\s*@include\b(.*)$", re.M)
+_LIB_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+class LuaIncludeError(ValueError):
+    """An ``-- @include`` line that cannot be spliced: a missing lib file, a nested or repeated include."""
 
 
 @dataclass(frozen=True)
 class LuaScript:
-    """A Lua script's name, source and SHA1 (the EVALSHA handle)."""
+    """A Lua script's name, spliced source and SHA1 (the EVALSHA handle), and whether it writes nothing."""
 
     name: str
     source: str
     sha: str
+    read_only: bool = False
 
 
 def _lua_dir() -> _Source:
@@ -33,9 +58,48 @@ def _lua_dir() -> _Source:
     return Path(__file__).resolve().parent.parent / "lua"
 
 
+def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> str:
+    """``text`` of ``lua/<name>.lua`` with each ``-- @include LIB`` line replaced by ``read_lib(LIB)``.
+
+    ``read_lib`` returns the lib's text, or None when there is no such file. Raises
+    :class:`LuaIncludeError` for a malformed, missing, repeated or nested include.
+    """
+    seen: set[str] = set()
+
+    def replace(match: re.Match[str]) -> str:
+        line = text.count("\n", 0, match.start()) + 1
+        where = f"lua/{name}.lua line {line}"
+        indent, lib = match.group(1), match.group(2).strip()
+        if not _LIB_NAME.fullmatch(lib):
+            raise LuaIncludeError(f"{where}: expected '-- @include NAME' (NAME of lua/lib/NAME.lua: a-z, 0-9, _), "
+                                  f"got {match.group(0)!r}")
+        if lib in seen:
+            raise LuaIncludeError(f"{where}: lua/lib/{lib}.lua is included twice")
+        seen.add(lib)
+        body = read_lib(lib)
+        if body is None:
+            raise LuaIncludeError(f"{where}: no such file lua/lib/{lib}.lua")
+        nested = _INCLUDE.search(body)
+        if nested:
+            raise LuaIncludeError(f"lua/lib/{lib}.lua (included by {where}) has an @include of its own: lib files "
+                                  f"are spliced once and may not include ({nested.group(0)!r})")
+        lines = [f"-- >>> lua/lib/{lib}.lua (-- @include {lib})", *body.rstrip("\n").split("\n"),
+                 f"-- <<< lua/lib/{lib}.lua"]
+        return "\n".join(indent + line if line else line for line in lines)
+
+    return _INCLUDE.sub(replace, text)
+
+
+def _read_lib(lib: str) -> Optional[str]:
+    path = _lua_dir().joinpath("lib").joinpath(f"{lib}.lua")
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
 def _load(name: str) -> LuaScript:
-    source = _lua_dir().joinpath(f"{name}.lua").read_text(encoding="utf-8")
-    return LuaScript(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
+    path = _lua_dir().joinpath(f"{name}.lua")
+    source = splice(name, path.read_text(encoding="utf-8"), _read_lib)
+    return LuaScript(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(),
+                     source.startswith(READ_ONLY_SHEBANG + "\n"))
 
 
 UPDATE: LuaScript = _load("update")
@@ -47,25 +111,22 @@ LEASE: LuaScript = _load("lease")
 ROOM_STATUSES: LuaScript = _load("room_statuses")
 SWEEP: LuaScript = _load("sweep")
 
-READ_ONLY_SHEBANG = "#!lua flags=no-writes"
-"""The first line of a read-only script: EVALSHA on replicas and under CLIENT PAUSE WRITE, FCALL_RO as a function."""
-
 ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEASE, ROOM_STATUSES, SWEEP)
+BY_NAME: dict[str, LuaScript] = {script.name: script for script in ALL}
 
 
-# Redis 7 functions: the same files, registered as one function library that an admin loads
+# Redis 7 functions: the same spliced scripts, registered as one function library that an admin loads
 # once (FUNCTION LOAD), so that a tenant needs FCALL / FCALL_RO only, never SCRIPT LOAD or EVAL (which
-# run any Lua). The library is built by plain concatenation: each file's text, its first line dropped
+# run any Lua). The library is built by plain concatenation: each script's text, its first line dropped
 # when it is a "#!lua" shebang (functions declare flags at registration instead), between fixed lines
 # that make it the body of a local function and register that function. No value is interpolated but
-# the version tag: the first 12 hex digits of the SHA-1 over the files, a function of the files
+# the version tag: the first 12 hex digits of the SHA-1 over the spliced scripts, a function of the files
 # themselves and never of a caller's value. It names the library and its functions, so each kvstatus
 # version's rule lives under its own names, two versions coexist during a rolling upgrade (as EVALSHA's
 # SHA-named scripts do), and a client never runs another version's rule: it finds its functions
 # missing and says what an admin runs. The state machine stays in lua/*.lua, and only there.
 
-_FUNCTION_SCRIPTS: tuple[tuple[LuaScript, bool], ...] = tuple(
-    (script, script.source.startswith(READ_ONLY_SHEBANG)) for script in ALL)
+_FUNCTION_SCRIPTS: tuple[tuple[LuaScript, bool], ...] = tuple((script, script.read_only) for script in ALL)
 """Each script of the library, and whether it is registered read-only (``no-writes``: FCALL_RO, replicas)."""
 
 LIBRARY_TAG: str = hashlib.sha1("".join(s.source for s in ALL).encode("utf-8")).hexdigest()[:12]
@@ -97,3 +158,4 @@ def _library() -> str:
 
 LIBRARY: str = _library()
 """The Lua source an admin loads with ``FUNCTION LOAD`` (``kvstatus functions load``)."""
+

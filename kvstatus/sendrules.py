@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, TypeVar
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from kvstatus.clients import is_cluster_client, is_sentinel_client
 from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.observer import StoreObserver
-from kvstatus.requests import Call
+from kvstatus.requests import Call, Request
 from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
 from kvstatus.url import ConnectionOptions
 
 G = TypeVar("G")
+T = TypeVar("T")
 
 
 def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
@@ -74,16 +75,53 @@ def may_resend(delay: float) -> bool:
 def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:
     """The script calls whose reply is NOSCRIPT: their indices, and the calls to send again in their place.
 
-    ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them);
+    ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them), but an
+    ``EVALSHA_RO`` at once as ``EVAL_RO`` with its source: one round trip, and CLIENT PAUSE WRITE holds
+    neither (it holds a plain EVALSHA of a script the server does not know for the whole pause);
     True: ``EVAL`` with the script's source, which no SCRIPT FLUSH can make fail.
     """
     indices = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError) and calls[i].script]
-    return indices, [calls[i].as_eval() if as_eval else calls[i] for i in indices]
+    return indices, [calls[i].as_eval() if as_eval or calls[i].args[0] == "EVALSHA_RO" else calls[i]
+                     for i in indices]
 
 
 def scripts_of(calls: list[Call]) -> list[LuaScript]:
-    """The distinct scripts of ``calls``, each to SCRIPT LOAD once."""
-    return list({call.script.sha: call.script for call in calls if call.script}.values())
+    """The distinct scripts of the ``EVALSHA`` calls among ``calls``, each to SCRIPT LOAD once."""
+    return list({call.script.sha: call.script for call in calls
+                 if call.script is not None and call.args[0] == "EVALSHA"}.values())
+
+
+def as_evalsha(request: Request[T]) -> Request[T]:
+    """``request`` with every ``EVALSHA_RO`` sent as ``EVALSHA`` (a sender whose server refused ``EVALSHA_RO``)."""
+    request.calls = [call.without_ro() for call in request.calls]
+    return request
+
+
+_RO_COMMANDS = ("EVALSHA_RO", "EVAL_RO")
+
+
+def evalsha_fallback(calls: list[Call], replies: list[Any]) -> tuple[list[int], list[Call]]:
+    """The read-only script calls the server refused as a command, and ``calls`` with those as EVALSHA / EVAL.
+
+    Refused: an unknown command (Redis < 7, fakeredis) or one the ACL does not grant (a recipe from before
+    ``EVALSHA_RO``). Returns ([], calls) when there is none; otherwise the sender resends ``calls[i]`` for
+    each index and sends ``EVALSHA`` from then on.
+    """
+    indices = [i for i, reply in enumerate(replies)
+               if isinstance(reply, ResponseError) and calls[i].args[0] in _RO_COMMANDS and _refuses(reply)]
+    if not indices:
+        return indices, calls
+    changed = list(calls)
+    for i in indices:
+        changed[i] = changed[i].without_ro()
+    return indices, changed
+
+
+def _refuses(reply: ResponseError) -> bool:
+    """Whether ``reply`` refuses the command itself (unknown, or not granted by the ACL), not the script."""
+    text = str(reply).lower()
+    return text.startswith("unknown command") or "no permissions to run the 'evalsha_ro' command" in text \
+        or "no permissions to run the 'eval_ro' command" in text
 
 
 def merge(replies: list[Any], indices: list[int], resent: list[Any]) -> None:

@@ -28,6 +28,7 @@ _BADARG = "KVSTATUS_BADARG "
 _CORRUPT = "KVSTATUS_CORRUPT "
 # Redis' own text when a script's redis.call is denied by ACL; it names the script line, not the command.
 _SCRIPT_NOPERM = "The user executing the script can't run this command"
+_EVAL_COMMANDS = ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO")
 
 
 REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
@@ -64,7 +65,7 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
                                        f"have been applied): {text}")
     if isinstance(exc, rx.NoPermissionError):
         hint = ""
-        if call is not None and call.args[0] in ("EVALSHA", "EVAL") and "'eval" in text:
+        if call is not None and call.args[0] in _EVAL_COMMANDS and "'eval" in text:
             hint = (" (a user of the tenant ACL recipe runs kvstatus' Lua as functions: give the store "
                     "scripts=\"functions\", or the URL ?scripts=functions)")
         return PermissionDeniedError(f"Redis ACL denied the request: {text}{hint}")
@@ -95,7 +96,7 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
 
 def _first_key(call: Call) -> Optional[str]:
     args = call.args
-    if args[0] in ("EVALSHA", "EVAL"):
+    if args[0] in _EVAL_COMMANDS:
         return str(args[3]) if args[2] == 1 else None
     return str(args[1]) if len(args) > 1 else None
 

@@ -23,22 +23,8 @@
 local HELD, LOST, RELEASED = 10, 11, 12
 local SCRIPT = "lease"
 
--- The ACL pre-check, written the same in every kvstatus script. Lua does not
--- roll back, so a command the ACL refused half way would leave the writes before
--- it done, a created key without its TTL among them. Redis >= 7 can be asked in
--- advance; older servers cannot, and there the ACL must grant every command.
--- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
-local function acl_refusal(command, key)
-  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
-    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
-      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
-  end
-  return nil
-end
-
-local function positive_ms(value)
-  return type(value) == "string" and string.match(value, "^[1-9][0-9]*$") and #value <= 15
-end
+-- @include acl
+-- @include time
 
 local key, op, inc, ttl, keep = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if #KEYS ~= 1 or (op ~= "acquire" and op ~= "renew" and op ~= "release") then
@@ -57,8 +43,7 @@ if denied then
   return denied
 end
 
-local time = redis.call("TIME")
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 local deadline = now + tonumber(ttl)
 
 if op == "acquire" then

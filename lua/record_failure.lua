@@ -10,7 +10,7 @@
 --
 -- Returns an integer, kvstatus.rule.ReasonOutcome (the constants below; they
 -- continue kvstatus.rule.Outcome, so a number means one thing in every script):
---   RECORDED         the reason was stored and the room's TTL refreshed (never shortened, see EXPIRE_FLAGS)
+--   RECORDED         the reason was stored and the room's TTL refreshed (never shortened, see EXPIRE_FLAGS in lua/lib/time.lua)
 --   KEPT_EARLIER     an earlier reason stays; nothing written
 --   IGNORED_MISSING  the participant has no entry; nothing written
 -- Errors, raised before the first write:
@@ -20,31 +20,12 @@
 local IGNORED_MISSING, RECORDED, KEPT_EARLIER = 5, 8, 9
 local SCRIPT = "record_failure"
 
--- The ACL pre-check, written the same in every kvstatus script. Lua does not
--- roll back, so a command the ACL refused half way would leave the writes before
--- it done, a created key without its TTL among them. Redis >= 7 can be asked in
--- advance; older servers cannot, and there the ACL must grant every command.
--- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
-local function acl_refusal(command, key)
-  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
-    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
-      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
-  end
-  return nil
-end
-
--- One TTL per room key, shared by its participants, and a write never shortens it: the key's TTL
--- becomes max(TTL left, ttl), a key without TTL counting as 0. Written the same in every kvstatus
--- script that sets a TTL. Redis >= 7 does it with PEXPIRE NX / GT, in one call when the first flag
--- fits: NX for a key this call probably created (no TTL yet), else GT; the other flag follows when
--- the first set nothing, and either order ends the same. GT alone would never give a TTL to a key
--- that has none: Redis counts that as infinite. Older servers (no REDIS_VERSION_NUM, no flags)
--- compare with PTTL first.
-local EXPIRE_FLAGS = redis.REDIS_VERSION_NUM ~= nil
+-- @include acl
+-- @include time
 
 local field, reason_field, reason, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
-if type(ttl) ~= "string" or not string.match(ttl, "^[1-9][0-9]*$") or #ttl > 15 then
+if not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
 if #KEYS ~= 1 or not reason or field == "" or reason_field == "" then

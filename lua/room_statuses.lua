@@ -4,7 +4,8 @@
 -- same data with one HMGET per room and this script once per lease key (ARGV[1] = "0").
 --
 -- KEYS[1..n]      room hashes
--- KEYS[n+1..n+p]  lease records of the p participants, in ARGV order (lua/lease.lua)
+-- KEYS[n+1..n+p]  lease records of the p participants, in ARGV order (lua/lease.lua), of the rooms'
+--                 namespace (checked with the room keys, see lua/lib/keys.lua)
 -- ARGV[1]         n, the number of rooms
 -- ARGV[2..p+1]    participant names (status fields)
 --
@@ -15,30 +16,31 @@
 --             "0".."4", or "-" where it has no entry (compact: the client decodes a room at once)
 --   reasons   {k, reason, ...}: for each Failed entry, k = (i - 1) * p + j (0-based room-major
 --             index of room i, participant j) and its recorded failure reason, when there is one
--- Errors: "KVSTATUS_BADARG <what>"; "KVSTATUS_CORRUPT <what>" when a stored status is not
--- "0".."4" (it is left as it is); "NOPERM <what>" when the ACL refuses HMGET on the first key.
+-- Errors: "KVSTATUS_BADARG <what>" (malformed arguments, keys that do not belong together);
+-- "KVSTATUS_CORRUPT <what>" when a stored status is not "0".."4" (it is left as it is); "NOPERM <what>"
+-- when the ACL refuses HMGET on the first key.
 
 local SCRIPT = "room_statuses"
 
--- The ACL pre-check, written the same in every kvstatus script. Lua does not
--- roll back, so a command the ACL refused half way would leave the writes before
--- it done, a created key without its TTL among them. Redis >= 7 can be asked in
--- advance; older servers cannot, and there the ACL must grant every command.
--- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
-local function acl_refusal(command, key)
-  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
-    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
-      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
-  end
-  return nil
-end
+-- @include acl
+-- @include time
+-- @include keys
 
 local n = tonumber(ARGV[1])
 local p = #ARGV - 1
 if not n or n < 0 or n % 1 ~= 0 or p < 1 or #KEYS ~= n + p then
   return redis.error_reply("KVSTATUS_BADARG expected n room keys then one lease key per participant")
 end
-local denied = #KEYS > 0 and acl_refusal("hmget", KEYS[1])
+local denied, base = nil, nil
+if n > 0 then
+  denied, base = room_keys_refusal(1, n)
+end
+for j = 1, p do
+  if not denied then
+    denied, base = lease_refusal(base, KEYS[n + j], ARGV[j + 1])
+  end
+end
+denied = denied or acl_refusal("hmget", KEYS[1])
 if denied then
   return denied
 end
@@ -49,8 +51,7 @@ for j = 1, p do
 end
 
 local leases = {}
-local time = redis.call("TIME")
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 for j = 1, p do
   local record = redis.call("HMGET", KEYS[n + j], "state", "deadline")
   if not record[1] then

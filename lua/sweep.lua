@@ -5,34 +5,29 @@
 -- kept. Success, Failed and missing entries are left alone. The room's TTL is not touched: the
 -- sweeper does not extend a room's life, and HSET keeps the TTL the key already has.
 --
--- KEYS[i]  room hash
+-- KEYS[i]  room hash, all of one namespace (checked, see lua/lib/keys.lua)
 -- ARGV[1]  the lost participant's status field
 -- ARGV[2]  its failure-reason field
 -- ARGV[3]  the reason, e.g. "participant decode-1 lost its lease"
 --
 -- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), UNCHANGED (terminal, or a
 -- value kvstatus does not write: left as it is), IGNORED_MISSING (no entry).
--- Errors, raised before the first write: "KVSTATUS_BADARG <what>", "NOPERM <what>".
+-- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, or keys that
+-- do not belong together), "NOPERM <what>".
 
 local FAILED, UNCHANGED, IGNORED_MISSING = 3, 4, 5
 local SCRIPT = "sweep"
 
--- The ACL pre-check, written the same in every kvstatus script. Lua does not
--- roll back, so a command the ACL refused half way would leave the writes before
--- it done, a created key without its TTL among them. Redis >= 7 can be asked in
--- advance; older servers cannot, and there the ACL must grant every command.
--- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
-local function acl_refusal(command, key)
-  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
-    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
-      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
-  end
-  return nil
-end
+-- @include acl
+-- @include keys
 
 local field, reason_field, reason = ARGV[1], ARGV[2], ARGV[3]
 if #KEYS == 0 or #ARGV ~= 3 or field == "" or reason_field == "" then
   return redis.error_reply("KVSTATUS_BADARG expected room keys, a status field, a reason field and a reason")
+end
+local refused = #KEYS > 1 and room_keys_refusal(1, #KEYS)
+if refused then
+  return refused
 end
 
 local result = {}

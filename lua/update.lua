@@ -6,6 +6,8 @@
 -- KEYS[n+i]  optional (then exactly n of them): the i-th room's tombstone (lua/clear.lua). Sent only
 --            with a Failed update; a Failed that finds no entry (IGNORED_MISSING) while the
 --            tombstone records this participant's clear notes "late:<participant>" there.
+--            More than one key must belong together (lua/lib/keys.lua): room keys of one namespace,
+--            each tombstone its own room's.
 -- ARGV[1]    policy: "seed" or "strict"
 -- ARGV[2]    TTL in milliseconds, a positive integer
 -- ARGV[3]    the participant's status field
@@ -16,11 +18,11 @@
 --   outcome  kvstatus.rule.Outcome (the constants below)
 --   status   the entry's status afterwards, 0..4, or -1 when there is no entry
 -- Errors, raised before the first write, so nothing is half-written:
---   "KVSTATUS_BADARG <what>"   malformed arguments
+--   "KVSTATUS_BADARG <what>"   malformed arguments, or keys that do not belong together
 --   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is
 --   "NOPERM <what>"            the ACL refuses a write this call would make (see acl_refusal)
 -- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL to at least ARGV[2] (never shorter than
--- what another writer left, see EXPIRE_FLAGS); the others write nothing.
+-- what another writer left, see EXPIRE_FLAGS in lua/lib/time.lua); the others write nothing.
 -- CREATED, ADVANCED and FAILED publish "<status>:<participant>" on the room's channel, named like
 -- its key, for wait_for (kvstatus/waiting.py): SPUBLISH (a shard channel, on the key's node) on
 -- Redis >= 7, else PUBLISH. The publish is asked of the ACL in the first pass like every write, but a
@@ -34,34 +36,15 @@ local ZERO = byte("0")  -- a status is one character, "0".."4"
 local SCRIPT = "update"
 local PUBLISH = redis.REDIS_VERSION_NUM and "spublish" or "publish"  -- REDIS_VERSION_NUM: Redis >= 7
 
--- The ACL pre-check, written the same in every kvstatus script. Lua does not
--- roll back, so a command the ACL refused half way would leave the writes before
--- it done, a created key without its TTL among them. Redis >= 7 can be asked in
--- advance; older servers cannot, and there the ACL must grant every command.
--- Returns the error naming `command` if the ACL refuses it on `key`, else nil.
-local function acl_refusal(command, key)
-  if redis.acl_check_cmd and not redis.acl_check_cmd(command, key) then
-    return redis.error_reply("NOPERM this user has no permissions to run the '" .. command .. "' command on key "
-      .. key .. " (checked in advance by the kvstatus " .. SCRIPT .. " script)")
-  end
-  return nil
-end
-
--- One TTL per room key, shared by its participants, and a write never shortens it: the key's TTL
--- becomes max(TTL left, ttl), a key without TTL counting as 0. Written the same in every kvstatus
--- script that sets a TTL. Redis >= 7 does it with PEXPIRE NX / GT, in one call when the first flag
--- fits: NX for a key this call probably created (no TTL yet), else GT; the other flag follows when
--- the first set nothing, and either order ends the same. GT alone would never give a TTL to a key
--- that has none: Redis counts that as infinite. Older servers (no REDIS_VERSION_NUM, no flags)
--- compare with PTTL first.
-local EXPIRE_FLAGS = redis.REDIS_VERSION_NUM ~= nil
+-- @include acl
+-- @include time
 
 local policy, ttl, field, reason_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if policy ~= "seed" and policy ~= "strict" then
   return redis.error_reply("KVSTATUS_BADARG policy must be seed or strict")
 end
-if type(ttl) ~= "string" or not string.match(ttl, "^[1-9][0-9]*$") or #ttl > 15 then
+if not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
 if not field or field == "" or not reason_field or reason_field == "" then
@@ -72,6 +55,16 @@ if n < 1 or (#KEYS ~= n and #KEYS ~= 2 * n) then
   return redis.error_reply("KVSTATUS_BADARG expected one status per key, and at least one key")
 end
 local tombs, late = #KEYS == 2 * n, nil
+if n > 1 or tombs then  -- keys that belong together; a call of one key (the hot path) defines none of this
+  -- @include keys
+  local refused = room_keys_refusal(1, n)
+  for i = 1, tombs and n or 0 do
+    refused = refused or tombstone_refusal(KEYS[i], KEYS[n + i])
+  end
+  if refused then
+    return refused
+  end
+end
 
 -- First pass: validate, read, apply the rule, and ask the ACL about every write
 -- the second pass will make; nothing is written yet. PEXPIRE is checked on every
@@ -152,7 +145,7 @@ for i = 1, n do
 end
 
 -- Second pass: write. CREATED, ADVANCED and FAILED store the status; those and
--- UNCHANGED refresh the TTL (never shorter than another writer's, see EXPIRE_FLAGS).
+-- UNCHANGED refresh the TTL (never shorter than another writer's, see EXPIRE_FLAGS in lua/lib/time.lua).
 for i = 1, n do
   local outcome = result[2 * i - 1]
   if outcome <= UNCHANGED then
@@ -176,8 +169,7 @@ for i = 1, n do
       redis.call("PEXPIRE", key, ttl)
     end
   elseif late and late[i] then
-    local time = redis.call("TIME")
-    redis.call("HSETNX", KEYS[n + i], "late:" .. field, tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
+    redis.call("HSETNX", KEYS[n + i], "late:" .. field, now_ms())
   end
 end
 return result

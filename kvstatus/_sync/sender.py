@@ -11,6 +11,12 @@ consensus reads all keep the same promises here:
   counted;
 - **resends**: script calls that meet NOSCRIPT are sent again after ``SCRIPT LOAD`` (then with their
   source); a transport that lost its connection resends the whole call after each of its delays;
+- **reads never held by CLIENT PAUSE WRITE**: read-only scripts go out as ``EVALSHA_RO``, and on NOSCRIPT
+  at once as ``EVAL_RO`` with their source (a plain EVALSHA of a script the server does not know waits out
+  the whole pause). A server without them (Redis < 7, fakeredis) or an ACL without them refuses the first
+  one: that call is resent as ``EVALSHA``, and the sender sends ``EVALSHA`` from then on. Cluster clients
+  send ``EVALSHA`` from the start: redis-py routes ``EVALSHA_RO`` by asking a node ``COMMAND GETKEYS``
+  for each call;
 - **errors**: every redis-py error reaches the caller as its kvstatus error (:mod:`kvstatus.translate`).
 
 A call goes out on a *transport*: the client's own (``execute_command``, one non-transactional
@@ -29,7 +35,9 @@ from kvstatus.observer import StoreObserver
 from kvstatus.operations import as_functions
 from kvstatus.requests import Call, Request
 from kvstatus.sendrules import (
+    as_evalsha,
     checked,
+    evalsha_fallback,
     failover_delays,
     gate_for,
     may_resend,
@@ -70,6 +78,7 @@ class Sender:
         self.options = options
         self.cluster = cluster
         self.functions = functions  # every script call goes out as FCALL / FCALL_RO
+        self.evalsha_only = cluster  # read-only scripts as EVALSHA, not EVALSHA_RO (see the module docstring)
         self.metrics = metrics
         self.deadline = options.deadline
         self.resend_delays = failover_delays(client, options)
@@ -99,6 +108,8 @@ class Sender:
     def _deliver(self, request: Request[T], via: Optional[Transport]) -> T:
         if self.functions:
             request = as_functions(request)
+        elif self.evalsha_only:
+            request = as_evalsha(request)
         ends = time.monotonic() + self.deadline + request.extra_seconds
         outer = DEADLINE.get()  # set by wait_for: a read never outlasts the wait
         token = DEADLINE.set(ends if outer is None or ends < outer else outer)
@@ -142,6 +153,10 @@ class Sender:
 
     def _round_trip(self, calls: list[Call], replies: Optional[list[Any]], via: Transport) -> list[Any]:
         replies = via.io(calls) if replies is None else replies
+        indices, calls = evalsha_fallback(calls, replies)
+        if indices:  # EVALSHA_RO refused: resent as EVALSHA, and sent so from now on (a probe, not a resend)
+            self.evalsha_only = True
+            merge(replies, indices, via.io([calls[i] for i in indices]))
         for as_eval in (False, True):
             indices, resend = noscript_resend(calls, replies, as_eval)
             if indices:

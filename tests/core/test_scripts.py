@@ -20,7 +20,7 @@ from tests.servers import RedisServer
 from tests.helpers.backends import Backend, fresh_namespace
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
-SOURCES = {path.stem: path.read_text() for path in sorted(LUA.glob("*.lua"))}
+SOURCES = {script.name: script.source for script in scripts.ALL}  # as Redis runs them: lua/lib/ spliced in
 WRITES = ("HSET", "HSETNX", "HDEL", "PEXPIRE", "DEL", "SET", "EXPIRE")
 
 
@@ -56,11 +56,18 @@ def test_outcome_codes_never_collide() -> None:
         assert by_value.setdefault(member.value, member.name) == member.name
 
 
-def test_every_script_checks_the_acl_with_the_same_function() -> None:
-    bodies = {re.search(r"^local function acl_refusal.*?^end$", source, re.M | re.S).group(0)
-              for source in SOURCES.values()}
-    assert len(bodies) == 1
+def test_every_script_of_lua_is_loaded() -> None:
+    assert sorted(SOURCES) == sorted(path.stem for path in LUA.glob("*.lua"))
+
+
+def test_every_script_checks_the_acl_with_the_one_lib_function() -> None:
+    """The pre-check is written once, in lua/lib/acl.lua, and every script runs that text."""
+    files = {path: path.read_text() for path in sorted(LUA.rglob("*.lua"))}
+    assert [path.relative_to(LUA).as_posix() for path, text in files.items() if "acl_check_cmd(" in text] \
+        == ["lib/acl.lua"]
+    helper = (LUA / "lib" / "acl.lua").read_text()
     for name, source in SOURCES.items():
+        assert helper.rstrip("\n") in source, name
         assert source.count("acl_check_cmd(") == 1, f"{name}.lua asks the ACL outside acl_refusal"
 
 

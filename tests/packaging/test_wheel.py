@@ -43,6 +43,10 @@ def test_wheel_ships_the_lua_scripts_and_no_test_infrastructure(wheel: Path) -> 
     assert {"update.lua", "record_failure.lua", "get_many.lua"} <= set(scripts)  # an empty glob would pass below
     for script in scripts:
         assert f"kvstatus/lua/{script}" in names
+    libs = sorted(p.name for p in (ROOT / "lua" / "lib").glob("*.lua"))
+    assert "acl.lua" in libs
+    for lib in libs:  # the helpers spliced in at "-- @include" when the scripts are read
+        assert f"kvstatus/lua/lib/{lib}" in names
     assert "kvstatus/demo/server.py" in names
     outside = [n for n in names if not n.startswith(("kvstatus/", "kvstatus-"))]
     assert outside == [], "the wheel ships files outside the package"
@@ -69,3 +73,6 @@ def test_wheel_installs_into_a_fresh_venv_and_updates(wheel: Path, tmp_path: Pat
     location, created, failed = run.stdout.split()
     assert location.startswith(str(venv))
     assert (created, failed) == ("CREATED", "FAILED")
+    expanded = subprocess.run([str(python), "-m", "kvstatus.expand", "update"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+    assert expanded.returncode == 0 and "local function acl_refusal" in expanded.stdout, expanded.stderr

@@ -33,7 +33,14 @@ from typing import Any, Callable, ClassVar, Optional, TypeVar
 from redis.exceptions import NoScriptError
 
 from kvstatus.clients import is_cluster_client, is_sentinel_client
-from kvstatus.connection import CONNECTION_FIELDS, DEFAULT_URL, ConnectionOptions, options_for, url_script_mode
+from kvstatus.connection import (
+    CONNECTION_FIELDS,
+    DEFAULT_URL,
+    ConnectionOptions,
+    options_for,
+    url_lease_ttl,
+    url_script_mode,
+)
 from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.leases import LeaseCore, validate_lease_ttl
@@ -156,11 +163,14 @@ class StoreBase:
         ``settings`` are this class's keyword arguments (``namespace``, ``participant``, ``ttl`` ...) and any
         :class:`ConnectionOptions` field, which overrides ``options``; the URL's own query options win over
         both. ``scripts`` None takes the URL's ``?scripts=`` option, else "eval"; ``near_cache`` None takes
-        the URL's ``near_cache=true&near_cache_size=N``.
+        the URL's ``near_cache=true&near_cache_size=N``; ``lease_ttl`` None takes the URL's ``?lease_ttl=``
+        (seconds in [3, 3600]; 0: no lease).
         """
         overrides = {name: settings.pop(name) for name in list(settings) if name in CONNECTION_FIELDS}
         opts = options_for(url, options, **overrides)
         mode = url_script_mode(url) if scripts is None else scripts
+        if settings.get("lease_ttl") is None:
+            settings["lease_ttl"] = url_lease_ttl(url)
         return cls(cls._connect(url, opts), options=opts, scripts=mode, near_cache=near_cache_setting(url, near_cache),
                    **settings)
 

@@ -162,7 +162,7 @@ def _shown(variable: str, env: Mapping[str, str]) -> str:
 
     raw = env.get(variable, "").strip()
     if not raw:
-        return f"{variable} (unset)"
+        return f"{variable} (unset: {DEFAULT_NAMESPACE!r})" if variable == ENV_NAMESPACE else f"{variable} (unset)"
     shown = mask_url(raw) if variable == ENV_URL else raw
     return f"{variable}={shown[:200]}"
 

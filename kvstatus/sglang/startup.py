@@ -122,6 +122,9 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
         if step == "read" and not command.startswith(("eval", "script", "fcall")):
             return SettingError(f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "
                                 f"must cover its keys ({error})", setting="namespace")
+        if command.startswith("fcall"):
+            return SettingError(f"the URL's user may not run {command!r}: with ?scripts=functions it needs the "
+                                f"functions recipe's commands, else drop the option ({error})", setting="url")
         if step == "write":
             return SettingError(f"the URL's user may read namespace {namespace!r} but not write it (a read-only "
                                 f"user?): an SGLang manager needs the worker user ({error})", setting="url")

@@ -240,8 +240,8 @@ def _lease_seconds(value: str) -> Optional[float]:
 STORE_OPTIONS: dict[str, Callable[[str], Any]] = {"near_cache": lambda v: _BOOL[v.lower()],
                                                   "near_cache_size": _positive_int,
                                                   "lease_ttl": _lease_seconds}
-"""Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`,
-:func:`url_lease_ttl`)."""
+"""Query options of the store rather than the client, read by ``from_url``
+(:func:`kvstatus.nearcache.near_cache_setting`, :func:`url_lease_ttl`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     **_OPTION_FIELDS,
     "db": int,

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import types
 from typing import Any, Iterator
 
 import pytest
@@ -16,7 +15,7 @@ from kvstatus import KVPoll, StatusStore
 from kvstatus.sglang import install
 from tests.helpers.backends import fresh_namespace
 from tests.servers import free_port
-from tests.sglang.test_real_sglang import PLUGIN_CHILD, real_manager, real_sender, sg  # noqa: F401 (sg: fixture)
+from tests.sglang.test_real_sglang import PLUGIN_CHILD, real_manager, real_sender
 
 pytestmark = [pytest.mark.sglang, pytest.mark.real]
 BAD_ROOMS = [-1, 2**63, "42", None]

@@ -92,13 +92,11 @@ def test_lease_ttl_setting_and_url_option() -> None:
 
 
 def test_a_store_from_a_url_with_lease_ttl_holds_a_lease() -> None:
-    server = fakeredis.FakeServer()
     store = StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=9", namespace="ns", participant="p")
     assert store.lease is not None and store.lease.ttl == 9.0
     assert StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=0", namespace="ns").lease is None
     # The keyword wins over the URL, as for near_cache and scripts.
     assert StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=9", namespace="ns", lease_ttl=30).lease.ttl == 30
-    del server
 
 
 # -- the sglang version and the manager's shape

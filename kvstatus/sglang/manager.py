@@ -181,8 +181,8 @@ def install(
     store cannot hold (-1, 2**63, "42", None) fails its own request and never
     raises into the engine (see :class:`RoomStatusMap`); its reason goes to
     ``failure_records``, which the request's ``failure_exception`` reports.
-    Install before the
-    manager serves requests (a non-empty dict is refused); :func:`uninstall` undoes it.
+    Install before the manager serves requests (a non-empty dict is refused);
+    :func:`uninstall` undoes it.
 
     A manager without what install() relies on (:func:`~kvstatus.sglang.startup.check_manager`:
     sglang < 0.5.23) is refused. With ``check`` (the default), install() then makes the calls the

@@ -105,10 +105,10 @@ class RoomStatusMap:
     ``get(room, WaitingForInput)``), so that one request fails with its
     reason and the engine goes on. Answering "no entry" instead would make
     ``m[room]`` raise KeyError in the receiver's poll, and nixl's decode wait
-    out its 300 s timeout. The id is not coerced ("42" is not 42): the
-    decode parses the room it receives as an int, so a coerced id would pair
-    two different requests. An opening write (Bootstrapping,
-    WaitingForInput) logs one warning; reads log nothing, polls repeat.
+    out its 300 s timeout. The id is not coerced: "42" made 42 would share
+    room 42's entry with another request, and -1 made 2**63 - 1 likewise. An
+    opening write (Bootstrapping, WaitingForInput) logs one warning; reads
+    log nothing, as polls repeat.
 
     On PP rank 0 (``pp_participants`` given and the store's participant is
     the first of them) ``in`` reads the whole room in its one round trip, so

@@ -115,20 +115,23 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
     if isinstance(error, LeaseLostError):
         return SettingError(f"the participant lease could not be held: {error}", setting="lease_ttl")
     if isinstance(error, PermissionDeniedError):
-        command = _denied_command(error)
-        if command.startswith("client"):
-            return SettingError(f"the URL's user may not run {command!r}, which the near cache needs: turn the "
-                                f"near cache off, or grant it ({error})", setting="near_cache")
-        if step == "read" and not command.startswith(("eval", "script", "fcall")):
+        command, text = _denied_command(error), str(error)
+        near_cache = store.near_cache is not None and step == "read"
+        if near_cache and (command.startswith(("client", "subscribe", "ssubscribe")) or "channel" in text):
+            return SettingError(f"the URL's user may not set up the near cache (CLIENT TRACKING and its "
+                                f"invalidation channel): turn the near cache off, or grant them ({error})",
+                                setting="near_cache")
+        if command.startswith(("eval", "script", "fcall")):
+            hint = ("with ?scripts=functions it needs the functions recipe's commands, else drop the option"
+                    if command.startswith("fcall") else "a user of the tenant recipe needs ?scripts=functions")
+            return SettingError(f"the URL's user may not run {command!r}: {hint} ({error})", setting="url")
+        if step == "read" and "keys" in text:
             return SettingError(f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "
                                 f"must cover its keys ({error})", setting="namespace")
-        if command.startswith("fcall"):
-            return SettingError(f"the URL's user may not run {command!r}: with ?scripts=functions it needs the "
-                                f"functions recipe's commands, else drop the option ({error})", setting="url")
         if step == "write":
             return SettingError(f"the URL's user may read namespace {namespace!r} but not write it (a read-only "
                                 f"user?): an SGLang manager needs the worker user ({error})", setting="url")
-        return SettingError(str(error), setting="url")
+        return SettingError(f"the URL's user lacks a command kvstatus needs ({error})", setting="url")
     if "function library" in str(error):
         return SettingError(str(error), setting="url")
     return SettingError(f"Redis at {server_of(store.client)} cannot serve kvstatus: {error}", setting="url")

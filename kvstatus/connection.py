@@ -51,6 +51,7 @@ from kvstatus.url import (  # noqa: F401  re-exported: kvstatus.connection was t
     _options,
     options_for,
     parse_url,
+    url_lease_ttl,
     url_script_mode,
 )
 

@@ -21,7 +21,7 @@ from kvstatus.operations import (
     validate_script_mode,
 )
 from kvstatus.rule import Policy
-from kvstatus.url import CONNECTION_FIELDS, DEFAULT_URL, ConnectionOptions, options_for, parse_url
+from kvstatus.url import CONNECTION_FIELDS, DEFAULT_URL, ConnectionOptions, options_for, parse_url, url_lease_ttl
 
 S = TypeVar("S", bound="StoreBase")
 T = TypeVar("T")
@@ -94,12 +94,15 @@ class StoreBase:
         ``settings`` are this class's keyword arguments (``namespace``, ``participant``, ``ttl`` ...) and any
         :class:`ConnectionOptions` field, which overrides ``options``; the URL's own query options win over
         both. ``scripts`` None takes the URL's ``?scripts=`` option, else "eval"; ``near_cache`` None takes
-        the URL's ``near_cache=true&near_cache_size=N``.
+        the URL's ``near_cache=true&near_cache_size=N``; ``lease_ttl`` None takes the URL's ``?lease_ttl=``
+        (seconds in [3, 3600]; 0: no lease).
         """
         parsed = parse_url(url)
         overrides = {name: settings.pop(name) for name in list(settings) if name in CONNECTION_FIELDS}
         opts = options_for(parsed, options, **overrides)
         mode = parsed.query.get("scripts", "eval") if scripts is None else scripts
+        if settings.get("lease_ttl") is None:
+            settings["lease_ttl"] = url_lease_ttl(parsed)
         return cls(cls._connect(parsed, opts), options=opts, scripts=mode,
                    near_cache=near_cache_setting(parsed, near_cache), **settings)
 

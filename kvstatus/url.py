@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
+from kvstatus.leasestate import validate_lease_ttl
 from kvstatus.redact import mask_url
 
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -204,8 +205,15 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _lease_seconds(value: str) -> Optional[float]:
+    """``?lease_ttl=``: seconds in [3, 3600], or 0 for no lease (None)."""
+    seconds = float(value)
+    return None if seconds == 0 else validate_lease_ttl(seconds)  # InvalidArgumentError is a ValueError
+
+
 STORE_OPTIONS: dict[str, Callable[[str], Any]] = {"near_cache": lambda v: _BOOL[v.lower()],
-                                                  "near_cache_size": _positive_int}
+                                                  "near_cache_size": _positive_int,
+                                                  "lease_ttl": _lease_seconds}
 """Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     **_OPTION_FIELDS,
@@ -217,7 +225,7 @@ _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
 }
 """Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials,
 ``scripts`` (eval or functions: how the store runs its Lua; see :func:`url_script_mode`), and the store's
-near-cache options."""
+near-cache and lease options."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
 
@@ -225,6 +233,12 @@ _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
 def url_script_mode(url: Union[str, ParsedURL]) -> str:
     """The URL's ``?scripts=`` option (eval or functions: how a store on it runs its Lua), "eval" if absent."""
     return parse_url(url).query.get("scripts", "eval")
+
+
+def url_lease_ttl(url: Union[str, ParsedURL]) -> Optional[float]:
+    """The URL's ``?lease_ttl=`` option: the participant lease's TTL in seconds, None if absent or 0."""
+    value = parse_url(url).query.get("lease_ttl")
+    return None if value is None else _lease_seconds(value)
 
 
 def parse_url(url: object) -> ParsedURL:
@@ -265,6 +279,8 @@ def parse_url(url: object) -> ParsedURL:
         for name, value in query.items():
             try:
                 _QUERY_OPTIONS[name](value)
+            except InvalidArgumentError as exc:  # a number out of its range: say which range
+                raise InvalidURLError(f"invalid Redis URL {shown}: bad value for option {name!r} ({exc})") from None
             except (KeyError, ValueError):
                 raise InvalidURLError(f"invalid Redis URL {shown}: bad value for option {name!r}") from None
         try:

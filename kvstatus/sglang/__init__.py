@@ -3,6 +3,7 @@
 - :class:`RoomStatusMap`: the mapping assigned to ``kv_manager.request_status``.
 - :func:`install` / :func:`uninstall`: put one KV manager onto a store, or back.
 - :mod:`kvstatus.sglang.plugin`: the process-wide switch, an sglang plugin enabled by ``KVSTATUS_SGLANG_URL``.
+- :class:`SettingError`: a setting that stops the start (install()'s checks), naming the setting or variable.
 """
 
 from kvstatus.sglang.manager import (
@@ -14,10 +15,13 @@ from kvstatus.sglang.manager import (
     uninstall,
 )
 from kvstatus.sglang.mapping import DEFAULT_MEMO_SECONDS, RoomStatusMap
+from kvstatus.sglang.startup import MIN_SGLANG_VERSION, SettingError
 
 __all__ = [
     "DEFAULT_MEMO_SECONDS",
+    "MIN_SGLANG_VERSION",
     "RoomStatusMap",
+    "SettingError",
     "install",
     "is_installed",
     "open_store",

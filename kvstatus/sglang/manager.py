@@ -9,10 +9,12 @@ from __future__ import annotations
 import types
 from typing import Any, Callable, Optional, Union
 
+from kvstatus.connection import parse_url
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name
 from kvstatus.rule import KVPoll, Outcome, UpdateResult, to_policy
-from kvstatus.sglang.mapping import DEFAULT_MEMO_SECONDS, RoomStatusMap
+from kvstatus.sglang.mapping import DEFAULT_MEMO_SECONDS, INVALID_ROOM_RESULT, RoomStatusMap, invalid_room_reason
+from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
 from kvstatus.store import StatusStore
 
 # Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
@@ -106,6 +108,8 @@ def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Cal
             # Upstream notifies a deferred bootstrap on every Failed that finds an entry, even one already Failed.
             if self.deferred_bootstrap is not None:
                 self._notify_bootstrap(bootstrap_room, self.deferred_bootstrap.fail(bootstrap_room))
+        elif result is INVALID_ROOM_RESULT:
+            _record_invalid_room(self, bootstrap_room, status)
         return result
 
     def check_status(self: Any, bootstrap_room: int) -> KVPoll:
@@ -123,6 +127,24 @@ def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Cal
             "check_status_pp_consensus": check_status_pp_consensus}
 
 
+def _record_invalid_room(kv_manager: Any, room: Any, status: KVPoll | int) -> None:
+    """Make the reason of a request whose room id cannot be stored the one its ``failure_exception`` reports.
+
+    On an opening status (one per request), and over a reason already recorded for the id (upstream's
+    "Duplicate decode bootstrap room" is a symptom of it); never a new record otherwise, so a hostile
+    peer's stream of bad ids cannot grow ``failure_records``. An unhashable id gets no record.
+    """
+    records, lock = getattr(kv_manager, "failure_records", None), getattr(kv_manager, "failure_lock", None)
+    if not isinstance(records, dict) or lock is None:
+        return
+    try:
+        with lock:
+            if status in OPENING or room in records:
+                records[room] = invalid_room_reason(room)
+    except TypeError:
+        pass
+
+
 def install(
     kv_manager: Any,
     store_or_url: Union[StatusStore, str],
@@ -133,6 +155,7 @@ def install(
     instance: Optional[str] = None,
     near_cache: bool = False,
     memo_seconds: float = DEFAULT_MEMO_SECONDS,
+    check: bool = True,
     **store_options: Any,
 ) -> RoomStatusMap:
     """Put ``kv_manager``'s room statuses into kvstatus; returns the :class:`RoomStatusMap` now in ``request_status``.
@@ -154,17 +177,36 @@ def install(
     finding an entry (FAILED, or UNCHANGED on a Failed entry) notifies a
     deferred bootstrap. It returns the :class:`~kvstatus.UpdateResult`
     (upstream returns None). A method that a subclass overrides (nixl's
-    ``check_status``) is left alone: it reads the map. Install before the
-    manager serves requests (a non-empty dict is refused); :func:`uninstall` undoes it.
+    ``check_status``) is left alone: it reads the map. A ``bootstrap_room`` the
+    store cannot hold (-1, 2**63, "42", None) fails its own request and never
+    raises into the engine (see :class:`RoomStatusMap`); its reason goes to
+    ``failure_records``, which the request's ``failure_exception`` reports.
+    Install before the manager serves requests (a non-empty dict is refused);
+    :func:`uninstall` undoes it.
+
+    A manager without what install() relies on (:func:`~kvstatus.sglang.startup.check_manager`:
+    sglang < 0.5.23) is refused. With ``check`` (the default), install() then makes the calls the
+    manager will make, once (:func:`~kvstatus.sglang.startup.check_store`: connect, authenticate,
+    a script read, a probe write, the lease), so a bad URL, password, ACL or missing function library
+    fails here with :class:`~kvstatus.sglang.startup.SettingError` naming the setting, not at the
+    first request. It logs one INFO line on ``kvstatus.sglang``: participant, server (no password),
+    namespace, policy, scripts, near cache and lease.
     """
     if is_installed(kv_manager):
         raise InvalidArgumentError("this KV manager is already on kvstatus")
+    check_manager(kv_manager)
     wanted = to_policy(policy)
     name = participant_name(kv_manager, instance) if participant is None else validate_name(participant, "participant")
     ranks = pp_participants(kv_manager, name)
+    previous = getattr(kv_manager, "request_status", None)
+    if isinstance(previous, dict) and previous:
+        raise InvalidArgumentError(
+            f"the KV manager already tracks {len(previous)} room(s) in its dict; install() before it serves requests"
+        )
     if isinstance(store_or_url, str):
         if namespace is None:
             raise InvalidArgumentError("install() with a URL needs namespace=")
+        server = parse_url(store_or_url).masked
         store = open_store(store_or_url, namespace=namespace, participant=name, policy=wanted.value,
                            near_cache=near_cache, **store_options)
     else:
@@ -177,12 +219,15 @@ def install(
                 f"pass policy={store_or_url.policy.value!r} or build the store with policy={wanted.value!r}"
             )
         store = store_or_url if store_or_url.participant == name else store_or_url.for_participant(name)
-    previous = getattr(kv_manager, "request_status", None)
-    if isinstance(previous, dict) and previous:
-        raise InvalidArgumentError(
-            f"the KV manager already tracks {len(previous)} room(s) in its dict; install() before it serves requests"
-        )
+        server = server_of(store.client)
     status_map = RoomStatusMap(store, pp_participants=ranks, memo_seconds=memo_seconds)
+    if check:
+        try:
+            check_store(store)
+        except Exception:
+            if store is not store_or_url and isinstance(store_or_url, str):
+                store.close()  # the store install() opened: its connections and threads go with it
+            raise
     replaced = []
     for method_name, function in _status_methods(kv_manager, status_map).items():
         owner = _defined_by(kv_manager, method_name)
@@ -192,6 +237,7 @@ def install(
     setattr(kv_manager, _PREVIOUS, previous)
     setattr(kv_manager, _INSTALLED, tuple(replaced))
     kv_manager.request_status = status_map
+    log.info(describe(status_map, server))
     return status_map
 
 

@@ -6,14 +6,18 @@ This module does not import sglang: the mapping only needs a
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from kvstatus.errors import InvalidArgumentError
+from kvstatus.errors import InvalidArgumentError, InvalidRoomError
 from kvstatus.consensus import RoomConsensus
-from kvstatus.rule import KVPoll, RoomView, UpdateResult
+from kvstatus.keys import MAX_ROOM
+from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
+
+log = logging.getLogger("kvstatus.sglang")
 
 # How long (seconds) the read made by ``room in m`` may answer the next read of the same room by the same thread.
 DEFAULT_MEMO_SECONDS = 0.002
@@ -25,6 +29,18 @@ _LEN_ITER_MESSAGE = (
 )
 
 _Memo = tuple[int, float, Union[Optional[KVPoll], RoomView]]
+
+INVALID_ROOM_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
+"""What a write of a room id kvstatus cannot store returns: nothing was written, and reads answer Failed."""
+
+
+def invalid_room_reason(room: object) -> str:
+    """The failure reason of a request whose ``bootstrap_room`` kvstatus cannot store (its repr cut to 40 chars)."""
+    shown = repr(room)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return (f"bootstrap_room {shown} ({type(room).__name__}) is not a room id kvstatus can store (an int in "
+            "[0, 2**63 - 1]): the request fails")
 
 
 class RoomStatusMap:
@@ -73,6 +89,26 @@ class RoomStatusMap:
     store's near cache answers ``in``), and the ``in`` check and the read it
     guards see one snapshot (two reads could see the room vanish in
     between). ``memo_seconds=0`` turns the memo off.
+
+    **Room ids kvstatus cannot store.** SGLang takes ``bootstrap_room`` from
+    the request, and its dict accepts any hashable (-1, 2**63, "42", None).
+    kvstatus stores ints in [0, 2**63 - 1] only, and the store raises
+    ``InvalidRoomError`` for anything else. Inside the scheduler loop, a
+    transfer thread or the bootstrap thread, that exception would stop the
+    whole engine for one client's bad id. So the map answers for such an id
+    as for a room that **failed from the start**, without touching Redis:
+    ``in`` is True, ``m[room]``, ``get``, ``pop``, ``collect`` and
+    ``consensus`` answer Failed, and a write is refused with
+    :data:`INVALID_ROOM_RESULT` (REFUSED_CREATE, Failed: nothing was written).
+    Every upstream poll then concludes Failed at its next call (the sender's
+    ``in`` then ``check_status``, the receiver's ``check_status``, nixl's
+    ``get(room, WaitingForInput)``), so that one request fails with its
+    reason and the engine goes on. Answering "no entry" instead would make
+    ``m[room]`` raise KeyError in the receiver's poll, and nixl's decode wait
+    out its 300 s timeout. The id is not coerced: "42" made 42 would share
+    room 42's entry with another request, and -1 made 2**63 - 1 likewise. An
+    opening write (Bootstrapping, WaitingForInput) logs one warning; reads
+    log nothing, as polls repeat.
 
     On PP rank 0 (``pp_participants`` given and the store's participant is
     the first of them) ``in`` reads the whole room in its one round trip, so
@@ -126,13 +162,21 @@ class RoomStatusMap:
 
     def _read(self, room: int) -> Optional[KVPoll]:
         value = self._take(room)
-        return self.store.get(room) if value is _MISSING else self._own(value)
+        if value is not _MISSING:
+            return self._own(value)
+        try:
+            return self.store.get(room)
+        except InvalidRoomError:
+            return KVPoll.Failed
 
     def __contains__(self, room: object) -> bool:
         self._local.memo = None
-        value: Union[Optional[KVPoll], RoomView] = (
-            self.store.room(room) if self._reads_rooms else self.store.get(room)  # type: ignore[arg-type]
-        )
+        try:
+            value: Union[Optional[KVPoll], RoomView] = (
+                self.store.room(room) if self._reads_rooms else self.store.get(room)  # type: ignore[arg-type]
+            )
+        except InvalidRoomError:
+            return True  # a room that failed from the start (see the class docstring)
         if self.memo_seconds > 0:
             self._local.memo = (room, time.monotonic(), value)
         return self._own(value) is not None
@@ -154,7 +198,10 @@ class RoomStatusMap:
             raise InvalidArgumentError("collect() needs pp_participants: this map was built without pipeline ranks")
         view = self._take(room)
         if not isinstance(view, RoomView):
-            view = self.store.room(room)
+            try:
+                view = self.store.room(room)
+            except InvalidRoomError:
+                return [KVPoll.Failed] * len(self.pp_participants)
         entries = view.participants
         return [entry.status if (entry := entries.get(name)) is not None else None for name in self.pp_participants]
 
@@ -163,7 +210,10 @@ class RoomStatusMap:
         if self.pp_participants is None:
             raise InvalidArgumentError("consensus() needs pp_participants: this map was built without pipeline ranks")
         self._local.memo = None
-        return self.store.room_status(room, self.pp_participants)
+        try:
+            return self.store.room_status(room, self.pp_participants)
+        except InvalidRoomError:
+            return RoomConsensus(KVPoll.Failed, reason=invalid_room_reason(room))
 
     @property
     def uses_leases(self) -> bool:
@@ -178,7 +228,14 @@ class RoomStatusMap:
         if self._rank_stores is None:
             self._rank_stores = [self.store if name == self.participant else self.store.for_participant(name)
                                  for name in self.pp_participants]
-        per_rank = [store.get_many(rooms) for store in self._rank_stores]
+        try:
+            per_rank = [store.get_many(rooms) for store in self._rank_stores]
+        except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
+            valid = [room for room in rooms if _storable(room)]
+            per_rank = [store.get_many(valid) for store in self._rank_stores] if valid else []
+            ranks = len(self._rank_stores)
+            return {room: [statuses[room] for statuses in per_rank] if _storable(room) else [KVPoll.Failed] * ranks
+                    for room in dict.fromkeys(rooms)}
         return {room: [statuses[room] for statuses in per_rank] for room in dict.fromkeys(rooms)}
 
     # -- writes
@@ -186,20 +243,32 @@ class RoomStatusMap:
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
         self._local.memo = None
-        return self.store.update_status(room, status)
+        try:
+            return self.store.update_status(room, status)
+        except InvalidRoomError:
+            if status in STRICT_CREATORS:
+                log.warning("participant %s: %s", self.participant, invalid_room_reason(room))
+            return INVALID_ROOM_RESULT
 
     def __setitem__(self, room: int, status: KVPoll | int) -> None:
         self.update_status(room, status)
 
     def __delitem__(self, room: int) -> None:
         self._local.memo = None
-        if not self.store.clear(room):
+        try:
+            cleared = self.store.clear(room)
+        except InvalidRoomError:
+            return  # nothing stored to remove: the id still reads as Failed
+        if not cleared:
             raise KeyError(room)
 
     def pop(self, room: int, default: Any = _MISSING) -> Any:
         """Remove the entry; return the status read just before, or ``default`` (``KeyError`` without one)."""
         self._local.memo = None
-        status = self.store.get(room)
+        try:
+            status = self.store.get(room)
+        except InvalidRoomError:
+            return KVPoll.Failed
         self.store.clear(room)
         if status is not None:
             return status
@@ -210,7 +279,10 @@ class RoomStatusMap:
     def clear_room(self, room: int) -> bool:
         """Remove the entry in one round trip; True if there was one (``pop`` without the read)."""
         self._local.memo = None
-        return bool(self.store.clear(room))
+        try:
+            return bool(self.store.clear(room))
+        except InvalidRoomError:
+            return False
 
     # -- what a shared view cannot do
 
@@ -230,3 +302,8 @@ class RoomStatusMap:
     def __repr__(self) -> str:
         pp = f", pp_participants={list(self.pp_participants)!r}" if self.pp_participants else ""
         return f"RoomStatusMap({self.store!r}{pp})"
+
+
+def _storable(room: object) -> bool:
+    """True for a room id the store accepts: an int (not bool) in [0, 2**63 - 1]."""
+    return isinstance(room, int) and not isinstance(room, bool) and 0 <= room <= MAX_ROOM

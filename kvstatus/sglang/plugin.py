@@ -12,7 +12,8 @@ ascend) is put onto kvstatus by :func:`kvstatus.sglang.install` as soon as
 it is built, before its transfer threads start.
 
 Settings (environment, read when a manager is built, so a bad one fails the
-server's start with a clear message instead of being skipped):
+server's start with a clear message instead of being skipped; every error names
+its variable, the URL's password masked):
 
 - ``KVSTATUS_SGLANG_URL``        the Redis URL (any scheme of :mod:`kvstatus.connection`); the switch.
 - ``KVSTATUS_SGLANG_NAMESPACE``  the PD deployment's namespace, the same on every node [default ``sglang``].
@@ -20,6 +21,16 @@ server's start with a clear message instead of being skipped):
 - ``KVSTATUS_SGLANG_POLICY``     ``strict`` (sglang 0.5.23's rule) or ``seed`` [default ``strict``].
 - ``KVSTATUS_SGLANG_TTL``        seconds [default: the store's, 600].
 - ``KVSTATUS_SGLANG_NEAR_CACHE`` ``1`` to read through the store's near cache [default ``0``].
+- ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0`` or unset:
+  no lease [default: no lease]. The URL's ``?lease_ttl=`` does the same; when both are set they must agree.
+
+Each manager's install checks the server (:func:`kvstatus.sglang.startup.check_store`):
+an unreachable Redis, refused credentials, an ACL that does not fit, or a
+function library that is not loaded fails the manager's construction, hence
+the start. Each installed manager logs one line (``kvstatus.sglang``, INFO).
+The plugin needs sglang >= 0.5.23 and refuses an older one at
+:func:`register` with SystemExit: sglang logs and skips a plugin that raises
+an Exception, which would leave the server on its dicts unnoticed.
 
 sglang loads this module in every process, enabled or not: it imports sglang
 only when enabled, and kvstatus' store only when a manager is installed
@@ -30,7 +41,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 ENV_URL = "KVSTATUS_SGLANG_URL"
 ENV_NAMESPACE = "KVSTATUS_SGLANG_NAMESPACE"
@@ -38,6 +49,7 @@ ENV_INSTANCE = "KVSTATUS_SGLANG_INSTANCE"
 ENV_POLICY = "KVSTATUS_SGLANG_POLICY"
 ENV_TTL = "KVSTATUS_SGLANG_TTL"
 ENV_NEAR_CACHE = "KVSTATUS_SGLANG_NEAR_CACHE"
+ENV_LEASE_TTL = "KVSTATUS_SGLANG_LEASE_TTL"
 DEFAULT_NAMESPACE = "sglang"
 HOOK_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__"
 
@@ -47,43 +59,142 @@ def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     return bool((os.environ if environ is None else environ).get(ENV_URL, "").strip())
 
 
-def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
-    """The keyword arguments of :func:`kvstatus.sglang.install` that the environment asks for (validated)."""
+# install()'s setting (SettingError.setting) -> the variable that sets it.
+SETTING_VARIABLES = {"url": ENV_URL, "namespace": ENV_NAMESPACE, "instance": ENV_INSTANCE, "policy": ENV_POLICY,
+                     "ttl": ENV_TTL, "near_cache": ENV_NEAR_CACHE, "lease_ttl": ENV_LEASE_TTL}
+# SGLang's bootstrap and waiting timeouts (seconds): a room TTL below them can expire a live request's room.
+SGLANG_TIMEOUT_SECONDS = 300.0
+
+
+def _setting_error(variable: str, message: str) -> Exception:
+    from kvstatus.sglang.startup import SettingError
+
+    setting = next(name for name, var in SETTING_VARIABLES.items() if var == variable)
+    return SettingError(f"{variable}: {message}", setting=setting)
+
+
+def _seconds(env: Mapping[str, str], variable: str, check: Callable[[float], float]) -> Optional[float]:
+    """The variable's number of seconds passed through ``check``; None when unset or empty."""
     from kvstatus.errors import InvalidArgumentError
+
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _setting_error(variable, f"invalid value {raw!r}: expected a number of seconds") from None
+    try:
+        return check(value)
+    except InvalidArgumentError as exc:
+        raise _setting_error(variable, f"invalid value {raw!r}: {exc}") from None
+
+
+def _room_ttl(seconds: float) -> float:
+    from kvstatus.operations import ttl_to_ms
+
+    ttl_to_ms(seconds)
+    return seconds
+
+
+def _lease_ttl(seconds: float) -> float:
+    """0 (no lease) or a lease TTL in [3, 3600] seconds."""
+    from kvstatus.errors import InvalidArgumentError
+    from kvstatus.leases import MAX_LEASE_TTL, MIN_LEASE_TTL, validate_lease_ttl
+
+    if seconds == 0:
+        return 0.0
+    try:
+        return validate_lease_ttl(seconds)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(f"expected 0 (no lease) or seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}]; "
+                                   "a lease is renewed every ttl/3 s") from None
+
+
+def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """The keyword arguments of :func:`kvstatus.sglang.install` that the environment asks for (validated).
+
+    Every error is a :class:`~kvstatus.sglang.startup.SettingError` naming its variable.
+    """
+    from kvstatus.connection import parse_url, url_lease_ttl
+    from kvstatus.errors import InvalidArgumentError
+    from kvstatus.keys import validate_name
+    from kvstatus.rule import to_policy
 
     env = os.environ if environ is None else environ
     url = env.get(ENV_URL, "").strip()
     if not url:
-        raise InvalidArgumentError(f"{ENV_URL} is not set")
-    options: dict[str, Any] = {
-        "store_or_url": url,
-        "namespace": env.get(ENV_NAMESPACE, "").strip() or DEFAULT_NAMESPACE,
-        "policy": env.get(ENV_POLICY, "").strip() or "strict",
-        "instance": env.get(ENV_INSTANCE, "").strip() or None,
-    }
-    ttl = env.get(ENV_TTL, "").strip()
-    if ttl:
+        raise _setting_error(ENV_URL, "not set: it is the Redis URL of the plugin, e.g. redis://host:6379/0")
+    try:
+        parse_url(url)
+        url_lease = url_lease_ttl(url)
+    except InvalidArgumentError as exc:
+        raise _setting_error(ENV_URL, str(exc)) from None
+    options: dict[str, Any] = {"store_or_url": url}
+    for variable, key, default, check in (
+            (ENV_NAMESPACE, "namespace", DEFAULT_NAMESPACE, lambda v: validate_name(v, "namespace")),
+            (ENV_POLICY, "policy", "strict", lambda v: to_policy(v).value),
+            (ENV_INSTANCE, "instance", None, lambda v: validate_name(v, "instance"))):
+        raw = env.get(variable, "").strip()
         try:
-            options["ttl"] = float(ttl)
-        except ValueError:
-            raise InvalidArgumentError(f"invalid {ENV_TTL} {ttl!r}: expected a number of seconds") from None
+            options[key] = check(raw) if raw else default
+        except InvalidArgumentError as exc:
+            raise _setting_error(variable, str(exc)) from None
+    ttl = _seconds(env, ENV_TTL, _room_ttl)
+    if ttl is not None:
+        options["ttl"] = ttl
+    lease_ttl = _seconds(env, ENV_LEASE_TTL, _lease_ttl)
+    if lease_ttl is not None and url_lease is not None and url_lease != (lease_ttl or None):
+        raise _setting_error(ENV_LEASE_TTL, f"{lease_ttl:g} disagrees with the lease_ttl={url_lease:g} of "
+                                            f"{ENV_URL}: set one of them")
+    if lease_ttl:
+        options["lease_ttl"] = lease_ttl
     near = env.get(ENV_NEAR_CACHE, "").strip().lower()
     if near not in ("", "0", "1", "true", "false", "yes", "no"):
-        raise InvalidArgumentError(f"invalid {ENV_NEAR_CACHE} {near!r}: expected 1 or 0")
+        raise _setting_error(ENV_NEAR_CACHE, f"invalid value {near!r}: expected 1 or 0")
     options["near_cache"] = near in ("1", "true", "yes")
     return options
 
 
-def install_from_env(kv_manager: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
-    """:func:`kvstatus.sglang.install` on ``kv_manager`` with the environment's settings; returns the map."""
-    from kvstatus.sglang.manager import install
+def _shown(variable: str, env: Mapping[str, str]) -> str:
+    """``VARIABLE=value`` as an error shows it: the URL's password masked, a long value cut."""
+    from kvstatus.redact import mask_url
 
-    options = install_options(environ)
-    return install(kv_manager, options.pop("store_or_url"), **options)
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return f"{variable} (unset: {DEFAULT_NAMESPACE!r})" if variable == ENV_NAMESPACE else f"{variable} (unset)"
+    shown = mask_url(raw) if variable == ENV_URL else raw
+    return f"{variable}={shown[:200]}"
+
+
+def install_from_env(kv_manager: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
+    """:func:`kvstatus.sglang.install` on ``kv_manager`` with the environment's settings; returns the map.
+
+    A check that fails at install (:func:`kvstatus.sglang.startup.check_store`) raises a
+    :class:`~kvstatus.sglang.startup.SettingError` whose message starts with the variable at fault.
+    """
+    from kvstatus.sglang.manager import install
+    from kvstatus.sglang.startup import SettingError, log
+
+    env = os.environ if environ is None else environ
+    options = install_options(env)
+    if options.get("ttl", SGLANG_TIMEOUT_SECONDS) < SGLANG_TIMEOUT_SECONDS:
+        log.warning("%s=%g is below SGLang's %g s bootstrap and waiting timeouts: a slow request's room can "
+                    "expire while it is still in use", ENV_TTL, options["ttl"], SGLANG_TIMEOUT_SECONDS)
+    try:
+        return install(kv_manager, options.pop("store_or_url"), **options)
+    except SettingError as exc:
+        variable = SETTING_VARIABLES.get(exc.setting)
+        if variable is None:
+            raise
+        raise SettingError(f"{_shown(variable, env)}: {exc}", setting=exc.setting) from exc
 
 
 def _after_init(result: Any, kv_manager: Any, *args: Any, **kwargs: Any) -> None:
-    """sglang AFTER hook of ``CommonKVManager.__init__``: the manager is built, no transfer thread runs yet."""
+    """sglang AFTER hook of ``CommonKVManager.__init__``: the manager is built, no transfer thread runs yet.
+
+    An error raised here fails the manager's construction, so the server does not start.
+    """
     install_from_env(kv_manager)
 
 
@@ -91,11 +202,19 @@ def register() -> None:
     """The ``sglang.srt.plugins`` entry point: hook ``CommonKVManager.__init__`` when ``KVSTATUS_SGLANG_URL`` is set.
 
     Settings are read and checked when a manager is built, not here: sglang
-    logs and skips a plugin whose function raises, which would leave the
-    server on its in-process dicts without anyone noticing.
+    logs and skips a plugin whose function raises an Exception, which would
+    leave the server on its in-process dicts without anyone noticing. For
+    the same reason an sglang older than 0.5.23 is refused with SystemExit,
+    which stops the process with the message.
     """
     if not enabled():
         return
+    from kvstatus.sglang.startup import SettingError, check_sglang_version
+
+    try:
+        check_sglang_version()
+    except SettingError as exc:
+        raise SystemExit(f"kvstatus: {ENV_URL} is set, but {exc}") from None
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(HOOK_TARGET, _after_init, HookType.AFTER)

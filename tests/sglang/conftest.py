@@ -21,3 +21,16 @@ def sglang_conn() -> types.ModuleType:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     return conn
+
+
+@pytest.fixture(scope="module")
+def sg(sglang_conn: types.ModuleType) -> types.SimpleNamespace:
+    """The real classes."""
+    from sglang.srt.disaggregation.common.bootstrap import DeferredBootstrap
+    from sglang.srt.disaggregation.pp_consensus_store import PPConsensusStore
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    return types.SimpleNamespace(conn=sglang_conn, Manager=sglang_conn.CommonKVManager,
+                                 Sender=sglang_conn.CommonKVSender, KVPoll=sglang_conn.KVPoll,
+                                 Mode=DisaggregationMode, PPConsensusStore=PPConsensusStore,
+                                 DeferredBootstrap=DeferredBootstrap)

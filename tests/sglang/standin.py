@@ -3,7 +3,8 @@
 Same attribute names, and the bodies of the status methods of
 ``sglang/srt/disaggregation/common/conn.py`` (``update_status``,
 ``check_status``, ``check_status_pp_consensus``, ``_notify_bootstrap``,
-``CommonKVSender._poll_with_status`` and ``clear``), reduced to what touches
+``CommonKVSender._poll_with_status``, ``clear`` and ``failure_exception``,
+``CommonKVReceiver._poll``), reduced to what touches
 ``request_status``. ``KVPoll`` is a plain class of ints, as upstream.
 The real-sglang tier (tests/sglang/test_real_sglang.py) runs the same
 operation sequences through this stand-in and the real classes and requires
@@ -83,6 +84,10 @@ class CommonKVManager:
             return
         self.request_status[bootstrap_room] = max(current, status)
 
+    def record_failure(self, bootstrap_room: int, failure_reason: str) -> None:
+        with self.failure_lock:
+            self.failure_records[bootstrap_room] = failure_reason
+
     def _notify_bootstrap(self, room: int, notification: Any) -> None:
         if notification is None:
             return
@@ -114,6 +119,7 @@ def make_manager(cls: type = CommonKVManager, *, mode: DisaggregationMode = Disa
     m._deferred_ack_poisoned_rooms = set()
     m._staging_outstanding = defaultdict(int)
     m.sent_messages = []
+    m.failure_records, m.failure_lock = {}, threading.Lock()
     m.disaggregation_mode = mode
     m.kv_args = KVArgs(tp_rank)
     m.pp_rank, m.pp_size = pp_rank, pp_size
@@ -164,8 +170,14 @@ class PPRankStore:
             return [m.get(key) for m in self._group.maps]
 
 
+class KVTransferError(Exception):
+    def __init__(self, bootstrap_room: int, failure_reason: str) -> None:
+        super().__init__(failure_reason)
+        self.bootstrap_room, self.failure_reason = bootstrap_room, failure_reason
+
+
 class CommonKVSender:
-    """The sender's poll and clear, as far as they touch the manager's statuses."""
+    """The sender's poll, clear and failure_exception, as far as they touch the manager's statuses."""
 
     def __init__(self, kv_mgr: Any, bootstrap_room: int) -> None:
         self.kv_mgr, self.bootstrap_room, self.conclude_state = kv_mgr, bootstrap_room, None
@@ -193,3 +205,27 @@ class CommonKVSender:
             if status in (KVPoll.Success, KVPoll.Failed):
                 self.conclude_state = status
         self.kv_mgr.request_status.pop(self.bootstrap_room, None)
+
+    def failure_exception(self) -> None:
+        self.conclude_state = KVPoll.Failed
+        self.clear()
+        with self.kv_mgr.failure_lock:
+            failure_reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
+        raise KVTransferError(self.bootstrap_room,
+                              failure_reason or "Failed due to an unknown reason from another rank")
+
+
+class CommonKVReceiver:
+    """The receiver's poll (``CommonKVReceiver._poll``, without its timeouts): ``check_status``, no ``in``."""
+
+    def __init__(self, kv_mgr: Any, bootstrap_room: int) -> None:
+        self.kv_mgr, self.bootstrap_room, self.conclude_state = kv_mgr, bootstrap_room, None
+        kv_mgr.update_status(bootstrap_room, KVPoll.Bootstrapping)
+
+    def poll(self) -> int:
+        if self.conclude_state is not None:
+            return self.conclude_state
+        status = self.kv_mgr.check_status(self.bootstrap_room)
+        if status in (KVPoll.Success, KVPoll.Failed):
+            self.conclude_state = status
+        return status

@@ -33,19 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PP = 4
 
 
-@pytest.fixture(scope="module")
-def sg(sglang_conn: types.ModuleType) -> types.SimpleNamespace:
-    """The real classes."""
-    from sglang.srt.disaggregation.common.bootstrap import DeferredBootstrap
-    from sglang.srt.disaggregation.pp_consensus_store import PPConsensusStore
-    from sglang.srt.disaggregation.utils import DisaggregationMode
-
-    return types.SimpleNamespace(conn=sglang_conn, Manager=sglang_conn.CommonKVManager,
-                                 Sender=sglang_conn.CommonKVSender, KVPoll=sglang_conn.KVPoll,
-                                 Mode=DisaggregationMode, PPConsensusStore=PPConsensusStore,
-                                 DeferredBootstrap=DeferredBootstrap)
-
-
 def real_manager(sg: Any, *, mode: Any = None, tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1,
                  request_status: Any = None, deferred: Any = None) -> Any:
     """A real CommonKVManager without __init__: the attributes update/check_status and the sender's poll use."""

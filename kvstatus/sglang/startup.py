@@ -1,0 +1,189 @@
+"""What install() checks before a KV manager serves, and the one log line that says it took.
+
+A misconfiguration must stop the engine's start, not surface 3 s into the
+first request. :func:`check_store` makes the calls a manager will make, once,
+at install: it connects and authenticates, runs a script read (EVALSHA, or
+FCALL_RO of the function library with ``?scripts=functions``), writes and
+clears a probe entry (the doctor's participant, in room 2**63 - 1, TTL 30 s,
+no tombstone), and acquires the participant's lease when the store has one.
+A failure raises :class:`SettingError` naming the setting at fault (``url``,
+``namespace``, ``near_cache``, ``lease_ttl``); the plugin turns that name into
+its ``KVSTATUS_SGLANG_*`` variable.
+
+The minimum sglang is :data:`MIN_SGLANG_VERSION`: the release whose
+``CommonKVManager`` has what install() relies on (``update_status`` applying
+the strict rule, the deferred-ACK and staging state it resets, the deferred
+bootstrap, ``HookRegistry`` AFTER hooks for the plugin). :func:`check_manager`
+refuses a manager without those attributes, whatever its version.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Optional
+
+from kvstatus.admin.scan import PROBE_PARTICIPANT
+from kvstatus.errors import (
+    AuthenticationError,
+    BackendUnavailableError,
+    InvalidArgumentError,
+    KVStatusError,
+    LeaseLostError,
+    PermissionDeniedError,
+)
+from kvstatus.keys import MAX_ROOM
+from kvstatus.rule import KVPoll
+
+log = logging.getLogger("kvstatus.sglang")
+
+MIN_SGLANG_VERSION = (0, 5, 23)
+TESTED_SGLANG_VERSION = "0.5.23"
+# What install() reads or calls on a manager (sglang 0.5.23's CommonKVManager has all of them after __init__).
+REQUIRED_ATTRIBUTES = ("request_status", "update_status", "check_status", "check_status_pp_consensus",
+                       "deferred_bootstrap", "_notify_bootstrap", "_deferred_ack_targets",
+                       "_deferred_ack_poisoned_rooms", "_staging_outstanding")
+# The doctor's probe entry (ls, stats and watch never count it), written and cleared at once.
+PROBE_ROOM = MAX_ROOM
+PROBE_TTL_SECONDS = 30.0
+_DENIED = re.compile(r"run the '([\w|]+)' command")
+
+
+class SettingError(InvalidArgumentError):
+    """A setting of the SGLang integration stops the start; ``setting`` names it (``url``, ``namespace``, ...)."""
+
+    def __init__(self, message: str, *, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """The leading release numbers of a version string: "0.5.23.post1" -> (0, 5, 23); () when there are none."""
+    numbers = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+        if digits.end() != len(part):
+            break
+    return tuple(numbers)
+
+
+def check_sglang_version(version: Optional[str] = None) -> str:
+    """Return the installed sglang's version (or ``version``); raise :class:`SettingError` below the minimum."""
+    if version is None:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as installed
+
+        try:
+            version = installed("sglang")
+        except PackageNotFoundError:
+            raise SettingError("sglang is not installed in this environment: the kvstatus plugin runs inside "
+                               "sglang's processes", setting="sglang") from None
+    found = version_tuple(version)
+    if not found or found < MIN_SGLANG_VERSION:
+        minimum = ".".join(map(str, MIN_SGLANG_VERSION))
+        raise SettingError(f"sglang {version} is not supported: kvstatus needs sglang >= {minimum} (its "
+                           "CommonKVManager applies the strict update rule and has the deferred-ACK state "
+                           f"install() resets); upgrade sglang, or unset the plugin's URL", setting="sglang")
+    return version
+
+
+def check_manager(kv_manager: Any) -> None:
+    """Raise :class:`InvalidArgumentError` when ``kv_manager`` lacks an attribute install() relies on."""
+    missing = [name for name in REQUIRED_ATTRIBUTES if not hasattr(kv_manager, name)]
+    if missing:
+        minimum = ".".join(map(str, MIN_SGLANG_VERSION))
+        raise InvalidArgumentError(
+            f"{type(kv_manager).__name__} has no {', '.join(missing)}: not the KV manager of a supported sglang "
+            f"(kvstatus needs sglang >= {minimum}, tested with {TESTED_SGLANG_VERSION})")
+
+
+def _denied_command(error: PermissionDeniedError) -> str:
+    found = _DENIED.search(str(error))
+    return found.group(1).lower() if found else ""
+
+
+def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
+    """The :class:`SettingError` for ``error`` met at ``step`` (read, write or lease) of :func:`check_store`."""
+    namespace = store.namespace
+    if isinstance(error, AuthenticationError):
+        return SettingError(f"Redis refused the URL's credentials (user name or password): {error}", setting="url")
+    if isinstance(error, BackendUnavailableError):
+        return SettingError(f"cannot reach Redis at {server_of(store.client)}: {error}", setting="url")
+    if isinstance(error, LeaseLostError):
+        return SettingError(f"the participant lease could not be held: {error}", setting="lease_ttl")
+    if isinstance(error, PermissionDeniedError):
+        command, text = _denied_command(error), str(error)
+        near_cache = store.near_cache is not None and step == "read"
+        if near_cache and (command.startswith(("client", "subscribe", "ssubscribe")) or "channel" in text):
+            return SettingError(f"the URL's user may not set up the near cache (CLIENT TRACKING and its "
+                                f"invalidation channel): turn the near cache off, or grant them ({error})",
+                                setting="near_cache")
+        if command.startswith(("eval", "script", "fcall")):
+            hint = ("with ?scripts=functions it needs the functions recipe's commands, else drop the option"
+                    if command.startswith("fcall") else "a user of the tenant recipe needs ?scripts=functions")
+            return SettingError(f"the URL's user may not run {command!r}: {hint} ({error})", setting="url")
+        if step == "read" and "keys" in text:
+            return SettingError(f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "
+                                f"must cover its keys ({error})", setting="namespace")
+        if step == "write":
+            return SettingError(f"the URL's user may read namespace {namespace!r} but not write it (a read-only "
+                                f"user?): an SGLang manager needs the worker user ({error})", setting="url")
+        return SettingError(f"the URL's user lacks a command kvstatus needs ({error})", setting="url")
+    if "function library" in str(error):
+        return SettingError(str(error), setting="url")
+    return SettingError(f"Redis at {server_of(store.client)} cannot serve kvstatus: {error}", setting="url")
+
+
+def check_store(store: Any) -> None:
+    """Make the calls a manager will make, once: a script read, a probe write and clear, and the lease.
+
+    Three round trips (four with a lease); raises :class:`SettingError` naming the setting at fault.
+    """
+    from kvstatus.store import StatusStore
+
+    step = "read"
+    try:
+        store.get_many([PROBE_ROOM])  # connects, authenticates, runs get_many's script or function
+        step = "write"
+        probe = StatusStore(store.client, namespace=store.namespace, prefix=store.prefix,
+                            participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, tombstone_ttl=0,
+                            scripts=store.scripts, options=store.options)
+        probe.update_status(PROBE_ROOM, KVPoll.Bootstrapping)
+        probe.clear(PROBE_ROOM)
+        if store.lease is not None:
+            step = "lease"
+            store.acquire_lease()
+    except KVStatusError as exc:
+        raise _setting_error(exc, step, store) from exc
+
+
+def server_of(client: Any) -> str:
+    """Where ``client`` connects, without credentials: ``host:port/db``, a socket path, or the cluster's nodes."""
+    nodes = getattr(client, "startup_nodes", None) or getattr(getattr(client, "nodes_manager", None),
+                                                                "startup_nodes", None)
+    if nodes:
+        return "cluster " + ",".join(sorted(str(name) for name in nodes))
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service:
+        return f"sentinel service {service}"
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    if kwargs.get("path"):
+        return f"unix:{kwargs['path']}/{kwargs.get('db', 0)}"
+    if kwargs.get("host"):
+        return f"{kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    return type(client).__name__
+
+
+def describe(status_map: Any, server: str) -> str:
+    """The line logged when a manager is installed: participant, server, namespace, policy, near cache, lease."""
+    store = status_map.store
+    lease = store.lease
+    near = "on" if store.near_cache is not None else "off"
+    held = "off" if lease is None else f"{lease.ttl:g} s (generation {lease.generation})"
+    pp = f", PP ranks {len(status_map.pp_participants)}" if status_map.pp_participants else ""
+    return (f"kvstatus: SGLang KV manager {store.participant} on {server}, namespace {store.namespace}, "
+            f"policy {store.policy.value}, scripts {store.scripts}, near cache {near}, lease {held}{pp}")

@@ -1,0 +1,250 @@
+"""An SGLang operator's first start: a bad setting stops it with the variable named, a good one logs one line."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any, Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from kvstatus import KVPoll, StatusStore
+from kvstatus.admin.acl import acl_rules
+from kvstatus.admin.functions import load_functions
+from kvstatus.sglang import install
+from kvstatus.sglang import plugin
+from kvstatus.sglang.plugin import (
+    ENV_INSTANCE,
+    ENV_LEASE_TTL,
+    ENV_NAMESPACE,
+    ENV_NEAR_CACHE,
+    ENV_POLICY,
+    ENV_TTL,
+    ENV_URL,
+    install_from_env,
+    install_options,
+)
+from kvstatus.sglang.startup import SettingError, check_manager, check_sglang_version, version_tuple
+from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer, free_port
+from tests.sglang.standin import DisaggregationMode, make_manager
+
+SECRET = "Hunter2-sglang-Secr3t"
+ADMIN = "admin-Secr3t-sgl"
+GOOD_URL = "redis://127.0.0.1:1/0"
+
+
+def _all_text(exc: BaseException) -> str:
+    """Everything an operator may see of ``exc``: its message, its causes' and the formatted traceback."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+# -- every setting error names its variable (no Redis)
+
+
+@pytest.mark.parametrize("variable, value, needle", [
+    (ENV_URL, "http://h:1/0", "unsupported scheme"),
+    (ENV_URL, f"redis://u:{SECRET}@h:1/0?bogus=1", "unknown option"),
+    (ENV_URL, f"redis://u:{SECRET}@h:1/0?lease_ttl=1", r"\[3, 3600\]"),
+    (ENV_NAMESPACE, "prod a", "namespace"),
+    (ENV_NAMESPACE, "{x}", "namespace"),
+    (ENV_INSTANCE, "node 7", "instance"),
+    (ENV_POLICY, "lenient", "lenient"),
+    (ENV_TTL, "soon", "number of seconds"),
+    (ENV_TTL, "0", "> 0"),
+    (ENV_TTL, "nan", "number of seconds"),
+    (ENV_NEAR_CACHE, "maybe", "1 or 0"),
+    (ENV_LEASE_TTL, "2", r"0 \(no lease\) or seconds in \[3, 3600\]"),
+    (ENV_LEASE_TTL, "-1", "no lease"),
+    (ENV_LEASE_TTL, "4000", "no lease"),
+    (ENV_LEASE_TTL, "inf", "no lease"),
+    (ENV_LEASE_TTL, "ten", "number of seconds"),
+])
+def test_each_bad_setting_is_refused_naming_its_variable(variable: str, value: str, needle: str) -> None:
+    env = {ENV_URL: f"redis://u:{SECRET}@h:1/0", variable: value}
+    with pytest.raises(SettingError, match=needle) as info:
+        install_options(env)
+    assert str(info.value).startswith(f"{variable}: ")
+    assert info.value.setting == next(k for k, v in plugin.SETTING_VARIABLES.items() if v == variable)
+    assert SECRET not in _all_text(info.value)
+
+
+def test_an_unset_url_is_named() -> None:
+    with pytest.raises(SettingError, match=f"^{ENV_URL}: not set"):
+        install_options({})
+
+
+def test_lease_ttl_setting_and_url_option() -> None:
+    base = {ENV_URL: GOOD_URL}
+    assert "lease_ttl" not in install_options(base)  # the default stays: no lease
+    assert "lease_ttl" not in install_options({**base, ENV_LEASE_TTL: "0"})
+    assert install_options({**base, ENV_LEASE_TTL: "10"})["lease_ttl"] == 10.0
+    assert install_options({**base, ENV_LEASE_TTL: " 3.5 "})["lease_ttl"] == 3.5
+    # The URL's ?lease_ttl= alone is passed on with the URL; with the variable, both must agree.
+    url = GOOD_URL + "?lease_ttl=10"
+    assert "lease_ttl" not in install_options({ENV_URL: url})
+    assert install_options({ENV_URL: url, ENV_LEASE_TTL: "10"})["lease_ttl"] == 10.0
+    for disagreeing in ("0", "20"):
+        with pytest.raises(SettingError, match=f"^{ENV_LEASE_TTL}: .* disagrees with the lease_ttl=10 of {ENV_URL}"):
+            install_options({ENV_URL: url, ENV_LEASE_TTL: disagreeing})
+
+
+def test_a_store_from_a_url_with_lease_ttl_holds_a_lease() -> None:
+    store = StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=9", namespace="ns", participant="p")
+    assert store.lease is not None and store.lease.ttl == 9.0
+    assert StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=0", namespace="ns").lease is None
+    # The keyword wins over the URL, as for near_cache and scripts.
+    assert StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=9", namespace="ns", lease_ttl=30).lease.ttl == 30
+
+
+# -- the sglang version and the manager's shape
+
+
+def test_sglang_versions() -> None:
+    assert version_tuple("0.5.23.post1") == (0, 5, 23) and version_tuple("0.6.0rc1") == (0, 6, 0)
+    for supported in ("0.5.23", "0.5.23.post2", "0.5.24", "0.6.0", "1.0"):
+        assert check_sglang_version(supported) == supported
+    for old in ("0.5.22", "0.4.10.post1", "0.5", "dev", ""):
+        with pytest.raises(SettingError, match=r"is not supported: kvstatus needs sglang >= 0\.5\.23"):
+            check_sglang_version(old)
+
+
+def test_register_stops_the_process_on_an_unsupported_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    monkeypatch.setenv(ENV_URL, GOOD_URL)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.10")
+    with pytest.raises(SystemExit) as info:
+        plugin.register()
+    assert str(info.value.code) == (f"kvstatus: {ENV_URL} is set, but sglang 0.5.10 is not supported: kvstatus "
+                                    "needs sglang >= 0.5.23 (its CommonKVManager applies the strict update rule "
+                                    "and has the deferred-ACK state install() resets); upgrade sglang, or unset the "
+                                    "plugin's URL")
+
+
+def test_a_manager_without_what_install_relies_on_is_refused() -> None:
+    old = make_manager()
+    del old._deferred_ack_targets, old._staging_outstanding
+    with pytest.raises(ValueError, match=r"no _deferred_ack_targets, _staging_outstanding: not the KV manager of a "
+                                         r"supported sglang \(kvstatus needs sglang >= 0\.5\.23"):
+        check_manager(old)
+    with pytest.raises(ValueError, match="_deferred_ack_targets"):
+        install(old, StatusStore(fakeredis.FakeRedis(), namespace="ns", policy="strict"))
+    assert old.request_status == {}  # untouched
+
+
+# -- install() checks the server: real Redis servers
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[RedisServer]:
+    """A password-protected server with the recipe's users for namespace ``sgok``."""
+    with RedisServer(password=ADMIN) as server:
+        with server.client() as admin:
+            admin.execute_command("ACL", "SETUSER", "worker", *acl_rules("sgok", password=SECRET, scripts="eval"))
+            admin.execute_command("ACL", "SETUSER", "reader", *acl_rules("sgok", password=SECRET, scripts="eval",
+                                                                         read_only=True))
+            admin.execute_command("ACL", "SETUSER", "notrack", *acl_rules("sgok", password=SECRET, scripts="eval"),
+                                  "-client|tracking")
+            admin.execute_command("ACL", "SETUSER", "tenant", *acl_rules("sgok", password=SECRET))
+        yield server
+
+
+def _url(server: RedisServer, user: str, password: str = SECRET, query: str = "") -> str:
+    return f"redis://{user}:{password}@{server.host}:{server.port}/0{query}"
+
+
+def _refused(env: dict[str, str], needle: str, variable: str) -> SettingError:
+    manager = make_manager(mode=DisaggregationMode.DECODE)
+    with pytest.raises(SettingError, match=needle) as info:
+        install_from_env(manager, env)
+    assert str(info.value).startswith(f"{variable}"), str(info.value)
+    assert manager.request_status == {} and "update_status" not in vars(manager)  # left as it was
+    assert SECRET not in _all_text(info.value) and ADMIN not in _all_text(info.value)
+    return info.value
+
+
+@pytest.mark.real
+def test_an_unreachable_redis_stops_the_start(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"redis://worker:{SECRET}@127.0.0.1:{free_port()}/0?retries=0"
+    error = _refused({ENV_URL: url}, "cannot reach Redis", ENV_URL)
+    assert str(error).startswith(f"{ENV_URL}=redis://worker:***@127.0.0.1:")
+    assert SECRET not in caplog.text
+
+
+@pytest.mark.real
+def test_a_wrong_password_stops_the_start(acl_server: RedisServer) -> None:
+    _refused({ENV_URL: _url(acl_server, "worker", "not-the-password")}, "refused the URL's credentials", ENV_URL)
+    _refused({ENV_URL: _url(acl_server, "nobody")}, "refused the URL's credentials", ENV_URL)
+
+
+@pytest.mark.real
+def test_a_namespace_outside_the_users_keys_is_named(acl_server: RedisServer) -> None:
+    _refused({ENV_URL: _url(acl_server, "worker"), ENV_NAMESPACE: "other"}, "may not read namespace 'other'",
+             ENV_NAMESPACE)
+
+
+@pytest.mark.real
+def test_a_read_only_user_is_refused_at_the_start(acl_server: RedisServer) -> None:
+    _refused({ENV_URL: _url(acl_server, "reader"), ENV_NAMESPACE: "sgok"}, "may read namespace 'sgok' but not write",
+             ENV_URL)
+
+
+@pytest.mark.real
+def test_a_near_cache_the_acl_forbids_is_named(acl_server: RedisServer) -> None:
+    env = {ENV_URL: _url(acl_server, "notrack"), ENV_NAMESPACE: "sgok"}
+    _refused({**env, ENV_NEAR_CACHE: "1"}, "may not set up the near cache", ENV_NEAR_CACHE)
+    install_from_env(make_manager(), env).close()  # the same user without the near cache starts
+
+
+@pytest.mark.real
+def test_functions_that_are_not_loaded_stop_the_start(acl_server: RedisServer) -> None:
+    env = {ENV_URL: _url(acl_server, "tenant", query="?scripts=functions"), ENV_NAMESPACE: "sgok"}
+    with acl_server.client() as admin:
+        admin.function_flush()
+    _refused(env, "is not loaded on this Redis: an admin runs `kvstatus --url ADMIN_URL functions load`", ENV_URL)
+    _refused({**env, ENV_URL: _url(acl_server, "tenant")}, r"scripts=functions", ENV_URL)  # eval under the tenant
+    with acl_server.client() as admin:
+        load_functions(admin)
+    status_map = install_from_env(make_manager(), env)
+    assert status_map.store.scripts == "functions"
+    status_map.close()
+
+
+@pytest.mark.real
+def test_a_good_start_logs_one_line_per_manager_and_leaves_nothing(acl_server: RedisServer,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    env = {ENV_URL: _url(acl_server, "worker"), ENV_NAMESPACE: "sgok", ENV_NEAR_CACHE: "1", ENV_LEASE_TTL: "6"}
+    caplog.set_level(logging.INFO, logger="kvstatus.sglang")
+    maps = [install_from_env(make_manager(tp_rank=rank), env) for rank in range(2)]
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvstatus.sglang"]
+    server = f"redis://worker:***@{acl_server.host}:{acl_server.port}/0"
+    assert lines == [f"kvstatus: SGLang KV manager prefill-tp{rank}-pp0 on {server}, namespace sgok, policy strict, "
+                     f"scripts eval, near cache on, lease 6 s (generation {maps[rank].store.lease.generation})"
+                     for rank in range(2)]
+    assert SECRET not in caplog.text
+    # Each manager holds its lease from the start; the probe left no entry behind.
+    with acl_server.client() as admin:
+        assert admin.exists("kvstatus:sgok:lease:prefill-tp0-pp0", "kvstatus:sgok:lease:prefill-tp1-pp0") == 2
+        assert admin.hgetall("kvstatus:sgok:{9223372036854775807}") == {}
+    for status_map in maps:
+        assert status_map.store.lease.held
+        status_map.close()
+
+
+@pytest.mark.real
+def test_install_with_a_url_checks_and_names_the_option(redis_server: Any) -> None:
+    """The library call (no plugin) fails at install too, naming install()'s own option."""
+    with pytest.raises(SettingError, match="cannot reach Redis") as info:
+        install(make_manager(), f"redis://127.0.0.1:{free_port()}/0?retries=0", namespace="x")
+    assert info.value.setting == "url"
+    manager = make_manager()
+    namespace = fresh_namespace("sgst")
+    install(manager, redis_server.url + "?lease_ttl=5", namespace=namespace)
+    assert manager.request_status.store.lease.held
+    manager.update_status(7, KVPoll.Bootstrapping)
+    raw = redis.Redis(host=redis_server.host, port=redis_server.port)
+    assert raw.hget(f"kvstatus:{namespace}:lease:prefill-tp0-pp0", "deadline") is not None
+    manager.request_status.close()

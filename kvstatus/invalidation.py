@@ -20,6 +20,8 @@ from kvstatus.connection import connection_class
 from kvstatus.keys import KeySchema
 
 INVALIDATE_CHANNEL = "__redis__:invalidate"
+"""Where Redis sends invalidations for RESP2 clients; the cache reads them on RESP3 instead (no channel)."""
+_UNKNOWN = object()
 _PING = b"*1\r\n$4\r\nPING\r\n"
 _RECV = 65536
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError, InterruptedError)
@@ -46,9 +48,14 @@ def peer_of(connection: Any) -> Any:
 class InvalidationSocket:
     """The invalidation connection of one server, read without blocking (shared by sync and async caches).
 
-    ``open`` runs the blocking handshake (redis-py's: auth, TLS, ``CLIENT SETNAME``), reads the
-    connection's ``CLIENT ID`` and the server's address, subscribes, and turns the socket
-    non-blocking. From then on only :meth:`drain` and :meth:`ping` touch it.
+    ``open`` runs the blocking handshake (redis-py's, on RESP3: ``HELLO 3``, auth, TLS, ``CLIENT SETNAME``),
+    reads the connection's ``CLIENT ID`` and the server's address, and turns the socket non-blocking. From
+    then on only :meth:`drain` and :meth:`ping` touch it.
+
+    The connection subscribes to nothing: a RESP3 client that is the target of ``CLIENT TRACKING ...
+    REDIRECT`` gets its invalidations as push messages. So no client can inject one (a ``PUBLISH
+    __redis__:invalidate`` reaches only that channel's subscribers), and the ACL recipe grants no channel
+    for the near cache.
     """
 
     def __init__(self, connection: Any) -> None:
@@ -64,10 +71,6 @@ class InvalidationSocket:
         conn.send_command("CLIENT", "ID")
         self.client_id = int(conn.read_response())
         self.peer = peer_of(conn)
-        conn.send_command("SUBSCRIBE", INVALIDATE_CHANNEL)
-        reply = conn.read_response(push_request=True)  # a push frame on RESP3
-        if not (isinstance(reply, list) and reply and reply[0] in (b"subscribe", "subscribe")):
-            raise LinkLost(f"unexpected SUBSCRIBE reply {reply!r}")
         self.sock = conn._sock  # redis-py's handshake is done; this socket is ours from here on
         self.sock.setblocking(False)
 
@@ -97,18 +100,14 @@ class InvalidationSocket:
                 return keys, flush, pong
             if isinstance(message, hiredis.ReplyError):
                 raise LinkLost(f"invalidation connection got an error: {message}")
-            if not isinstance(message, list):  # RESP3 answers PING with +PONG even when subscribed
+            if not isinstance(message, list):  # the answer to a PING: +PONG
                 pong = pong or message == b"PONG"
                 continue
-            kind = message[0]
-            if kind == b"message" or kind == b"invalidate":  # RESP2 Pub/Sub message, RESP3 push
-                payload = message[-1]
-                if isinstance(payload, list) and all(isinstance(key, bytes) for key in payload):
-                    keys.extend(payload)
-                else:  # None (FLUSHALL, tracking table full), or something a client PUBLISHed here
-                    flush = True
-            elif kind == b"pong":
-                pong = True
+            payload = message[-1] if message and message[0] == b"invalidate" else _UNKNOWN
+            if isinstance(payload, list) and all(isinstance(key, bytes) for key in payload):
+                keys.extend(payload)
+            else:  # None (FLUSHALL, tracking table full), or a frame this reader does not understand
+                flush = True
 
     def ping(self) -> bool:
         """Send a PING without blocking; False if the socket would block (try again later)."""
@@ -140,6 +139,7 @@ def sync_twin(conn: Any) -> redis.Connection:
         "socket_connect_timeout": getattr(conn, "socket_connect_timeout", None),
         "client_name": getattr(conn, "client_name", None),
         "credential_provider": getattr(conn, "credential_provider", None),
+        "protocol": 3,  # invalidations arrive as push messages, without a channel
     }
     path = getattr(conn, "path", None)
     if path:

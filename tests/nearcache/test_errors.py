@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from kvstatus import AsyncStatusStore, StatusStore
+from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.demo.server import RedisServer
 from kvstatus.errors import CorruptedValueError, PermissionDeniedError
@@ -31,21 +31,63 @@ def test_a_key_of_another_type_is_a_corrupted_value_as_without_the_cache(redis_s
     asyncio.run(run())
 
 
-def test_a_user_without_the_invalidation_channel_gets_permission_denied(redis_server: RedisServer,
-                                                                        namespace: str) -> None:
+def test_a_user_without_tracking_gets_permission_denied(redis_server: RedisServer, namespace: str) -> None:
     admin = redis_server.client()
-    rules = [r for r in acl_rules(namespace, password="pw-nce", scripts="eval") if r != "+subscribe"]
-    admin.execute_command("ACL", "SETUSER", "nc-nosub", *rules)
+    rules = [r for r in acl_rules(namespace, password="pw-nce", scripts="eval") if r != "+client|tracking"]
+    admin.execute_command("ACL", "SETUSER", "nc-notrack", *rules)
     try:
-        url = f"redis://nc-nosub:pw-nce@{redis_server.host}:{redis_server.port}/0"
+        url = f"redis://nc-notrack:pw-nce@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, near_cache=True) as store:
-            with pytest.raises(PermissionDeniedError, match="subscribe"):
+            with pytest.raises(PermissionDeniedError, match="client"):
                 store.get(5)
 
         async def run() -> None:
             async with AsyncStatusStore.from_url(url, namespace=namespace, near_cache=True) as store:
-                with pytest.raises(PermissionDeniedError, match="subscribe"):
+                with pytest.raises(PermissionDeniedError, match="client"):
                     await store.get(5)
         asyncio.run(run())
     finally:
-        admin.execute_command("ACL", "DELUSER", "nc-nosub")
+        admin.execute_command("ACL", "DELUSER", "nc-notrack")
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_the_cache_needs_no_channel_and_a_published_invalidation_reaches_nobody(
+        redis_server: RedisServer, namespace: str, asynchronous: bool) -> None:
+    """Issue 19 item 1: a tenant's PUBLISH __redis__:invalidate blinded every near cache on the server (the
+    reader took the payload as a key list, raised, and lost the real invalidations of the same batch). The
+    invalidations now arrive as RESP3 push messages on a connection subscribed to nothing: a user without any
+    channel keeps a coherent cache, and what anyone publishes on that channel reaches no cache."""
+    admin = redis_server.client()
+    rules = [r for r in acl_rules(namespace, password="pw-nce", scripts="eval")
+             if r not in ("+subscribe", "&__redis__:invalidate")]
+    admin.execute_command("ACL", "SETUSER", "nc-nochan", *rules)
+    writer = StatusStore(redis_server.client(), namespace=namespace, participant="p")
+    url = f"redis://nc-nochan:pw-nce@{redis_server.host}:{redis_server.port}/0"
+
+    async def run() -> None:
+        store = (AsyncStatusStore if asynchronous else StatusStore).from_url(
+            url, namespace=namespace, participant="p", near_cache=True)
+
+        async def call(value: object) -> object:
+            return await value if asynchronous else value  # type: ignore[misc]
+
+        try:
+            writer.update_status(5, KVPoll.Bootstrapping)
+            assert await call(store.get(5)) is KVPoll.Bootstrapping  # cached now
+            flushes = store.near_cache.state.flushes
+            for payload in ("x", "kvstatus:other:{5}", ""):
+                admin.publish("__redis__:invalidate", payload)
+            writer.update_status(5, KVPoll.Transferring)
+            for _ in range(200):
+                if await call(store.get(5)) is KVPoll.Transferring:
+                    break
+                await asyncio.sleep(0.01)
+            assert await call(store.get(5)) is KVPoll.Transferring  # the real invalidation arrived
+            assert store.near_cache.state.flushes == flushes  # and nothing published emptied the cache
+        finally:
+            await call(store.close())
+
+    try:
+        asyncio.run(run())
+    finally:
+        admin.execute_command("ACL", "DELUSER", "nc-nochan")

@@ -17,6 +17,7 @@ threads.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Generator, Iterable
 from typing import Any, Optional
 
@@ -104,6 +105,17 @@ def wait_plan(participant: str, targets: frozenset[KVPoll], timeout: float, rech
 
 def _is_message(reply: Any) -> bool:
     return isinstance(reply, list) and len(reply) == 3 and reply[0] in (b"smessage", b"message")
+
+
+MIN_STEP_SECONDS = 0.5
+"""The least time one step of a wait (a subscription, a read) is given, even at the wait's very end."""
+
+
+def step_deadline(ends: float, deadline: float) -> float:
+    """The monotonic time by which a step starting now must end: the store's ``deadline`` (seconds) from now,
+    and no later than the wait's end ``ends``, unless that leaves less than :data:`MIN_STEP_SECONDS`."""
+    now = time.monotonic()
+    return min(now + deadline, max(ends, now + MIN_STEP_SECONDS))
 
 
 def is_message(reply: Any) -> bool:

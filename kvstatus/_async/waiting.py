@@ -1,14 +1,14 @@
 """``wait_for``'s driver: performs the actions of :func:`kvstatus.waitplan.wait_plan`.
 
-Every step keeps the store's deadline: the subscription's connect and handshake, and each read (sent
-through the store's send path), end by ``min(the store's deadline, the wait's own end)``, so a wait
-against a hung server raises :class:`~kvstatus.errors.BackendUnavailableError` within that time
-instead of blocking for the server's pause.
+Every step keeps a deadline (:func:`kvstatus.waitplan.step_deadline`): the subscription's connect and
+handshake, and each read (sent through the store's send path), end by the store's deadline, and by the
+wait's own end (a step always gets at least ``MIN_STEP_SECONDS``), so a wait against a hung server raises
+:class:`~kvstatus.errors.BackendUnavailableError` about when its timeout ends instead of blocking for the
+server's pause.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional
@@ -16,7 +16,7 @@ from typing import Any, Optional
 from redis import exceptions as rx
 
 from kvstatus.concurrency import BROKEN, async_receive, async_sleep
-from kvstatus.deadline import DEADLINE, TOLERANCE
+from kvstatus.deadline import DEADLINE
 from kvstatus.rule import KVPoll
 from kvstatus.topology import Topology
 from kvstatus.waitplan import (
@@ -26,6 +26,7 @@ from kvstatus.waitplan import (
     RECEIVE,
     RECHECK_SECONDS,
     SUBSCRIBE,
+    step_deadline,
     check_timeout,
     is_message,
     target_statuses,
@@ -82,9 +83,7 @@ async def async_wait_for(client: Any, key: str, participant: str, statuses: Any,
     ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
     path; ``deadline`` (seconds) bounds each subscription attempt as it bounds a store call."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
-    # Each step may run TOLERANCE past the wait's end: a read that starts just before it is not cut short.
-    ends = time.monotonic() + check_timeout(timeout) + TOLERANCE
-    token = DEADLINE.set(ends) if math.isfinite(ends) else None
+    ends = time.monotonic() + check_timeout(timeout)
     subscription: Optional[AsyncSubscription] = None
     reply: Any = None
     try:
@@ -99,13 +98,17 @@ async def async_wait_for(client: Any, key: str, participant: str, statuses: Any,
                 if subscription is not None:
                     await subscription.close()
                 subscription = AsyncSubscription(_connection_for(client, key), key)
-                step = DEADLINE.set(min(ends, time.monotonic() + deadline))
+                step = DEADLINE.set(step_deadline(ends, deadline))
                 try:
                     reply = await subscription.open()
                 finally:
                     DEADLINE.reset(step)
             elif kind == READ:
-                reply = await read()
+                step = DEADLINE.set(step_deadline(ends, deadline))  # the send path keeps the earlier one
+                try:
+                    reply = await read()
+                finally:
+                    DEADLINE.reset(step)
             elif kind == RECEIVE:
                 assert subscription is not None
                 reply = await subscription.receive(argument)
@@ -116,8 +119,6 @@ async def async_wait_for(client: Any, key: str, participant: str, statuses: Any,
         plan.close()
         if subscription is not None:
             await subscription.close()
-        if token is not None:
-            DEADLINE.reset(token)
 
 
 def subscription_for(client: Any, key: str) -> AsyncSubscription:

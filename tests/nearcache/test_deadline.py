@@ -22,6 +22,7 @@ from redis.retry import Retry
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.errors import BackendUnavailableError
+from kvstatus.waitplan import MIN_STEP_SECONDS
 from tests.helpers.backends import fresh_namespace
 from tests.servers import RedisServer
 
@@ -136,3 +137,29 @@ def test_every_read_path_answers_under_client_pause_write(server: RedisServer, p
             expected = {"get": KVPoll.Success, "get_many": {97: None, 98: None, 99: KVPoll.Success},
                         "wait_for": KVPoll.Success}
             assert result == expected[path]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_wait_for_keeps_its_timeout_on_an_already_hung_server(server: RedisServer, asynchronous: bool) -> None:
+    """Issue 19 item 3: wait_for(timeout=1) returned after 41.5 s when Redis was hung for 40 s before the call
+    (its subscription connected outside any deadline). Each step now ends by the wait's end (at least
+    MIN_STEP_SECONDS), so with the store's default 5 s deadline it gives up about when its timeout ends."""
+    settings = dict(namespace=fresh_namespace("wt"), participant="p")
+    loop = asyncio.new_event_loop() if asynchronous else None
+    store: Any = (AsyncStatusStore if asynchronous else StatusStore).from_url(server.url, **settings)
+
+    def run(result: Any) -> Any:
+        return loop.run_until_complete(result) if loop is not None else result
+
+    try:
+        run(store.update_status(1, KVPoll.Bootstrapping))  # connected before the server hangs
+        with stopped(server.pid):
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailableError):
+                run(store.wait_for(1, KVPoll.Success, timeout=1))
+            took = time.monotonic() - started
+        assert took < 1 + 2 * MIN_STEP_SECONDS + SLACK, f"wait_for(timeout=1) gave up after {took:.1f} s"
+    finally:
+        run(store.close())
+        if loop is not None:
+            loop.close()

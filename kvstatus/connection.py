@@ -62,7 +62,7 @@ from kvstatus.deadline import (
 
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.redact import mask_url
-from kvstatus.translate import REDIS_ERRORS, translate_error
+from kvstatus.translate import NOT_SENT, REDIS_ERRORS, connection_refused, translate_error
 
 DEFAULT_URL = "redis://localhost:6379/0"
 TLS_SCHEMES = frozenset({"rediss", "rediss+cluster", "rediss+sentinel"})
@@ -94,7 +94,11 @@ class ConnectionOptions:
     ``min(backoff_cap, backoff_base * 2**n)`` seconds. The defaults ride out
     about 3-4 s of outage (a restart, a failover), then raise
     :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
-    whether applied": the last attempt may have been executed by Redis. On
+    whether applied": the last attempt may have been executed by Redis. A
+    refused connection to a standalone server (nothing listens: Redis is down or
+    the address is wrong) is not retried: the call fails at once with
+    :class:`~kvstatus.errors.BackendRefusedError`, which says whether nothing
+    was sent. On
     cluster and Sentinel clients the store resends the whole call with these
     waits (redis-py surfaces those failovers at once); size ``deadline`` and
     the budget above ``cluster-node-timeout`` or Sentinel's
@@ -412,7 +416,7 @@ def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: boo
         if len(parsed.hosts) > 1:
             raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {parsed.scheme}:// takes one host")
     client_class = redis.asyncio.Redis if asynchronous else redis.Redis
-    client = client_class(retry=_retry(options, asynchronous), **kwargs)
+    client = client_class(retry=_retry(options, asynchronous, refused_is_final=True), **kwargs)
     # The same connections on a pool that queues for a free one (redis-py's default pool fails at once).
     made = client.connection_pool
     pool_class = AsyncWaitingConnectionPool if asynchronous else WaitingConnectionPool
@@ -496,17 +500,29 @@ def _connection_class(base: type, tls: bool) -> type:
     return type(f"KVStatus{base.__name__}", (*mixins, base), {})
 
 
-def _is_final(error: Exception) -> bool:
+def _is_final(error: Exception, failures: int = 0) -> bool:
     """Errors never resent: refused credentials (a ConnectionError in redis-py), a TLS handshake with a
     plain-text server. redis.asyncio wraps connect errors: look at the cause too."""
     final = (redis.exceptions.AuthenticationError, TLSHandshakeError)
     return isinstance(error, final) or isinstance(error.__cause__, final)
 
 
-def _retry(options: ConnectionOptions, asynchronous: bool) -> Any:
+def _is_final_standalone(error: Exception, failures: int) -> bool:
+    """:func:`_is_final`, and a refused connection: on one server nobody else could answer, so the call fails
+    at once. The error records whether an earlier attempt may have reached Redis (``failures`` at any level
+    of redis-py's nested retries: the command's and its connect's)."""
+    if connection_refused(error):
+        setattr(error, NOT_SENT, getattr(error, NOT_SENT, True) and failures == 0)
+        return True
+    return _is_final(error)
+
+
+def _retry(options: ConnectionOptions, asynchronous: bool, refused_is_final: bool = False) -> Any:
+    """The per-command retry policy; ``refused_is_final`` for a standalone server (a cluster or a failover may
+    move the node that refused, so those clients retry it within their budget)."""
     backoff = ExponentialBackoff(cap=options.backoff_cap, base=options.backoff_base)
     retry_class = AsyncDeadlineRetry if asynchronous else DeadlineRetry
-    return retry_class(backoff, options.retries, _is_final)
+    return retry_class(backoff, options.retries, _is_final_standalone if refused_is_final else _is_final)
 
 
 def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:

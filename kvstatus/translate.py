@@ -84,10 +84,11 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
                                   "nothing was sent. Give the client a larger pool or a BlockingConnectionPool")
     if hasattr(exc, NOT_SENT):  # set only by a standalone client's retry policy, which does not resend these
         if getattr(exc, NOT_SENT):
-            return BackendRefusedError(f"Redis refused the connection: nothing was sent, the call was not applied "
-                                       f"(is Redis running at that address?): {text}", not_sent=True)
-        return BackendRefusedError(f"Redis refused the connection after an earlier attempt was sent (the call may "
-                                   f"or may not have been applied): {text}")
+            return BackendRefusedError(f"Redis unavailable: it refused the connection, so nothing was sent and the "
+                                       f"call was not applied (is Redis running at that address?): {text}",
+                                       not_sent=True)
+        return BackendRefusedError(f"Redis unavailable: it refused the connection after an earlier attempt was sent "
+                                   f"(the call may or may not have been applied): {text}")
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,
                         rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
         return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; the call may or may not "

@@ -190,10 +190,19 @@ def isolation_check(client: Any) -> Check:
                                     "a tenant (use the functions recipe, README 'Security')")
 
 
+def _fcall_probe(client: Any) -> tuple[bool, str]:
+    return _attempt(lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT))
+
+
+def may_call_functions(client: Any) -> bool:
+    """True if the ACL lets this user FCALL_RO (whether or not the library is loaded yet)."""
+    ok, why = _fcall_probe(client)
+    return ok or "Function not found" in why
+
+
 def functions_check(client: Any) -> Check:
     """With ``scripts="functions"``: is this version's function library loaded (an FCALL_RO of it, no keys)?"""
-    ok, why = _attempt(lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0,
-                                                      PROBE_PARTICIPANT))
+    ok, why = _fcall_probe(client)
     if ok:
         return Check("functions", True, f"library {lua.LIBRARY_NAME} loaded, FCALL_RO allowed")
     if "Function not found" in why:
@@ -270,7 +279,15 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
     else:
         ok, why = _attempt(lambda: [client.script_load(s.source) for s in lua.ALL])
         names = ", ".join(s.name for s in lua.ALL)
+        if not ok and why.startswith("NOPERM") and may_call_functions(client):
+            # A tenant of the functions recipe on an eval URL: say so once, then check what would work.
+            why += (": this user may not run Lua by EVALSHA or SCRIPT LOAD, but may FCALL kvstatus' function library "
+                    "(the tenant recipe): add ?scripts=functions to --url / KVSTATUS_URL (stores: "
+                    "scripts=\"functions\"); the checks below are run that way")
+            scripts = "functions"
         checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
+        if scripts == "functions":
+            checks.append(functions_check(client))
     results = probe_operations(client, schema, scripts)
     write = not is_read_only(results)
     checks.append(ttl_check(client, schema, ttl, write=write, scripts=scripts))

@@ -16,12 +16,14 @@ from kvstatus.admin.stats import bucket_labels, collect_stats
 from kvstatus.admin.watch import KINDS, Snapshot, watch_changes
 from kvstatus.cli.app import (
     EXIT_FINDINGS,
+    EXIT_STUCK,
     STATUS,
     CliEnv,
     NotFound,
     emit_json,
     json_option,
     main,
+    note_empty_namespace,
     pass_env,
     status_text,
     stderr_is_tty,
@@ -66,17 +68,24 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
     entries, beside the number of rooms. "Oldest" are the non-terminal rooms
     with the least TTL left: every write refreshes the TTL, so they went
     longest without progress. Exits 3 if it finds room keys without TTL or
-    values kvstatus does not write (for cron and alerting), 0 if clean.
+    values kvstatus does not write (for cron and alerting); else 4 if rooms
+    are stuck on a participant whose lease is lost (`kvstatus sweep` fails
+    them); 0 if clean. An empty namespace (often a mistyped name) exits 0 and
+    says so on stderr.
     """
     schema = env.schema()
     progress = _progress("stats")
     result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress)
     _end_progress(progress)
     findings = result.keys_without_ttl > 0 or result.corrupted_rooms > 0
+    stuck = result.rooms_on_lost_participants > 0
+    code = EXIT_FINDINGS if findings else EXIT_STUCK if stuck else 0
+    if result.rooms == 0 and result.corrupted_rooms == 0:
+        note_empty_namespace(schema)
     if as_json:
-        emit_json({"namespace": schema.namespace, **result.to_json(), "findings": findings})
-        if findings:
-            raise click.exceptions.Exit(EXIT_FINDINGS)
+        emit_json({"namespace": schema.namespace, **result.to_json(), "findings": findings, "stuck": stuck})
+        if code:
+            raise click.exceptions.Exit(code)
         return
     click.echo(f"namespace {schema.namespace}: {result.rooms} rooms holding {result.entries} entries "
                "(one per participant); counts below are entries")
@@ -111,8 +120,8 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
         rows = [[v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(e.status)}" for n, e in v.participants.items())]
                 for v in result.oldest]
         click.echo(table(["ROOM", "TTL LEFT", "ENTRIES"], rows))
-    if findings:
-        raise click.exceptions.Exit(EXIT_FINDINGS)
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> str:

@@ -66,7 +66,7 @@ def test_a_refused_connection_fails_at_once_saying_nothing_was_sent(connects: li
         OPERATIONS[operation](store)
     assert len(connects) == 1, connects
     assert info.value.not_sent is True
-    assert "refused the connection: nothing was sent, the call was not applied" in str(info.value)
+    assert "refused the connection, so nothing was sent and the call was not applied" in str(info.value)
     assert "may or may not" not in str(info.value) and SECRET not in str(info.value)
     assert isinstance(info.value, BackendUnavailableError)  # callers catching the base class still do
 

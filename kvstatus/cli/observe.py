@@ -58,15 +58,23 @@ def _with_scan_options(interval: float = 15.0) -> Callable[[Any], Any]:
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @_with_scan_options()
 @ttl_option("The store TTL in seconds your workers use; the age of the oldest room is TTL minus its TTL left.")
+@click.option("--max-participants", type=click.IntRange(min=0, max=10_000), default=50, show_default=True,
+              help="Participants with their own kvstatus_entries series (those with the most entries); the rest "
+                   "are summed under participant=\"(other)\".")
 @pass_env
 def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, interval: float, batch: int,
-             pause: float, ttl: float) -> None:
+             pause: float, ttl: float, max_participants: int) -> None:
     """Serve Prometheus metrics of one or more namespaces on http://HOST:PORT/metrics (needs kvstatus[metrics]).
 
     [NAMESPACE]... default to --namespace. Counts come from a bounded, incremental
     SCAN every --interval seconds; a scrape reads the last completed pass and
     never touches Redis. Redis down: kvstatus_up 0, and the exporter keeps
     trying. Stops cleanly (exit 0) on SIGTERM or Ctrl-C.
+
+    Series are bounded whatever the number of participants: per namespace 17,
+    plus 5 kvstatus_entries series (one per status) for each of at most
+    --max-participants participants and one more participant "(other)"
+    (with the default 50: at most 272), plus the exporter's process metrics.
     """
     try:
         from kvstatus.observe.exporter import run_exporter
@@ -82,7 +90,8 @@ def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, int
 
     try:
         run_exporter(env.client(), schemas, port=port, host=host, interval=interval, batch=batch, pause=pause,
-                     ttl=ttl, ready=ready, lost_participants=lost_participants)
+                     ttl=ttl, max_participants=max_participants, ready=ready,
+                     lost_participants=lost_participants)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo("exporter: stopped", err=True)

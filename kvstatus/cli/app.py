@@ -121,11 +121,14 @@ class KvstatusGroup(click.Group):
                 env.close()
 
 
+_CHECK_URL = "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus doctor` checks the setup."
+
+
 def _hint(error: BaseException) -> str:
     name = type(error).__name__
     return {
-        "BackendUnavailableError": "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus doctor` checks the setup.",
-        "BackendRefusedError": "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus doctor` checks the setup.",
+        "BackendUnavailableError": _CHECK_URL,
+        "BackendRefusedError": _CHECK_URL,
         "AuthenticationError": "\nCheck the user name and password in --url / KVSTATUS_URL.",
         "PermissionDeniedError": "\nThe Redis user lacks a permission kvstatus needs; `kvstatus doctor` lists which.",
         "CorruptedValueError": "\nSomething other than kvstatus wrote to this namespace; the value was left as it is.",

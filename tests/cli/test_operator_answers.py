@@ -23,7 +23,7 @@ from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
 from tests.helpers.backends import fresh_namespace
-from tests.helpers.cli import invoke, json_lines
+from tests.helpers.cli import invoke
 from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer
 

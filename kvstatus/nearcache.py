@@ -79,7 +79,7 @@ from kvstatus.errors import BackendUnavailableError, InvalidArgumentError
 from kvstatus.keys import KeySchema, validate_room, validate_rooms
 from kvstatus.operations import decode_room
 from kvstatus.rule import KVPoll, ParticipantEntry, RoomView
-from kvstatus.translate import translate_error
+from kvstatus.translate import connection_refused, translate_error
 
 INVALIDATE_CHANNEL = "__redis__:invalidate"
 DEFAULT_MAX_ROOMS = 16_384
@@ -830,7 +830,9 @@ class NearCache(_CacheBase):
                 self._reset_topology(str(exc))
             except (LinkLost, *_LINK_ERRORS) as exc:
                 self._reset_links(f"read failed: {exc}")
-                if attempt == len(delays):
+                # A standalone server that refuses the connection is down: no resend (issue 19 item 17).
+                if attempt == len(delays) or (connection_refused(exc) and not (self.topology.cluster
+                                                                               or self.topology.sentinel)):
                     raise translate_error(exc if isinstance(exc, rx.RedisError) else rx.ConnectionError(str(exc))) \
                         from exc
             if attempt == len(delays):
@@ -1075,7 +1077,9 @@ class AsyncNearCache(_CacheBase):
                 await self._reset_topology(str(exc))
             except (LinkLost, *_LINK_ERRORS) as exc:
                 self._reset_links(f"read failed: {exc}")
-                if attempt == len(delays):
+                # A standalone server that refuses the connection is down: no resend (issue 19 item 17).
+                if attempt == len(delays) or (connection_refused(exc) and not (self.topology.cluster
+                                                                               or self.topology.sentinel)):
                     raise translate_error(exc if isinstance(exc, rx.RedisError) else rx.ConnectionError(str(exc))) \
                         from exc
             if attempt == len(delays):

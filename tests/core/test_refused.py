@@ -163,3 +163,18 @@ def test_the_cli_says_nothing_was_sent_and_exits_1() -> None:
     assert result.exit_code == 1, result.output
     assert "nothing was sent" in result.output and "Traceback" not in result.output
     assert "that Redis is running" in result.output and SECRET not in result.output
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_near_cache_read_of_a_refused_server_fails_at_once(connects: list[str], asynchronous: bool) -> None:
+    """The near cache's fill had its own resends: 3.1 s of them before."""
+    if asynchronous:
+        async def call() -> None:
+            await AsyncStatusStore.from_url(_closed_url(), namespace="x", near_cache=True).get(1)
+
+        attempt: Any = lambda: asyncio.run(call())  # noqa: E731
+    else:
+        attempt = lambda: StatusStore.from_url(_closed_url(), namespace="x", near_cache=True).get(1)  # noqa: E731
+    with pytest.raises(BackendRefusedError, match="nothing was sent"):
+        attempt()
+    assert len(connects) == 1, connects

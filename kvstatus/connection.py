@@ -36,7 +36,7 @@ from kvstatus.deadline import (
 )
 
 from kvstatus.errors import InvalidURLError
-from kvstatus.translate import REDIS_ERRORS, translate_error
+from kvstatus.translate import NOT_SENT, REDIS_ERRORS, connection_refused, translate_error
 from kvstatus.url import (  # noqa: F401  re-exported: kvstatus.connection was the URL grammar's home
     _QUERY_OPTIONS,
     CLUSTER_SCHEMES,
@@ -89,7 +89,7 @@ def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: boo
         if len(parsed.hosts) > 1:
             raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {parsed.scheme}:// takes one host")
     client_class = redis.asyncio.Redis if asynchronous else redis.Redis
-    client = client_class(retry=_retry(options, asynchronous), **kwargs)
+    client = client_class(retry=_retry(options, asynchronous, refused_is_final=True), **kwargs)
     # The same connections on a pool that queues for a free one (redis-py's default pool fails at once).
     made = client.connection_pool
     pool_class = AsyncWaitingConnectionPool if asynchronous else WaitingConnectionPool
@@ -183,17 +183,29 @@ def _with_mixins(base: Any, tls: bool) -> Any:
     return type(f"KVStatus{base.__name__}", (*mixins, base), {})
 
 
-def _is_final(error: Exception) -> bool:
+def _is_final(error: Exception, failures: int = 0) -> bool:
     """Errors never resent: refused credentials (a ConnectionError in redis-py), a TLS handshake with a
     plain-text server. redis.asyncio wraps connect errors: look at the cause too."""
     final = (redis.exceptions.AuthenticationError, TLSHandshakeError)
     return isinstance(error, final) or isinstance(error.__cause__, final)
 
 
-def _retry(options: ConnectionOptions, asynchronous: bool) -> Any:
+def _is_final_standalone(error: Exception, failures: int) -> bool:
+    """:func:`_is_final`, and a refused connection: on one server nobody else could answer, so the call fails
+    at once. The error records whether an earlier attempt may have reached Redis (``failures`` at any level
+    of redis-py's nested retries: the command's and its connect's)."""
+    if connection_refused(error):
+        setattr(error, NOT_SENT, getattr(error, NOT_SENT, True) and failures == 0)
+        return True
+    return _is_final(error)
+
+
+def _retry(options: ConnectionOptions, asynchronous: bool, refused_is_final: bool = False) -> Any:
+    """The per-command retry policy; ``refused_is_final`` for a standalone server (a cluster or a failover may
+    move the node that refused, so those clients retry it within their budget)."""
     backoff = ExponentialBackoff(cap=options.backoff_cap, base=options.backoff_base)
     retry_class = AsyncDeadlineRetry if asynchronous else DeadlineRetry
-    return retry_class(backoff, options.retries, _is_final)
+    return retry_class(backoff, options.retries, _is_final_standalone if refused_is_final else _is_final)
 
 
 def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:

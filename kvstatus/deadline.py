@@ -297,21 +297,25 @@ class DeadlineRetry(Retry):
 
     The backoff must be a pure function of the failure count (ExponentialBackoff is): it is asked ahead.
 
-    ``is_final`` names errors that are never resent (refused credentials, a failed TLS handshake).
+    ``is_final(error, failures)`` names errors that are never resent (refused credentials, a failed TLS
+    handshake, a refused connection); ``failures`` counts the attempts that already failed.
     """
 
-    def __init__(self, backoff: ExponentialBackoff, retries: int, is_final: Callable[[Exception], bool]) -> None:
+    def __init__(self, backoff: ExponentialBackoff, retries: int, is_final: Callable[[Exception, int], bool]) -> None:
         super().__init__(backoff, retries)
         self._is_final = is_final
 
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
+        seen = [0]
+
         def failed(error: Exception, failures: int) -> None:
+            seen[0] = failures
             fail(error, failures) if with_failure_count else fail(error)
             if failures <= self._retries and not may_wait(self._backoff.compute(failures)):
                 raise error
 
         def retryable(error: Exception) -> bool:
-            return not self._is_final(error) and (is_retryable is None or is_retryable(error))
+            return not self._is_final(error, seen[0]) and (is_retryable is None or is_retryable(error))
 
         return super().call_with_retry(do, failed, retryable, True)
 
@@ -319,19 +323,22 @@ class DeadlineRetry(Retry):
 class AsyncDeadlineRetry(redis.asyncio.retry.Retry):
     """:class:`DeadlineRetry` for redis.asyncio."""
 
-    def __init__(self, backoff: ExponentialBackoff, retries: int, is_final: Callable[[Exception], bool]) -> None:
+    def __init__(self, backoff: ExponentialBackoff, retries: int, is_final: Callable[[Exception, int], bool]) -> None:
         super().__init__(backoff, retries)
         self._is_final = is_final
 
     async def call_with_retry(
         self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False
     ) -> Any:
+        seen = [0]
+
         async def failed(error: Exception, failures: int) -> None:
+            seen[0] = failures
             await (fail(error, failures) if with_failure_count else fail(error))
             if failures <= self._retries and not may_wait(self._backoff.compute(failures)):
                 raise error
 
         def retryable(error: Exception) -> bool:
-            return not self._is_final(error) and (is_retryable is None or is_retryable(error))
+            return not self._is_final(error, seen[0]) and (is_retryable is None or is_retryable(error))
 
         return await super().call_with_retry(do, failed, retryable, True)

@@ -48,6 +48,19 @@ class BackendUnavailableError(BackendError, ConnectionError):
     """
 
 
+class BackendRefusedError(BackendUnavailableError):
+    """A standalone Redis refused the connection (nothing listens there); raised at once, without retries.
+
+    ``not_sent`` True: no attempt of this call reached Redis, so it was not
+    applied. False: an earlier attempt was sent before the server went away, so
+    it is "unknown whether applied" like its base class.
+    """
+
+    def __init__(self, message: str, *, not_sent: bool = False) -> None:
+        super().__init__(message)
+        self.not_sent = not_sent
+
+
 class PoolExhaustedError(BackendError):
     """Every connection of the client's pool stayed busy until the call's deadline; nothing was sent.
 

@@ -80,6 +80,8 @@ class LeaseCore:
         self.lost = False
         self.released = False
         self.taken_over = False
+        self.record_gone = False
+        self._lost_generation = 0
         self._renewed_at = -math.inf  # monotonic time the last successful acquire/renew was *sent*
         self._stale_after = self.ttl * STALE_SHARE
         self.interval = self.ttl / RENEWALS_PER_TTL
@@ -98,7 +100,7 @@ class LeaseCore:
         """The :class:`~kvstatus.operations.Request` of ``op`` ("acquire", "renew", "release"); decodes to (code, gen)."""
         if op == "acquire":
             self.incarnation = secrets.token_hex(8)
-            self.lost = self.released = self.taken_over = False
+            self.lost = self.released = self.taken_over = self.record_gone = False
         assert self.incarnation is not None
         call = script_call(scripts.LEASE, [self.key], (op, self.incarnation, self._ttl_ms, self._keep_ms))
 
@@ -121,7 +123,10 @@ class LeaseCore:
             self.released = True
         elif not self.lost:
             self.lost = True
-            self.taken_over = self.generation is not None and generation != self.generation
+            # gen 0: no record at all (the script reads a missing hash as generation 0).
+            self.record_gone = generation == 0
+            self._lost_generation = generation
+            self.taken_over = self.generation is not None and generation not in (0, self.generation)
             log.warning("participant %s: lease lost (%s)", self.participant, self._why())
 
     def next_delay(self) -> float:
@@ -129,9 +134,15 @@ class LeaseCore:
         return max(self._renewed_at + self.interval - time.monotonic(), 0.0)
 
     def _why(self) -> str:
+        if self.record_gone:
+            return ("its lease record is gone from Redis: the server lost it (e.g. a restart without persistence, a "
+                    "failover to a replica that never had it, FLUSHALL) or it expired, kept only for the room TTL "
+                    "after its last renewal; no other store holds the name")
         if self.taken_over:
-            return ("another store took the name over with a new incarnation (a restart under the same participant "
-                    "name)")
+            older = self.generation is not None and self._lost_generation < self.generation
+            after = " after the server lost this store's lease record" if older else ""
+            return (f"another store took the name over with a new incarnation{after} (a restart under the same "
+                    "participant name)")
         return (f"it was not renewed within its TTL of {self.ttl:g} s (the process was paused, e.g. SIGSTOP or a long "
                 "GC pause, or Redis was unreachable), or it was released")
 

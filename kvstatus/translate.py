@@ -10,6 +10,7 @@ from redis.sentinel import MasterNotFoundError
 from kvstatus.errors import (
     AuthenticationError,
     BackendBusyError,
+    BackendRefusedError,
     BackendError,
     BackendUnavailableError,
     CorruptedValueError,
@@ -33,6 +34,29 @@ _EVAL_COMMANDS = ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO")
 
 REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
 """What redis-py raises; RedisClusterException (no reachable node, no slot map) is no RedisError."""
+
+
+NOT_SENT = "kvstatus_not_sent"
+"""Attribute set on a refused connection's error: True if no attempt of the call reached Redis before it."""
+
+
+def connection_refused(error: BaseException) -> bool:
+    """True if ``error`` (a redis-py ConnectionError) comes from a refused connect: no server listens there.
+
+    redis-py keeps the OS error as the context; asyncio's connect to a name with several addresses (localhost:
+    ::1 and 127.0.0.1) joins their errors in one OSError without an errno.
+    """
+    if not isinstance(error, rx.ConnectionError):
+        return False
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, rx.ConnectionError):
+        return connection_refused(cause)
+    if isinstance(cause, ConnectionRefusedError):
+        return True
+    if isinstance(cause, FileNotFoundError):  # a unix socket path with no server behind it
+        return True
+    text = str(cause or "")
+    return text.startswith("Multiple exceptions: ") and text.count("[Errno 111]") == text.count("[Errno ")
 
 
 def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseException:
@@ -59,6 +83,13 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
     if isinstance(exc, rx.MaxConnectionsError):  # a non-blocking pool, e.g. of a client the caller built
         return PoolExhaustedError(f"client connection pool exhausted (max_connections reached: {text}); "
                                   "nothing was sent. Give the client a larger pool or a BlockingConnectionPool")
+    if hasattr(exc, NOT_SENT):  # set only by a standalone client's retry policy, which does not resend these
+        if getattr(exc, NOT_SENT):
+            return BackendRefusedError(f"Redis unavailable: it refused the connection, so nothing was sent and the "
+                                       f"call was not applied (is Redis running at that address?): {text}",
+                                       not_sent=True)
+        return BackendRefusedError(f"Redis unavailable: it refused the connection after an earlier attempt was sent "
+                                   f"(the call may or may not have been applied): {text}")
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,
                         rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
         return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; the call may or may not "

@@ -40,6 +40,13 @@ DEFAULT_URL = "redis://localhost:6379/0"
 TLS_SCHEMES = frozenset({"rediss", "rediss+cluster", "rediss+sentinel"})
 SENTINEL_SCHEMES = frozenset({"redis+sentinel", "rediss+sentinel"})
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
+MAX_SECONDS = 86_400
+"""Most seconds of a timeout, the deadline or the health check interval (one day)."""
+MAX_BACKOFF_SECONDS = 3_600
+MAX_RETRIES = 100
+MAX_CONNECTIONS = 1_000_000
+MAX_DB = 2**31 - 1
+"""Redis' own limit on its ``databases`` setting (a C int)."""
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
 """Every URL scheme, in the order error messages list them (:mod:`kvstatus.connection` builds a client for each)."""
 
@@ -61,7 +68,11 @@ class ConnectionOptions:
     ``min(backoff_cap, backoff_base * 2**n)`` seconds. The defaults ride out
     about 3-4 s of outage (a restart, a failover), then raise
     :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
-    whether applied": the last attempt may have been executed by Redis. On
+    whether applied": the last attempt may have been executed by Redis. A
+    refused connection to a standalone server (nothing listens: Redis is down or
+    the address is wrong) is not retried: the call fails at once with
+    :class:`~kvstatus.errors.BackendRefusedError`, which says whether nothing
+    was sent. On
     cluster and Sentinel clients the store resends the whole call with these
     waits (redis-py surfaces those failovers at once); size ``deadline`` and
     the budget above ``cluster-node-timeout`` or Sentinel's
@@ -95,28 +106,31 @@ class ConnectionOptions:
     ssl_cert_reqs: Optional[str] = None
 
     def __post_init__(self) -> None:
+        # Upper bounds too: past them the socket layer or the backoff arithmetic raises OverflowError.
         for name in ("socket_timeout", "socket_connect_timeout", "deadline"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0")
+                    or not 0 < value <= MAX_SECONDS:
+                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0 and <= {MAX_SECONDS}")
         for name in ("backoff_base", "backoff_cap"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds >= 0")
-        for name in ("retries", "health_check_interval"):
+                    or not 0 <= value <= MAX_BACKOFF_SECONDS:
+                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds >= 0 and <= "
+                                           f"{MAX_BACKOFF_SECONDS}")
+        for name, most in (("retries", MAX_RETRIES), ("health_check_interval", MAX_SECONDS)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= 0")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+                raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= 0 and <= {most}")
         if self.client_name is not None and (not isinstance(self.client_name, str)
                                              or not all("!" <= c <= "~" for c in self.client_name)):
             # Redis' own rule for CLIENT SETNAME; refused here, before a connection sends it.
             raise InvalidArgumentError(f"invalid client_name {self.client_name!r}: use printable ASCII without "
                                        "spaces")
         if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) \
-                or self.max_connections < 1:
-            raise InvalidArgumentError(f"invalid max_connections {self.max_connections!r}: expected an int >= 1")
+                or not 1 <= self.max_connections <= MAX_CONNECTIONS:
+            raise InvalidArgumentError(f"invalid max_connections {self.max_connections!r}: expected an int >= 1 "
+                                       f"and <= {MAX_CONNECTIONS}")
         if self.ssl_cert_reqs is not None and self.ssl_cert_reqs not in _CERT_REQS:
             raise InvalidArgumentError(f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of "
                                        + ", ".join(_CERT_REQS))
@@ -356,6 +370,8 @@ def _parse_db(path: str, from_query: Optional[str], shown: str) -> int:
         return 0
     if not text.isdigit():
         raise InvalidURLError(f"invalid Redis URL {shown}: the database is not a number{_hint(shown)}")
+    if int(text) > MAX_DB:
+        raise InvalidURLError(f"invalid Redis URL {shown}: database {text} out of range (0..{MAX_DB})")
     return int(text)
 
 

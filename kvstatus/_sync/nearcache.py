@@ -37,6 +37,7 @@ from kvstatus.keys import KeySchema, validate_room
 from kvstatus.requests import Call, Request
 from kvstatus.rule import KVPoll, RoomView
 from kvstatus.topology import SlotMoved, Topology, slot_fingerprint
+from kvstatus.translate import connection_refused
 
 
 class NearCache(NearCacheBase):
@@ -296,6 +297,9 @@ class LinkTransport:
             return [rx.ConnectionError(f"the near cache's read met a moved slot: {exc}")] * len(calls)
         except (LinkLost, *BROKEN) as exc:
             cache._reset_links(f"read failed: {exc}")
+            if connection_refused(exc) and not (cache.topology.cluster or cache.topology.sentinel):
+                self.resend_delays = ()  # a standalone server that refuses connections is down: no resend
+                return [exc] * len(calls)
             return [rx.ConnectionError(f"the near cache's connection failed: {exc}")] * len(calls)
         except rx.RedisError as exc:  # a refusal while opening a link (NOPERM on TRACKING or SUBSCRIBE)
             return [exc] * len(calls)

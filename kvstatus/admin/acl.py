@@ -29,7 +29,12 @@ reads the server version from ``HELLO``.
   ``<prefix>:<namespace>:``; ``time`` is Redis' clock, which the lease, clear and consensus scripts read
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
 - :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections
-  (channel ``__redis__:invalidate``)
+  (channel ``__redis__:invalidate``). Left out by ``near_cache=False``: on the
+  Redis versions kvstatus supports, ACL key patterns do not cover
+  ``CLIENT TRACKING ... BCAST PREFIX``, so a user allowed ``client|tracking``
+  receives the key names (room ids) written under any prefix, another
+  namespace's included (upstream redis/redis#15371 filters them, 2026). A
+  store of such a user runs without its near cache.
 - :data:`WAIT` / :data:`PUBLISH`  ``wait_for``'s subscriptions and the update
   script's publish, on the namespace's channels (named like the room keys)
 """
@@ -61,32 +66,37 @@ SENTINEL_COMMANDS: tuple[str, ...] = (
 """What the client of a Sentinel URL asks the Sentinels (a user on the Sentinels, not the data nodes)."""
 
 
-def read_only_commands(scripts: str = "functions") -> tuple[str, ...]:
+def _near_cache(near_cache: bool) -> tuple[str, ...]:
+    # SUBSCRIBE stays without the near cache: wait_for subscribes with it on Redis 6.
+    return NEAR_CACHE if near_cache else ()
+
+
+def read_only_commands(scripts: str = "functions", near_cache: bool = True) -> tuple[str, ...]:
     """Commands of a dashboard or CLI user that reads statuses (``get``, ``ls``, ``stats``, ``watch``), never writes."""
     lua = FUNCTIONS_READ_ONLY if validate_script_mode(scripts) == "functions" else EVAL_SCRIPTS
-    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + SCAN + NEAR_CACHE + WAIT)
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + SCAN + _near_cache(near_cache) + WAIT)
 
 
-def read_write_commands(scripts: str = "functions") -> tuple[str, ...]:
+def read_write_commands(scripts: str = "functions", near_cache: bool = True) -> tuple[str, ...]:
     """Commands of a PD worker's user: every store operation (no SCAN under the functions recipe)."""
     if validate_script_mode(scripts) == "functions":
         lua: tuple[str, ...] = FUNCTIONS
     else:
         lua = EVAL_SCRIPTS + SCAN
-    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + NEAR_CACHE + WAIT + PUBLISH)
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + WAIT + PUBLISH)
 
 
 def _unique(commands: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(commands))
 
 
-def channel_rules(schema: KeySchema) -> list[str]:
-    """Channel permissions: the invalidation channel and the namespace's room channels."""
-    return [f"&{INVALIDATE_CHANNEL}", f"&{schema.base}*"]
+def channel_rules(schema: KeySchema, near_cache: bool = True) -> list[str]:
+    """Channel permissions: the invalidation channel (with the near cache) and the namespace's room channels."""
+    return ([f"&{INVALIDATE_CHANNEL}"] if near_cache else []) + [f"&{schema.base}*"]
 
 
 def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
-              password: Optional[str] = None, scripts: str = "functions") -> list[str]:
+              password: Optional[str] = None, scripts: str = "functions", near_cache: bool = True) -> list[str]:
     """The ``ACL SETUSER <name>`` rules for a user limited to one namespace.
 
     ``scripts`` "functions" is the tenant recipe (its stores use
@@ -95,13 +105,18 @@ def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool =
     None leaves the password out (add ``>secret`` yourself); keys are limited
     to ``<prefix>:<namespace>:*``, channels to the near cache's
     ``__redis__:invalidate`` and the namespace's room channels ``<prefix>:<namespace>:*``.
+    ``near_cache`` False leaves out what only the near cache needs (``client|tracking``, ``client|id``,
+    ``role``, the invalidation channel): no key names of other namespaces through tracking, no near cache.
     """
     schema = KeySchema(namespace, prefix)
-    commands = read_only_commands(scripts) if read_only else read_write_commands(scripts)
+    if read_only:
+        commands = read_only_commands(scripts, near_cache)
+    else:
+        commands = read_write_commands(scripts, near_cache)
     rules = ["reset", "on"]
     if password is not None:
         rules.append(f">{password}")
-    rules += [f"~{schema.base}*", "resetchannels", *channel_rules(schema), "-@all",
+    rules += [f"~{schema.base}*", "resetchannels", *channel_rules(schema, near_cache), "-@all",
               *(f"+{command}" for command in commands)]
     return rules
 
@@ -113,8 +128,8 @@ def sentinel_acl_rules(password: Optional[str] = None) -> list[str]:
 
 
 def acl_setuser_line(user: str, namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
-                     scripts: str = "functions") -> str:
+                     scripts: str = "functions", near_cache: bool = True) -> str:
     """The recipe as one ``ACL SETUSER`` line, with ``>PASSWORD`` as a placeholder (for docs and users.acl)."""
-    rules = acl_rules(namespace, prefix=prefix, read_only=read_only, scripts=scripts)
+    rules = acl_rules(namespace, prefix=prefix, read_only=read_only, scripts=scripts, near_cache=near_cache)
     rules.insert(2, ">PASSWORD")
     return f"ACL SETUSER {user} " + " ".join(rules)

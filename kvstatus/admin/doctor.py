@@ -190,10 +190,64 @@ def isolation_check(client: Any) -> Check:
                                     "a tenant (use the functions recipe, README 'Security')")
 
 
+def _fcall_probe(client: Any) -> tuple[bool, str]:
+    return _attempt(lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT))
+
+
+def may_call_functions(client: Any) -> bool:
+    """True if the ACL lets this user FCALL_RO (whether or not the library is loaded yet)."""
+    ok, why = _fcall_probe(client)
+    return ok or "Function not found" in why
+
+
+def _outside(schema: KeySchema) -> str:
+    """A prefix next to the namespace's but outside it (another namespace could be named so)."""
+    return f"{schema.prefix}:{schema.namespace}-kvstatus-doctor-other:"
+
+
+def tracking_check(client: Any, schema: KeySchema) -> Check:
+    """Whether this user, confined to the namespace's keys, may still learn other key names by CLIENT TRACKING.
+
+    ACL key patterns do not cover ``BCAST PREFIX`` on the Redis versions kvstatus supports (upstream
+    redis/redis#15371, 2026, filters the invalidations). Informational (always ok): the near cache needs
+    tracking; the detail says what it costs and what takes it away. The probe runs on a connection of its own,
+    closed afterwards, so no tracking is left on.
+    """
+    node = scan_clients(client)[0]
+    confined, _ = _attempt(lambda: node.execute_command("HGET", _outside(schema) + "{0}", PROBE_PARTICIPANT))
+    confined = not confined
+    pool = node.connection_pool
+    try:
+        conn = pool.get_connection()
+    except REDIS_ERRORS as exc:
+        return Check("tracking", True, f"not checked: {translate_error(exc)}")
+    try:
+        conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", _outside(schema))
+        conn.read_response()
+        tracks = True
+    except rx.ResponseError:
+        tracks = False
+    except REDIS_ERRORS as exc:
+        return Check("tracking", True, f"not checked: {translate_error(exc)}")
+    finally:
+        conn.disconnect()
+        pool.release(conn)
+    if not tracks:
+        return Check("tracking", True, "this user cannot run CLIENT TRACKING: it learns no key names of other "
+                                       "namespaces (and cannot use near_cache=True)")
+    if not confined:
+        return Check("tracking", True, "this user may read keys outside the namespace anyway: not a tenant, so "
+                                       "CLIENT TRACKING shows it nothing new")
+    return Check("tracking", True, "WARNING: this user may run CLIENT TRACKING ... BCAST PREFIX with another "
+                                   "namespace's prefix: ACL key patterns do not cover tracking prefixes on this "
+                                   "server, so it receives the room ids (key names, not values) other tenants write. "
+                                   "Where that matters, give it the recipe without the near cache (`kvstatus acl "
+                                   "--no-near-cache`) or one Redis per tenant")
+
+
 def functions_check(client: Any) -> Check:
     """With ``scripts="functions"``: is this version's function library loaded (an FCALL_RO of it, no keys)?"""
-    ok, why = _attempt(lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0,
-                                                      PROBE_PARTICIPANT))
+    ok, why = _fcall_probe(client)
     if ok:
         return Check("functions", True, f"library {lua.LIBRARY_NAME} loaded, FCALL_RO allowed")
     if "Function not found" in why:
@@ -270,12 +324,24 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
     else:
         ok, why = _attempt(lambda: [client.script_load(s.source) for s in lua.ALL])
         names = ", ".join(s.name for s in lua.ALL)
+        if not ok and why.startswith("NOPERM") and may_call_functions(client):
+            # A tenant of the functions recipe on an eval URL: say so once, then check what would work.
+            why += (": this user may not run Lua by EVALSHA or SCRIPT LOAD, but may FCALL kvstatus' function library "
+                    "(the tenant recipe): add ?scripts=functions to --url / KVSTATUS_URL (stores: "
+                    "scripts=\"functions\"); the checks below are run that way")
+            scripts = "functions"
         checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
+        if scripts == "functions":
+            checks.append(functions_check(client))
     results = probe_operations(client, schema, scripts)
     write = not is_read_only(results)
     checks.append(ttl_check(client, schema, ttl, write=write, scripts=scripts))
     checks.extend(permission_checks(results, scripts))
     checks.append(isolation_check(client))
+    if type(client).__module__.startswith("fakeredis"):
+        checks.append(Check("tracking", True, "not tested: fakeredis has no CLIENT TRACKING"))
+    else:
+        checks.append(tracking_check(client, schema))
     if type(client).__module__.startswith("fakeredis"):
         checks.append(Check("near cache / wait_for push", True, "not tested: fakeredis has no CLIENT TRACKING"))
     else:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from kvstatus import scripts
-from kvstatus.admin.leases import lost_participants
+from kvstatus.admin.leases import list_leases
 from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_room_keys
 from kvstatus.consensus import MAX_PARTICIPANTS, LeaseState, entries_request, lost_reason
 from kvstatus.keys import KeySchema, reason_field
@@ -53,10 +53,15 @@ class SweepResult:
     raced: int = 0
     by_participant: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    not_swept: dict[str, str] = field(default_factory=dict)
+    """Participants named in ``participants`` that are not lost: name -> "alive" or "no lease record"."""
+    other_lost: list[str] = field(default_factory=list)
+    """Lost participants left alone because ``participants`` did not name them."""
 
     def to_json(self) -> dict[str, Any]:
         return {"lost_participants": self.lost, "keys_scanned": self.scanned, "entries_failed": self.swept,
                 "rooms": self.rooms, "raced": self.raced, "by_participant": self.by_participant,
+                "not_swept": self.not_swept, "other_lost_participants": self.other_lost,
                 "seconds": round(self.seconds, 3)}
 
 
@@ -82,10 +87,17 @@ def sweep(client: Any, schema: KeySchema, *, batch: int = DEFAULT_BATCH, progres
     :class:`~kvstatus.errors.KVStatusError` when Redis fails (a partial sweep is safe to run again).
     """
     started = time.monotonic()
-    lost = sorted(lost_participants(client, schema))
+    leases = {info.participant: info for info in list_leases(client, schema)}
+    every_lost = sorted(name for name, info in leases.items() if info.lost)
+    lost, not_swept, other_lost = every_lost, {}, []
     if participants is not None:
-        lost = [name for name in lost if name in set(participants)]
-    result = SweepResult(lost=lost, by_participant={name: 0 for name in lost})
+        named = set(participants)
+        lost = [name for name in every_lost if name in named]
+        other_lost = [name for name in every_lost if name not in named]
+        not_swept = {name: leases[name].state if name in leases else "no lease record"
+                     for name in dict.fromkeys(participants) if name not in lost}
+    result = SweepResult(lost=lost, by_participant={name: 0 for name in lost}, not_swept=not_swept,
+                         other_lost=other_lost)
     if not lost:
         result.seconds = time.monotonic() - started
         return result

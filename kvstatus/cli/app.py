@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok, 1 not found or operational error (unreachable, ACL denied,
 corrupted value, a failed doctor check), 2 usage error (bad argument, option,
-room, status, name, URL), 3 ``stats`` found keys without TTL or corrupted values.
+room, status, name, URL), 3 ``stats`` found keys without TTL or corrupted values,
+4 ``stats`` found rooms stuck on participants whose lease is lost (and no finding of 3).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from kvstatus.redact import mask_url
 from kvstatus.rule import KVPoll, parse_status
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_STUCK = 0, 1, 2, 3, 4
 EXIT_CODES_HELP = ("Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
-                   "3 stats found keys without TTL or corrupted values.")
+                   "3 stats found keys without TTL or corrupted values, "
+                   "4 stats found rooms stuck on participants whose lease is lost.")
 
 
 class NotFound(click.ClickException):
@@ -119,10 +121,14 @@ class KvstatusGroup(click.Group):
                 env.close()
 
 
+_CHECK_URL = "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus doctor` checks the setup."
+
+
 def _hint(error: BaseException) -> str:
     name = type(error).__name__
     return {
-        "BackendUnavailableError": "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus doctor` checks the setup.",
+        "BackendUnavailableError": _CHECK_URL,
+        "BackendRefusedError": _CHECK_URL,
         "AuthenticationError": "\nCheck the user name and password in --url / KVSTATUS_URL.",
         "PermissionDeniedError": "\nThe Redis user lacks a permission kvstatus needs; `kvstatus doctor` lists which.",
         "CorruptedValueError": "\nSomething other than kvstatus wrote to this namespace; the value was left as it is.",
@@ -143,7 +149,8 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
     """Inspect, change, watch and audit the room statuses kvstatus keeps in Redis.
 
     Exit codes: 0 ok, 1 not found or operational error, 2 usage error,
-    3 stats found keys without TTL or corrupted values.
+    3 stats found keys without TTL or corrupted values, 4 stats found rooms
+    stuck on participants whose lease is lost.
 
     Without --url / KVSTATUS_URL it uses redis://localhost:6379/0 and says so
     on stderr. Shell completion: eval "$(_KVSTATUS_COMPLETE=bash_source kvstatus)"
@@ -242,6 +249,12 @@ def status_text(status: Optional[KVPoll]) -> str:
 
 def ttl_text(ttl_ms: Optional[int]) -> str:
     return "no TTL" if ttl_ms is None else f"{ttl_ms / 1000:.1f}s"
+
+
+def note_empty_namespace(schema: KeySchema) -> None:
+    """On stderr (stdout stays parseable): the namespace holds no room at all, most often a mistyped name."""
+    click.echo(f"kvstatus: namespace {schema.namespace!r} holds no rooms (no key {schema.scan_pattern}): check "
+               "--namespace / KVSTATUS_NAMESPACE if you expected some", err=True)
 
 
 def stderr_is_tty() -> bool:

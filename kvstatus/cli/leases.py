@@ -53,8 +53,10 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
     entries are never touched. Safe to run from several places at once and
     idempotent. Rooms are walked with SCAN in batches (bounded memory);
     progress on stderr on a terminal. Participants that never held a lease are
-    never swept. Exits 0 whether or not it failed anything, 1 if Redis failed
-    (a partial sweep is safe to run again).
+    never swept. With -p, each named participant that is not lost is named
+    (alive, or no lease record), and so are the lost ones left alone. Exits 0
+    whether or not it failed anything, 1 if Redis failed (a partial sweep is
+    safe to run again).
     """
     schema = env.schema()
     started = time.monotonic()
@@ -70,8 +72,16 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
     if as_json:
         emit_json({"namespace": schema.namespace, **result.to_json()})
         return
+    for name, state in result.not_swept.items():
+        why = "holds a live lease" if state == "alive" else ("has no lease record (it never held one, or the "
+                                                             "record expired one room TTL after its last renewal)")
+        click.echo(f"{name} {why}: not swept")
+    if result.other_lost:
+        click.echo(f"not swept, not named by -p: lost participants {', '.join(result.other_lost)} "
+                   "(run without -p to sweep them)")
     if not result.lost:
-        click.echo(f"no lost lease in namespace {schema.namespace!r}: nothing to sweep")
+        if not only:
+            click.echo(f"no lost lease in namespace {schema.namespace!r}: nothing to sweep")
         return
     click.echo(f"lost participants: {', '.join(result.lost)}")
     rate = result.scanned / result.seconds if result.seconds > 0 else 0.0

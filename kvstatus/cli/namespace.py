@@ -1,4 +1,5 @@
-"""``stats``, ``watch``, ``doctor``, ``explain`` and ``functions``: a namespace as a whole, the rule, the Lua library."""
+"""``stats``, ``watch``, ``doctor``, ``acl``, ``explain`` and ``functions``: a namespace as a whole, its Redis user, the
+rule, the Lua library."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Optional
 
 import click
 
+from kvstatus.admin.acl import acl_rules, acl_setuser_line
 from kvstatus.admin.doctor import run_checks
 from kvstatus.admin.functions import load_functions, loaded_libraries
 from kvstatus.admin.scan import DEFAULT_BATCH
@@ -16,12 +18,14 @@ from kvstatus.admin.stats import bucket_labels, collect_stats
 from kvstatus.admin.watch import KINDS, Snapshot, watch_changes
 from kvstatus.cli.app import (
     EXIT_FINDINGS,
+    EXIT_STUCK,
     STATUS,
     CliEnv,
     NotFound,
     emit_json,
     json_option,
     main,
+    note_empty_namespace,
     pass_env,
     status_text,
     stderr_is_tty,
@@ -66,17 +70,24 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
     entries, beside the number of rooms. "Oldest" are the non-terminal rooms
     with the least TTL left: every write refreshes the TTL, so they went
     longest without progress. Exits 3 if it finds room keys without TTL or
-    values kvstatus does not write (for cron and alerting), 0 if clean.
+    values kvstatus does not write (for cron and alerting); else 4 if rooms
+    are stuck on a participant whose lease is lost (`kvstatus sweep` fails
+    them); 0 if clean. An empty namespace (often a mistyped name) exits 0 and
+    says so on stderr.
     """
     schema = env.schema()
     progress = _progress("stats")
     result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress)
     _end_progress(progress)
     findings = result.keys_without_ttl > 0 or result.corrupted_rooms > 0
+    stuck = result.rooms_on_lost_participants > 0
+    code = EXIT_FINDINGS if findings else EXIT_STUCK if stuck else 0
+    if result.rooms == 0 and result.corrupted_rooms == 0:
+        note_empty_namespace(schema)
     if as_json:
-        emit_json({"namespace": schema.namespace, **result.to_json(), "findings": findings})
-        if findings:
-            raise click.exceptions.Exit(EXIT_FINDINGS)
+        emit_json({"namespace": schema.namespace, **result.to_json(), "findings": findings, "stuck": stuck})
+        if code:
+            raise click.exceptions.Exit(code)
         return
     click.echo(f"namespace {schema.namespace}: {result.rooms} rooms holding {result.entries} entries "
                "(one per participant); counts below are entries")
@@ -111,8 +122,8 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
         rows = [[v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(e.status)}" for n, e in v.participants.items())]
                 for v in result.oldest]
         click.echo(table(["ROOM", "TTL LEFT", "ENTRIES"], rows))
-    if findings:
-        raise click.exceptions.Exit(EXIT_FINDINGS)
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> str:
@@ -188,6 +199,49 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
             click.echo(f"{mark}  {check.name:<20} {check.detail}")
     if not all(c.ok for c in checks):
         raise click.exceptions.Exit(1)
+
+
+@main.command()
+@click.option("--user", metavar="NAME", help="The ACL user name [default: kvstatus-NAMESPACE, or "
+                                             "dashboard-NAMESPACE with --read-only].")
+@click.option("--read-only", is_flag=True, help="The dashboard user: get, ls, stats, watch, doctor, the exporter and "
+                                                "the board; no writes.")
+@click.option("--scripts", type=click.Choice(["functions", "eval"]), default="functions", show_default=True,
+              help="functions: the tenant recipe (FCALL of the library `kvstatus functions load` installs; URLs "
+                   "carry ?scripts=functions); eval: Redis 6 or one tenant per server (may run any Lua).")
+@click.option("--near-cache/--no-near-cache", default=True, show_default=True,
+              help="--no-near-cache leaves out client|tracking, client|id, role and the __redis__:invalidate "
+                   "channel: the user cannot learn other namespaces' room ids through CLIENT TRACKING, and its "
+                   "stores run without near cache.")
+@json_option
+@pass_env
+def acl(env: CliEnv, user: Optional[str], read_only: bool, scripts: str, near_cache: bool, as_json: bool) -> None:
+    """Print the ACL SETUSER line of a user confined to the namespace (>PASSWORD is a placeholder to replace).
+
+    Run it with an admin user on every node (or put it in an aclfile). With
+    the near cache (the default), the user may run CLIENT TRACKING: on the
+    Redis versions kvstatus supports, ACL key patterns do not cover tracking
+    prefixes, so it can receive the key names (room ids) another namespace
+    writes, though never their values. Where tenants must not see each other's
+    room ids, give them --no-near-cache (or one Redis per tenant, the only hard
+    isolation); `kvstatus doctor` warns about a user that may track.
+    """
+    schema = env.schema()
+    name = user or f"{'dashboard' if read_only else 'kvstatus'}-{schema.namespace}"
+    line = acl_setuser_line(name, schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts,
+                            near_cache=near_cache)
+    if as_json:
+        emit_json({"user": name, "namespace": schema.namespace, "scripts": scripts, "near_cache": near_cache,
+                   "rules": acl_rules(schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts,
+                                      near_cache=near_cache)})
+        return
+    click.echo(line)
+    if near_cache:
+        click.echo("kvstatus: this user may run CLIENT TRACKING and so receive the room ids other namespaces write "
+                   "(not their values); --no-near-cache takes that away", err=True)
+    else:
+        click.echo("kvstatus: no near cache for this user: its stores must use near_cache=False (the default)",
+                   err=True)
 
 
 @main.group()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import click
 
@@ -58,15 +58,23 @@ def _with_scan_options(interval: float = 15.0) -> Callable[[Any], Any]:
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @_with_scan_options()
 @ttl_option("The store TTL in seconds your workers use; the age of the oldest room is TTL minus its TTL left.")
+@click.option("--max-participants", type=click.IntRange(min=0, max=10_000), default=50, show_default=True,
+              help="Participants with their own kvstatus_entries series (those with the most entries); the rest "
+                   "are summed under participant=\"(other)\".")
 @pass_env
 def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, interval: float, batch: int,
-             pause: float, ttl: float) -> None:
+             pause: float, ttl: float, max_participants: int) -> None:
     """Serve Prometheus metrics of one or more namespaces on http://HOST:PORT/metrics (needs kvstatus[metrics]).
 
     [NAMESPACE]... default to --namespace. Counts come from a bounded, incremental
     SCAN every --interval seconds; a scrape reads the last completed pass and
     never touches Redis. Redis down: kvstatus_up 0, and the exporter keeps
     trying. Stops cleanly (exit 0) on SIGTERM or Ctrl-C.
+
+    Series are bounded whatever the number of participants: per namespace 17,
+    plus 5 kvstatus_entries series (one per status) for each of at most
+    --max-participants participants and one more participant "(other)"
+    (with the default 50: at most 272), plus the exporter's process metrics.
     """
     try:
         from kvstatus.observe.exporter import run_exporter
@@ -82,7 +90,8 @@ def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, int
 
     try:
         run_exporter(env.client(), schemas, port=port, host=host, interval=interval, batch=batch, pause=pause,
-                     ttl=ttl, ready=ready, lost_participants=lost_participants)
+                     ttl=ttl, max_participants=max_participants, ready=ready,
+                     lost_participants=lost_participants)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo("exporter: stopped", err=True)
@@ -92,15 +101,35 @@ def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, int
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="TCP port of the board (0: any free port, printed on stderr).")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (the board has no login: expose it only where rooms may be seen).")
+              help="Address to listen on. Without --token, expose it only where rooms may be seen.")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests whose Host header is NAME (repeatable), e.g. the DNS name users browse "
+                   "to; '*' answers any Host (defeats the DNS-rebinding check).")
+@click.option("--token", envvar="KVSTATUS_BOARD_TOKEN", metavar="TOKEN",
+              help="Require this token on every request (env KVSTATUS_BOARD_TOKEN; prefer it: a command line is "
+                   "visible to other users in ps): 'Authorization: Bearer TOKEN', or Basic auth with TOKEN as the "
+                   "password (any user name), which browsers prompt for.")
 @_with_scan_options(interval=2.0)
 @pass_env
-def serve(env: CliEnv, port: int, host: str, interval: float, batch: int, pause: float) -> None:
+def serve(env: CliEnv, port: int, host: str, allow_hosts: tuple[str, ...], token: Optional[str], interval: float,
+          batch: int, pause: float) -> None:
     """Serve the read-only live web board of a namespace on http://HOST:PORT/ (needs kvstatus[web]).
 
     Counts by status over time, rooms filtered by status and participant with
     paging over SCAN cursors, a room's detail, and recent changes. It never
     writes: a read-only ACL user is enough.
+
+    What it exposes, to anyone who can reach HOST:PORT (and passes --token if
+    set): every room id of the namespace, each room's participants, statuses,
+    failure reasons (free text from your workers), TTL and tombstone (who
+    cleared it, when), the counts by status and participant over time, and the
+    Redis URL with its password masked. The JSON API under /api/ serves the
+    same data.
+
+    Against DNS rebinding (a web page of another site made to resolve to this
+    address) it answers only a Host header that is localhost, an IP address,
+    the bound name (with --host 0.0.0.0: this machine's host names) or an
+    --allow-host NAME; any other gets 400.
     """
     try:
         from kvstatus.observe.board import run_board
@@ -109,13 +138,20 @@ def serve(env: CliEnv, port: int, host: str, interval: float, batch: int, pause:
     schema = env.schema()
     _logging()
 
+    any_host = "*" in allow_hosts
+    if token is not None and not token.strip():
+        raise click.BadParameter("the token is empty", param_hint="--token / KVSTATUS_BOARD_TOKEN")
+
     def ready(bound_host: str, bound_port: int) -> None:
+        access = "token required" if token else "no token: anyone who reaches it can read the rooms"
+        hosts = "any Host header" if any_host else "Host checked"
         click.echo(f"serve: board of {schema.namespace} at http://{bound_host}:{bound_port}/ "
-                   f"from {env.shown_url} (Ctrl-C or SIGTERM to stop)", err=True)
+                   f"from {env.shown_url} ({access}; {hosts}; Ctrl-C or SIGTERM to stop)", err=True)
 
     try:
         run_board(env.client(), schema, shown_url=env.shown_url, host=host, port=port, interval=interval,
-                  batch=batch, pause=pause, ready=ready)
+                  batch=batch, pause=pause, allow_hosts=[h for h in allow_hosts if h != "*"], any_host=any_host,
+                  token=token, ready=ready)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo("serve: stopped", err=True)

@@ -23,6 +23,7 @@ from kvstatus.cli.app import (
     emit_json,
     json_option,
     main,
+    note_empty_namespace,
     participant_filter_option,
     participant_option,
     pass_env,
@@ -175,6 +176,7 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
 
     With --json, one JSON object per room (JSON lines). A room holding a value
     kvstatus does not write is skipped with a warning on stderr, and the exit code is 1.
+    An empty namespace (often a mistyped name) exits 0 and says so on stderr.
     """
     schema = env.schema()
     client = env.client()
@@ -193,8 +195,10 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
         return [f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip()
                 for row in room_rows(view, participant) if status is None or row[2] == status_text(status)]
 
+    seen = 0
     # The header is printed with the first row (or at the end): never before an error from Redis.
     for view in iter_rooms(client, schema, batch, on_corrupt=warn):
+        seen += 1
         if not room_matches(view, status, participant):
             continue
         if lost and not any(name in gone and entry.status in OPEN for name, entry in view.participants.items()):
@@ -210,6 +214,8 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
             break
     if shown == 0 and not as_json:
         click.echo(header)
+    if seen == 0 and not corrupted:
+        note_empty_namespace(schema)
     if corrupted:
         raise click.ClickException(f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped "
                                    "and left as they are")

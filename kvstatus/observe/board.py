@@ -6,12 +6,20 @@ One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
   pass, the history of counts (one point per pass), the Redis URL masked
 - ``/api/rooms?status=&participant=&cursor=&limit=``  one page of rooms,
   filtered, continuing a SCAN cursor: each request runs at most
-  ``MAX_SCAN_STEPS`` SCAN calls, so a page costs the same at 100 or 100k rooms.
-  A page ends with the SCAN reply that reaches ``limit`` (it may hold a few
-  more rooms) or the step budget (fewer, with a cursor to go on)
+  ``MAX_SCAN_STEPS`` SCAN calls and reads at most about ``MAX_PAGE_READS``
+  rooms (the SCAN reply that reaches it is read whole), so a page costs the
+  same at 100 or 100k rooms, even when the filter matches nothing. A page ends
+  with the SCAN reply that reaches ``limit`` (it may hold a few more rooms) or
+  a budget (fewer, maybe none: ``"budget_spent": true`` with a cursor to
+  continue from)
 - ``/api/rooms/{room}``  every participant's status and reason, the TTL, and the tombstone of recent clears
 - ``/api/changes?after=SEQ``  rooms that changed between passes (the change
   detection of ``kvstatus watch``), newest last
+
+Every request passes :class:`Guard` first: its ``Host`` header must be allowed
+(against DNS rebinding: a page of another site whose name is made to resolve
+to this board would otherwise read it), and with a token set it must carry it
+(``Authorization: Bearer <token>``, or Basic with the token as password).
 
 Counts and changes come from a :class:`~kvstatus.observe.scanner.PassLoop` in
 the background (bounded, incremental SCAN); the board only ever reads Redis
@@ -20,17 +28,21 @@ the background (bounded, incremental SCAN); the board only ever reads Redis
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hmac
+import ipaddress
 import signal
 import socket
 import threading
 from collections import deque
 from importlib import resources
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Collection, Optional
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.middleware import Middleware
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, scan_clients
@@ -47,6 +59,9 @@ MAX_PAGE = 500
 MAX_SCAN_STEPS = 200
 """SCAN calls per page (each examines about max(limit, 100) keys, one round trip): enough for a namespace
 that shares its Redis with much larger ones to fill its first page, bounded at about 20 ms."""
+MAX_PAGE_READS = 1_000
+"""Rooms a page reads (HGETALL + PTTL) before it stops and hands back a cursor: about 0.1 s on a loaded 2-core
+box (a filter that matched nothing read all of 100k rooms, 6.7-19 s, before this bound)."""
 HISTORY_POINTS = 720
 RECENT_CHANGES = 500
 
@@ -112,7 +127,8 @@ class Board:
         node_index, scan_cursor = parse_cursor(cursor, len(nodes))
         found: list[RoomView] = []
         steps = scanned = 0
-        while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS:
+        while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS \
+                and scanned < MAX_PAGE_READS:
             try:
                 scan_cursor, keys = nodes[node_index].scan(cursor=scan_cursor, match=self.schema.scan_pattern,
                                                            count=max(limit, 100))
@@ -130,7 +146,8 @@ class Board:
         done = node_index >= len(nodes)
         found.sort(key=lambda v: v.room)
         return {"rooms": [room_json(v) for v in found], "scanned": scanned,
-                "cursor": None if done else f"{node_index}-{scan_cursor}", "done": done}
+                "cursor": None if done else f"{node_index}-{scan_cursor}", "done": done,
+                "budget_spent": not done and len(found) < limit}
 
     def room(self, room: int) -> Optional[dict[str, Any]]:
         """A room's entries and its tombstone (who cleared it, when, at which status); None if it has neither."""
@@ -175,12 +192,97 @@ def room_json(view: RoomView) -> dict[str, Any]:
     }
 
 
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::"})
+
+
+def host_name(header: str) -> str:
+    """The name of a ``Host`` header, lower case, without port or trailing dot (``[::1]:80`` -> ``::1``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        name = header[1:].partition("]")[0]
+    else:
+        name = header.rpartition(":")[0] if header.count(":") == 1 else header
+    return name.rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def default_allowed_hosts(bound: str) -> frozenset[str]:
+    """The names a browser may use for a board bound to ``bound``: localhost names, the bound name, and, bound to
+    every interface, this machine's host names. Any IP address is allowed too (see :meth:`Guard.host_allowed`)."""
+    names = set(LOCAL_HOSTS)
+    if bound.lower() in WILDCARD_ADDRESSES:
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    else:
+        names.add(host_name(bound if ":" not in bound or bound.startswith("[") else f"[{bound}]"))
+    return frozenset(names)
+
+
+def basic_or_bearer(header: str, token: str) -> bool:
+    """True if an ``Authorization`` header carries ``token``: as a Bearer token, or as a Basic password."""
+    scheme, _, value = header.strip().partition(" ")
+    given = value.strip()
+    if scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(given, validate=True).decode("utf-8").partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8"))
+
+
+class Guard:
+    """ASGI middleware: refuse a ``Host`` that is not allowed (400) and, with a ``token``, a request without it
+    (401, asking for Basic credentials so a browser prompts). ``allowed_hosts`` None: any Host."""
+
+    def __init__(self, app: Any, allowed_hosts: Optional[Collection[str]], token: Optional[str]) -> None:
+        self.app = app
+        self.allowed = None if allowed_hosts is None else frozenset(host_name(h) for h in allowed_hosts)
+        self.token = token or None
+
+    def host_allowed(self, header: str) -> bool:
+        """An allowed name, or an IP address: DNS rebinding always sends the attacker's domain name."""
+        name = host_name(header)
+        return self.allowed is None or name in self.allowed or (bool(name) and _is_ip(name))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if not self.host_allowed(headers.get("host", "")):
+            # The Host given is not echoed: it is the attacker's text.
+            response: Response = PlainTextResponse("this board does not answer to that Host header (allowed: "
+                                                   "localhost, IP addresses and `kvstatus serve --allow-host` "
+                                                   "names)", status_code=400)
+        elif self.token is not None and not basic_or_bearer(headers.get("authorization", ""), self.token):
+            response = PlainTextResponse("this board needs its token: Authorization: Bearer <token>, or Basic "
+                                         "with the token as password", status_code=401,
+                                         headers={"WWW-Authenticate": 'Basic realm="kvstatus board", charset="UTF-8"'})
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": mask_url(message)}, status_code=status)
 
 
-def create_app(board: Board, *, run_loop: bool = True) -> Starlette:
-    """The board's ASGI app. With ``run_loop`` the pass loop runs while the app does (its lifespan)."""
+def create_app(board: Board, *, run_loop: bool = True, allowed_hosts: Optional[Collection[str]] = LOCAL_HOSTS,
+               token: Optional[str] = None) -> Starlette:
+    """The board's ASGI app. With ``run_loop`` the pass loop runs while the app does (its lifespan).
+
+    ``allowed_hosts``: the ``Host`` names it answers (IP addresses always; None: any, which DNS rebinding
+    exploits); ``token``: required on every request (see :class:`Guard`)."""
     page = resources.files("kvstatus.observe").joinpath("board.html").read_text(encoding="utf-8")
 
     def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
@@ -237,17 +339,23 @@ def create_app(board: Board, *, run_loop: bool = True) -> Starlette:
         Route("/api/rooms/{room}", guarded(room), methods=["GET"]),
         Route("/api/changes", guarded(changes), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan,
+                     middleware=[Middleware(Guard, allowed_hosts=allowed_hosts, token=token)])
 
 
 def run_board(client: Any, schema: KeySchema, *, shown_url: str, host: str = "127.0.0.1", port: int = 8080,
               interval: float = 2.0, batch: int = DEFAULT_BATCH, pause: float = 0.0,
+              allow_hosts: Collection[str] = (), any_host: bool = False, token: Optional[str] = None,
               ready: Optional[Callable[[str, int], None]] = None) -> int:
-    """Serve the board until SIGTERM or SIGINT; returns 0. ``ready(host, port)`` once the port is bound."""
+    """Serve the board until SIGTERM or SIGINT; returns 0. ``ready(host, port)`` once the port is bound.
+
+    It answers the Host names of :func:`default_allowed_hosts` and ``allow_hosts`` (every Host with
+    ``any_host``); with ``token``, only requests that carry it."""
     import uvicorn
 
     board = Board(client, schema, shown_url=shown_url, interval=interval, batch=batch, pause=pause)
-    app = create_app(board)
+    hosts = None if any_host else default_allowed_hosts(host) | {host_name(h) for h in allow_hosts}
+    app = create_app(board, allowed_hosts=hosts, token=token)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

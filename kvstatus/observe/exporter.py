@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable, Optional
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
@@ -26,11 +27,17 @@ from kvstatus.operations import DEFAULT_TTL_SECONDS
 from kvstatus.rule import KVPoll
 
 DEFAULT_PORT = 9808
+DEFAULT_MAX_PARTICIPANTS = 50
+OTHER_PARTICIPANTS = "(other)"
+"""The ``participant`` label of the entries of every participant past the cap (no participant name has
+parentheses, so it cannot collide with one)."""
 
 METRICS: dict[str, str] = {
     "kvstatus_up": "1 if Redis answered the exporter's last read of this namespace, else 0.",
     "kvstatus_rooms": "Live rooms in the namespace (last completed pass).",
-    "kvstatus_entries": "Rooms in which a participant has a status: one entry per (room, participant).",
+    "kvstatus_entries": "Rooms in which a participant has a status: one entry per (room, participant). Only the "
+    "participants with the most entries get their own label (--max-participants, default 50); the others are summed "
+    "under participant=\"(other)\", so a namespace has at most 5 x (max_participants + 1) of these series.",
     "kvstatus_keys_without_ttl": "Room keys without a TTL: a leak, kvstatus never writes one.",
     "kvstatus_corrupted_rooms": "Rooms holding a value kvstatus does not write (skipped by the counts).",
     "kvstatus_rooms_by_ttl_left": "Live rooms by TTL left, in buckets of seconds.",
@@ -50,9 +57,13 @@ METRICS: dict[str, str] = {
 class NamespaceCollector(Collector):
     """Turns the state of each namespace's :class:`PassLoop` into metric families at scrape time."""
 
-    def __init__(self, loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS) -> None:
+    def __init__(self, loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS,
+                 max_participants: int = DEFAULT_MAX_PARTICIPANTS) -> None:
+        if isinstance(max_participants, bool) or not isinstance(max_participants, int) or max_participants < 0:
+            raise ValueError(f"invalid max_participants {max_participants!r}: expected an int >= 0")
         self.loops = list(loops)
         self.ttl = ttl
+        self.max_participants = max_participants
 
     def collect(self) -> Iterable[Metric]:
         def gauge(name: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
@@ -83,7 +94,7 @@ class NamespaceCollector(Collector):
                 continue
             stats = latest.stats
             rooms.add_metric([ns], stats.rooms)
-            for participant, counts in sorted(stats.by_participant.items()):
+            for participant, counts in capped(stats.by_participant, self.max_participants):
                 for status in KVPoll:
                     entries.add_metric([ns, participant, status.name], counts.get(status, 0))
             no_ttl.add_metric([ns], stats.keys_without_ttl)
@@ -99,10 +110,24 @@ class NamespaceCollector(Collector):
         return [up, rooms, entries, no_ttl, corrupted, by_ttl, oldest, lost, leases, duration, scanned, success, errors]
 
 
-def build_registry(loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS) -> CollectorRegistry:
+def capped(by_participant: Mapping[str, Counter], most: int) -> list[tuple[str, Counter]]:
+    """The ``most`` participants with the most entries (ties by name), sorted by name, then the rest summed as
+    :data:`OTHER_PARTICIPANTS` (only if there is a rest)."""
+    ranked = sorted(by_participant.items(), key=lambda item: (-sum(item[1].values()), item[0]))
+    kept = sorted(ranked[:most])
+    if len(ranked) > most:
+        rest: Counter = Counter()
+        for _, counts in ranked[most:]:
+            rest.update(counts)
+        kept.append((OTHER_PARTICIPANTS, rest))
+    return kept
+
+
+def build_registry(loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS,
+                   max_participants: int = DEFAULT_MAX_PARTICIPANTS) -> CollectorRegistry:
     """A registry with the namespaces' collector and the exporter's own process metrics."""
     registry = CollectorRegistry()
-    registry.register(NamespaceCollector(loops, ttl))
+    registry.register(NamespaceCollector(loops, ttl, max_participants))
     ProcessCollector(registry=registry)
     return registry
 
@@ -115,10 +140,13 @@ def make_loops(client: Any, schemas: Sequence[KeySchema], *, interval: float, ba
 
 def run_exporter(client: Any, schemas: Sequence[KeySchema], *, port: int = DEFAULT_PORT, host: str = "0.0.0.0",
                  interval: float = 15.0, batch: int = 500, pause: float = 0.0, ttl: float = DEFAULT_TTL_SECONDS,
+                 max_participants: int = DEFAULT_MAX_PARTICIPANTS,
                  lost_participants: Optional[LostParticipants] = None,
                  ready: Optional[Callable[[str, int], None]] = None,
                  stop: Optional[threading.Event] = None) -> int:
     """Serve ``/metrics`` until SIGTERM or SIGINT (or ``stop`` is set); returns 0 (the exit code).
+
+    ``max_participants`` caps the ``participant`` label of ``kvstatus_entries`` (see :data:`METRICS`).
 
     ``ready(host, port)`` is called once the port is bound (``port=0`` picks a free one).
     Signal handlers are installed only when called from the main thread.
@@ -126,7 +154,7 @@ def run_exporter(client: Any, schemas: Sequence[KeySchema], *, port: int = DEFAU
     stop = stop or threading.Event()
     loops = make_loops(client, schemas, interval=interval, batch=batch, pause=pause,
                        lost_participants=lost_participants)
-    server, thread = start_http_server(port, addr=host, registry=build_registry(loops, ttl))
+    server, thread = start_http_server(port, addr=host, registry=build_registry(loops, ttl, max_participants))
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -25,8 +25,8 @@ def options(command: click.Command) -> list[click.Option]:
 
 
 def test_there_are_the_commands_of_the_issue() -> None:
-    assert COMMANDS == ["clear", "demo", "doctor", "explain", "exporter", "functions", "get", "ls", "participants",
-                        "serve", "set", "stats", "sweep", "watch"]
+    assert COMMANDS == ["acl", "clear", "demo", "doctor", "explain", "exporter", "functions", "get", "ls",
+                        "participants", "serve", "set", "stats", "sweep", "watch"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)

@@ -145,7 +145,9 @@ def test_acl_refusals_and_an_unreachable_server_are_counted_by_type(redis_server
         with pytest.raises(BackendUnavailableError):
             down.get(1)
     assert series("kvstatus_errors_total", "p", type="PermissionDeniedError") == 1
-    assert series("kvstatus_errors_total", "q", type="BackendUnavailableError") == 1
+    # A refused connection is its own class since issue 19 item 17 (nothing was sent), a BackendUnavailableError.
+    assert series("kvstatus_errors_total", "q", type="BackendRefusedError") == 1
+    assert series("kvstatus_errors_total", "q", type="BackendUnavailableError") == 0
     assert series("kvstatus_updates_total", "p", outcome="CREATED") == 0
 
 

@@ -9,8 +9,9 @@ connections of its own:
   ``PTTL``, pipelined). It runs ``CLIENT TRACKING ON REDIRECT <id>``, so Redis
   remembers every key it read, present or missing, and reports the next change
   of each of them once;
-- the **invalidation connection** (``<id>``) is subscribed to
-  ``__redis__:invalidate`` and receives those reports. Its socket is a plain
+- the **invalidation connection** (``<id>``) speaks RESP3 and receives those
+  reports as push messages, subscribed to nothing: no channel permission, and
+  nothing another client publishes reaches it. Its socket is a plain
   non-blocking socket, read *on every cache read* before the lookup (no
   listener thread: measured to leave changes unseen for ~0.6 s behind the
   GIL). The async cache reads it the same way, so a change is seen even if the

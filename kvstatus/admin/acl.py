@@ -29,7 +29,7 @@ reads the server version from ``HELLO``.
   ``<prefix>:<namespace>:``; ``time`` is Redis' clock, which the lease, clear and consensus scripts read
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
 - :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections
-  (channel ``__redis__:invalidate``). Left out by ``near_cache=False``: on the
+  (no channel: invalidations arrive as RESP3 pushes). Left out by ``near_cache=False``: on the
   Redis versions kvstatus supports, ACL key patterns do not cover
   ``CLIENT TRACKING ... BCAST PREFIX``, so a user allowed ``client|tracking``
   receives the key names (room ids) written under any prefix, another
@@ -56,7 +56,9 @@ EVAL_SCRIPTS: tuple[str, ...] = ("evalsha", "eval", "script|load")
 READS: tuple[str, ...] = ("hget", "hmget", "hgetall", "pttl", "time")
 WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "pexpire")
 SCAN: tuple[str, ...] = ("scan",)
-NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "subscribe", "role")  # ROLE: a Sentinel master's demotion
+# The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE): it subscribes to nothing,
+# so the near cache needs no channel, and nothing a tenant publishes reaches another tenant's cache.
+NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "role")  # ROLE: a Sentinel master's demotion
 WAIT: tuple[str, ...] = ("ssubscribe", "subscribe")  # SUBSCRIBE: Redis 6 has no shard channels
 PUBLISH: tuple[str, ...] = ("spublish", "publish")  # the update script publishes (PUBLISH on Redis 6)
 INVALIDATE_CHANNEL = "__redis__:invalidate"
@@ -91,8 +93,10 @@ def _unique(commands: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def channel_rules(schema: KeySchema, near_cache: bool = True) -> list[str]:
-    """Channel permissions: the invalidation channel (with the near cache) and the namespace's room channels."""
-    return ([f"&{INVALIDATE_CHANNEL}"] if near_cache else []) + [f"&{schema.base}*"]
+    """Channel permissions: the namespace's room channels only (``wait_for``). The near cache needs none
+    (``near_cache`` is accepted for symmetry with :func:`acl_rules`), and no recipe grants
+    ``__redis__:invalidate``: a tenant cannot publish where a RESP2 cache of another program listens."""
+    return [f"&{schema.base}*"]
 
 
 def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
@@ -106,7 +110,7 @@ def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool =
     to ``<prefix>:<namespace>:*``, channels to the near cache's
     ``__redis__:invalidate`` and the namespace's room channels ``<prefix>:<namespace>:*``.
     ``near_cache`` False leaves out what only the near cache needs (``client|tracking``, ``client|id``,
-    ``role``, the invalidation channel): no key names of other namespaces through tracking, no near cache.
+    ``role``): no key names of other namespaces through tracking, no near cache.
     """
     schema = KeySchema(namespace, prefix)
     if read_only:

@@ -351,7 +351,7 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
 
 
 def near_cache_check(client: Any, schema: KeySchema) -> Check:
-    """Whether the near cache can open its links (CLIENT ID, CLIENT TRACKING, SUBSCRIBE __redis__:invalidate).
+    """Whether the near cache can open its links (CLIENT ID, CLIENT TRACKING; HELLO 3 on the invalidation link).
     Never a failure: the cache is opt-in, and the detail says what a user without it lacks."""
     store = probe_store(client, schema, near_cache=True)
     try:
@@ -359,10 +359,10 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
     finally:
         store.near_cache.close()
     if ok:
-        return Check("near cache", True, "CLIENT TRACKING and the invalidation channel are allowed")
+        return Check("near cache", True, "CLIENT TRACKING is allowed")
     # The cache is opt-in: a user without it is reported, not failed.
     return Check("near cache", True, f"not available to this user: {why}; only near_cache=True needs it "
-                 "(+client|tracking +client|id +subscribe &__redis__:invalidate)")
+                 "(+client|tracking +client|id)")
 
 
 def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str = "eval") -> Check:

@@ -210,8 +210,7 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
               help="functions: the tenant recipe (FCALL of the library `kvstatus functions load` installs; URLs "
                    "carry ?scripts=functions); eval: Redis 6 or one tenant per server (may run any Lua).")
 @click.option("--near-cache/--no-near-cache", default=True, show_default=True,
-              help="--no-near-cache leaves out client|tracking, client|id, role and the __redis__:invalidate "
-                   "channel: the user cannot learn other namespaces' room ids through CLIENT TRACKING, and its "
+              help="--no-near-cache leaves out client|tracking, client|id and role: the user cannot learn other namespaces' room ids through CLIENT TRACKING, and its "
                    "stores run without near cache.")
 @json_option
 @pass_env

@@ -10,11 +10,14 @@ A failure raises :class:`SettingError` naming the setting at fault (``url``,
 ``namespace``, ``near_cache``, ``lease_ttl``); the plugin turns that name into
 its ``KVSTATUS_SGLANG_*`` variable.
 
-The minimum sglang is :data:`MIN_SGLANG_VERSION`: the release whose
-``CommonKVManager`` has what install() relies on (``update_status`` applying
-the strict rule, the deferred-ACK and staging state it resets, the deferred
-bootstrap, ``HookRegistry`` AFTER hooks for the plugin). :func:`check_manager`
-refuses a manager without those attributes, whatever its version.
+The minimum sglang is :data:`MIN_SGLANG_VERSION`, the release the
+real-sglang tier runs (0 divergences from its ``update_status``, which
+applies the strict rule). install() relies on its ``CommonKVManager``: the
+three status methods, the deferred-ACK and staging state ``update_status``
+resets, the deferred bootstrap, and ``HookRegistry`` AFTER hooks for the
+plugin. Older releases are refused rather than guessed at; a newer one is
+accepted, and :func:`check_manager` refuses any manager that lacks those
+attributes, whatever its version.
 """
 
 from __future__ import annotations
@@ -140,7 +143,8 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
 def check_store(store: Any) -> None:
     """Make the calls a manager will make, once: a script read, a probe write and clear, and the lease.
 
-    Three round trips (four with a lease); raises :class:`SettingError` naming the setting at fault.
+    Three script calls (four with a lease), after the connection's handshake and, the first time on a
+    server, the SCRIPT LOADs; raises :class:`SettingError` naming the setting at fault.
     """
     from kvstatus.store import StatusStore
 

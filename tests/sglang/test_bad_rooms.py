@@ -122,6 +122,8 @@ def test_pp_consensus_of_a_bad_room_is_failed(lease_ttl: Any) -> None:
         m.update_status(9, KVPoll.Bootstrapping)
     got = rank0.request_status.collect_many([9, -1, "9", 9])
     assert got == {9: [KVPoll.Bootstrapping] * 2, -1: [KVPoll.Failed] * 2, "9": [KVPoll.Failed] * 2}
+    for m in ranks:
+        m.request_status.close()
 
 
 @pytest.mark.real

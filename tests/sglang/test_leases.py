@@ -37,6 +37,8 @@ def test_a_rank_that_lost_its_lease_fails_the_pp_consensus() -> None:
     consensus = rank0.request_status.consensus(ROOM)
     assert consensus.reason == "participant prefill-tp0-pp2 lost its lease" and consensus.lost == ("prefill-tp0-pp2",)
     assert rank0.check_status_pp_consensus(ROOM + 1) == KVPoll.Bootstrapping  # no rank has an entry yet
+    for manager in managers:  # stop the lease keepers: a later pause of this process would log lost leases
+        manager.request_status.close()
 
 
 def test_without_leases_the_pp_consensus_is_the_upstream_one() -> None:
@@ -47,3 +49,5 @@ def test_without_leases_the_pp_consensus_is_the_upstream_one() -> None:
     assert managers[0].check_status_pp_consensus(ROOM) == KVPoll.Bootstrapping  # rank 3 has no entry
     managers[3].update_status(ROOM, KVPoll.WaitingForInput)
     assert managers[0].check_status_pp_consensus(ROOM) == KVPoll.Bootstrapping  # the minimum
+    for manager in managers:
+        manager.request_status.close()

@@ -6,6 +6,7 @@ cache stays coherent). Written once; the sync driver is generated from this file
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -31,13 +32,15 @@ from kvstatus.concurrency import (
     data_fd,
     run_blocking,
 )
-from kvstatus.errors import KVStatusError
+from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.invalidation import InvalidationSocket, LinkLost, Links, LinkState, peer_of, sync_twin, tracking_command
 from kvstatus.keys import KeySchema, validate_room
 from kvstatus.requests import Call, Request
 from kvstatus.rule import KVPoll, RoomView
 from kvstatus.topology import SlotMoved, Topology, slot_fingerprint
 from kvstatus.translate import connection_refused
+
+log = logging.getLogger("kvstatus.nearcache")
 
 
 class NearCache(NearCacheBase):
@@ -60,6 +63,9 @@ class NearCache(NearCacheBase):
         self._fingerprint: Any = None
         self._next_check = 0.0
         self.closed = False
+        self.refused: Optional[str] = None
+        """Why the server refused to track this cache's reads (NOPERM on CLIENT TRACKING, ...); it then runs
+        uncached: every read goes to Redis through the store's send path, and nothing is kept."""
 
     # ---- the hot path
 
@@ -171,14 +177,30 @@ class NearCache(NearCacheBase):
         if self.metrics is not None:
             self.metrics.on_cache_miss(len(rooms))
         keys, commands = self.state.fill_commands(rooms)
-        fill = LinkTransport(self)
-        replies = self.sender.send(Request([Call(command) for command in commands], _as_is), operation,
-                                         via=fill)
-        filled = self.state.decode_fill(rooms, keys, replies, fill.sent_at)
-        with self._lock:
-            self.links.poll(time.monotonic())  # invalidations that raced the read arrive before it is stored
-            self.state.store(fill.token, filled)
-        return filled
+        request = Request([Call(command) for command in commands], _as_is)
+        if self.refused is None:
+            fill = LinkTransport(self)
+            try:
+                replies = self.sender.send(request, operation, via=fill)
+            except PermissionDeniedError:
+                if self.refused is None:
+                    raise
+            else:
+                filled = self.state.decode_fill(rooms, keys, replies, fill.sent_at)
+                with self._lock:
+                    self.links.poll(time.monotonic())  # invalidations that raced the read arrive before it is stored
+                    self.state.store(fill.token, filled)
+                return filled
+        # Uncached: the same reads on the client's own connections, kept nowhere.
+        replies = self.sender.send(request, operation)
+        return self.state.decode_fill(rooms, keys, replies, time.monotonic())
+
+    def _refuse(self, error: rx.RedisError) -> None:
+        """The server refused to set up tracking: say so once, and run uncached from now on."""
+        self.refused = str(error)
+        log.warning("kvstatus near cache (namespace %s): the server refused to track reads (%s); reads run "
+                    "uncached. Grant +client|tracking +client|id (the ACL recipe with its near cache), or turn "
+                    "the near cache off", self.state.schema.namespace, error)
 
     def _open_link(self, name: str) -> None:
         """Under the I/O lock: connect the invalidation and the data connection of node ``name``."""
@@ -301,7 +323,10 @@ class LinkTransport:
                 self.resend_delays = ()  # a standalone server that refuses connections is down: no resend
                 return [exc] * len(calls)
             return [rx.ConnectionError(f"the near cache's connection failed: {exc}")] * len(calls)
-        except rx.RedisError as exc:  # a refusal while opening a link (NOPERM on TRACKING or SUBSCRIBE)
+        except rx.NoPermissionError as exc:  # the ACL refuses tracking (CLIENT TRACKING, CLIENT ID, HELLO 3)
+            cache._refuse(exc)
+            return [exc] * len(calls)
+        except rx.RedisError as exc:  # another refusal while opening a link
             return [exc] * len(calls)
         moved = next((r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))),
                      None)

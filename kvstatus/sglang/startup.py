@@ -121,8 +121,8 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
         command, text = _denied_command(error), str(error)
         near_cache = store.near_cache is not None and step == "read"
         if near_cache and (command.startswith(("client", "subscribe", "ssubscribe")) or "channel" in text):
-            return SettingError(f"the URL's user may not set up the near cache (CLIENT TRACKING and its "
-                                f"invalidation channel): turn the near cache off, or grant them ({error})",
+            return SettingError(f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
+                                f"cache off, or grant +client|tracking +client|id ({error})",
                                 setting="near_cache")
         if command.startswith(("eval", "script", "fcall")):
             hint = ("with ?scripts=functions it needs the functions recipe's commands, else drop the option"
@@ -162,6 +162,10 @@ def check_store(store: Any) -> None:
             store.acquire_lease()
     except KVStatusError as exc:
         raise _setting_error(exc, step, store) from exc
+    near = store.near_cache
+    if near is not None and near.refused:  # asked for, yet it would run uncached: a misconfiguration
+        raise SettingError(f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
+                           f"cache off, or grant +client|tracking +client|id ({near.refused})", setting="near_cache")
 
 
 def server_of(client: Any) -> str:

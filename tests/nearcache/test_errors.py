@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.demo.server import RedisServer
-from kvstatus.errors import CorruptedValueError, PermissionDeniedError
+from kvstatus.errors import CorruptedValueError
 
 pytestmark = pytest.mark.real
 
@@ -31,21 +32,31 @@ def test_a_key_of_another_type_is_a_corrupted_value_as_without_the_cache(redis_s
     asyncio.run(run())
 
 
-def test_a_user_without_tracking_gets_permission_denied(redis_server: RedisServer, namespace: str) -> None:
+def test_a_user_without_tracking_runs_uncached_and_is_told_once(redis_server: RedisServer, namespace: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
     admin = redis_server.client()
     rules = [r for r in acl_rules(namespace, password="pw-nce", scripts="eval") if r != "+client|tracking"]
     admin.execute_command("ACL", "SETUSER", "nc-notrack", *rules)
+    writer = StatusStore(redis_server.client(), namespace=namespace, participant="p")
     try:
         url = f"redis://nc-notrack:pw-nce@{redis_server.host}:{redis_server.port}/0"
-        with StatusStore.from_url(url, namespace=namespace, near_cache=True) as store:
-            with pytest.raises(PermissionDeniedError, match="client"):
-                store.get(5)
+        with caplog.at_level(logging.WARNING, logger="kvstatus"):
+            with StatusStore.from_url(url, namespace=namespace, participant="p", near_cache=True) as store:
+                assert store.get(5) is None
+                writer.update_status(5, KVPoll.Bootstrapping)
+                assert store.get(5) is KVPoll.Bootstrapping  # read from Redis: nothing was cached
+                assert store.get_many([5, 6]) == {5: KVPoll.Bootstrapping, 6: None}
+                assert store.near_cache.refused and not store.near_cache.state.entries
 
-        async def run() -> None:
-            async with AsyncStatusStore.from_url(url, namespace=namespace, near_cache=True) as store:
-                with pytest.raises(PermissionDeniedError, match="client"):
-                    await store.get(5)
-        asyncio.run(run())
+            async def run() -> None:
+                async with AsyncStatusStore.from_url(url, namespace=namespace, participant="p",
+                                                     near_cache=True) as store:
+                    assert await store.get(5) is KVPoll.Bootstrapping
+                    writer.update_status(5, KVPoll.Transferring)
+                    assert await store.get(5) is KVPoll.Transferring
+            asyncio.run(run())
+        told = [r.getMessage() for r in caplog.records if "client|tracking" in r.getMessage()]
+        assert len(told) == 2, told  # once per cache: the sync store's and the async store's
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-notrack")
 

@@ -118,6 +118,12 @@ class KeySchema:
         """The tombstone key of a room key built by :meth:`room_key`."""
         return room_key + TOMBSTONE_SUFFIX
 
+    @property
+    def database_marker_key(self) -> str:
+        """The near cache's marker of the database it reads (``<prefix>:<namespace>:db``): a random id that
+        tells a cache when ``SWAPDB`` put another database under it."""
+        return f"{self.base}db"
+
     def lease_key(self, participant: str) -> str:
         """Key of a validated participant's lease record."""
         return f"{self.base}{LEASE_PART}{participant}"

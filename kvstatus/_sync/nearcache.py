@@ -7,6 +7,7 @@ cache stays coherent). Written once; the sync driver is generated from this file
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ from kvstatus.topology import SlotMoved, Topology, slot_fingerprint
 from kvstatus.translate import connection_refused
 
 log = logging.getLogger("kvstatus.nearcache")
+MARKER_TTL_MS = 86_400_000
+"""The database marker's TTL: it is made again when it expires (one emptied cache a day at most)."""
 
 
 class NearCache(NearCacheBase):
@@ -60,6 +63,9 @@ class NearCache(NearCacheBase):
         self._lock = threading.Lock()  # guards the state; never held across I/O
         self._io_lock = Lock()  # one fill or check at a time on the links' connections
         self._probe = self.topology.probe_command()
+        # SWAPDB sends no invalidation (Redis 7.0): a single server's cache watches a marker of its database.
+        self._marker_key = None if self.topology.cluster else schema.database_marker_key
+        self._marker: Optional[bytes] = None
         self._fingerprint: Any = None
         self._next_check = 0.0
         self.closed = False
@@ -219,6 +225,8 @@ class NearCache(NearCacheBase):
             if self.topology.cluster and self._fingerprint is None:
                 data.send_command("CLUSTER", "SLOTS", check_health=False)
                 self._fingerprint = slot_fingerprint(data.read_response())
+            if self._marker_key is not None:
+                self._marker = self._mark_database(data, self._marker_key)
         except BaseException:
             data.disconnect()
             if inval is not None:
@@ -229,21 +237,47 @@ class NearCache(NearCacheBase):
             self.state.flush(f"link to {name or 'server'} opened")
             self.links.add_link(LinkState(name, inval, data, data_fd(data), time.monotonic()))
 
+    @staticmethod
+    def _mark_database(data: Any, key: str) -> Optional[bytes]:
+        """The database's marker id, created if missing (a random id, one day's TTL); None when this user may
+        not write it (a read-only user: SWAPDB then goes unnoticed, see the near cache's docs)."""
+        token = secrets.token_hex(8)
+        data.send_packed_command(data.pack_commands([
+            ("HSETNX", key, "id", token), ("PEXPIRE", key, MARKER_TTL_MS, "NX"), ("HGET", key, "id")]),
+            check_health=False)
+        replies = []
+        for _ in range(3):
+            try:
+                replies.append(data.read_response())
+            except rx.ResponseError as exc:
+                replies.append(exc)
+        marker = replies[2]
+        return marker if isinstance(marker, bytes) and not isinstance(replies[0], Exception) else None
+
     def _check_topology(self, now: float) -> None:
-        """Every ``max_staleness`` seconds: has the cluster's slot map changed, or is the Sentinel-managed server
-        no longer the master? Then empty the cache (a failure empties it too). One round trip."""
+        """Every ``max_staleness`` seconds: has the cluster's slot map changed, is the Sentinel-managed server
+        no longer the master, or is another database under the cache (``SWAPDB``: the marker changed)? Then
+        empty the cache (a failure empties it too). One round trip."""
         self._next_check = now + self.state.options.max_staleness
-        if self._probe is None or not self.links.links:
+        marker_key = self._marker_key if self._marker is not None else None
+        if (self._probe is None and marker_key is None) or not self.links.links:
             return
+        calls = ([Call(self._probe)] if self._probe is not None else []) + \
+            ([Call(("HGET", marker_key, "id"))] if marker_key is not None else [])
         try:
-            reply = self.sender.send(Request([Call(self._probe)], _first), "topology",
-                                           via=LinkTransport(self, probe=True))
+            replies = self.sender.send(Request(calls, _as_is), "topology",
+                                              via=LinkTransport(self, probe=True))
         except KVStatusError as exc:
             self._reset_links(f"topology check failed: {exc}")
             return
-        reason, self._fingerprint = self.topology.probe_changed(reply, self._fingerprint)
-        if reason:
-            self._reset_topology(reason)
+        if marker_key is not None and replies[-1] != self._marker:
+            self._reset_links("another database is under the cache (SWAPDB), or it was flushed")
+            self._marker = None
+            return
+        if self._probe is not None:
+            reason, self._fingerprint = self.topology.probe_changed(replies[0], self._fingerprint)
+            if reason:
+                self._reset_topology(reason)
 
     def check(self) -> None:
         """Poll once: apply invalidations, check the topology if due (tests, benchmarks)."""
@@ -344,10 +378,6 @@ class LinkTransport:
 
 def _as_is(replies: list[Any]) -> list[Any]:
     return replies
-
-
-def _first(replies: list[Any]) -> Any:
-    return replies[0]
 
 
 def _close_link(link: LinkState) -> None:

@@ -356,6 +356,9 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
     store = probe_store(client, schema, near_cache=True)
     try:
         ok, why = _attempt(lambda: store.get(PROBE_ROOM))
+        refused = store.near_cache.refused  # the cache runs uncached when the server refuses tracking
+        if refused:
+            ok, why = False, refused
     finally:
         store.near_cache.close()
     if ok:

@@ -18,7 +18,7 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from kvstatus.demo.fakelua import accept_script_shebang
-from tests.servers import RedisClusterServers, RedisServer
+from tests.servers import RedisClusterServers, RedisServer, ports
 from tests.helpers.backends import Backend
 from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures by name here
     _redis_server_needs_the_real_marker,
@@ -27,6 +27,15 @@ from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures
 )
 
 accept_script_shebang()  # fakeredis does not strip get_many.lua's "#!lua flags=no-writes" as Redis does
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker (or the one process without xdist) starts its servers on its own port range."""
+    worker: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if worker is None:
+        ports.install(0, 1)
+    else:
+        ports.install(int(str(worker["workerid"]).removeprefix("gw")), int(worker["workercount"]))
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +47,12 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterServers]:
-    """A real 3-master Redis Cluster (no replicas) started for this test session."""
-    with RedisClusterServers(masters=3) as cluster:
+    """A real 3-master Redis Cluster (no replicas) started for this test session (per xdist worker).
+
+    No test stops or pauses it: a node timeout of 15 s (not the launcher's 1 s) keeps a busy machine
+    from getting a healthy node marked failed, which takes the whole cluster down.
+    """
+    with RedisClusterServers(masters=3, node_timeout_ms=15_000) as cluster:
         yield cluster
 
 

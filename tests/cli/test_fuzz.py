@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from kvstatus import KVPoll, StatusStore
 from tests.helpers.cli import invoke
+from tests.helpers.depth import DEPTHS, examples
 
 SECRET = "hunter2-not-shown"
 COMMANDS = ["clear", "doctor", "explain", "get", "ls", "set", "stats", "watch"]
@@ -36,11 +37,15 @@ global_options = st.lists(st.one_of(
     st.tuples(st.just("--url"), st.one_of(st.sampled_from(URLS), st.text(max_size=12)))), max_size=1)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), before=global_options, command=st.sampled_from(COMMANDS), options=option_pairs,
-       json=st.booleans())
-def test_no_command_line_crashes_the_cli(data: st.DataObject, before: list[tuple[str, str]], command: str,
-                                         options: list[tuple[str, str]], json: bool) -> None:
+@DEPTHS
+def test_no_command_line_crashes_the_cli(deep: bool) -> None:
+    search = given(data=st.data(), before=global_options, command=st.sampled_from(COMMANDS), options=option_pairs,
+                   json=st.booleans())(_one_command_line)
+    settings(max_examples=examples(deep, 400), deadline=None, suppress_health_check=[HealthCheck.too_slow])(search)()
+
+
+def _one_command_line(data: st.DataObject, before: list[tuple[str, str]], command: str,
+                      options: list[tuple[str, str]], json: bool) -> None:
     server = fakeredis.FakeServer()
     store = StatusStore(fakeredis.FakeRedis(server=server), namespace="prod-a")
     store.update_status(42, KVPoll.Transferring)

@@ -15,6 +15,7 @@ from hypothesis.stateful import (
 
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
 from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.depth import DEPTHS, examples
 
 ROOMS = st.sampled_from([0, 1, 2, 2**63 - 1])
 PARTICIPANTS = st.sampled_from(["default", "prefill-0", "decode-1"])
@@ -115,5 +116,6 @@ def run_machine(backend: Backend, max_examples: int) -> None:
     )
 
 
-def test_store_behaves_like_the_reference_model(backend: Backend) -> None:
-    run_machine(backend, max_examples=60 if backend.name.startswith("fake") else 40)
+@DEPTHS
+def test_store_behaves_like_the_reference_model(backend: Backend, deep: bool) -> None:
+    run_machine(backend, max_examples=examples(deep, 60 if backend.name.startswith("fake") else 40))

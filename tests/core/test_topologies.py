@@ -28,6 +28,9 @@ from tests.helpers.backends import fresh_namespace
 SECRET = "Top-s3cret-pw"
 SENTINEL_SECRET = "Sentinel-s3cret"
 
+# One xdist worker runs this module, so the TLS cluster and Sentinel group below start once, not on each.
+pytestmark = pytest.mark.xdist_group("tls-topologies")
+
 
 # ------------------------------------------------------------------ real TLS groups
 

@@ -15,7 +15,12 @@ Tiers are pytest markers, registered in pyproject.toml:
   ``KVSTATUS_REQUIRE_REDIS=1``) it fails instead. A test *not* marked ``real``
   that starts a server in this process fails, naming the marker it lacks, so
   ``-m "not real"`` never starts one.
-- ``slow``: more than a few seconds; every test under ``tests/torture/``.
+- ``slow``: the slow run. ``./dev test`` runs every test *not* marked ``slow``
+  (``-m "not slow"``, on pytest-xdist workers), ``./dev test-slow`` the rest, and
+  CI runs both (tests/packaging/test_runs.py checks that together they hold every
+  test). Every test under ``tests/torture/`` is ``slow``; so are fault injections
+  that take seconds, and the ``deep`` case of property tests
+  (:mod:`tests.helpers.depth`).
 
 This module is a pytest plugin: ``tests/conftest.py`` imports its hooks, and a
 test of the tiers themselves loads it with ``-p tests.helpers.tiers``.

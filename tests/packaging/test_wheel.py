@@ -13,6 +13,7 @@ import pytest
 from tests.helpers import ROOT
 from tests.servers import RedisServer
 
+pytestmark = pytest.mark.slow  # building the wheel and installing it into a fresh venv take ~15 s of CPU
 
 SMOKE = """
 import sys

@@ -1,7 +1,8 @@
 """Test infrastructure: real ``redis-server`` topologies on free loopback ports (not shipped in the wheel).
 
 The standalone server is the product's own (``kvstatus.demo.server``, the demo's
-embedded Redis); the cluster, Sentinel and TLS launchers live here.
+embedded Redis); the cluster, Sentinel and TLS launchers live here, and the
+ports of all of them come from :mod:`tests.servers.ports` (a range per xdist worker).
 """
 
 from kvstatus.demo.server import (
@@ -9,9 +10,9 @@ from kvstatus.demo.server import (
     RedisServerError,
     RedisServerNotFound,
     find_redis_server,
-    free_port,
 )
 from tests.servers.cluster import RedisClusterServers
+from tests.servers.ports import free_port
 from tests.servers.sentinel import RedisSentinelServers
 from tests.servers.tls import TLSFiles, make_tls_files
 

@@ -2,7 +2,8 @@
 
 A tiny test file marked ``real`` runs with redis-server stripped from PATH:
 it is skipped with the reason, and with CI=true (or KVSTATUS_REQUIRE_REDIS=1)
-it fails loudly. A test that starts a server without the marker fails too.
+it fails loudly, on pytest-xdist workers too (CI runs ``./dev test`` on two). A test that starts a
+server without the marker fails too.
 """
 
 from __future__ import annotations
@@ -31,24 +32,27 @@ def test_forgets_the_marker():
 '''
 
 
-def _pytest(tmp_path: Path, path: str, test: str = "test_needs_a_server", **env: str) -> subprocess.CompletedProcess:
+def _pytest(tmp_path: Path, path: str, test: str = "test_needs_a_server", workers: str = "0",
+            **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "test_tiny.py").write_text(TINY)
     environment = {k: v for k, v in os.environ.items() if k not in ("CI", "KVSTATUS_REQUIRE_REDIS")}
     environment.update(PATH=path, PYTHONPATH=str(ROOT), **env)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.helpers.tiers", "-p", "no:cacheprovider", "-rA",
          "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_tiny.py"),
-         "-k", test],
+         "-k", test, "-n", workers],
         cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment,
     )
 
 
-@pytest.mark.parametrize("env", [{"CI": "true"}, {"KVSTATUS_REQUIRE_REDIS": "1"}], ids=["CI", "KVSTATUS_REQUIRE_REDIS"])
-def test_ci_fails_loudly_without_redis_server(tmp_path: Path, env: dict[str, str]) -> None:
+@pytest.mark.parametrize("env, workers", [({"CI": "true"}, "2"), ({"KVSTATUS_REQUIRE_REDIS": "1"}, "0")],
+                         ids=["CI-on-2-xdist-workers", "KVSTATUS_REQUIRE_REDIS"])
+def test_ci_fails_loudly_without_redis_server(tmp_path: Path, env: dict[str, str], workers: str) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
-    result = _pytest(tmp_path, str(empty), **env)
+    result = _pytest(tmp_path, str(empty), workers=workers, **env)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert ("2 workers [1 item]" in result.stdout) == (workers == "2"), result.stdout
     assert "1 error" in result.stdout and "skipped" not in result.stdout, result.stdout
     assert "redis-server is not on PATH" in result.stdout and "requires it" in result.stdout, result.stdout
 

@@ -1,0 +1,45 @@
+"""The per-worker port slices of tests/servers/ports.py: disjoint, below the ephemeral range, each port once."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from kvstatus.demo.server import CLUSTER_BUS_OFFSET, LOOPBACK
+from tests.servers import RedisServer, ports
+
+
+def test_the_slices_of_the_workers_are_disjoint_and_cover_the_range() -> None:
+    for count in (1, 2, 3, 8):
+        slices = [ports.PortRange(index, count) for index in range(count)]
+        assert slices[0].first == ports.FIRST
+        for before, after in zip(slices, slices[1:]):
+            assert before.last < after.first
+        assert slices[-1].last <= ports.LAST
+    assert ports.LAST + CLUSTER_BUS_OFFSET < 32768, "bus ports must stay below Linux's ephemeral range"
+    with pytest.raises(ValueError, match="not in 0..1"):
+        ports.PortRange(2, 2)
+
+
+def test_a_port_is_handed_out_once_and_a_taken_one_is_skipped() -> None:
+    taken = ports.PortRange(1, 2)
+    first = taken.take()
+    with socket.socket() as listener:
+        listener.bind((LOOPBACK, first + 1 if first < taken.last else taken.first))
+        listener.listen()
+        busy = listener.getsockname()[1]
+        given = {first} | {taken.take() for _ in range(20)}
+    assert len(given) == 21 and busy not in given
+    assert all(port in taken for port in given)
+
+
+@pytest.mark.real
+def test_servers_of_this_process_take_their_ports_from_its_slice() -> None:
+    with RedisServer() as server:
+        assert ports.FIRST <= server.port <= ports.LAST
+        port = server.port
+        server.kill()
+        assert ports.free_port() != port  # nobody in this process gets the port of a stopped server
+        server.restart()
+        assert server.port == port and server.client().ping()

@@ -25,9 +25,10 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from importlib.abc import Traversable
 from typing import Callable, Optional, Union
 
-_Source = Union[Path, "resources.abc.Traversable"]
+_Source = Union[Path, Traversable]
 
 READ_ONLY_SHEBANG = "#!lua flags=no-writes"
 """The first line of a read-only script: EVALSHA_RO (on replicas, under CLIENT PAUSE WRITE), FCALL_RO as a function."""

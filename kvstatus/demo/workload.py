@@ -374,13 +374,13 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
         ) from None
     accept_script_shebang()
     port = free_port()
-    server = TcpFakeServer(("127.0.0.1", port))
-    thread = threading.Thread(target=server.serve_forever, name="fakeredis-tcp", daemon=True)
+    fake = TcpFakeServer(("127.0.0.1", port))
+    thread = threading.Thread(target=fake.serve_forever, name="fakeredis-tcp", daemon=True)
     thread.start()
     try:
         yield EmbeddedRedis(f"redis://127.0.0.1:{port}/0",
                             f"embedded fakeredis TCP server on 127.0.0.1:{port} (redis-server not on PATH)", True)
     finally:
-        server.shutdown()
-        server.server_close()
+        fake.shutdown()
+        fake.server_close()
         thread.join(timeout=5)

@@ -173,6 +173,6 @@ def run_exporter(client: Any, schemas: Sequence[KeySchema], *, port: int = DEFAU
         server.shutdown()
         server.server_close()
         thread.join(5)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     return 0

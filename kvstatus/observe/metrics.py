@@ -92,6 +92,10 @@ def instruments(registry: Optional[CollectorRegistry] = None) -> Instruments:
         return found
 
 
+def _nothing() -> None:
+    """What an outcome code no script returns counts (none: codes start at 1)."""
+
+
 class StoreMetrics:
     """The observer of one store (one namespace, one participant): every child pre-bound at construction.
 
@@ -110,7 +114,7 @@ class StoreMetrics:
         labels = (self.namespace, self.participant)
         # Indexed by the outcome's integer (1..7), so on_update is one tuple index.
         by_code = {o.value: family.updates.labels(*labels, o.name).inc for o in Outcome}
-        self._updates = tuple(by_code.get(code) for code in range(max(by_code) + 1))
+        self._updates = tuple(by_code.get(code, _nothing) for code in range(max(by_code) + 1))
         self._calls = {op: family.calls.labels(*labels, op).observe for op in OPERATIONS}
         self._other_call = family.calls.labels(*labels, OTHER).observe
         self._errors = {name: family.errors.labels(*labels, name).inc for name in ERROR_TYPES + (OTHER,)}

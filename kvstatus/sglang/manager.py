@@ -121,7 +121,7 @@ def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Cal
         statuses = status_map.collect(bootstrap_room)
         if any(status is None for status in statuses):
             return KVPoll.Bootstrapping
-        return min(statuses)  # type: ignore[type-var]
+        return min(status for status in statuses if status is not None)
 
     return {"update_status": update_status, "check_status": check_status,
             "check_status_pp_consensus": check_status_pp_consensus}

@@ -172,6 +172,18 @@ def _decode_update(replies: list[Any]) -> UpdateResult:
     return update_result(outcome, status) if result is None else result
 
 
+def _clear_reply(reply: Any) -> tuple[int, int]:
+    """(fields removed, status before: 0..4, -1 none, -2 not a status) of lua/clear.lua's reply."""
+    if not isinstance(reply, list) or len(reply) != 2 or not all(isinstance(n, int) for n in reply) \
+            or not -2 <= reply[1] <= 4:
+        raise BackendError(f"the clear script replied {reply!r}, expected [removed, status -2..4]")
+    return reply[0], reply[1]
+
+
+def _decode_cleared(replies: list[Any]) -> bool:
+    return _clear_reply(replies[0])[0] > 0
+
+
 def _decode_record(replies: list[Any]) -> bool:
     recorded = _RECORDED.get(replies[0])
     if recorded is None:
@@ -366,8 +378,21 @@ class StoreCore:
         if not self.tombstone_ttl_ms:
             return Request([Call(("HDEL", key, self.participant, self._reason_field))],
                            lambda replies: bool(replies[0]))
-        return Request([script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
-                       lambda replies: bool(replies[0]))
+        return Request([script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)], _decode_cleared)
+
+    def pop(self, room: int) -> Request[Optional[KVPoll]]:
+        """Remove the entry (as :meth:`clear`) and answer the status it held, in one script call."""
+        key = self._key(room)
+        args = self._clear_args if self.tombstone_ttl_ms else (*self._clear_args[:3], "0")
+
+        def decode(replies: list[Any]) -> Optional[KVPoll]:
+            status = _clear_reply(replies[0])[1]
+            if status == -2:
+                raise CorruptedValueError(f"key {key} field {self.participant} held a value that is not a status "
+                                          "0..4; the entry was removed")
+            return None if status < 0 else KVPoll(status)
+
+        return Request([script_call(scripts.CLEAR, [key, tomb(key)], args)], decode)
 
     def record_failure(self, room: int, reason: str) -> Request[bool]:
         key = self._key(room)

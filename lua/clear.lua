@@ -9,11 +9,13 @@
 -- ARGV[1]  the participant's status field
 -- ARGV[2]  the participant's failure-reason field
 -- ARGV[3]  the participant's late-abort field in the tombstone ("late:<participant>")
--- ARGV[4]  tombstone TTL in milliseconds, a positive integer
+-- ARGV[4]  tombstone TTL in milliseconds, a positive integer; "0": remove the entry, write no tombstone
 --
 -- Tombstone fields: <participant> = "<unix ms> <status 0..4>"; late:<participant> = "<unix ms>"
 -- of the first Failed that arrived after the clear (written by lua/update.lua).
--- Returns the number of fields removed from the room (0: nothing to clear, no tombstone written).
+-- Returns {removed, status}, integers: the number of fields removed from the room (0: nothing to clear,
+-- no tombstone written), and the entry's status before the clear, 0..4, -1 when there was no entry, or
+-- -2 when it held something that is not a status (removed all the same).
 -- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, or keys that
 -- do not belong together), "NOPERM <what>".
 
@@ -28,9 +30,10 @@ local field, reason_field, late_field, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if #KEYS ~= 2 or #ARGV ~= 4 or field == "" or reason_field == "" or late_field == "" then
   return redis.error_reply("KVSTATUS_BADARG expected a room key, a tombstone key and three fields")
 end
-if not positive_ms(ttl) then
-  return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
+if ttl ~= "0" and not positive_ms(ttl) then
+  return redis.error_reply("KVSTATUS_BADARG TTL must be 0 or a positive integer of milliseconds")
 end
+local tombstone = ttl ~= "0"
 local refused = room_keys_refusal(1, 1) or tombstone_refusal(room, tomb)
 if refused then
   return refused
@@ -38,15 +41,21 @@ end
 
 local stored = redis.call("HGET", room, field)
 local denied = acl_refusal("hdel", room)
-  or (stored and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb) or acl_refusal("time", tomb)))
+  or (stored and tombstone and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb)
+    or acl_refusal("time", tomb)))
 if denied then
   return denied
 end
 
 local removed = redis.call("HDEL", room, field, reason_field)
-if stored then
+if stored and tombstone then
   redis.call("HSET", tomb, field, now_ms() .. " " .. stored)
   redis.call("HDEL", tomb, late_field)
   redis.call("PEXPIRE", tomb, ttl)
 end
-return removed
+local status = -1
+if stored then
+  local code = #stored == 1 and string.byte(stored) - string.byte("0")
+  status = (code and code >= 0 and code <= 4) and code or -2
+end
+return {removed, status}

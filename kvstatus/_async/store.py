@@ -79,6 +79,11 @@ class AsyncStatusStore(StoreBase):
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
         return await self._write(self._core.clear(room), "clear", (room,))
 
+    async def pop(self, room: int) -> Optional[KVPoll]:
+        """Remove this participant's entry (as :meth:`clear`) and return the status it held, or None, in one
+        round trip (SGLang's ``request_status.pop(room)``)."""
+        return await self._write(self._core.pop(room), "pop", (room,))
+
     async def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
         return await self._write(self._core.record_failure(room, reason), "record_failure", (room,))

@@ -80,6 +80,11 @@ class StatusStore(StoreBase):
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
         return self._write(self._core.clear(room), "clear", (room,))
 
+    def pop(self, room: int) -> Optional[KVPoll]:
+        """Remove this participant's entry (as :meth:`clear`) and return the status it held, or None, in one
+        round trip (SGLang's ``request_status.pop(room)``)."""
+        return self._write(self._core.pop(room), "pop", (room,))
+
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
         return self._write(self._core.record_failure(room, reason), "record_failure", (room,))

@@ -35,7 +35,7 @@ from kvstatus.keys import DEFAULT_PARTICIPANT
 from kvstatus.rule import Outcome, UpdateResult
 
 OPERATIONS: tuple[str, ...] = (
-    "update_status", "update_many", "check_status", "get", "get_many", "clear", "record_failure", "room",
+    "update_status", "update_many", "check_status", "get", "get_many", "clear", "pop", "record_failure", "room",
 )
 """The store operations whose latency is recorded; any other name is recorded as ``other``."""
 

@@ -47,7 +47,7 @@ class RoomStatusMap:
     """``kv_manager.request_status`` backed by ``store``: room -> this participant's status (a :class:`KVPoll`).
 
     Each operation is one store call on the store's participant, so one round
-    trip (``pop`` takes two), and none for a read that the store's near cache
+    trip (``pop`` included: the removal answers what it removed), and none for a read that the store's near cache
     answers (``StatusStore.from_url(..., near_cache=True)``, or ``install(...,
     near_cache=True)``; every read here goes through it, ``collect`` and
     ``collect_many`` included):
@@ -64,8 +64,8 @@ class RoomStatusMap:
       decided), and it keeps the rule atomic even for code that assigns
       directly. :meth:`update_status` does the same and returns the outcome.
     - ``del m[room]``: removes the entry (and its failure reason); ``KeyError`` when there was none.
-    - ``m.pop(room, default)``: the status read just before the entry is
-      removed, or ``default``; two round trips (a read, then the removal).
+    - ``m.pop(room, default)``: the status the entry held when it was
+      removed, or ``default``; one round trip (``store.pop``: one script reads and removes).
     - ``m.consensus(room)``: with ``pp_participants``, the room's
       :class:`~kvstatus.RoomConsensus` over the ranks (``store.room_status``,
       one round trip): as ``check_status_pp_consensus`` (Bootstrapping while a
@@ -266,10 +266,9 @@ class RoomStatusMap:
         """Remove the entry; return the status read just before, or ``default`` (``KeyError`` without one)."""
         self._local.memo = None
         try:
-            status = self.store.get(room)
+            status = self.store.pop(room)  # one round trip: the removal answers what it removed
         except InvalidRoomError:
             return KVPoll.Failed
-        self.store.clear(room)
         if status is not None:
             return status
         if default is _MISSING:

@@ -1,0 +1,52 @@
+"""``pop``: remove this participant's entry and answer the status it held, in one round trip (issue 17 item 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstatus import KVPoll, StatusStore
+from kvstatus.errors import CorruptedValueError
+from tests.helpers.backends import Backend
+
+
+def test_pop_answers_what_it_removed_and_leaves_a_tombstone(backend: Backend) -> None:
+    store = backend.store(participant="prefill-0")
+    other = store.for_participant("decode-0")
+    store.update_status(1, KVPoll.Transferring)
+    other.update_status(1, KVPoll.WaitingForInput)
+    assert store.pop(1) is KVPoll.Transferring
+    assert store.get(1) is None
+    assert other.get(1) is KVPoll.WaitingForInput  # only this participant's entry
+    view = store.room(1)
+    assert view.tombstone is not None and "prefill-0" in view.tombstone.cleared
+    assert store.pop(1) is None  # nothing left to remove
+    assert store.pop(2) is None  # never written
+
+
+def test_pop_without_tombstones_is_the_same_one_call(backend: Backend) -> None:
+    store = backend.store(participant="p", tombstone_ttl=0)
+    store.update_status(3, KVPoll.Success)
+    assert store.pop(3) is KVPoll.Success
+    assert store.room(3).tombstone is None
+
+
+def test_pop_of_a_corrupted_entry_removes_it_and_says_what_it_held(backend: Backend) -> None:
+    store = backend.store(participant="p")
+    backend.raw.hset(store.schema.room_key(4), "p", "garbage")
+    with pytest.raises(CorruptedValueError, match="not a status"):
+        store.pop(4)
+    assert backend.raw.hget(store.schema.room_key(4), "p") is None
+
+
+@pytest.mark.real
+def test_pop_is_one_round_trip(redis_server) -> None:  # type: ignore[no-untyped-def]
+    raw = redis_server.client()
+    with StatusStore.from_url(redis_server.url, namespace="pop-rt", participant="p") as store:
+        store.update_status(5, KVPoll.Transferring)
+        store.pop(6)  # the script is loaded
+        raw.config_resetstat()
+        assert store.pop(5) is KVPoll.Transferring
+        stats = raw.info("commandstats")
+        sent = {name: v["calls"] for name, v in stats.items()
+                if name.split("_", 1)[1] in ("evalsha", "eval", "evalsha_ro", "hget", "hgetall")}
+        assert sent == {"cmdstat_evalsha": 1, "cmdstat_hget": 1}, sent  # one script call (its HGET inside)

@@ -16,7 +16,7 @@ from redis import exceptions as rx
 
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import KeySchema, validate_rooms
-from kvstatus.operations import decode_room
+from kvstatus.replies import decode_room
 from kvstatus.rule import KVPoll, ParticipantEntry, RoomView
 from kvstatus.topology import SlotMoved
 from kvstatus.url import STORE_OPTIONS, ParsedURL

@@ -17,13 +17,11 @@ from typing import Any, Optional, TypeVar
 from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
-from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentError
+from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
-    LATE_FIELD_PREFIX,
     MAX_ROOM,
-    REASON_FIELD_PREFIX,
     KeySchema,
     late_field,
     reason_field,
@@ -31,20 +29,30 @@ from kvstatus.keys import (
     validate_room,
     validate_rooms,
 )
+from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, update_result: also re-exported)
+    _RESULTS,
+    _STATUS_BY_VALUE,
+    _clear_reply,
+    _decode_cleared,
+    _decode_record,
+    _decode_update,
+    _pairs,
+    _text,
+    decode_room,
+    decode_status,
+    decode_statuses,
+    decode_tombstone,
+    update_result,
+)
+from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
 from kvstatus.rule import (
-    ClearedEntry,
     KVPoll,
-    Outcome,
-    ParticipantEntry,
     Policy,
-    ReasonOutcome,
     RoomView,
-    Tombstone,
     UpdateResult,
     to_policy,
     to_status,
 )
-from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
 
 T = TypeVar("T")
 tomb = KeySchema.tombstone_of
@@ -68,19 +76,8 @@ _TRUNCATED = " [truncated]"
 
 
 _STATUS_ARG = tuple(str(s.value) for s in KVPoll)
-_STATUS_BY_VALUE: dict[Any, KVPoll] = {}
-for _s in KVPoll:
-    _STATUS_BY_VALUE[str(_s.value)] = _s
-    _STATUS_BY_VALUE[str(_s.value).encode()] = _s
 # The exact types whose statuses the batch hot path indexes _STATUS_ARG with directly (bool is not one).
 _PLAIN_STATUS_TYPES = frozenset({KVPoll, int})
-# Every (outcome, status) pair lua/update.lua may return; status -1 means "no entry".
-_RESULTS = {
-    (o.value, s): UpdateResult(o, None if s < 0 else KVPoll(s)) for o in Outcome for s in range(-1, len(KVPoll))
-}
-# lua/record_failure.lua's codes -> record_failure's result (True: the reason was stored).
-_RECORDED = {ReasonOutcome.RECORDED.value: True, ReasonOutcome.KEPT_EARLIER.value: False,
-             ReasonOutcome.IGNORED_MISSING.value: False}
 
 
 def ttl_to_ms(ttl: object) -> int:
@@ -91,10 +88,6 @@ def ttl_to_ms(ttl: object) -> int:
         raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected seconds > 0 and at most "
                                    f"{MAX_TTL_SECONDS:.0f} ({MAX_TTL_SECONDS / 86400:g} days)")
     return max(1, round(ttl * 1000))
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def status_args(statuses: Iterable[Any]) -> list[str]:
@@ -133,63 +126,6 @@ def batch_args(updates: object) -> tuple[list[int], list[str]]:
                     "each room once; send updates of one room in order, in separate calls")
             first[room] = i
     return rooms, status_args([status for _, status in pairs])
-
-
-def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
-    """:func:`decode_status` over a batch reply, with one dict lookup per value on the hot path."""
-    decoded = list(map(_STATUS_BY_VALUE.get, values))
-    if None in decoded and decoded.count(None) != values.count(None):  # a stored value that is not a status
-        for value, key in zip(values, keys):
-            decode_status(value, key, field)  # raises, naming the key
-    return decoded
-
-
-def decode_status(value: Any, key: str, field: str) -> Optional[KVPoll]:
-    """Decode a stored status (None stays None); raise :class:`CorruptedValueError` for anything else."""
-    if value is None:
-        return None
-    status = _STATUS_BY_VALUE.get(value)
-    if status is None:
-        raise CorruptedValueError(
-            f"key {key} field {field} holds {_text(value)[:40]!r}, not a status 0..4; left as it is"
-        )
-    return status
-
-
-def update_result(outcome: Any, status: Any) -> UpdateResult:
-    """Decode one (outcome, status) pair of lua/update.lua; raise :class:`BackendError` for an unknown pair."""
-    result = _RESULTS.get((outcome, status))
-    if result is None:
-        raise BackendError(f"the update script replied outcome {outcome!r} status {status!r}, which this kvstatus "
-                           "does not know (expected outcome 1..7, status -1..4): is another kvstatus version's "
-                           "script loaded under the same SHA?")
-    return result
-
-
-def _decode_update(replies: list[Any]) -> UpdateResult:
-    outcome, status = replies[0]
-    result = _RESULTS.get((outcome, status))
-    return update_result(outcome, status) if result is None else result
-
-
-def _clear_reply(reply: Any) -> tuple[int, int]:
-    """(fields removed, status before: 0..4, -1 none, -2 not a status) of lua/clear.lua's reply."""
-    if not isinstance(reply, list) or len(reply) != 2 or not all(isinstance(n, int) for n in reply) \
-            or not -2 <= reply[1] <= 4:
-        raise BackendError(f"the clear script replied {reply!r}, expected [removed, status -2..4]")
-    return reply[0], reply[1]
-
-
-def _decode_cleared(replies: list[Any]) -> bool:
-    return _clear_reply(replies[0])[0] > 0
-
-
-def _decode_record(replies: list[Any]) -> bool:
-    recorded = _RECORDED.get(replies[0])
-    if recorded is None:
-        codes = ", ".join(f"{o.value} {o.name}" for o in ReasonOutcome)
-        raise BackendError(f"the record_failure script replied {replies[0]!r}, expected one of {codes}")
-    return recorded
 
 
 def truncate_reason(reason: object) -> str:
@@ -457,47 +393,3 @@ def as_functions(request: Request[T]) -> Request[T]:
     return request
 
 
-def _pairs(flat: list[Any]) -> dict[Any, Any]:
-    """A flat HGETALL reply from a script ({name, value, ...}) as a dict."""
-    it = iter(flat)
-    return dict(zip(it, it))
-
-
-def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone]:
-    """A :class:`Tombstone` from its hash fields (None when there are none); malformed notes are skipped."""
-    if not fields:
-        return None
-    cleared: dict[str, tuple[float, Optional[KVPoll]]] = {}
-    late: dict[str, float] = {}
-    for raw_field, raw_value in fields.items():
-        field, value = _text(raw_field), _text(raw_value)
-        try:
-            if field.startswith(LATE_FIELD_PREFIX):
-                late[field[len(LATE_FIELD_PREFIX):]] = int(value) / 1000
-            else:
-                at, _, status = value.partition(" ")
-                cleared[field] = (int(at) / 1000, _STATUS_BY_VALUE.get(status))
-        except ValueError:
-            continue  # not a note kvstatus writes: the tombstone only informs, so it is not fatal
-    entries = {name: ClearedEntry(at, status, late.get(name)) for name, (at, status) in sorted(cleared.items())}
-    return Tombstone(entries, pttl if pttl >= 0 else None) if entries else None
-
-
-def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int,
-                tombstone: Optional[Tombstone] = None) -> RoomView:
-    """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read)."""
-    statuses: dict[str, Optional[KVPoll]] = {}
-    reasons: dict[str, str] = {}
-    for raw_field, value in fields.items():
-        field = _text(raw_field)
-        if field.startswith(REASON_FIELD_PREFIX):
-            reasons[field[len(REASON_FIELD_PREFIX) :]] = _text(value)
-        elif ":" in field:
-            raise CorruptedValueError(f"key {key} has a field {field[:60]!r} that kvstatus does not write")
-        else:
-            statuses[field] = decode_status(value, key, field)
-    participants = {
-        name: ParticipantEntry(statuses.get(name), reasons.get(name))
-        for name in sorted(statuses.keys() | reasons.keys())
-    }
-    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone)

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
-from kvstatus.operations import decode_room
+from kvstatus.replies import decode_room
 from kvstatus.requests import Call
 from kvstatus.rule import ParticipantEntry, RoomView
 from kvstatus.translate import REDIS_ERRORS, translate_error

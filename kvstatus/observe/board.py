@@ -49,7 +49,7 @@ from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, scan_cl
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
-from kvstatus.operations import decode_tombstone
+from kvstatus.replies import decode_tombstone
 from kvstatus.observe.scanner import PassLoop, PassResult
 from kvstatus.redact import mask_url
 from kvstatus.rule import KVPoll, RoomView, Tombstone, parse_status

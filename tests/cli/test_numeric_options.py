@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 
 from kvstatus import AsyncStatusStore, StatusStore
-from kvstatus.connection import MAX_DB, ConnectionOptions
+from kvstatus.url import MAX_DB, ConnectionOptions
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer

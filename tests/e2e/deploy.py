@@ -248,7 +248,10 @@ def start_server(settings: Settings, role: str, port: Optional[int] = None,
 
 
 def start_router(settings: Settings, prefill: Process, decode: Process) -> Process:
-    """A fresh ``sglang_router`` in ``--pd-disaggregation`` mode in front of ``prefill`` and ``decode``."""
+    """A fresh ``sglang_router`` in ``--pd-disaggregation`` mode in front of ``prefill`` and ``decode``.
+
+    Wait for it with ``/readiness``: its ``/health`` answers 200 before it has registered any worker.
+    """
     port = free_port()
     argv = [
         settings.python, "-m", "sglang_router.launch_router", "--pd-disaggregation",

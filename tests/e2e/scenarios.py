@@ -71,6 +71,7 @@ class Answer:
         else:
             text = str(body)
         text = re.sub(r"\s+", " ", text)
+        text = re.sub(r"\b[0-9a-f]{16,}\b", "<rid>", text)
         text = re.sub(r"\b\d{6,}\b", "<room>", text)
         text = re.sub(r"127\.0\.0\.1:\d+", "<addr>", text)
         return text[:160]
@@ -192,7 +193,7 @@ class Deployment:
         """A fresh router (after a prefill dies, an old router's circuit for it stays open)."""
         assert self.prefill is not None and self.decode is not None
         router = self._track(deploy.start_router(self.settings, self.prefill, self.decode))
-        deploy.wait_ready(router, "/health", deploy.ROUTER_READY_TIMEOUT)
+        deploy.wait_ready(router, "/readiness", deploy.ROUTER_READY_TIMEOUT)
         return router
 
     def _track(self, process: deploy.Process) -> deploy.Process:
@@ -211,8 +212,15 @@ def fault_bodies(count: int = 24, prompt_words: int = 300, max_new_tokens: int =
 
 
 def kill_in_flight(dep: Deployment, role: str, fault: str, delay: float,
-                   after_kill: Optional[Callable[[], None]] = None) -> FaultResult:
-    """Fresh router; send :func:`fault_bodies`; SIGKILL ``role``'s process tree ``delay`` s later; collect."""
+                   after_kill: Optional[Callable[[], None]] = None,
+                   then_send: Optional[str] = None) -> list[FaultResult]:
+    """Fresh router; send :func:`fault_bodies`; SIGKILL ``role``'s process tree ``delay`` s later; collect.
+
+    ``after_kill`` runs right after the SIGKILL (a restart). With ``then_send`` (a fault name), a few new
+    requests go through the same router right after the SIGKILL too, before its health checks can mark the
+    dead server down (a fresh router could not register a dead prefill at all): their result is a second
+    :class:`FaultResult`, timed from sending.
+    """
     router = dep.router()
     try:
         flight = start_all(router.url, fault_bodies(), FAULT_WAIT, workers=24)
@@ -223,17 +231,13 @@ def kill_in_flight(dep: Deployment, role: str, fault: str, delay: float,
         victim.kill()
         if after_kill is not None:
             after_kill()
-        return FaultResult(fault, dep.mode, fault_at, collect(flight, FAULT_WAIT), FAULT_WAIT)
-    finally:
-        router.stop()
-
-
-def send_to_dead_prefill(dep: Deployment, fault: str, count: int = 4) -> FaultResult:
-    """The prefill is already dead: a fresh router, then ``count`` requests, timed from sending."""
-    router = dep.router()
-    try:
-        fault_at = time.monotonic()
-        answers = send_all(router.url, [generate_body(prompt(i), 16) for i in range(count)], FAULT_WAIT)
-        return FaultResult(fault, dep.mode, fault_at, answers, FAULT_WAIT)
+        late: Optional[InFlight] = None
+        late_at = time.monotonic()
+        if then_send is not None:
+            late = start_all(router.url, [generate_body(prompt(i), 16) for i in range(4)], FAULT_WAIT)
+        results = [FaultResult(fault, dep.mode, fault_at, collect(flight, FAULT_WAIT), FAULT_WAIT)]
+        if late is not None and then_send is not None:
+            results.append(FaultResult(then_send, dep.mode, late_at, collect(late, FAULT_WAIT), FAULT_WAIT))
+        return results
     finally:
         router.stop()

@@ -174,14 +174,14 @@ def test_faults_with_the_plugin_off(upstream: scenarios.Deployment) -> None:
 
 def run_faults(dep: scenarios.Deployment) -> list[scenarios.FaultResult]:
     """The four faults in an order that needs the fewest restarts (about 30 s each on 2 quiet cores)."""
-    results = [scenarios.kill_in_flight(dep, "prefill", table.KILL_PREFILL, scenarios.IN_FLIGHT_DELAY)]
-    results.append(scenarios.send_to_dead_prefill(dep, table.DEAD_PREFILL))
+    results = scenarios.kill_in_flight(dep, "prefill", table.KILL_PREFILL, scenarios.IN_FLIGHT_DELAY,
+                                       then_send=table.DEAD_PREFILL)
     dep.restart("prefill")
     restarted: list[deploy.Process] = []
-    results.append(scenarios.kill_in_flight(dep, "prefill", table.RESTART_PREFILL, scenarios.IN_FLIGHT_DELAY,
-                                            after_kill=lambda: restarted.append(dep.restart("prefill", wait=False))))
+    results += scenarios.kill_in_flight(dep, "prefill", table.RESTART_PREFILL, scenarios.IN_FLIGHT_DELAY,
+                                        after_kill=lambda: restarted.append(dep.restart("prefill", wait=False)))
     dep.wait(restarted[0])
-    results.append(scenarios.kill_in_flight(dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY))
+    results += scenarios.kill_in_flight(dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY)
     return results
 
 

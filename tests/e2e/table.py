@@ -1,6 +1,6 @@
-"""The e2e tier's fault table: written by the tier, pasted into BENCHMARKS.md by ``--paste``.
+"""The e2e tier's fault table: written by the tier, pasted into BENCHMARKS.md and docs/e2e.md by ``--paste``.
 
-``python -m tests.e2e.table --paste [DIR]`` replaces the part of BENCHMARKS.md between
+``python -m tests.e2e.table --paste [DIR]`` replaces the part of each of :data:`PASTE_INTO` between
 :data:`BEGIN` and :data:`END` with ``DIR/fault-table.md`` (default build/e2e, what the last
 ``./dev test-e2e`` wrote).
 """
@@ -19,9 +19,10 @@ RESTART_PREFILL = "SIGKILL the prefill, restart it under the same name at once, 
 KILL_DECODE = "SIGKILL the decode, requests in flight"
 FAULTS = (KILL_PREFILL, DEAD_PREFILL, RESTART_PREFILL, KILL_DECODE)
 MODES = ("kvstatus", "upstream")
-BEGIN = "<!-- e2e-fault-table:begin (python -m tests.e2e.table --paste) -->"
+BEGIN = "<!-- e2e-fault-table:begin -->"
 END = "<!-- e2e-fault-table:end -->"
 ROOT = Path(__file__).resolve().parents[2]
+PASTE_INTO = (ROOT / "BENCHMARKS.md", ROOT / "docs" / "e2e.md")
 
 
 def _time(row: dict[str, Any]) -> str:
@@ -82,5 +83,6 @@ if __name__ == "__main__":
     md = source / "fault-table.md"
     if not md.exists():
         raise SystemExit(f"{md} does not exist: run ./dev test-e2e first")
-    paste(md.read_text(), ROOT / "BENCHMARKS.md")
-    print(f"pasted {md} into {ROOT / 'BENCHMARKS.md'}")
+    for target in PASTE_INTO:
+        paste(md.read_text(), target)
+        print(f"pasted {md} into {target}")

@@ -29,7 +29,8 @@ from kvstatus.demo.server import RedisServer
 from tests.e2e import deploy, scenarios, table
 from tests.helpers.tiers import require_redis_server
 
-pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.usefixtures("e2e_ready")]
+# A test's budget includes starting its deployment (two servers, ~30 s on 2 quiet cores, 5 min on a busy one).
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.usefixtures("e2e_ready"), pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("KVSTATUS_E2E_OUT", ROOT / "build" / "e2e"))
@@ -139,9 +140,7 @@ def test_serve_with_the_plugin_on(with_plugin: scenarios.Deployment, redis_url: 
 
 
 def test_faults_with_the_plugin_on(with_plugin: scenarios.Deployment) -> None:
-    results = run_faults(with_plugin)
-    faults.extend(results)
-    check_faults(results)
+    check_faults(run_faults(with_plugin, faults))
 
 
 @pytest.fixture(scope="module")
@@ -167,21 +166,26 @@ def test_serve_with_the_plugin_off_gives_the_same_answers(upstream: scenarios.De
 
 
 def test_faults_with_the_plugin_off(upstream: scenarios.Deployment) -> None:
-    results = run_faults(upstream)
-    faults.extend(results)
-    check_faults(results)
+    check_faults(run_faults(upstream, faults))
 
 
-def run_faults(dep: scenarios.Deployment) -> list[scenarios.FaultResult]:
-    """The four faults in an order that needs the fewest restarts (about 30 s each on 2 quiet cores)."""
-    results = scenarios.kill_in_flight(dep, "prefill", table.KILL_PREFILL, scenarios.IN_FLIGHT_DELAY,
-                                       then_send=table.DEAD_PREFILL)
+def run_faults(dep: scenarios.Deployment, record: list[scenarios.FaultResult]) -> list[scenarios.FaultResult]:
+    """The four faults in an order that needs the fewest restarts; each result is also appended to ``record``
+    as soon as it is measured (the table then shows what a run got, even one that failed half way)."""
+    results: list[scenarios.FaultResult] = []
+
+    def keep(measured: list[scenarios.FaultResult]) -> None:
+        results.extend(measured)
+        record.extend(measured)
+
+    keep(scenarios.kill_in_flight(dep, "prefill", table.KILL_PREFILL, scenarios.IN_FLIGHT_DELAY,
+                                  then_send=table.DEAD_PREFILL))
     dep.restart("prefill")
     restarted: list[deploy.Process] = []
-    results += scenarios.kill_in_flight(dep, "prefill", table.RESTART_PREFILL, scenarios.IN_FLIGHT_DELAY,
-                                        after_kill=lambda: restarted.append(dep.restart("prefill", wait=False)))
+    keep(scenarios.kill_in_flight(dep, "prefill", table.RESTART_PREFILL, scenarios.IN_FLIGHT_DELAY,
+                                  after_kill=lambda: restarted.append(dep.restart("prefill", wait=False))))
     dep.wait(restarted[0])
-    results += scenarios.kill_in_flight(dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY)
+    keep(scenarios.kill_in_flight(dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY))
     return results
 
 

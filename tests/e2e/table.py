@@ -37,10 +37,11 @@ def _time(row: dict[str, Any]) -> str:
     return text
 
 
-def markdown(rows: list[dict[str, Any]], when: str) -> str:
+def markdown(rows: list[dict[str, Any]], when: str, elapsed_s: float | None = None) -> str:
     """The table: one line per fault and mode, in :data:`FAULTS` order, kvstatus first."""
+    took = f"; the tier took {elapsed_s / 60:.1f} min" if elapsed_s is not None else ""
     lines = [
-        f"Measured {when} by `./dev test-e2e` (both modes in the same run, same machine).",
+        f"Measured {when} by `./dev test-e2e` (both modes in the same run, same machine{took}).",
         "",
         "| fault | sglang | requests failed | time to the client's error (first – last) | HTTP status | cause shown to the client |",
         "|---|---|---|---|---|---|",
@@ -55,13 +56,17 @@ def markdown(rows: list[dict[str, Any]], when: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(directory: Path, rows: list[dict[str, Any]]) -> Path:
-    """Write fault-table.json and fault-table.md into ``directory``; returns the .md path."""
+def write(directory: Path, rows: list[dict[str, Any]], elapsed_s: float | None = None) -> Path:
+    """Write fault-table.json and fault-table.md into ``directory``; returns the .md path.
+
+    ``elapsed_s``: the tier's wall-clock seconds so far (model, servers, scenarios).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    (directory / "fault-table.json").write_text(json.dumps({"measured": when, "rows": rows}, indent=1) + "\n")
+    record = {"measured": when, "elapsed_s": elapsed_s, "rows": rows}
+    (directory / "fault-table.json").write_text(json.dumps(record, indent=1) + "\n")
     path = directory / "fault-table.md"
-    path.write_text(markdown(rows, when))
+    path.write_text(markdown(rows, when, elapsed_s))
     return path
 
 

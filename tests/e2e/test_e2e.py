@@ -76,9 +76,10 @@ def logs() -> Path:
 @pytest.fixture(scope="module", autouse=True)
 def write_table() -> Iterator[None]:
     """After the module: the measured fault table, whatever was measured (a failed run shows what it got)."""
+    began = time.monotonic()
     yield
     if faults:
-        table.write(OUT, [f.row() for f in faults])
+        table.write(OUT, [f.row() for f in faults], round(time.monotonic() - began))
 
 
 def _deployment(mode: str, model: Path, logs: Path, redis_url: str) -> Iterator[scenarios.Deployment]:
@@ -185,7 +186,8 @@ def run_faults(dep: scenarios.Deployment, record: list[scenarios.FaultResult]) -
     keep(scenarios.kill_in_flight(dep, "prefill", table.RESTART_PREFILL, scenarios.IN_FLIGHT_DELAY,
                                   after_kill=lambda: restarted.append(dep.restart("prefill", wait=False))))
     dep.wait(restarted[0])
-    keep(scenarios.kill_in_flight(dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY))
+    keep(scenarios.kill_in_flight(dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY,
+                                  bound=scenarios.DECODE_FAULT_WAIT))
     return results
 
 

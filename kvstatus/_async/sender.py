@@ -138,11 +138,14 @@ class AsyncSender:
         return request.decode(await self._replies(calls, None, self) if calls else [])
 
     async def _replies(self, calls: list[Call], first: Optional[list[Any]], via: AsyncTransport) -> list[Any]:
-        for delay in via.resend_delays:
+        attempt = 0
+        while attempt < len(via.resend_delays):  # read each time: a transport may give up (a refused server)
+            delay = via.resend_delays[attempt]
+            attempt += 1
             try:
                 return await self._round_trip(calls, first, via)
             except BackendUnavailableError:
-                if not may_resend(delay):
+                if not may_resend(delay) or attempt > len(via.resend_delays):
                     raise
                 first = None
                 await async_sleep(delay)

@@ -139,11 +139,14 @@ class Sender:
         return request.decode(self._replies(calls, None, self) if calls else [])
 
     def _replies(self, calls: list[Call], first: Optional[list[Any]], via: Transport) -> list[Any]:
-        for delay in via.resend_delays:
+        attempt = 0
+        while attempt < len(via.resend_delays):  # read each time: a transport may give up (a refused server)
+            delay = via.resend_delays[attempt]
+            attempt += 1
             try:
                 return self._round_trip(calls, first, via)
             except BackendUnavailableError:
-                if not may_resend(delay):
+                if not may_resend(delay) or attempt > len(via.resend_delays):
                     raise
                 first = None
                 sleep(delay)

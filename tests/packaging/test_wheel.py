@@ -77,3 +77,15 @@ def test_wheel_installs_into_a_fresh_venv_and_updates(wheel: Path, tmp_path: Pat
     expanded = subprocess.run([str(python), "-m", "kvstatus.expand", "update"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60)
     assert expanded.returncode == 0 and "local function acl_refusal" in expanded.stdout, expanded.stderr
+
+
+def test_wheel_ships_none_of_the_e2e_tiers_cpu_workarounds(wheel: Path) -> None:
+    """The sgl_kernel stub and the test-only sglang plugin (tests/e2e/cpu_path) stay out of the wheel."""
+    archive = zipfile.ZipFile(wheel)
+    names = archive.namelist()
+    assert not [n for n in names if "sgl_kernel" in n or "kvstatus_e2e_cpu" in n or "cpu_path" in n]
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = archive.read(entry_points).decode()
+    group = text.split("[sglang.srt.plugins]", 1)[1].split("\n[", 1)[0]
+    plugins = [line.split("=")[0].strip() for line in group.splitlines() if "=" in line]
+    assert plugins == ["kvstatus"], f"the wheel registers sglang plugins {plugins}; only kvstatus' own belongs there"

@@ -1,0 +1,246 @@
+"""The e2e tier's requests and faults: what a client of the router sees, timed from the fault.
+
+A :class:`Deployment` is one prefill and one decode (plugin on or off) plus a fresh router per scenario.
+Every wait is bounded: a request that has no answer after its fault's bound (:data:`FAULT_WAIT`,
+:data:`DECODE_FAULT_WAIT`) is recorded as timed out at that bound, so a fault that upstream only ends at
+its 300 s timeout costs this tier the bound, not 300 s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from tests.e2e import deploy
+
+FAULT_WAIT = 75.0
+"""Seconds a client waits for an answer during a prefill fault (issue 21 saw the decode's handshake fail at 63 s)."""
+DECODE_FAULT_WAIT = 45.0
+"""Seconds a client waits after the decode dies: upstream answers only at the prefill's 300 s bootstrap timeout
+(measured: nothing within 75 s in either mode), so a longer wait would only cost the tier's 10 min budget."""
+SERVE_WAIT = 120.0
+"""Seconds a client waits for an answer without a fault (a busy 2-core box; about 1 s measured)."""
+IN_FLIGHT_DELAY = 1.0
+"""Seconds between sending a fault's requests and the SIGKILL: they have reached the servers, not finished."""
+PROMPT_WORDS = "prefill decode room status bootstrap transfer kv cache redis lease token request router".split()
+
+
+def prompt(i: int, words: int = 12) -> str:
+    """The i-th prompt: a deterministic sentence over the tiny model's corpus words."""
+    return " ".join(PROMPT_WORDS[(i * 7 + k * 3) % len(PROMPT_WORDS)] for k in range(words)) + f" {i}."
+
+
+def generate_body(text: str, max_new_tokens: int) -> dict[str, object]:
+    """A ``/generate`` body at temperature 0 (deterministic), generating exactly ``max_new_tokens``."""
+    return {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+
+
+@dataclass
+class Answer:
+    """One request's end: HTTP status (0: no HTTP answer), body, and when it ended (monotonic seconds)."""
+
+    index: int
+    status: int
+    body: object
+    sent: float
+    ended: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and isinstance(self.body, dict) and "text" in self.body
+
+    @property
+    def output_ids(self) -> Optional[list[int]]:
+        if not self.ok:
+            return None
+        assert isinstance(self.body, dict)
+        ids = self.body.get("output_ids")
+        return list(ids) if isinstance(ids, list) else None
+
+    def cause(self) -> str:
+        """The error the client was shown, on one line, without room ids or addresses (they differ per run)."""
+        if self.timed_out:
+            return "no answer (client timeout)"
+        body = self.body
+        if isinstance(body, dict):
+            error = body.get("error", body)
+            if isinstance(error, dict):
+                error = error.get("message", error)
+            text = str(error)
+        else:
+            text = str(body)
+        text = re.sub(r"\s+", " ", text)
+        text = re.sub(r"\b[0-9a-f]{16,}\b", "<rid>", text)
+        text = re.sub(r"\b\d{6,}\b", "<room>", text)
+        text = re.sub(r"127\.0\.0\.1:\d+", "<addr>", text)
+        return text[:160]
+
+
+def send_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: int = 16) -> list[Answer]:
+    """POST every body to ``url`` + /generate concurrently; each ends by ``timeout`` seconds at most."""
+    return collect(start_all(url, bodies, timeout, workers), timeout)
+
+
+@dataclass
+class InFlight:
+    """Requests submitted to a thread pool: the futures, and the pool (shut down by :func:`collect`)."""
+
+    pool: concurrent.futures.ThreadPoolExecutor
+    futures: list[concurrent.futures.Future[Answer]] = field(default_factory=list)
+
+
+def _one(url: str, index: int, body: dict[str, object], timeout: float) -> Answer:
+    sent = time.monotonic()
+    status, answer = deploy.post_json(url + "/generate", body, timeout)
+    ended = time.monotonic()
+    timed_out = status == 0 and "timed out" in str(answer).lower()
+    return Answer(index, status, answer, sent, ended, timed_out)
+
+
+def start_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: int = 16) -> InFlight:
+    """Submit every request without waiting for any answer."""
+    flight = InFlight(concurrent.futures.ThreadPoolExecutor(max_workers=workers))
+    flight.futures = [flight.pool.submit(_one, url, i, body, timeout) for i, body in enumerate(bodies)]
+    return flight
+
+
+def collect(flight: InFlight, timeout: float) -> list[Answer]:
+    """Every answer, in submission order (each request carries its own client timeout)."""
+    try:
+        return [future.result(timeout=timeout + 30) for future in flight.futures]
+    finally:
+        flight.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class FaultResult:
+    """One fault in one mode: what each request's client saw, timed from the fault."""
+
+    fault: str
+    mode: str
+    fault_at: float
+    answers: list[Answer]
+    bound: float
+    note: str = ""
+
+    @property
+    def failed(self) -> list[Answer]:
+        return [a for a in self.answers if not a.ok]
+
+    def seconds_to_error(self) -> list[float]:
+        """For each failed request, seconds from the fault (or from sending, if later) to its error."""
+        return sorted(max(0.0, a.ended - max(self.fault_at, a.sent)) for a in self.failed)
+
+    def row(self) -> dict[str, object]:
+        """The table row: counts, time to error (first/last), statuses, causes; JSON-friendly."""
+        times = self.seconds_to_error()
+        timed_out = [a for a in self.failed if a.timed_out]
+        statuses = sorted({a.status for a in self.failed if not a.timed_out})
+        causes: list[str] = []
+        for answer in self.failed:
+            if answer.cause() not in causes:
+                causes.append(answer.cause())
+        return {
+            "fault": self.fault, "mode": self.mode, "sent": len(self.answers), "failed": len(self.failed),
+            "first_error_s": round(times[0], 1) if times else None,
+            "last_error_s": round(times[-1], 1) if times else None,
+            "timed_out": len(timed_out), "bound_s": self.bound, "statuses": statuses,
+            "causes": causes[:3], "note": self.note,
+        }
+
+
+@dataclass
+class Deployment:
+    """A prefill and a decode of one mode (kvstatus plugin on or off), restartable under the same ports."""
+
+    settings: deploy.Settings
+    mode: str
+    prefill: Optional[deploy.Process] = None
+    decode: Optional[deploy.Process] = None
+    started: list[deploy.Process] = field(default_factory=list)
+    startup_s: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        """Start both servers (at once: they take ~30 s each on 2 cores) and wait until both are healthy."""
+        self.prefill = self._track(deploy.start_server(self.settings, "prefill"))
+        self.decode = self._track(deploy.start_server(self.settings, "decode"))
+        began = time.monotonic()
+        deploy.wait_ready(self.prefill, "/health", deploy.SERVER_READY_TIMEOUT)
+        deploy.wait_ready(self.decode, "/health", deploy.SERVER_READY_TIMEOUT)
+        self.startup_s.append(time.monotonic() - began)
+
+    def restart(self, role: str, wait: bool = True) -> deploy.Process:
+        """Start ``role`` again on its previous ports: the same participant name, a new incarnation."""
+        old = self.prefill if role == "prefill" else self.decode
+        assert old is not None
+        old.stop()
+        new = self._track(deploy.start_server(self.settings, role, old.port, old.extra.get("bootstrap_port")))
+        if role == "prefill":
+            self.prefill = new
+        else:
+            self.decode = new
+        if wait:
+            self.wait(new)
+        return new
+
+    def wait(self, process: deploy.Process) -> None:
+        began = time.monotonic()
+        deploy.wait_ready(process, "/health", deploy.SERVER_READY_TIMEOUT)
+        self.startup_s.append(time.monotonic() - began)
+
+    def router(self) -> deploy.Process:
+        """A fresh router (after a prefill dies, an old router's circuit for it stays open)."""
+        assert self.prefill is not None and self.decode is not None
+        router = self._track(deploy.start_router(self.settings, self.prefill, self.decode))
+        deploy.wait_ready(router, "/readiness", deploy.ROUTER_READY_TIMEOUT)
+        return router
+
+    def _track(self, process: deploy.Process) -> deploy.Process:
+        self.started.append(process)
+        return process
+
+    def stop(self) -> None:
+        """Stop every process this deployment ever started (each by its own PIDs)."""
+        for process in reversed(self.started):
+            process.stop()
+
+
+def fault_bodies(count: int = 24, prompt_words: int = 300, max_new_tokens: int = 64) -> list[dict[str, object]]:
+    """Requests that keep the prefill busy: long prompts, more tokens than its 4096-token pool holds at once."""
+    return [generate_body(prompt(i, prompt_words), max_new_tokens) for i in range(count)]
+
+
+def kill_in_flight(dep: Deployment, role: str, fault: str, delay: float,
+                   after_kill: Optional[Callable[[], None]] = None,
+                   then_send: Optional[str] = None, bound: float = FAULT_WAIT) -> list[FaultResult]:
+    """Fresh router; send :func:`fault_bodies`; SIGKILL ``role``'s process tree ``delay`` s later; collect.
+
+    ``after_kill`` runs right after the SIGKILL (a restart). With ``then_send`` (a fault name), a few new
+    requests go through the same router right after the SIGKILL too, before its health checks can mark the
+    dead server down (a fresh router could not register a dead prefill at all): their result is a second
+    :class:`FaultResult`, timed from sending. ``bound``: each client's timeout, in seconds.
+    """
+    router = dep.router()
+    try:
+        flight = start_all(router.url, fault_bodies(), bound, workers=24)
+        time.sleep(delay)
+        victim = dep.prefill if role == "prefill" else dep.decode
+        assert victim is not None
+        fault_at = time.monotonic()
+        victim.kill()
+        if after_kill is not None:
+            after_kill()
+        late: Optional[InFlight] = None
+        late_at = time.monotonic()
+        if then_send is not None:
+            late = start_all(router.url, [generate_body(prompt(i), 16) for i in range(4)], bound)
+        results = [FaultResult(fault, dep.mode, fault_at, collect(flight, bound), bound)]
+        if late is not None and then_send is not None:
+            results.append(FaultResult(then_send, dep.mode, late_at, collect(late, bound), bound))
+        return results
+    finally:
+        router.stop()

@@ -64,20 +64,29 @@ def async_vs_sync(url: str, client: Any, plan: Plan, rooms: RoomSource) -> Resul
         fresh = rooms.take(n)
         return time_calls(lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n)
 
-    s = interleave({
-        "async update": async_update,
-        "sync update": sync_update,
-        "async get": lambda: loop.run_until_complete(atimed(lambda i: astore.get(existing[i]))),
-        "sync get": lambda: time_calls(lambda i: store.get(existing[i]), n),
-    }, plan.rounds)
+    s = interleave(
+        {
+            "async update": async_update,
+            "sync update": sync_update,
+            "async get": lambda: loop.run_until_complete(atimed(lambda i: astore.get(existing[i]))),
+            "sync get": lambda: time_calls(lambda i: store.get(existing[i]), n),
+        },
+        plan.rounds,
+    )
     loop.run_until_complete(aclient.aclose())
     loop.close()
     out = Results()
     for op in ("update", "get"):
         a, b = s[f"async {op}"], s[f"sync {op}"]
-        out.rows += [_lat("async vs sync", f"`AsyncStatusStore.{'update_status' if op == 'update' else 'get'}`", a,
-                          f"{a.p50_us / b.p50_us:.2f}× the sync store"),
-                     _lat("async vs sync", f"`StatusStore.{'update_status' if op == 'update' else 'get'}`", b)]
+        out.rows += [
+            _lat(
+                "async vs sync",
+                f"`AsyncStatusStore.{'update_status' if op == 'update' else 'get'}`",
+                a,
+                f"{a.p50_us / b.p50_us:.2f}× the sync store",
+            ),
+            _lat("async vs sync", f"`StatusStore.{'update_status' if op == 'update' else 'get'}`", b),
+        ]
     return out
 
 
@@ -90,11 +99,11 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     before = _used_memory(client)
     work = rooms.take(n)
     for i in range(0, n, 1000):
-        store.update_many(dict.fromkeys(work[i:i + 1000], KVPoll.Transferring))
+        store.update_many(dict.fromkeys(work[i : i + 1000], KVPoll.Transferring))
     per_room = (_used_memory(client) - before) / n
     prefill = StatusStore(client, namespace=NAMESPACE, participant="prefill-0")
     for i in range(0, n, 1000):
-        prefill.update_many(dict.fromkeys(work[i:i + 1000], KVPoll.Transferring))
+        prefill.update_many(dict.fromkeys(work[i : i + 1000], KVPoll.Transferring))
     per_pd_room = (_used_memory(client) - before) / n
     client.flushall()
     before = _used_memory(client)
@@ -107,13 +116,27 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     per_string = (_used_memory(client) - before) / n
     client.flushall()
     key = store.schema.room_key(work[0])
-    out.rows += [Measurement("memory", "live room (hash, one participant, TTL)", per_room, "bytes",
-                             note=f"{n:,} rooms, key `{key}` ({len(key)} bytes), field `{PARTICIPANT}`"),
-                 Measurement("memory", "live room, two participants (`prefill-0` and `decode-0`)", per_pd_room,
-                             "bytes"),
-                 Measurement("memory", "raw `SET` of the same key with PX", per_string, "bytes")]
-    out.budgets.append(Budget("memory per live room", per_room, "<=", 200, "bytes",
-                              f"{per_room:.0f} bytes (a plain string key with TTL: {per_string:.0f})"))
+    out.rows += [
+        Measurement(
+            "memory",
+            "live room (hash, one participant, TTL)",
+            per_room,
+            "bytes",
+            note=f"{n:,} rooms, key `{key}` ({len(key)} bytes), field `{PARTICIPANT}`",
+        ),
+        Measurement("memory", "live room, two participants (`prefill-0` and `decode-0`)", per_pd_room, "bytes"),
+        Measurement("memory", "raw `SET` of the same key with PX", per_string, "bytes"),
+    ]
+    out.budgets.append(
+        Budget(
+            "memory per live room",
+            per_room,
+            "<=",
+            200,
+            "bytes",
+            f"{per_room:.0f} bytes (a plain string key with TTL: {per_string:.0f})",
+        )
+    )
     return out
 
 
@@ -133,7 +156,7 @@ def scaling(clients: list[Any], plan: Plan, rooms: RoomSource) -> Results:
     for store, level in zip(stores, plan.levels):
         add = rooms.take(level)
         for i in range(0, level, 1000):
-            store.update_many(dict.fromkeys(add[i:i + 1000], KVPoll.Bootstrapping))
+            store.update_many(dict.fromkeys(add[i : i + 1000], KVPoll.Bootstrapping))
         live.append(add)
         store.client.config_resetstat()
     rng = random.Random(5)
@@ -143,12 +166,14 @@ def scaling(clients: list[Any], plan: Plan, rooms: RoomSource) -> Results:
         def block() -> list[int]:
             picked = rng.choices(live[i], k=n)
             return time_calls(lambda j: stores[i].update_status(picked[j], KVPoll.WaitingForInput), n)
+
         return block
 
     def get_block(i: int) -> Block:
         def block() -> list[int]:
             picked = rng.choices(live[i], k=n)
             return time_calls(lambda j: stores[i].get(picked[j]), n)
+
         return block
 
     blocks: dict[str, Block] = {}
@@ -160,18 +185,29 @@ def scaling(clients: list[Any], plan: Plan, rooms: RoomSource) -> Results:
     for i, (client, level) in enumerate(zip(clients, plan.levels)):
         stats = client.info("commandstats")
         server.append((stats["cmdstat_evalsha"]["usec_per_call"], stats["cmdstat_hget"]["usec_per_call"]))
-        out.rows += [_lat("live rooms", f"`update_status` at {level:,} rooms", s[f"update {i}"],
-                          f"server {server[i][0]:.2f} µs/call"),
-                     _lat("live rooms", f"`get` at {level:,} rooms", s[f"get {i}"],
-                          f"server {server[i][1]:.2f} µs/call")]
+        out.rows += [
+            _lat(
+                "live rooms",
+                f"`update_status` at {level:,} rooms",
+                s[f"update {i}"],
+                f"server {server[i][0]:.2f} µs/call",
+            ),
+            _lat("live rooms", f"`get` at {level:,} rooms", s[f"get {i}"], f"server {server[i][1]:.2f} µs/call"),
+        ]
     low, high = plan.levels[0], plan.levels[-1]
     for k, what in enumerate(("update", "get")):
         a, b = s[f"{what} {len(plan.levels) - 1}"], s[f"{what} 0"]
         name = "update_status" if what == "update" else "get"
-        out.budgets.append(Budget(f"{name} p50 at {high:,} vs {low:,} live rooms (flat: ≤ 1.25×)",
-                                  ratio(a, b), "<=", 1.25, "×",
-                                  f"{a.p50_us:.1f} vs {b.p50_us:.1f} µs; server {server[-1][k]:.2f} vs "
-                                  f"{server[0][k]:.2f} µs/call"))
+        out.budgets.append(
+            Budget(
+                f"{name} p50 at {high:,} vs {low:,} live rooms (flat: ≤ 1.25×)",
+                ratio(a, b),
+                "<=",
+                1.25,
+                "×",
+                f"{a.p50_us:.1f} vs {b.p50_us:.1f} µs; server {server[-1][k]:.2f} vs {server[0][k]:.2f} µs/call",
+            )
+        )
     return out
 
 
@@ -196,8 +232,17 @@ def dict_reference(plan: Plan) -> Results:
             update_status(room, KVPoll.Bootstrapping)
         timings.append((time.perf_counter_ns() - start) / len(work))
     per_op = statistics.median(timings)
-    return Results(rows=[Measurement("reference", "in-process dict `update_status` (seed design)",
-                                     1e9 / per_op, "updates/s", note=f"{per_op:.0f} ns per update, one process")])
+    return Results(
+        rows=[
+            Measurement(
+                "reference",
+                "in-process dict `update_status` (seed design)",
+                1e9 / per_op,
+                "updates/s",
+                note=f"{per_op:.0f} ns per update, one process",
+            )
+        ]
+    )
 
 
 def shard_capacity(port: int, requests: int) -> Results:
@@ -211,22 +256,58 @@ def shard_capacity(port: int, requests: int) -> Results:
     r.script_load(scripts.UPDATE.source)
     key = f"kvstatus:{NAMESPACE}:{{__rand_int__}}"
     commands = {
-        "update rule, one key (`EVALSHA update.lua`)": ["EVALSHA", scripts.UPDATE.sha, "1", key, "seed",
-                                                        str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", "1"],
+        "update rule, one key (`EVALSHA update.lua`)": [
+            "EVALSHA",
+            scripts.UPDATE.sha,
+            "1",
+            key,
+            "seed",
+            str(TTL_MS),
+            PARTICIPANT,
+            f"reason:{PARTICIPANT}",
+            "1",
+        ],
         "status read (`HGET`)": ["HGET", key, PARTICIPANT],
         "raw `SET PX`": ["SET", "raw:{__rand_int__}", "1", "PX", str(TTL_MS)],
         "raw `GET`": ["GET", "raw:{__rand_int__}"],
     }
     for name, command in commands.items():
-        proc = subprocess.run([binary, "-h", "127.0.0.1", "-p", str(port), "-n", str(requests), "-c", "50",
-                               "-P", "16", "-r", "1000000", "-q", "--csv", *command],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                binary,
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-n",
+                str(requests),
+                "-c",
+                "50",
+                "-P",
+                "16",
+                "-r",
+                "1000000",
+                "-q",
+                "--csv",
+                *command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         match = re.search(r'"[^"]*","([0-9.]+)"', proc.stdout)
         if match is None:
             out.notes.append(f"redis-benchmark gave no rate for {name}: {proc.stdout[-200:]} {proc.stderr[-200:]}")
             continue
-        out.rows.append(Measurement("shard capacity", name, float(match.group(1)), "ops/s",
-                                    note="redis-benchmark -c 50 -P 16, random keys of 1M"))
+        out.rows.append(
+            Measurement(
+                "shard capacity",
+                name,
+                float(match.group(1)),
+                "ops/s",
+                note="redis-benchmark -c 50 -P 16, random keys of 1M",
+            )
+        )
     r.flushall()
     r.close()
     return out
@@ -237,15 +318,26 @@ def cluster(client: Any, servers: Any, plan: Plan, rooms: RoomSource) -> Results
     store = _store(client)
     out = batches(client, plan, rooms, label=" (cluster)", cluster=True)
     n = plan.samples // 2
-    s = interleave({
-        "update": lambda: (lambda fresh: time_calls(
-            lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n))(rooms.take(n)),
-        "set": lambda: (lambda keys: time_calls(
-            lambda i: client.set(keys[i], "1", px=TTL_MS), n))([f"raw:{r}" for r in rooms.take(n)]),
-    }, plan.rounds)
-    out.rows += [_lat("batch (cluster)", "`store.update_status` (CREATED)", s["update"],
-                      f"{s['update'].p50_us / s['set'].p50_us:.2f}× raw SET PX on the cluster"),
-                 _lat("batch (cluster)", "raw `SET PX`", s["set"])]
+    s = interleave(
+        {
+            "update": lambda: (
+                lambda fresh: time_calls(lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n)
+            )(rooms.take(n)),
+            "set": lambda: (lambda keys: time_calls(lambda i: client.set(keys[i], "1", px=TTL_MS), n))(
+                [f"raw:{r}" for r in rooms.take(n)]
+            ),
+        },
+        plan.rounds,
+    )
+    out.rows += [
+        _lat(
+            "batch (cluster)",
+            "`store.update_status` (CREATED)",
+            s["update"],
+            f"{s['update'].p50_us / s['set'].p50_us:.2f}× raw SET PX on the cluster",
+        ),
+        _lat("batch (cluster)", "raw `SET PX`", s["set"]),
+    ]
     nodes = [node.client() for node in servers.masters()]
     present = rooms.take(256)
     store.update_many(dict.fromkeys(present, KVPoll.Transferring))
@@ -256,7 +348,8 @@ def cluster(client: Any, servers: Any, plan: Plan, rooms: RoomSource) -> Results
         f"cluster `update_many(1000)`, calls per master: {per_node}. Each room is its own slot, so a batch is "
         f"one EVALSHA per room; any `command|getkeys` above is redis-py's cluster pipeline asking a node for "
         f"the keys of each pipelined command (one extra sequential round trip per command), which is where "
-        f"the cluster batch time goes.")
+        f"the cluster batch time goes."
+    )
     for node in nodes:
         node.close()
     return out
@@ -280,6 +373,13 @@ def client_overhead(plan: Plan) -> Results:
     for name, call in calls.items():
         number = 20_000 if "many" not in name else 200
         best = min(timeit.repeat(call, number=number, repeat=max(5, plan.rounds))) / number * 1e6
-        out.rows.append(Measurement("client code per call (no I/O)", name, best, "µs",
-                                    note="best of repeats against a client that answers at once"))
+        out.rows.append(
+            Measurement(
+                "client code per call (no I/O)",
+                name,
+                best,
+                "µs",
+                note="best of repeats against a client that answers at once",
+            )
+        )
     return out

@@ -98,8 +98,14 @@ def _lat(section: str, variant: str, s: Summary, note: str = "") -> Measurement:
 
 
 def _tput(section: str, variant: str, s: Summary, keys: int) -> Measurement:
-    return Measurement(section, variant, keys / s.p50_us * 1e6, "keys/s", s.p99_us,
-                       f"{keys} keys per call, p50 {s.p50_us:,.0f} µs per call")
+    return Measurement(
+        section,
+        variant,
+        keys / s.p50_us * 1e6,
+        "keys/s",
+        s.p99_us,
+        f"{keys} keys per call, p50 {s.p50_us:,.0f} µs per call",
+    )
 
 
 def _set_raw_keys(client: Any, tag: str, rooms: list[int]) -> list[str]:
@@ -138,6 +144,7 @@ class ServerTime:
             self.usec += stat["usec"]
             self.calls += stat["calls"]
             return samples
+
         return measured
 
     def per_call(self) -> float:
@@ -179,50 +186,91 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         keys = [f"raw:{r}" for r in rooms.take(n)]
         return time_calls(lambda i: run("SET", keys[i], "1", "PX", TTL_MS), n)
 
-    s = interleave({"update": server["update"].around(update_block),
-                    "minimal": server["minimal"].around(minimal_block),
-                    "no acl": server["no acl"].around(no_acl_block),
-                    "set": set_block}, plan.rounds)
+    s = interleave(
+        {
+            "update": server["update"].around(update_block),
+            "minimal": server["minimal"].around(minimal_block),
+            "no acl": server["no acl"].around(no_acl_block),
+            "set": set_block,
+        },
+        plan.rounds,
+    )
     up, floor, raw_set = s["update"].p50_us, s["minimal"].p50_us, s["set"].p50_us
     t_update, t_minimal, t_no_acl = (server[k].per_call() for k in ("update", "minimal", "no acl"))
-    out.rows += [_lat("single key", "`store.update_status` (CREATED)", s["update"], f"server {t_update:.2f} µs/call"),
-                 _lat("single key", "minimal rule script, raw `EVALSHA`", s["minimal"],
-                      f"server {t_minimal:.2f} µs/call"),
-                 _lat("single key", "`update.lua` without its ACL check, raw `EVALSHA`", s["no acl"],
-                      f"server {t_no_acl:.2f} µs/call"),
-                 _lat("single key", "raw `SET key 1 PX ttl`", s["set"])]
+    out.rows += [
+        _lat("single key", "`store.update_status` (CREATED)", s["update"], f"server {t_update:.2f} µs/call"),
+        _lat("single key", "minimal rule script, raw `EVALSHA`", s["minimal"], f"server {t_minimal:.2f} µs/call"),
+        _lat(
+            "single key",
+            "`update.lua` without its ACL check, raw `EVALSHA`",
+            s["no acl"],
+            f"server {t_no_acl:.2f} µs/call",
+        ),
+        _lat("single key", "raw `SET key 1 PX ttl`", s["set"]),
+    ]
     out.budgets += [
-        Budget("update_status p50 vs minimal rule script", ratio(s["update"], s["minimal"]), "<=", 1.05, "×",
-               f"{up:.1f} µs vs {floor:.1f} µs"),
-        Budget("update_status p50 vs raw SET PX", ratio(s["update"], s["set"]), "<=", 1.20, "×",
-               f"{up:.1f} µs vs {raw_set:.1f} µs"),
-        Budget("Redis time per update vs minimal rule script", t_update / t_minimal, "<=", 1.15, "×",
-               f"{t_update:.2f} µs vs {t_minimal:.2f} µs per call (INFO commandstats)"),
+        Budget(
+            "update_status p50 vs minimal rule script",
+            ratio(s["update"], s["minimal"]),
+            "<=",
+            1.05,
+            "×",
+            f"{up:.1f} µs vs {floor:.1f} µs",
+        ),
+        Budget(
+            "update_status p50 vs raw SET PX",
+            ratio(s["update"], s["set"]),
+            "<=",
+            1.20,
+            "×",
+            f"{up:.1f} µs vs {raw_set:.1f} µs",
+        ),
+        Budget(
+            "Redis time per update vs minimal rule script",
+            t_update / t_minimal,
+            "<=",
+            1.15,
+            "×",
+            f"{t_update:.2f} µs vs {t_minimal:.2f} µs per call (INFO commandstats)",
+        ),
     ]
     canned = _store(_CannedClient())
     room = rooms.take(1)[0]
     client_us = _client_code_us(lambda: canned.update_status(room, KVPoll.Bootstrapping))
-    bare_client_us = _client_code_us(lambda: _CannedClient().execute_command(
-        "EVALSHA", minimal_sha, 1, "k", str(TTL_MS), PARTICIPANT, "1"))
+    bare_client_us = _client_code_us(
+        lambda: _CannedClient().execute_command("EVALSHA", minimal_sha, 1, "k", str(TTL_MS), PARTICIPANT, "1")
+    )
     out.notes.append(
         f"`update_status` vs the minimal rule script: {up - floor:+.1f} µs at p50. Inside Redis the update script "
         f"takes {t_update - t_minimal:+.2f} µs more per call (argument validation and the ACL pre-check; the check "
         f"alone {t_update - t_no_acl:+.2f} µs); kvstatus' own Python takes {client_us:.2f} µs per call against "
         f"{bare_client_us:.2f} µs for the bare `execute_command` (no I/O, best of repeats); the rest is the round "
-        f"trip, the same for both.")
+        f"trip, the same for both."
+    )
 
     existing = rooms.take(n)
     store.update_many(dict.fromkeys(existing, KVPoll.Transferring))
     keys = store.schema.room_keys(existing)
-    s = interleave({"get": lambda: time_calls(lambda i: store.get(existing[i]), n),
-                    "HGET": lambda: time_calls(lambda i: run("HGET", keys[i], PARTICIPANT), n)}, plan.rounds)
+    s = interleave(
+        {
+            "get": lambda: time_calls(lambda i: store.get(existing[i]), n),
+            "HGET": lambda: time_calls(lambda i: run("HGET", keys[i], PARTICIPANT), n),
+        },
+        plan.rounds,
+    )
     get, hget = s["get"].p50_us, s["HGET"].p50_us
-    out.rows += [_lat("single key", "`store.get`", s["get"]), _lat("single key", "raw `HGET` of the same key", s["HGET"])]
-    out.budgets.append(Budget("get p50 vs raw HGET", ratio(s["get"], s["HGET"]), "<=", 1.05, "×",
-                              f"{get:.1f} µs vs {hget:.1f} µs"))
+    out.rows += [
+        _lat("single key", "`store.get`", s["get"]),
+        _lat("single key", "raw `HGET` of the same key", s["HGET"]),
+    ]
+    out.budgets.append(
+        Budget("get p50 vs raw HGET", ratio(s["get"], s["HGET"]), "<=", 1.05, "×", f"{get:.1f} µs vs {hget:.1f} µs")
+    )
     client_us = _client_code_us(lambda: canned.get(room))
-    out.notes.append(f"`get` vs raw `HGET`: {get - hget:+.1f} µs at p50; the same command inside Redis, and "
-                     f"kvstatus' own Python (validation, key, decoding) takes {client_us:.2f} µs per call.")
+    out.notes.append(
+        f"`get` vs raw `HGET`: {get - hget:+.1f} µs at p50; the same command inside Redis, and "
+        f"kvstatus' own Python (validation, key, decoding) takes {client_us:.2f} µs per call."
+    )
     return out
 
 
@@ -265,24 +313,33 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
 
     blocks = {"update_many": update_many_block, "set": pipelined_set_block}
     if not cluster:  # one EVALSHA over 1000 keys cannot cross cluster slots
-        blocks = {"update_many": server["update_many"].around(update_many_block),
-                  "minimal": server["minimal"].around(minimal_block),
-                  "no acl": server["no acl"].around(no_acl_block), "set": pipelined_set_block}
+        blocks = {
+            "update_many": server["update_many"].around(update_many_block),
+            "minimal": server["minimal"].around(minimal_block),
+            "no acl": server["no acl"].around(no_acl_block),
+            "set": pipelined_set_block,
+        }
     s = interleave(blocks, plan.rounds)
     out.rows.append(_tput(section, "`store.update_many(1000)`", s["update_many"], size))
     if not cluster:
         per_key = {k: v.per_call() / size for k, v in server.items()}
-        out.rows += [_tput(section, "minimal rule script over 1000 keys, raw `EVALSHA`", s["minimal"], size),
-                     _tput(section, "`update.lua` without its ACL check over 1000 keys, raw `EVALSHA`", s["no acl"],
-                           size),
-                     Measurement(section, "Redis time per key: `update_many(1000)`", per_key["update_many"], "µs"),
-                     Measurement(section, "Redis time per key: minimal rule script", per_key["minimal"], "µs"),
-                     Measurement(section, "Redis time per key: `update.lua` without ACL check", per_key["no acl"],
-                                 "µs")]
-        out.budgets.append(Budget("update_many(1000) throughput vs minimal rule script",
-                                  ratio(s["minimal"], s["update_many"]), ">=", 0.85, "×",
-                                  f"{size / s['update_many'].p50_us * 1e6:,.0f} vs "
-                                  f"{size / s['minimal'].p50_us * 1e6:,.0f} keys/s"))
+        out.rows += [
+            _tput(section, "minimal rule script over 1000 keys, raw `EVALSHA`", s["minimal"], size),
+            _tput(section, "`update.lua` without its ACL check over 1000 keys, raw `EVALSHA`", s["no acl"], size),
+            Measurement(section, "Redis time per key: `update_many(1000)`", per_key["update_many"], "µs"),
+            Measurement(section, "Redis time per key: minimal rule script", per_key["minimal"], "µs"),
+            Measurement(section, "Redis time per key: `update.lua` without ACL check", per_key["no acl"], "µs"),
+        ]
+        out.budgets.append(
+            Budget(
+                "update_many(1000) throughput vs minimal rule script",
+                ratio(s["minimal"], s["update_many"]),
+                ">=",
+                0.85,
+                "×",
+                f"{size / s['update_many'].p50_us * 1e6:,.0f} vs {size / s['minimal'].p50_us * 1e6:,.0f} keys/s",
+            )
+        )
         canned = _store(_CannedClient())
         work = dict.fromkeys(rooms.take(size), KVPoll.Bootstrapping)
         client_us = _client_code_us(lambda: canned.update_many(work), 100)
@@ -291,7 +348,8 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
             f"µs per call at p50. Inside Redis {per_key['update_many'] - per_key['minimal']:+.2f} µs per key "
             f"(validation and the ACL pre-check; the check alone "
             f"{per_key['update_many'] - per_key['no acl']:+.2f} µs per key); kvstatus' own Python (validation, "
-            f"keys, decoding, no I/O) {client_us:,.0f} µs per call.")
+            f"keys, decoding, no I/O) {client_us:,.0f} µs per call."
+        )
     out.rows.append(_tput(section, "raw pipelined `SET PX` × 1000", s["set"], size))
 
     size = 256
@@ -299,25 +357,40 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     store.update_many(dict.fromkeys(present, KVPoll.Transferring))
     raw_keys = _set_raw_keys(client, "mget", present)
     present_keys = store.schema.room_keys(present)
-    blocks = {"get_many": lambda: time_calls(lambda i: store.get_many(present), calls * 4),
-              "mget": lambda: time_calls(lambda i: (client.mget_nonatomic(raw_keys) if cluster
-                                                    else run("MGET", *raw_keys)), calls * 4)}
+    blocks = {
+        "get_many": lambda: time_calls(lambda i: store.get_many(present), calls * 4),
+        "mget": lambda: time_calls(
+            lambda i: client.mget_nonatomic(raw_keys) if cluster else run("MGET", *raw_keys), calls * 4
+        ),
+    }
     if not cluster:
         client.script_load(scripts.GET_MANY.source)
         blocks["bare"] = lambda: time_calls(
-            lambda i: run("EVALSHA", scripts.GET_MANY.sha, size, *present_keys, PARTICIPANT), calls * 4)
+            lambda i: run("EVALSHA", scripts.GET_MANY.sha, size, *present_keys, PARTICIPANT), calls * 4
+        )
     s = interleave(blocks, plan.rounds)
     if not cluster:
         counts = commands_per_node([client], lambda: store.get_many(present))[0]
         sent = counts.get("evalsha_ro", 0) + counts.get("evalsha", 0)
-        out.notes.append(f"`get_many(256)` on one Redis sends {sent} command(s), one round "
-                         f"trip (calls seen by the server, script-internal ones included: {counts})")
+        out.notes.append(
+            f"`get_many(256)` on one Redis sends {sent} command(s), one round "
+            f"trip (calls seen by the server, script-internal ones included: {counts})"
+        )
         out.rows.append(_tput(section, "bare `get_many.lua` over 256 keys, raw `EVALSHA`", s["bare"], size))
-        out.budgets.append(Budget("get_many(256) vs bare get_many.lua", ratio(s["bare"], s["get_many"]),
-                                  ">=", 0.9, "×", f"{s['get_many'].p50_us:.0f} µs vs {s['bare'].p50_us:.0f} µs per call"))
-    out.rows += [_tput(section, "`store.get_many(256)`", s["get_many"], size),
-                 _tput(section, "raw `MGET` of 256 string keys" + (" (`mget_nonatomic`)" if cluster else ""),
-                       s["mget"], size)]
+        out.budgets.append(
+            Budget(
+                "get_many(256) vs bare get_many.lua",
+                ratio(s["bare"], s["get_many"]),
+                ">=",
+                0.9,
+                "×",
+                f"{s['get_many'].p50_us:.0f} µs vs {s['bare'].p50_us:.0f} µs per call",
+            )
+        )
+    out.rows += [
+        _tput(section, "`store.get_many(256)`", s["get_many"], size),
+        _tput(section, "raw `MGET` of 256 string keys" + (" (`mget_nonatomic`)" if cluster else ""), s["mget"], size),
+    ]
     return out
 
 
@@ -329,8 +402,13 @@ def commands_per_node(nodes: list[redis.Redis], call: Callable[[], object]) -> l
     counts = []
     for node in nodes:
         stats = node.info("commandstats")
-        counts.append({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
-                       if name != "cmdstat_config|resetstat"})
+        counts.append(
+            {
+                name.removeprefix("cmdstat_"): int(v["calls"])
+                for name, v in stats.items()
+                if name != "cmdstat_config|resetstat"
+            }
+        )
     return counts
 
 

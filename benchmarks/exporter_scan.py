@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> None:
         client = server.client()
         started = time.perf_counter()
         seed(server.url, args.rooms)
-        print(f"seeded {args.rooms} rooms x 3 participants in {time.perf_counter() - started:.1f}s; "
-              f"used_memory {client.info('memory')['used_memory_human']}")
+        print(
+            f"seeded {args.rooms} rooms x 3 participants in {time.perf_counter() - started:.1f}s; "
+            f"used_memory {client.info('memory')['used_memory_human']}"
+        )
         schema = KeySchema(NAMESPACE)
         print(f"{'batch':>6} {'s/pass':>8} {'keys/s':>9} {'redis cpu s/pass':>17} {'client cpu s/pass':>18}")
         for batch in args.batches:

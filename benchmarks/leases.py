@@ -55,8 +55,11 @@ def upkeep(url: str, seconds: float) -> None:
         scripted = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro")
         calls = sum(v["calls"] for k, v in stat.items() if k in scripted)
         store.close()
-        row(f"lease upkeep, lease_ttl={ttl:g} s", f"{calls / seconds:.2f} commands/s per participant",
-            f"budget <= 1; {calls} renewals in {seconds:g} s")
+        row(
+            f"lease upkeep, lease_ttl={ttl:g} s",
+            f"{calls / seconds:.2f} commands/s per participant",
+            f"budget <= 1; {calls} renewals in {seconds:g} s",
+        )
         admin.close()
 
 
@@ -76,7 +79,8 @@ def consensus(url: str, samples: int, rounds: int) -> None:
         "get_many(256)": lambda: time_calls(lambda i: reader.get_many(rooms), samples),
         "room_statuses(256 x 4)": lambda: time_calls(lambda i: reader.room_statuses(rooms, names), samples),
         "bare HMGET-loop script (floor)": lambda: time_calls(
-            lambda i: client.execute_command("EVALSHA", floor_sha, len(keys), *keys, *names), samples),
+            lambda i: client.execute_command("EVALSHA", floor_sha, len(keys), *keys, *names), samples
+        ),
     }
     server = {}
     for name in blocks:
@@ -88,23 +92,32 @@ def consensus(url: str, samples: int, rounds: int) -> None:
             stat = client.info("commandstats")["cmdstat_evalsha"]
             server.setdefault(name, []).append(stat["usec"] / stat["calls"])
             return got
+
         blocks[name] = measured
     result = interleave(blocks, rounds)
     r = ratio(result["room_statuses(256 x 4)"], result["get_many(256)"])
     for name, summary in result.items():
-        row(name, f"p50 {summary.p50_us:.0f} µs", f"p99 {summary.p99_us:.0f} µs; "
-            f"Redis' own {statistics.median(server[name]):.0f} µs per call")
+        row(
+            name,
+            f"p50 {summary.p50_us:.0f} µs",
+            f"p99 {summary.p99_us:.0f} µs; Redis' own {statistics.median(server[name]):.0f} µs per call",
+        )
     row("consensus / get_many", f"{r:.2f}x", "budget <= 1.5x, one round trip (one script call)")
-    row("consensus / bare HMGET-loop floor", f"{ratio(result['room_statuses(256 x 4)'], result['bare HMGET-loop script (floor)']):.2f}x",
-        "the floor reads the same 1024 fields with nothing else: no leases, no validation, no decoding")
+    row(
+        "consensus / bare HMGET-loop floor",
+        f"{ratio(result['room_statuses(256 x 4)'], result['bare HMGET-loop script (floor)']):.2f}x",
+        "the floor reads the same 1024 fields with nothing else: no leases, no validation, no decoding",
+    )
     for store in stores.values():
         store.close()
     reader.close()
 
 
-BARE_HMGET = ('local call, a, b, c, d = redis.call, ARGV[1], ARGV[2], ARGV[3], ARGV[4] local r = {} '
-              'for i = 1, #KEYS do local v = call("HMGET", KEYS[i], a, b, c, d) '
-              'r[i] = (v[1] or "-") .. (v[2] or "-") .. (v[3] or "-") .. (v[4] or "-") end return r')
+BARE_HMGET = (
+    "local call, a, b, c, d = redis.call, ARGV[1], ARGV[2], ARGV[3], ARGV[4] local r = {} "
+    'for i = 1, #KEYS do local v = call("HMGET", KEYS[i], a, b, c, d) '
+    'r[i] = (v[1] or "-") .. (v[2] or "-") .. (v[3] or "-") .. (v[4] or "-") end return r'
+)
 
 
 def write_path(url: str, samples: int, rounds: int) -> None:
@@ -133,31 +146,40 @@ def write_path(url: str, samples: int, rounds: int) -> None:
         start = next(base) * samples * 10
         return lambda i: store.update_status(5_000_000 + start + i, KVPoll.Failed)
 
-    blocks = {"Failed, no tombstone key": lambda: time_calls(failed(untombed), samples),
-              "Failed, with tombstone key": lambda: time_calls(failed(plain), samples)}
+    blocks = {
+        "Failed, no tombstone key": lambda: time_calls(failed(untombed), samples),
+        "Failed, with tombstone key": lambda: time_calls(failed(plain), samples),
+    }
     result = interleave(blocks, rounds)
-    row("late Failed (IGNORED_MISSING) with / without the tombstone key",
+    row(
+        "late Failed (IGNORED_MISSING) with / without the tombstone key",
         f"{ratio(result['Failed, with tombstone key'], result['Failed, no tombstone key']):.3f}x",
         f"p50 {result['Failed, with tombstone key'].p50_us:.1f} vs {result['Failed, no tombstone key'].p50_us:.1f} µs;"
-        " a non-Failed update sends exactly what it sent before")
+        " a non-Failed update sends exactly what it sent before",
+    )
 
     def clears(store: StatusStore) -> Callable[[], list[int]]:
         def block() -> list[int]:
             start = 20_000_000 + next(base) * samples
             store.update_many({start + i: KVPoll.Success for i in range(samples)})
             return time_calls(lambda i: store.clear(start + i), samples)
+
         return block
 
     result = interleave({"clear, HDEL": clears(untombed), "clear, tombstone script": clears(plain)}, rounds)
-    row("clear: tombstone script / plain HDEL", f"{ratio(result['clear, tombstone script'], result['clear, HDEL']):.3f}x",
-        f"p50 {result['clear, tombstone script'].p50_us:.1f} vs {result['clear, HDEL'].p50_us:.1f} µs")
+    row(
+        "clear: tombstone script / plain HDEL",
+        f"{ratio(result['clear, tombstone script'], result['clear, HDEL']):.3f}x",
+        f"p50 {result['clear, tombstone script'].p50_us:.1f} vs {result['clear, HDEL'].p50_us:.1f} µs",
+    )
     for store in (plain, leased, untombed):
         store.close()
 
 
 INDEXED = scripts.UPDATE.source.replace(
     '    redis.call("PEXPIRE", key, ttl)\n  elseif',
-    '    redis.call("PEXPIRE", key, ttl)\n    redis.call("ZADD", KEYS[#KEYS], 1, key)\n  elseif')
+    '    redis.call("PEXPIRE", key, ttl)\n    redis.call("ZADD", KEYS[#KEYS], 1, key)\n  elseif',
+)
 
 
 def index_cost(url: str, samples: int) -> None:
@@ -180,8 +202,11 @@ def index_cost(url: str, samples: int) -> None:
         per_call[name] = statistics.median(times)
         client.flushall()
     a, b = per_call["update.lua + ZADD index"], per_call["update.lua"]
-    row("per-participant index (ZADD in the update script)", f"{a / b:.2f}x Redis time per update",
-        f"{a:.1f} vs {b:.1f} µs; on a cluster the index key is in another slot: one more command per write")
+    row(
+        "per-participant index (ZADD in the update script)",
+        f"{a / b:.2f}x Redis time per update",
+        f"{a:.1f} vs {b:.1f} µs; on a cluster the index key is in another slot: one more command per write",
+    )
     client.close()
 
 
@@ -207,11 +232,16 @@ def sweep_rate(url: str, rooms: int, label: str) -> None:
     assert first.swept == rooms, first
     second = sweep(client, schema, batch=1000)
     assert second.swept == 0
-    row(f"sweep, {label}, {rooms:,} rooms, every one open for the dead participant",
-        f"{first.scanned / first.seconds:,.0f} keys/s", f"{first.seconds:.1f} s, {first.swept:,} entries failed "
-        f"(filling took {filled:.0f} s)")
-    row(f"sweep again, {label}, {rooms:,} rooms, nothing left to fail",
-        f"{second.scanned / second.seconds:,.0f} keys/s", f"{second.seconds:.1f} s (scan + read floor)")
+    row(
+        f"sweep, {label}, {rooms:,} rooms, every one open for the dead participant",
+        f"{first.scanned / first.seconds:,.0f} keys/s",
+        f"{first.seconds:.1f} s, {first.swept:,} entries failed (filling took {filled:.0f} s)",
+    )
+    row(
+        f"sweep again, {label}, {rooms:,} rooms, nothing left to fail",
+        f"{second.scanned / second.seconds:,.0f} keys/s",
+        f"{second.seconds:.1f} s (scan + read floor)",
+    )
     client.close()
 
 

@@ -55,7 +55,7 @@ def interleave(blocks: Mapping[str, Block], rounds: int) -> dict[str, Summary]:
     names = list(blocks)
     per_round: dict[str, list[list[int]]] = {name: [] for name in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             gc.collect()
             per_round[name].append(blocks[name]())

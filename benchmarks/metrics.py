@@ -79,14 +79,19 @@ class AnsweringClient:
 def store_calls(client: object, rounds: int, number: int) -> dict[str, Summary]:
     """p50/p99 of update_status and get through stores with metrics off and on, on ``client``, interleaved."""
     off = StatusStore(client, namespace="bench", participant="prefill-0")
-    on = StatusStore(client, namespace="bench", participant="prefill-0",
-                     metrics=StoreMetrics("bench", "prefill-0", CollectorRegistry()))
+    on = StatusStore(
+        client,
+        namespace="bench",
+        participant="prefill-0",
+        metrics=StoreMetrics("bench", "prefill-0", CollectorRegistry()),
+    )
     for store in (off, on):
         store.update_status(1, KVPoll.Bootstrapping)
     blocks = {}
     for name, store in (("off", off), ("on", on)):
-        blocks[f"update_status, metrics {name}"] = \
-            lambda s=store: time_calls(lambda i: s.update_status(1, KVPoll.Bootstrapping), number)
+        blocks[f"update_status, metrics {name}"] = lambda s=store: time_calls(
+            lambda i: s.update_status(1, KVPoll.Bootstrapping), number
+        )
         blocks[f"get, metrics {name}"] = lambda s=store: time_calls(lambda i: s.get(1), number)
     return interleave(blocks, rounds)
 
@@ -122,15 +127,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             over.append(name)
     us = per_call_us(lambda: metrics.on_updates(batch), max(args.number // 1000, 10), args.repeat)
     print(f"{'on_updates, 1000 results':<36} {us:>8.1f}  ({us / 1000:.3f} per result)")
-    extra = report_store_calls("store call, metrics off vs on, client answering at once (no network)",
-                               store_calls(AnsweringClient(), args.repeat, max(args.number // 10, 1000)))
+    extra = report_store_calls(
+        "store call, metrics off vs on, client answering at once (no network)",
+        store_calls(AnsweringClient(), args.repeat, max(args.number // 10, 1000)),
+    )
     if extra > BUDGET_US:
         over.append("store call with metrics on")
     if not args.no_server:
         with RedisServer(extra_args=["--save", "", "--appendonly", "no"]) as server:
             client = redis.Redis(host=server.host, port=server.port)
-            report_store_calls("store call, metrics off vs on, redis-server on loopback (network noise included)",
-                               store_calls(client, args.repeat, max(args.number // 100, 500)))
+            report_store_calls(
+                "store call, metrics off vs on, redis-server on loopback (network noise included)",
+                store_calls(client, args.repeat, max(args.number // 100, 500)),
+            )
             client.close()
     if over:
         print(f"over the {BUDGET_US} us budget: {', '.join(over)}", file=sys.stderr)

@@ -67,46 +67,75 @@ def _us(ns: float) -> str:
 
 def reads(url: str, report: Report, samples: int, rounds: int) -> None:
     rooms = list(range(1, 257))
-    with StatusStore.from_url(url, namespace=NAMESPACE, participant="w") as writer, \
-            StatusStore.from_url(url, namespace=NAMESPACE, participant="w", near_cache=True) as cached:
+    with (
+        StatusStore.from_url(url, namespace=NAMESPACE, participant="w") as writer,
+        StatusStore.from_url(url, namespace=NAMESPACE, participant="w", near_cache=True) as cached,
+    ):
         writer.update_many({r: KVPoll.Transferring for r in rooms})
         local = {r: KVPoll.Transferring for r in rooms}
         raw = writer.client
         key = writer._core.schema.room_key(1)
         cached.get_many(rooms)
         steps = max(50, samples // 10)
-        s = interleave({
-            "dict": lambda: time_calls(lambda i: {r: local.get(r) for r in rooms}, steps),
-            "cached": lambda: time_calls(lambda i: cached.get_many(rooms), steps),
-            "uncached": lambda: time_calls(lambda i: writer.get_many(rooms), steps // 5),
-        }, rounds)
-        report.row("poll step, 256 unchanged rooms: dict", f"{s['dict'].p50_us:,.1f} µs", "`{r: d.get(r) for r in rooms}`")
-        report.row("poll step, 256 unchanged rooms: near cache", f"{s['cached'].p50_us:,.1f} µs",
-                   f"p99 {s['cached'].p99_us:,.1f} µs; `store.get_many(rooms)`")
-        report.row("poll step, 256 unchanged rooms: uncached", f"{s['uncached'].p50_us:,.1f} µs",
-                   "`store.get_many(rooms)`, one round trip")
+        s = interleave(
+            {
+                "dict": lambda: time_calls(lambda i: {r: local.get(r) for r in rooms}, steps),
+                "cached": lambda: time_calls(lambda i: cached.get_many(rooms), steps),
+                "uncached": lambda: time_calls(lambda i: writer.get_many(rooms), steps // 5),
+            },
+            rounds,
+        )
+        report.row(
+            "poll step, 256 unchanged rooms: dict", f"{s['dict'].p50_us:,.1f} µs", "`{r: d.get(r) for r in rooms}`"
+        )
+        report.row(
+            "poll step, 256 unchanged rooms: near cache",
+            f"{s['cached'].p50_us:,.1f} µs",
+            f"p99 {s['cached'].p99_us:,.1f} µs; `store.get_many(rooms)`",
+        )
+        report.row(
+            "poll step, 256 unchanged rooms: uncached",
+            f"{s['uncached'].p50_us:,.1f} µs",
+            "`store.get_many(rooms)`, one round trip",
+        )
         report.budget("cached poll step / dict poll step", s["cached"].p50_us / s["dict"].p50_us, "<=", 3, "×")
         report.budget("uncached poll step / cached poll step", s["uncached"].p50_us / s["cached"].p50_us, ">=", 20, "×")
 
-        s = interleave({
-            "dict": lambda: time_calls(lambda i: local.get(1), samples),
-            "cached": lambda: time_calls(lambda i: cached.get(1), samples),
-            "uncached": lambda: time_calls(lambda i: writer.get(1), samples // 5),
-            "raw": lambda: time_calls(lambda i: raw.execute_command("HGET", key, "w"), samples // 5),
-        }, rounds)
+        s = interleave(
+            {
+                "dict": lambda: time_calls(lambda i: local.get(1), samples),
+                "cached": lambda: time_calls(lambda i: cached.get(1), samples),
+                "uncached": lambda: time_calls(lambda i: writer.get(1), samples // 5),
+                "raw": lambda: time_calls(lambda i: raw.execute_command("HGET", key, "w"), samples // 5),
+            },
+            rounds,
+        )
         report.row("single get: dict", f"{s['dict'].p50_us:,.2f} µs")
         report.row("single get: near cache hit", f"{s['cached'].p50_us:,.2f} µs", f"p99 {s['cached'].p99_us:,.1f} µs")
         report.row("single get: uncached `store.get`", f"{s['uncached'].p50_us:,.1f} µs")
         report.row("single get: raw `HGET` round trip", f"{s['raw'].p50_us:,.1f} µs")
         report.budget("cached get p50", s["cached"].p50_us, "<=", 5, " µs")
-        report.row("uncached get / raw HGET", f"{s['uncached'].p50_us / s['raw'].p50_us:.2f}×",
-                   "the store's existing budget (budget ≤ 1.05×, main measured 1.05-1.16×)")
+        report.row(
+            "uncached get / raw HGET",
+            f"{s['uncached'].p50_us / s['raw'].p50_us:.2f}×",
+            "the store's existing budget (budget ≤ 1.05×, main measured 1.05-1.16×)",
+        )
         if hasattr(writer, "_core") and hasattr(writer, "_send"):  # the read path as it was before the near cache
             before = lambda i: writer._send(writer._core.get(1))  # noqa: E731
-            s = interleave({"store.get": lambda: time_calls(lambda i: writer.get(1), samples // 5),
-                            "pre-cache path": lambda: time_calls(before, samples // 5)}, rounds)
-            report.budget("uncached get, store.get / the pre-near-cache code path", s["store.get"].p50_us /
-                          s["pre-cache path"].p50_us, "<=", 1.05, "×")
+            s = interleave(
+                {
+                    "store.get": lambda: time_calls(lambda i: writer.get(1), samples // 5),
+                    "pre-cache path": lambda: time_calls(before, samples // 5),
+                },
+                rounds,
+            )
+            report.budget(
+                "uncached get, store.get / the pre-near-cache code path",
+                s["store.get"].p50_us / s["pre-cache path"].p50_us,
+                "<=",
+                1.05,
+                "×",
+            )
 
 
 # --------------------------------------------------------------------------- staleness
@@ -117,8 +146,9 @@ def _writer(url: str, rooms: list[int], others: list[int], rate: float, start_at
     interleaved with as many updates of ``others`` (rooms the reader never reads); report the acks."""
     acks: list[tuple[int, int, int]] = []
     with StatusStore.from_url(url, namespace=NAMESPACE, participant="w") as store:
-        plan = [(room, status) for status in (KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success)
-                for room in rooms]
+        plan = [
+            (room, status) for status in (KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success) for room in rooms
+        ]
         other_status = [KVPoll.Bootstrapping] * len(others)
         while time.monotonic_ns() < start_at:
             time.sleep(0.0005)
@@ -140,8 +170,9 @@ def _writer(url: str, rooms: list[int], others: list[int], rate: float, start_at
     out.send(acks)
 
 
-def staleness(url: str, report: Report, mode: str, base: int, rate: float = 1000.0, other_rooms: int = 2048,
-              pause: float = 0.0) -> None:
+def staleness(
+    url: str, report: Report, mode: str, base: int, rate: float = 1000.0, other_rooms: int = 2048, pause: float = 0.0
+) -> None:
     """A reader polls 256 rooms through the cache while a writer process changes them (and other rooms)."""
     bcast = mode == "BCAST"
     namespace_rooms = list(range(base, base + 256))
@@ -149,7 +180,7 @@ def staleness(url: str, report: Report, mode: str, base: int, rate: float = 1000
     with StatusStore.from_url(url, namespace=NAMESPACE, participant="w") as setup:
         setup.update_many({r: KVPoll.Bootstrapping for r in namespace_rooms})
         for chunk in range(0, len(others), 512):
-            setup.update_many({r: KVPoll.Bootstrapping for r in others[chunk:chunk + 512]})
+            setup.update_many({r: KVPoll.Bootstrapping for r in others[chunk : chunk + 512]})
     options = NearCacheOptions(bcast=bcast)
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
@@ -196,31 +227,45 @@ def staleness(url: str, report: Report, mode: str, base: int, rate: float = 1000
     missing = len(acks) - len(delays)
     updates = len(acks) * (2 if others else 1)
     p50, p99 = percentile(delays, 0.5), percentile(delays, 0.99)
-    report.row(f"staleness ({mode} tracking{', reader sleeps %g µs between polls' % (pause * 1e6) if pause else ''})"
-               ", p50 / p99",
-               f"{_us(p50)} / {_us(p99)}",
-               f"{len(acks)} changes at {rate:g}/s to the 256 polled rooms (+ as many to {len(others)} other rooms); "
-               f"{polls} polls; {missing} changes never seen")
-    report.row(f"invalidated rooms received per namespace update ({mode})", f"{received / updates:.2f}",
-               f"{received} for {updates} updates")
+    report.row(
+        f"staleness ({mode} tracking{', reader sleeps %g µs between polls' % (pause * 1e6) if pause else ''})"
+        ", p50 / p99",
+        f"{_us(p50)} / {_us(p99)}",
+        f"{len(acks)} changes at {rate:g}/s to the 256 polled rooms (+ as many to {len(others)} other rooms); "
+        f"{polls} polls; {missing} changes never seen",
+    )
+    report.row(
+        f"invalidated rooms received per namespace update ({mode})",
+        f"{received / updates:.2f}",
+        f"{received} for {updates} updates",
+    )
     if mode == "default":
-        report.budget(f"staleness p99 after the writer's ack (default tracking{', paused reader' if pause else ''})",
-                      p99 / 1000, "<=", 1000, " µs")
+        report.budget(
+            f"staleness p99 after the writer's ack (default tracking{', paused reader' if pause else ''})",
+            p99 / 1000,
+            "<=",
+            1000,
+            " µs",
+        )
 
 
 def tracked_key_memory(url: str, report: Report, mode: str, base: int, rooms: int = 20_000) -> None:
     """Redis' memory per cached room: used_memory delta when one reader caches ``rooms`` (missing) rooms."""
     admin = connect(url)
     keys = list(range(base, base + rooms))
-    with StatusStore.from_url(url, namespace=NAMESPACE, participant="w",
-                              near_cache=NearCacheOptions(max_rooms=rooms, bcast=mode == "BCAST")) as cached:
+    with StatusStore.from_url(
+        url, namespace=NAMESPACE, participant="w", near_cache=NearCacheOptions(max_rooms=rooms, bcast=mode == "BCAST")
+    ) as cached:
         cached.get(keys[0])
         before = admin.info("memory")["used_memory"]
         for chunk in range(0, rooms, 1000):
-            cached.get_many(keys[chunk:chunk + 1000])
+            cached.get_many(keys[chunk : chunk + 1000])
         after = admin.info("memory")["used_memory"]
-    report.row(f"server memory per cached room ({mode} tracking)", f"{(after - before) / rooms:,.0f} bytes",
-               f"used_memory delta for {rooms:,} rooms read by one cached reader")
+    report.row(
+        f"server memory per cached room ({mode} tracking)",
+        f"{(after - before) / rooms:,.0f} bytes",
+        f"used_memory delta for {rooms:,} rooms read by one cached reader",
+    )
 
 
 # --------------------------------------------------------------------------- wait_for
@@ -256,8 +301,11 @@ def wait_delivery(url: str, report: Report, count: int) -> None:
     process.join()
     delays = [w - a for w, a in zip(woke, acks)]
     p50, p99 = percentile(delays, 0.5), percentile(delays, 0.99)
-    report.row("wait_for delivery after the writer's ack, p50 / p99", f"{_us(p50)} / {_us(p99)}",
-               f"{count} waits, each on a fresh subscription")
+    report.row(
+        "wait_for delivery after the writer's ack, p50 / p99",
+        f"{_us(p50)} / {_us(p99)}",
+        f"{count} waits, each on a fresh subscription",
+    )
     report.budget("wait_for delivery p99", p99 / 1000, "<=", 1000, " µs")
 
 
@@ -282,18 +330,25 @@ def publish_cost(url: str, report: Report, updates: int, rounds: int) -> None:
     latency: dict[str, list[float]] = {"with publish": [], "without publish": []}
     for r in range(rounds):
         for name, script in (("with publish", scripts.UPDATE), ("without publish", bare))[:: 1 if r % 2 else -1]:
-            calls = [script_call(script, [f"kvstatus:{NAMESPACE}:{{{700_000_000 + next(counter)}}}"], (*head, "1"))
-                     for _ in range(updates)]
+            calls = [
+                script_call(script, [f"kvstatus:{NAMESPACE}:{{{700_000_000 + next(counter)}}}"], (*head, "1"))
+                for _ in range(updates)
+            ]
             client.config_resetstat()
-            samples = time_calls(lambda i: client.execute_command(*calls[i].args), updates)
+            samples = time_calls(lambda i: client.execute_command(*calls[i].args), updates)  # noqa: B023 - used at once, in this iteration
             per_call[name].append(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
             latency[name].append(percentile(samples, 0.5) / 1000)
     with_, without = statistics.median(per_call["with publish"]), statistics.median(per_call["without publish"])
-    report.row("server time per update script (CREATED), with / without the publish",
-               f"{with_:.2f} / {without:.2f} µs", "INFO commandstats usec_per_call, no subscriber, median of rounds")
-    report.row("update round trip p50, with / without the publish",
-               f"{statistics.median(latency['with publish']):.1f} / {statistics.median(latency['without publish']):.1f} µs",
-               "client side")
+    report.row(
+        "server time per update script (CREATED), with / without the publish",
+        f"{with_:.2f} / {without:.2f} µs",
+        "INFO commandstats usec_per_call, no subscriber, median of rounds",
+    )
+    report.row(
+        "update round trip p50, with / without the publish",
+        f"{statistics.median(latency['with publish']):.1f} / {statistics.median(latency['without publish']):.1f} µs",
+        "client side",
+    )
     report.budget("extra server time per update for the publish", with_ - without, "<=", 3, " µs")
 
 
@@ -309,10 +364,14 @@ def main(argv: list[str]) -> int:
             ("staleness default", lambda: staleness(server.url, report, "default", 1_000_000)),
             ("staleness BCAST", lambda: staleness(server.url, report, "BCAST", 2_000_000)),
             ("staleness paused", lambda: staleness(server.url, report, "default", 5_000_000, pause=0.0001)),
-            ("tracked key memory default", lambda: tracked_key_memory(server.url, report, "default", 3_000_000,
-                                                                      5_000 if args.quick else 20_000)),
-            ("tracked key memory BCAST", lambda: tracked_key_memory(server.url, report, "BCAST", 4_000_000,
-                                                                    5_000 if args.quick else 20_000)),
+            (
+                "tracked key memory default",
+                lambda: tracked_key_memory(server.url, report, "default", 3_000_000, 5_000 if args.quick else 20_000),
+            ),
+            (
+                "tracked key memory BCAST",
+                lambda: tracked_key_memory(server.url, report, "BCAST", 4_000_000, 5_000 if args.quick else 20_000),
+            ),
             ("wait_for", lambda: wait_delivery(server.url, report, 100 if args.quick else 300)),
             ("publish cost", lambda: publish_cost(server.url, report, 1000 if args.quick else 3000, rounds)),
         ):

@@ -49,9 +49,20 @@ def machine() -> dict[str, str]:
 
 
 def render(results: Results, host: dict[str, str], command: str, seconds: float) -> str:
-    lines = [f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {seconds:.0f} s, reproduced by:", "",
-             "```sh", command, "```", "", "Machine: " + "; ".join(f"{k} {v}" for k, v in host.items()) + ".", "",
-             "### Budgets", "", "| budget | measured | limit | result | detail |", "|---|---|---|---|---|"]
+    lines = [
+        f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {seconds:.0f} s, reproduced by:",
+        "",
+        "```sh",
+        command,
+        "```",
+        "",
+        "Machine: " + "; ".join(f"{k} {v}" for k, v in host.items()) + ".",
+        "",
+        "### Budgets",
+        "",
+        "| budget | measured | limit | result | detail |",
+        "|---|---|---|---|---|",
+    ]
     for b in results.budgets:
         measured = f"{b.measured:.0f} {b.unit}" if b.unit == "bytes" else f"{b.measured:.2f}{b.unit}"
         limit = f"{b.op} {b.limit:g}{'' if b.unit == '×' else ' '}{b.unit}"

@@ -58,7 +58,7 @@ def timed_rounds(variants: dict[str, Callable[[], None]], iterations: int, round
     results: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             for _ in range(iterations):
                 variants[name]()
@@ -80,9 +80,11 @@ def poll_benchmark(url: str, iterations: int, rounds: int) -> list[list[str]]:
     install(memo, url, namespace="bench-sgl-memo")
     nomemo = make_manager()
     install(nomemo, url, namespace="bench-sgl-nomemo", memo_seconds=0)
-    variants = {"dict (upstream)": poll_loop(upstream, rooms),
-                "kvstatus, uncached (memo: 1 round trip a poll)": poll_loop(seeded(memo, rooms), rooms),
-                "kvstatus, uncached, memo off (2 round trips a poll)": poll_loop(seeded(nomemo, rooms), rooms)}
+    variants = {
+        "dict (upstream)": poll_loop(upstream, rooms),
+        "kvstatus, uncached (memo: 1 round trip a poll)": poll_loop(seeded(memo, rooms), rooms),
+        "kvstatus, uncached, memo off (2 round trips a poll)": poll_loop(seeded(nomemo, rooms), rooms),
+    }
     cached = make_manager()
     install(cached, url, namespace="bench-sgl-near", near_cache=True)
     variants["kvstatus, near cache (0 round trips a poll)"] = poll_loop(seeded(cached, rooms), rooms)
@@ -91,8 +93,10 @@ def poll_benchmark(url: str, iterations: int, rounds: int) -> list[list[str]]:
     variants["kvstatus, near cache, memo off"] = poll_loop(seeded(cached_nomemo, rooms), rooms)
     times = timed_rounds(variants, iterations, rounds)
     base = times["dict (upstream)"]
-    return [[name, f"{t * 1e3:,.1f}", f"{t / (iterations * ROOMS) * 1e6:,.2f}", f"{t / base:,.1f}x"]
-            for name, t in times.items()]
+    return [
+        [name, f"{t * 1e3:,.1f}", f"{t / (iterations * ROOMS) * 1e6:,.2f}", f"{t / base:,.1f}x"]
+        for name, t in times.items()
+    ]
 
 
 def kvstatus_consensus(url: str, iterations: int, rounds: int, near_cache: bool = False) -> dict[str, float]:
@@ -112,8 +116,11 @@ def kvstatus_consensus(url: str, iterations: int, rounds: int, near_cache: bool 
         for statuses in rank0.request_status.collect_many(rooms).values():
             assert min(statuses) == KVPoll.Transferring
 
-    times = timed_rounds({"consensus": consensus, "poll": poll_loop(rank0, rooms, rank0.check_status_pp_consensus),
-                          "batched": batched}, iterations, rounds)
+    times = timed_rounds(
+        {"consensus": consensus, "poll": poll_loop(rank0, rooms, rank0.check_status_pp_consensus), "batched": batched},
+        iterations,
+        rounds,
+    )
     return {name: t / iterations for name, t in times.items()}
 
 
@@ -151,9 +158,24 @@ def upstream_consensus_anywhere(iterations: int, rounds: int) -> Optional[dict[s
     python = SGLANG_VENV / "bin" / "python"
     if not python.exists():
         return None
-    result = subprocess.run([str(python), "-W", "ignore", "-m", "benchmarks.sglang_poll", "--upstream-pp-json",
-                             "--iterations", str(iterations), "--rounds", str(rounds)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            str(python),
+            "-W",
+            "ignore",
+            "-m",
+            "benchmarks.sglang_poll",
+            "--upstream-pp-json",
+            "--iterations",
+            str(iterations),
+            "--rounds",
+            str(rounds),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if result.returncode != 0:
         print(f"sglang_poll: the sglang venv failed: {result.stderr[-500:]}", file=sys.stderr)
         return None
@@ -184,19 +206,27 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"### Scheduler poll loop: {ROOMS} rooms x {args.iterations} iterations (median of {args.rounds} rounds)\n")
     print(table(["implementation", "100 iterations (ms)", "per poll (µs)", "vs dict"], poll_rows))
     print(f"\n### PP rank 0: consensus of {ROOMS} rooms over {PP} ranks (one scheduler iteration)\n")
-    rows = [["kvstatus `check_status_pp_consensus` (1 round trip a room)", f"{ours['consensus'] * 1e3:,.2f}", ""],
-            ["kvstatus poll (`in` + consensus, 1 round trip a room)", f"{ours['poll'] * 1e3:,.2f}", ""],
-            [f"kvstatus `collect_many` (batched: {PP} round trips for all rooms; sglang does not batch)",
-             f"{ours['batched'] * 1e3:,.2f}", ""],
-            ["kvstatus + near cache `check_status_pp_consensus` (0 round trips)", f"{cached['consensus'] * 1e3:,.3f}",
-             ""],
-            ["kvstatus + near cache poll (`in` + consensus, 0 round trips)", f"{cached['poll'] * 1e3:,.3f}", ""],
-            ["kvstatus + near cache `collect_many` (0 round trips)", f"{cached['batched'] * 1e3:,.3f}", ""]]
+    rows = [
+        ["kvstatus `check_status_pp_consensus` (1 round trip a room)", f"{ours['consensus'] * 1e3:,.2f}", ""],
+        ["kvstatus poll (`in` + consensus, 1 round trip a room)", f"{ours['poll'] * 1e3:,.2f}", ""],
+        [
+            f"kvstatus `collect_many` (batched: {PP} round trips for all rooms; sglang does not batch)",
+            f"{ours['batched'] * 1e3:,.2f}",
+            "",
+        ],
+        ["kvstatus + near cache `check_status_pp_consensus` (0 round trips)", f"{cached['consensus'] * 1e3:,.3f}", ""],
+        ["kvstatus + near cache poll (`in` + consensus, 0 round trips)", f"{cached['poll'] * 1e3:,.3f}", ""],
+        ["kvstatus + near cache `collect_many` (0 round trips)", f"{cached['batched'] * 1e3:,.3f}", ""],
+    ]
     if theirs is None:
-        rows += [["`PPConsensusStore.collect` (sglang)", "n/a", "n/a: sglang not importable, no ./dev test-sglang venv"]]
+        rows += [
+            ["`PPConsensusStore.collect` (sglang)", "n/a", "n/a: sglang not importable, no ./dev test-sglang venv"]
+        ]
     else:
-        rows += [["`PPConsensusStore.collect` (sglang, in-process maps)", f"{theirs['collect'] * 1e3:,.3f}", ""],
-                 ["`check_status_pp_consensus` on PPConsensusStore (sglang)", f"{theirs['consensus'] * 1e3:,.3f}", ""]]
+        rows += [
+            ["`PPConsensusStore.collect` (sglang, in-process maps)", f"{theirs['collect'] * 1e3:,.3f}", ""],
+            ["`check_status_pp_consensus` on PPConsensusStore (sglang)", f"{theirs['consensus'] * 1e3:,.3f}", ""],
+        ]
         rows[0][2] = f"{ours['consensus'] / theirs['consensus']:,.0f}x upstream consensus"
         rows[1][2] = f"{ours['poll'] / theirs['consensus']:,.0f}x upstream consensus"
         rows[2][2] = f"{ours['batched'] / theirs['collect']:,.1f}x upstream collect"

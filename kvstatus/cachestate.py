@@ -44,13 +44,20 @@ class NearCacheOptions:
     bcast: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_rooms, bool) or not isinstance(self.max_rooms, int) \
-                or not 1 <= self.max_rooms <= MAX_MAX_ROOMS:
+        if (
+            isinstance(self.max_rooms, bool)
+            or not isinstance(self.max_rooms, int)
+            or not 1 <= self.max_rooms <= MAX_MAX_ROOMS
+        ):
             raise InvalidArgumentError(f"invalid near cache size {self.max_rooms!r}: expected 1..{MAX_MAX_ROOMS} rooms")
-        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, (int, float)) \
-                or not 0.01 <= self.max_staleness <= 3600:
-            raise InvalidArgumentError(f"invalid near cache max_staleness {self.max_staleness!r}: "
-                                       "expected 0.01..3600 seconds")
+        if (
+            isinstance(self.max_staleness, bool)
+            or not isinstance(self.max_staleness, (int, float))
+            or not 0.01 <= self.max_staleness <= 3600
+        ):
+            raise InvalidArgumentError(
+                f"invalid near cache max_staleness {self.max_staleness!r}: expected 0.01..3600 seconds"
+            )
 
 
 class CachedRoom(NamedTuple):
@@ -91,7 +98,6 @@ def view_at(entry: CachedRoom, now: float) -> RoomView:
 
 
 # --------------------------------------------------------------------------- the invalidation socket
-
 
 
 class CacheState:
@@ -173,12 +179,14 @@ class CacheState:
     def expire(self, now: float) -> None:
         """Drop rooms whose key has expired in Redis (or will within a second: one sweep per second)."""
         horizon = now + 1.0
-        expired = [room for room, entry in self.entries.items()
-                   if entry.deadline is not None and entry.deadline <= horizon]
+        expired = [
+            room for room, entry in self.entries.items() if entry.deadline is not None and entry.deadline <= horizon
+        ]
         for room in expired:
             self._forget(room)
         self.earliest_deadline = min(
-            (entry.deadline for entry in self.entries.values() if entry.deadline is not None), default=float("inf"))
+            (entry.deadline for entry in self.entries.values() if entry.deadline is not None), default=float("inf")
+        )
         if expired and self.metrics is not None:
             self.metrics.set_cache_size(len(self.entries))
 
@@ -194,7 +202,7 @@ class CacheState:
         logged_from = self.invalidated - len(self._log)
         if start < logged_from:
             return  # the log no longer reaches back to the fill's start
-        raced = set(self._log[start - logged_from:]) if start < self.invalidated else ()
+        raced = set(self._log[start - logged_from :]) if start < self.invalidated else ()
         entries = self.entries
         flats = self.flats.items()
         for room, entry in filled.items():
@@ -266,8 +274,10 @@ class CacheState:
                 if text.startswith(("MOVED", "ASK")):
                     raise SlotMoved(text)
                 raise reply
-        return {room: room_from_replies(room, key, replies[2 * i], replies[2 * i + 1], sent_at)
-                for i, (room, key) in enumerate(zip(rooms, keys))}
+        return {
+            room: room_from_replies(room, key, replies[2 * i], replies[2 * i + 1], sent_at)
+            for i, (room, key) in enumerate(zip(rooms, keys))
+        }
 
 
 class NearCacheBase:
@@ -277,8 +287,9 @@ class NearCacheBase:
     closed: bool
 
 
-def near_cache_setting(url: ParsedURL, near_cache: Union[bool, NearCacheOptions, NearCacheBase, None]
-                       ) -> Union[bool, NearCacheOptions, NearCacheBase, None]:
+def near_cache_setting(
+    url: ParsedURL, near_cache: Union[bool, NearCacheOptions, NearCacheBase, None]
+) -> Union[bool, NearCacheOptions, NearCacheBase, None]:
     """The near cache a store built by ``from_url`` gets: the argument if given (not None), else the URL's
     ``near_cache=true`` / ``near_cache_size=N`` query options (None: no cache)."""
     if near_cache is not None:
@@ -291,8 +302,13 @@ def near_cache_setting(url: ParsedURL, near_cache: Union[bool, NearCacheOptions,
     return NearCacheOptions(max_rooms=STORE_OPTIONS["near_cache_size"](size)) if size is not None else True
 
 
-def make_near_cache(setting: Union[bool, NearCacheOptions, NearCacheBase, None], cache_class: Callable[..., Any],
-                    client: Any, schema: KeySchema, sender: Any) -> Optional[Any]:
+def make_near_cache(
+    setting: Union[bool, NearCacheOptions, NearCacheBase, None],
+    cache_class: Callable[..., Any],
+    client: Any,
+    schema: KeySchema,
+    sender: Any,
+) -> Optional[Any]:
     """The cache of a store: None (``setting`` None/False), a shared cache as given, or a new
     ``cache_class`` (``setting`` True or :class:`NearCacheOptions`) that sends through ``sender``."""
     if setting is None or setting is False:

@@ -34,7 +34,6 @@ from kvstatus.deadline import (
     WaitingConnectionPool,
     WaitingPool,
 )
-
 from kvstatus.errors import InvalidURLError
 from kvstatus.translate import NOT_SENT, REDIS_ERRORS, connection_refused, translate_error
 from kvstatus.url import (  # noqa: F401  re-exported: kvstatus.connection was the URL grammar's home
@@ -54,6 +53,7 @@ from kvstatus.url import (  # noqa: F401  re-exported: kvstatus.connection was t
     url_lease_ttl,
     url_script_mode,
 )
+
 
 def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, Any]:
     """redis-py keyword arguments; ``options`` already hold the URL's query options."""
@@ -123,11 +123,14 @@ def _handshake_error(exc: BaseException, host: str, port: int, timeout: float) -
     """The error to raise for a failed TLS handshake, or None to let ``exc`` through (a hung server is retried)."""
     where = f"{host}:{port}"
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return TLSHandshakeError(f"TLS certificate verification failed for {where}: {exc.verify_message} "
-                                 "(check ssl_ca_certs and ssl_check_hostname)")
+        return TLSHandshakeError(
+            f"TLS certificate verification failed for {where}: {exc.verify_message} "
+            "(check ssl_ca_certs and ssl_check_hostname)"
+        )
     if _speaks_plain_redis(host, port, timeout):
-        return TLSHandshakeError(f"{TLS_HANDSHAKE_FAILED} {where} answers in plain text; "
-                                 "use redis:// for it, or enable TLS on the server")
+        return TLSHandshakeError(
+            f"{TLS_HANDSHAKE_FAILED} {where} answers in plain text; use redis:// for it, or enable TLS on the server"
+        )
     if isinstance(exc, ssl.SSLError):
         return TLSHandshakeError(f"{TLS_HANDSHAKE_FAILED} {where} did not complete a TLS handshake ({exc})")
     return None
@@ -140,7 +143,7 @@ class _TLSHandshake:
         sock.settimeout(self.socket_connect_timeout)  # type: ignore[attr-defined]
         try:
             tls = super()._wrap_socket_with_ssl(sock)  # type: ignore[misc]
-        except (ssl.SSLError, socket.timeout) as exc:
+        except (TimeoutError, ssl.SSLError) as exc:
             error = _handshake_error(exc, self.host, self.port, self.socket_connect_timeout)  # type: ignore[attr-defined]
             if error is None:
                 raise
@@ -156,8 +159,10 @@ class _AsyncTLSHandshake:
         try:
             await super()._connect()  # type: ignore[misc]
         except (ssl.SSLError, asyncio.TimeoutError) as exc:
+            conn: Any = self  # a redis.asyncio connection: host, port and socket_connect_timeout are its own
             error = await asyncio.get_running_loop().run_in_executor(
-                None, _handshake_error, exc, self.host, self.port, self.socket_connect_timeout)  # type: ignore[attr-defined]
+                None, _handshake_error, exc, conn.host, conn.port, conn.socket_connect_timeout
+            )
             if error is None:
                 raise
             raise error from None
@@ -235,8 +240,11 @@ def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) 
     from redis.cluster import ClusterNode, RedisCluster
 
     try:  # the sync client reads the slot map right away
-        sync_cluster = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],  # type: ignore[no-untyped-call]
-                               retry=_retry(options, False), **kwargs)
+        sync_cluster = RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],  # type: ignore[no-untyped-call]
+            retry=_retry(options, False),
+            **kwargs,
+        )
     except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
     _deadline_nodes(sync_cluster, parsed.tls)
@@ -283,7 +291,8 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         sentinel_kwargs.update(_ssl_kwargs(query, options))
     kwargs["connection_class"] = connection_class(
         sentinel_module.SentinelManagedSSLConnection if parsed.tls else sentinel_module.SentinelManagedConnection,
-        parsed.tls)
+        parsed.tls,
+    )
     # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
     # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
     # until its budget is spent. The store resends the whole call instead, through a fresh
@@ -292,11 +301,14 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
     for client in sentinel.sentinels:  # asking the Sentinels where the master is counts against the deadline too
-        client.connection_pool.connection_class = connection_class(client.connection_pool.connection_class,
-                                                                    parsed.tls)
+        client.connection_pool.connection_class = connection_class(client.connection_pool.connection_class, parsed.tls)
     pool_class = _AsyncSentinelPool if asynchronous else _SentinelPool
-    return sentinel.master_for(parsed.service, connection_pool_class=pool_class,
-                               max_connections=options.max_connections, timeout=options.deadline)
+    return sentinel.master_for(
+        parsed.service,
+        connection_pool_class=pool_class,
+        max_connections=options.max_connections,
+        timeout=options.deadline,
+    )
 
 
 def _no_retry(asynchronous: bool) -> Any:

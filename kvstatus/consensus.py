@@ -84,13 +84,13 @@ def room_consensus(
                 missing = tuple(q for q, s in zip(participants, statuses) if s is None)
                 return RoomConsensus(KVPoll.Failed, lost_reason(p), lost, missing)
     if None in statuses:
-        return RoomConsensus(KVPoll.Bootstrapping, None, lost,
-                             tuple(p for p, s in zip(participants, statuses) if s is None))
+        return RoomConsensus(
+            KVPoll.Bootstrapping, None, lost, tuple(p for p, s in zip(participants, statuses) if s is None)
+        )
     low: KVPoll = min(statuses)  # type: ignore[type-var,assignment]
     reason = None
     if low == KVPoll.Failed and reasons:
-        reason = next((reasons[p] for p, s in zip(participants, statuses) if s == KVPoll.Failed and p in reasons),
-                      None)
+        reason = next((reasons[p] for p, s in zip(participants, statuses) if s == KVPoll.Failed and p in reasons), None)
     if reason is None and not lost:
         return _PLAIN[low]
     return RoomConsensus(low, reason, lost, ())
@@ -186,7 +186,9 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
 
     reason_fields = [reason_field(name) for name in names]
     calls = [Call(("HMGET", key, *names, *reason_fields)) for key in keys]
-    calls += [script_call(scripts.ROOM_STATUSES, [lease_key], ("0", name)) for lease_key, name in zip(lease_keys, names)]
+    calls += [
+        script_call(scripts.ROOM_STATUSES, [lease_key], ("0", name)) for lease_key, name in zip(lease_keys, names)
+    ]
 
     def decode_cluster(replies: list[Any]) -> Entries:
         n = len(ids)
@@ -198,8 +200,9 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
                 value = reply[j]
                 char = "-" if value is None else _VALUE_CHAR.get(value)
                 if char is None:
-                    raise CorruptedValueError(f"key {keys[i]} field {names[j]} holds {_text(value)[:40]!r}, not a "
-                                              "status 0..4; left as it is")
+                    raise CorruptedValueError(
+                        f"key {keys[i]} field {names[j]} holds {_text(value)[:40]!r}, not a status 0..4; left as it is"
+                    )
                 if char == "0" and reply[p + j] is not None:
                     reasons[i * p + j] = _text(reply[p + j])
                 chars.append(char)
@@ -210,8 +213,9 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
     return Request(calls, decode_cluster)
 
 
-def consensus_calls(core: StoreCore, rooms: Iterable[int], participants: Iterable[str]
-                    ) -> Request[dict[int, RoomConsensus]]:
+def consensus_calls(
+    core: StoreCore, rooms: Iterable[int], participants: Iterable[str]
+) -> Request[dict[int, RoomConsensus]]:
     """The :class:`~kvstatus.operations.Request` of ``room_statuses``: {room: RoomConsensus}, in one round trip."""
 
     read = entries_request(core, rooms, participants)

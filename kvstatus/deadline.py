@@ -63,9 +63,11 @@ class ClientPoolExhausted(redis.exceptions.RedisError):
     """
 
     def __init__(self, max_connections: Any, waited: float) -> None:
-        super().__init__(f"client connection pool exhausted (max_connections={max_connections}): no connection "
-                         f"came free within {waited:.3g} s; nothing was sent. Raise max_connections (a "
-                         "ConnectionOptions field and URL option) or the deadline, or make fewer concurrent calls")
+        super().__init__(
+            f"client connection pool exhausted (max_connections={max_connections}): no connection "
+            f"came free within {waited:.3g} s; nothing was sent. Raise max_connections (a "
+            "ConnectionOptions field and URL option) or the deadline, or make fewer concurrent calls"
+        )
 
 
 def _expired() -> redis.exceptions.TimeoutError:
@@ -101,7 +103,7 @@ class _Timeouts:
         self._apply()
 
     @classmethod
-    def lowered(cls, connection: Any) -> Optional["_Timeouts"]:
+    def lowered(cls, connection: Any) -> Optional[_Timeouts]:
         """The connection's timeouts lowered to the time left (None: nothing to lower); raises once expired.
 
         The hot path of every store call: written for speed (one context lookup, one clock read).
@@ -113,8 +115,12 @@ class _Timeouts:
         if left <= 0:
             raise _expired()
         timeout, connect_timeout = connection.socket_timeout, connection.socket_connect_timeout
-        if (timeout is not None and left + TOLERANCE >= timeout
-                and connect_timeout is not None and left + TOLERANCE >= connect_timeout):
+        if (
+            timeout is not None
+            and left + TOLERANCE >= timeout
+            and connect_timeout is not None
+            and left + TOLERANCE >= connect_timeout
+        ):
             return None
         return cls(connection, _capped(timeout, left), _capped(connect_timeout, left))
 
@@ -179,8 +185,9 @@ class AsyncDeadlineConnection:
         finally:
             timeouts.restore()
 
-    async def read_response(self, disable_decoding: bool = False, timeout: Optional[float] = None,
-                            **kwargs: Any) -> Any:
+    async def read_response(
+        self, disable_decoding: bool = False, timeout: Optional[float] = None, **kwargs: Any
+    ) -> Any:
         # Not the timeout argument: redis.asyncio answers None, not TimeoutError, when that one expires.
         timeouts = _Timeouts.lowered(self) if timeout is None else None
         if timeouts is None:

@@ -27,7 +27,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kvstatus.expand",
         description="Print kvstatus' Lua as Redis runs it: a script with its lua/lib/ includes spliced in "
-                    "(for redis-cli --eval FILE KEY ... , ARG ...), or the function library (for FUNCTION LOAD).")
+        "(for redis-cli --eval FILE KEY ... , ARG ...), or the function library (for FUNCTION LOAD).",
+    )
     parser.add_argument("name", nargs="?", metavar="NAME", help=f"a script: {', '.join(scripts.BY_NAME)}")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--library", action="store_true", help="the function library of every script")

@@ -150,7 +150,8 @@ def sync_twin(conn: Any) -> redis.Connection:
     tls_source = context if context is not None else conn
     if context is not None or isinstance(conn, redis.SSLConnection):
         made = connection_class(redis.SSLConnection, True)(
-            **address, **common,
+            **address,
+            **common,
             ssl_keyfile=getattr(tls_source, "keyfile", None),
             ssl_certfile=getattr(tls_source, "certfile", None),
             ssl_cert_reqs=getattr(tls_source, "cert_reqs", "required"),

@@ -17,10 +17,9 @@ rejects them):
 
 from __future__ import annotations
 
-import typing
-
 import functools
 import re
+import typing
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -137,9 +136,9 @@ class KeySchema:
         """Participant of a lease key of this namespace, or None for any other key."""
         text = key.decode() if isinstance(key, bytes) else key
         head = self.base + LEASE_PART
-        if not text.startswith(head) or not _NAME.fullmatch(text[len(head):]):
+        if not text.startswith(head) or not _NAME.fullmatch(text[len(head) :]):
             return None
-        return text[len(head):]
+        return text[len(head) :]
 
     def room_of(self, key: str | bytes) -> Optional[int]:
         """Room id of a key of this namespace, or None for any other key."""

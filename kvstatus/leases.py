@@ -19,5 +19,16 @@ from kvstatus.leasestate import (
     validate_lease_ttl,
 )
 
-__all__ = ["HELD", "LOST", "MAX_LEASE_TTL", "MIN_LEASE_TTL", "RELEASED", "RENEWALS_PER_TTL", "STALE_SHARE",
-           "AsyncLeaseKeeper", "LeaseCore", "LeaseKeeper", "validate_lease_ttl"]
+__all__ = [
+    "HELD",
+    "LOST",
+    "MAX_LEASE_TTL",
+    "MIN_LEASE_TTL",
+    "RELEASED",
+    "RENEWALS_PER_TTL",
+    "STALE_SHARE",
+    "AsyncLeaseKeeper",
+    "LeaseCore",
+    "LeaseKeeper",
+    "validate_lease_ttl",
+]

@@ -52,11 +52,16 @@ HELD, LOST, RELEASED = LeaseOutcome.HELD.value, LeaseOutcome.LOST.value, LeaseOu
 
 def validate_lease_ttl(ttl: object) -> float:
     """Return ``ttl`` (seconds) if it is a lease TTL in [3, 3600]; raise :class:`InvalidArgumentError`."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) \
-            or not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL:
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, (int, float))
+        or not math.isfinite(ttl)
+        or not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL
+    ):
         raise InvalidArgumentError(
             f"invalid lease_ttl {ttl!r}: expected seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}] (a renewal every "
-            "ttl/3 s keeps the upkeep at most one command per second; see the README on choosing it)")
+            "ttl/3 s keeps the upkeep at most one command per second; see the README on choosing it)"
+        )
     return float(ttl)
 
 
@@ -135,19 +140,27 @@ class LeaseCore:
 
     def _why(self) -> str:
         if self.record_gone:
-            return ("its lease record is gone from Redis: the server lost it (e.g. a restart without persistence, a "
-                    "failover to a replica that never had it, FLUSHALL) or it expired, kept only for the room TTL "
-                    "after its last renewal; no other store holds the name")
+            return (
+                "its lease record is gone from Redis: the server lost it (e.g. a restart without persistence, a "
+                "failover to a replica that never had it, FLUSHALL) or it expired, kept only for the room TTL "
+                "after its last renewal; no other store holds the name"
+            )
         if self.taken_over:
             older = self.generation is not None and self._lost_generation < self.generation
             after = " after the server lost this store's lease record" if older else ""
-            return (f"another store took the name over with a new incarnation{after} (a restart under the same "
-                    "participant name)")
-        return (f"it was not renewed within its TTL of {self.ttl:g} s (the process was paused, e.g. SIGSTOP or a long "
-                "GC pause, or Redis was unreachable), or it was released")
+            return (
+                f"another store took the name over with a new incarnation{after} (a restart under the same "
+                "participant name)"
+            )
+        return (
+            f"it was not renewed within its TTL of {self.ttl:g} s (the process was paused, e.g. SIGSTOP or a long "
+            "GC pause, or Redis was unreachable), or it was released"
+        )
 
     def lost_error(self) -> LeaseLostError:
         return LeaseLostError(
             f"participant {self.participant} lost its lease (incarnation {self.generation}, {self.incarnation}): "
             f"{self._why()}. A sweeper may have failed its entries; this store refuses writes from now on: create a "
-            "new store (a new incarnation) to go on", participant=self.participant)
+            "new store (a new incarnation) to go on",
+            participant=self.participant,
+        )

@@ -65,7 +65,6 @@ Redis' invalidation messages, errors of its reads, and sets its size. Stores mad
 share the cache, so its series carry the labels of the store that made it.
 """
 
-
 from kvstatus._async.nearcache import AsyncNearCache
 from kvstatus._sync.nearcache import NearCache
 from kvstatus.cachestate import (
@@ -87,7 +86,28 @@ from kvstatus.cachestate import (
 from kvstatus.invalidation import INVALIDATE_CHANNEL, InvalidationSocket, LinkLost, Links, LinkState
 from kvstatus.topology import SlotMoved, Topology
 
-__all__ = ["_LOG_KEEP", "CLIENT_BYTES_PER_ROOM", "DEFAULT_MAX_ROOMS", "DEFAULT_MAX_STALENESS", "INVALIDATE_CHANNEL",
-           "MAX_MAX_ROOMS", "AsyncNearCache", "CacheState", "CachedRoom", "InvalidationSocket", "LinkLost", "LinkState",
-           "Links", "NearCache", "NearCacheBase", "NearCacheOptions", "SlotMoved", "Topology", "make_near_cache",
-           "near_cache_setting", "room_from_replies", "unique_rooms", "view_at"]
+__all__ = [
+    "_LOG_KEEP",
+    "CLIENT_BYTES_PER_ROOM",
+    "DEFAULT_MAX_ROOMS",
+    "DEFAULT_MAX_STALENESS",
+    "INVALIDATE_CHANNEL",
+    "MAX_MAX_ROOMS",
+    "AsyncNearCache",
+    "CacheState",
+    "CachedRoom",
+    "InvalidationSocket",
+    "LinkLost",
+    "LinkState",
+    "Links",
+    "NearCache",
+    "NearCacheBase",
+    "NearCacheOptions",
+    "SlotMoved",
+    "Topology",
+    "make_near_cache",
+    "near_cache_setting",
+    "room_from_replies",
+    "unique_rooms",
+    "view_at",
+]

@@ -47,13 +47,21 @@ class StoreObserver(Protocol):
     def set_cache_size(self, entries: int) -> None:
         """The near cache holds ``entries`` rooms now."""
 
-    def for_participant(self, participant: Optional[str]) -> "StoreObserver":
+    def for_participant(self, participant: Optional[str]) -> StoreObserver:
         """The observer of ``store.for_participant(participant)``."""
 
 
 HOOKS: tuple[str, ...] = (
-    "on_call", "on_update", "on_updates", "on_error", "on_resend", "on_cache_hit", "on_cache_miss",
-    "on_cache_invalidation", "set_cache_size", "for_participant",
+    "on_call",
+    "on_update",
+    "on_updates",
+    "on_error",
+    "on_resend",
+    "on_cache_hit",
+    "on_cache_miss",
+    "on_cache_invalidation",
+    "set_cache_size",
+    "for_participant",
 )
 
 
@@ -65,5 +73,6 @@ def check_observer(metrics: Any) -> Optional[StoreObserver]:
     if missing:
         raise InvalidArgumentError(
             f"invalid metrics {type(metrics).__name__}: an observer needs the methods {', '.join(missing)} "
-            "(kvstatus.observe.metrics.StoreMetrics is one)")
+            "(kvstatus.observe.metrics.StoreMetrics is one)"
+        )
     return metrics  # type: ignore[no-any-return]

@@ -85,8 +85,10 @@ def ttl_to_ms(ttl: object) -> int:
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
         raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected a number of seconds")
     if not 0 < ttl <= MAX_TTL_SECONDS:
-        raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected seconds > 0 and at most "
-                                   f"{MAX_TTL_SECONDS:.0f} ({MAX_TTL_SECONDS / 86400:g} days)")
+        raise InvalidArgumentError(
+            f"invalid ttl {ttl!r}: expected seconds > 0 and at most "
+            f"{MAX_TTL_SECONDS:.0f} ({MAX_TTL_SECONDS / 86400:g} days)"
+        )
     return max(1, round(ttl * 1000))
 
 
@@ -123,7 +125,8 @@ def batch_args(updates: object) -> tuple[list[int], list[str]]:
             if room in first:
                 raise InvalidArgumentError(
                     f"update_many got room {room} twice (batch positions {first[room]} and {i}): a batch holds "
-                    "each room once; send updates of one room in order, in separate calls")
+                    "each room once; send updates of one room in order, in separate calls"
+                )
             first[room] = i
     return rooms, status_args([status for _, status in pairs])
 
@@ -140,9 +143,11 @@ def truncate_reason(reason: object) -> str:
     try:
         data = reason.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(f"invalid reason {reason[:60]!r}: not valid UTF-8 text (character "
-                                   f"{exc.start}, {reason[exc.start]!r}, is a lone surrogate, e.g. from bytes "
-                                   "that were not UTF-8)") from None
+        raise InvalidArgumentError(
+            f"invalid reason {reason[:60]!r}: not valid UTF-8 text (character "
+            f"{exc.start}, {reason[exc.start]!r}, is a lone surrogate, e.g. from bytes "
+            "that were not UTF-8)"
+        ) from None
     if len(data) <= MAX_REASON_BYTES:
         return reason
     keep = MAX_REASON_BYTES - len(_TRUNCATED)
@@ -183,8 +188,12 @@ class StoreCore:
         # tombstone_ttl 0 turns tombstones off: clear() is a plain HDEL and a late Failed notes nothing.
         # A tombstone never outlives the store's TTL: no key kvstatus writes stays longer than one TTL.
         self.tombstone_ttl_ms = 0 if tombstone_ttl == 0 else min(ttl_to_ms(tombstone_ttl), self.ttl_ms)
-        self._clear_args = (self.participant, self._reason_field, late_field(self.participant),
-                            str(self.tombstone_ttl_ms))
+        self._clear_args = (
+            self.participant,
+            self._reason_field,
+            late_field(self.participant),
+            str(self.tombstone_ttl_ms),
+        )
 
     def settings(self) -> dict[str, Any]:
         """Keyword arguments that rebuild this core (for ``for_participant``)."""
@@ -201,13 +210,17 @@ class StoreCore:
         """Indices of ``keys`` in the groups one script call may take: at most :data:`CHUNK_ROOMS` keys each,
         and on a cluster all of one slot (the keys one script call may share there)."""
         if not self.cluster:
-            return [list(range(start, min(start + CHUNK_ROOMS, len(keys))))
-                    for start in range(0, len(keys), CHUNK_ROOMS)]
+            return [
+                list(range(start, min(start + CHUNK_ROOMS, len(keys)))) for start in range(0, len(keys), CHUNK_ROOMS)
+            ]
         by_slot: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
             by_slot.setdefault(key_slot(key.encode()), []).append(i)
-        return [group[start:start + CHUNK_ROOMS] for group in by_slot.values()
-                for start in range(0, len(group), CHUNK_ROOMS)]
+        return [
+            group[start : start + CHUNK_ROOMS]
+            for group in by_slot.values()
+            for start in range(0, len(group), CHUNK_ROOMS)
+        ]
 
     def _key(self, room: object) -> str:
         """The key of ``room``, validated (the hot path checks an int's range only)."""
@@ -219,8 +232,10 @@ class StoreCore:
         key = self._key(room)
         arg = _STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
         if arg == "0" and self.tombstone_ttl_ms:  # only a Failed can be a late abort: it names the tombstone too
-            return Request([Call(("EVALSHA", scripts.UPDATE.sha, 2, key, tomb(key), *self._update_head,
-                                  arg), scripts.UPDATE)], _decode_update)
+            return Request(
+                [Call(("EVALSHA", scripts.UPDATE.sha, 2, key, tomb(key), *self._update_head, arg), scripts.UPDATE)],
+                _decode_update,
+            )
         return Request([Call((*self._update_one, key, *self._update_head, arg), scripts.UPDATE)], _decode_update)
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
@@ -230,6 +245,7 @@ class StoreCore:
         keys = self.schema.room_keys(rooms)
         tombs = self.tombstone_ttl_ms > 0 and "0" in args  # a batch with a Failed names the tombstones too
         if not self.cluster and len(keys) <= CHUNK_ROOMS:
+
             def decode_one(replies: list[Any]) -> dict[int, UpdateResult]:
                 pairs = iter(replies[0])
                 found = list(map(_RESULTS.get, zip(pairs, pairs)))
@@ -242,9 +258,11 @@ class StoreCore:
             return Request([script_call(scripts.UPDATE, all_keys, (*self._update_head, *args))], decode_one)
         groups = self._chunks(keys)
         calls = [
-            script_call(scripts.UPDATE,
-                        [keys[i] for i in group] + ([tomb(keys[i]) for i in group] if tombs else []),
-                        (*self._update_head, *(args[i] for i in group)))
+            script_call(
+                scripts.UPDATE,
+                [keys[i] for i in group] + ([tomb(keys[i]) for i in group] if tombs else []),
+                (*self._update_head, *(args[i] for i in group)),
+            )
             for group in groups
         ]
 
@@ -289,8 +307,10 @@ class StoreCore:
         keys = self.schema.room_keys(ids)
         field = self.participant
         if not self.cluster and len(keys) <= CHUNK_ROOMS:
-            return Request([script_call(scripts.GET_MANY, keys, (field,))],
-                           lambda replies: dict(zip(ids, decode_statuses(replies[0], keys, field))))
+            return Request(
+                [script_call(scripts.GET_MANY, keys, (field,))],
+                lambda replies: dict(zip(ids, decode_statuses(replies[0], keys, field))),
+            )
         groups = self._chunks(keys)
         calls = [
             Call(("HGET", keys[group[0]], field))
@@ -312,8 +332,9 @@ class StoreCore:
     def clear(self, room: int) -> Request[bool]:
         key = self._key(room)
         if not self.tombstone_ttl_ms:
-            return Request([Call(("HDEL", key, self.participant, self._reason_field))],
-                           lambda replies: bool(replies[0]))
+            return Request(
+                [Call(("HDEL", key, self.participant, self._reason_field))], lambda replies: bool(replies[0])
+            )
         return Request([script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)], _decode_cleared)
 
     def pop(self, room: int) -> Request[Optional[KVPoll]]:
@@ -324,8 +345,9 @@ class StoreCore:
         def decode(replies: list[Any]) -> Optional[KVPoll]:
             status = _clear_reply(replies[0])[1]
             if status == -2:
-                raise CorruptedValueError(f"key {key} field {self.participant} held a value that is not a status "
-                                          "0..4; the entry was removed")
+                raise CorruptedValueError(
+                    f"key {key} field {self.participant} held a value that is not a status 0..4; the entry was removed"
+                )
             return None if status < 0 else KVPoll(status)
 
         return Request([script_call(scripts.CLEAR, [key, tomb(key)], args)], decode)
@@ -344,8 +366,7 @@ class StoreCore:
 
         def decode(replies: list[Any]) -> RoomView:
             fields, pttl, tomb_fields, tomb_pttl = replies[0]
-            return decode_room(room, key, _pairs(fields), pttl,
-                               decode_tombstone(_pairs(tomb_fields), tomb_pttl))
+            return decode_room(room, key, _pairs(fields), pttl, decode_tombstone(_pairs(tomb_fields), tomb_pttl))
 
         return Request([script_call(scripts.ROOM, [key, tomb(key)], ())], decode)
 
@@ -391,5 +412,3 @@ def as_functions(request: Request[T]) -> Request[T]:
     ``scripts="functions"`` pass every request through it, whatever built it: core operations, leases, sweeps)."""
     request.calls = [as_fcall(call) for call in request.calls]
     return request
-
-

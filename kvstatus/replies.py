@@ -36,8 +36,11 @@ _RESULTS = {
 
 
 # lua/record_failure.lua's codes -> record_failure's result (True: the reason was stored).
-_RECORDED = {ReasonOutcome.RECORDED.value: True, ReasonOutcome.KEPT_EARLIER.value: False,
-             ReasonOutcome.IGNORED_MISSING.value: False}
+_RECORDED = {
+    ReasonOutcome.RECORDED.value: True,
+    ReasonOutcome.KEPT_EARLIER.value: False,
+    ReasonOutcome.IGNORED_MISSING.value: False,
+}
 
 
 def _text(value: Any) -> str:
@@ -69,9 +72,11 @@ def update_result(outcome: Any, status: Any) -> UpdateResult:
     """Decode one (outcome, status) pair of lua/update.lua; raise :class:`BackendError` for an unknown pair."""
     result = _RESULTS.get((outcome, status))
     if result is None:
-        raise BackendError(f"the update script replied outcome {outcome!r} status {status!r}, which this kvstatus "
-                           "does not know (expected outcome 1..7, status -1..4): is another kvstatus version's "
-                           "script loaded under the same SHA?")
+        raise BackendError(
+            f"the update script replied outcome {outcome!r} status {status!r}, which this kvstatus "
+            "does not know (expected outcome 1..7, status -1..4): is another kvstatus version's "
+            "script loaded under the same SHA?"
+        )
     return result
 
 
@@ -83,8 +88,12 @@ def _decode_update(replies: list[Any]) -> UpdateResult:
 
 def _clear_reply(reply: Any) -> tuple[int, int]:
     """(fields removed, status before: 0..4, -1 none, -2 not a status) of lua/clear.lua's reply."""
-    if not isinstance(reply, list) or len(reply) != 2 or not all(isinstance(n, int) for n in reply) \
-            or not -2 <= reply[1] <= 4:
+    if (
+        not isinstance(reply, list)
+        or len(reply) != 2
+        or not all(isinstance(n, int) for n in reply)
+        or not -2 <= reply[1] <= 4
+    ):
         raise BackendError(f"the clear script replied {reply!r}, expected [removed, status -2..4]")
     return reply[0], reply[1]
 
@@ -117,7 +126,7 @@ def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone
         field, value = _text(raw_field), _text(raw_value)
         try:
             if field.startswith(LATE_FIELD_PREFIX):
-                late[field[len(LATE_FIELD_PREFIX):]] = int(value) / 1000
+                late[field[len(LATE_FIELD_PREFIX) :]] = int(value) / 1000
             else:
                 at, _, status = value.partition(" ")
                 cleared[field] = (int(at) / 1000, _STATUS_BY_VALUE.get(status))
@@ -127,8 +136,9 @@ def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone
     return Tombstone(entries, pttl if pttl >= 0 else None) if entries else None
 
 
-def decode_room(room: int, key: str, fields: Mapping[Any, Any], pttl: int,
-                tombstone: Optional[Tombstone] = None) -> RoomView:
+def decode_room(
+    room: int, key: str, fields: Mapping[Any, Any], pttl: int, tombstone: Optional[Tombstone] = None
+) -> RoomView:
     """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read)."""
     statuses: dict[str, Optional[KVPoll]] = {}
     reasons: dict[str, str] = {}

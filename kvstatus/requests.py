@@ -21,14 +21,14 @@ class Call(NamedTuple):
     args: tuple[Any, ...]
     script: Optional[LuaScript] = None
 
-    def as_eval(self) -> "Call":
+    def as_eval(self) -> Call:
         """The same script call sent with its source (``EVAL``; ``EVAL_RO`` for an ``EVALSHA_RO``), which a
         server without the script still runs."""
         assert self.script is not None
         command = "EVAL_RO" if self.args[0] == "EVALSHA_RO" else "EVAL"
         return Call((command, self.script.source, *self.args[2:]), self.script)
 
-    def without_ro(self) -> "Call":
+    def without_ro(self) -> Call:
         """``EVALSHA_RO`` / ``EVAL_RO`` as plain ``EVALSHA`` / ``EVAL`` (a server without them: Redis < 7,
         fakeredis); other calls as they are."""
         command = self.args[0]

@@ -175,7 +175,9 @@ class ClearedEntry(NamedTuple):
         status = "an unknown status" if self.status is None else self.status.name
         text = f"cleared {_seconds(now - self.cleared_at)} ago by {participant} at {status}"
         if self.late_failed_at is not None:
-            text += f"; a late abort arrived {_seconds(self.late_failed_at - self.cleared_at)} after the clear (ignored)"
+            text += (
+                f"; a late abort arrived {_seconds(self.late_failed_at - self.cleared_at)} after the clear (ignored)"
+            )
         return text
 
 

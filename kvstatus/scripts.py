@@ -24,8 +24,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from importlib.abc import Traversable
+from pathlib import Path
 from typing import Callable, Optional, Union
 
 _Source = Union[Path, Traversable]
@@ -72,8 +72,9 @@ def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> st
         where = f"lua/{name}.lua line {line}"
         indent, lib = match.group(1), match.group(2).strip()
         if not _LIB_NAME.fullmatch(lib):
-            raise LuaIncludeError(f"{where}: expected '-- @include NAME' (NAME of lua/lib/NAME.lua: a-z, 0-9, _), "
-                                  f"got {match.group(0)!r}")
+            raise LuaIncludeError(
+                f"{where}: expected '-- @include NAME' (NAME of lua/lib/NAME.lua: a-z, 0-9, _), got {match.group(0)!r}"
+            )
         if lib in seen:
             raise LuaIncludeError(f"{where}: lua/lib/{lib}.lua is included twice")
         seen.add(lib)
@@ -82,10 +83,15 @@ def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> st
             raise LuaIncludeError(f"{where}: no such file lua/lib/{lib}.lua")
         nested = _INCLUDE.search(body)
         if nested:
-            raise LuaIncludeError(f"lua/lib/{lib}.lua (included by {where}) has an @include of its own: lib files "
-                                  f"are spliced once and may not include ({nested.group(0)!r})")
-        lines = [f"-- >>> lua/lib/{lib}.lua (-- @include {lib})", *body.rstrip("\n").split("\n"),
-                 f"-- <<< lua/lib/{lib}.lua"]
+            raise LuaIncludeError(
+                f"lua/lib/{lib}.lua (included by {where}) has an @include of its own: lib files "
+                f"are spliced once and may not include ({nested.group(0)!r})"
+            )
+        lines = [
+            f"-- >>> lua/lib/{lib}.lua (-- @include {lib})",
+            *body.rstrip("\n").split("\n"),
+            f"-- <<< lua/lib/{lib}.lua",
+        ]
         return "\n".join(indent + line if line else line for line in lines)
 
     return _INCLUDE.sub(replace, text)
@@ -99,8 +105,9 @@ def _read_lib(lib: str) -> Optional[str]:
 def _load(name: str) -> LuaScript:
     path = _lua_dir().joinpath(f"{name}.lua")
     source = splice(name, path.read_text(encoding="utf-8"), _read_lib)
-    return LuaScript(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(),
-                     source.startswith(READ_ONLY_SHEBANG + "\n"))
+    return LuaScript(
+        name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), source.startswith(READ_ONLY_SHEBANG + "\n")
+    )
 
 
 UPDATE: LuaScript = _load("update")
@@ -151,12 +158,15 @@ def _library() -> str:
             "local function " + script.name + "(KEYS, ARGV)\n",
             _body(script),
             "\nend\n",
-            "redis.register_function{function_name='" + function_name(script) + "', callback=" + script.name
-            + (", flags={'no-writes'}" if read_only else "") + "}\n",
+            "redis.register_function{function_name='"
+            + function_name(script)
+            + "', callback="
+            + script.name
+            + (", flags={'no-writes'}" if read_only else "")
+            + "}\n",
         ]
     return "".join(parts)
 
 
 LIBRARY: str = _library()
 """The Lua source an admin loads with ``FUNCTION LOAD`` (``kvstatus functions load``)."""
-

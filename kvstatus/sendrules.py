@@ -81,14 +81,16 @@ def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tup
     True: ``EVAL`` with the script's source, which no SCRIPT FLUSH can make fail.
     """
     indices = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError) and calls[i].script]
-    return indices, [calls[i].as_eval() if as_eval or calls[i].args[0] == "EVALSHA_RO" else calls[i]
-                     for i in indices]
+    return indices, [calls[i].as_eval() if as_eval or calls[i].args[0] == "EVALSHA_RO" else calls[i] for i in indices]
 
 
 def scripts_of(calls: list[Call]) -> list[LuaScript]:
     """The distinct scripts of the ``EVALSHA`` calls among ``calls``, each to SCRIPT LOAD once."""
-    return list({call.script.sha: call.script for call in calls
-                 if call.script is not None and call.args[0] == "EVALSHA"}.values())
+    return list(
+        {
+            call.script.sha: call.script for call in calls if call.script is not None and call.args[0] == "EVALSHA"
+        }.values()
+    )
 
 
 def as_evalsha(request: Request[T]) -> Request[T]:
@@ -107,8 +109,11 @@ def evalsha_fallback(calls: list[Call], replies: list[Any]) -> tuple[list[int], 
     ``EVALSHA_RO``). Returns ([], calls) when there is none; otherwise the sender resends ``calls[i]`` for
     each index and sends ``EVALSHA`` from then on.
     """
-    indices = [i for i, reply in enumerate(replies)
-               if isinstance(reply, ResponseError) and calls[i].args[0] in _RO_COMMANDS and _refuses(reply)]
+    indices = [
+        i
+        for i, reply in enumerate(replies)
+        if isinstance(reply, ResponseError) and calls[i].args[0] in _RO_COMMANDS and _refuses(reply)
+    ]
     if not indices:
         return indices, calls
     changed = list(calls)
@@ -120,8 +125,11 @@ def evalsha_fallback(calls: list[Call], replies: list[Any]) -> tuple[list[int], 
 def _refuses(reply: ResponseError) -> bool:
     """Whether ``reply`` refuses the command itself (unknown, or not granted by the ACL), not the script."""
     text = str(reply).lower()
-    return text.startswith("unknown command") or "no permissions to run the 'evalsha_ro' command" in text \
+    return (
+        text.startswith("unknown command")
+        or "no permissions to run the 'evalsha_ro' command" in text
         or "no permissions to run the 'eval_ro' command" in text
+    )
 
 
 def merge(replies: list[Any], indices: list[int], resent: list[Any]) -> None:

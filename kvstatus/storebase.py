@@ -68,15 +68,20 @@ class StoreBase:
         )
         self._functions = isinstance(self._core, FunctionsCore)
         self._metrics = check_observer(metrics)
-        self._sender = self._sender_class(client, self.options, cluster=self._core.cluster,
-                                          functions=self._functions, metrics=self._metrics)
+        self._sender = self._sender_class(
+            client, self.options, cluster=self._core.cluster, functions=self._functions, metrics=self._metrics
+        )
         self._near = make_near_cache(near_cache, self._near_class, client, self._core.schema, self._sender)
         self._keeper = None
         if lease_ttl is not None:
             # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
             lease_ttl = validate_lease_ttl(lease_ttl)
-            lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl,
-                              keep_ms=self._core.ttl_ms + round(lease_ttl * 1000))
+            lease = LeaseCore(
+                self._core.schema,
+                self._core.participant,
+                lease_ttl,
+                keep_ms=self._core.ttl_ms + round(lease_ttl * 1000),
+            )
             self._keeper = self._keeper_class(lease, self._sender.send)
 
     @classmethod
@@ -103,8 +108,13 @@ class StoreBase:
         mode = parsed.query.get("scripts", "eval") if scripts is None else scripts
         if settings.get("lease_ttl") is None:
             settings["lease_ttl"] = url_lease_ttl(parsed)
-        return cls(cls._connect(parsed, opts), options=opts, scripts=mode,
-                   near_cache=near_cache_setting(parsed, near_cache), **settings)
+        return cls(
+            cls._connect(parsed, opts),
+            options=opts,
+            scripts=mode,
+            near_cache=near_cache_setting(parsed, near_cache),
+            **settings,
+        )
 
     @property
     def namespace(self) -> str:
@@ -146,8 +156,15 @@ class StoreBase:
         """A store with the same client and settings, writing as ``participant`` (with its own lease, if this one has one)."""
         metrics = None if self._metrics is None else self._metrics.for_participant(participant)
         lease_ttl = None if self._keeper is None else self._keeper.core.ttl
-        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
-                          scripts=self.scripts, near_cache=self._near, metrics=metrics, lease_ttl=lease_ttl)
+        return type(self)(
+            self.client,
+            **{**self._core.settings(), "participant": participant},
+            options=self.options,
+            scripts=self.scripts,
+            near_cache=self._near,
+            metrics=metrics,
+            lease_ttl=lease_ttl,
+        )
 
     @property
     def metrics(self) -> Optional[StoreObserver]:
@@ -169,13 +186,15 @@ class StoreBase:
 
     def _uncached(self, participant: str) -> Any:
         """A store on the same client reading ``participant``'s entry without the near cache (for wait_for)."""
-        return type(self)(self.client, **{**self._core.settings(), "participant": participant}, options=self.options,
-                          scripts=self.scripts)
+        return type(self)(
+            self.client,
+            **{**self._core.settings(), "participant": participant},
+            options=self.options,
+            scripts=self.scripts,
+        )
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(namespace={self.namespace!r}, participant={self.participant!r}, "
             f"prefix={self.prefix!r}, ttl={self.ttl:g}, policy={self.policy.value!r})"
         )
-
-

@@ -41,8 +41,9 @@ class Topology:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.cluster = is_cluster_client(client)
-        self.asynchronous = type(client).__module__.startswith("redis.asyncio") or \
-            type(client).__module__.startswith("fakeredis.aioredis")
+        self.asynchronous = type(client).__module__.startswith("redis.asyncio") or type(client).__module__.startswith(
+            "fakeredis.aioredis"
+        )
         self.sentinel = is_sentinel_client(client)
 
     def probe_command(self) -> Optional[tuple[str, ...]]:

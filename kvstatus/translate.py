@@ -7,11 +7,12 @@ from typing import Optional
 from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
+from kvstatus.deadline import ClientPoolExhausted
 from kvstatus.errors import (
     AuthenticationError,
     BackendBusyError,
-    BackendRefusedError,
     BackendError,
+    BackendRefusedError,
     BackendUnavailableError,
     CorruptedValueError,
     InvalidArgumentError,
@@ -19,10 +20,9 @@ from kvstatus.errors import (
     PermissionDeniedError,
     PoolExhaustedError,
 )
-from kvstatus.deadline import ClientPoolExhausted
+from kvstatus.redact import mask_url
 from kvstatus.requests import Call
 from kvstatus.scripts import LIBRARY_NAME
-from kvstatus.redact import mask_url
 
 # Error prefixes the scripts in lua/ return (redis.error_reply); NOPERM arrives as redis-py's NoPermissionError.
 _BADARG = "KVSTATUS_BADARG "
@@ -68,10 +68,13 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
         # redis-py appends a repr of every Sentinel client; keep the sentence, name the cause.
         head = text.partition(" : ")[0]
         if "auth:AuthenticationError" in text:
-            return AuthenticationError(f"the Sentinels refused the credentials (sentinel_username/"
-                                       f"sentinel_password): {head}")
-        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {head} "
-                                       "(no Sentinel reachable, or none knows that service)")
+            return AuthenticationError(
+                f"the Sentinels refused the credentials (sentinel_username/sentinel_password): {head}"
+            )
+        return BackendUnavailableError(
+            f"Redis unavailable (after the configured retries): {head} "
+            "(no Sentinel reachable, or none knows that service)"
+        )
     if isinstance(exc, rx.RedisClusterException):
         if isinstance(exc.__cause__, rx.AuthenticationError):
             return AuthenticationError(f"Redis refused the credentials: {text}")
@@ -81,30 +84,51 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
     if isinstance(exc, ClientPoolExhausted):
         return PoolExhaustedError(text)
     if isinstance(exc, rx.MaxConnectionsError):  # a non-blocking pool, e.g. of a client the caller built
-        return PoolExhaustedError(f"client connection pool exhausted (max_connections reached: {text}); "
-                                  "nothing was sent. Give the client a larger pool or a BlockingConnectionPool")
+        return PoolExhaustedError(
+            f"client connection pool exhausted (max_connections reached: {text}); "
+            "nothing was sent. Give the client a larger pool or a BlockingConnectionPool"
+        )
     if hasattr(exc, NOT_SENT):  # set only by a standalone client's retry policy, which does not resend these
         if getattr(exc, NOT_SENT):
-            return BackendRefusedError(f"Redis unavailable: it refused the connection, so nothing was sent and the "
-                                       f"call was not applied (is Redis running at that address?): {text}",
-                                       not_sent=True)
-        return BackendRefusedError(f"Redis unavailable: it refused the connection after an earlier attempt was sent "
-                                   f"(the call may or may not have been applied): {text}")
-    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ClusterDownError,
-                        rx.ReadOnlyError, rx.TryAgainError, rx.MasterDownError)):
-        return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; the call may or may not "
-                                       f"have been applied): {text}")
+            return BackendRefusedError(
+                f"Redis unavailable: it refused the connection, so nothing was sent and the "
+                f"call was not applied (is Redis running at that address?): {text}",
+                not_sent=True,
+            )
+        return BackendRefusedError(
+            f"Redis unavailable: it refused the connection after an earlier attempt was sent "
+            f"(the call may or may not have been applied): {text}"
+        )
+    if isinstance(
+        exc,
+        (
+            rx.ConnectionError,
+            rx.TimeoutError,
+            rx.BusyLoadingError,
+            rx.ClusterDownError,
+            rx.ReadOnlyError,
+            rx.TryAgainError,
+            rx.MasterDownError,
+        ),
+    ):
+        return BackendUnavailableError(
+            f"Redis unavailable (retries or deadline spent; the call may or may not have been applied): {text}"
+        )
     if isinstance(exc, rx.NoPermissionError):
         hint = ""
         if call is not None and call.args[0] in _EVAL_COMMANDS and "'eval" in text:
-            hint = (" (a user of the tenant ACL recipe runs kvstatus' Lua as functions: give the store "
-                    "scripts=\"functions\", or the URL ?scripts=functions)")
+            hint = (
+                " (a user of the tenant ACL recipe runs kvstatus' Lua as functions: give the store "
+                'scripts="functions", or the URL ?scripts=functions)'
+            )
         return PermissionDeniedError(f"Redis ACL denied the request: {text}{hint}")
     if "Function not found" in text and call is not None and call.args[0] in ("FCALL", "FCALL_RO"):
-        return BackendError(f"the kvstatus function library {LIBRARY_NAME} (this kvstatus version's Lua) is not "
-                            "loaded on this Redis: an admin runs `kvstatus --url ADMIN_URL functions load` once "
-                            "(FUNCTION LOAD on every primary; replicas, restarts with persistence and failovers "
-                            "keep it), or the store uses scripts=\"eval\"")
+        return BackendError(
+            f"the kvstatus function library {LIBRARY_NAME} (this kvstatus version's Lua) is not "
+            "loaded on this Redis: an admin runs `kvstatus --url ADMIN_URL functions load` once "
+            "(FUNCTION LOAD on every primary; replicas, restarts with persistence and failovers "
+            'keep it), or the store uses scripts="eval"'
+        )
     if _SCRIPT_NOPERM in text:
         # The scripts check their writes in advance and name a refused one themselves (NOPERM above);
         # this is a read the ACL refused on a key after the first, which Redis reports by line number only.
@@ -113,12 +137,14 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
             f"{call.script.name if call and call.script else '?'} ({text.split(' script:')[0]})"
         )
     if text.startswith(_BADARG):
-        return InvalidArgumentError(f"the kvstatus script refused its arguments: {text[len(_BADARG):]}")
+        return InvalidArgumentError(f"the kvstatus script refused its arguments: {text[len(_BADARG) :]}")
     if text.startswith(_CORRUPT):
         return CorruptedValueError(text[len(_CORRUPT) :].split(" script:")[0])
     if text.startswith("BUSY "):
-        return BackendBusyError(f"Redis is busy running a script (BUSY): this call was not run and is not resent; "
-                                f"it succeeds once the script ends or an admin runs SCRIPT KILL ({text})")
+        return BackendBusyError(
+            f"Redis is busy running a script (BUSY): this call was not run and is not resent; "
+            f"it succeeds once the script ends or an admin runs SCRIPT KILL ({text})"
+        )
     if text.startswith("WRONGTYPE"):
         where = f"key {_first_key(call)}" if call and _first_key(call) else "a room key"
         return CorruptedValueError(f"{where} holds a value that is not a kvstatus room hash; left as it is")
@@ -130,4 +156,3 @@ def _first_key(call: Call) -> Optional[str]:
     if args[0] in _EVAL_COMMANDS:
         return str(args[3]) if args[2] == 1 else None
     return str(args[1]) if len(args) > 1 else None
-

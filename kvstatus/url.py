@@ -109,36 +109,53 @@ class ConnectionOptions:
         # Upper bounds too: past them the socket layer or the backoff arithmetic raises OverflowError.
         for name in ("socket_timeout", "socket_connect_timeout", "deadline"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not 0 < value <= MAX_SECONDS:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not 0 < value <= MAX_SECONDS
+            ):
                 raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0 and <= {MAX_SECONDS}")
         for name in ("backoff_base", "backoff_cap"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not 0 <= value <= MAX_BACKOFF_SECONDS:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds >= 0 and <= "
-                                           f"{MAX_BACKOFF_SECONDS}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not 0 <= value <= MAX_BACKOFF_SECONDS
+            ):
+                raise InvalidArgumentError(
+                    f"invalid {name} {value!r}: expected seconds >= 0 and <= {MAX_BACKOFF_SECONDS}"
+                )
         for name, most in (("retries", MAX_RETRIES), ("health_check_interval", MAX_SECONDS)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
                 raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= 0 and <= {most}")
-        if self.client_name is not None and (not isinstance(self.client_name, str)
-                                             or not all("!" <= c <= "~" for c in self.client_name)):
+        if self.client_name is not None and (
+            not isinstance(self.client_name, str) or not all("!" <= c <= "~" for c in self.client_name)
+        ):
             # Redis' own rule for CLIENT SETNAME; refused here, before a connection sends it.
-            raise InvalidArgumentError(f"invalid client_name {self.client_name!r}: use printable ASCII without "
-                                       "spaces")
-        if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int) \
-                or not 1 <= self.max_connections <= MAX_CONNECTIONS:
-            raise InvalidArgumentError(f"invalid max_connections {self.max_connections!r}: expected an int >= 1 "
-                                       f"and <= {MAX_CONNECTIONS}")
+            raise InvalidArgumentError(f"invalid client_name {self.client_name!r}: use printable ASCII without spaces")
+        if (
+            isinstance(self.max_connections, bool)
+            or not isinstance(self.max_connections, int)
+            or not 1 <= self.max_connections <= MAX_CONNECTIONS
+        ):
+            raise InvalidArgumentError(
+                f"invalid max_connections {self.max_connections!r}: expected an int >= 1 and <= {MAX_CONNECTIONS}"
+            )
         if self.ssl_cert_reqs is not None and self.ssl_cert_reqs not in _CERT_REQS:
-            raise InvalidArgumentError(f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of "
-                                       + ", ".join(_CERT_REQS))
+            raise InvalidArgumentError(
+                f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of " + ", ".join(_CERT_REQS)
+            )
 
     def tls_options(self) -> dict[str, Any]:
         """The ``ssl_*`` fields that are set (they need a TLS scheme)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name.startswith("ssl_") and getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name.startswith("ssl_") and getattr(self, f.name) is not None
+        }
 
     def retry_delays(self) -> tuple[float, ...]:
         """The wait in seconds before each resend: ``min(backoff_cap, backoff_base * 2**n)``, n = 1..retries."""
@@ -225,9 +242,11 @@ def _lease_seconds(value: str) -> Optional[float]:
     return None if seconds == 0 else validate_lease_ttl(seconds)  # InvalidArgumentError is a ValueError
 
 
-STORE_OPTIONS: dict[str, Callable[[str], Any]] = {"near_cache": lambda v: _BOOL[v.lower()],
-                                                  "near_cache_size": _positive_int,
-                                                  "lease_ttl": _lease_seconds}
+STORE_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "near_cache": lambda v: _BOOL[v.lower()],
+    "near_cache_size": _positive_int,
+    "lease_ttl": _lease_seconds,
+}
 """Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     **_OPTION_FIELDS,
@@ -267,8 +286,10 @@ def parse_url(url: object) -> ParsedURL:
     try:
         url.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidURLError(f"invalid Redis URL {shown}: not valid UTF-8 text (bytes that are not UTF-8, "
-                              "e.g. in the password; percent-encode them)") from None
+        raise InvalidURLError(
+            f"invalid Redis URL {shown}: not valid UTF-8 text (bytes that are not UTF-8, "
+            "e.g. in the password; percent-encode them)"
+        ) from None
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
@@ -278,17 +299,21 @@ def parse_url(url: object) -> ParsedURL:
                 + ", ".join(f"{s}://" for s in SCHEMES)
             )
         if "#" in url:
-            raise InvalidURLError(f"invalid Redis URL {shown}: a Redis URL has no '#' part "
-                                  "(percent-encode # in a password as %23)")
+            raise InvalidURLError(
+                f"invalid Redis URL {shown}: a Redis URL has no '#' part (percent-encode # in a password as %23)"
+            )
         query: dict[str, str] = {}
-        for name, values in parse_qs(parts.query, keep_blank_values=True, strict_parsing=False,
-                                     errors="strict").items():
+        for name, values in parse_qs(
+            parts.query, keep_blank_values=True, strict_parsing=False, errors="strict"
+        ).items():
             if name not in _QUERY_OPTIONS:
                 # An unencoded & ? in a password splits it into "options": name one only if the masked URL shows it.
                 shows = any(f"{sep}{name}" in shown for sep in "?&;")
                 named = f" {name!r}" if name.isidentifier() and shows else ""
-                raise InvalidURLError(f"invalid Redis URL {shown}: unknown option{named} (options: "
-                                      f"{', '.join(_QUERY_OPTIONS)}; percent-encode & in a password as %26)")
+                raise InvalidURLError(
+                    f"invalid Redis URL {shown}: unknown option{named} (options: "
+                    f"{', '.join(_QUERY_OPTIONS)}; percent-encode & in a password as %26)"
+                )
             query[name] = values[-1]
         for name, value in query.items():
             try:
@@ -302,15 +327,19 @@ def parse_url(url: object) -> ParsedURL:
         except InvalidArgumentError as exc:
             raise InvalidURLError(f"invalid Redis URL {shown}: {exc}") from None
         if scheme not in TLS_SCHEMES and any(name in query for name in _TLS_ONLY):
-            raise InvalidURLError(f"invalid Redis URL {shown}: ssl_* options need a TLS scheme (rediss://, "
-                                  "rediss+cluster://, rediss+sentinel://); on {scheme}:// they would be ignored "
-                                  "and the connection would be plain text".replace("{scheme}", scheme))
+            raise InvalidURLError(
+                f"invalid Redis URL {shown}: ssl_* options need a TLS scheme (rediss://, "
+                "rediss+cluster://, rediss+sentinel://); on {scheme}:// they would be ignored "
+                "and the connection would be plain text".replace("{scheme}", scheme)
+            )
         try:
             username = unquote(parts.username, errors="strict") if parts.username else None
             password = unquote(parts.password, errors="strict") if parts.password is not None else None
         except UnicodeDecodeError:
-            raise InvalidURLError(f"invalid Redis URL {shown}: the user name or password is percent-encoded "
-                                  "bytes that are not UTF-8, which redis-py cannot send") from None
+            raise InvalidURLError(
+                f"invalid Redis URL {shown}: the user name or password is percent-encoded "
+                "bytes that are not UTF-8, which redis-py cannot send"
+            ) from None
         if "@" in parts.path:
             # An unencoded "/" in the user info ends the authority early: the rest of the password would
             # land in the socket path or the database, and be shown. Refuse instead of guessing.
@@ -379,7 +408,9 @@ CONNECTION_FIELDS: frozenset[str] = frozenset(field.name for field in fields(Con
 """The keyword arguments of ``from_url`` that are connection options rather than store settings."""
 
 
-def options_for(url: Union[str, ParsedURL], options: Optional[ConnectionOptions] = None, **overrides: Any) -> ConnectionOptions:
+def options_for(
+    url: Union[str, ParsedURL], options: Optional[ConnectionOptions] = None, **overrides: Any
+) -> ConnectionOptions:
     """The options a client of ``url`` uses: ``options``, then ``overrides``, then the URL's query options.
 
     Raises :class:`InvalidURLError` for a bad URL, and for ``ssl_*`` options given with a non-TLS scheme.
@@ -390,6 +421,8 @@ def options_for(url: Union[str, ParsedURL], options: Optional[ConnectionOptions]
 def _options(parsed: ParsedURL, options: Optional[ConnectionOptions], overrides: dict[str, Any]) -> ConnectionOptions:
     opts = replace(replace(options or ConnectionOptions(), **overrides), **parsed.options)
     if not parsed.tls and opts.tls_options():
-        raise InvalidURLError(f"invalid Redis URL {parsed.masked}: {', '.join(opts.tls_options())} given, but "
-                              f"{parsed.scheme}:// is plain text; use a TLS scheme (rediss://...)")
+        raise InvalidURLError(
+            f"invalid Redis URL {parsed.masked}: {', '.join(opts.tls_options())} given, but "
+            f"{parsed.scheme}:// is plain text; use a TLS scheme (rediss://...)"
+        )
     return opts

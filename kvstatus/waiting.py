@@ -15,5 +15,16 @@ from kvstatus.waitplan import (
     wait_plan,
 )
 
-__all__ = ["POLL_INTERVAL_SECONDS", "RECHECK_SECONDS", "AsyncSubscription", "Subscription", "async_wait_for",
-           "check_timeout", "parse_payload", "subscription_for", "target_statuses", "wait_for", "wait_plan"]
+__all__ = [
+    "POLL_INTERVAL_SECONDS",
+    "RECHECK_SECONDS",
+    "AsyncSubscription",
+    "Subscription",
+    "async_wait_for",
+    "check_timeout",
+    "parse_payload",
+    "subscription_for",
+    "target_statuses",
+    "wait_for",
+    "wait_plan",
+]

@@ -66,8 +66,13 @@ def parse_payload(payload: Any) -> tuple[str, Optional[KVPoll]]:
     return participant, None
 
 
-def wait_plan(participant: str, targets: frozenset[KVPoll], timeout: float, recheck: float = RECHECK_SECONDS,
-              poll_interval: float = POLL_INTERVAL_SECONDS) -> Generator[Action, Any, Optional[KVPoll]]:
+def wait_plan(
+    participant: str,
+    targets: frozenset[KVPoll],
+    timeout: float,
+    recheck: float = RECHECK_SECONDS,
+    poll_interval: float = POLL_INTERVAL_SECONDS,
+) -> Generator[Action, Any, Optional[KVPoll]]:
     """The waiting loop: returns the status reached, or None when ``timeout`` seconds passed first."""
     start = yield CLOCK, None
     deadline = start + timeout

@@ -18,13 +18,13 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from kvstatus.demo.fakelua import accept_script_shebang
-from tests.servers import RedisClusterServers, RedisServer, ports
 from tests.helpers.backends import Backend
 from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures by name here
     _redis_server_needs_the_real_marker,
     pytest_collection_modifyitems,
     pytest_runtest_setup,
 )
+from tests.servers import RedisClusterServers, RedisServer, ports
 
 accept_script_shebang()  # fakeredis does not strip get_many.lua's "#!lua flags=no-writes" as Redis does
 
@@ -82,15 +82,18 @@ def _fake_backend(asynchronous: bool) -> Backend:
 def _real_backend(server: RedisServer, asynchronous: bool) -> Backend:
     raw = redis.Redis(host=server.host, port=server.port)
     if asynchronous:
-        return Backend(
-            "real-async", raw, lambda: redis.asyncio.Redis(host=server.host, port=server.port), True, server
-        )
+        return Backend("real-async", raw, lambda: redis.asyncio.Redis(host=server.host, port=server.port), True, server)
     return Backend("real", raw, lambda: redis.Redis(host=server.host, port=server.port), False, server)
 
 
-BACKENDS = ["fake", "fake-async", pytest.param("real", marks=pytest.mark.real),
-            pytest.param("real-async", marks=pytest.mark.real),
-            pytest.param("cluster", marks=pytest.mark.real), pytest.param("cluster-async", marks=pytest.mark.real)]
+BACKENDS = [
+    "fake",
+    "fake-async",
+    pytest.param("real", marks=pytest.mark.real),
+    pytest.param("real-async", marks=pytest.mark.real),
+    pytest.param("cluster", marks=pytest.mark.real),
+    pytest.param("cluster-async", marks=pytest.mark.real),
+]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -114,8 +117,11 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 @pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.real)])
 def sync_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """fakeredis and a real Redis, sync store only (for tests about the wire, not the API)."""
-    made = _real_backend(request.getfixturevalue("redis_server"), False) if request.param == "real" \
+    made = (
+        _real_backend(request.getfixturevalue("redis_server"), False)
+        if request.param == "real"
         else _fake_backend(False)
+    )
     try:
         yield made
     finally:

@@ -46,8 +46,9 @@ def pairs(path: Path) -> list[tuple[str, str, int, int]]:
     source = path.read_text(encoding="utf-8")
     lines = source.splitlines()
     tree = ast.parse(source)
-    defs = {node.name: node for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef,
-                                                                        ast.AsyncFunctionDef))}
+    defs = {
+        node.name: node for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    }
     found = []
     for name, node in defs.items():
         other = twin_of(name)
@@ -55,8 +56,8 @@ def pairs(path: Path) -> list[tuple[str, str, int, int]]:
             continue
         twin = defs[other]
         names = {name: other}
-        a = _normal(lines[node.lineno - 1: node.end_lineno], names)
-        b = _normal(lines[twin.lineno - 1: twin.end_lineno], names)
+        a = _normal(lines[node.lineno - 1 : node.end_lineno], names)
+        b = _normal(lines[twin.lineno - 1 : twin.end_lineno], names)
         common = sum(1 for line in set(a) if line in set(b))
         found.append((name, other, common, len(a)))
     return found

@@ -71,5 +71,4 @@ class AsyncLeaseKeeper:
                 try:
                     await self._call("release")
                 except Exception as exc:  # noqa: BLE001
-                    log.warning("participant %s: lease release failed (it will expire): %s",
-                                self.core.participant, exc)
+                    log.warning("participant %s: lease release failed (it will expire): %s", self.core.participant, exc)

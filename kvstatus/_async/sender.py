@@ -71,8 +71,15 @@ class AsyncTransport(Protocol):
 class AsyncSender:
     """Sends :class:`~kvstatus.requests.Request` objects on a redis-py client (see the module docstring)."""
 
-    def __init__(self, client: Any, options: ConnectionOptions, *, cluster: bool, functions: bool,
-                 metrics: Optional[StoreObserver]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        options: ConnectionOptions,
+        *,
+        cluster: bool,
+        functions: bool,
+        metrics: Optional[StoreObserver],
+    ) -> None:
         self.client = client
         self.options = options
         self.cluster = cluster
@@ -83,8 +90,7 @@ class AsyncSender:
         self.resend_delays = failover_delays(client, options)
         self.gate: Optional[AsyncGate] = gate_for(client, options, AsyncGate)
 
-    async def send(self, request: Request[T], operation: str = "other",
-                   via: Optional[AsyncTransport] = None) -> T:
+    async def send(self, request: Request[T], operation: str = "other", via: Optional[AsyncTransport] = None) -> T:
         """Send ``request`` (from the method ``operation``) on ``via`` (default: the client) and decode it."""
         if self.metrics is not None:
             return await self._observed(request, operation, via)
@@ -132,7 +138,7 @@ class AsyncSender:
         if len(calls) == 1:  # the fast path: one command, straight to redis-py
             try:
                 reply = await self.client.execute_command(*calls[0].args)
-            except Exception as exc:  # NOSCRIPT, a failover, an error: the full path, from this reply on
+            except Exception as exc:  # noqa: BLE001 - NOSCRIPT, a failover, an error: the full path, from this reply on
                 return request.decode(await self._replies(calls, [exc], self))
             return request.decode([reply])
         return request.decode(await self._replies(calls, None, self) if calls else [])

@@ -95,8 +95,14 @@ class AsyncStatusStore(StoreBase):
             return await self._near.room(room)
         return await self._sender.send(self._core.room(room), "room")
 
-    async def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
-                       *, participant: Optional[str] = None) -> Optional[KVPoll]:
+    async def wait_for(
+        self,
+        room: int,
+        statuses: KVPoll | int | Iterable[KVPoll | int],
+        timeout: Optional[float],
+        *,
+        participant: Optional[str] = None,
+    ) -> Optional[KVPoll]:
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
         return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by Redis Pub/Sub
         (see :mod:`kvstatus.waiting`), re-reading every second and polling if the subscription breaks. Each step
@@ -104,8 +110,9 @@ class AsyncStatusStore(StoreBase):
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))
         reader = self._uncached(who)
-        return await async_wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room),
-                                    deadline=self.options.deadline)
+        return await async_wait_for(
+            self.client, key, who, statuses, timeout, read=lambda: reader.get(room), deadline=self.options.deadline
+        )
 
     async def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
         """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""
@@ -129,7 +136,7 @@ class AsyncStatusStore(StoreBase):
             await self._near.close()
         await self.client.aclose()
 
-    async def __aenter__(self) -> "AsyncStatusStore":
+    async def __aenter__(self) -> AsyncStatusStore:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

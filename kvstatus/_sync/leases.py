@@ -72,5 +72,4 @@ class LeaseKeeper:
                 try:
                     self._call("release")
                 except Exception as exc:  # noqa: BLE001
-                    log.warning("participant %s: lease release failed (it will expire): %s",
-                                self.core.participant, exc)
+                    log.warning("participant %s: lease release failed (it will expire): %s", self.core.participant, exc)

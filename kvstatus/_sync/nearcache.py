@@ -204,9 +204,13 @@ class NearCache(NearCacheBase):
     def _refuse(self, error: rx.RedisError) -> None:
         """The server refused to set up tracking: say so once, and run uncached from now on."""
         self.refused = str(error)
-        log.warning("kvstatus near cache (namespace %s): the server refused to track reads (%s); reads run "
-                    "uncached. Grant +client|tracking +client|id (the ACL recipe with its near cache), or turn "
-                    "the near cache off", self.state.schema.namespace, error)
+        log.warning(
+            "kvstatus near cache (namespace %s): the server refused to track reads (%s); reads run "
+            "uncached. Grant +client|tracking +client|id (the ACL recipe with its near cache), or turn "
+            "the near cache off",
+            self.state.schema.namespace,
+            error,
+        )
 
     def _open_link(self, name: str) -> None:
         """Under the I/O lock: connect the invalidation and the data connection of node ``name``."""
@@ -242,9 +246,12 @@ class NearCache(NearCacheBase):
         """The database's marker id, created if missing (a random id, one day's TTL); None when this user may
         not write it (a read-only user: SWAPDB then goes unnoticed, see the near cache's docs)."""
         token = secrets.token_hex(8)
-        data.send_packed_command(data.pack_commands([
-            ("HSETNX", key, "id", token), ("PEXPIRE", key, MARKER_TTL_MS, "NX"), ("HGET", key, "id")]),
-            check_health=False)
+        data.send_packed_command(
+            data.pack_commands(
+                [("HSETNX", key, "id", token), ("PEXPIRE", key, MARKER_TTL_MS, "NX"), ("HGET", key, "id")]
+            ),
+            check_health=False,
+        )
         replies = []
         for _ in range(3):
             try:
@@ -262,11 +269,13 @@ class NearCache(NearCacheBase):
         marker_key = self._marker_key if self._marker is not None else None
         if (self._probe is None and marker_key is None) or not self.links.links:
             return
-        calls = ([Call(self._probe)] if self._probe is not None else []) + \
-            ([Call(("HGET", marker_key, "id"))] if marker_key is not None else [])
+        calls = ([Call(self._probe)] if self._probe is not None else []) + (
+            [Call(("HGET", marker_key, "id"))] if marker_key is not None else []
+        )
         try:
-            replies = self.sender.send(Request(calls, _as_is), "topology",
-                                              via=LinkTransport(self, probe=True))
+            replies = self.sender.send(
+                Request(calls, _as_is), "topology", via=LinkTransport(self, probe=True)
+            )
         except KVStatusError as exc:
             self._reset_links(f"topology check failed: {exc}")
             return
@@ -338,8 +347,9 @@ class LinkTransport:
                 self.sent_at = time.monotonic()
                 for name, indices in groups.items():
                     conn = links[name].data
-                    conn.send_packed_command(conn.pack_commands([calls[i].args for i in indices]),
-                                                   check_health=False)
+                    conn.send_packed_command(
+                        conn.pack_commands([calls[i].args for i in indices]), check_health=False
+                    )
                 replies: list[Any] = [None] * len(calls)
                 for name, indices in groups.items():
                     conn = links[name].data
@@ -362,8 +372,9 @@ class LinkTransport:
             return [exc] * len(calls)
         except rx.RedisError as exc:  # another refusal while opening a link
             return [exc] * len(calls)
-        moved = next((r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))),
-                     None)
+        moved = next(
+            (r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))), None
+        )
         if moved is not None:
             cache._reset_topology(str(moved))
             return [rx.ConnectionError(f"the near cache's read met a moved slot: {moved}")] * len(calls)

@@ -72,8 +72,15 @@ class Transport(Protocol):
 class Sender:
     """Sends :class:`~kvstatus.requests.Request` objects on a redis-py client (see the module docstring)."""
 
-    def __init__(self, client: Any, options: ConnectionOptions, *, cluster: bool, functions: bool,
-                 metrics: Optional[StoreObserver]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        options: ConnectionOptions,
+        *,
+        cluster: bool,
+        functions: bool,
+        metrics: Optional[StoreObserver],
+    ) -> None:
         self.client = client
         self.options = options
         self.cluster = cluster
@@ -84,8 +91,7 @@ class Sender:
         self.resend_delays = failover_delays(client, options)
         self.gate: Optional[Gate] = gate_for(client, options, Gate)
 
-    def send(self, request: Request[T], operation: str = "other",
-                   via: Optional[Transport] = None) -> T:
+    def send(self, request: Request[T], operation: str = "other", via: Optional[Transport] = None) -> T:
         """Send ``request`` (from the method ``operation``) on ``via`` (default: the client) and decode it."""
         if self.metrics is not None:
             return self._observed(request, operation, via)
@@ -133,7 +139,7 @@ class Sender:
         if len(calls) == 1:  # the fast path: one command, straight to redis-py
             try:
                 reply = self.client.execute_command(*calls[0].args)
-            except Exception as exc:  # NOSCRIPT, a failover, an error: the full path, from this reply on
+            except Exception as exc:  # noqa: BLE001 - NOSCRIPT, a failover, an error: the full path, from this reply on
                 return request.decode(self._replies(calls, [exc], self))
             return request.decode([reply])
         return request.decode(self._replies(calls, None, self) if calls else [])

@@ -96,8 +96,14 @@ class StatusStore(StoreBase):
             return self._near.room(room)
         return self._sender.send(self._core.room(room), "room")
 
-    def wait_for(self, room: int, statuses: KVPoll | int | Iterable[KVPoll | int], timeout: Optional[float],
-                       *, participant: Optional[str] = None) -> Optional[KVPoll]:
+    def wait_for(
+        self,
+        room: int,
+        statuses: KVPoll | int | Iterable[KVPoll | int],
+        timeout: Optional[float],
+        *,
+        participant: Optional[str] = None,
+    ) -> Optional[KVPoll]:
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
         return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by Redis Pub/Sub
         (see :mod:`kvstatus.waiting`), re-reading every second and polling if the subscription breaks. Each step
@@ -105,8 +111,9 @@ class StatusStore(StoreBase):
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))
         reader = self._uncached(who)
-        return wait_for(self.client, key, who, statuses, timeout, read=lambda: reader.get(room),
-                                    deadline=self.options.deadline)
+        return wait_for(
+            self.client, key, who, statuses, timeout, read=lambda: reader.get(room), deadline=self.options.deadline
+        )
 
     def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
         """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""
@@ -130,7 +137,7 @@ class StatusStore(StoreBase):
             self._near.close()
         self.client.close()
 
-    def __enter__(self) -> "StatusStore":
+    def __enter__(self) -> StatusStore:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

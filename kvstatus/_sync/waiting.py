@@ -27,9 +27,9 @@ from kvstatus.waitplan import (
     RECEIVE,
     RECHECK_SECONDS,
     SUBSCRIBE,
-    step_deadline,
     check_timeout,
     is_message,
+    step_deadline,
     target_statuses,
     wait_plan,
 )
@@ -76,10 +76,17 @@ class Subscription:
             pass
 
 
-def wait_for(client: Any, key: str, participant: str, statuses: Any, timeout: Optional[float],
-                         read: Callable[[], Optional[KVPoll]], deadline: float,
-                         recheck: float = RECHECK_SECONDS,
-                         poll_interval: float = POLL_INTERVAL_SECONDS) -> Optional[KVPoll]:
+def wait_for(
+    client: Any,
+    key: str,
+    participant: str,
+    statuses: Any,
+    timeout: Optional[float],
+    read: Callable[[], Optional[KVPoll]],
+    deadline: float,
+    recheck: float = RECHECK_SECONDS,
+    poll_interval: float = POLL_INTERVAL_SECONDS,
+) -> Optional[KVPoll]:
     """Wait until ``participant``'s entry in room ``key`` is one of ``statuses``; return it, or None after
     ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
     path; ``deadline`` (seconds) bounds each subscription attempt as it bounds a store call."""

@@ -63,7 +63,11 @@ WAIT: tuple[str, ...] = ("ssubscribe", "subscribe")  # SUBSCRIBE: Redis 6 has no
 PUBLISH: tuple[str, ...] = ("spublish", "publish")  # the update script publishes (PUBLISH on Redis 6)
 INVALIDATE_CHANNEL = "__redis__:invalidate"
 SENTINEL_COMMANDS: tuple[str, ...] = (
-    "ping", "sentinel|get-master-addr-by-name", "sentinel|masters", "sentinel|sentinels", "sentinel|replicas",
+    "ping",
+    "sentinel|get-master-addr-by-name",
+    "sentinel|masters",
+    "sentinel|sentinels",
+    "sentinel|replicas",
 )
 """What the client of a Sentinel URL asks the Sentinels (a user on the Sentinels, not the data nodes)."""
 
@@ -99,8 +103,15 @@ def channel_rules(schema: KeySchema, near_cache: bool = True) -> list[str]:
     return [f"&{schema.base}*"]
 
 
-def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
-              password: Optional[str] = None, scripts: str = "functions", near_cache: bool = True) -> list[str]:
+def acl_rules(
+    namespace: str,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    read_only: bool = False,
+    password: Optional[str] = None,
+    scripts: str = "functions",
+    near_cache: bool = True,
+) -> list[str]:
     """The ``ACL SETUSER <name>`` rules for a user limited to one namespace.
 
     ``scripts`` "functions" is the tenant recipe (its stores use
@@ -120,8 +131,13 @@ def acl_rules(namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool =
     rules = ["reset", "on"]
     if password is not None:
         rules.append(f">{password}")
-    rules += [f"~{schema.base}*", "resetchannels", *channel_rules(schema, near_cache), "-@all",
-              *(f"+{command}" for command in commands)]
+    rules += [
+        f"~{schema.base}*",
+        "resetchannels",
+        *channel_rules(schema, near_cache),
+        "-@all",
+        *(f"+{command}" for command in commands),
+    ]
     return rules
 
 
@@ -131,8 +147,15 @@ def sentinel_acl_rules(password: Optional[str] = None) -> list[str]:
     return rules + ["resetchannels", "-@all", *(f"+{command}" for command in SENTINEL_COMMANDS)]
 
 
-def acl_setuser_line(user: str, namespace: str, *, prefix: str = DEFAULT_PREFIX, read_only: bool = False,
-                     scripts: str = "functions", near_cache: bool = True) -> str:
+def acl_setuser_line(
+    user: str,
+    namespace: str,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    read_only: bool = False,
+    scripts: str = "functions",
+    near_cache: bool = True,
+) -> str:
     """The recipe as one ``ACL SETUSER`` line, with ``>PASSWORD`` as a placeholder (for docs and users.acl)."""
     rules = acl_rules(namespace, prefix=prefix, read_only=read_only, scripts=scripts, near_cache=near_cache)
     rules.insert(2, ">PASSWORD")

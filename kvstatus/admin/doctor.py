@@ -50,8 +50,15 @@ class Check:
 def probe_store(client: Any, schema: KeySchema, **settings: Any) -> StatusStore:
     """A store writing as the probe participant, with the probe's short TTL; it leaves nothing behind, not
     even a tombstone (``tombstone_ttl=0``)."""
-    return StatusStore(client, namespace=schema.namespace, prefix=schema.prefix, participant=PROBE_PARTICIPANT,
-                       ttl=PROBE_TTL_SECONDS, tombstone_ttl=0, **settings)
+    return StatusStore(
+        client,
+        namespace=schema.namespace,
+        prefix=schema.prefix,
+        participant=PROBE_PARTICIPANT,
+        ttl=PROBE_TTL_SECONDS,
+        tombstone_ttl=0,
+        **settings,
+    )
 
 
 def denied_command(exc: BaseException) -> Optional[str]:
@@ -145,15 +152,27 @@ def permission_checks(results: dict[str, tuple[Optional[bool], str]], scripts: s
         writes = [name for name, w in operations if w and results[name][0] is not None]
         why = ", ".join(f"{n}: {results[n][1]}" for n in writes)
         reads = ", ".join(name for name, w in operations if not w)
-        return [Check("acl", True, f"read-only user: reads ok, writes refused ({why}); every read works ({reads}): "
-                                   "enough for get, ls, stats, watch and doctor; set and clear need a read-write user")]
+        return [
+            Check(
+                "acl",
+                True,
+                f"read-only user: reads ok, writes refused ({why}); every read works ({reads}): "
+                "enough for get, ls, stats, watch and doctor; set and clear need a read-write user",
+            )
+        ]
     checks = []
     for name, _ in operations:
         ok, why = results[name]
         if not ok and scripts == "functions" and name in OPTIONAL_OPERATIONS:
-            checks.append(Check(f"acl {name}", True, f"refused ({why}): enough for every store operation (the "
-                                "worker recipe); ls, stats, watch, the exporter and the board need the read-only "
-                                "user, which has SCAN"))
+            checks.append(
+                Check(
+                    f"acl {name}",
+                    True,
+                    f"refused ({why}): enough for every store operation (the "
+                    "worker recipe); ls, stats, watch, the exporter and the board need the read-only "
+                    "user, which has SCAN",
+                )
+            )
         else:
             checks.append(Check(f"acl {name}", bool(ok), "allowed" if ok else why))
     return checks
@@ -183,11 +202,18 @@ def isolation_check(client: Any) -> Check:
             if denied_command(translate_error(exc)) is None and "NOPERM" not in str(exc):
                 allowed.append(name)  # refused for another reason (the Lua does not compile): allowed
     if not allowed:
-        return Check("isolation", True, "this user cannot run Lua of its own: SCRIPT LOAD, EVAL and FUNCTION LOAD "
-                                        "refused (the tenant recipe)")
-    return Check("isolation", True, f"WARNING: this user may run Lua of its own ({', '.join(allowed)} allowed), "
-                                    "which can read any key and block the whole server: fine for an admin, not for "
-                                    "a tenant (use the functions recipe, README 'Security')")
+        return Check(
+            "isolation",
+            True,
+            "this user cannot run Lua of its own: SCRIPT LOAD, EVAL and FUNCTION LOAD refused (the tenant recipe)",
+        )
+    return Check(
+        "isolation",
+        True,
+        f"WARNING: this user may run Lua of its own ({', '.join(allowed)} allowed), "
+        "which can read any key and block the whole server: fine for an admin, not for "
+        "a tenant (use the functions recipe, README 'Security')",
+    )
 
 
 def _fcall_probe(client: Any) -> tuple[bool, str]:
@@ -233,16 +259,28 @@ def tracking_check(client: Any, schema: KeySchema) -> Check:
         conn.disconnect()
         pool.release(conn)
     if not tracks:
-        return Check("tracking", True, "this user cannot run CLIENT TRACKING: it learns no key names of other "
-                                       "namespaces (and cannot use near_cache=True)")
+        return Check(
+            "tracking",
+            True,
+            "this user cannot run CLIENT TRACKING: it learns no key names of other "
+            "namespaces (and cannot use near_cache=True)",
+        )
     if not confined:
-        return Check("tracking", True, "this user may read keys outside the namespace anyway: not a tenant, so "
-                                       "CLIENT TRACKING shows it nothing new")
-    return Check("tracking", True, "WARNING: this user may run CLIENT TRACKING ... BCAST PREFIX with another "
-                                   "namespace's prefix: ACL key patterns do not cover tracking prefixes on this "
-                                   "server, so it receives the room ids (key names, not values) other tenants write. "
-                                   "Where that matters, give it the recipe without the near cache (`kvstatus acl "
-                                   "--no-near-cache`) or one Redis per tenant")
+        return Check(
+            "tracking",
+            True,
+            "this user may read keys outside the namespace anyway: not a tenant, so "
+            "CLIENT TRACKING shows it nothing new",
+        )
+    return Check(
+        "tracking",
+        True,
+        "WARNING: this user may run CLIENT TRACKING ... BCAST PREFIX with another "
+        "namespace's prefix: ACL key patterns do not cover tracking prefixes on this "
+        "server, so it receives the room ids (key names, not values) other tenants write. "
+        "Where that matters, give it the recipe without the near cache (`kvstatus acl "
+        "--no-near-cache`) or one Redis per tenant",
+    )
 
 
 def functions_check(client: Any) -> Check:
@@ -251,8 +289,10 @@ def functions_check(client: Any) -> Check:
     if ok:
         return Check("functions", True, f"library {lua.LIBRARY_NAME} loaded, FCALL_RO allowed")
     if "Function not found" in why:
-        why = (f"library {lua.LIBRARY_NAME} is not loaded: an admin runs `kvstatus --url ADMIN_URL functions "
-               "load` (once per server, every primary of a cluster)")
+        why = (
+            f"library {lua.LIBRARY_NAME} is not loaded: an admin runs `kvstatus --url ADMIN_URL functions "
+            "load` (once per server, every primary of a cluster)"
+        )
     return Check("functions", False, why)
 
 
@@ -279,7 +319,9 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True, sc
         return Check("ttl", False, f"store TTL {ttl:g} s, but the probe key has no TTL after a write")
     detail = f"store TTL {ttl:g} s, refreshed by every write (probe key got {view.ttl_ms} ms of {PROBE_TTL_SECONDS * 1000:g})"
     if ttl < SGLANG_TIMEOUT_SECONDS:
-        return Check("ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts, live rooms may expire")
+        return Check(
+            "ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts, live rooms may expire"
+        )
     return Check("ttl", True, detail)
 
 
@@ -303,12 +345,15 @@ def version_check(node: Any) -> Check:
         return Check("server version", False, why)
     parts = tuple(int(p) for p in re.findall(r"\d+", version[0])[:2])
     if parts < MIN_VERSION:
-        return Check("server version", False, f"Redis {version[0]}; kvstatus needs {'.'.join(map(str, MIN_VERSION))} or later")
+        return Check(
+            "server version", False, f"Redis {version[0]}; kvstatus needs {'.'.join(map(str, MIN_VERSION))} or later"
+        )
     return Check("server version", True, f"Redis {version[0]}")
 
 
-def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS, where: str = "",
-               scripts: str = "eval") -> list[Check]:
+def run_checks(
+    client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS, where: str = "", scripts: str = "eval"
+) -> list[Check]:
     """Every check, in order; stops after connectivity if Redis cannot be reached.
 
     ``scripts`` is the store's mode: "eval" checks SCRIPT LOAD, "functions" that the library is loaded.
@@ -326,9 +371,11 @@ def run_checks(client: Any, schema: KeySchema, ttl: float = DEFAULT_TTL_SECONDS,
         names = ", ".join(s.name for s in lua.ALL)
         if not ok and why.startswith("NOPERM") and may_call_functions(client):
             # A tenant of the functions recipe on an eval URL: say so once, then check what would work.
-            why += (": this user may not run Lua by EVALSHA or SCRIPT LOAD, but may FCALL kvstatus' function library "
-                    "(the tenant recipe): add ?scripts=functions to --url / KVSTATUS_URL (stores: "
-                    "scripts=\"functions\"); the checks below are run that way")
+            why += (
+                ": this user may not run Lua by EVALSHA or SCRIPT LOAD, but may FCALL kvstatus' function library "
+                "(the tenant recipe): add ?scripts=functions to --url / KVSTATUS_URL (stores: "
+                'scripts="functions"); the checks below are run that way'
+            )
             scripts = "functions"
         checks.append(Check("script load", ok, f"loaded {names}" if ok else why))
         if scripts == "functions":
@@ -364,8 +411,11 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
     if ok:
         return Check("near cache", True, "CLIENT TRACKING is allowed")
     # The cache is opt-in: a user without it is reported, not failed.
-    return Check("near cache", True, f"not available to this user: {why}; only near_cache=True needs it "
-                 "(+client|tracking +client|id)")
+    return Check(
+        "near cache",
+        True,
+        f"not available to this user: {why}; only near_cache=True needs it (+client|tracking +client|id)",
+    )
 
 
 def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str = "eval") -> Check:
@@ -376,8 +426,12 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     subscription = waiting.subscription_for(client, schema.room_key(PROBE_ROOM))
     try:
         if not subscription.open():
-            return Check("wait_for push", True, f"not available to this user: cannot subscribe to the room "
-                         f"channels ({subscription.error}); wait_for polls instead (needs +ssubscribe &{schema.base}*)")
+            return Check(
+                "wait_for push",
+                True,
+                f"not available to this user: cannot subscribe to the room "
+                f"channels ({subscription.error}); wait_for polls instead (needs +ssubscribe &{schema.base}*)",
+            )
         if not write:
             return Check("wait_for push", True, "waiters can subscribe to the room channels (read-only user)")
         ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
@@ -385,9 +439,13 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
             return Check("wait_for push", False, f"could not write the probe entry: {why}")
         got = subscription.receive(1.0) or []
         if not any(waiting.parse_payload(p)[0] == PROBE_PARTICIPANT for p in got):
-            return Check("wait_for push", True, "not available to this user: the update script published nothing, "
-                         f"this user may not publish on {schema.base}* (needs +spublish &{schema.base}*); "
-                         "wait_for polls instead")
+            return Check(
+                "wait_for push",
+                True,
+                "not available to this user: the update script published nothing, "
+                f"this user may not publish on {schema.base}* (needs +spublish &{schema.base}*); "
+                "wait_for polls instead",
+            )
         return Check("wait_for push", True, "changes are pushed to waiters")
     finally:
         subscription.close()

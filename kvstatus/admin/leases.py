@@ -47,9 +47,17 @@ class LeaseInfo:
         return LeaseState.LOST if self.lost else LeaseState.ALIVE
 
     def to_json(self) -> dict[str, Any]:
-        return {"participant": self.participant, "state": self.state, "incarnation": self.incarnation,
-                "generation": self.generation, "since": self.since, "last_seen": self.last_seen,
-                "last_seen_ago_s": round(self.now - self.last_seen, 3), "deadline": self.deadline, "ttl_s": self.ttl}
+        return {
+            "participant": self.participant,
+            "state": self.state,
+            "incarnation": self.incarnation,
+            "generation": self.generation,
+            "since": self.since,
+            "last_seen": self.last_seen,
+            "last_seen_ago_s": round(self.now - self.last_seen, 3),
+            "deadline": self.deadline,
+            "ttl_s": self.ttl,
+        }
 
 
 def _text(value: Any) -> str:
@@ -70,9 +78,17 @@ def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[L
         deadline = int(record["deadline"]) / 1000
         held = record.get("state") == "held"
         state = "alive" if held and now_ms <= int(record["deadline"]) else "expired" if held else "released"
-        return LeaseInfo(participant, state, record.get("inc", ""), int(record.get("gen", 0)),
-                         int(record.get("since", 0)) / 1000, int(record.get("seen", 0)) / 1000, deadline,
-                         int(record.get("ttl", 0)) / 1000, now)
+        return LeaseInfo(
+            participant,
+            state,
+            record.get("inc", ""),
+            int(record.get("gen", 0)),
+            int(record.get("since", 0)) / 1000,
+            int(record.get("seen", 0)) / 1000,
+            deadline,
+            int(record.get("ttl", 0)) / 1000,
+            now,
+        )
     except (KeyError, ValueError):
         return None  # not a record kvstatus writes (or half-expired): not a lease
 

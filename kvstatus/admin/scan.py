@@ -69,8 +69,9 @@ def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -
         raise translate_error(exc) from exc
 
 
-def read_rooms(client: Any, schema: KeySchema, keys: list[str],
-               on_corrupt: Optional[OnCorrupt] = None, with_ttl: bool = True) -> list[RoomView]:
+def read_rooms(
+    client: Any, schema: KeySchema, keys: list[str], on_corrupt: Optional[OnCorrupt] = None, with_ttl: bool = True
+) -> list[RoomView]:
     """The views of ``keys`` in one pipelined round trip; rooms gone meanwhile are left out.
 
     ``with_ttl=False`` skips the PTTL reads (half the commands); ``ttl_ms`` is then None.

@@ -81,9 +81,11 @@ class Stats:
             "lost_participants": self.lost_participants,
             "rooms_on_lost_participants": self.rooms_on_lost_participants,
             "oldest_non_terminal": [
-                {"room": v.room, "ttl_ms": v.ttl_ms,
-                 "statuses": {n: e.status.name if e.status is not None else None
-                              for n, e in v.participants.items()}}
+                {
+                    "room": v.room,
+                    "ttl_ms": v.ttl_ms,
+                    "statuses": {n: e.status.name if e.status is not None else None for n, e in v.participants.items()},
+                }
                 for v in self.oldest
             ],
         }
@@ -119,8 +121,10 @@ class StatsBuilder:
             stats.entries += 1
             stats.by_status[entry.status] += 1
             stats.by_participant.setdefault(name, Counter())[entry.status] += 1
-        if self._lost and any(name in self._lost and entry.status is not None and entry.status not in TERMINAL
-                              for name, entry in view.participants.items()):
+        if self._lost and any(
+            name in self._lost and entry.status is not None and entry.status not in TERMINAL
+            for name, entry in view.participants.items()
+        ):
             stats.rooms_on_lost_participants += 1  # stuck: an open entry whose participant is gone
         stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
         if view.ttl_ms is None:

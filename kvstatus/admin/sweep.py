@@ -59,10 +59,17 @@ class SweepResult:
     """Lost participants left alone because ``participants`` did not name them."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"lost_participants": self.lost, "keys_scanned": self.scanned, "entries_failed": self.swept,
-                "rooms": self.rooms, "raced": self.raced, "by_participant": self.by_participant,
-                "not_swept": self.not_swept, "other_lost_participants": self.other_lost,
-                "seconds": round(self.seconds, 3)}
+        return {
+            "lost_participants": self.lost,
+            "keys_scanned": self.scanned,
+            "entries_failed": self.swept,
+            "rooms": self.rooms,
+            "raced": self.raced,
+            "by_participant": self.by_participant,
+            "not_swept": self.not_swept,
+            "other_lost_participants": self.other_lost,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def sweep_request(store: StatusStore, rooms: list[int], participant: str) -> Request[list[Outcome]]:
@@ -79,8 +86,14 @@ def sweep_request(store: StatusStore, rooms: list[int], participant: str) -> Req
     return Request(calls, decode)
 
 
-def sweep(client: Any, schema: KeySchema, *, batch: int = DEFAULT_BATCH, progress: Optional[Progress] = None,
-          participants: Optional[list[str]] = None) -> SweepResult:
+def sweep(
+    client: Any,
+    schema: KeySchema,
+    *,
+    batch: int = DEFAULT_BATCH,
+    progress: Optional[Progress] = None,
+    participants: Optional[list[str]] = None,
+) -> SweepResult:
     """Fail the open entries of every participant whose lease is lost (only those in ``participants`` if given).
 
     ``progress(keys_scanned)`` is called after each batch. Returns what was done; raises
@@ -94,15 +107,19 @@ def sweep(client: Any, schema: KeySchema, *, batch: int = DEFAULT_BATCH, progres
         named = set(participants)
         lost = [name for name in every_lost if name in named]
         other_lost = [name for name in every_lost if name not in named]
-        not_swept = {name: leases[name].state if name in leases else "no lease record"
-                     for name in dict.fromkeys(participants) if name not in lost}
-    result = SweepResult(lost=lost, by_participant={name: 0 for name in lost}, not_swept=not_swept,
-                         other_lost=other_lost)
+        not_swept = {
+            name: leases[name].state if name in leases else "no lease record"
+            for name in dict.fromkeys(participants)
+            if name not in lost
+        }
+    result = SweepResult(
+        lost=lost, by_participant={name: 0 for name in lost}, not_swept=not_swept, other_lost=other_lost
+    )
     if not lost:
         result.seconds = time.monotonic() - started
         return result
     store = StatusStore(client, namespace=schema.namespace, prefix=schema.prefix)
-    chunks = [lost[i:i + MAX_PARTICIPANTS] for i in range(0, len(lost), MAX_PARTICIPANTS)]
+    chunks = [lost[i : i + MAX_PARTICIPANTS] for i in range(0, len(lost), MAX_PARTICIPANTS)]
     for keys in iter_room_keys(client, schema, batch):
         rooms = [room for room in map(schema.room_of, keys) if room is not None]
         swept_rooms: set[int] = set()

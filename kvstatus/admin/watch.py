@@ -43,15 +43,14 @@ class Snapshot:
     corrupted: int = 0
 
     @classmethod
-    def take(cls, client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH,
-             progress: Optional[Progress] = None) -> "Snapshot":
+    def take(
+        cls, client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH, progress: Optional[Progress] = None
+    ) -> Snapshot:
         rooms: dict[int, RoomState] = {}
         by_status: Counter = Counter()
         corrupted: list[int] = []
         for view in iter_rooms(client, schema, batch, progress, lambda room, _: corrupted.append(room), False):
-            state = tuple(
-                (name, None if e.status is None else int(e.status)) for name, e in view.participants.items()
-            )
+            state = tuple((name, None if e.status is None else int(e.status)) for name, e in view.participants.items())
             rooms[view.room] = state
             by_status.update(KVPoll(s) for _, s in state if s is not None)
         return cls(rooms, by_status, len(corrupted))

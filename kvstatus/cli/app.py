@@ -25,9 +25,11 @@ from kvstatus.rule import KVPoll, parse_status
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_STUCK = 0, 1, 2, 3, 4
-EXIT_CODES_HELP = ("Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
-                   "3 stats found keys without TTL or corrupted values, "
-                   "4 stats found rooms stuck on participants whose lease is lost.")
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
+    "3 stats found keys without TTL or corrupted values, "
+    "4 stats found rooms stuck on participants whose lease is lost."
+)
 
 
 class NotFound(click.ClickException):
@@ -58,8 +60,11 @@ class CliEnv:
         """The Redis client; says on stderr which server it is when no URL was given (set one to silence it)."""
         if self._client is None:
             if not self.url:
-                click.echo(f"kvstatus: no --url or KVSTATUS_URL given, using {connection.DEFAULT_URL} "
-                           "(set KVSTATUS_URL to silence this)", err=True)
+                click.echo(
+                    f"kvstatus: no --url or KVSTATUS_URL given, using {connection.DEFAULT_URL} "
+                    "(set KVSTATUS_URL to silence this)",
+                    err=True,
+                )
             self._client = self.connect(self.url_or_default)
         return self._client
 
@@ -91,8 +96,11 @@ class KvstatusCommand(click.Command):
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
             if _NEGATIVE_NUMBER.fullmatch(exc.option_name):
-                raise click.UsageError(f"invalid value {exc.option_name!r}: negative numbers are no room, status "
-                                       "or option (rooms are 0..2**63-1, statuses 0..4)", ctx) from None
+                raise click.UsageError(
+                    f"invalid value {exc.option_name!r}: negative numbers are no room, status "
+                    "or option (rooms are 0..2**63-1, statuses 0..4)",
+                    ctx,
+                ) from None
             raise
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -136,13 +144,26 @@ def _hint(error: BaseException) -> str:
 
 
 @click.group(cls=KvstatusGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--url", envvar="KVSTATUS_URL", metavar="URL",
-              help=f"Redis URL (env KVSTATUS_URL; default {connection.DEFAULT_URL}): redis://, rediss://, unix:// "
-                   "and every other form the library accepts. Passwords are masked in all output.")
-@click.option("--namespace", envvar="KVSTATUS_NAMESPACE", metavar="NAME",
-              help="The PD deployment whose rooms to work on (env KVSTATUS_NAMESPACE), e.g. prod-a.")
-@click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, metavar="PREFIX",
-              help="First part of every key: <prefix>:<namespace>:{<room>}.")
+@click.option(
+    "--url",
+    envvar="KVSTATUS_URL",
+    metavar="URL",
+    help=f"Redis URL (env KVSTATUS_URL; default {connection.DEFAULT_URL}): redis://, rediss://, unix:// "
+    "and every other form the library accepts. Passwords are masked in all output.",
+)
+@click.option(
+    "--namespace",
+    envvar="KVSTATUS_NAMESPACE",
+    metavar="NAME",
+    help="The PD deployment whose rooms to work on (env KVSTATUS_NAMESPACE), e.g. prod-a.",
+)
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    show_default=True,
+    metavar="PREFIX",
+    help="First part of every key: <prefix>:<namespace>:{<room>}.",
+)
 @click.version_option(package_name="kvstatus", message="kvstatus %(version)s")
 @click.pass_context
 def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefix: str) -> None:
@@ -170,12 +191,18 @@ pass_env = click.make_pass_decorator(CliEnv)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 participant_option = click.option(
-    "--participant", "-p", metavar="NAME",
-    help="The participant (writer) whose entry to use, e.g. prefill-0; default: the shared 'default' entry.")
+    "--participant",
+    "-p",
+    metavar="NAME",
+    help="The participant (writer) whose entry to use, e.g. prefill-0; default: the shared 'default' entry.",
+)
 
 participant_filter_option = click.option(
-    "--participant", "-p", metavar="NAME",
-    help="Only entries of this participant, e.g. prefill-0; default: every participant.")
+    "--participant",
+    "-p",
+    metavar="NAME",
+    help="Only entries of this participant, e.g. prefill-0; default: every participant.",
+)
 
 
 class TTLType(click.ParamType):
@@ -188,8 +215,13 @@ class TTLType(click.ParamType):
             seconds = float(value)
             ttl_to_ms(seconds)
         except ValueError as exc:
-            self.fail(str(exc) if isinstance(exc, InvalidArgumentError) else f"invalid ttl {value!r}: expected "
-                      "a number of seconds", param, ctx)
+            self.fail(
+                str(exc)
+                if isinstance(exc, InvalidArgumentError)
+                else f"invalid ttl {value!r}: expected a number of seconds",
+                param,
+                ctx,
+            )
         return seconds
 
 
@@ -253,8 +285,11 @@ def ttl_text(ttl_ms: Optional[int]) -> str:
 
 def note_empty_namespace(schema: KeySchema) -> None:
     """On stderr (stdout stays parseable): the namespace holds no room at all, most often a mistyped name."""
-    click.echo(f"kvstatus: namespace {schema.namespace!r} holds no rooms (no key {schema.scan_pattern}): check "
-               "--namespace / KVSTATUS_NAMESPACE if you expected some", err=True)
+    click.echo(
+        f"kvstatus: namespace {schema.namespace!r} holds no rooms (no key {schema.scan_pattern}): check "
+        "--namespace / KVSTATUS_NAMESPACE if you expected some",
+        err=True,
+    )
 
 
 def stderr_is_tty() -> bool:

@@ -64,8 +64,11 @@ class _Bar:
                 click.echo(f"demo: running {implementation} ({total} requests)", err=True)
         if self.tty:
             filled = BAR_WIDTH * done // max(total, 1)
-            click.echo(f"\r{implementation:<12} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}",
-                       nl=False, err=True)
+            click.echo(
+                f"\r{implementation:<12} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}",
+                nl=False,
+                err=True,
+            )
 
     def close(self) -> None:
         if self.tty and self.current is not None:
@@ -73,10 +76,32 @@ class _Bar:
 
 
 def result_table(results: list[DemoResult]) -> str:
-    rows = [[r.implementation, r.requests, r.aborts, r.resurrected, r.stale, r.leaked_keys, r.keys_without_ttl,
-             f"{r.updates_per_second:,.0f}"] for r in results]
-    return table(["IMPLEMENTATION", "REQUESTS", "ABORTS", "RESURRECTED ROOMS", "STALE-STATUS REQUESTS",
-                  "LEAKED KEYS", "KEYS WITHOUT TTL", "UPDATES/S"], rows)
+    rows = [
+        [
+            r.implementation,
+            r.requests,
+            r.aborts,
+            r.resurrected,
+            r.stale,
+            r.leaked_keys,
+            r.keys_without_ttl,
+            f"{r.updates_per_second:,.0f}",
+        ]
+        for r in results
+    ]
+    return table(
+        [
+            "IMPLEMENTATION",
+            "REQUESTS",
+            "ABORTS",
+            "RESURRECTED ROOMS",
+            "STALE-STATUS REQUESTS",
+            "LEAKED KEYS",
+            "KEYS WITHOUT TTL",
+            "UPDATES/S",
+        ],
+        rows,
+    )
 
 
 class _Board:
@@ -84,12 +109,16 @@ class _Board:
 
     def __init__(self, url: str, namespace: str, port: int) -> None:
         env = {**os.environ, "KVSTATUS_URL": url, "KVSTATUS_NAMESPACE": namespace}
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", "serve", "--port", str(port),
-                                      "--interval", "0.5"], env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvstatus.cli", "serve", "--port", str(port), "--interval", "0.5"], env=env
+        )
 
     def wait_for_ctrl_c(self) -> None:
-        click.echo("demo: the board and the Redis stay up until Ctrl-C (the run emptied its namespace at the end; "
-                   "the board's chart and recent changes keep what happened)", err=True)
+        click.echo(
+            "demo: the board and the Redis stay up until Ctrl-C (the run emptied its namespace at the end; "
+            "the board's chart and recent changes keep what happened)",
+            err=True,
+        )
         try:
             code = self.proc.wait()
         except KeyboardInterrupt:
@@ -108,28 +137,77 @@ class _Board:
 
 
 @main.command()
-@click.option("--prefill", type=click.IntRange(min=1, max=64), default=DEFAULTS.prefill, show_default=True,
-              help="Prefill worker processes.")
-@click.option("--decode", type=click.IntRange(min=1, max=64), default=DEFAULTS.decode, show_default=True,
-              help="Decode worker processes.")
-@click.option("--requests", type=click.IntRange(min=1),
-              help=f"Requests per worker process [default: {DEFAULTS.requests}; {FAKEREDIS_DEFAULT_REQUESTS} on the "
-                   "embedded fakeredis, which is slower].")
-@click.option("--rooms", type=click.IntRange(min=1), default=DEFAULTS.rooms, show_default=True,
-              help="Room ids per pool (small pools mean much room-id reuse).")
-@click.option("--abort-rate", type=click.FloatRange(0, 1), default=DEFAULTS.abort_rate, show_default=True,
-              help="Share of requests that are aborted.")
-@click.option("--late-share", type=click.FloatRange(0, 1), default=DEFAULTS.late_abort_share, show_default=True,
-              help="Share of aborts delivered after the room was cleared (the late-abort race).")
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of the workload: every run draws the same requests, rooms and aborts. The counts still vary "
-                   "a little from run to run: they depend on how the OS interleaves the worker processes.")
-@click.option("--serve", "serve_port", type=click.IntRange(0, 65535), metavar="PORT",
-              help="Also run the web board (kvstatus serve) of the kvstatus run on 127.0.0.1:PORT, live during the "
-                   "demo, and keep it and the Redis up afterwards until Ctrl-C (needs kvstatus[web]).")
+@click.option(
+    "--prefill",
+    type=click.IntRange(min=1, max=64),
+    default=DEFAULTS.prefill,
+    show_default=True,
+    help="Prefill worker processes.",
+)
+@click.option(
+    "--decode",
+    type=click.IntRange(min=1, max=64),
+    default=DEFAULTS.decode,
+    show_default=True,
+    help="Decode worker processes.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    help=f"Requests per worker process [default: {DEFAULTS.requests}; {FAKEREDIS_DEFAULT_REQUESTS} on the "
+    "embedded fakeredis, which is slower].",
+)
+@click.option(
+    "--rooms",
+    type=click.IntRange(min=1),
+    default=DEFAULTS.rooms,
+    show_default=True,
+    help="Room ids per pool (small pools mean much room-id reuse).",
+)
+@click.option(
+    "--abort-rate",
+    type=click.FloatRange(0, 1),
+    default=DEFAULTS.abort_rate,
+    show_default=True,
+    help="Share of requests that are aborted.",
+)
+@click.option(
+    "--late-share",
+    type=click.FloatRange(0, 1),
+    default=DEFAULTS.late_abort_share,
+    show_default=True,
+    help="Share of aborts delivered after the room was cleared (the late-abort race).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=DEFAULTS.seed,
+    show_default=True,
+    help="Seed of the workload: every run draws the same requests, rooms and aborts. The counts still vary "
+    "a little from run to run: they depend on how the OS interleaves the worker processes.",
+)
+@click.option(
+    "--serve",
+    "serve_port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="Also run the web board (kvstatus serve) of the kvstatus run on 127.0.0.1:PORT, live during the "
+    "demo, and keep it and the Redis up afterwards until Ctrl-C (needs kvstatus[web]).",
+)
 @json_option
 @pass_env
-def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms: int, abort_rate: float, late_share: float,
-         seed: int, serve_port: Optional[int], as_json: bool) -> None:
+def demo(
+    env: CliEnv,
+    prefill: int,
+    decode: int,
+    requests: Optional[int],
+    rooms: int,
+    abort_rate: float,
+    late_share: float,
+    seed: int,
+    serve_port: Optional[int],
+    as_json: bool,
+) -> None:
     """Simulate a PD cluster: the same workload against kvstatus, a client-side read-then-write rule, kvstatus through the SGLang mapping (kvstatus.sglang), and the pre-fix rule.
 
     Prefill and decode worker processes run SGLang-like request lifecycles on
@@ -142,16 +220,25 @@ def demo(env: CliEnv, prefill: int, decode: int, requests: Optional[int], rooms:
         try:
             import kvstatus.observe.board  # noqa: F401
         except ImportError as exc:
-            raise click.ClickException(f"--serve needs the optional 'web' extra ({exc.name} is not installed): "
-                                       "in a kvstatus checkout, pip install '.[web]'") from None
+            raise click.ClickException(
+                f"--serve needs the optional 'web' extra ({exc.name} is not installed): "
+                "in a kvstatus checkout, pip install '.[web]'"
+            ) from None
     bar = _Bar()
     board: Optional[_Board] = None
     try:
         with _redis_for(env) as (url, fake):
             if requests is None:
                 requests = FAKEREDIS_DEFAULT_REQUESTS if fake else DEFAULTS.requests
-            config = DemoConfig(prefill=prefill, decode=decode, requests=requests, rooms=rooms,
-                                abort_rate=abort_rate, late_abort_share=late_share, seed=seed)
+            config = DemoConfig(
+                prefill=prefill,
+                decode=decode,
+                requests=requests,
+                rooms=rooms,
+                abort_rate=abort_rate,
+                late_abort_share=late_share,
+                seed=seed,
+            )
             if serve_port is not None:
                 board = _Board(url, f"{namespace}-kvstatus", serve_port)
             try:
@@ -176,11 +263,15 @@ def _report(results: list[DemoResult], config: DemoConfig, as_json: bool) -> Non
     if as_json:
         emit_json({"config": config.__dict__, "results": [r.to_json() for r in results]})
         return
-    click.echo(f"{prefill} prefill + {decode} decode processes, {requests} requests each, "
-               f"{rooms} room ids per pool, abort rate {abort_rate:g} ({late_share:g} of them late), seed {seed}")
+    click.echo(
+        f"{prefill} prefill + {decode} decode processes, {requests} requests each, "
+        f"{rooms} room ids per pool, abort rate {abort_rate:g} ({late_share:g} of them late), seed {seed}"
+    )
     click.echo("")
     click.echo(result_table(results))
     click.echo("")
-    click.echo("resurrected rooms: abort writes that re-created an entry its owner had cleared\n"
-               "stale-status requests: requests whose first poll saw a status left by an earlier request on the room\n"
-               "leaked keys, keys without TTL: left in the namespace after every worker finished")
+    click.echo(
+        "resurrected rooms: abort writes that re-created an entry its owner had cleared\n"
+        "stale-status requests: requests whose first poll saw a status left by an earlier request on the room\n"
+        "leaked keys, keys without TTL: left in the namespace after every worker finished"
+    )

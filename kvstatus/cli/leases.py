@@ -29,19 +29,40 @@ def participants(env: CliEnv, as_json: bool) -> None:
         emit_json({"namespace": schema.namespace, "participants": [info.to_json() for info in leases]})
         return
     if not leases:
-        click.echo(f"no participant holds or held a lease in namespace {schema.namespace!r} "
-                   "(stores built without lease_ttl have none)")
+        click.echo(
+            f"no participant holds or held a lease in namespace {schema.namespace!r} "
+            "(stores built without lease_ttl have none)"
+        )
         return
-    rows = [[info.participant, info.state, f"{info.generation} ({info.incarnation[:8]})",
-             f"{max(info.now - info.last_seen, 0):.1f}s ago", f"{info.ttl:g}s"] for info in leases]
+    rows = [
+        [
+            info.participant,
+            info.state,
+            f"{info.generation} ({info.incarnation[:8]})",
+            f"{max(info.now - info.last_seen, 0):.1f}s ago",
+            f"{info.ttl:g}s",
+        ]
+        for info in leases
+    ]
     click.echo(table(["PARTICIPANT", "STATE", "INCARNATION", "LAST SEEN", "LEASE TTL"], rows))
 
 
 @main.command()
-@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
-              help="Keys per SCAN step and per pipelined read.")
-@click.option("--participant", "-p", "only", multiple=True, metavar="NAME",
-              help="Only sweep this lost participant (repeatable); default: every participant whose lease is lost.")
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=10_000),
+    default=DEFAULT_BATCH,
+    show_default=True,
+    help="Keys per SCAN step and per pipelined read.",
+)
+@click.option(
+    "--participant",
+    "-p",
+    "only",
+    multiple=True,
+    metavar="NAME",
+    help="Only sweep this lost participant (repeatable); default: every participant whose lease is lost.",
+)
 @json_option
 @pass_env
 def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None:
@@ -62,30 +83,38 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
     started = time.monotonic()
     progress = None
     if stderr_is_tty():
+
         def progress(scanned: int) -> None:
             rate = scanned / max(time.monotonic() - started, 1e-6)
             click.echo(f"\rsweep: {scanned} keys scanned ({rate:,.0f} keys/s)", nl=False, err=True)
-    result = run_sweep(env.client(), schema, batch=batch, progress=progress,
-                       participants=list(only) if only else None)
+
+    result = run_sweep(env.client(), schema, batch=batch, progress=progress, participants=list(only) if only else None)
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
     if as_json:
         emit_json({"namespace": schema.namespace, **result.to_json()})
         return
     for name, state in result.not_swept.items():
-        why = "holds a live lease" if state == "alive" else ("has no lease record (it never held one, or the "
-                                                             "record expired one room TTL after its last renewal)")
+        why = (
+            "holds a live lease"
+            if state == "alive"
+            else ("has no lease record (it never held one, or the record expired one room TTL after its last renewal)")
+        )
         click.echo(f"{name} {why}: not swept")
     if result.other_lost:
-        click.echo(f"not swept, not named by -p: lost participants {', '.join(result.other_lost)} "
-                   "(run without -p to sweep them)")
+        click.echo(
+            f"not swept, not named by -p: lost participants {', '.join(result.other_lost)} "
+            "(run without -p to sweep them)"
+        )
     if not result.lost:
         if not only:
             click.echo(f"no lost lease in namespace {schema.namespace!r}: nothing to sweep")
         return
     click.echo(f"lost participants: {', '.join(result.lost)}")
     rate = result.scanned / result.seconds if result.seconds > 0 else 0.0
-    click.echo(f"failed {result.swept} open entries in {result.rooms} rooms ({result.scanned} keys scanned in "
-               f"{result.seconds:.1f}s, {rate:,.0f} keys/s)")
+    click.echo(
+        f"failed {result.swept} open entries in {result.rooms} rooms ({result.scanned} keys scanned in "
+        f"{result.seconds:.1f}s, {rate:,.0f} keys/s)"
+    )
     for name, count in result.by_participant.items():
         click.echo(f"  {name}: {count}")

@@ -34,8 +34,9 @@ from kvstatus.cli.app import (
     ttl_text,
 )
 from kvstatus.rule import KVPoll, Policy, apply_rule
-from kvstatus.scripts import ALL as ALL_SCRIPTS, LIBRARY_NAME
 from kvstatus.rule import explain as explain_rule
+from kvstatus.scripts import ALL as ALL_SCRIPTS
+from kvstatus.scripts import LIBRARY_NAME
 
 MAX_CHANGES_SHOWN = 20
 
@@ -57,10 +58,20 @@ def _end_progress(progress: Any) -> None:
 
 
 @main.command()
-@click.option("--oldest", type=click.IntRange(min=0, max=1000), default=5, show_default=True,
-              help="How many of the oldest non-terminal rooms to list.")
-@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
-              help="Keys per SCAN step and per pipelined read.")
+@click.option(
+    "--oldest",
+    type=click.IntRange(min=0, max=1000),
+    default=5,
+    show_default=True,
+    help="How many of the oldest non-terminal rooms to list.",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=10_000),
+    default=DEFAULT_BATCH,
+    show_default=True,
+    help="Keys per SCAN step and per pipelined read.",
+)
 @json_option
 @pass_env
 def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
@@ -89,38 +100,56 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
         if code:
             raise click.exceptions.Exit(code)
         return
-    click.echo(f"namespace {schema.namespace}: {result.rooms} rooms holding {result.entries} entries "
-               "(one per participant); counts below are entries")
+    click.echo(
+        f"namespace {schema.namespace}: {result.rooms} rooms holding {result.entries} entries "
+        "(one per participant); counts below are entries"
+    )
     click.echo("")
     participants = sorted(result.by_participant)
     headers = ["STATUS", "ALL ENTRIES"] + participants
-    rows = [[s.name, result.by_status.get(s, 0)] + [result.by_participant[p].get(s, 0) for p in participants]
-            for s in KVPoll]
+    rows = [
+        [s.name, result.by_status.get(s, 0)] + [result.by_participant[p].get(s, 0) for p in participants]
+        for s in KVPoll
+    ]
     click.echo(table(headers, rows))
     click.echo("")
     click.echo("TTL left: " + ", ".join(f"{label} {result.ttl_left.get(label, 0)}" for label in bucket_labels()))
     if result.keys_without_ttl:
         sample = ", ".join(map(str, result.keys_without_ttl_sample))
-        click.secho(f"LEAK: {result.keys_without_ttl} room keys have NO TTL and will never expire "
-                    f"(kvstatus never writes one; something else did): rooms {sample}", fg="red", bold=True)
+        click.secho(
+            f"LEAK: {result.keys_without_ttl} room keys have NO TTL and will never expire "
+            f"(kvstatus never writes one; something else did): rooms {sample}",
+            fg="red",
+            bold=True,
+        )
     else:
         click.echo("keys without TTL: 0 (good: every room will expire if it is abandoned)")
     if result.rooms_on_lost_participants:
-        click.secho(f"STUCK: {result.rooms_on_lost_participants} rooms have an open entry of a participant whose lease "
-                    f"is lost ({', '.join(result.lost_participants)}): `kvstatus sweep` fails them, "
-                    "`kvstatus ls --lost` lists them", fg="yellow", bold=True)
+        click.secho(
+            f"STUCK: {result.rooms_on_lost_participants} rooms have an open entry of a participant whose lease "
+            f"is lost ({', '.join(result.lost_participants)}): `kvstatus sweep` fails them, "
+            "`kvstatus ls --lost` lists them",
+            fg="yellow",
+            bold=True,
+        )
     else:
         click.echo("rooms stuck on lost participants: 0")
     if result.corrupted_rooms:
-        click.secho(f"CORRUPTED: {result.corrupted_rooms} rooms hold values kvstatus does not write "
-                    f"(left as they are, not counted above):", fg="red", bold=True)
+        click.secho(
+            f"CORRUPTED: {result.corrupted_rooms} rooms hold values kvstatus does not write "
+            f"(left as they are, not counted above):",
+            fg="red",
+            bold=True,
+        )
         for message in result.corrupted_sample:
             click.echo(f"  {message}")
     if result.oldest:
         click.echo("")
         click.echo("oldest non-terminal rooms (least TTL left):")
-        rows = [[v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(e.status)}" for n, e in v.participants.items())]
-                for v in result.oldest]
+        rows = [
+            [v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(e.status)}" for n, e in v.participants.items())]
+            for v in result.oldest
+        ]
         click.echo(table(["ROOM", "TTL LEFT", "ENTRIES"], rows))
     if code:
         raise click.exceptions.Exit(code)
@@ -128,9 +157,14 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
 
 def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    lines = [f"kvstatus watch  namespace {schema_ns}  {now}  every {interval:g}s  (Ctrl-C to stop)", "",
-             f"rooms {len(snap.rooms)}  entries: " + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll)
-             + (f"  (skipped {snap.corrupted} corrupted rooms)" if snap.corrupted else ""), ""]
+    lines = [
+        f"kvstatus watch  namespace {schema_ns}  {now}  every {interval:g}s  (Ctrl-C to stop)",
+        "",
+        f"rooms {len(snap.rooms)}  entries: "
+        + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll)
+        + (f"  (skipped {snap.corrupted} corrupted rooms)" if snap.corrupted else ""),
+        "",
+    ]
     counts = {kind: sum(1 for c in changes if c.kind == kind) for kind in KINDS}
     lines.append("since last refresh: " + "  ".join(f"{k} {counts[k]}" for k in KINDS))
     for change in changes[:MAX_CHANGES_SHOWN]:
@@ -142,11 +176,17 @@ def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> s
 
 
 @main.command()
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between refreshes.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds between refreshes."
+)
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes (default: until Ctrl-C).")
-@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
-              help="Keys per SCAN step and per pipelined read.")
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=10_000),
+    default=DEFAULT_BATCH,
+    show_default=True,
+    help="Keys per SCAN step and per pipelined read.",
+)
 @json_option
 @pass_env
 def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_json: bool) -> None:
@@ -161,9 +201,16 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_jso
     try:
         for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch):
             if as_json:
-                emit_json({"event": "snapshot", "time": time.time(), "rooms": len(snap.rooms), "corrupted": snap.corrupted,
-                           "entries": sum(snap.by_status.values()),
-                           "by_status": {s.name: snap.by_status.get(s, 0) for s in KVPoll}})
+                emit_json(
+                    {
+                        "event": "snapshot",
+                        "time": time.time(),
+                        "rooms": len(snap.rooms),
+                        "corrupted": snap.corrupted,
+                        "entries": sum(snap.by_status.values()),
+                        "by_status": {s.name: snap.by_status.get(s, 0) for s in KVPoll},
+                    }
+                )
                 for change in changes:
                     emit_json(change.to_json())
                 continue
@@ -202,16 +249,31 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--user", metavar="NAME", help="The ACL user name [default: kvstatus-NAMESPACE, or "
-                                             "dashboard-NAMESPACE with --read-only].")
-@click.option("--read-only", is_flag=True, help="The dashboard user: get, ls, stats, watch, doctor, the exporter and "
-                                                "the board; no writes.")
-@click.option("--scripts", type=click.Choice(["functions", "eval"]), default="functions", show_default=True,
-              help="functions: the tenant recipe (FCALL of the library `kvstatus functions load` installs; URLs "
-                   "carry ?scripts=functions); eval: Redis 6 or one tenant per server (may run any Lua).")
-@click.option("--near-cache/--no-near-cache", default=True, show_default=True,
-              help="--no-near-cache leaves out client|tracking, client|id and role: the user cannot learn other namespaces' room ids through CLIENT TRACKING, and its "
-                   "stores run without near cache.")
+@click.option(
+    "--user",
+    metavar="NAME",
+    help="The ACL user name [default: kvstatus-NAMESPACE, or dashboard-NAMESPACE with --read-only].",
+)
+@click.option(
+    "--read-only",
+    is_flag=True,
+    help="The dashboard user: get, ls, stats, watch, doctor, the exporter and the board; no writes.",
+)
+@click.option(
+    "--scripts",
+    type=click.Choice(["functions", "eval"]),
+    default="functions",
+    show_default=True,
+    help="functions: the tenant recipe (FCALL of the library `kvstatus functions load` installs; URLs "
+    "carry ?scripts=functions); eval: Redis 6 or one tenant per server (may run any Lua).",
+)
+@click.option(
+    "--near-cache/--no-near-cache",
+    default=True,
+    show_default=True,
+    help="--no-near-cache leaves out client|tracking, client|id and role: the user cannot learn other namespaces' room ids through CLIENT TRACKING, and its "
+    "stores run without near cache.",
+)
 @json_option
 @pass_env
 def acl(env: CliEnv, user: Optional[str], read_only: bool, scripts: str, near_cache: bool, as_json: bool) -> None:
@@ -227,20 +289,33 @@ def acl(env: CliEnv, user: Optional[str], read_only: bool, scripts: str, near_ca
     """
     schema = env.schema()
     name = user or f"{'dashboard' if read_only else 'kvstatus'}-{schema.namespace}"
-    line = acl_setuser_line(name, schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts,
-                            near_cache=near_cache)
+    line = acl_setuser_line(
+        name, schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts, near_cache=near_cache
+    )
     if as_json:
-        emit_json({"user": name, "namespace": schema.namespace, "scripts": scripts, "near_cache": near_cache,
-                   "rules": acl_rules(schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts,
-                                      near_cache=near_cache)})
+        emit_json(
+            {
+                "user": name,
+                "namespace": schema.namespace,
+                "scripts": scripts,
+                "near_cache": near_cache,
+                "rules": acl_rules(
+                    schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts, near_cache=near_cache
+                ),
+            }
+        )
         return
     click.echo(line)
     if near_cache:
-        click.echo("kvstatus: this user may run CLIENT TRACKING and so receive the room ids other namespaces write "
-                   "(not their values); --no-near-cache takes that away", err=True)
+        click.echo(
+            "kvstatus: this user may run CLIENT TRACKING and so receive the room ids other namespaces write "
+            "(not their values); --no-near-cache takes that away",
+            err=True,
+        )
     else:
-        click.echo("kvstatus: no near cache for this user: its stores must use near_cache=False (the default)",
-                   err=True)
+        click.echo(
+            "kvstatus: no near cache for this user: its stores must use near_cache=False (the default)", err=True
+        )
 
 
 @main.group()
@@ -264,8 +339,9 @@ def functions_load(env: CliEnv, as_json: bool) -> None:
         emit_json({"library": LIBRARY_NAME, "nodes": nodes})
         return
     names = ", ".join(script.name for script in ALL_SCRIPTS)
-    click.echo(f"loaded kvstatus' function library ({names}) on {', '.join(nodes)}; "
-               "tenants' URLs carry ?scripts=functions")
+    click.echo(
+        f"loaded kvstatus' function library ({names}) on {', '.join(nodes)}; tenants' URLs carry ?scripts=functions"
+    )
 
 
 @functions.command(name="list")
@@ -292,8 +368,13 @@ def _current(text: str) -> Optional[KVPoll]:
 @main.command()
 @click.argument("old", metavar="OLD")
 @click.argument("new", type=STATUS, metavar="NEW")
-@click.option("--policy", type=click.Choice([p.value for p in Policy]), default=Policy.SEED.value, show_default=True,
-              help="Which policy's rule to explain.")
+@click.option(
+    "--policy",
+    type=click.Choice([p.value for p in Policy]),
+    default=Policy.SEED.value,
+    show_default=True,
+    help="Which policy's rule to explain.",
+)
 @json_option
 def explain(old: str, new: KVPoll, policy: str, as_json: bool) -> None:
     """Explain what the update rule does to a stored OLD status (or 'missing') given NEW. Offline: no Redis.
@@ -306,8 +387,15 @@ def explain(old: str, new: KVPoll, policy: str, as_json: bool) -> None:
         raise click.BadParameter(exc.message, param_hint="OLD") from None
     result = apply_rule(current, new, Policy(policy))
     if as_json:
-        emit_json({"old": None if current is None else current.name, "new": new.name, "policy": policy,
-                   "outcome": result.outcome.name, "status": None if result.status is None else result.status.name,
-                   "explanation": explain_rule(current, new, Policy(policy))})
+        emit_json(
+            {
+                "old": None if current is None else current.name,
+                "new": new.name,
+                "policy": policy,
+                "outcome": result.outcome.name,
+                "status": None if result.status is None else result.status.name,
+                "explanation": explain_rule(current, new, Policy(policy)),
+            }
+        )
         return
     click.echo(explain_rule(current, new, Policy(policy)))

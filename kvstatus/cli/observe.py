@@ -15,8 +15,10 @@ from kvstatus.keys import KeySchema
 
 
 def _need(extra: str, what: str, exc: ImportError) -> click.ClickException:
-    return click.ClickException(f"{what} needs the optional '{extra}' extra ({exc.name} is not installed): "
-                                f"in a kvstatus checkout, pip install '.[{extra}]'")
+    return click.ClickException(
+        f"{what} needs the optional '{extra}' extra ({exc.name} is not installed): "
+        f"in a kvstatus checkout, pip install '.[{extra}]'"
+    )
 
 
 def _schemas(env: CliEnv, namespaces: tuple[str, ...]) -> list[KeySchema]:
@@ -30,40 +32,76 @@ def _logging() -> None:
 
 
 def _interval_option(default: float) -> Any:
-    return click.option("--interval", type=click.FloatRange(min=0.1), default=default, show_default=True,
-                        help="Seconds from the start of one pass over the namespace to the start of the next.")
+    return click.option(
+        "--interval",
+        type=click.FloatRange(min=0.1),
+        default=default,
+        show_default=True,
+        help="Seconds from the start of one pass over the namespace to the start of the next.",
+    )
 
 
 scan_options = [
-    click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
-                 help="Keys per SCAN step and per pipelined read."),
-    click.option("--pause", type=click.FloatRange(min=0), default=0.0, show_default=True,
-                 help="Seconds to sleep between batches, capping the load at BATCH/PAUSE keys per second."),
+    click.option(
+        "--batch",
+        type=click.IntRange(min=1, max=10_000),
+        default=DEFAULT_BATCH,
+        show_default=True,
+        help="Keys per SCAN step and per pipelined read.",
+    ),
+    click.option(
+        "--pause",
+        type=click.FloatRange(min=0),
+        default=0.0,
+        show_default=True,
+        help="Seconds to sleep between batches, capping the load at BATCH/PAUSE keys per second.",
+    ),
 ]
 
 
 def _with_scan_options(interval: float = 15.0) -> Callable[[Any], Any]:
     """The decorator adding --interval (default ``interval`` seconds), --batch and --pause to a command."""
+
     def decorate(command: Any) -> Any:
         for option in reversed([_interval_option(interval), *scan_options]):
             command = option(command)
         return command
+
     return decorate
 
 
 @main.command()
 @click.argument("namespaces", nargs=-1, metavar="[NAMESPACE]...")
-@click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True,
-              help="TCP port of /metrics (0: any free port, printed on stderr).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=9808,
+    show_default=True,
+    help="TCP port of /metrics (0: any free port, printed on stderr).",
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @_with_scan_options()
 @ttl_option("The store TTL in seconds your workers use; the age of the oldest room is TTL minus its TTL left.")
-@click.option("--max-participants", type=click.IntRange(min=0, max=10_000), default=50, show_default=True,
-              help="Participants with their own kvstatus_entries series (those with the most entries); the rest "
-                   "are summed under participant=\"(other)\".")
+@click.option(
+    "--max-participants",
+    type=click.IntRange(min=0, max=10_000),
+    default=50,
+    show_default=True,
+    help="Participants with their own kvstatus_entries series (those with the most entries); the rest "
+    'are summed under participant="(other)".',
+)
 @pass_env
-def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, interval: float, batch: int,
-             pause: float, ttl: float, max_participants: int) -> None:
+def exporter(
+    env: CliEnv,
+    namespaces: tuple[str, ...],
+    port: int,
+    host: str,
+    interval: float,
+    batch: int,
+    pause: float,
+    ttl: float,
+    max_participants: int,
+) -> None:
     """Serve Prometheus metrics of one or more namespaces on http://HOST:PORT/metrics (needs kvstatus[metrics]).
 
     [NAMESPACE]... default to --namespace. Counts come from a bounded, incremental
@@ -85,34 +123,73 @@ def exporter(env: CliEnv, namespaces: tuple[str, ...], port: int, host: str, int
 
     def ready(bound_host: str, bound_port: int) -> None:
         names = ", ".join(s.namespace for s in schemas)
-        click.echo(f"exporter: serving http://{bound_host}:{bound_port}/metrics for {names} "
-                   f"from {env.shown_url} (Ctrl-C or SIGTERM to stop)", err=True)
+        click.echo(
+            f"exporter: serving http://{bound_host}:{bound_port}/metrics for {names} "
+            f"from {env.shown_url} (Ctrl-C or SIGTERM to stop)",
+            err=True,
+        )
 
     try:
-        run_exporter(env.client(), schemas, port=port, host=host, interval=interval, batch=batch, pause=pause,
-                     ttl=ttl, max_participants=max_participants, ready=ready,
-                     lost_participants=lost_participants)
+        run_exporter(
+            env.client(),
+            schemas,
+            port=port,
+            host=host,
+            interval=interval,
+            batch=batch,
+            pause=pause,
+            ttl=ttl,
+            max_participants=max_participants,
+            ready=ready,
+            lost_participants=lost_participants,
+        )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo("exporter: stopped", err=True)
 
 
 @main.command()
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
-              help="TCP port of the board (0: any free port, printed on stderr).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Without --token, expose it only where rooms may be seen.")
-@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
-              help="Also answer requests whose Host header is NAME (repeatable), e.g. the DNS name users browse "
-                   "to; '*' answers any Host (defeats the DNS-rebinding check).")
-@click.option("--token", envvar="KVSTATUS_BOARD_TOKEN", metavar="TOKEN",
-              help="Require this token on every request (env KVSTATUS_BOARD_TOKEN; prefer it: a command line is "
-                   "visible to other users in ps): 'Authorization: Bearer TOKEN', or Basic auth with TOKEN as the "
-                   "password (any user name), which browsers prompt for.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port of the board (0: any free port, printed on stderr).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Without --token, expose it only where rooms may be seen.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests whose Host header is NAME (repeatable), e.g. the DNS name users browse "
+    "to; '*' answers any Host (defeats the DNS-rebinding check).",
+)
+@click.option(
+    "--token",
+    envvar="KVSTATUS_BOARD_TOKEN",
+    metavar="TOKEN",
+    help="Require this token on every request (env KVSTATUS_BOARD_TOKEN; prefer it: a command line is "
+    "visible to other users in ps): 'Authorization: Bearer TOKEN', or Basic auth with TOKEN as the "
+    "password (any user name), which browsers prompt for.",
+)
 @_with_scan_options(interval=2.0)
 @pass_env
-def serve(env: CliEnv, port: int, host: str, allow_hosts: tuple[str, ...], token: Optional[str], interval: float,
-          batch: int, pause: float) -> None:
+def serve(
+    env: CliEnv,
+    port: int,
+    host: str,
+    allow_hosts: tuple[str, ...],
+    token: Optional[str],
+    interval: float,
+    batch: int,
+    pause: float,
+) -> None:
     """Serve the read-only live web board of a namespace on http://HOST:PORT/ (needs kvstatus[web]).
 
     Counts by status over time, rooms filtered by status and participant with
@@ -145,13 +222,27 @@ def serve(env: CliEnv, port: int, host: str, allow_hosts: tuple[str, ...], token
     def ready(bound_host: str, bound_port: int) -> None:
         access = "token required" if token else "no token: anyone who reaches it can read the rooms"
         hosts = "any Host header" if any_host else "Host checked"
-        click.echo(f"serve: board of {schema.namespace} at http://{bound_host}:{bound_port}/ "
-                   f"from {env.shown_url} ({access}; {hosts}; Ctrl-C or SIGTERM to stop)", err=True)
+        click.echo(
+            f"serve: board of {schema.namespace} at http://{bound_host}:{bound_port}/ "
+            f"from {env.shown_url} ({access}; {hosts}; Ctrl-C or SIGTERM to stop)",
+            err=True,
+        )
 
     try:
-        run_board(env.client(), schema, shown_url=env.shown_url, host=host, port=port, interval=interval,
-                  batch=batch, pause=pause, allow_hosts=[h for h in allow_hosts if h != "*"], any_host=any_host,
-                  token=token, ready=ready)
+        run_board(
+            env.client(),
+            schema,
+            shown_url=env.shown_url,
+            host=host,
+            port=port,
+            interval=interval,
+            batch=batch,
+            pause=pause,
+            allow_hosts=[h for h in allow_hosts if h != "*"],
+            any_host=any_host,
+            token=token,
+            ready=ready,
+        )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo("serve: stopped", err=True)

@@ -15,6 +15,7 @@ from kvstatus.admin.scan import (
     room_matches,
     without_probe,
 )
+from kvstatus.admin.sweep import OPEN
 from kvstatus.cli.app import (
     ROOM,
     STATUS,
@@ -34,16 +35,23 @@ from kvstatus.cli.app import (
 )
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
-from kvstatus.admin.sweep import OPEN
 from kvstatus.rule import KVPoll, Policy, RoomView
 from kvstatus.store import StatusStore
 
 
-def store_for(env: CliEnv, participant: Optional[str] = None, ttl: float = DEFAULT_TTL_SECONDS,
-              policy: str = Policy.SEED.value) -> StatusStore:
+def store_for(
+    env: CliEnv, participant: Optional[str] = None, ttl: float = DEFAULT_TTL_SECONDS, policy: str = Policy.SEED.value
+) -> StatusStore:
     schema = env.schema()
-    return StatusStore(env.client(), namespace=schema.namespace, prefix=schema.prefix, participant=participant,
-                       ttl=ttl, policy=policy, scripts=env.scripts)
+    return StatusStore(
+        env.client(),
+        namespace=schema.namespace,
+        prefix=schema.prefix,
+        participant=participant,
+        ttl=ttl,
+        policy=policy,
+        scripts=env.scripts,
+    )
 
 
 def room_json(view: RoomView) -> dict[str, Any]:
@@ -52,23 +60,31 @@ def room_json(view: RoomView) -> dict[str, Any]:
         "exists": view.exists,
         "ttl_ms": view.ttl_ms,
         "participants": {
-            name: {"status": None if e.status is None else e.status.name,
-                   "value": None if e.status is None else int(e.status), "reason": e.reason}
+            name: {
+                "status": None if e.status is None else e.status.name,
+                "value": None if e.status is None else int(e.status),
+                "reason": e.reason,
+            }
             for name, e in view.participants.items()
         },
     }
     if view.tombstone is not None:
         document["cleared"] = {
-            name: {"cleared_at": c.cleared_at, "status": None if c.status is None else c.status.name,
-                   "late_failed_at": c.late_failed_at}
+            name: {
+                "cleared_at": c.cleared_at,
+                "status": None if c.status is None else c.status.name,
+                "late_failed_at": c.late_failed_at,
+            }
             for name, c in view.tombstone.cleared.items()
         }
     return document
 
 
 def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
-    return [[view.room, name, status_text(e.status), ttl_text(view.ttl_ms), e.reason or "-"]
-            for name, e in entries(view, participant)]
+    return [
+        [view.room, name, status_text(e.status), ttl_text(view.ttl_ms), e.reason or "-"]
+        for name, e in entries(view, participant)
+    ]
 
 
 ROOM_HEADERS = ["ROOM", "PARTICIPANT", "STATUS", "TTL LEFT", "REASON"]
@@ -104,8 +120,10 @@ def _not_found(view: RoomView, namespace: str) -> str:
     """Why a room is absent: its tombstone's account of the clears, or "expired or never created"."""
     if view.tombstone is not None:
         return f"room {view.room} not found in namespace {namespace!r}: " + "; ".join(view.tombstone.describe())
-    return (f"room {view.room} not found in namespace {namespace!r} (no tombstone: it expired, was never created, "
-            "or was cleared longer ago than the tombstone TTL)")
+    return (
+        f"room {view.room} not found in namespace {namespace!r} (no tombstone: it expired, was never created, "
+        "or was cleared longer ago than the tombstone TTL)"
+    )
 
 
 @main.command(name="set")
@@ -114,12 +132,25 @@ def _not_found(view: RoomView, namespace: str) -> str:
 @participant_option
 @click.option("--reason", metavar="TEXT", help="Failure reason to record (only with STATUS Failed; first reason wins).")
 @ttl_option("Least TTL in seconds this write leaves on the room key; a longer one stays (at most 30 days).")
-@click.option("--policy", type=click.Choice([p.value for p in Policy]), default=Policy.SEED.value, show_default=True,
-              help="Update rule policy: seed (upstream rule) or strict (Failed is terminal, no late creates).")
+@click.option(
+    "--policy",
+    type=click.Choice([p.value for p in Policy]),
+    default=Policy.SEED.value,
+    show_default=True,
+    help="Update rule policy: seed (upstream rule) or strict (Failed is terminal, no late creates).",
+)
 @json_option
 @pass_env
-def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], reason: Optional[str], ttl: float,
-         policy: str, as_json: bool) -> None:
+def set_(
+    env: CliEnv,
+    room: int,
+    status: KVPoll,
+    participant: Optional[str],
+    reason: Optional[str],
+    ttl: float,
+    policy: str,
+    as_json: bool,
+) -> None:
     """Apply STATUS to ROOM through the same Lua update rule as the library, and print the outcome.
 
     STATUS is a name (case-insensitive) or a number: Failed=0, Bootstrapping=1,
@@ -133,8 +164,15 @@ def set_(env: CliEnv, room: int, status: KVPoll, participant: Optional[str], rea
     result = store.update_status(room, status)
     recorded = store.record_failure(room, reason) if reason is not None else None
     if as_json:
-        emit_json({"room": room, "participant": store.participant, "outcome": result.outcome.name,
-                   "status": None if result.status is None else result.status.name, "reason_recorded": recorded})
+        emit_json(
+            {
+                "room": room,
+                "participant": store.participant,
+                "outcome": result.outcome.name,
+                "status": None if result.status is None else result.status.name,
+                "reason_recorded": recorded,
+            }
+        )
         return
     line = f"room {room} {store.participant}: {result.outcome.name} -> {status_text(result.status)}"
     if recorded is not None:
@@ -152,8 +190,13 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
     store = store_for(env, participant)
     cleared = {room: store.clear(room) for room in dict.fromkeys(rooms)}  # a room named twice is cleared once
     if as_json:
-        emit_json({"namespace": store.namespace, "participant": store.participant,
-                   "rooms": [{"room": room, "cleared": removed} for room, removed in cleared.items()]})
+        emit_json(
+            {
+                "namespace": store.namespace,
+                "participant": store.participant,
+                "rooms": [{"room": room, "cleared": removed} for room, removed in cleared.items()],
+            }
+        )
         return
     for room, removed in cleared.items():
         click.echo(f"room {room} {store.participant}: {'cleared' if removed else 'nothing to clear'}")
@@ -162,16 +205,35 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
 @main.command(name="ls")
 @click.option("--status", "-s", type=STATUS, help="Only rooms with an entry in this status (name or number).")
 @participant_filter_option
-@click.option("--limit", "-n", type=click.IntRange(min=1),
-              help="Print at most this many rows (one per entry; with --json one line per room).")
-@click.option("--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True,
-              help="Keys per SCAN step and per pipelined read.")
-@click.option("--lost", is_flag=True,
-              help="Only rooms with an open entry of a participant whose lease is lost (what `kvstatus sweep` fails).")
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    help="Print at most this many rows (one per entry; with --json one line per room).",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=10_000),
+    default=DEFAULT_BATCH,
+    show_default=True,
+    help="Keys per SCAN step and per pipelined read.",
+)
+@click.option(
+    "--lost",
+    is_flag=True,
+    help="Only rooms with an open entry of a participant whose lease is lost (what `kvstatus sweep` fails).",
+)
 @json_option
 @pass_env
-def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit: Optional[int], batch: int,
-       lost: bool, as_json: bool) -> None:
+def ls(
+    env: CliEnv,
+    status: Optional[KVPoll],
+    participant: Optional[str],
+    limit: Optional[int],
+    batch: int,
+    lost: bool,
+    as_json: bool,
+) -> None:
     """Stream the rooms of the namespace (SCAN in bounded batches, constant memory), in no particular order.
 
     With --json, one JSON object per room (JSON lines). A room holding a value
@@ -192,8 +254,11 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
     def lines(view: RoomView) -> list[str]:
         if as_json:
             return [json.dumps(room_json(view))]
-        return [f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip()
-                for row in room_rows(view, participant) if status is None or row[2] == status_text(status)]
+        return [
+            f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip()
+            for row in room_rows(view, participant)
+            if status is None or row[2] == status_text(status)
+        ]
 
     seen = 0
     # The header is printed with the first row (or at the end): never before an error from Redis.
@@ -217,5 +282,6 @@ def ls(env: CliEnv, status: Optional[KVPoll], participant: Optional[str], limit:
     if seen == 0 and not corrupted:
         note_empty_namespace(schema)
     if corrupted:
-        raise click.ClickException(f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped "
-                                   "and left as they are")
+        raise click.ClickException(
+            f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped and left as they are"
+        )

@@ -34,8 +34,16 @@ class ClientSideStore:
     honest client; tests widen it so that a race shows up in few operations.
     """
 
-    def __init__(self, client: Any, namespace: str, *, participant: str = DEFAULT_PARTICIPANT,
-                 ttl: float = 600.0, policy: Policy | str = Policy.SEED, race_window: float = 0.0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        namespace: str,
+        *,
+        participant: str = DEFAULT_PARTICIPANT,
+        ttl: float = 600.0,
+        policy: Policy | str = Policy.SEED,
+        race_window: float = 0.0,
+    ) -> None:
         self.client = client
         self.schema = KeySchema(namespace)
         self.participant = participant
@@ -99,8 +107,15 @@ class ClientSideStore:
 class PreFixStore:
     """kvstatus, except that an abort writes Failed unconditionally (HSET, no TTL), as before the upstream fix."""
 
-    def __init__(self, client: Any, namespace: str, *, participant: str = DEFAULT_PARTICIPANT,
-                 ttl: float = 600.0, policy: Policy | str = Policy.SEED) -> None:
+    def __init__(
+        self,
+        client: Any,
+        namespace: str,
+        *,
+        participant: str = DEFAULT_PARTICIPANT,
+        ttl: float = 600.0,
+        policy: Policy | str = Policy.SEED,
+    ) -> None:
         self.client = client
         self.schema = KeySchema(namespace)
         self.participant = participant

@@ -40,6 +40,7 @@ PORT_ATTEMPTS = 5
 _BIND_FAILURE_MARKERS = ("Address already in use", "Failed listening on port")
 _LOG_NAME = "redis.log"
 
+
 class RedisServerError(RuntimeError):
     """A redis-server (or redis-cli) process failed or did not become healthy."""
 
@@ -114,8 +115,9 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _wait_until(check: Callable[[], str | None], timeout: float, what: str,
-                interval: float = GROUP_POLL_INTERVAL) -> None:
+def _wait_until(
+    check: Callable[[], str | None], timeout: float, what: str, interval: float = GROUP_POLL_INTERVAL
+) -> None:
     """Poll ``check`` every ``interval`` seconds until it returns None.
 
     ``check`` returns a description of what is still missing, or None when

@@ -238,8 +238,9 @@ class RedisServer:
     def __enter__(self) -> RedisServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -286,14 +287,20 @@ class RedisServer:
         return [
             binary,
             *self._leading_args(),
-            "--bind", LOOPBACK,
+            "--bind",
+            LOOPBACK,
             *self._port_args(),
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--repl-diskless-sync-delay", "0",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
             *self._shutdown_args(binary),
-            "--dir", str(self.dir),
+            "--dir",
+            str(self.dir),
             *self._auth_args(),
             *self.extra_args,
         ]
@@ -311,13 +318,20 @@ class RedisServer:
         if self.tls is None:
             return ["--port", str(self.port)]
         return [
-            "--port", "0",
-            "--tls-port", str(self.port),
-            "--tls-cert-file", str(self.tls.cert),
-            "--tls-key-file", str(self.tls.key),
-            "--tls-ca-cert-file", str(self.tls.ca),
-            "--tls-auth-clients", self.tls_auth_clients,
-            "--tls-replication", "yes",
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            str(self.tls.cert),
+            "--tls-key-file",
+            str(self.tls.key),
+            "--tls-ca-cert-file",
+            str(self.tls.ca),
+            "--tls-auth-clients",
+            self.tls_auth_clients,
+            "--tls-replication",
+            "yes",
         ]
 
     def _auth_args(self) -> list[str]:
@@ -388,8 +402,7 @@ class RedisServer:
         code = self._proc.returncode
         self._proc = None
         log = self._log_since_launch()
-        message = (f"redis-server on port {self._port} exited with code {code} during "
-                   f"startup; log tail:\n{_tail(log)}")
+        message = f"redis-server on port {self._port} exited with code {code} during startup; log tail:\n{_tail(log)}"
         if any(marker in log for marker in _BIND_FAILURE_MARKERS):
             raise _PortInUse(message)
         raise RedisServerError(message)
@@ -427,5 +440,3 @@ def _userinfo(username: str | None, password: str | None) -> str:
 def _flag_enabled(args: Sequence[str], flag: str) -> bool:
     pairs = zip(args, list(args)[1:], strict=False)
     return any(name == flag and value.lower() == "yes" for name, value in pairs)
-
-

@@ -159,8 +159,16 @@ class _Counts:
 
 
 class _Worker:
-    def __init__(self, url: str, namespace: str, implementation: str, config: DemoConfig, index: int,
-                 inboxes: list[Any], progress: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        implementation: str,
+        config: DemoConfig,
+        index: int,
+        inboxes: list[Any],
+        progress: Any,
+    ) -> None:
         self.name = config.workers[index]
         self.index = index
         self.config = config
@@ -235,12 +243,20 @@ class _Worker:
             self.counts.updates += 1
 
 
-def _worker_main(url: str, namespace: str, implementation: str, config: DemoConfig, index: int,
-                 inboxes: list[Any], progress: Any, results: Any) -> None:
+def _worker_main(
+    url: str,
+    namespace: str,
+    implementation: str,
+    config: DemoConfig,
+    index: int,
+    inboxes: list[Any],
+    progress: Any,
+    results: Any,
+) -> None:
     try:
         counts = _Worker(url, namespace, implementation, config, index, inboxes, progress).run()
         results.put((index, asdict(counts), None))
-    except Exception as exc:  # reported by the parent, which owns the terminal
+    except Exception as exc:  # noqa: BLE001 - reported by the parent, which owns the terminal
         results.put((index, None, str(translate_error(exc))))
 
 
@@ -276,8 +292,9 @@ def delete_namespace(client: redis.Redis, schema: KeySchema) -> None:
         client.unlink(key)
 
 
-def run_one(url: str, namespace: str, implementation: str, config: DemoConfig,
-            progress: Optional[ProgressCallback] = None) -> DemoResult:
+def run_one(
+    url: str, namespace: str, implementation: str, config: DemoConfig, progress: Optional[ProgressCallback] = None
+) -> DemoResult:
     """Run the workload with ``implementation`` in ``namespace`` (emptied before and after)."""
     ctx = multiprocessing.get_context("fork")
     client = connect(url)
@@ -289,8 +306,9 @@ def run_one(url: str, namespace: str, implementation: str, config: DemoConfig,
     total = config.requests * len(config.workers)
     started = time.perf_counter()
     procs = [
-        ctx.Process(target=_worker_main, args=(url, namespace, implementation, config, i, inboxes, done, results),
-                    daemon=True)
+        ctx.Process(
+            target=_worker_main, args=(url, namespace, implementation, config, i, inboxes, done, results), daemon=True
+        )
         for i in range(len(config.workers))
     ]
     try:
@@ -320,8 +338,17 @@ def run_one(url: str, namespace: str, implementation: str, config: DemoConfig,
         for counts in reports.values():
             for name, value in counts.items():
                 setattr(summed, name, getattr(summed, name) + value)
-        return DemoResult(implementation, summed.requests, summed.aborts, summed.resurrected, summed.stale,
-                          leaked, without_ttl, summed.updates, seconds)
+        return DemoResult(
+            implementation,
+            summed.requests,
+            summed.aborts,
+            summed.resurrected,
+            summed.stale,
+            leaked,
+            without_ttl,
+            summed.updates,
+            seconds,
+        )
     finally:
         for proc in procs:
             proc.join(timeout=5)
@@ -332,13 +359,19 @@ def run_one(url: str, namespace: str, implementation: str, config: DemoConfig,
         client.close()
 
 
-def run_demo(url: str, namespace: str, config: DemoConfig,
-             progress: Optional[ProgressCallback] = None,
-             implementations: tuple[str, ...] = IMPLEMENTATIONS) -> list[DemoResult]:
+def run_demo(
+    url: str,
+    namespace: str,
+    config: DemoConfig,
+    progress: Optional[ProgressCallback] = None,
+    implementations: tuple[str, ...] = IMPLEMENTATIONS,
+) -> list[DemoResult]:
     """Run the same workload against each implementation, one after the other, in ``namespace``-<impl>."""
     if parse_url(url).scheme in CLUSTER_SCHEMES:
-        raise DemoError("the demo runs on one Redis (redis://, rediss://, unix:// or a Sentinel URL), not a cluster: "
-                        "its cleanup unlinks keys of many slots at once")
+        raise DemoError(
+            "the demo runs on one Redis (redis://, rediss://, unix:// or a Sentinel URL), not a cluster: "
+            "its cleanup unlinks keys of many slots at once"
+        )
     return [run_one(url, f"{namespace}-{impl}", impl, config, progress) for impl in implementations]
 
 
@@ -378,8 +411,11 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
     thread = threading.Thread(target=fake.serve_forever, name="fakeredis-tcp", daemon=True)
     thread.start()
     try:
-        yield EmbeddedRedis(f"redis://127.0.0.1:{port}/0",
-                            f"embedded fakeredis TCP server on 127.0.0.1:{port} (redis-server not on PATH)", True)
+        yield EmbeddedRedis(
+            f"redis://127.0.0.1:{port}/0",
+            f"embedded fakeredis TCP server on 127.0.0.1:{port} (redis-server not on PATH)",
+            True,
+        )
     finally:
         fake.shutdown()
         fake.server_close()

@@ -40,8 +40,8 @@ from importlib import resources
 from typing import Any, AsyncIterator, Callable, Collection, Optional
 
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.middleware import Middleware
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -49,9 +49,9 @@ from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, scan_cl
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
-from kvstatus.replies import decode_tombstone
 from kvstatus.observe.scanner import PassLoop, PassResult
 from kvstatus.redact import mask_url
+from kvstatus.replies import decode_tombstone
 from kvstatus.rule import KVPoll, RoomView, Tombstone, parse_status
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
@@ -69,14 +69,30 @@ RECENT_CHANGES = 500
 class Board:
     """What the endpoints read: the pass loop's last result, the count history, the recent changes."""
 
-    def __init__(self, client: Any, schema: KeySchema, *, shown_url: str, interval: float = 2.0,
-                 batch: int = DEFAULT_BATCH, pause: float = 0.0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        schema: KeySchema,
+        *,
+        shown_url: str,
+        interval: float = 2.0,
+        batch: int = DEFAULT_BATCH,
+        pause: float = 0.0,
+    ) -> None:
         self.client = client
         self.schema = schema
         self.shown_url = mask_url(shown_url)
         self.batch = batch
-        self.loop = PassLoop(client, schema, interval=interval, batch=batch, pause=pause, keep_rooms=True,
-                             oldest=5, on_result=self._on_result)
+        self.loop = PassLoop(
+            client,
+            schema,
+            interval=interval,
+            batch=batch,
+            pause=pause,
+            keep_rooms=True,
+            oldest=5,
+            on_result=self._on_result,
+        )
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self.changes: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
         self._seq = 0
@@ -86,23 +102,30 @@ class Board:
     def _on_result(self, result: PassResult) -> None:
         snapshot = result.snapshot
         assert snapshot is not None
-        point = {"t": result.finished_at, "rooms": result.stats.rooms,
-                 "by_status": {s.name: result.stats.by_status.get(s, 0) for s in KVPoll}}
+        point = {
+            "t": result.finished_at,
+            "rooms": result.stats.rooms,
+            "by_status": {s.name: result.stats.by_status.get(s, 0) for s in KVPoll},
+        }
         with self._lock:
             self.history.append(point)
             if self._previous is not None:
                 for change in diff(self._previous, snapshot):
                     self._seq += 1
-                    self.changes.append({"seq": self._seq, "t": result.finished_at, **change.to_json(),
-                                         "room": str(change.room)})  # 63-bit ids overflow JS numbers
+                    self.changes.append(
+                        {"seq": self._seq, "t": result.finished_at, **change.to_json(), "room": str(change.room)}
+                    )  # 63-bit ids overflow JS numbers
             self._previous = snapshot
 
     def summary(self) -> dict[str, Any]:
         state = self.loop.state
         latest = state.latest
         document: dict[str, Any] = {
-            "namespace": self.schema.namespace, "url": self.shown_url, "up": state.up,
-            "error": state.last_error, "ready": latest is not None,
+            "namespace": self.schema.namespace,
+            "url": self.shown_url,
+            "up": state.up,
+            "error": state.last_error,
+            "ready": latest is not None,
         }
         with self._lock:
             document["history"] = list(self.history)
@@ -110,15 +133,21 @@ class Board:
         if latest is None:
             return document
         stats = latest.stats
-        document.update({
-            "pass": {"finished_at": latest.finished_at, "duration_s": latest.duration, "keys": latest.keys_scanned},
-            "rooms": stats.rooms, "entries": stats.entries,
-            "by_status": {s.name: stats.by_status.get(s, 0) for s in KVPoll},
-            "by_participant": {p: {s.name: c.get(s, 0) for s in KVPoll} for p, c in sorted(stats.by_participant.items())},
-            "participants": sorted(stats.by_participant),
-            "keys_without_ttl": stats.keys_without_ttl, "corrupted_rooms": stats.corrupted_rooms,
-            "oldest_non_terminal": [room_json(v) for v in stats.oldest],
-        })
+        document.update(
+            {
+                "pass": {"finished_at": latest.finished_at, "duration_s": latest.duration, "keys": latest.keys_scanned},
+                "rooms": stats.rooms,
+                "entries": stats.entries,
+                "by_status": {s.name: stats.by_status.get(s, 0) for s in KVPoll},
+                "by_participant": {
+                    p: {s.name: c.get(s, 0) for s in KVPoll} for p, c in sorted(stats.by_participant.items())
+                },
+                "participants": sorted(stats.by_participant),
+                "keys_without_ttl": stats.keys_without_ttl,
+                "corrupted_rooms": stats.corrupted_rooms,
+                "oldest_non_terminal": [room_json(v) for v in stats.oldest],
+            }
+        )
         return document
 
     def page(self, cursor: str, limit: int, status: Optional[KVPoll], participant: Optional[str]) -> dict[str, Any]:
@@ -127,11 +156,11 @@ class Board:
         node_index, scan_cursor = parse_cursor(cursor, len(nodes))
         found: list[RoomView] = []
         steps = scanned = 0
-        while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS \
-                and scanned < MAX_PAGE_READS:
+        while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
             try:
-                scan_cursor, keys = nodes[node_index].scan(cursor=scan_cursor, match=self.schema.scan_pattern,
-                                                           count=max(limit, 100))
+                scan_cursor, keys = nodes[node_index].scan(
+                    cursor=scan_cursor, match=self.schema.scan_pattern, count=max(limit, 100)
+                )
             except REDIS_ERRORS as exc:
                 raise translate_error(exc) from exc
             steps += 1
@@ -139,15 +168,22 @@ class Board:
             texts = [k for k in texts if self.schema.room_of(k) is not None]
             scanned += len(texts)
             if texts:
-                found += [v for v in read_rooms(self.client, self.schema, texts, on_corrupt=lambda *_: None)
-                          if room_matches(v, status, participant)]
+                found += [
+                    v
+                    for v in read_rooms(self.client, self.schema, texts, on_corrupt=lambda *_: None)
+                    if room_matches(v, status, participant)
+                ]
             if int(scan_cursor) == 0:
                 node_index, scan_cursor = node_index + 1, 0
         done = node_index >= len(nodes)
         found.sort(key=lambda v: v.room)
-        return {"rooms": [room_json(v) for v in found], "scanned": scanned,
-                "cursor": None if done else f"{node_index}-{scan_cursor}", "done": done,
-                "budget_spent": not done and len(found) < limit}
+        return {
+            "rooms": [room_json(v) for v in found],
+            "scanned": scanned,
+            "cursor": None if done else f"{node_index}-{scan_cursor}",
+            "done": done,
+            "budget_spent": not done and len(found) < limit,
+        }
 
     def room(self, room: int) -> Optional[dict[str, Any]]:
         """A room's entries and its tombstone (who cleared it, when, at which status); None if it has neither."""
@@ -186,9 +222,15 @@ def room_json(view: RoomView) -> dict[str, Any]:
     return {
         "room": str(view.room),  # 63-bit ids do not fit a JavaScript number
         "ttl_ms": view.ttl_ms,
-        "participants": [{"name": name, "status": None if e.status is None else e.status.name,
-                          "status_value": None if e.status is None else int(e.status), "reason": e.reason}
-                         for name, e in sorted(view.participants.items())],
+        "participants": [
+            {
+                "name": name,
+                "status": None if e.status is None else e.status.name,
+                "status_value": None if e.status is None else int(e.status),
+                "reason": e.reason,
+            }
+            for name, e in sorted(view.participants.items())
+        ],
     }
 
 
@@ -260,13 +302,18 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if not self.host_allowed(headers.get("host", "")):
             # The Host given is not echoed: it is the attacker's text.
-            response: Response = PlainTextResponse("this board does not answer to that Host header (allowed: "
-                                                   "localhost, IP addresses and `kvstatus serve --allow-host` "
-                                                   "names)", status_code=400)
+            response: Response = PlainTextResponse(
+                "this board does not answer to that Host header (allowed: "
+                "localhost, IP addresses and `kvstatus serve --allow-host` "
+                "names)",
+                status_code=400,
+            )
         elif self.token is not None and not basic_or_bearer(headers.get("authorization", ""), self.token):
-            response = PlainTextResponse("this board needs its token: Authorization: Bearer <token>, or Basic "
-                                         "with the token as password", status_code=401,
-                                         headers={"WWW-Authenticate": 'Basic realm="kvstatus board", charset="UTF-8"'})
+            response = PlainTextResponse(
+                "this board needs its token: Authorization: Bearer <token>, or Basic with the token as password",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="kvstatus board", charset="UTF-8"'},
+            )
         else:
             await self.app(scope, receive, send)
             return
@@ -277,8 +324,13 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": mask_url(message)}, status_code=status)
 
 
-def create_app(board: Board, *, run_loop: bool = True, allowed_hosts: Optional[Collection[str]] = LOCAL_HOSTS,
-               token: Optional[str] = None) -> Starlette:
+def create_app(
+    board: Board,
+    *,
+    run_loop: bool = True,
+    allowed_hosts: Optional[Collection[str]] = LOCAL_HOSTS,
+    token: Optional[str] = None,
+) -> Starlette:
     """The board's ASGI app. With ``run_loop`` the pass loop runs while the app does (its lifespan).
 
     ``allowed_hosts``: the ``Host`` names it answers (IP addresses always; None: any, which DNS rebinding
@@ -293,6 +345,7 @@ def create_app(board: Board, *, run_loop: bool = True, allowed_hosts: Optional[C
                 return _error(400, str(exc))
             except KVStatusError as exc:
                 return _error(503, f"{type(exc).__name__}: {exc}")
+
         return endpoint
 
     def index(request: Request) -> HTMLResponse:
@@ -339,14 +392,26 @@ def create_app(board: Board, *, run_loop: bool = True, allowed_hosts: Optional[C
         Route("/api/rooms/{room}", guarded(room), methods=["GET"]),
         Route("/api/changes", guarded(changes), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     middleware=[Middleware(Guard, allowed_hosts=allowed_hosts, token=token)])
+    return Starlette(
+        routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, allowed_hosts=allowed_hosts, token=token)]
+    )
 
 
-def run_board(client: Any, schema: KeySchema, *, shown_url: str, host: str = "127.0.0.1", port: int = 8080,
-              interval: float = 2.0, batch: int = DEFAULT_BATCH, pause: float = 0.0,
-              allow_hosts: Collection[str] = (), any_host: bool = False, token: Optional[str] = None,
-              ready: Optional[Callable[[str, int], None]] = None) -> int:
+def run_board(
+    client: Any,
+    schema: KeySchema,
+    *,
+    shown_url: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    interval: float = 2.0,
+    batch: int = DEFAULT_BATCH,
+    pause: float = 0.0,
+    allow_hosts: Collection[str] = (),
+    any_host: bool = False,
+    token: Optional[str] = None,
+    ready: Optional[Callable[[str, int], None]] = None,
+) -> int:
     """Serve the board until SIGTERM or SIGINT; returns 0. ``ready(host, port)`` once the port is bound.
 
     It answers the Host names of :func:`default_allowed_hosts` and ``allow_hosts`` (every Host with
@@ -370,8 +435,10 @@ def run_board(client: Any, schema: KeySchema, *, shown_url: str, host: str = "12
         ready(host, sock.getsockname()[1])
     # uvicorn re-raises the signal that stopped it once its own handlers are gone; these make that a clean exit.
     stopped: list[int] = []
-    previous = {sig: signal.signal(sig, lambda number, _frame: stopped.append(number))
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {
+        sig: signal.signal(sig, lambda number, _frame: stopped.append(number))
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         server.run(sockets=[sock])
     finally:

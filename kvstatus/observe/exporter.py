@@ -37,7 +37,7 @@ METRICS: dict[str, str] = {
     "kvstatus_rooms": "Live rooms in the namespace (last completed pass).",
     "kvstatus_entries": "Rooms in which a participant has a status: one entry per (room, participant). Only the "
     "participants with the most entries get their own label (--max-participants, default 50); the others are summed "
-    "under participant=\"(other)\", so a namespace has at most 5 x (max_participants + 1) of these series.",
+    'under participant="(other)", so a namespace has at most 5 x (max_participants + 1) of these series.',
     "kvstatus_keys_without_ttl": "Room keys without a TTL: a leak, kvstatus never writes one.",
     "kvstatus_corrupted_rooms": "Rooms holding a value kvstatus does not write (skipped by the counts).",
     "kvstatus_rooms_by_ttl_left": "Live rooms by TTL left, in buckets of seconds.",
@@ -57,8 +57,12 @@ METRICS: dict[str, str] = {
 class NamespaceCollector(Collector):
     """Turns the state of each namespace's :class:`PassLoop` into metric families at scrape time."""
 
-    def __init__(self, loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS,
-                 max_participants: int = DEFAULT_MAX_PARTICIPANTS) -> None:
+    def __init__(
+        self,
+        loops: Sequence[PassLoop],
+        ttl: float = DEFAULT_TTL_SECONDS,
+        max_participants: int = DEFAULT_MAX_PARTICIPANTS,
+    ) -> None:
         if isinstance(max_participants, bool) or not isinstance(max_participants, int) or max_participants < 0:
             raise ValueError(f"invalid max_participants {max_participants!r}: expected an int >= 0")
         self.loops = list(loops)
@@ -77,8 +81,9 @@ class NamespaceCollector(Collector):
         leases = gauge("kvstatus_lease_tracking")
         duration, scanned = gauge("kvstatus_exporter_scan_duration_seconds"), gauge("kvstatus_exporter_scanned_keys")
         success = gauge("kvstatus_exporter_last_success_timestamp_seconds")
-        errors = CounterMetricFamily("kvstatus_exporter_scan_errors", METRICS["kvstatus_exporter_scan_errors"],
-                                     labels=["namespace"])
+        errors = CounterMetricFamily(
+            "kvstatus_exporter_scan_errors", METRICS["kvstatus_exporter_scan_errors"], labels=["namespace"]
+        )
         for loop in self.loops:
             state = loop.state
             ns = state.namespace
@@ -123,8 +128,9 @@ def capped(by_participant: Mapping[str, Counter], most: int) -> list[tuple[str, 
     return kept
 
 
-def build_registry(loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS,
-                   max_participants: int = DEFAULT_MAX_PARTICIPANTS) -> CollectorRegistry:
+def build_registry(
+    loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS, max_participants: int = DEFAULT_MAX_PARTICIPANTS
+) -> CollectorRegistry:
     """A registry with the namespaces' collector and the exporter's own process metrics."""
     registry = CollectorRegistry()
     registry.register(NamespaceCollector(loops, ttl, max_participants))
@@ -132,18 +138,36 @@ def build_registry(loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS,
     return registry
 
 
-def make_loops(client: Any, schemas: Sequence[KeySchema], *, interval: float, batch: int, pause: float,
-               lost_participants: Optional[LostParticipants] = None) -> list[PassLoop]:
-    return [PassLoop(client, schema, interval=interval, batch=batch, pause=pause,
-                     lost_participants=lost_participants) for schema in schemas]
+def make_loops(
+    client: Any,
+    schemas: Sequence[KeySchema],
+    *,
+    interval: float,
+    batch: int,
+    pause: float,
+    lost_participants: Optional[LostParticipants] = None,
+) -> list[PassLoop]:
+    return [
+        PassLoop(client, schema, interval=interval, batch=batch, pause=pause, lost_participants=lost_participants)
+        for schema in schemas
+    ]
 
 
-def run_exporter(client: Any, schemas: Sequence[KeySchema], *, port: int = DEFAULT_PORT, host: str = "0.0.0.0",
-                 interval: float = 15.0, batch: int = 500, pause: float = 0.0, ttl: float = DEFAULT_TTL_SECONDS,
-                 max_participants: int = DEFAULT_MAX_PARTICIPANTS,
-                 lost_participants: Optional[LostParticipants] = None,
-                 ready: Optional[Callable[[str, int], None]] = None,
-                 stop: Optional[threading.Event] = None) -> int:
+def run_exporter(
+    client: Any,
+    schemas: Sequence[KeySchema],
+    *,
+    port: int = DEFAULT_PORT,
+    host: str = "0.0.0.0",
+    interval: float = 15.0,
+    batch: int = 500,
+    pause: float = 0.0,
+    ttl: float = DEFAULT_TTL_SECONDS,
+    max_participants: int = DEFAULT_MAX_PARTICIPANTS,
+    lost_participants: Optional[LostParticipants] = None,
+    ready: Optional[Callable[[str, int], None]] = None,
+    stop: Optional[threading.Event] = None,
+) -> int:
     """Serve ``/metrics`` until SIGTERM or SIGINT (or ``stop`` is set); returns 0 (the exit code).
 
     ``max_participants`` caps the ``participant`` label of ``kvstatus_entries`` (see :data:`METRICS`).
@@ -152,8 +176,9 @@ def run_exporter(client: Any, schemas: Sequence[KeySchema], *, port: int = DEFAU
     Signal handlers are installed only when called from the main thread.
     """
     stop = stop or threading.Event()
-    loops = make_loops(client, schemas, interval=interval, batch=batch, pause=pause,
-                       lost_participants=lost_participants)
+    loops = make_loops(
+        client, schemas, interval=interval, batch=batch, pause=pause, lost_participants=lost_participants
+    )
     server, thread = start_http_server(port, addr=host, registry=build_registry(loops, ttl, max_participants))
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():

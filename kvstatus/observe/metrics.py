@@ -35,19 +35,45 @@ from kvstatus.keys import DEFAULT_PARTICIPANT
 from kvstatus.rule import Outcome, UpdateResult
 
 OPERATIONS: tuple[str, ...] = (
-    "update_status", "update_many", "check_status", "get", "get_many", "clear", "pop", "record_failure", "room",
+    "update_status",
+    "update_many",
+    "check_status",
+    "get",
+    "get_many",
+    "clear",
+    "pop",
+    "record_failure",
+    "room",
 )
 """The store operations whose latency is recorded; any other name is recorded as ``other``."""
 
 # Seconds. A loopback update is ~0.1 ms; a batch of 1000 or a failover resend reaches seconds.
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
 )
 
-ERROR_TYPES: tuple[str, ...] = tuple(sorted(
-    name for name, value in vars(errors).items()
-    if isinstance(value, type) and issubclass(value, errors.KVStatusError)
-))
+ERROR_TYPES: tuple[str, ...] = tuple(
+    sorted(
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.KVStatusError)
+    )
+)
 """Every kvstatus exception class name; anything else is counted as ``other``."""
 
 OTHER = "other"
@@ -59,26 +85,44 @@ class Instruments:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         store = ["namespace", "participant"]
-        self.updates = Counter("kvstatus_updates", "Status updates by the row of the update rule that fired.",
-                               store + ["outcome"], registry=registry)
-        self.calls = Histogram("kvstatus_call_duration_seconds", "Latency of store calls in seconds, by operation.",
-                               store + ["operation"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.errors = Counter("kvstatus_errors", "Errors raised to callers, by kvstatus exception type.",
-                              store + ["type"], registry=registry)
-        self.resends = Counter("kvstatus_resends", "Calls sent again after NOSCRIPT or during a failover.",
-                               store, registry=registry)
-        self.cache_hits = Counter("kvstatus_nearcache_hits", "Reads answered by the near cache.",
-                                  store, registry=registry)
-        self.cache_misses = Counter("kvstatus_nearcache_misses", "Reads the near cache sent to Redis.",
-                                    store, registry=registry)
-        self.cache_invalidations = Counter("kvstatus_nearcache_invalidations",
-                                           "Near-cache entries dropped by a Redis invalidation message.",
-                                           store, registry=registry)
-        self.cache_size = Gauge("kvstatus_nearcache_entries", "Rooms held by the near cache.",
-                                store, registry=registry)
+        self.updates = Counter(
+            "kvstatus_updates",
+            "Status updates by the row of the update rule that fired.",
+            store + ["outcome"],
+            registry=registry,
+        )
+        self.calls = Histogram(
+            "kvstatus_call_duration_seconds",
+            "Latency of store calls in seconds, by operation.",
+            store + ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.errors = Counter(
+            "kvstatus_errors",
+            "Errors raised to callers, by kvstatus exception type.",
+            store + ["type"],
+            registry=registry,
+        )
+        self.resends = Counter(
+            "kvstatus_resends", "Calls sent again after NOSCRIPT or during a failover.", store, registry=registry
+        )
+        self.cache_hits = Counter(
+            "kvstatus_nearcache_hits", "Reads answered by the near cache.", store, registry=registry
+        )
+        self.cache_misses = Counter(
+            "kvstatus_nearcache_misses", "Reads the near cache sent to Redis.", store, registry=registry
+        )
+        self.cache_invalidations = Counter(
+            "kvstatus_nearcache_invalidations",
+            "Near-cache entries dropped by a Redis invalidation message.",
+            store,
+            registry=registry,
+        )
+        self.cache_size = Gauge("kvstatus_nearcache_entries", "Rooms held by the near cache.", store, registry=registry)
 
 
-_by_registry: "WeakKeyDictionary[CollectorRegistry, Instruments]" = WeakKeyDictionary()
+_by_registry: WeakKeyDictionary[CollectorRegistry, Instruments] = WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -102,11 +146,25 @@ class StoreMetrics:
     Methods are safe to call from several threads (prometheus_client children lock).
     """
 
-    __slots__ = ("namespace", "participant", "_registry", "_updates", "_calls", "_other_call", "_errors",
-                 "_error_of_type", "_resends", "_hits", "_misses", "_invalidations", "_size")
+    __slots__ = (
+        "namespace",
+        "participant",
+        "_registry",
+        "_updates",
+        "_calls",
+        "_other_call",
+        "_errors",
+        "_error_of_type",
+        "_resends",
+        "_hits",
+        "_misses",
+        "_invalidations",
+        "_size",
+    )
 
-    def __init__(self, namespace: str, participant: Optional[str] = None,
-                 registry: Optional[CollectorRegistry] = None) -> None:
+    def __init__(
+        self, namespace: str, participant: Optional[str] = None, registry: Optional[CollectorRegistry] = None
+    ) -> None:
         self.namespace = namespace
         self.participant = participant or DEFAULT_PARTICIPANT
         self._registry = registry
@@ -125,7 +183,7 @@ class StoreMetrics:
         self._invalidations = family.cache_invalidations.labels(*labels).inc
         self._size = family.cache_size.labels(*labels).set
 
-    def for_participant(self, participant: Optional[str]) -> "StoreMetrics":
+    def for_participant(self, participant: Optional[str]) -> StoreMetrics:
         """The observer of the same namespace for another participant (as ``store.for_participant``)."""
         return StoreMetrics(self.namespace, participant, self._registry)
 
@@ -148,8 +206,14 @@ class StoreMetrics:
         cls = type(exc)
         inc = self._error_of_type.get(cls)
         if inc is None:
-            name = next((c.__name__ for c in cls.__mro__ if getattr(errors, c.__name__, None) is c
-                         and c.__name__ in self._errors), OTHER)
+            name = next(
+                (
+                    c.__name__
+                    for c in cls.__mro__
+                    if getattr(errors, c.__name__, None) is c and c.__name__ in self._errors
+                ),
+                OTHER,
+            )
             inc = self._error_of_type[cls] = self._errors[name]
         inc()  # type: ignore[operator]
 

@@ -60,8 +60,16 @@ class PassResult:
 class NamespacePass:
     """One pass over ``schema``'s namespace; :meth:`step` reads one batch and returns True once the pass is done."""
 
-    def __init__(self, client: Any, schema: KeySchema, *, batch: int = DEFAULT_BATCH, oldest: int = 1,
-                 keep_rooms: bool = False, lost_participants: Optional[LostParticipants] = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        schema: KeySchema,
+        *,
+        batch: int = DEFAULT_BATCH,
+        oldest: int = 1,
+        keep_rooms: bool = False,
+        lost_participants: Optional[LostParticipants] = None,
+    ) -> None:
         self.client = client
         self.schema = schema
         self._keys: Iterator[list[str]] = iter_room_keys(client, schema, batch)
@@ -90,8 +98,10 @@ class NamespacePass:
 
     def _add(self, view: RoomView) -> None:
         self._builder.add(view)
-        if self._lost and any(name in self._lost and entry.status is not None and entry.status not in TERMINAL
-                              for name, entry in view.participants.items()):
+        if self._lost and any(
+            name in self._lost and entry.status is not None and entry.status not in TERMINAL
+            for name, entry in view.participants.items()
+        ):
             self._on_lost += 1
         if self._rooms is not None:
             state = tuple((n, None if e.status is None else int(e.status)) for n, e in view.participants.items())
@@ -106,8 +116,16 @@ class NamespacePass:
         snapshot = None
         if self._rooms is not None:
             snapshot = Snapshot(self._rooms, +self._by_status, stats.corrupted_rooms)
-        self.result = PassResult(self.schema.namespace, stats, snapshot, self._on_lost, self._lease_tracking,
-                                 self._scanned, time.time(), time.monotonic() - self._started)
+        self.result = PassResult(
+            self.schema.namespace,
+            stats,
+            snapshot,
+            self._on_lost,
+            self._lease_tracking,
+            self._scanned,
+            time.time(),
+            time.monotonic() - self._started,
+        )
 
 
 @dataclass(frozen=True)
@@ -131,10 +149,19 @@ class PassLoop:
     in the loop's thread after each completed pass.
     """
 
-    def __init__(self, client: Any, schema: KeySchema, *, interval: float = 15.0, batch: int = DEFAULT_BATCH,
-                 pause: float = 0.0, keep_rooms: bool = False, oldest: int = 1,
-                 lost_participants: Optional[LostParticipants] = None,
-                 on_result: Optional[Callable[[PassResult], None]] = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        schema: KeySchema,
+        *,
+        interval: float = 15.0,
+        batch: int = DEFAULT_BATCH,
+        pause: float = 0.0,
+        keep_rooms: bool = False,
+        oldest: int = 1,
+        lost_participants: Optional[LostParticipants] = None,
+        on_result: Optional[Callable[[PassResult], None]] = None,
+    ) -> None:
         self.client = client
         self.schema = schema
         self.interval = interval
@@ -152,7 +179,7 @@ class PassLoop:
     def state(self) -> LoopState:
         return self._state
 
-    def start(self) -> "PassLoop":
+    def start(self) -> PassLoop:
         self._thread = threading.Thread(target=self._run, name=f"kvstatus-pass-{self.schema.namespace}", daemon=True)
         self._thread.start()
         return self
@@ -166,8 +193,14 @@ class PassLoop:
     def run_once(self) -> Optional[PassResult]:
         """Run one pass in the calling thread; None if Redis failed or the loop was stopped."""
         try:
-            current = NamespacePass(self.client, self.schema, batch=self.batch, oldest=self.oldest,
-                                    keep_rooms=self.keep_rooms, lost_participants=self.lost_participants)
+            current = NamespacePass(
+                self.client,
+                self.schema,
+                batch=self.batch,
+                oldest=self.oldest,
+                keep_rooms=self.keep_rooms,
+                lost_participants=self.lost_participants,
+            )
             while not current.step():
                 self._set(up=True)
                 if self._stop.is_set() or (self.pause and self._stop.wait(self.pause)):

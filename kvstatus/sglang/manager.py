@@ -50,8 +50,11 @@ def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
     parts = [mode]
     if instance:
         parts.append(instance)
-    for size, rank, tag in (("system_dp_size", "system_dp_rank", "dp"), ("attn_dp_size", "attn_dp_rank", "adp"),
-                            ("attn_cp_size", "attn_cp_rank", "cp")):
+    for size, rank, tag in (
+        ("system_dp_size", "system_dp_rank", "dp"),
+        ("attn_dp_size", "attn_dp_rank", "adp"),
+        ("attn_cp_size", "attn_cp_rank", "cp"),
+    ):
         if _rank(kv_manager, size) > 1:
             parts.append(f"{tag}{_rank(kv_manager, rank)}")
     parts += [f"tp{int(tp)}", f"pp{_rank(kv_manager, 'pp_rank')}"]
@@ -78,12 +81,20 @@ def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
     return [f"{base}-pp{rank}" for rank in range(pp_size)]
 
 
-def open_store(url: str, *, namespace: str, participant: str, policy: str = "strict", near_cache: bool = False,
-               **store_options: Any) -> StatusStore:
+def open_store(
+    url: str,
+    *,
+    namespace: str,
+    participant: str,
+    policy: str = "strict",
+    near_cache: bool = False,
+    **store_options: Any,
+) -> StatusStore:
     """``StatusStore.from_url`` for one manager; ``near_cache=True`` turns the store's near cache on, so a poll of
     an unchanged room (``in``, ``check_status``, PP rank 0's consensus read) costs no round trip."""
-    return StatusStore.from_url(url, namespace=namespace, participant=participant, policy=policy,
-                                near_cache=near_cache or None, **store_options)
+    return StatusStore.from_url(
+        url, namespace=namespace, participant=participant, policy=policy, near_cache=near_cache or None, **store_options
+    )
 
 
 def _defined_by(kv_manager: Any, name: str) -> Optional[type]:
@@ -123,8 +134,11 @@ def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Cal
             return KVPoll.Bootstrapping
         return min(status for status in statuses if status is not None)
 
-    return {"update_status": update_status, "check_status": check_status,
-            "check_status_pp_consensus": check_status_pp_consensus}
+    return {
+        "update_status": update_status,
+        "check_status": check_status,
+        "check_status_pp_consensus": check_status_pp_consensus,
+    }
 
 
 def _record_invalid_room(kv_manager: Any, room: Any, status: KVPoll | int) -> None:
@@ -207,12 +221,19 @@ def install(
         if namespace is None:
             raise InvalidArgumentError("install() with a URL needs namespace=")
         server = parse_url(store_or_url).masked
-        store = open_store(store_or_url, namespace=namespace, participant=name, policy=wanted.value,
-                           near_cache=near_cache, **store_options)
+        store = open_store(
+            store_or_url,
+            namespace=namespace,
+            participant=name,
+            policy=wanted.value,
+            near_cache=near_cache,
+            **store_options,
+        )
     else:
         if namespace is not None or near_cache or store_options:
-            raise InvalidArgumentError("namespace, near_cache and store options apply to a URL; "
-                                       "build the store with them instead")
+            raise InvalidArgumentError(
+                "namespace, near_cache and store options apply to a URL; build the store with them instead"
+            )
         if store_or_url.policy != wanted:
             raise InvalidArgumentError(
                 f"the store's policy is {store_or_url.policy.value!r} but install() was asked for {wanted.value!r}; "

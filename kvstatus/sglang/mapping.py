@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from kvstatus.errors import InvalidArgumentError, InvalidRoomError
 from kvstatus.consensus import RoomConsensus
+from kvstatus.errors import InvalidArgumentError, InvalidRoomError
 from kvstatus.keys import MAX_ROOM
 from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
 
@@ -39,8 +39,10 @@ def invalid_room_reason(room: object) -> str:
     shown = repr(room)
     if len(shown) > 40:
         shown = shown[:37] + "..."
-    return (f"bootstrap_room {shown} ({type(room).__name__}) is not a room id kvstatus can store (an int in "
-            "[0, 2**63 - 1]): the request fails")
+    return (
+        f"bootstrap_room {shown} ({type(room).__name__}) is not a room id kvstatus can store (an int in "
+        "[0, 2**63 - 1]): the request fails"
+    )
 
 
 class RoomStatusMap:
@@ -223,19 +225,25 @@ class RoomStatusMap:
     def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
         """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""
         if self.pp_participants is None:
-            raise InvalidArgumentError("collect_many() needs pp_participants: this map was built without pipeline ranks")
+            raise InvalidArgumentError(
+                "collect_many() needs pp_participants: this map was built without pipeline ranks"
+            )
         self._local.memo = None
         if self._rank_stores is None:
-            self._rank_stores = [self.store if name == self.participant else self.store.for_participant(name)
-                                 for name in self.pp_participants]
+            self._rank_stores = [
+                self.store if name == self.participant else self.store.for_participant(name)
+                for name in self.pp_participants
+            ]
         try:
             per_rank = [store.get_many(rooms) for store in self._rank_stores]
         except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
             valid = [room for room in rooms if _storable(room)]
             per_rank = [store.get_many(valid) for store in self._rank_stores] if valid else []
             ranks = len(self._rank_stores)
-            return {room: [statuses[room] for statuses in per_rank] if _storable(room) else [KVPoll.Failed] * ranks
-                    for room in dict.fromkeys(rooms)}
+            return {
+                room: [statuses[room] for statuses in per_rank] if _storable(room) else [KVPoll.Failed] * ranks
+                for room in dict.fromkeys(rooms)
+            }
         return {room: [statuses[room] for statuses in per_rank] for room in dict.fromkeys(rooms)}
 
     # -- writes

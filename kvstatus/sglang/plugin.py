@@ -60,8 +60,15 @@ def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
 
 
 # install()'s setting (SettingError.setting) -> the variable that sets it.
-SETTING_VARIABLES = {"url": ENV_URL, "namespace": ENV_NAMESPACE, "instance": ENV_INSTANCE, "policy": ENV_POLICY,
-                     "ttl": ENV_TTL, "near_cache": ENV_NEAR_CACHE, "lease_ttl": ENV_LEASE_TTL}
+SETTING_VARIABLES = {
+    "url": ENV_URL,
+    "namespace": ENV_NAMESPACE,
+    "instance": ENV_INSTANCE,
+    "policy": ENV_POLICY,
+    "ttl": ENV_TTL,
+    "near_cache": ENV_NEAR_CACHE,
+    "lease_ttl": ENV_LEASE_TTL,
+}
 # SGLang's bootstrap and waiting timeouts (seconds): a room TTL below them can expire a live request's room.
 SGLANG_TIMEOUT_SECONDS = 300.0
 
@@ -107,8 +114,10 @@ def _lease_ttl(seconds: float) -> float:
     try:
         return validate_lease_ttl(seconds)
     except InvalidArgumentError:
-        raise InvalidArgumentError(f"expected 0 (no lease) or seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}]; "
-                                   "a lease is renewed every ttl/3 s") from None
+        raise InvalidArgumentError(
+            f"expected 0 (no lease) or seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}]; "
+            "a lease is renewed every ttl/3 s"
+        ) from None
 
 
 def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
@@ -132,9 +141,10 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         raise _setting_error(ENV_URL, str(exc)) from None
     options: dict[str, Any] = {"store_or_url": url}
     for variable, key, default, check in (
-            (ENV_NAMESPACE, "namespace", DEFAULT_NAMESPACE, lambda v: validate_name(v, "namespace")),
-            (ENV_POLICY, "policy", "strict", lambda v: to_policy(v).value),
-            (ENV_INSTANCE, "instance", None, lambda v: validate_name(v, "instance"))):
+        (ENV_NAMESPACE, "namespace", DEFAULT_NAMESPACE, lambda v: validate_name(v, "namespace")),
+        (ENV_POLICY, "policy", "strict", lambda v: to_policy(v).value),
+        (ENV_INSTANCE, "instance", None, lambda v: validate_name(v, "instance")),
+    ):
         raw = env.get(variable, "").strip()
         try:
             options[key] = check(raw) if raw else default
@@ -145,8 +155,9 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         options["ttl"] = ttl
     lease_ttl = _seconds(env, ENV_LEASE_TTL, _lease_ttl)
     if lease_ttl is not None and url_lease is not None and url_lease != (lease_ttl or None):
-        raise _setting_error(ENV_LEASE_TTL, f"{lease_ttl:g} disagrees with the lease_ttl={url_lease:g} of "
-                                            f"{ENV_URL}: set one of them")
+        raise _setting_error(
+            ENV_LEASE_TTL, f"{lease_ttl:g} disagrees with the lease_ttl={url_lease:g} of {ENV_URL}: set one of them"
+        )
     if lease_ttl:
         options["lease_ttl"] = lease_ttl
     near = env.get(ENV_NEAR_CACHE, "").strip().lower()
@@ -179,8 +190,13 @@ def install_from_env(kv_manager: Any, environ: Optional[Mapping[str, str]] = Non
     env = os.environ if environ is None else environ
     options = install_options(env)
     if options.get("ttl", SGLANG_TIMEOUT_SECONDS) < SGLANG_TIMEOUT_SECONDS:
-        log.warning("%s=%g is below SGLang's %g s bootstrap and waiting timeouts: a slow request's room can "
-                    "expire while it is still in use", ENV_TTL, options["ttl"], SGLANG_TIMEOUT_SECONDS)
+        log.warning(
+            "%s=%g is below SGLang's %g s bootstrap and waiting timeouts: a slow request's room can "
+            "expire while it is still in use",
+            ENV_TTL,
+            options["ttl"],
+            SGLANG_TIMEOUT_SECONDS,
+        )
     try:
         return install(kv_manager, options.pop("store_or_url"), **options)
     except SettingError as exc:

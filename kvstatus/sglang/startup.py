@@ -43,9 +43,17 @@ log = logging.getLogger("kvstatus.sglang")
 MIN_SGLANG_VERSION = (0, 5, 23)
 TESTED_SGLANG_VERSION = "0.5.23"
 # What install() reads or calls on a manager (sglang 0.5.23's CommonKVManager has all of them after __init__).
-REQUIRED_ATTRIBUTES = ("request_status", "update_status", "check_status", "check_status_pp_consensus",
-                       "deferred_bootstrap", "_notify_bootstrap", "_deferred_ack_targets",
-                       "_deferred_ack_poisoned_rooms", "_staging_outstanding")
+REQUIRED_ATTRIBUTES = (
+    "request_status",
+    "update_status",
+    "check_status",
+    "check_status_pp_consensus",
+    "deferred_bootstrap",
+    "_notify_bootstrap",
+    "_deferred_ack_targets",
+    "_deferred_ack_poisoned_rooms",
+    "_staging_outstanding",
+)
 # The doctor's probe entry (ls, stats and watch never count it), written and cleared at once.
 PROBE_ROOM = MAX_ROOM
 PROBE_TTL_SECONDS = 30.0
@@ -82,14 +90,19 @@ def check_sglang_version(version: Optional[str] = None) -> str:
         try:
             version = installed("sglang")
         except PackageNotFoundError:
-            raise SettingError("sglang is not installed in this environment: the kvstatus plugin runs inside "
-                               "sglang's processes", setting="sglang") from None
+            raise SettingError(
+                "sglang is not installed in this environment: the kvstatus plugin runs inside sglang's processes",
+                setting="sglang",
+            ) from None
     found = version_tuple(version)
     if not found or found < MIN_SGLANG_VERSION:
         minimum = ".".join(map(str, MIN_SGLANG_VERSION))
-        raise SettingError(f"sglang {version} is not supported: kvstatus needs sglang >= {minimum} (its "
-                           "CommonKVManager applies the strict update rule and has the deferred-ACK state "
-                           f"install() resets); upgrade sglang, or unset the plugin's URL", setting="sglang")
+        raise SettingError(
+            f"sglang {version} is not supported: kvstatus needs sglang >= {minimum} (its "
+            "CommonKVManager applies the strict update rule and has the deferred-ACK state "
+            f"install() resets); upgrade sglang, or unset the plugin's URL",
+            setting="sglang",
+        )
     return version
 
 
@@ -100,7 +113,8 @@ def check_manager(kv_manager: Any) -> None:
         minimum = ".".join(map(str, MIN_SGLANG_VERSION))
         raise InvalidArgumentError(
             f"{type(kv_manager).__name__} has no {', '.join(missing)}: not the KV manager of a supported sglang "
-            f"(kvstatus needs sglang >= {minimum}, tested with {TESTED_SGLANG_VERSION})")
+            f"(kvstatus needs sglang >= {minimum}, tested with {TESTED_SGLANG_VERSION})"
+        )
 
 
 def _denied_command(error: PermissionDeniedError) -> str:
@@ -121,19 +135,30 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
         command, text = _denied_command(error), str(error)
         near_cache = store.near_cache is not None and step == "read"
         if near_cache and (command.startswith(("client", "subscribe", "ssubscribe")) or "channel" in text):
-            return SettingError(f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
-                                f"cache off, or grant +client|tracking +client|id ({error})",
-                                setting="near_cache")
+            return SettingError(
+                f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
+                f"cache off, or grant +client|tracking +client|id ({error})",
+                setting="near_cache",
+            )
         if command.startswith(("eval", "script", "fcall")):
-            hint = ("with ?scripts=functions it needs the functions recipe's commands, else drop the option"
-                    if command.startswith("fcall") else "a user of the tenant recipe needs ?scripts=functions")
+            hint = (
+                "with ?scripts=functions it needs the functions recipe's commands, else drop the option"
+                if command.startswith("fcall")
+                else "a user of the tenant recipe needs ?scripts=functions"
+            )
             return SettingError(f"the URL's user may not run {command!r}: {hint} ({error})", setting="url")
         if step == "read" and "keys" in text:
-            return SettingError(f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "
-                                f"must cover its keys ({error})", setting="namespace")
+            return SettingError(
+                f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "
+                f"must cover its keys ({error})",
+                setting="namespace",
+            )
         if step == "write":
-            return SettingError(f"the URL's user may read namespace {namespace!r} but not write it (a read-only "
-                                f"user?): an SGLang manager needs the worker user ({error})", setting="url")
+            return SettingError(
+                f"the URL's user may read namespace {namespace!r} but not write it (a read-only "
+                f"user?): an SGLang manager needs the worker user ({error})",
+                setting="url",
+            )
         return SettingError(f"the URL's user lacks a command kvstatus needs ({error})", setting="url")
     if "function library" in str(error):
         return SettingError(str(error), setting="url")
@@ -152,9 +177,16 @@ def check_store(store: Any) -> None:
     try:
         store.get_many([PROBE_ROOM])  # connects, authenticates, runs get_many's script or function
         step = "write"
-        probe = StatusStore(store.client, namespace=store.namespace, prefix=store.prefix,
-                            participant=PROBE_PARTICIPANT, ttl=PROBE_TTL_SECONDS, tombstone_ttl=0,
-                            scripts=store.scripts, options=store.options)
+        probe = StatusStore(
+            store.client,
+            namespace=store.namespace,
+            prefix=store.prefix,
+            participant=PROBE_PARTICIPANT,
+            ttl=PROBE_TTL_SECONDS,
+            tombstone_ttl=0,
+            scripts=store.scripts,
+            options=store.options,
+        )
         probe.update_status(PROBE_ROOM, KVPoll.Bootstrapping)
         probe.clear(PROBE_ROOM)
         if store.lease is not None:
@@ -164,14 +196,18 @@ def check_store(store: Any) -> None:
         raise _setting_error(exc, step, store) from exc
     near = store.near_cache
     if near is not None and near.refused:  # asked for, yet it would run uncached: a misconfiguration
-        raise SettingError(f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
-                           f"cache off, or grant +client|tracking +client|id ({near.refused})", setting="near_cache")
+        raise SettingError(
+            f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
+            f"cache off, or grant +client|tracking +client|id ({near.refused})",
+            setting="near_cache",
+        )
 
 
 def server_of(client: Any) -> str:
     """Where ``client`` connects, without credentials: ``host:port/db``, a socket path, or the cluster's nodes."""
-    nodes = getattr(client, "startup_nodes", None) or getattr(getattr(client, "nodes_manager", None),
-                                                                "startup_nodes", None)
+    nodes = getattr(client, "startup_nodes", None) or getattr(
+        getattr(client, "nodes_manager", None), "startup_nodes", None
+    )
     if nodes:
         return "cluster " + ",".join(sorted(str(name) for name in nodes))
     pool = getattr(client, "connection_pool", None)
@@ -193,5 +229,7 @@ def describe(status_map: Any, server: str) -> str:
     near = "on" if store.near_cache is not None else "off"
     held = "off" if lease is None else f"{lease.ttl:g} s (generation {lease.generation})"
     pp = f", PP ranks {len(status_map.pp_participants)}" if status_map.pp_participants else ""
-    return (f"kvstatus: SGLang KV manager {store.participant} on {server}, namespace {store.namespace}, "
-            f"policy {store.policy.value}, scripts {store.scripts}, near cache {near}, lease {held}{pp}")
+    return (
+        f"kvstatus: SGLang KV manager {store.participant} on {server}, namespace {store.namespace}, "
+        f"policy {store.policy.value}, scripts {store.scripts}, near cache {near}, lease {held}{pp}"
+    )

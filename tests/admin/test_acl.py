@@ -25,8 +25,9 @@ SECURITY = ROOT / "docs" / "security.md"
 
 def _add_users(client) -> None:
     client.execute_command("ACL", "SETUSER", "ns-a", *acl_rules("ns-a", password=USER_SECRET, scripts="eval"))
-    client.execute_command("ACL", "SETUSER", "ns-a-ro", *acl_rules("ns-a", read_only=True, password=USER_SECRET,
-                                                                   scripts="eval"))
+    client.execute_command(
+        "ACL", "SETUSER", "ns-a-ro", *acl_rules("ns-a", read_only=True, password=USER_SECRET, scripts="eval")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,11 @@ def _urls(request: pytest.FixtureRequest, topology: str, user: str) -> str:
 
 
 def _flush_scripts(request: pytest.FixtureRequest, topology: str) -> None:
-    nodes = request.getfixturevalue("acl_cluster").nodes if topology == "cluster" else [
-        request.getfixturevalue("acl_server")]
+    nodes = (
+        request.getfixturevalue("acl_cluster").nodes
+        if topology == "cluster"
+        else [request.getfixturevalue("acl_server")]
+    )
     for node in nodes:
         with node.client() as admin:
             admin.script_flush()
@@ -73,7 +77,9 @@ def test_namespace_user_reads_and_writes_its_namespace(request: pytest.FixtureRe
     with StatusStore.from_url(_urls(request, topology, "ns-a"), namespace="ns-a", participant="p0") as store:
         assert store.update_status(1, KVPoll.Bootstrapping).outcome is Outcome.CREATED
         assert {r.outcome for r in store.update_many({r: KVPoll.Transferring for r in range(200)}).values()} == {
-            Outcome.ADVANCED, Outcome.CREATED}
+            Outcome.ADVANCED,
+            Outcome.CREATED,
+        }
         assert store.record_failure(1, "peer lost") is True
         assert store.get_many(range(200))[199] is KVPoll.Transferring
         assert store.room(1).participants["p0"].reason == "peer lost"
@@ -85,9 +91,12 @@ def test_namespace_user_reads_and_writes_its_namespace(request: pytest.FixtureRe
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_another_namespace_is_refused_clearly(request: pytest.FixtureRequest, topology: str) -> None:
     with StatusStore.from_url(_urls(request, topology, "ns-a"), namespace="ns-b") as store:
-        for call in (lambda: store.update_status(1, KVPoll.Bootstrapping), lambda: store.get(1),
-                     lambda: store.update_many({1: KVPoll.Bootstrapping, 2: KVPoll.Bootstrapping}),
-                     lambda: store.get_many([1, 2, 3])):
+        for call in (
+            lambda: store.update_status(1, KVPoll.Bootstrapping),
+            lambda: store.get(1),
+            lambda: store.update_many({1: KVPoll.Bootstrapping, 2: KVPoll.Bootstrapping}),
+            lambda: store.get_many([1, 2, 3]),
+        ):
             with pytest.raises(PermissionDeniedError, match="ACL") as info:
                 call()
             assert USER_SECRET not in str(info.value) and ADMIN_SECRET not in str(info.value)
@@ -101,8 +110,11 @@ def test_read_only_user_reads_but_never_writes(request: pytest.FixtureRequest, t
         assert reader.get(10) is KVPoll.WaitingForInput
         assert reader.get_many([10, 11, 12]) == {10: KVPoll.WaitingForInput, 11: KVPoll.Success, 12: None}
         assert reader.room(11).participants["ro"].status is KVPoll.Success
-        for call in (lambda: reader.update_status(10, KVPoll.Failed), lambda: reader.clear(11),
-                     lambda: reader.update_many({10: KVPoll.Success, 12: KVPoll.Bootstrapping})):
+        for call in (
+            lambda: reader.update_status(10, KVPoll.Failed),
+            lambda: reader.clear(11),
+            lambda: reader.update_many({10: KVPoll.Success, 12: KVPoll.Bootstrapping}),
+        ):
             with pytest.raises(PermissionDeniedError):
                 call()
         assert reader.get_many([10, 11, 12]) == {10: KVPoll.WaitingForInput, 11: KVPoll.Success, 12: None}
@@ -147,8 +159,9 @@ def test_an_acl_that_would_stop_a_write_half_way_is_refused_before_any_write(
 ) -> None:
     user = f"ns-a-no-{missing}"
     with acl_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", user, *acl_rules("ns-a", password=USER_SECRET, scripts="eval"),
-                              f"-{missing}")
+        admin.execute_command(
+            "ACL", "SETUSER", user, *acl_rules("ns-a", password=USER_SECRET, scripts="eval"), f"-{missing}"
+        )
         key = "kvstatus:ns-a:{4242}"
         admin.delete(key, "kvstatus:ns-a:{4241}")
         if missing == "hdel":  # HDEL runs only when an entry leaves Failed (and drops its reason)
@@ -156,8 +169,9 @@ def test_an_acl_that_would_stop_a_write_half_way_is_refused_before_any_write(
                 admin.hset(k, mapping={"default": "0", "reason:default": "lost"})
                 admin.pexpire(k, 60_000)
         before = [admin.hgetall(k) for k in (key, "kvstatus:ns-a:{4241}")]
-        with StatusStore.from_url(_url("redis", user, f"{acl_server.host}:{acl_server.port}"),
-                                  namespace="ns-a") as store:
+        with StatusStore.from_url(
+            _url("redis", user, f"{acl_server.host}:{acl_server.port}"), namespace="ns-a"
+        ) as store:
             with pytest.raises(PermissionDeniedError, match=f"'{missing}'"):
                 store.update_status(4242, KVPoll.Bootstrapping)
             with pytest.raises(PermissionDeniedError, match=f"'{missing}'"):
@@ -168,12 +182,14 @@ def test_an_acl_that_would_stop_a_write_half_way_is_refused_before_any_write(
 @pytest.mark.real
 def test_record_failure_is_refused_before_writing_when_pexpire_is_denied(acl_server: RedisServer) -> None:
     with acl_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", "ns-a-rf", *acl_rules("ns-a", password=USER_SECRET, scripts="eval"),
-                              "-pexpire")
+        admin.execute_command(
+            "ACL", "SETUSER", "ns-a-rf", *acl_rules("ns-a", password=USER_SECRET, scripts="eval"), "-pexpire"
+        )
         admin.hset("kvstatus:ns-a:{4343}", "default", "3")
         admin.pexpire("kvstatus:ns-a:{4343}", 60_000)
-        with StatusStore.from_url(_url("redis", "ns-a-rf", f"{acl_server.host}:{acl_server.port}"),
-                                  namespace="ns-a") as store:
+        with StatusStore.from_url(
+            _url("redis", "ns-a-rf", f"{acl_server.host}:{acl_server.port}"), namespace="ns-a"
+        ) as store:
             with pytest.raises(PermissionDeniedError, match="'pexpire'"):
                 store.record_failure(4343, "peer lost")
         assert admin.hgetall("kvstatus:ns-a:{4343}") == {b"default": b"3"}

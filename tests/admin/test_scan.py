@@ -18,8 +18,8 @@ from kvstatus.admin.watch import (
     diff,
 )
 from kvstatus.keys import KeySchema
-from tests.servers import RedisClusterServers
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisClusterServers
 
 
 def test_batches_are_bounded_and_cover_every_room_once() -> None:
@@ -46,15 +46,18 @@ def test_rooms_deleted_between_scan_and_read_are_skipped() -> None:
     assert list(walk) == []
 
 
-@pytest.mark.parametrize("before, after, kind", [
-    (None, (("p", 1),), NEW),
-    ((("p", 1),), None, CLEARED),
-    ((("p", 1),), (("p", 3),), ADVANCED),
-    ((("d", 1), ("p", 1)), (("d", 1), ("p", 0)), FAILED),
-    ((("d", 1), ("p", 1)), (("p", 1),), CLEARED),
-    ((("p", 0),), (("p", 0),), None),
-    ((("p", 0),), (("p", 4),), ADVANCED),
-])
+@pytest.mark.parametrize(
+    "before, after, kind",
+    [
+        (None, (("p", 1),), NEW),
+        ((("p", 1),), None, CLEARED),
+        ((("p", 1),), (("p", 3),), ADVANCED),
+        ((("d", 1), ("p", 1)), (("d", 1), ("p", 0)), FAILED),
+        ((("d", 1), ("p", 1)), (("p", 1),), CLEARED),
+        ((("p", 0),), (("p", 0),), None),
+        ((("p", 0),), (("p", 4),), ADVANCED),
+    ],
+)
 def test_classify(before, after, kind) -> None:
     assert classify(before, after) == kind
 
@@ -87,8 +90,10 @@ def test_scan_covers_every_cluster_primary(redis_cluster: RedisClusterServers) -
     with redis_cluster.client() as client:
         store = StatusStore(client, namespace=fresh_namespace("cluster"))
         store.update_many({room: KVPoll.Transferring for room in range(300)})
-        per_node = [len(list(node.scan_iter(match=store.schema.scan_pattern))) for node in
-                    (client.get_redis_connection(n) for n in client.get_primaries())]
+        per_node = [
+            len(list(node.scan_iter(match=store.schema.scan_pattern)))
+            for node in (client.get_redis_connection(n) for n in client.get_primaries())
+        ]
         assert len(per_node) == 3 and all(n > 0 for n in per_node) and sum(per_node) == 300
         assert sorted(v.room for v in iter_rooms(client, store.schema, batch=50)) == list(range(300))
         stats = collect_stats(client, store.schema)

@@ -140,10 +140,22 @@ def test_two_sweepers_at_once_fail_each_entry_exactly_once(topology: str, reques
     dead.update_many({room: S for room in rooms if room % 4 == 0})
     raw = dead.client
     _expire(raw, namespace, "dead-0")
-    command = [sys.executable, "-m", "kvstatus.cli", "--url", server.url, "--namespace", namespace, "sweep",
-               "--batch", "50", "--json"]
-    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-             for _ in range(2)]
+    command = [
+        sys.executable,
+        "-m",
+        "kvstatus.cli",
+        "--url",
+        server.url,
+        "--namespace",
+        namespace,
+        "sweep",
+        "--batch",
+        "50",
+        "--json",
+    ]
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(2)
+    ]
     docs = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -158,9 +170,8 @@ def test_two_sweepers_at_once_fail_each_entry_exactly_once(topology: str, reques
 
 @pytest.mark.real
 def test_leases_consensus_tombstones_and_sweep_work_under_the_readme_acl_users(redis_server: Any) -> None:
-    from kvstatus.admin.acl import acl_rules
-
     from kvstatus import scripts
+    from kvstatus.admin.acl import acl_rules
 
     namespace = fresh_namespace("acl12")
     with redis_server.client() as admin:  # the tenant recipe: an admin loads the function library once
@@ -168,8 +179,9 @@ def test_leases_consensus_tombstones_and_sweep_work_under_the_readme_acl_users(r
         admin.execute_command("ACL", "SETUSER", f"{namespace}-rw", *acl_rules(namespace, password="pw"))
         admin.execute_command("ACL", "SETUSER", f"{namespace}-ro", *acl_rules(namespace, read_only=True, password="pw"))
     url = f"redis://{{}}:pw@{redis_server.host}:{redis_server.port}/0"
-    rw = StatusStore.from_url(url.format(f"{namespace}-rw"), namespace=namespace, participant="dead-0", lease_ttl=3,
-                              scripts="functions")
+    rw = StatusStore.from_url(
+        url.format(f"{namespace}-rw"), namespace=namespace, participant="dead-0", lease_ttl=3, scripts="functions"
+    )
     rw.update_status(1, B)
     rw.update_status(2, B)
     assert rw.clear(2) is True and rw.update_status(2, F).outcome is Outcome.IGNORED_MISSING

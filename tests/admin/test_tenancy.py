@@ -78,18 +78,30 @@ def test_a_tenant_cannot_read_write_or_list_another_namespace(server: RedisServe
     with _store(server, "tenant-b", "ns-b", participant="p") as b:
         b.update_status(1, KVPoll.Transferring)
     with _store(server, "tenant-a", "ns-b", participant="p") as intruder:
-        for call in (lambda: intruder.update_status(1, KVPoll.Failed), lambda: intruder.get(1),
-                     lambda: intruder.update_many({1: KVPoll.Failed, 2: KVPoll.Bootstrapping}),
-                     lambda: intruder.get_many([1, 2]), lambda: intruder.record_failure(1, "x"),
-                     lambda: intruder.clear(1), lambda: intruder.room(1)):
+        for call in (
+            lambda: intruder.update_status(1, KVPoll.Failed),
+            lambda: intruder.get(1),
+            lambda: intruder.update_many({1: KVPoll.Failed, 2: KVPoll.Bootstrapping}),
+            lambda: intruder.get_many([1, 2]),
+            lambda: intruder.record_failure(1, "x"),
+            lambda: intruder.clear(1),
+            lambda: intruder.room(1),
+        ):
             with pytest.raises(PermissionDeniedError) as info:
                 call()
             assert TENANT not in str(info.value) and ADMIN not in str(info.value)
     with _raw(server, "tenant-a") as tenant:
         key = "kvstatus:ns-b:{1}"
-        for attack in (("HGET", key, "p"), ("HSET", key, "p", "0"), ("DEL", key), ("PEXPIRE", key, "1"),
-                       ("SCAN", "0", "MATCH", "kvstatus:ns-b:*"), ("KEYS", "*"), ("INFO", "keyspace"),
-                       ("FCALL", f"{LIBRARY_NAME}_update", "1", key, "seed", "1000", "p", "reason:p", "0")):
+        for attack in (
+            ("HGET", key, "p"),
+            ("HSET", key, "p", "0"),
+            ("DEL", key),
+            ("PEXPIRE", key, "1"),
+            ("SCAN", "0", "MATCH", "kvstatus:ns-b:*"),
+            ("KEYS", "*"),
+            ("INFO", "keyspace"),
+            ("FCALL", f"{LIBRARY_NAME}_update", "1", key, "seed", "1000", "p", "reason:p", "0"),
+        ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 tenant.execute_command(*attack)
     with _store(server, "tenant-b", "ns-b", participant="p") as b:
@@ -103,7 +115,9 @@ def test_the_library_works_for_the_tenant_and_the_read_only_user(server: RedisSe
         assert store.scripts == "functions"
         assert store.update_status(1, KVPoll.Bootstrapping).outcome is Outcome.CREATED
         assert {r.outcome for r in store.update_many({r: KVPoll.Transferring for r in range(1, 50)}).values()} == {
-            Outcome.ADVANCED, Outcome.CREATED}
+            Outcome.ADVANCED,
+            Outcome.CREATED,
+        }
         assert store.update_status(1, KVPoll.Failed).outcome is Outcome.FAILED
         assert store.record_failure(1, "peer lost") is True
         assert store.get(2) is KVPoll.Transferring
@@ -114,8 +128,12 @@ def test_the_library_works_for_the_tenant_and_the_read_only_user(server: RedisSe
         assert reader.get(2) is KVPoll.Transferring
         assert reader.get_many([1, 2]) == {1: KVPoll.Failed, 2: KVPoll.Transferring}
         assert set(reader.room(1).participants) == {"p0", "p1"}
-        for call in (lambda: reader.update_status(2, KVPoll.Failed), lambda: reader.clear(2),
-                     lambda: reader.record_failure(2, "x"), lambda: reader.update_many({2: KVPoll.Success})):
+        for call in (
+            lambda: reader.update_status(2, KVPoll.Failed),
+            lambda: reader.clear(2),
+            lambda: reader.record_failure(2, "x"),
+            lambda: reader.update_many({2: KVPoll.Success}),
+        ):
             with pytest.raises(PermissionDeniedError):
                 call()
     with _store(server, "tenant-a", participant="p0") as store:
@@ -194,8 +212,7 @@ def test_the_tenant_recipe_on_a_cluster(redis_cluster: RedisClusterServers) -> N
     for node in redis_cluster.nodes:
         with node.client() as admin:
             admin.execute_command("ACL", "SETUSER", "tenant-c", *acl_rules("ns-c", password=TENANT))
-            admin.execute_command("ACL", "SETUSER", "tenant-c-ro", *acl_rules("ns-c", read_only=True,
-                                                                              password=TENANT))
+            admin.execute_command("ACL", "SETUSER", "tenant-c-ro", *acl_rules("ns-c", read_only=True, password=TENANT))
     hosts = ",".join(f"{h}:{p}" for h, p in redis_cluster.startup_nodes)
     admin_url = f"redis+cluster://{hosts}"
     loaded = run_cli("--url", admin_url, "functions", "load", env={})

@@ -54,7 +54,7 @@ class Hostile:
         while time.monotonic() < end:
             try:
                 chunk = self.sock.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 break
             if not chunk:
                 break
@@ -69,8 +69,12 @@ class Hostile:
 def server() -> Iterator[RedisServer]:
     with RedisServer(password=ADMIN) as started:
         with started.client() as admin:
-            for user, namespace, near in (("tenant-a", "ns-a", True), ("tenant-b", "ns-b", True),
-                                          ("tenant-a-plain", "ns-a", False), ("tenant-a-plain-ro", "ns-a", False)):
+            for user, namespace, near in (
+                ("tenant-a", "ns-a", True),
+                ("tenant-b", "ns-b", True),
+                ("tenant-a-plain", "ns-a", False),
+                ("tenant-a-plain-ro", "ns-a", False),
+            ):
                 rules = acl_rules(namespace, password=TENANT, near_cache=near, read_only=user.endswith("-ro"))
                 admin.execute_command("ACL", "SETUSER", user, *rules)
             load_functions(admin)
@@ -92,8 +96,9 @@ def _attack(server: RedisServer, user: str, room: int) -> tuple[bytes, bytes, by
         listener.drain(0.2)  # the rest of HELLO's map, if it came in pieces
         client_id = listener.ask("CLIENT", "ID")
         if client_id.startswith(b":"):
-            reply = tracker.ask("CLIENT", "TRACKING", "ON", "REDIRECT", int(client_id[1:]), "BCAST", "PREFIX",
-                                "kvstatus:ns-b:")
+            reply = tracker.ask(
+                "CLIENT", "TRACKING", "ON", "REDIRECT", int(client_id[1:]), "BCAST", "PREFIX", "kvstatus:ns-b:"
+            )
         else:
             reply = tracker.ask("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "kvstatus:ns-b:")
         with StatusStore.from_url(_url(server, "tenant-b"), namespace="ns-b", participant="p0") as victim:
@@ -121,8 +126,7 @@ def test_the_recipe_without_near_cache_refuses_the_attack(server: RedisServer) -
 
 
 def test_every_store_operation_works_without_the_near_cache_permissions(server: RedisServer) -> None:
-    with StatusStore.from_url(_url(server, "tenant-a-plain"), namespace="ns-a", participant="p0",
-                              lease_ttl=3) as store:
+    with StatusStore.from_url(_url(server, "tenant-a-plain"), namespace="ns-a", participant="p0", lease_ttl=3) as store:
         assert store.update_status(5, KVPoll.Transferring).status is KVPoll.Transferring
         assert store.record_failure(5, "nixl timeout") is True
         assert store.get(5) is KVPoll.Transferring
@@ -136,8 +140,7 @@ def test_every_store_operation_works_without_the_near_cache_permissions(server: 
             reader.update_status(5, KVPoll.Bootstrapping)
 
 
-@pytest.mark.parametrize("user, warned", [("tenant-a", True), ("tenant-a-plain", False),
-                                          ("tenant-a-plain-ro", False)])
+@pytest.mark.parametrize("user, warned", [("tenant-a", True), ("tenant-a-plain", False), ("tenant-a-plain-ro", False)])
 def test_doctor_warns_about_a_user_that_may_track(server: RedisServer, user: str, warned: bool) -> None:
     with server.client(username=user, password=TENANT) as client:
         checks = {c.name: c for c in run_checks(client, KeySchema("ns-a"), 600, "x", scripts="functions")}
@@ -158,8 +161,11 @@ def test_doctor_leaves_no_tracking_on(server: RedisServer) -> None:
         tracking_check(client, KeySchema("ns-a"))
         clients = server.client().execute_command("CLIENT", "LIST")
     text = clients.decode() if isinstance(clients, bytes) else str(clients)
-    assert not [line for line in text.splitlines() if "user=tenant-a " in line and "flags=" in line
-                and "t" in line.split("flags=")[1].split()[0]]
+    assert not [
+        line
+        for line in text.splitlines()
+        if "user=tenant-a " in line and "flags=" in line and "t" in line.split("flags=")[1].split()[0]
+    ]
 
 
 def test_an_admin_is_told_tracking_shows_it_nothing_new(server: RedisServer) -> None:
@@ -183,10 +189,12 @@ def test_the_acl_command_prints_both_variants_and_they_apply(server: RedisServer
 
 
 def test_a_near_cache_store_without_tracking_runs_uncached_and_says_so_once(
-        server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="kvstatus"):
-        with StatusStore.from_url(_url(server, "tenant-a-plain"), namespace="ns-a", participant="p1",
-                                  near_cache=True) as store:
+        with StatusStore.from_url(
+            _url(server, "tenant-a-plain"), namespace="ns-a", participant="p1", near_cache=True
+        ) as store:
             store.update_status(9, KVPoll.Bootstrapping)
             for _ in range(3):
                 assert store.get(9) is KVPoll.Bootstrapping

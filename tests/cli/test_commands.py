@@ -34,8 +34,10 @@ def cli(connect, *args: str):
 
 
 def test_set_goes_through_the_rule_and_prints_the_outcome(connect, store):
-    assert cli(connect, "set", "42", "bootstrapping", "-p", "prefill-0").output == \
-        "room 42 prefill-0: CREATED -> Bootstrapping(1)\n"
+    assert (
+        cli(connect, "set", "42", "bootstrapping", "-p", "prefill-0").output
+        == "room 42 prefill-0: CREATED -> Bootstrapping(1)\n"
+    )
     assert "ADVANCED -> Transferring(3)" in cli(connect, "set", "42", "3", "-p", "prefill-0").output
     assert "UNCHANGED -> Transferring(3)" in cli(connect, "set", "42", "WaitingForInput", "-p", "prefill-0").output
     assert store.for_participant("prefill-0").get(42) == KVPoll.Transferring
@@ -49,8 +51,13 @@ def test_set_goes_through_the_rule_and_prints_the_outcome(connect, store):
 def test_set_failed_with_reason_records_it_and_reason_needs_failed(connect, store):
     cli(connect, "set", "7", "transferring")
     out = cli(connect, "set", "7", "failed", "--reason", "NIXL transfer timed out", "--json")
-    assert json.loads(out.output) == {"room": 7, "participant": "default", "outcome": "FAILED", "status": "Failed",
-                                      "reason_recorded": True}
+    assert json.loads(out.output) == {
+        "room": 7,
+        "participant": "default",
+        "outcome": "FAILED",
+        "status": "Failed",
+        "reason_recorded": True,
+    }
     assert store.room(7).participants["default"].reason == "NIXL transfer timed out"
     bad = cli(connect, "set", "7", "success", "--reason", "x")
     assert_clean_failure(bad.output, bad.exit_code, 2, "--reason goes with status Failed only")
@@ -93,8 +100,11 @@ def test_clear_removes_only_the_participant_entry(connect, store):
     assert cli(connect, "clear", "5", "-p", "prefill-0").output == "room 5 prefill-0: nothing to clear\n"
     assert list(store.room(5).participants) == ["decode-0"]
     doc = json.loads(cli(connect, "clear", "5", "6", "-p", "decode-0", "--json").output)
-    assert doc == {"namespace": NS, "participant": "decode-0",
-                   "rooms": [{"room": 5, "cleared": True}, {"room": 6, "cleared": False}]}
+    assert doc == {
+        "namespace": NS,
+        "participant": "decode-0",
+        "rooms": [{"room": 5, "cleared": True}, {"room": 6, "cleared": False}],
+    }
     assert not store.room(5).exists
 
 
@@ -184,16 +194,19 @@ def test_probe_entry_is_never_counted(connect, store):
     assert PROBE_PARTICIPANT not in cli(connect, "get", "4").output
 
 
-@pytest.mark.parametrize("args, code, needle", [
-    (["get", "abc"], 2, "invalid room 'abc'"),
-    (["get", "-1"], 2, "negative numbers are no room"),
-    (["get", str(2**63)], 2, "invalid room 9223372036854775808"),
-    (["set", "1", "done"], 2, "invalid status 'done'"),
-    (["set", "1", "7"], 2, "invalid status '7'"),
-    (["set", "1", "1", "-p", "pre fill"], 2, "invalid participant 'pre fill'"),
-    (["set", "1", "1", "--ttl", "-3"], 2, "invalid ttl -3.0"),
-    (["ls", "--status", "finished"], 2, "invalid status 'finished'"),
-])
+@pytest.mark.parametrize(
+    "args, code, needle",
+    [
+        (["get", "abc"], 2, "invalid room 'abc'"),
+        (["get", "-1"], 2, "negative numbers are no room"),
+        (["get", str(2**63)], 2, "invalid room 9223372036854775808"),
+        (["set", "1", "done"], 2, "invalid status 'done'"),
+        (["set", "1", "7"], 2, "invalid status '7'"),
+        (["set", "1", "1", "-p", "pre fill"], 2, "invalid participant 'pre fill'"),
+        (["set", "1", "1", "--ttl", "-3"], 2, "invalid ttl -3.0"),
+        (["ls", "--status", "finished"], 2, "invalid status 'finished'"),
+    ],
+)
 def test_bad_input_is_a_usage_error(connect, args, code, needle):
     result = cli(connect, *args)
     assert_clean_failure(result.output, result.exit_code, code, needle)
@@ -210,7 +223,9 @@ def test_namespace_from_environment_and_missing_namespace(connect, store):
     store.update_status(1, KVPoll.Bootstrapping)
     assert invoke(connect, "get", "1", env={"KVSTATUS_NAMESPACE": NS}).exit_code == 0
     missing = invoke(connect, "get", "1")
-    assert_clean_failure(missing.output, missing.exit_code, 2, "no namespace: pass --namespace NAME or set KVSTATUS_NAMESPACE")
+    assert_clean_failure(
+        missing.output, missing.exit_code, 2, "no namespace: pass --namespace NAME or set KVSTATUS_NAMESPACE"
+    )
 
 
 def test_bad_url_is_a_usage_error_and_masks_the_password(connect):
@@ -233,8 +248,14 @@ def test_stats_counts_corrupted_rooms_and_goes_on(connect, store, server):
     text = cli(connect, "stats").output
     assert "CORRUPTED: 1 rooms hold values kvstatus does not write" in text
     listed = cli(connect, "ls", "--json")
-    assert_clean_failure(listed.output, listed.exit_code, 1, "warning: skipped room 2", "holds 'banana'",
-                         "1 rooms hold values kvstatus does not write")
+    assert_clean_failure(
+        listed.output,
+        listed.exit_code,
+        1,
+        "warning: skipped room 2",
+        "holds 'banana'",
+        "1 rooms hold values kvstatus does not write",
+    )
     assert [r["room"] for r in json_lines(listed.stdout)] == [1]
 
 

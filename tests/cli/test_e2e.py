@@ -9,9 +9,9 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import PROBE_PARTICIPANT
+from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import assert_clean_failure, json_lines, run_cli
 from tests.servers import RedisServer
-from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -28,16 +28,31 @@ def locked_server() -> Iterator[RedisServer]:
     """A redis-server with a password on the default user, and two ACL users for doctor."""
     with RedisServer(password=SECRET) as server:
         admin = server.client()
-        admin.execute_command("ACL", "SETUSER", "reader", "on", f">{SECRET}", "~kvstatus:*", "+@read", "+evalsha",
-                              "+ping", "+scan", "+script|load", "+client|setname", "+info")
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "reader",
+            "on",
+            f">{SECRET}",
+            "~kvstatus:*",
+            "+@read",
+            "+evalsha",
+            "+ping",
+            "+scan",
+            "+script|load",
+            "+client|setname",
+            "+info",
+        )
         admin.execute_command("ACL", "SETUSER", "noscan", "on", f">{SECRET}", "~kvstatus:*", "+@all", "-scan")
         admin.execute_command("ACL", "SETUSER", "nohgetall", "on", f">{SECRET}", "~kvstatus:*", "+@all", "-hgetall")
         yield server
 
 
 def test_lifecycle_through_the_cli(env: dict[str, str], redis_server: RedisServer) -> None:
-    assert run_cli("set", "42", "Bootstrapping", "-p", "prefill-0", env=env).stdout == \
-        "room 42 prefill-0: CREATED -> Bootstrapping(1)\n"
+    assert (
+        run_cli("set", "42", "Bootstrapping", "-p", "prefill-0", env=env).stdout
+        == "room 42 prefill-0: CREATED -> Bootstrapping(1)\n"
+    )
     assert "ADVANCED -> Transferring(3)" in run_cli("set", "42", "3", "-p", "prefill-0", env=env).stdout
     failed = run_cli("set", "42", "failed", "-p", "decode-0", env=env)
     assert "IGNORED_MISSING" in failed.stdout
@@ -74,8 +89,15 @@ def test_doctor_reports_a_read_only_user(locked_server: RedisServer) -> None:
     url = f"redis://reader:{SECRET}@{locked_server.host}:{locked_server.port}/0"
     result = run_cli("--url", url, "--namespace", "ro", "doctor")
     # issue 9 item 14: a read-only user with every read it needs passes (exit 0)
-    assert_clean_failure(result.stdout, result.returncode, 0, "read-only user: reads ok, writes refused",
-                         "update_status: NOPERM hset", "clear: NOPERM hdel", secrets=(SECRET,))
+    assert_clean_failure(
+        result.stdout,
+        result.returncode,
+        0,
+        "read-only user: reads ok, writes refused",
+        "update_status: NOPERM hset",
+        "clear: NOPERM hdel",
+        secrets=(SECRET,),
+    )
     assert "ok    connectivity" in result.stdout and "reader:***@" in result.stdout
 
 
@@ -103,23 +125,34 @@ def test_doctor_reports_every_check_when_a_read_is_refused(locked_server: RedisS
 def test_wrong_password_is_reported_without_the_password(locked_server: RedisServer) -> None:
     url = f"redis://default:wrong-{SECRET}@{locked_server.host}:{locked_server.port}/0"
     result = run_cli("--url", url, "--namespace", "ns", "get", "1")
-    assert_clean_failure(result.stderr, result.returncode, 1, "Redis refused the credentials", "password",
-                         secrets=(SECRET,))
+    assert_clean_failure(
+        result.stderr, result.returncode, 1, "Redis refused the credentials", "password", secrets=(SECRET,)
+    )
     assert SECRET not in result.stdout
 
 
 def test_unreachable_url_is_an_operational_error(redis_server: RedisServer) -> None:
     url = f"redis://admin:{SECRET}@127.0.0.1:1/0?socket_connect_timeout=0.5"
     result = run_cli("--url", url, "--namespace", "ns", "ls")
-    assert_clean_failure(result.stderr, result.returncode, 1, "Redis unavailable", "Connection refused",
-                         "kvstatus doctor", secrets=(SECRET,))
+    assert_clean_failure(
+        result.stderr,
+        result.returncode,
+        1,
+        "Redis unavailable",
+        "Connection refused",
+        "kvstatus doctor",
+        secrets=(SECRET,),
+    )
     doctor = run_cli("--url", url, "--namespace", "ns", "doctor")
     assert_clean_failure(doctor.stdout, doctor.returncode, 1, "fail  connectivity", secrets=(SECRET,))
 
 
 def test_bad_input_in_a_subprocess(env: dict[str, str]) -> None:
-    for args, needle in [(["get", "12x"], "invalid room '12x'"), (["set", "1", "finished"], "invalid status"),
-                         (["--namespace", "a b", "ls"], "invalid namespace 'a b'")]:
+    for args, needle in [
+        (["get", "12x"], "invalid room '12x'"),
+        (["set", "1", "finished"], "invalid status"),
+        (["--namespace", "a b", "ls"], "invalid namespace 'a b'"),
+    ]:
         result = run_cli(*args, env=env)
         assert_clean_failure(result.stderr, result.returncode, 2, needle)
 
@@ -138,9 +171,14 @@ def test_watch_exits_cleanly_on_ctrl_c(env: dict[str, str]) -> None:
 
     environment = {**{k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}, **env}
     # A shell that starts jobs in the background hands them SIGINT ignored; an operator's terminal does not.
-    proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", "watch", "--interval", "0.2"], env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvstatus.cli", "watch", "--interval", "0.2"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert proc.stdout.readline().startswith("kvstatus watch  namespace cli-")
         proc.send_signal(signal.SIGINT)

@@ -17,16 +17,15 @@ import click
 import fakeredis
 import pytest
 
-from kvstatus import KVPoll, StatusStore
+from kvstatus import KVPoll, StatusStore, connection
 from kvstatus.admin.acl import acl_rules
 from kvstatus.cli import main
-from kvstatus import connection
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
 from kvstatus.errors import InvalidURLError
-from tests.helpers.cli import invoke, json_lines
-from tests.servers import RedisServer
 from tests.helpers.backends import fresh_namespace
+from tests.helpers.cli import invoke, json_lines
 from tests.helpers.tiers import require_redis_server
+from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = {p: p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
@@ -58,6 +57,7 @@ def cli(connect, *args: str, **kwargs):
 
 # ---------------------------------------------------------------- item 11: which server, said on stderr
 
+
 def test_without_a_url_the_cli_says_which_server_it_uses_on_stderr(connect_fake) -> None:
     result = cli(connect_fake, "get", "1", env={"KVSTATUS_URL": None})
     assert f"no --url or KVSTATUS_URL given, using {DEFAULT_URL}" in result.stderr
@@ -69,6 +69,7 @@ def test_without_a_url_the_cli_says_which_server_it_uses_on_stderr(connect_fake)
 
 
 # ---------------------------------------------------------------- item 13: stats exit codes
+
 
 def test_stats_exits_3_on_keys_without_ttl_and_on_corrupted_values(connect_fake, store, server) -> None:
     store.update_status(1, KVPoll.Bootstrapping)
@@ -102,31 +103,41 @@ def real_server() -> Iterator[RedisServer]:
         # runs the functions recipe).
         dashboard = acl_rules(NS, read_only=True, password=SECRET, scripts="eval")
         admin.execute_command("ACL", "SETUSER", "dashboard", *dashboard)
-        admin.execute_command("ACL", "SETUSER", "dashboard-noscan", *dashboard,
-                              "-scan")
+        admin.execute_command("ACL", "SETUSER", "dashboard-noscan", *dashboard, "-scan")
         yield started
 
 
 def _sh(script: str, real_server: RedisServer, namespace: str, user: str = "default") -> subprocess.CompletedProcess:
-    env = {"KVSTATUS_URL": f"redis://{user}:{SECRET}@{real_server.host}:{real_server.port}/0",
-           "KVSTATUS_NAMESPACE": namespace, **CHECKOUT_ENV}
-    return subprocess.run(["bash", "-c", "set -e\n" + script + "\necho reached-the-end"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        "KVSTATUS_URL": f"redis://{user}:{SECRET}@{real_server.host}:{real_server.port}/0",
+        "KVSTATUS_NAMESPACE": namespace,
+        **CHECKOUT_ENV,
+    }
+    return subprocess.run(
+        ["bash", "-c", "set -e\n" + script + "\necho reached-the-end"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("command, code", [
-    ("kvstatus set 5 bootstrapping -p prefill-0", 0),
-    ("kvstatus get 5", 0),
-    ("kvstatus get 99", 1),                       # not found
-    ("kvstatus set 5 finished", 2),               # usage
-    ("kvstatus set 5 1 --ttl 0", 2),
-    ("kvstatus --url redis://127.0.0.1:1/0?retries=0 get 5", 1),  # unreachable
-    ("kvstatus stats", 0),
-    ("kvstatus doctor", 0),
-    ("kvstatus ls -n 1", 0),
-    ("kvstatus watch --count 1 --interval 0.1", 0),
-])
+@pytest.mark.parametrize(
+    "command, code",
+    [
+        ("kvstatus set 5 bootstrapping -p prefill-0", 0),
+        ("kvstatus get 5", 0),
+        ("kvstatus get 99", 1),  # not found
+        ("kvstatus set 5 finished", 2),  # usage
+        ("kvstatus set 5 1 --ttl 0", 2),
+        ("kvstatus --url redis://127.0.0.1:1/0?retries=0 get 5", 1),  # unreachable
+        ("kvstatus stats", 0),
+        ("kvstatus doctor", 0),
+        ("kvstatus ls -n 1", 0),
+        ("kvstatus watch --count 1 --interval 0.1", 0),
+    ],
+)
 def test_exit_codes_as_a_set_e_script_sees_them(real_server: RedisServer, command: str, code: int) -> None:
     namespace = fresh_namespace("sh")
     done = _sh(f"kvstatus set 5 bootstrapping >/dev/null\n{command} >/dev/null", real_server, namespace)
@@ -146,6 +157,7 @@ def test_cron_stats_alerts_on_a_leak(real_server: RedisServer) -> None:
 
 # ---------------------------------------------------------------- item 14: doctor and the read-only user
 
+
 @pytest.mark.real
 def test_doctor_passes_for_the_readme_read_only_user(real_server: RedisServer) -> None:
     done = _sh("kvstatus doctor", real_server, NS, user="dashboard")
@@ -163,10 +175,12 @@ def test_doctor_fails_for_a_read_only_user_missing_a_read(real_server: RedisServ
 
 # ---------------------------------------------------------------- item 16: the smaller defects
 
+
 def test_dev_works_by_a_relative_path_from_another_directory() -> None:
     relative = (ROOT / "dev").relative_to("/")
-    done = subprocess.run(["bash", "-c", f"cd / && {relative} no-such-command"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", f"cd / && {relative} no-such-command"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "./dev demo" in done.stderr and "sed:" not in done.stderr, done.stderr
 
@@ -176,8 +190,17 @@ def test_ls_participant_help_says_what_ls_does() -> None:
     assert "shared 'default' entry" not in text and "default: every participant" in text
 
 
-@pytest.mark.parametrize("args", [["set", "7", "success", "--reason", "x"], ["set", "7", "1", "--ttl", "0"],
-                                  ["doctor", "--ttl", "-1"], ["get", "-5"], ["clear", "-5"], ["set", "-5", "1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["set", "7", "success", "--reason", "x"],
+        ["set", "7", "1", "--ttl", "0"],
+        ["doctor", "--ttl", "-1"],
+        ["get", "-5"],
+        ["clear", "-5"],
+        ["set", "-5", "1"],
+    ],
+)
 def test_usage_errors_print_the_usage_of_their_command(connect_fake, args: list[str]) -> None:
     result = cli(connect_fake, *args)
     assert result.exit_code == 2
@@ -267,8 +290,18 @@ def test_every_connection_option_is_a_url_option() -> None:
     assert connection.options_for("redis://h/0?retries=2", retries=7).retries == 2  # the URL wins
 
 
-@pytest.mark.parametrize("query", ["retries=-1", "retries=x", "socket_timeout=0", "socket_timeout=nan",
-                                   "backoff_cap=-1", "health_check_interval=-5", "nope=1"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "retries=-1",
+        "retries=x",
+        "socket_timeout=0",
+        "socket_timeout=nan",
+        "backoff_cap=-1",
+        "health_check_interval=-5",
+        "nope=1",
+    ],
+)
 def test_bad_connection_options_in_a_url_are_refused(query: str) -> None:
     with pytest.raises(InvalidURLError):
         connection.options_for(f"redis://127.0.0.1:1/0?{query}")
@@ -294,8 +327,22 @@ def test_license_changelog_and_typing_marker() -> None:
 
 @pytest.mark.slow
 def test_wheel_ships_py_typed_and_the_license(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        timeout=300,
+    )
     (built,) = tmp_path.glob("kvstatus-*.whl")
     names = zipfile.ZipFile(built).namelist()
     assert "kvstatus/py.typed" in names
@@ -308,10 +355,20 @@ def test_version_and_completion_work_and_are_in_the_readme() -> None:
     assert "kvstatus --version" in CLI_GUIDE and "_KVSTATUS_COMPLETE=bash_source kvstatus" in CLI_GUIDE
     env = CHECKOUT_ENV
     for shell in ("bash", "zsh", "fish"):
-        script = subprocess.run(["kvstatus"], env={**env, "_KVSTATUS_COMPLETE": f"{shell}_source"},
-                                capture_output=True, text=True, timeout=60)
+        script = subprocess.run(
+            ["kvstatus"],
+            env={**env, "_KVSTATUS_COMPLETE": f"{shell}_source"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert script.returncode == 0 and "_KVSTATUS_COMPLETE" in script.stdout, (shell, script.stderr)
-    words = subprocess.run(["kvstatus"], env={**env, "_KVSTATUS_COMPLETE": "bash_complete", "COMP_WORDS": "kvstatus st",
-                                              "COMP_CWORD": "1"}, capture_output=True, text=True, timeout=60)
+    words = subprocess.run(
+        ["kvstatus"],
+        env={**env, "_KVSTATUS_COMPLETE": "bash_complete", "COMP_WORDS": "kvstatus st", "COMP_CWORD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "plain,stats" in words.stdout.splitlines()
     assert isinstance(main, click.Group)

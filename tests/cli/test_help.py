@@ -25,8 +25,23 @@ def options(command: click.Command) -> list[click.Option]:
 
 
 def test_there_are_the_commands_of_the_issue() -> None:
-    assert COMMANDS == ["acl", "clear", "demo", "doctor", "explain", "exporter", "functions", "get", "ls",
-                        "participants", "serve", "set", "stats", "sweep", "watch"]
+    assert COMMANDS == [
+        "acl",
+        "clear",
+        "demo",
+        "doctor",
+        "explain",
+        "exporter",
+        "functions",
+        "get",
+        "ls",
+        "participants",
+        "serve",
+        "set",
+        "stats",
+        "sweep",
+        "watch",
+    ]
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -67,6 +82,10 @@ def test_readme_shows_output_of_every_command() -> None:
     for name in COMMANDS:
         # demo, watch, exporter and serve cannot be replayed as pasted (timing, concurrent writers, servers): their output is a text block
         # introduced by the command; every other command is in the console transcript tests/test_readme.py runs.
-        prefix = {"demo": "`./dev demo`", "watch": "`kvstatus watch --count", "exporter": "`kvstatus exporter ",
-                  "serve": "`kvstatus serve "}.get(name, f"$ kvstatus {name}")
+        prefix = {
+            "demo": "`./dev demo`",
+            "watch": "`kvstatus watch --count",
+            "exporter": "`kvstatus exporter ",
+            "serve": "`kvstatus serve ",
+        }.get(name, f"$ kvstatus {name}")
         assert prefix in section, name

@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 
 from kvstatus import AsyncStatusStore, StatusStore
-from kvstatus.url import MAX_DB, ConnectionOptions
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
+from kvstatus.url import MAX_DB, ConnectionOptions
 from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer
 
@@ -21,10 +21,17 @@ CHECKOUT_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONP
 
 # Each value raised OverflowError (or reached Redis as a nonsense SELECT) before the fix.
 OUT_OF_RANGE = [
-    ("socket_timeout", "1e300"), ("socket_timeout", "1e20"), ("socket_connect_timeout", "1e300"),
-    ("deadline", "1e300"), ("retries", "1024"), ("retries", "100000000000000000000"),
-    ("backoff_base", "1e300"), ("backoff_cap", "1e300"), ("health_check_interval", "10" + "0" * 400),
-    ("max_connections", "100000000000000000000"), ("db", str(MAX_DB + 1)),
+    ("socket_timeout", "1e300"),
+    ("socket_timeout", "1e20"),
+    ("socket_connect_timeout", "1e300"),
+    ("deadline", "1e300"),
+    ("retries", "1024"),
+    ("retries", "100000000000000000000"),
+    ("backoff_base", "1e300"),
+    ("backoff_cap", "1e300"),
+    ("health_check_interval", "10" + "0" * 400),
+    ("max_connections", "100000000000000000000"),
+    ("db", str(MAX_DB + 1)),
 ]
 
 
@@ -59,7 +66,14 @@ def test_out_of_range_options_are_refused_by_the_library_sync_and_async(option: 
 
 
 def test_the_largest_accepted_values_still_build_a_client() -> None:
-    top = ConnectionOptions(socket_timeout=86_400, socket_connect_timeout=86_400, deadline=86_400, retries=100,
-                            backoff_base=3_600, backoff_cap=3_600, health_check_interval=86_400)
+    top = ConnectionOptions(
+        socket_timeout=86_400,
+        socket_connect_timeout=86_400,
+        deadline=86_400,
+        retries=100,
+        backoff_base=3_600,
+        backoff_cap=3_600,
+        health_check_interval=86_400,
+    )
     assert top.retry_budget() == 100 * 3_600  # the backoff arithmetic stays finite
     StatusStore.from_url(f"redis://127.0.0.1:1/{MAX_DB}?retries=100&socket_timeout=86400", namespace="ns")

@@ -58,6 +58,7 @@ def cli(connect: Any, *args: str, namespace: str = NS) -> Any:
 
 # ---------------------------------------------------------------- a mistyped namespace
 
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_ls_of_an_empty_namespace_says_so_on_stderr_and_exits_0(server, connect_fake, as_json: bool) -> None:
     _store(server).update_status(1, B)
@@ -79,6 +80,7 @@ def test_stats_of_an_empty_namespace_says_so(server, connect_fake) -> None:
 
 
 # ---------------------------------------------------------------- stats: rooms stuck on a lost participant
+
 
 def test_stats_exits_4_on_stuck_rooms_and_3_wins_over_it(server, connect_fake) -> None:
     dead = _store(server, participant="dead-0", lease_ttl=3)
@@ -103,6 +105,7 @@ def test_the_exit_codes_are_in_the_help() -> None:
 
 
 # ---------------------------------------------------------------- sweep -p NAME
+
 
 def test_sweep_of_a_named_participant_without_a_lease_says_so_and_names_the_lost_one(server, connect_fake) -> None:
     _store(server, participant="dead-0", lease_ttl=3).update_status(1, T)
@@ -130,6 +133,7 @@ def test_sweep_with_nothing_lost_still_says_so(server, connect_fake) -> None:
 
 # ---------------------------------------------------------------- as a script and cron see it (real Redis)
 
+
 @pytest.fixture(scope="module")
 def real_server() -> Iterator[RedisServer]:
     require_redis_server()
@@ -141,12 +145,21 @@ def real_server() -> Iterator[RedisServer]:
         yield started
 
 
-def _sh(real_server: RedisServer, script: str, namespace: str, user: str = "default",
-        query: str = "") -> subprocess.CompletedProcess:
-    env = {"KVSTATUS_URL": f"redis://{user}:{SECRET}@{real_server.host}:{real_server.port}/0{query}",
-           "KVSTATUS_NAMESPACE": namespace, **CHECKOUT_ENV}
-    return subprocess.run(["bash", "-c", "set -e\n" + script + "\necho reached-the-end"], env=env,
-                          capture_output=True, text=True, timeout=120)
+def _sh(
+    real_server: RedisServer, script: str, namespace: str, user: str = "default", query: str = ""
+) -> subprocess.CompletedProcess:
+    env = {
+        "KVSTATUS_URL": f"redis://{user}:{SECRET}@{real_server.host}:{real_server.port}/0{query}",
+        "KVSTATUS_NAMESPACE": namespace,
+        **CHECKOUT_ENV,
+    }
+    return subprocess.run(
+        ["bash", "-c", "set -e\n" + script + "\necho reached-the-end"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.real

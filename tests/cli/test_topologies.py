@@ -11,9 +11,9 @@ from click.testing import Result
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.connection import connect
+from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import assert_clean_failure, invoke, json_lines
 from tests.servers import RedisClusterServers, RedisServer
-from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -31,8 +31,10 @@ def test_ls_stats_watch_and_doctor_cover_every_cluster_primary(redis_cluster: Re
     with StatusStore.from_url(redis_cluster.url, namespace=namespace, participant="prefill-0") as store:
         store.update_many({room: KVPoll.Transferring for room in range(300)})
         store.update_many({room: KVPoll.Failed for room in range(0, 300, 3)})
-        per_primary = [sum(1 for _ in node.scan_iter(match=store.schema.scan_pattern))
-                       for node in (store.client.get_redis_connection(n) for n in store.client.get_primaries())]
+        per_primary = [
+            sum(1 for _ in node.scan_iter(match=store.schema.scan_pattern))
+            for node in (store.client.get_redis_connection(n) for n in store.client.get_primaries())
+        ]
     assert len(per_primary) == 3 and all(per_primary)
     listed = json_lines(_cli(redis_cluster.url, namespace, "ls", "--json", "--batch", "50").output)
     assert sorted(row["room"] for row in listed) == list(range(300))
@@ -52,8 +54,9 @@ def acl_server() -> Iterator[RedisServer]:
     with RedisServer(password=ADMIN) as server:
         with server.client() as admin:
             admin.execute_command("ACL", "SETUSER", "worker", *acl_rules("prod-a", password=SECRET, scripts="eval"))
-            admin.execute_command("ACL", "SETUSER", "dashboard", *acl_rules("prod-a", read_only=True, password=SECRET,
-                                                                              scripts="eval"))
+            admin.execute_command(
+                "ACL", "SETUSER", "dashboard", *acl_rules("prod-a", read_only=True, password=SECRET, scripts="eval")
+            )
             no_hset = [rule for rule in acl_rules("prod-a", password=SECRET, scripts="eval") if rule != "+hset"]
             admin.execute_command("ACL", "SETUSER", "no-hset", *no_hset)
         yield server

@@ -9,8 +9,8 @@ import pytest
 from redis.cluster import key_slot
 
 from kvstatus import AsyncStatusStore, KVPoll, Outcome, StatusStore, apply_rule, scripts
-from tests.servers import RedisClusterServers
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisClusterServers
 
 pytestmark = pytest.mark.real
 
@@ -24,7 +24,7 @@ def namespace(redis_cluster: RedisClusterServers) -> Iterator[str]:
     with redis_cluster.client() as client:
         keys = list(client.scan_iter(match=f"kvstatus:{name}:*", count=1000))
         for start in range(0, len(keys), 1000):
-            client.delete(*keys[start:start + 1000])
+            client.delete(*keys[start : start + 1000])
 
 
 def _rooms_per_master(cluster: RedisClusterServers, store: StatusStore) -> dict[int, int]:

@@ -16,8 +16,8 @@ from kvstatus import (
     Outcome,
     StatusStore,
 )
-from tests.servers import RedisServer, free_port, make_tls_files
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer, free_port, make_tls_files
 
 SECRET = "s3cr3t-Pa55"
 

@@ -119,11 +119,13 @@ def test_a_longer_ttl_extends_and_the_same_ttl_refreshes(backend: Backend) -> No
 def test_a_room_key_without_ttl_gets_one_from_every_script(backend: Backend) -> None:
     store = backend.store(participant="p0", ttl=60)
     key = store.schema.room_key(5)
-    for write in (lambda: store.update_status(5, KVPoll.Bootstrapping),
-                  lambda: store.update_many({5: KVPoll.Transferring}),
-                  lambda: store.update_status(5, KVPoll.Transferring),
-                  lambda: store.update_status(5, KVPoll.Failed),
-                  lambda: store.record_failure(5, "lost")):
+    for write in (
+        lambda: store.update_status(5, KVPoll.Bootstrapping),
+        lambda: store.update_many({5: KVPoll.Transferring}),
+        lambda: store.update_status(5, KVPoll.Transferring),
+        lambda: store.update_status(5, KVPoll.Failed),
+        lambda: store.record_failure(5, "lost"),
+    ):
         if backend.raw.exists(key):
             backend.raw.persist(key)  # e.g. left by an admin's PERSIST; kvstatus never leaves a key without TTL
         else:
@@ -150,8 +152,16 @@ def test_a_reason_that_is_no_utf8_is_refused_before_anything_is_sent(backend: Ba
 
 def test_cli_set_refuses_a_reason_that_is_no_utf8_before_writing_anything() -> None:
     server = fakeredis.FakeServer()
-    result = invoke(lambda url: fakeredis.FakeRedis(server=server), "--namespace", "ns", "set", "1", "failed",
-                    "--reason", "bad \udcff\udcfe")  # what click passes for the bytes b"bad \xff\xfe"
+    result = invoke(
+        lambda url: fakeredis.FakeRedis(server=server),
+        "--namespace",
+        "ns",
+        "set",
+        "1",
+        "failed",
+        "--reason",
+        "bad \udcff\udcfe",
+    )  # what click passes for the bytes b"bad \xff\xfe"
     assert_clean_failure(result.output, result.exit_code, 2, "reason", "UTF-8")
     assert fakeredis.FakeRedis(server=server).keys("*") == []
 
@@ -165,8 +175,23 @@ def test_cli_set_with_invalid_utf8_bytes_in_argv_exits_2_and_writes_nothing(redi
         client.delete("kvstatus:bytes-ns:{1}")
         client.hset("kvstatus:bytes-ns:{1}", "default", "3")
         client.pexpire("kvstatus:bytes-ns:{1}", 60_000)
-        proc = subprocess.run([sys.executable, "-m", "kvstatus.cli", "--url", redis_server.url, "--namespace",
-                               "bytes-ns", "set", "1", "failed", "--reason", b"bad \xff\xfe"], capture_output=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvstatus.cli",
+                "--url",
+                redis_server.url,
+                "--namespace",
+                "bytes-ns",
+                "set",
+                "1",
+                "failed",
+                "--reason",
+                b"bad \xff\xfe",
+            ],
+            capture_output=True,
+        )
         output = (proc.stdout + proc.stderr).decode("utf-8", "replace")
         assert_clean_failure(output, proc.returncode, 2, "reason", "UTF-8")
         assert client.hgetall("kvstatus:bytes-ns:{1}") == {b"default": b"3"}  # not Failed, no reason
@@ -181,13 +206,16 @@ def test_outcome_of_a_valid_reason_is_unchanged() -> None:
 # The class of item 8: every other string that reaches Redis (names are checked by kvstatus.keys.validate_name).
 
 
-@pytest.mark.parametrize("url", [
-    "redis://u:pa\udcffss@localhost:6379/0",  # undecodable bytes in argv or the environment
-    "redis://u:pa%FFss@localhost:6379/0",  # percent-encoded bytes that are no UTF-8
-    "redis://localhost:6379/0?client_name=a\udcffb",
-    "redis://localhost:6379/0?client_name=two%20words",  # Redis refuses it only at CLIENT SETNAME
-    "redis+sentinel://localhost:26379/svc%FF",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://u:pa\udcffss@localhost:6379/0",  # undecodable bytes in argv or the environment
+        "redis://u:pa%FFss@localhost:6379/0",  # percent-encoded bytes that are no UTF-8
+        "redis://localhost:6379/0?client_name=a\udcffb",
+        "redis://localhost:6379/0?client_name=two%20words",  # Redis refuses it only at CLIENT SETNAME
+        "redis+sentinel://localhost:26379/svc%FF",
+    ],
+)
 def test_a_url_string_that_redis_cannot_be_sent_is_refused_when_parsed(url: str) -> None:
     from kvstatus.connection import parse_url
 
@@ -210,8 +238,20 @@ def test_cli_refuses_a_url_with_bytes_that_are_no_utf8_with_exit_2() -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "kvstatus.cli", "--url", b"redis://u:s3cr\xffet@127.0.0.1:1/0",
-                           "--namespace", "ns", "get", "1"], capture_output=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvstatus.cli",
+            "--url",
+            b"redis://u:s3cr\xffet@127.0.0.1:1/0",
+            "--namespace",
+            "ns",
+            "get",
+            "1",
+        ],
+        capture_output=True,
+    )
     output = (proc.stdout + proc.stderr).decode("utf-8", "replace")
     assert_clean_failure(output, proc.returncode, 2, "UTF-8", secrets=("s3cr",))
 

@@ -47,7 +47,10 @@ def test_the_calls_are_fcall_and_fcall_ro() -> None:
     assert core.update_status(1, 1).calls[0].args[:3] == ("FCALL", scripts.function_name(scripts.UPDATE), 1)
     # Every other request goes out through as_functions, whatever built it (the store's send loop calls it).
     assert as_functions(core.get_many([1, 2])).calls[0].args[:3] == (
-        "FCALL_RO", scripts.function_name(scripts.GET_MANY), 2)
+        "FCALL_RO",
+        scripts.function_name(scripts.GET_MANY),
+        2,
+    )
     assert as_functions(core.record_failure(1, "x")).calls[0].args[0] == "FCALL"
     assert as_functions(core.room(1)).calls[0].args[:2] == ("FCALL_RO", scripts.function_name(scripts.ROOM))
     assert as_functions(core.clear(1)).calls[0].args[:2] == ("FCALL", scripts.function_name(scripts.CLEAR))

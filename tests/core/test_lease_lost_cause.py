@@ -55,8 +55,9 @@ def test_a_redis_restart_without_persistence_says_the_record_is_gone() -> None:
     """The report's own scenario: a real restart, nothing saved."""
     server = RedisServer(extra_args=["--save", "", "--appendonly", "no"]).start()
     try:
-        store = StatusStore.from_url(server.url, namespace=fresh_namespace("lease"), participant="prefill-0",
-                                     lease_ttl=3)
+        store = StatusStore.from_url(
+            server.url, namespace=fresh_namespace("lease"), participant="prefill-0", lease_ttl=3
+        )
         store.update_status(1, T)
         server.restart()
         with pytest.raises(LeaseLostError) as lost:

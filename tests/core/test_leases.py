@@ -170,8 +170,10 @@ def test_the_sync_keeper_renews_in_the_background_within_the_budget(redis_server
     assert lease.held and 3 <= lease.renewals <= elapsed / 1.0 + 1  # one renewal per ttl/3 = 1 s, at most 1/s
     assert store.update_status(1, B).status is B  # no synchronous renewal was needed, nor lost
     store.close()
-    assert {i.participant: i.state for i in list_leases(store.client.__class__.from_url(redis_server.url),
-                                                         KeySchema(store.namespace))} == {"p": "released"}
+    assert {
+        i.participant: i.state
+        for i in list_leases(store.client.__class__.from_url(redis_server.url), KeySchema(store.namespace))
+    } == {"p": "released"}
 
 
 def test_the_async_keeper_renews_in_a_task_and_releases_on_close() -> None:
@@ -179,8 +181,9 @@ def test_the_async_keeper_renews_in_a_task_and_releases_on_close() -> None:
     namespace = fresh_namespace("alease")
 
     async def main() -> tuple[int, bool]:
-        store = AsyncStatusStore(fakeredis.aioredis.FakeRedis(server=server), namespace=namespace,
-                                 participant="decode-0", lease_ttl=3)
+        store = AsyncStatusStore(
+            fakeredis.aioredis.FakeRedis(server=server), namespace=namespace, participant="decode-0", lease_ttl=3
+        )
         await store.update_status(1, B)
         await asyncio.sleep(2.3)
         renewals, held = store.lease.renewals, store.lease.held
@@ -189,8 +192,9 @@ def test_the_async_keeper_renews_in_a_task_and_releases_on_close() -> None:
 
     renewals, held = asyncio.run(main())
     assert held and 2 <= renewals <= 3
-    assert {i.participant: i.state for i in list_leases(fakeredis.FakeRedis(server=server),
-                                                         KeySchema(namespace))} == {"decode-0": "released"}
+    assert {i.participant: i.state for i in list_leases(fakeredis.FakeRedis(server=server), KeySchema(namespace))} == {
+        "decode-0": "released"
+    }
 
 
 def test_the_lease_listing_judges_by_whole_ms_as_the_consensus_script_does() -> None:

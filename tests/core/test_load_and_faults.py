@@ -77,7 +77,8 @@ def test_500_concurrent_async_calls_queue_for_a_connection(topology_url: str) ->
         try:
             results = await asyncio.gather(
                 *(store.update_many({i * 10 + k: KVPoll.Bootstrapping for k in range(10)}) for i in range(500)),
-                return_exceptions=True)
+                return_exceptions=True,
+            )
             assert await store.get_many(range(5000)) == {room: KVPoll.Bootstrapping for room in range(5000)}
         finally:
             await store.close()
@@ -152,13 +153,15 @@ def test_a_call_that_finds_the_pool_busy_until_its_deadline_says_so(asynchronous
         long = ConnectionOptions(deadline=5.0)
         short = ConnectionOptions(deadline=0.5)
         if asynchronous:
+
             async def run() -> tuple[list[Any], BaseException, float]:
                 client = connect_async(server.url, max_connections=2)
                 holders = [AsyncStatusStore(client, namespace=namespace, options=long) for _ in range(2)]
                 waiter = AsyncStatusStore(client, namespace=namespace, options=short)
                 with _paused(server, 1.5):
-                    held = [asyncio.ensure_future(h.update_status(i, KVPoll.Bootstrapping))
-                            for i, h in enumerate(holders)]
+                    held = [
+                        asyncio.ensure_future(h.update_status(i, KVPoll.Bootstrapping)) for i, h in enumerate(holders)
+                    ]
                     await asyncio.sleep(0.1)
                     started = time.monotonic()
                     with pytest.raises(PoolExhaustedError) as caught:
@@ -204,8 +207,9 @@ def test_a_cluster_store_queues_past_max_connections(redis_cluster: RedisCluster
     async def run() -> list[BaseException]:
         store = AsyncStatusStore.from_url(redis_cluster.url, namespace=fresh_namespace("cgate"), max_connections=3)
         try:
-            results = await asyncio.gather(*(store.update_status(i, KVPoll.Bootstrapping) for i in range(100)),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(store.update_status(i, KVPoll.Bootstrapping) for i in range(100)), return_exceptions=True
+            )
         finally:
             await store.close()
         return [r for r in results if isinstance(r, BaseException)]
@@ -279,8 +283,10 @@ def test_a_deadline_shorter_than_the_socket_timeout_bounds_each_wait(asynchronou
         if asynchronous:
             loop = asyncio.new_event_loop()
             store: Any = AsyncStatusStore.from_url(server.url, namespace=namespace, **options)
-            calls = [lambda: loop.run_until_complete(store.update_many({1: 1, 2: 1})),
-                     lambda: loop.run_until_complete(store.get_many([1, 2]))]
+            calls = [
+                lambda: loop.run_until_complete(store.update_many({1: 1, 2: 1})),
+                lambda: loop.run_until_complete(store.get_many([1, 2])),
+            ]
         else:
             store = StatusStore.from_url(server.url, namespace=namespace, **options)
             calls = [lambda: store.update_many({1: 1, 2: 1}), lambda: store.get_many([1, 2])]
@@ -362,13 +368,20 @@ def test_batches_of_several_chunks_apply_the_rule_room_by_room(backend: Backend)
     results = store.update_many({room: KVPoll.Bootstrapping if room % 2 else KVPoll.Failed for room in rooms})
     assert len(results) == len(rooms)
     for room in rooms:
-        expected = (Outcome.FAILED if room % 2 == 0 else Outcome.UNCHANGED) if room % 3 == 0 \
+        expected = (
+            (Outcome.FAILED if room % 2 == 0 else Outcome.UNCHANGED)
+            if room % 3 == 0
             else (Outcome.IGNORED_MISSING if room % 2 == 0 else Outcome.CREATED)
+        )
         assert results[room].outcome is expected, room
     statuses = store.get_many(rooms)
     assert list(statuses) == list(rooms)
-    assert statuses == {room: (KVPoll.Failed if room % 2 == 0 else KVPoll.Transferring) if room % 3 == 0
-                        else (None if room % 2 == 0 else KVPoll.Bootstrapping) for room in rooms}
+    assert statuses == {
+        room: (KVPoll.Failed if room % 2 == 0 else KVPoll.Transferring)
+        if room % 3 == 0
+        else (None if room % 2 == 0 else KVPoll.Bootstrapping)
+        for room in rooms
+    }
     assert backend.keys_without_ttl() == []
 
 
@@ -460,9 +473,13 @@ def test_a_poll_is_not_stalled_by_client_pause_write(asynchronous: bool) -> None
         run(store.get_many(range(10)))  # the scripts are cached on the server (a first EVALSHA is not)
         run(store.room(1))
         server.client().execute_command("CLIENT", "PAUSE", 3000, "WRITE")
-        for read in (lambda: store.get_many(range(10)), lambda: store.get(1), lambda: store.room(1),
-                     lambda: store.get_many(range(2 * CHUNK_ROOMS))):
-            took, error = _timed(lambda: run(read()))
+        for read in (
+            lambda: store.get_many(range(10)),
+            lambda: store.get(1),
+            lambda: store.room(1),
+            lambda: store.get_many(range(2 * CHUNK_ROOMS)),
+        ):
+            took, error = _timed(lambda: run(read()))  # noqa: B023 - used at once, in this iteration
             assert error is None and took < 1.0, (took, error)
         took, error = _timed(lambda: run(store.update_status(1, KVPoll.Transferring)))
         assert error is None and took > 1.0  # the pause does hold writes: the test can tell

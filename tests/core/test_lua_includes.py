@@ -36,8 +36,12 @@ def test_every_include_is_spliced_with_the_lib_text() -> None:
             assert textwrap.indent(LIBS[lib].rstrip("\n"), indent) in script.source, (script.name, lib)
             assert script.source.count(f"-- >>> lua/lib/{lib}.lua") == 1
         # Outside the spliced parts, the source is the file's own text, line for line.
-        own = re.sub(r"^([ \t]*)-- >>> lua/lib/(\w+)\.lua.*?^[ \t]*-- <<< lua/lib/\2\.lua$",
-                     lambda m: f"{m.group(1)}-- @include {m.group(2)}", script.source, flags=re.M | re.S)
+        own = re.sub(
+            r"^([ \t]*)-- >>> lua/lib/(\w+)\.lua.*?^[ \t]*-- <<< lua/lib/\2\.lua$",
+            lambda m: f"{m.group(1)}-- @include {m.group(2)}",
+            script.source,
+            flags=re.M | re.S,
+        )
         assert own == FILES[script.name]
         used |= {lib for _, lib in includes}
     assert used == set(LIBS), f"lib files no script includes: {set(LIBS) - used}"
@@ -76,41 +80,64 @@ def test_a_missing_include_names_the_file(tmp_path: Path, monkeypatch: pytest.Mo
         scripts._load("x")
 
 
-@pytest.mark.parametrize("files, error", [
-    ({"x.lua": "-- @include a\n", "lib/a.lua": "-- @include b\n", "lib/b.lua": "local B = 1\n"},
-     r"lua/lib/a\.lua \(included by lua/x\.lua line 1\) has an @include of its own"),
-    ({"x.lua": "-- @include a\n-- @include a\n", "lib/a.lua": "local A = 1\n"},
-     r"lua/x\.lua line 2: lua/lib/a\.lua is included twice"),
-    ({"x.lua": '-- @include "a"\n', "lib/a.lua": "local A = 1\n"}, r"lua/x\.lua line 1: expected '-- @include NAME'"),
-    ({"x.lua": "--@include ../a\n", "lib/a.lua": "local A = 1\n"}, r"lua/x\.lua line 1: expected '-- @include NAME'"),
-])
+@pytest.mark.parametrize(
+    "files, error",
+    [
+        (
+            {"x.lua": "-- @include a\n", "lib/a.lua": "-- @include b\n", "lib/b.lua": "local B = 1\n"},
+            r"lua/lib/a\.lua \(included by lua/x\.lua line 1\) has an @include of its own",
+        ),
+        (
+            {"x.lua": "-- @include a\n-- @include a\n", "lib/a.lua": "local A = 1\n"},
+            r"lua/x\.lua line 2: lua/lib/a\.lua is included twice",
+        ),
+        (
+            {"x.lua": '-- @include "a"\n', "lib/a.lua": "local A = 1\n"},
+            r"lua/x\.lua line 1: expected '-- @include NAME'",
+        ),
+        (
+            {"x.lua": "--@include ../a\n", "lib/a.lua": "local A = 1\n"},
+            r"lua/x\.lua line 1: expected '-- @include NAME'",
+        ),
+    ],
+)
 def test_nested_repeated_and_malformed_includes_are_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str], error: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str], error: str
+) -> None:
     _lua_dir(tmp_path, monkeypatch, files)
     with pytest.raises(LuaIncludeError, match=error):
         scripts._load("x")
 
 
 def test_an_include_is_spliced_where_it_stands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _lua_dir(tmp_path, monkeypatch, {"x.lua": "#!lua flags=no-writes\nlocal A = 1\n-- @include b\nreturn A + B\n",
-                                     "lib/b.lua": "local B = 2\n"})
+    _lua_dir(
+        tmp_path,
+        monkeypatch,
+        {"x.lua": "#!lua flags=no-writes\nlocal A = 1\n-- @include b\nreturn A + B\n", "lib/b.lua": "local B = 2\n"},
+    )
     script = scripts._load("x")
-    assert script.source == ("#!lua flags=no-writes\nlocal A = 1\n-- >>> lua/lib/b.lua (-- @include b)\nlocal B = 2\n"
-                             "-- <<< lua/lib/b.lua\nreturn A + B\n")
+    assert script.source == (
+        "#!lua flags=no-writes\nlocal A = 1\n-- >>> lua/lib/b.lua (-- @include b)\nlocal B = 2\n"
+        "-- <<< lua/lib/b.lua\nreturn A + B\n"
+    )
     assert script.read_only and script.sha == hashlib.sha1(script.source.encode()).hexdigest()
 
 
 def test_an_indented_include_is_spliced_with_its_indentation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside a block, the lib's locals are defined only when the block runs (update.lua's key checks)."""
-    _lua_dir(tmp_path, monkeypatch, {"x.lua": "if #KEYS > 1 then\n  -- @include b\n  return B\nend\n",
-                                     "lib/b.lua": "local B = 2\n\nlocal C = 3\n"})
-    assert scripts._load("x").source == ("if #KEYS > 1 then\n  -- >>> lua/lib/b.lua (-- @include b)\n  local B = 2\n\n"
-                                         "  local C = 3\n  -- <<< lua/lib/b.lua\n  return B\nend\n")
+    _lua_dir(
+        tmp_path,
+        monkeypatch,
+        {"x.lua": "if #KEYS > 1 then\n  -- @include b\n  return B\nend\n", "lib/b.lua": "local B = 2\n\nlocal C = 3\n"},
+    )
+    assert scripts._load("x").source == (
+        "if #KEYS > 1 then\n  -- >>> lua/lib/b.lua (-- @include b)\n  local B = 2\n\n"
+        "  local C = 3\n  -- <<< lua/lib/b.lua\n  return B\nend\n"
+    )
 
 
 def _expand(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvstatus.expand", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "kvstatus.expand", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_expand_prints_the_spliced_script_and_refuses_an_unknown_name() -> None:
@@ -154,8 +181,12 @@ def test_redis_cli_eval_runs_the_expanded_files(redis_server: RedisServer, tmp_p
     def run_file(name: str, *keys_then_args: str) -> list[str]:
         path = tmp_path / f"{name}.lua"
         path.write_text(_expand(name).stdout)
-        done = subprocess.run([cli, "-h", redis_server.host, "-p", str(redis_server.port), "--eval", str(path),
-                               *keys_then_args], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            [cli, "-h", redis_server.host, "-p", str(redis_server.port), "--eval", str(path), *keys_then_args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 
@@ -163,7 +194,8 @@ def test_redis_cli_eval_runs_the_expanded_files(redis_server: RedisServer, tmp_p
     assert run_file("get_many", room, other, ",", "p") == ["1", "3"]
     refused = run_file("update", room, room + ":x", ",", "seed", "60000", "p", "reason:p", "0")
     assert " ".join(refused).startswith("KVSTATUS_BADARG keys do not belong together: key kvstatus:")
-    store = StatusStore(redis.Redis(host=redis_server.host, port=redis_server.port), namespace=namespace,
-                        participant="p")
+    store = StatusStore(
+        redis.Redis(host=redis_server.host, port=redis_server.port), namespace=namespace, participant="p"
+    )
     assert store.get_many([1, 2]) == {1: KVPoll.Bootstrapping, 2: KVPoll.Transferring}
     store.client.close()

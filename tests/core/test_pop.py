@@ -47,6 +47,9 @@ def test_pop_is_one_round_trip(redis_server) -> None:  # type: ignore[no-untyped
         raw.config_resetstat()
         assert store.pop(5) is KVPoll.Transferring
         stats = raw.info("commandstats")
-        sent = {name: v["calls"] for name, v in stats.items()
-                if name.split("_", 1)[1] in ("evalsha", "eval", "evalsha_ro", "hget", "hgetall")}
+        sent = {
+            name: v["calls"]
+            for name, v in stats.items()
+            if name.split("_", 1)[1] in ("evalsha", "eval", "evalsha_ro", "hget", "hgetall")
+        }
         assert sent == {"cmdstat_evalsha": 1, "cmdstat_hget": 1}, sent  # one script call (its HGET inside)

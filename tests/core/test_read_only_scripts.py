@@ -52,7 +52,8 @@ def test_only_a_refusal_of_the_command_falls_back_to_evalsha() -> None:
     assert indices == [0, 1] and [c.args[0] for c in calls] == ["EVALSHA", "EVALSHA", "EVALSHA_RO"]
     script_denied = redis.exceptions.NoPermissionError(
         "this user has no permissions to run the 'hget' command on key k (checked in advance by the kvstatus "
-        "get_many script)")
+        "get_many script)"
+    )
     assert evalsha_fallback([read], [script_denied])[0] == []
     assert evalsha_fallback([read], [redis.ResponseError("unknown command 'x'")]) == ([0], [read.without_ro()])
 
@@ -91,8 +92,23 @@ def test_an_acl_without_evalsha_ro_is_found_out_once(redis_server: RedisServer) 
     """A user set up before the _RO commands existed (``+evalsha +eval +script|load``) still reads."""
     namespace = fresh_namespace("ro-acl")
     with redis_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", "no-ro", "reset", "on", ">pw", f"~kvstatus:{namespace}:*",
-                              "+evalsha", "+eval", "+script|load", "+hget", "+hset", "+pexpire", "+hgetall", "+pttl")
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "no-ro",
+            "reset",
+            "on",
+            ">pw",
+            f"~kvstatus:{namespace}:*",
+            "+evalsha",
+            "+eval",
+            "+script|load",
+            "+hget",
+            "+hset",
+            "+pexpire",
+            "+hgetall",
+            "+pttl",
+        )
         with redis.Redis(host=redis_server.host, port=redis_server.port, username="no-ro", password="pw") as client:
             store = StatusStore(client, namespace=namespace, participant="p")
             store.update_status(3, KVPoll.Bootstrapping)
@@ -154,6 +170,7 @@ def test_a_first_read_answers_during_client_pause_write(own_server: RedisServer,
         StatusStore(admin, namespace=namespace, participant="p").update_status(1, KVPoll.Transferring)
         admin.script_flush()
     if mode == "async":
+
         async def first_read() -> Any:
             client = redis.asyncio.Redis(host=own_server.host, port=own_server.port)
             store = AsyncStatusStore(client, namespace=namespace, participant="p", scripts=scripts_mode)

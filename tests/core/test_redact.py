@@ -24,8 +24,16 @@ raw = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=
 password = st.one_of(
     raw.map(lambda t: MARK + t + MARK),
     raw.map(lambda t: MARK + MARK.join(t) + MARK),
-    st.sampled_from([f"{MARK}a b{MARK}", f"{MARK}\t{MARK}", f"{MARK}@/?#:{MARK}", f"{MARK}&x=1{MARK}",
-                     f"{MARK}é €{MARK}", f"{MARK}a@b@c{MARK}"]),
+    st.sampled_from(
+        [
+            f"{MARK}a b{MARK}",
+            f"{MARK}\t{MARK}",
+            f"{MARK}@/?#:{MARK}",
+            f"{MARK}&x=1{MARK}",
+            f"{MARK}é €{MARK}",
+            f"{MARK}a@b@c{MARK}",
+        ]
+    ),
 )
 
 
@@ -43,12 +51,14 @@ def assert_masked(text: str, secret: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(scheme=st.sampled_from(SCHEMES), secret=password, encode=st.booleans(),
-       where=st.sampled_from(["userinfo", "query"]))
+@given(
+    scheme=st.sampled_from(SCHEMES), secret=password, encode=st.booleans(), where=st.sampled_from(["userinfo", "query"])
+)
 @example(scheme="redis", secret=f"{MARK} {MARK}", encode=False, where="userinfo")  # whitespace: failed before
 @example(scheme="redis", secret=f"{MARK}\t{MARK}", encode=False, where="userinfo")
-def test_no_piece_of_a_password_survives_masking_or_url_errors(scheme: str, secret: str, encode: bool,
-                                                               where: str) -> None:
+def test_no_piece_of_a_password_survives_masking_or_url_errors(
+    scheme: str, secret: str, encode: bool, where: str
+) -> None:
     url = url_with(scheme, secret, encode, where)
     assert_masked(mask_url(url), secret)
     assert_masked(mask_url(f"error talking to {url}: refused"), secret)
@@ -65,31 +75,40 @@ def test_no_piece_of_a_password_survives_masking_or_url_errors(scheme: str, secr
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scheme=st.sampled_from(SCHEMES), secret=password, encode=st.booleans(),
-       where=st.sampled_from(["userinfo", "query"]))
+@given(
+    scheme=st.sampled_from(SCHEMES), secret=password, encode=st.booleans(), where=st.sampled_from(["userinfo", "query"])
+)
 @example(scheme="redis", secret=f"{MARK} {MARK}", encode=False, where="userinfo")
 def test_cli_never_prints_a_password(scheme: str, secret: str, encode: bool, where: str) -> None:
     url = url_with(scheme, secret, encode, where)
     server = fakeredis.FakeServer()
     connect = lambda _: fakeredis.FakeRedis(server=server)  # noqa: E731
-    for argv in (["--url", url, "--namespace", "prod-a", "doctor"],          # the connectivity line
-                 ["--url", url, "--namespace", "prod-a", "doctor", "--json"],
-                 ["--url", url, "--namespace", "prod-a", "get", "1"],
-                 ["--namespace", url, "get", "1"]):                          # the invalid-namespace message
+    for argv in (
+        ["--url", url, "--namespace", "prod-a", "doctor"],  # the connectivity line
+        ["--url", url, "--namespace", "prod-a", "doctor", "--json"],
+        ["--url", url, "--namespace", "prod-a", "get", "1"],
+        ["--namespace", url, "get", "1"],
+    ):  # the invalid-namespace message
         result = invoke(connect, *argv)
         assert result.exit_code in (0, 1, 2), result.output
         assert_masked(result.output + (result.stderr if result.stderr_bytes is not None else ""), secret)
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("redis://user:pa ss@h:1/0", "redis://user:***@h:1/0"),
-    ("redis://user:p\tw@h:1/0", "redis://user:***@h:1/0"),
-    ("redis://:s3cr3t@h:1/0", "redis://:***@h:1/0"),
-    ("redis://alone@h:1/0", "redis://***@h:1/0"),
-    ("redis://h:1/0", "redis://h:1/0"),
-    ("redis+sentinel://h:1/svc/0?sentinel%5Fpassword=a b&x=1", "redis+sentinel://h:1/svc/0?sentinel%5Fpassword=***"),
-    ("rediss://h:1/0?ssl_ca_certs=/ca.pem", "rediss://h:1/0?ssl_ca_certs=/ca.pem"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("redis://user:pa ss@h:1/0", "redis://user:***@h:1/0"),
+        ("redis://user:p\tw@h:1/0", "redis://user:***@h:1/0"),
+        ("redis://:s3cr3t@h:1/0", "redis://:***@h:1/0"),
+        ("redis://alone@h:1/0", "redis://***@h:1/0"),
+        ("redis://h:1/0", "redis://h:1/0"),
+        (
+            "redis+sentinel://h:1/svc/0?sentinel%5Fpassword=a b&x=1",
+            "redis+sentinel://h:1/svc/0?sentinel%5Fpassword=***",
+        ),
+        ("rediss://h:1/0?ssl_ca_certs=/ca.pem", "rediss://h:1/0?ssl_ca_certs=/ca.pem"),
+    ],
+)
 def test_mask_url_examples(url: str, shown: str) -> None:
     assert mask_url(url) == shown
 

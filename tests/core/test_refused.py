@@ -91,8 +91,10 @@ def test_localhost_with_two_addresses_is_refused_as_one(connects: list[str]) -> 
     async def call() -> None:
         await AsyncStatusStore.from_url(f"redis://localhost:{port}/0", namespace="x").get(1)
 
-    for attempt in (lambda: StatusStore.from_url(f"redis://localhost:{port}/0", namespace="x").get(1),
-                    lambda: asyncio.run(call())):
+    for attempt in (
+        lambda: StatusStore.from_url(f"redis://localhost:{port}/0", namespace="x").get(1),
+        lambda: asyncio.run(call()),
+    ):
         with pytest.raises(BackendRefusedError, match="nothing was sent"):
             attempt()
     assert len(connects) == 2
@@ -146,9 +148,11 @@ def test_a_call_sent_before_the_server_died_is_not_called_unsent(asynchronous: b
 
 def test_a_cluster_client_still_retries_a_refused_node(connects: list[str]) -> None:
     """A refused cluster node may be a failover in progress: the budget is spent, as before."""
+
     async def call() -> None:
-        await AsyncStatusStore.from_url(f"redis+cluster://127.0.0.1:{free_port()}", namespace="x", retries=2,
-                                        backoff_base=0.01).get(1)
+        await AsyncStatusStore.from_url(
+            f"redis+cluster://127.0.0.1:{free_port()}", namespace="x", retries=2, backoff_base=0.01
+        ).get(1)
 
     with pytest.raises(BackendUnavailableError) as info:
         asyncio.run(call())
@@ -158,8 +162,12 @@ def test_a_cluster_client_still_retries_a_refused_node(connects: list[str]) -> N
 
 def test_the_cli_says_nothing_was_sent_and_exits_1() -> None:
     url = _closed_url()
-    result = CliRunner().invoke(main, ["--url", url, "--namespace", "x", "get", "5"], obj=CliEnv(connect=connect),
-                                env={"KVSTATUS_URL": None, "KVSTATUS_NAMESPACE": None})
+    result = CliRunner().invoke(
+        main,
+        ["--url", url, "--namespace", "x", "get", "5"],
+        obj=CliEnv(connect=connect),
+        env={"KVSTATUS_URL": None, "KVSTATUS_NAMESPACE": None},
+    )
     assert result.exit_code == 1, result.output
     assert "nothing was sent" in result.output and "Traceback" not in result.output
     assert "that Redis is running" in result.output and SECRET not in result.output
@@ -169,6 +177,7 @@ def test_the_cli_says_nothing_was_sent_and_exits_1() -> None:
 def test_a_near_cache_read_of_a_refused_server_fails_at_once(connects: list[str], asynchronous: bool) -> None:
     """The near cache's fill had its own resends: 3.1 s of them before."""
     if asynchronous:
+
         async def call() -> None:
             await AsyncStatusStore.from_url(_closed_url(), namespace="x", near_cache=True).get(1)
 

@@ -27,37 +27,86 @@ TTL = "60000"
 
 # name -> (script, keys, args, the key the error must name)
 CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[str, ...], str]] = {
-    "update: a late note into another room (the issue's repro)":
-        (scripts.UPDATE, [A + "{4}", A + "{5}"], ("seed", TTL, "p", "reason:p", "0"), A + "{5}"),
-    "update: a batch over two namespaces":
-        (scripts.UPDATE, [A + "{1}", B + "{2}"], ("seed", TTL, "p", "reason:p", "1", "1"), B + "{2}"),
-    "update: tombstones of the other rooms":
-        (scripts.UPDATE, [A + "{1}", A + "{2}", A + "{2}:t", A + "{1}:t"], ("seed", TTL, "p", "reason:p", "0", "0"),
-         A + "{2}:t"),
-    "update: a key that is no room key, with its tombstone":
-        (scripts.UPDATE, [A + "x", A + "x:t"], ("seed", TTL, "p", "reason:p", "0"), A + "x"),
-    "clear: another room's tombstone":
-        (scripts.CLEAR, [A + "{1}", A + "{2}:t"], ("p", "reason:p", "late:p", TTL), A + "{2}:t"),
-    "clear: another namespace's tombstone":
-        (scripts.CLEAR, [A + "{1}", B + "{1}:t"], ("p", "reason:p", "late:p", TTL), B + "{1}:t"),
-    "room: another room's tombstone":
-        (scripts.ROOM, [A + "{1}", A + "{2}:t"], (), A + "{2}:t"),
-    "room_statuses: another namespace's lease":
-        (scripts.ROOM_STATUSES, [A + "{1}", B + "lease:p"], ("1", "p"), B + "lease:p"),
-    "room_statuses: another participant's lease":
-        (scripts.ROOM_STATUSES, [A + "{1}", A + "lease:q"], ("1", "p"), A + "lease:q"),
-    "room_statuses: rooms of two namespaces":
-        (scripts.ROOM_STATUSES, [A + "{1}", B + "{2}", A + "lease:p"], ("2", "p"), B + "{2}"),
-    "room_statuses: no rooms, another participant's lease":
-        (scripts.ROOM_STATUSES, [A + "lease:q"], ("0", "p"), A + "lease:q"),
-    "room_statuses: no rooms, leases of two namespaces":
-        (scripts.ROOM_STATUSES, [A + "lease:p", B + "lease:q"], ("0", "p", "q"), B + "lease:q"),
-    "sweep: rooms of two namespaces":
-        (scripts.SWEEP, [A + "{1}", B + "{2}"], ("p", "reason:p", "lost"), B + "{2}"),
-    "sweep: a lease record among the rooms":
-        (scripts.SWEEP, [A + "{1}", A + "lease:q"], ("p", "reason:p", "lost"), A + "lease:q"),
-    "update: a tombstone among the rooms of a batch":
-        (scripts.UPDATE, [A + "{1}", A + "{2}:t"], ("seed", TTL, "p", "reason:p", "1", "1"), A + "{2}:t"),
+    "update: a late note into another room (the issue's repro)": (
+        scripts.UPDATE,
+        [A + "{4}", A + "{5}"],
+        ("seed", TTL, "p", "reason:p", "0"),
+        A + "{5}",
+    ),
+    "update: a batch over two namespaces": (
+        scripts.UPDATE,
+        [A + "{1}", B + "{2}"],
+        ("seed", TTL, "p", "reason:p", "1", "1"),
+        B + "{2}",
+    ),
+    "update: tombstones of the other rooms": (
+        scripts.UPDATE,
+        [A + "{1}", A + "{2}", A + "{2}:t", A + "{1}:t"],
+        ("seed", TTL, "p", "reason:p", "0", "0"),
+        A + "{2}:t",
+    ),
+    "update: a key that is no room key, with its tombstone": (
+        scripts.UPDATE,
+        [A + "x", A + "x:t"],
+        ("seed", TTL, "p", "reason:p", "0"),
+        A + "x",
+    ),
+    "clear: another room's tombstone": (
+        scripts.CLEAR,
+        [A + "{1}", A + "{2}:t"],
+        ("p", "reason:p", "late:p", TTL),
+        A + "{2}:t",
+    ),
+    "clear: another namespace's tombstone": (
+        scripts.CLEAR,
+        [A + "{1}", B + "{1}:t"],
+        ("p", "reason:p", "late:p", TTL),
+        B + "{1}:t",
+    ),
+    "room: another room's tombstone": (scripts.ROOM, [A + "{1}", A + "{2}:t"], (), A + "{2}:t"),
+    "room_statuses: another namespace's lease": (
+        scripts.ROOM_STATUSES,
+        [A + "{1}", B + "lease:p"],
+        ("1", "p"),
+        B + "lease:p",
+    ),
+    "room_statuses: another participant's lease": (
+        scripts.ROOM_STATUSES,
+        [A + "{1}", A + "lease:q"],
+        ("1", "p"),
+        A + "lease:q",
+    ),
+    "room_statuses: rooms of two namespaces": (
+        scripts.ROOM_STATUSES,
+        [A + "{1}", B + "{2}", A + "lease:p"],
+        ("2", "p"),
+        B + "{2}",
+    ),
+    "room_statuses: no rooms, another participant's lease": (
+        scripts.ROOM_STATUSES,
+        [A + "lease:q"],
+        ("0", "p"),
+        A + "lease:q",
+    ),
+    "room_statuses: no rooms, leases of two namespaces": (
+        scripts.ROOM_STATUSES,
+        [A + "lease:p", B + "lease:q"],
+        ("0", "p", "q"),
+        B + "lease:q",
+    ),
+    "sweep: rooms of two namespaces": (scripts.SWEEP, [A + "{1}", B + "{2}"], ("p", "reason:p", "lost"), B + "{2}"),
+    "sweep: a lease record among the rooms": (
+        scripts.SWEEP,
+        [A + "{1}", A + "lease:q"],
+        ("p", "reason:p", "lost"),
+        A + "lease:q",
+    ),
+    "update: a tombstone among the rooms of a batch": (
+        scripts.UPDATE,
+        [A + "{1}", A + "{2}:t"],
+        ("seed", TTL, "p", "reason:p", "1", "1"),
+        A + "{2}:t",
+    ),
 }
 
 
@@ -85,8 +134,9 @@ def _snapshot(client: Any) -> dict[bytes, dict[bytes, bytes]]:
     return {key: client.hgetall(key) for key in sorted(client.scan_iter(match=f"kvstatus:{NS}*"))}
 
 
-@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.real),
-                        pytest.param("functions", marks=pytest.mark.real)])
+@pytest.fixture(
+    params=["fake", pytest.param("real", marks=pytest.mark.real), pytest.param("functions", marks=pytest.mark.real)]
+)
 def client(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
     if request.param == "fake":
         yield fakeredis.FakeRedis(), "eval"
@@ -102,7 +152,8 @@ def client(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_keys_that_do_not_belong_together_are_refused_and_nothing_is_written(
-        client: tuple[Any, str], case: str) -> None:
+    client: tuple[Any, str], case: str
+) -> None:
     raw, mode = client
     script, keys, args, named = CASES[case]
     _seed(raw)

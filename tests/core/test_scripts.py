@@ -16,8 +16,8 @@ from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentEr
 from kvstatus.operations import Request, script_call, update_result
 from kvstatus.rule import LeaseOutcome, ReasonOutcome
 from kvstatus.translate import translate_error
-from tests.servers import RedisServer
 from tests.helpers.backends import Backend, fresh_namespace
+from tests.servers import RedisServer
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 SOURCES = {script.name: script.source for script in scripts.ALL}  # as Redis runs them: lua/lib/ spliced in
@@ -63,8 +63,9 @@ def test_every_script_of_lua_is_loaded() -> None:
 def test_every_script_checks_the_acl_with_the_one_lib_function() -> None:
     """The pre-check is written once, in lua/lib/acl.lua, and every script runs that text."""
     files = {path: path.read_text() for path in sorted(LUA.rglob("*.lua"))}
-    assert [path.relative_to(LUA).as_posix() for path, text in files.items() if "acl_check_cmd(" in text] \
-        == ["lib/acl.lua"]
+    assert [path.relative_to(LUA).as_posix() for path, text in files.items() if "acl_check_cmd(" in text] == [
+        "lib/acl.lua"
+    ]
     helper = (LUA / "lib" / "acl.lua").read_text()
     for name, source in SOURCES.items():
         assert helper.rstrip("\n") in source, name
@@ -93,10 +94,13 @@ def test_unknown_script_replies_are_rejected() -> None:
 
 # One call per error prefix the scripts return, with the kvstatus error it must become.
 PREFIX_CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[Any, ...], type]] = {
-    "KVSTATUS_BADARG": (scripts.UPDATE, ["kvstatus:e:{1}"], ("seed", "0", "p", "reason:p", "1"),
-                        InvalidArgumentError),
-    "KVSTATUS_CORRUPT": (scripts.UPDATE, ["kvstatus:e:{2}"], ("seed", "1000", "p", "reason:p", "1"),
-                         CorruptedValueError),
+    "KVSTATUS_BADARG": (scripts.UPDATE, ["kvstatus:e:{1}"], ("seed", "0", "p", "reason:p", "1"), InvalidArgumentError),
+    "KVSTATUS_CORRUPT": (
+        scripts.UPDATE,
+        ["kvstatus:e:{2}"],
+        ("seed", "1000", "p", "reason:p", "1"),
+        CorruptedValueError,
+    ),
     "NOPERM": (scripts.UPDATE, ["kvstatus:e:{3}"], ("seed", "1000", "p", "reason:p", "1"), PermissionDeniedError),
 }
 
@@ -104,8 +108,16 @@ PREFIX_CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[Any, ...], typ
 def test_every_error_prefix_of_the_scripts_has_a_case() -> None:
     prefixes = set()
     for source in SOURCES.values():
-        prefixes |= set(re.findall(r'"(NOPERM|[A-Z_]+) ', "\n".join(
-            line for line in source.splitlines() if "error_reply(" in line or line.strip().startswith('return "'))))
+        prefixes |= set(
+            re.findall(
+                r'"(NOPERM|[A-Z_]+) ',
+                "\n".join(
+                    line
+                    for line in source.splitlines()
+                    if "error_reply(" in line or line.strip().startswith('return "')
+                ),
+            )
+        )
     assert prefixes == set(PREFIX_CASES)
 
 
@@ -116,12 +128,25 @@ def test_each_script_error_becomes_its_kvstatus_error(redis_server: RedisServer,
     with redis_server.client() as admin:
         admin.hset("kvstatus:e:{2}", "p", "banana")
         admin.pexpire("kvstatus:e:{2}", 60_000)
-        admin.execute_command("ACL", "SETUSER", "e-user", "reset", "on", ">pw", "~kvstatus:e:*", "+evalsha",
-                              "+script|load", "+hget", "+hset", "+hdel")  # no PEXPIRE
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "e-user",
+            "reset",
+            "on",
+            ">pw",
+            "~kvstatus:e:*",
+            "+evalsha",
+            "+script|load",
+            "+hget",
+            "+hset",
+            "+hdel",
+        )  # no PEXPIRE
         user = "e-user" if prefix == "NOPERM" else "default"
         call = script_call(script, keys, args)
-        with redis.Redis(host=redis_server.host, port=redis_server.port, username=user,
-                         password="pw" if user != "default" else None) as client:
+        with redis.Redis(
+            host=redis_server.host, port=redis_server.port, username=user, password="pw" if user != "default" else None
+        ) as client:
             client.script_load(script.source)
             with pytest.raises(redis.RedisError) as info:
                 client.execute_command(*call.args)
@@ -188,8 +213,12 @@ def test_calls_survive_continuous_script_flushes(redis_server: RedisServer, asyn
     if asynchronous:
         import redis.asyncio
 
-        backend = Backend("real-async", redis_server.client(),
-                          lambda: redis.asyncio.Redis(host=redis_server.host, port=redis_server.port), True)
+        backend = Backend(
+            "real-async",
+            redis_server.client(),
+            lambda: redis.asyncio.Redis(host=redis_server.host, port=redis_server.port),
+            True,
+        )
     store = backend.store(participant="p")
     flusher = threading.Thread(target=flush_forever, daemon=True)
     flusher.start()
@@ -199,10 +228,12 @@ def test_calls_survive_continuous_script_flushes(redis_server: RedisServer, asyn
             try:
                 store.update_status(room, KVPoll.Bootstrapping)
                 store.update_many({room: KVPoll.Transferring, room + 1000: KVPoll.Bootstrapping})
-                assert store.get_many([room, room + 1000]) == {room: KVPoll.Transferring,
-                                                                room + 1000: KVPoll.Bootstrapping}
+                assert store.get_many([room, room + 1000]) == {
+                    room: KVPoll.Transferring,
+                    room + 1000: KVPoll.Bootstrapping,
+                }
                 store.record_failure(room, "x")
-            except Exception as exc:  # counted, so one run shows how many fail
+            except Exception as exc:  # noqa: BLE001 - counted, so one run shows how many fail
                 errors.append(exc)
     finally:
         stop.set()
@@ -216,8 +247,21 @@ def test_calls_survive_continuous_script_flushes(redis_server: RedisServer, asyn
 def test_a_batch_reaching_a_key_outside_the_acl_writes_nothing(redis_server: RedisServer) -> None:
     """The ACL covers rooms 1x only: a batch that also names room 20 is refused before its first write."""
     with redis_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", "split", "reset", "on", ">pw", "~kvstatus:split:{1*}", "+evalsha",
-                              "+script|load", "+hget", "+hset", "+hdel", "+pexpire")
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "split",
+            "reset",
+            "on",
+            ">pw",
+            "~kvstatus:split:{1*}",
+            "+evalsha",
+            "+script|load",
+            "+hget",
+            "+hset",
+            "+hdel",
+            "+pexpire",
+        )
         with redis.Redis(host=redis_server.host, port=redis_server.port, username="split", password="pw") as client:
             store = StatusStore(client, namespace="split")
             assert store.update_status(10, KVPoll.Bootstrapping).outcome is Outcome.CREATED
@@ -231,13 +275,27 @@ def test_a_batch_reaching_a_key_outside_the_acl_writes_nothing(redis_server: Red
 def test_a_user_without_hdel_still_creates_and_advances(redis_server: RedisServer) -> None:
     """The scripts ask the ACL only about the writes a call makes; HDEL runs only when an entry leaves Failed."""
     with redis_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", "nohdel", "reset", "on", ">pw", "~kvstatus:nohdel:*", "+evalsha",
-                              "+script|load", "+hget", "+hset", "+pexpire")
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "nohdel",
+            "reset",
+            "on",
+            ">pw",
+            "~kvstatus:nohdel:*",
+            "+evalsha",
+            "+script|load",
+            "+hget",
+            "+hset",
+            "+pexpire",
+        )
     with redis.Redis(host=redis_server.host, port=redis_server.port, username="nohdel", password="pw") as client:
         store = StatusStore(client, namespace="nohdel")
         assert store.update_status(1, KVPoll.Bootstrapping).outcome is Outcome.CREATED
-        assert store.update_many({1: KVPoll.Success, 2: KVPoll.Failed, 3: KVPoll.WaitingForInput})[1].outcome \
+        assert (
+            store.update_many({1: KVPoll.Success, 2: KVPoll.Failed, 3: KVPoll.WaitingForInput})[1].outcome
             is Outcome.ADVANCED
+        )
         assert store.update_status(1, KVPoll.Failed).outcome is Outcome.FAILED
         with pytest.raises(PermissionDeniedError, match="'hdel'"):
             store.update_status(1, KVPoll.Success)

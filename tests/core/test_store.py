@@ -258,4 +258,3 @@ def test_repr_shows_settings(backend: Backend) -> None:
     assert store.namespace == backend.namespace and store.ttl == 30
     text = repr(store)
     assert "prefill-0" in text and "strict" in text
-

@@ -12,18 +12,24 @@ import redis
 from kvstatus import AsyncStatusStore, StatusStore
 from kvstatus.connection import _BUILDERS, TLS_SCHEMES, connect, connect_async, parse_url
 from kvstatus.errors import BackendUnavailableError, InvalidURLError
+from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer
 from tests.servers.tls import make_tls_files
-from tests.helpers.tiers import require_redis_server
 
 PLAIN_SCHEMES = sorted(set(_BUILDERS) - TLS_SCHEMES)
-SSL_OPTIONS = ["ssl_ca_certs=/ca.pem", "ssl_certfile=/c.pem", "ssl_keyfile=/k.pem", "ssl_check_hostname=false",
-               "ssl_cert_reqs=none"]
+SSL_OPTIONS = [
+    "ssl_ca_certs=/ca.pem",
+    "ssl_certfile=/c.pem",
+    "ssl_keyfile=/k.pem",
+    "ssl_check_hostname=false",
+    "ssl_cert_reqs=none",
+]
 
 
 def plain_url(scheme: str) -> str:
     return {"unix": "unix:///run/redis.sock", "redis+sentinel": "redis+sentinel://h:26379/svc/0"}.get(
-        scheme, f"{scheme}://127.0.0.1:6379")
+        scheme, f"{scheme}://127.0.0.1:6379"
+    )
 
 
 @pytest.mark.parametrize("scheme", PLAIN_SCHEMES)

@@ -16,6 +16,7 @@ from kvstatus import (
     Outcome,
     StatusStore,
 )
+from tests.helpers.backends import fresh_namespace
 from tests.servers import (
     RedisClusterServers,
     RedisSentinelServers,
@@ -23,7 +24,6 @@ from tests.servers import (
     TLSFiles,
     make_tls_files,
 )
-from tests.helpers.backends import fresh_namespace
 
 SECRET = "Top-s3cret-pw"
 SENTINEL_SECRET = "Sentinel-s3cret"
@@ -71,8 +71,9 @@ TOPOLOGIES = [pytest.param(t, marks=pytest.mark.real) for t in ("standalone", "c
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_tls_only_servers_work_on_every_topology(request: pytest.FixtureRequest, topology: str,
-                                                 tls_files: TLSFiles, caplog: pytest.LogCaptureFixture) -> None:
+def test_tls_only_servers_work_on_every_topology(
+    request: pytest.FixtureRequest, topology: str, tls_files: TLSFiles, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     url = _tls_url(request, topology, tls_files)
     assert url.startswith("rediss")
@@ -87,8 +88,9 @@ def test_tls_only_servers_work_on_every_topology(request: pytest.FixtureRequest,
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_tls_async_store(request: pytest.FixtureRequest, topology: str, tls_files: TLSFiles) -> None:
     async def run() -> None:
-        async with AsyncStatusStore.from_url(_tls_url(request, topology, tls_files),
-                                             namespace=fresh_namespace("atls")) as store:
+        async with AsyncStatusStore.from_url(
+            _tls_url(request, topology, tls_files), namespace=fresh_namespace("atls")
+        ) as store:
             await store.update_many({r: KVPoll.WaitingForInput for r in range(20)})
             assert await store.get(19) is KVPoll.WaitingForInput
 
@@ -96,8 +98,9 @@ def test_tls_async_store(request: pytest.FixtureRequest, topology: str, tls_file
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_wrong_passwords_never_leak(request: pytest.FixtureRequest, topology: str, tls_files: TLSFiles,
-                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_wrong_passwords_never_leak(
+    request: pytest.FixtureRequest, topology: str, tls_files: TLSFiles, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     wrong = "Wr0ng-" + SECRET
     url = _tls_url(request, topology, tls_files).replace(f":{SECRET}@", f":{wrong}@")
@@ -108,8 +111,16 @@ def test_wrong_passwords_never_leak(request: pytest.FixtureRequest, topology: st
     async_store = AsyncStatusStore.from_url(url, namespace="x", retries=1, backoff_base=0.01)
     with pytest.raises(AuthenticationError) as async_info:  # the async cluster client connects lazily
         asyncio.run(async_store.get(1))
-    texts = [str(info.value), repr(info.value), caplog.text, str(info.value.__cause__), str(async_info.value),
-             repr(async_store), *(repr(store) for store in stores), *(repr(store.client) for store in stores)]
+    texts = [
+        str(info.value),
+        repr(info.value),
+        caplog.text,
+        str(info.value.__cause__),
+        str(async_info.value),
+        repr(async_store),
+        *(repr(store) for store in stores),
+        *(repr(store.client) for store in stores),
+    ]
     for text in texts:
         assert wrong not in text and SECRET not in text and SENTINEL_SECRET not in text
 
@@ -117,8 +128,9 @@ def test_wrong_passwords_never_leak(request: pytest.FixtureRequest, topology: st
 @pytest.mark.real
 def test_wrong_sentinel_password_never_leaks(request: pytest.FixtureRequest, tls_files: TLSFiles) -> None:
     wrong = "Wr0ng-" + SENTINEL_SECRET
-    url = _tls_url(request, "sentinel", tls_files).replace(f"sentinel_password={SENTINEL_SECRET}",
-                                                           f"sentinel_password={wrong}")
+    url = _tls_url(request, "sentinel", tls_files).replace(
+        f"sentinel_password={SENTINEL_SECRET}", f"sentinel_password={wrong}"
+    )
     store = StatusStore.from_url(url, namespace="x", retries=1, backoff_base=0.01)
     with pytest.raises(AuthenticationError, match="Sentinels refused the credentials") as info:
         store.get(1)

@@ -45,8 +45,12 @@ def test_the_demo_runs_the_shipped_baselines() -> None:
     assert IMPLEMENTATIONS == ("kvstatus", "client-side", "sglang-map", "pre-fix")
     client = fakeredis.FakeRedis()
     kinds = {name: type(_Participants(name, client, "t-demo", 60.0).store("decode-0")) for name in IMPLEMENTATIONS}
-    assert kinds == {"kvstatus": StatusStore, "client-side": ClientSideStore, "sglang-map": RoomStatusMap,
-                     "pre-fix": PreFixStore}
+    assert kinds == {
+        "kvstatus": StatusStore,
+        "client-side": ClientSideStore,
+        "sglang-map": RoomStatusMap,
+        "pre-fix": PreFixStore,
+    }
 
 
 @pytest.mark.real
@@ -60,8 +64,12 @@ def test_demo_on_embedded_redis_server(tmp_path) -> None:
     assert table.returncode == 0, table.stderr
     header = table.stdout.splitlines()[2]
     assert header.split()[:3] == ["IMPLEMENTATION", "REQUESTS", "ABORTS"]
-    assert [line.split()[0] for line in table.stdout.splitlines()[3:7]] == \
-        ["kvstatus", "client-side", "sglang-map", "pre-fix"]
+    assert [line.split()[0] for line in table.stdout.splitlines()[3:7]] == [
+        "kvstatus",
+        "client-side",
+        "sglang-map",
+        "pre-fix",
+    ]
 
 
 def test_demo_falls_back_to_fakeredis_without_redis_server(tmp_path: Path) -> None:
@@ -101,9 +109,14 @@ def test_run_demo_leaves_the_namespace_empty(fake_tcp_url: str) -> None:
     assert redis.Redis.from_url(fake_tcp_url).keys("*") == []
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--prefill", "0"], "--prefill"), (["--abort-rate", "1.5"], "--abort-rate"), (["--requests", "x"], "--requests"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--prefill", "0"], "--prefill"),
+        (["--abort-rate", "1.5"], "--abort-rate"),
+        (["--requests", "x"], "--requests"),
+    ],
+)
 def test_demo_bad_flags_are_usage_errors(args: list[str], needle: str) -> None:
     result = invoke(lambda url: None, "demo", *args)
     assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output

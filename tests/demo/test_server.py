@@ -19,8 +19,9 @@ from kvstatus.demo.server import RedisServer, RedisServerError, RedisServerNotFo
 
 
 def _no_retry_client(host: str, port: int, **kwargs: object) -> redis.Redis:
-    return redis.Redis(host=host, port=port, socket_connect_timeout=1, socket_timeout=2,
-                       retry=Retry(NoBackoff(), 0), **kwargs)  # type: ignore[arg-type]
+    return redis.Redis(
+        host=host, port=port, socket_connect_timeout=1, socket_timeout=2, retry=Retry(NoBackoff(), 0), **kwargs
+    )  # type: ignore[arg-type]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -61,7 +62,9 @@ def test_free_cluster_port_skips_a_port_whose_bus_port_is_taken(monkeypatch: pyt
         if taken_bus < 1024 + embedded.CLUSTER_BUS_OFFSET:
             pytest.skip(f"the OS gave port {taken_bus}, too low to be anyone's cluster bus port")
         good = free_port()
-        while good + embedded.CLUSTER_BUS_OFFSET > 65535 or not embedded._port_is_free(good + embedded.CLUSTER_BUS_OFFSET):
+        while good + embedded.CLUSTER_BUS_OFFSET > 65535 or not embedded._port_is_free(
+            good + embedded.CLUSTER_BUS_OFFSET
+        ):
             good = free_port()
         picks = iter([taken_bus - embedded.CLUSTER_BUS_OFFSET, good])
         monkeypatch.setattr(launch, "free_port", lambda: next(picks))
@@ -181,6 +184,7 @@ def test_servers_are_stopped_at_interpreter_exit() -> None:
     code = "from kvstatus.demo.server import RedisServer; print(RedisServer().start().pid)"
     package_root = str(Path(embedded.__file__).resolve().parents[2])  # holds kvstatus/
     env = {**os.environ, "PYTHONPATH": package_root}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, timeout=30, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30, check=True
+    )
     assert not _pid_alive(int(result.stdout.strip()))

@@ -153,8 +153,15 @@ def start(name: str, argv: list[str], env: dict[str, str], log: Path, port: int)
     """Start ``argv`` in a new session with stdout and stderr to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=log.parent)
+        popen = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=log.parent,
+        )
     return Process(name, popen, log, port)
 
 
@@ -164,8 +171,10 @@ def wait_ready(process: Process, path: str, timeout: float) -> float:
     deadline = started + timeout
     while time.monotonic() < deadline:
         if process.popen.poll() is not None:
-            raise DeployError(f"{process.name} exited with {process.popen.returncode} before it was ready; "
-                              f"log {process.log}:\n{log_tail(process.log)}")
+            raise DeployError(
+                f"{process.name} exited with {process.popen.returncode} before it was ready; "
+                f"log {process.log}:\n{log_tail(process.log)}"
+            )
         try:
             with urllib.request.urlopen(process.url + path, timeout=5) as response:
                 if response.status == 200:
@@ -173,8 +182,9 @@ def wait_ready(process: Process, path: str, timeout: float) -> float:
         except (urllib.error.URLError, OSError, ValueError):
             pass
         time.sleep(0.5)
-    raise DeployError(f"{process.name} did not answer {path} within {timeout:.0f} s; "
-                      f"log {process.log}:\n{log_tail(process.log)}")
+    raise DeployError(
+        f"{process.name} did not answer {path} within {timeout:.0f} s; log {process.log}:\n{log_tail(process.log)}"
+    )
 
 
 @dataclass
@@ -214,20 +224,38 @@ def server_env(settings: Settings) -> dict[str, str]:
 def server_argv(settings: Settings, role: str, port: int, bootstrap_port: int) -> list[str]:
     """``python -m sglang.launch_server`` for ``role`` (prefill or decode) with the CPU workarounds."""
     argv = [
-        settings.python, "-m", "sglang.launch_server",
-        "--model-path", str(settings.model), "--tokenizer-path", str(settings.model),
-        "--host", "127.0.0.1", "--port", str(port),
+        settings.python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(settings.model),
+        "--tokenizer-path",
+        str(settings.model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
         # CPU: the x86 default attention backend (intel_amx) needs AMX and sgl_kernel's CPU build
-        "--device", "cpu", "--attention-backend", "torch_native",
-        "--dtype", "float32",
-        "--disaggregation-mode", role,
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--dtype",
+        "float32",
+        "--disaggregation-mode",
+        role,
         # mooncake's TCP transport (the mooncake-transfer-engine-non-cuda wheel): no RDMA device needed
-        "--disaggregation-transfer-backend", "mooncake_tcp",
+        "--disaggregation-transfer-backend",
+        "mooncake_tcp",
         # both roles: the overlap scheduler records CUDA events and streams
         "--disable-overlap-schedule",
         "--disable-cuda-graph",
-        "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
-        "--random-seed", "0",
+        "--mem-fraction-static",
+        "0.05",
+        "--max-total-tokens",
+        "4096",
+        "--random-seed",
+        "0",
     ]
     if role == "prefill":
         argv += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
@@ -237,8 +265,9 @@ def server_argv(settings: Settings, role: str, port: int, bootstrap_port: int) -
     return argv
 
 
-def start_server(settings: Settings, role: str, port: Optional[int] = None,
-                 bootstrap_port: Optional[int] = None) -> Process:
+def start_server(
+    settings: Settings, role: str, port: Optional[int] = None, bootstrap_port: Optional[int] = None
+) -> Process:
     """Start a prefill or decode server (not waiting for it); same ports again restart it under its name."""
     port = port or free_port()
     bootstrap_port = bootstrap_port or (free_port() if role == "prefill" else 0)
@@ -255,12 +284,24 @@ def start_router(settings: Settings, prefill: Process, decode: Process) -> Proce
     """
     port = free_port()
     argv = [
-        settings.python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-        "--prefill", prefill.url, str(prefill.extra["bootstrap_port"]),
-        "--decode", decode.url,
-        "--host", "127.0.0.1", "--port", str(port),
+        settings.python,
+        "-m",
+        "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--prefill",
+        prefill.url,
+        str(prefill.extra["bootstrap_port"]),
+        "--decode",
+        decode.url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
         # its metrics endpoint defaults to a fixed port (29000): one per router here, on loopback
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_SGLANG_")}
     return start("router", argv, env, settings.logs / f"router-{port}.log", port)

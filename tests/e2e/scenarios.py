@@ -145,11 +145,17 @@ class FaultResult:
             if answer.cause() not in causes:
                 causes.append(answer.cause())
         return {
-            "fault": self.fault, "mode": self.mode, "sent": len(self.answers), "failed": len(self.failed),
+            "fault": self.fault,
+            "mode": self.mode,
+            "sent": len(self.answers),
+            "failed": len(self.failed),
             "first_error_s": round(times[0], 1) if times else None,
             "last_error_s": round(times[-1], 1) if times else None,
-            "timed_out": len(timed_out), "bound_s": self.bound, "statuses": statuses,
-            "causes": causes[:3], "note": self.note,
+            "timed_out": len(timed_out),
+            "bound_s": self.bound,
+            "statuses": statuses,
+            "causes": causes[:3],
+            "note": self.note,
         }
 
 
@@ -214,9 +220,15 @@ def fault_bodies(count: int = 24, prompt_words: int = 300, max_new_tokens: int =
     return [generate_body(prompt(i, prompt_words), max_new_tokens) for i in range(count)]
 
 
-def kill_in_flight(dep: Deployment, role: str, fault: str, delay: float,
-                   after_kill: Optional[Callable[[], None]] = None,
-                   then_send: Optional[str] = None, bound: float = FAULT_WAIT) -> list[FaultResult]:
+def kill_in_flight(
+    dep: Deployment,
+    role: str,
+    fault: str,
+    delay: float,
+    after_kill: Optional[Callable[[], None]] = None,
+    then_send: Optional[str] = None,
+    bound: float = FAULT_WAIT,
+) -> list[FaultResult]:
     """Fresh router; send :func:`fault_bodies`; SIGKILL ``role``'s process tree ``delay`` s later; collect.
 
     ``after_kill`` runs right after the SIGKILL (a restart). With ``then_send`` (a fault name), a few new

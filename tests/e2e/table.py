@@ -51,8 +51,9 @@ def markdown(rows: list[dict[str, Any]], when: str, elapsed_s: float | None = No
         mode = "with kvstatus (defaults)" if row["mode"] == "kvstatus" else "upstream (plugin off)"
         statuses = ", ".join(str(s) for s in row["statuses"]) or "—"
         causes = "<br>".join(c.replace("|", "\\|") for c in row["causes"]) or "—"
-        lines.append(f"| {row['fault']} | {mode} | {row['failed']} of {row['sent']} | {_time(row)} | "
-                     f"{statuses} | {causes} |")
+        lines.append(
+            f"| {row['fault']} | {mode} | {row['failed']} of {row['sent']} | {_time(row)} | {statuses} | {causes} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -53,8 +53,13 @@ def model() -> Path:
     digest = hashlib.sha256((Path(__file__).parent / "tinymodel.py").read_bytes()).hexdigest()[:12]
     directory = MODEL_CACHE / digest
     if not (directory / "model.safetensors").exists():
-        subprocess.run([sys.executable, "-m", "tests.e2e.tinymodel", str(directory)], cwd=ROOT, check=True,
-                       timeout=600, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "tests.e2e.tinymodel", str(directory)],
+            cwd=ROOT,
+            check=True,
+            timeout=600,
+            stdout=subprocess.DEVNULL,
+        )
     return directory
 
 
@@ -83,8 +88,7 @@ def write_table() -> Iterator[None]:
 
 
 def _deployment(mode: str, model: Path, logs: Path, redis_url: str) -> Iterator[scenarios.Deployment]:
-    settings = deploy.Settings(sys.executable, model, logs / mode, redis_url if mode == "kvstatus" else None,
-                               NAMESPACE)
+    settings = deploy.Settings(sys.executable, model, logs / mode, redis_url if mode == "kvstatus" else None, NAMESPACE)
     dep = scenarios.Deployment(settings, mode)
     try:
         dep.start()
@@ -145,8 +149,9 @@ def test_faults_with_the_plugin_on(with_plugin: scenarios.Deployment) -> None:
 
 
 @pytest.fixture(scope="module")
-def upstream(model: Path, logs: Path, redis_url: str, with_plugin: scenarios.Deployment) -> Iterator[
-        scenarios.Deployment]:
+def upstream(
+    model: Path, logs: Path, redis_url: str, with_plugin: scenarios.Deployment
+) -> Iterator[scenarios.Deployment]:
     with_plugin.stop()  # one deployment at a time: the two would not fit the box's cores and memory together
     yield from _deployment("upstream", model, logs, redis_url)
 
@@ -179,15 +184,28 @@ def run_faults(dep: scenarios.Deployment, record: list[scenarios.FaultResult]) -
         results.extend(measured)
         record.extend(measured)
 
-    keep(scenarios.kill_in_flight(dep, "prefill", table.KILL_PREFILL, scenarios.IN_FLIGHT_DELAY,
-                                  then_send=table.DEAD_PREFILL))
+    keep(
+        scenarios.kill_in_flight(
+            dep, "prefill", table.KILL_PREFILL, scenarios.IN_FLIGHT_DELAY, then_send=table.DEAD_PREFILL
+        )
+    )
     dep.restart("prefill")
     restarted: list[deploy.Process] = []
-    keep(scenarios.kill_in_flight(dep, "prefill", table.RESTART_PREFILL, scenarios.IN_FLIGHT_DELAY,
-                                  after_kill=lambda: restarted.append(dep.restart("prefill", wait=False))))
+    keep(
+        scenarios.kill_in_flight(
+            dep,
+            "prefill",
+            table.RESTART_PREFILL,
+            scenarios.IN_FLIGHT_DELAY,
+            after_kill=lambda: restarted.append(dep.restart("prefill", wait=False)),
+        )
+    )
     dep.wait(restarted[0])
-    keep(scenarios.kill_in_flight(dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY,
-                                  bound=scenarios.DECODE_FAULT_WAIT))
+    keep(
+        scenarios.kill_in_flight(
+            dep, "decode", table.KILL_DECODE, scenarios.IN_FLIGHT_DELAY, bound=scenarios.DECODE_FAULT_WAIT
+        )
+    )
     return results
 
 

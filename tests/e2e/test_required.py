@@ -14,14 +14,29 @@ from tests.e2e.conftest import NEEDED
 from tests.helpers import ROOT
 
 
-@pytest.mark.skipif(all(importlib.util.find_spec(m) for m in NEEDED),
-                    reason="this interpreter has the e2e packages: the tier itself runs here instead")
+@pytest.mark.skipif(
+    all(importlib.util.find_spec(m) for m in NEEDED),
+    reason="this interpreter has the e2e packages: the tier itself runs here instead",
+)
 def test_the_tier_fails_naming_what_is_missing_when_required() -> None:
     env = {**os.environ, "KVSTATUS_REQUIRE_E2E": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/e2e/test_e2e.py",
-         "-k", "serve_with_the_plugin_on"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "tests/e2e/test_e2e.py",
+            "-k",
+            "serve_with_the_plugin_on",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "1 error" in run.stdout and "skipped" not in run.stdout, run.stdout

@@ -10,9 +10,19 @@ from tests.e2e import table
 
 
 def _row(fault: str, mode: str, **over: object) -> dict[str, object]:
-    row: dict[str, object] = {"fault": fault, "mode": mode, "sent": 24, "failed": 20, "first_error_s": 1.5,
-                              "last_error_s": 12.25, "timed_out": 0, "bound_s": 75.0, "statuses": [500, 502],
-                              "causes": ["Decode handshake failed | x", "Bad Gateway"], "note": ""}
+    row: dict[str, object] = {
+        "fault": fault,
+        "mode": mode,
+        "sent": 24,
+        "failed": 20,
+        "first_error_s": 1.5,
+        "last_error_s": 12.25,
+        "timed_out": 0,
+        "bound_s": 75.0,
+        "statuses": [500, 502],
+        "causes": ["Decode handshake failed | x", "Bad Gateway"],
+        "note": "",
+    }
     row.update(over)
     return row
 
@@ -25,8 +35,11 @@ def test_markdown_orders_faults_then_kvstatus_before_upstream_and_says_timeouts(
     ]
     lines = table.markdown(rows, "now").splitlines()
     body = [line for line in lines if line.startswith(f"| {table.KILL_PREFILL[:10]}") or line.startswith("| SIGKILL")]
-    assert [line.split(" | ")[0] for line in body] == [f"| {table.KILL_PREFILL}", f"| {table.DEAD_PREFILL}",
-                                                       f"| {table.KILL_DECODE}"]
+    assert [line.split(" | ")[0] for line in body] == [
+        f"| {table.KILL_PREFILL}",
+        f"| {table.DEAD_PREFILL}",
+        f"| {table.KILL_DECODE}",
+    ]
     assert "| 3.0 s |" in body[0] and "with kvstatus (defaults)" in body[0]
     assert "> 75 s (timed out at 75)" in body[1] and "4 of 4" in body[1]
     assert "1.5 – 12.25 s" in body[2] and "500, 502" in body[2]

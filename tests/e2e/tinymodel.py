@@ -29,7 +29,9 @@ def corpus(lines: int = 2000, seed: int = 7) -> list[str]:
     rng = random.Random(seed)
     out = []
     for _ in range(lines):
-        words = [rng.choice(WORDS) if rng.random() < 0.85 else str(rng.randrange(1000)) for _ in range(rng.randrange(4, 16))]
+        words = [
+            rng.choice(WORDS) if rng.random() < 0.85 else str(rng.randrange(1000)) for _ in range(rng.randrange(4, 16))
+        ]
         out.append(" ".join(words) + rng.choice([".", "?", "!", ","]))
     return out
 
@@ -37,7 +39,7 @@ def corpus(lines: int = 2000, seed: int = 7) -> list[str]:
 def build(directory: Path) -> Path:
     """Write config, safetensors weights and tokenizer files to ``directory`` (created); returns it."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -45,8 +47,10 @@ def build(directory: Path) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
@@ -55,10 +59,18 @@ def build(directory: Path) -> Path:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=4 * HIDDEN_SIZE,
-        num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=MAX_POSITIONS, bos_token_id=1, eos_token_id=2,
-        initializer_range=0.5, tie_word_embeddings=False, torch_dtype="float32",
+        vocab_size=VOCAB_SIZE,
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=4 * HIDDEN_SIZE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.5,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
     )
     model = LlamaForCausalLM(config).to(torch.float32).eval()
     model.save_pretrained(directory, safe_serialization=True)

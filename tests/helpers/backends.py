@@ -8,7 +8,6 @@ import itertools
 import os
 from typing import Any, Callable, Iterator, Optional
 
-
 from kvstatus import AsyncStatusStore, StatusStore
 
 _namespaces = itertools.count()

@@ -18,24 +18,27 @@ def invoke(connect: Callable[[str], Any], *args: str, env: Optional[dict[str, st
     """Run ``kvstatus ARGS`` in-process; ``connect`` builds the Redis client (the CLI's seam)."""
     # An explicit URL (the injected client ignores it) keeps the "no URL given" notice out of the output.
     environment = {"KVSTATUS_URL": DEFAULT_URL, "KVSTATUS_NAMESPACE": None, **(env or {})}
-    return CliRunner().invoke(main, list(args), obj=CliEnv(connect=connect), env=environment,
-                              catch_exceptions=False, prog_name="kvstatus")
+    return CliRunner().invoke(
+        main, list(args), obj=CliEnv(connect=connect), env=environment, catch_exceptions=False, prog_name="kvstatus"
+    )
 
 
 def run_cli(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``python -m kvstatus.cli ARGS`` in a subprocess, as an operator would."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
     environment.update(env or {})
-    return subprocess.run([sys.executable, "-m", "kvstatus.cli", *args], capture_output=True, text=True,
-                          env=environment, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvstatus.cli", *args], capture_output=True, text=True, env=environment, timeout=timeout
+    )
 
 
 def json_lines(text: str) -> list[Any]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def assert_clean_failure(output: str, code: int, expected_code: int, *needles: str,
-                         secrets: tuple[str, ...] = ()) -> None:
+def assert_clean_failure(
+    output: str, code: int, expected_code: int, *needles: str, secrets: tuple[str, ...] = ()
+) -> None:
     assert code == expected_code, output
     assert "Traceback" not in output, output
     for needle in needles:

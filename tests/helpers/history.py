@@ -119,12 +119,28 @@ def find_violations(calls: list[Call], policy: Policy = Policy.SEED) -> list[tup
 
 def _make_store(url: str, namespace: str, participant: str, naive: bool, policy: Policy) -> Any:
     implementation = "client-side" if naive else "kvstatus"
-    return make_store(implementation, redis.Redis.from_url(url), namespace, participant=participant, policy=policy,
-                      race_window=RACE_WINDOW)
+    return make_store(
+        implementation,
+        redis.Redis.from_url(url),
+        namespace,
+        participant=participant,
+        policy=policy,
+        race_window=RACE_WINDOW,
+    )
 
 
-def _thread_calls(url: str, namespace: str, name: str, seed: int, rooms: list[int], participants: list[str],
-                  ops: int, naive: bool, policy: Policy, out: list[Call]) -> None:
+def _thread_calls(
+    url: str,
+    namespace: str,
+    name: str,
+    seed: int,
+    rooms: list[int],
+    participants: list[str],
+    ops: int,
+    naive: bool,
+    policy: Policy,
+    out: list[Call],
+) -> None:
     rng = random.Random(seed)
     stores = {p: _make_store(url, namespace, p, naive, policy) for p in participants}
     clock = time.monotonic_ns
@@ -138,8 +154,18 @@ def _thread_calls(url: str, namespace: str, name: str, seed: int, rooms: list[in
             status = KVPoll.Failed if kind == "abort" else rng.choice(list(KVPoll)[1:])
             outcome, after = store.update_status(room, status)
             end = clock()
-            out.append(Call(name, start, end, room, participant, "update", int(status),
-                            (int(outcome), None if after is None else int(after))))
+            out.append(
+                Call(
+                    name,
+                    start,
+                    end,
+                    room,
+                    participant,
+                    "update",
+                    int(status),
+                    (int(outcome), None if after is None else int(after)),
+                )
+            )
         elif kind == "clear":
             removed = store.clear(room)
             out.append(Call(name, start, clock(), room, participant, "clear", None, removed))
@@ -149,28 +175,50 @@ def _thread_calls(url: str, namespace: str, name: str, seed: int, rooms: list[in
             out.append(Call(name, start, clock(), room, participant, "fail", reason, recorded))
         elif kind == "get":
             status = store.get(room)
-            out.append(Call(name, start, clock(), room, participant, "get", None,
-                            None if status is None else int(status)))
+            out.append(
+                Call(name, start, clock(), room, participant, "get", None, None if status is None else int(status))
+            )
         else:
             updates = {r: rng.choice(list(KVPoll)) for r in rng.sample(rooms, 2)}
             results = store.update_many(updates)
             end = clock()
             for r, status in updates.items():
                 outcome, after = results[r]
-                out.append(Call(name, start, end, r, participant, "update", int(status),
-                                (int(outcome), None if after is None else int(after))))
+                out.append(
+                    Call(
+                        name,
+                        start,
+                        end,
+                        r,
+                        participant,
+                        "update",
+                        int(status),
+                        (int(outcome), None if after is None else int(after)),
+                    )
+                )
 
 
-def _process(url: str, namespace: str, index: int, threads: int, rooms: list[int], participants: list[str],
-             ops: int, naive: bool, policy: Policy, queue: Any) -> None:
+def _process(
+    url: str,
+    namespace: str,
+    index: int,
+    threads: int,
+    rooms: list[int],
+    participants: list[str],
+    ops: int,
+    naive: bool,
+    policy: Policy,
+    queue: Any,
+) -> None:
     calls: list[Call] = []
     errors: list[str] = []
 
     def thread(t: int) -> None:
         try:
-            _thread_calls(url, namespace, f"p{index}t{t}", index * 100 + t, rooms, participants, ops, naive,
-                          policy, calls)
-        except Exception as exc:  # reported to the parent, which fails the test with it
+            _thread_calls(
+                url, namespace, f"p{index}t{t}", index * 100 + t, rooms, participants, ops, naive, policy, calls
+            )
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test with it
             errors.append(f"p{index}t{t}: {exc!r}")
 
     workers = [threading.Thread(target=thread, args=(t,)) for t in range(threads)]
@@ -181,16 +229,27 @@ def _process(url: str, namespace: str, index: int, threads: int, rooms: list[int
     queue.put(([tuple(call) for call in calls], errors))
 
 
-def run_history(url: str, namespace: str, *, naive: bool = False, processes: int = 4, threads: int = 3,
-                rooms: int = 3, participants: int = 2, ops: int = 25, policy: Policy = Policy.SEED) -> list[Call]:
+def run_history(
+    url: str,
+    namespace: str,
+    *,
+    naive: bool = False,
+    processes: int = 4,
+    threads: int = 3,
+    rooms: int = 3,
+    participants: int = 2,
+    ops: int = 25,
+    policy: Policy = Policy.SEED,
+) -> list[Call]:
     """Run the workers and return every recorded call (fork start method: the test's imports are reused)."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     room_ids = [2**62 + i for i in range(rooms)]
     names = [f"node-{i}" for i in range(participants)]
-    workers = [ctx.Process(target=_process, args=(url, namespace, i, threads, room_ids, names, ops, naive, policy,
-                                                              queue))
-               for i in range(processes)]
+    workers = [
+        ctx.Process(target=_process, args=(url, namespace, i, threads, room_ids, names, ops, naive, policy, queue))
+        for i in range(processes)
+    ]
     for worker in workers:
         worker.start()
     calls: list[Call] = []

@@ -41,8 +41,9 @@ def _wait_for(flags: Any, room: int, value: int, poll: float) -> None:
         time.sleep(poll)
 
 
-def _owner(url: str, namespace: str, implementation: str, rooms: list[int], armed: Any, cleared: Any,
-           stale: Any) -> None:
+def _owner(
+    url: str, namespace: str, implementation: str, rooms: list[int], armed: Any, cleared: Any, stale: Any
+) -> None:
     store = _store(url, namespace, implementation)
     for round_ in range(ROUNDS):
         for room in rooms:
@@ -61,8 +62,9 @@ def _owner(url: str, namespace: str, implementation: str, rooms: list[int], arme
             time.sleep(0.001)
 
 
-def _aborter(url: str, namespace: str, implementation: str, rooms: list[int], armed: Any, cleared: Any,
-             seed: int) -> None:
+def _aborter(
+    url: str, namespace: str, implementation: str, rooms: list[int], armed: Any, cleared: Any, seed: int
+) -> None:
     store = _store(url, namespace, implementation)
     rng = random.Random(seed)
     for round_ in range(ROUNDS):
@@ -88,11 +90,13 @@ def run_race(url: str, namespace: str, implementation: str, processes: int = 8, 
     stale = ctx.Value("i", 0)
     workers = []
     for p in range(processes):
-        workers.append(ctx.Process(target=_owner, args=(url, namespace, implementation, rooms[p], armed, cleared,
-                                                            stale)))
+        workers.append(
+            ctx.Process(target=_owner, args=(url, namespace, implementation, rooms[p], armed, cleared, stale))
+        )
         neighbour = rooms[(p + 1) % processes]
-        workers.append(ctx.Process(target=_aborter, args=(url, namespace, implementation, neighbour, armed, cleared,
-                                                              p)))
+        workers.append(
+            ctx.Process(target=_aborter, args=(url, namespace, implementation, neighbour, armed, cleared, p))
+        )
     for worker in workers:
         worker.start()
     for worker in workers:

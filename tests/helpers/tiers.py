@@ -79,8 +79,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("unit") and item.get_closest_marker("real"):
             misplaced.append(item.nodeid)
     if misplaced:
-        raise pytest.UsageError("tests/unit/ runs without Redis, but these need a real redis-server: "
-                                + ", ".join(misplaced))
+        raise pytest.UsageError(
+            "tests/unit/ runs without Redis, but these need a real redis-server: " + ", ".join(misplaced)
+        )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -98,8 +99,11 @@ def _redis_server_needs_the_real_marker(request: pytest.FixtureRequest) -> Itera
     original = server_module.RedisServer._launch
 
     def refuse(self: Any, binary: str) -> None:
-        pytest.fail(f"{request.node.nodeid} starts a redis-server but is not marked real "
-                    "(add @pytest.mark.real, or use the redis_server fixture)", pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} starts a redis-server but is not marked real "
+            "(add @pytest.mark.real, or use the redis_server fixture)",
+            pytrace=False,
+        )
 
     server_module.RedisServer._launch = refuse  # type: ignore[method-assign]
     try:

@@ -12,8 +12,8 @@ from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.nearcache import NearCacheOptions
-from tests.nearcache.helpers import client_ids, eventually
 from tests.helpers.backends import fresh_namespace
+from tests.nearcache.helpers import client_ids, eventually
 
 pytestmark = pytest.mark.real
 
@@ -35,7 +35,9 @@ def test_a_missing_room_is_cached_and_another_writers_change_is_seen(cached: Sta
         cached.check_status(1)
 
 
-def test_hits_are_served_without_a_round_trip(cached: StatusStore, writer: StatusStore, redis_server: RedisServer) -> None:
+def test_hits_are_served_without_a_round_trip(
+    cached: StatusStore, writer: StatusStore, redis_server: RedisServer
+) -> None:
     writer.update_many({r: KVPoll.WaitingForInput for r in range(10)})
     raw = redis_server.client()
     assert cached.get_many(range(10)) == {r: KVPoll.WaitingForInput for r in range(10)}
@@ -89,7 +91,8 @@ def test_flushdb_empties_the_cache(cached: StatusStore, writer: StatusStore, red
 
 @pytest.mark.parametrize("which", ["invalidation", "data"])
 def test_a_killed_connection_empties_the_cache_and_coherence_resumes(
-        which: str, cached: StatusStore, writer: StatusStore, redis_server: RedisServer) -> None:
+    which: str, cached: StatusStore, writer: StatusStore, redis_server: RedisServer
+) -> None:
     raw = redis_server.client()
     writer.update_many({r: KVPoll.Bootstrapping for r in range(10)})
     assert cached.get_many(range(10)) == {r: KVPoll.Bootstrapping for r in range(10)}
@@ -109,8 +112,10 @@ def test_a_killed_connection_empties_the_cache_and_coherence_resumes(
 def test_a_server_restart_empties_the_cache() -> None:
     with RedisServer(extra_args=["--save", "", "--appendonly", "no"]) as server:
         namespace = fresh_namespace("nc")
-        with StatusStore.from_url(server.url, namespace=namespace, participant="w") as writer, \
-                StatusStore.from_url(server.url, namespace=namespace, participant="w", near_cache=True) as cached:
+        with (
+            StatusStore.from_url(server.url, namespace=namespace, participant="w") as writer,
+            StatusStore.from_url(server.url, namespace=namespace, participant="w", near_cache=True) as cached,
+        ):
             writer.update_many({r: KVPoll.Transferring for r in range(10)})
             assert cached.get_many(range(10)) == {r: KVPoll.Transferring for r in range(10)}
             server.restart()  # no persistence: every room is gone
@@ -131,8 +136,9 @@ def test_the_liveness_ping_keeps_an_idle_cache_honest(url: str, namespace: str, 
 
 
 def test_the_memory_bound_holds(url: str, namespace: str, writer: StatusStore) -> None:
-    with StatusStore.from_url(url, namespace=namespace, participant="w",
-                              near_cache=NearCacheOptions(max_rooms=100)) as cached:
+    with StatusStore.from_url(
+        url, namespace=namespace, participant="w", near_cache=NearCacheOptions(max_rooms=100)
+    ) as cached:
         writer.update_many({r: KVPoll.Bootstrapping for r in range(300)})
         for start in range(0, 300, 50):
             cached.get_many(range(start, start + 50))
@@ -179,7 +185,8 @@ def _hammer(url: str, namespace: str, rooms: list[int], seed: int) -> None:
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_a_cached_reader_never_goes_back_in_time_and_sees_every_change(
-        asynchronous: bool, url: str, namespace: str) -> None:
+    asynchronous: bool, url: str, namespace: str
+) -> None:
     rooms = list(range(1000, 1128))
     order = {None: -1, **{s: int(s) for s in KVPoll}}
     seen: dict[int, int] = {room: -1 for room in rooms}
@@ -206,6 +213,7 @@ def test_a_cached_reader_never_goes_back_in_time_and_sees_every_change(
             eventually(lambda: check(cached.get_many(rooms)), what="every room's final status")
             assert cached.near_cache.state.flushes == 1  # only the opening of the link: no spurious flush
     else:
+
         async def run() -> None:
             cached = AsyncStatusStore.from_url(url, namespace=namespace, participant="w", near_cache=True)
             try:
@@ -221,6 +229,7 @@ def test_a_cached_reader_never_goes_back_in_time_and_sees_every_change(
                 assert check(await cached.get_many(rooms)), "every room's final status"
             finally:
                 await cached.close()
+
         asyncio.run(run())
         assert process.exitcode == 0
     assert regressions == []
@@ -241,6 +250,7 @@ def test_async_cache_read_your_writes_and_invalidation(url: str, namespace: str,
                 assert await store.get(1) == KVPoll.Transferring
             assert (await store.room(1)).participants["w"].status == KVPoll.Transferring
             assert await store.get_many([1, 2]) == {1: KVPoll.Transferring, 2: None}
+
     asyncio.run(run())
 
 

@@ -86,8 +86,7 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("path", sorted(PATHS))
-def test_a_hung_server_fails_every_path_within_the_deadline(server: RedisServer, path: str,
-                                                            asynchronous: bool) -> None:
+def test_a_hung_server_fails_every_path_within_the_deadline(server: RedisServer, path: str, asynchronous: bool) -> None:
     with runner(server.url, asynchronous) as run:
         with stopped(server.pid):
             started = time.monotonic()
@@ -104,8 +103,11 @@ def test_every_path_recovers_after_a_restart(server: RedisServer, path: str, asy
     with runner(server.url, asynchronous) as run:
         server.restart()  # no persistence: the data and the scripts are gone, the links are closed
         run(lambda store: store.update_status(99, KVPoll.Success))
-        expected = {"get": KVPoll.Success, "get_many": {97: None, 98: None, 99: KVPoll.Success},
-                    "wait_for": KVPoll.Success}
+        expected = {
+            "get": KVPoll.Success,
+            "get_many": {97: None, 98: None, 99: KVPoll.Success},
+            "wait_for": KVPoll.Success,
+        }
         result = run(PATHS[path])
         if path == "room_status":
             assert result.missing == ("q",)
@@ -115,8 +117,7 @@ def test_every_path_recovers_after_a_restart(server: RedisServer, path: str, asy
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("path", sorted(PATHS))
-def test_every_read_path_answers_under_client_pause_write(server: RedisServer, path: str,
-                                                          asynchronous: bool) -> None:
+def test_every_read_path_answers_under_client_pause_write(server: RedisServer, path: str, asynchronous: bool) -> None:
     admin = server.client()
     with runner(server.url, asynchronous) as run:
         run(lambda store: store.update_status(99, KVPoll.Success))
@@ -134,8 +135,11 @@ def test_every_read_path_answers_under_client_pause_write(server: RedisServer, p
         if path == "room_status":
             assert result.missing == ("q",)
         else:
-            expected = {"get": KVPoll.Success, "get_many": {97: None, 98: None, 99: KVPoll.Success},
-                        "wait_for": KVPoll.Success}
+            expected = {
+                "get": KVPoll.Success,
+                "get_many": {97: None, 98: None, 99: KVPoll.Success},
+                "wait_for": KVPoll.Success,
+            }
             assert result == expected[path]
 
 

@@ -15,8 +15,9 @@ from kvstatus.errors import CorruptedValueError
 pytestmark = pytest.mark.real
 
 
-def test_a_key_of_another_type_is_a_corrupted_value_as_without_the_cache(redis_server: RedisServer, url: str,
-                                                                          namespace: str) -> None:
+def test_a_key_of_another_type_is_a_corrupted_value_as_without_the_cache(
+    redis_server: RedisServer, url: str, namespace: str
+) -> None:
     with StatusStore.from_url(url, namespace=namespace, near_cache=True) as store:
         redis_server.client().set(store.schema.room_key(77), "not a hash")
         for read in (lambda: store.get(77), lambda: store.room(77), lambda: store.get_many([77, 78])):
@@ -29,11 +30,13 @@ def test_a_key_of_another_type_is_a_corrupted_value_as_without_the_cache(redis_s
                 await store.get(77)
             with pytest.raises(CorruptedValueError, match="not a kvstatus room hash"):
                 await store.room(77)
+
     asyncio.run(run())
 
 
-def test_a_user_without_tracking_runs_uncached_and_is_told_once(redis_server: RedisServer, namespace: str,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_a_user_without_tracking_runs_uncached_and_is_told_once(
+    redis_server: RedisServer, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
     admin = redis_server.client()
     rules = [r for r in acl_rules(namespace, password="pw-nce", scripts="eval") if r != "+client|tracking"]
     admin.execute_command("ACL", "SETUSER", "nc-notrack", *rules)
@@ -49,11 +52,13 @@ def test_a_user_without_tracking_runs_uncached_and_is_told_once(redis_server: Re
                 assert store.near_cache.refused and not store.near_cache.state.entries
 
             async def run() -> None:
-                async with AsyncStatusStore.from_url(url, namespace=namespace, participant="p",
-                                                     near_cache=True) as store:
+                async with AsyncStatusStore.from_url(
+                    url, namespace=namespace, participant="p", near_cache=True
+                ) as store:
                     assert await store.get(5) is KVPoll.Bootstrapping
                     writer.update_status(5, KVPoll.Transferring)
                     assert await store.get(5) is KVPoll.Transferring
+
             asyncio.run(run())
         told = [r.getMessage() for r in caplog.records if "client|tracking" in r.getMessage()]
         assert len(told) == 2, told  # once per cache: the sync store's and the async store's
@@ -63,21 +68,26 @@ def test_a_user_without_tracking_runs_uncached_and_is_told_once(redis_server: Re
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_the_cache_needs_no_channel_and_a_published_invalidation_reaches_nobody(
-        redis_server: RedisServer, namespace: str, asynchronous: bool) -> None:
+    redis_server: RedisServer, namespace: str, asynchronous: bool
+) -> None:
     """Issue 19 item 1: a tenant's PUBLISH __redis__:invalidate blinded every near cache on the server (the
     reader took the payload as a key list, raised, and lost the real invalidations of the same batch). The
     invalidations now arrive as RESP3 push messages on a connection subscribed to nothing: a user without any
     channel keeps a coherent cache, and what anyone publishes on that channel reaches no cache."""
     admin = redis_server.client()
-    rules = [r for r in acl_rules(namespace, password="pw-nce", scripts="eval")
-             if r not in ("+subscribe", "&__redis__:invalidate")]
+    rules = [
+        r
+        for r in acl_rules(namespace, password="pw-nce", scripts="eval")
+        if r not in ("+subscribe", "&__redis__:invalidate")
+    ]
     admin.execute_command("ACL", "SETUSER", "nc-nochan", *rules)
     writer = StatusStore(redis_server.client(), namespace=namespace, participant="p")
     url = f"redis://nc-nochan:pw-nce@{redis_server.host}:{redis_server.port}/0"
 
     async def run() -> None:
         store = (AsyncStatusStore if asynchronous else StatusStore).from_url(
-            url, namespace=namespace, participant="p", near_cache=True)
+            url, namespace=namespace, participant="p", near_cache=True
+        )
 
         async def call(value: object) -> object:
             return await value if asynchronous else value  # type: ignore[misc]

@@ -32,7 +32,8 @@ def test_a_swapped_database_empties_the_cache(redis_server: RedisServer, asynchr
 
     async def run() -> None:
         store = (AsyncStatusStore if asynchronous else StatusStore).from_url(
-            _db_url(redis_server, 0), namespace=namespace, participant="p", near_cache=options)
+            _db_url(redis_server, 0), namespace=namespace, participant="p", near_cache=options
+        )
 
         async def get() -> object:
             value = store.get(1)

@@ -9,9 +9,9 @@ from redis.cluster import key_slot
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.nearcache import NearCacheOptions
+from tests.helpers.backends import fresh_namespace
 from tests.nearcache.helpers import eventually
 from tests.servers import RedisClusterServers, RedisSentinelServers
-from tests.helpers.backends import fresh_namespace
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -28,8 +28,10 @@ def _flushed(store: StatusStore, since: int) -> bool:
 def test_sentinel_failover_empties_the_cache_and_follows_the_new_master() -> None:
     with RedisSentinelServers(password="data-pw") as group:
         namespace = fresh_namespace("nc")
-        with StatusStore.from_url(group.url, namespace=namespace, participant="w") as writer, \
-                StatusStore.from_url(group.url, namespace=namespace, participant="w", near_cache=True) as cached:
+        with (
+            StatusStore.from_url(group.url, namespace=namespace, participant="w") as writer,
+            StatusStore.from_url(group.url, namespace=namespace, participant="w", near_cache=True) as cached,
+        ):
             writer.update_many({r: KVPoll.Bootstrapping for r in range(20)})
             assert cached.get_many(range(20)) == {r: KVPoll.Bootstrapping for r in range(20)}
             flushes = cached.near_cache.state.flushes
@@ -50,8 +52,10 @@ def test_cluster_cache_follows_every_shard_and_a_moved_slot() -> None:
     with RedisClusterServers(masters=3) as cluster:
         namespace = fresh_namespace("nc")
         options = NearCacheOptions(max_staleness=0.2)
-        with StatusStore.from_url(cluster.url, namespace=namespace, participant="w") as writer, \
-                StatusStore.from_url(cluster.url, namespace=namespace, participant="w", near_cache=options) as cached:
+        with (
+            StatusStore.from_url(cluster.url, namespace=namespace, participant="w") as writer,
+            StatusStore.from_url(cluster.url, namespace=namespace, participant="w", near_cache=options) as cached,
+        ):
             rooms = list(range(200))
             writer.update_many({r: KVPoll.Bootstrapping for r in rooms[:100]})
             expected = {r: (KVPoll.Bootstrapping if r < 100 else None) for r in rooms}

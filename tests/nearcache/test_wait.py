@@ -21,6 +21,7 @@ def _later(seconds: float, action) -> threading.Thread:  # noqa: ANN001
     def run() -> None:
         time.sleep(seconds)
         action()
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
@@ -33,9 +34,14 @@ def _subscribers(raw, channel: str) -> int:  # noqa: ANN001
 def test_wakes_on_change_with_the_pushed_status(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
     key = writer._core.schema.room_key(1)
-    thread = _later(0.2, lambda: (eventually(lambda: _subscribers(raw, key) == 1),
-                                  writer.update_status(1, KVPoll.Bootstrapping),
-                                  writer.update_status(1, KVPoll.Transferring)))
+    thread = _later(
+        0.2,
+        lambda: (
+            eventually(lambda: _subscribers(raw, key) == 1),
+            writer.update_status(1, KVPoll.Bootstrapping),
+            writer.update_status(1, KVPoll.Transferring),
+        ),
+    )
     # recheck far beyond the test: only the push can wake it early
     got = writer.wait_for(1, [KVPoll.Transferring, KVPoll.Success], timeout=60)
     thread.join()
@@ -99,11 +105,13 @@ def test_async_wait_for(url: str, namespace: str, writer: StatusStore) -> None:
             await store.update_status(5, KVPoll.Bootstrapping)
             await store.update_status(5, KVPoll.Failed)
             assert await waiter == KVPoll.Failed
+
     asyncio.run(run())
 
 
-def test_a_user_without_the_channel_still_updates_and_its_waiters_poll(redis_server: RedisServer,
-                                                                         namespace: str) -> None:
+def test_a_user_without_the_channel_still_updates_and_its_waiters_poll(
+    redis_server: RedisServer, namespace: str
+) -> None:
     admin = redis_server.client()
     rules = [r for r in acl_rules(namespace, password="pw-nc", scripts="eval") if not r.startswith("&")]
     admin.execute_command("ACL", "SETUSER", "nc-nochan", *rules)
@@ -126,8 +134,10 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
             assert store.get(7) is None
             raw = redis_server.client()
             key = store._core.schema.room_key(7)
-            _later(0.1, lambda: (eventually(lambda: _subscribers(raw, key) == 1),
-                                 store.update_status(7, KVPoll.Bootstrapping)))
+            _later(
+                0.1,
+                lambda: (eventually(lambda: _subscribers(raw, key) == 1), store.update_status(7, KVPoll.Bootstrapping)),
+            )
             assert store.wait_for(7, KVPoll.Bootstrapping, timeout=60) == KVPoll.Bootstrapping
             assert store.get(7) == KVPoll.Bootstrapping
         from kvstatus.admin.doctor import run_checks
@@ -146,8 +156,15 @@ def test_doctor_names_what_a_user_without_tracking_lacks(redis_server: RedisServ
     from kvstatus.keys import KeySchema
 
     admin = redis_server.client()
-    admin.execute_command("ACL", "SETUSER", "nc-old", *acl_rules(namespace, password="pw-nc", scripts="eval"),
-                          "-client|tracking", "-ssubscribe", "-subscribe")
+    admin.execute_command(
+        "ACL",
+        "SETUSER",
+        "nc-old",
+        *acl_rules(namespace, password="pw-nc", scripts="eval"),
+        "-client|tracking",
+        "-ssubscribe",
+        "-subscribe",
+    )
     try:
         url = f"redis://nc-old:pw-nc@{redis_server.host}:{redis_server.port}/0"
         checks = {c.name: c for c in run_checks(connect(url), KeySchema(namespace))}

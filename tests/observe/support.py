@@ -40,8 +40,11 @@ def get(url: str, timeout: float = 10.0) -> str:
 
 def scrape(url: str) -> Samples:
     """Every sample of a /metrics page: (name, labels) -> value."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(get(url)) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(get(url))
+        for s in family.samples
+    }
 
 
 def sample(samples: Samples, name: str, **labels: str) -> Optional[float]:
@@ -54,8 +57,13 @@ class ServerProcess:
     def __init__(self, *args: str, env: Optional[dict[str, str]] = None) -> None:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
         environment.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", *args], stderr=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=environment)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvstatus.cli", *args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
         self.stderr: list[str] = []
         self._port: Optional[int] = None
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -95,10 +103,11 @@ class ServerProcess:
 
     @property
     def output(self) -> str:
-        return "".join(self.stderr) + (self.proc.stdout.read() if self.proc.stdout and self.proc.poll() is not None
-                                       else "")
+        return "".join(self.stderr) + (
+            self.proc.stdout.read() if self.proc.stdout and self.proc.poll() is not None else ""
+        )
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

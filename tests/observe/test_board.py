@@ -17,8 +17,8 @@ from kvstatus.admin.stats import collect_stats
 from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from kvstatus.observe.board import MAX_SCAN_STEPS
-from tests.observe.support import ServerProcess, get, wait_until
 from tests.helpers.backends import fresh_namespace
+from tests.observe.support import ServerProcess, get, wait_until
 
 pytestmark = pytest.mark.real
 
@@ -58,8 +58,9 @@ def populate(url: str, namespace: str) -> dict[str, dict[int, KVPoll]]:
 def board(redis_server: RedisServer) -> Iterator[tuple[ServerProcess, str, dict[str, dict[int, KVPoll]]]]:
     namespace = fresh_namespace("board")
     written = populate(redis_server.url, namespace)
-    with ServerProcess("--url", redis_server.url, "--namespace", namespace, "serve", "--port", "0",
-                       "--interval", "0.3") as server:
+    with ServerProcess(
+        "--url", redis_server.url, "--namespace", namespace, "serve", "--port", "0", "--interval", "0.3"
+    ) as server:
         wait_until(lambda: request(server.base + "/api/summary")[1]["ready"], 30, "the first pass")
         yield server, namespace, written
         assert server.terminate() == 0
@@ -119,8 +120,14 @@ def test_room_detail_and_errors(board) -> None:
     assert entries["prefill-0"]["reason"] is None
     assert room["tombstone"] is None
     assert request(server.base + "/api/rooms/999999")[0] == 404
-    for bad in ("/api/rooms/abc", "/api/rooms/99999999999999999999", "/api/rooms?status=Done",
-                "/api/rooms?cursor=banana", "/api/rooms?limit=0", "/api/changes?after=x"):
+    for bad in (
+        "/api/rooms/abc",
+        "/api/rooms/99999999999999999999",
+        "/api/rooms?status=Done",
+        "/api/rooms?cursor=banana",
+        "/api/rooms?limit=0",
+        "/api/changes?after=x",
+    ):
         status, body = request(server.base + bad)
         assert status == 400 and body["error"], bad
 
@@ -131,8 +138,11 @@ def test_recent_changes_come_from_watch_change_detection(board, redis_server: Re
     with StatusStore.from_url(redis_server.url, namespace=namespace, participant="decode-0") as store:
         store.update_status(5000, KVPoll.Bootstrapping)
         store.update_status(40, KVPoll.Failed)
-    changes = wait_until(lambda: len((c := request(f"{server.base}/api/changes?after={last}")[1])["changes"]) >= 2
-                         and c, 30, "two changes")
+    changes = wait_until(
+        lambda: len((c := request(f"{server.base}/api/changes?after={last}")[1])["changes"]) >= 2 and c,
+        30,
+        "two changes",
+    )
     kinds = {c["room"]: c["event"] for c in changes["changes"]}
     assert kinds["5000"] == "new" and kinds["40"] == "failed"
     assert all(c["seq"] > last for c in changes["changes"])
@@ -178,13 +188,17 @@ def test_password_is_masked_everywhere_and_an_outage_is_shown_not_fatal() -> Non
     namespace = fresh_namespace("board")
     with RedisServer(password=PASSWORD) as redis:
         populate(redis.url, namespace)
-        with ServerProcess("--url", redis.url, "--namespace", namespace, "serve", "--port", "0",
-                           "--interval", "0.3") as server:
+        with ServerProcess(
+            "--url", redis.url, "--namespace", namespace, "serve", "--port", "0", "--interval", "0.3"
+        ) as server:
             summary = wait_until(lambda: (b := request(server.base + "/api/summary")[1])["ready"] and b, 30, "a pass")
             page = get(server.base + "/")
             redis.kill()
-            down = wait_until(lambda: (b := request(server.base + "/api/summary")[1])["up"] is False and b, 60,
-                              "the board to see Redis down")
+            down = wait_until(
+                lambda: (b := request(server.base + "/api/summary")[1])["up"] is False and b,
+                60,
+                "the board to see Redis down",
+            )
             status, failed_page = request(server.base + "/api/rooms")
             assert status == 503 and "Redis unavailable" in failed_page["error"]  # BackendRefusedError since 19.17
             redis.restart()
@@ -208,8 +222,20 @@ def test_a_port_in_use_is_one_line_and_exit_1_not_a_traceback(redis_server: Redi
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        result = CliRunner().invoke(main, ["--url", redis_server.url, "--namespace", fresh_namespace("board"),
-                                           command, "--host", "127.0.0.1", "--port", str(port)])
+        result = CliRunner().invoke(
+            main,
+            [
+                "--url",
+                redis_server.url,
+                "--namespace",
+                fresh_namespace("board"),
+                command,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+        )
     assert result.exit_code == 1, result.output
     assert f"cannot listen on 127.0.0.1:{port}" in result.output and "Traceback" not in result.output
     assert not isinstance(result.exception, OSError)

@@ -8,21 +8,19 @@ KVSTATUS_BOARD_SCREENSHOT=path to keep the screenshot (docs/board.png is made so
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
-from tests.observe.support import ServerProcess, wait_until
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import real_redis_required
+from tests.observe.support import ServerProcess, wait_until
 
 pytestmark = pytest.mark.real
 
@@ -33,8 +31,10 @@ CHROMEDRIVER = ("/usr/bin/chromedriver", "chromium-driver")
 def _find(path: str, name: str) -> str:
     found = path if os.access(path, os.X_OK) else shutil.which(Path(path).name)
     if found is None:
-        message = (f"{Path(path).name} is not installed, so the board's browser test cannot run "
-                   f"(Debian: apt-get install {name})")
+        message = (
+            f"{Path(path).name} is not installed, so the board's browser test cannot run "
+            f"(Debian: apt-get install {name})"
+        )
         if real_redis_required():
             pytest.fail(message + "; CI requires it", pytrace=False)
         pytest.skip(message)
@@ -54,9 +54,19 @@ def browser() -> Iterator[object]:
     profile = tempfile.mkdtemp(prefix="kvstatus-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1200,780", f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1200,780",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
     try:
@@ -95,8 +105,9 @@ def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, B
 
     namespace = fresh_namespace("browser")
     expected = populate(redis_server.url, namespace)
-    with ServerProcess("--url", redis_server.url, "--namespace", namespace, "serve", "--port", "0",
-                       "--interval", "0.5") as server:
+    with ServerProcess(
+        "--url", redis_server.url, "--namespace", namespace, "serve", "--port", "0", "--interval", "0.5"
+    ) as server:
         browser.get(server.base + "/")
         text = lambda element_id: browser.find_element(By.ID, element_id).text
         wait_until(lambda: text("count-rooms") == "80", 30, "the rendered room count")
@@ -114,8 +125,11 @@ def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, B
                 store.update_many({room: KVPoll.Success for room in range(step * 12, step * 12 + 12)})
                 store.update_many({room: KVPoll.Bootstrapping for room in range(100 + step * 15, 115 + step * 15)})
                 shown = len(browser.find_elements(By.CSS_SELECTOR, "#changes div a"))
-                wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#changes div a")) > shown, 30,
-                           "the change to show up")
+                wait_until(
+                    lambda: len(browser.find_elements(By.CSS_SELECTOR, "#changes div a")) > shown,  # noqa: B023 - used at once, in this iteration
+                    30,
+                    "the change to show up",
+                )
         wait_until(lambda: text("count-rooms") == "125", 30, "the new rooms counted")
         changes = text("changes")
         assert "new room 114" in changes and "advanced room 0" in changes, changes
@@ -130,12 +144,19 @@ def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, B
         ttl = float(text("detail-ttl").split()[0])
         assert 500 < ttl <= 600
 
-        browser.execute_script("document.getElementById('f-status').value = 'Failed';"
-                               "document.getElementById('f-participant').value = 'decode-0';")
+        browser.execute_script(
+            "document.getElementById('f-status').value = 'Failed';"
+            "document.getElementById('f-participant').value = 'decode-0';"
+        )
         browser.find_element(By.ID, "apply").click()
-        wait_until(lambda:
-                   {e.get_attribute("data-room") for e in browser.find_elements(By.CSS_SELECTOR, "tr.room")}
-                   == {str(r) for r in range(3, 80, 10)}, 30, "the Failed rooms of decode-0")
+        wait_until(
+            lambda: (
+                {e.get_attribute("data-room") for e in browser.find_elements(By.CSS_SELECTOR, "tr.room")}
+                == {str(r) for r in range(3, 80, 10)}
+            ),
+            30,
+            "the Failed rooms of decode-0",
+        )
 
         shot = Path(os.environ.get("KVSTATUS_BOARD_SCREENSHOT") or tmp_path / "board.png")
         browser.execute_script("location.hash = 'room=3'")

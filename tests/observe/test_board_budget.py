@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from kvstatus.observe.board import MAX_PAGE, MAX_PAGE_READS, Board
 from kvstatus.rule import KVPoll
-from kvstatus.demo.server import RedisServer
 from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real

@@ -49,15 +49,17 @@ def tenant_b(redis_server: RedisServer) -> Iterator[tuple[str, str]]:
         store.record_failure(7, REASON)
     user = f"board-{namespace}"
     admin = redis_server.client()
-    admin.execute_command("ACL", "SETUSER", user, *acl_rules(namespace, read_only=True, password="pw-b",
-                                                             scripts="eval"))
+    admin.execute_command(
+        "ACL", "SETUSER", user, *acl_rules(namespace, read_only=True, password="pw-b", scripts="eval")
+    )
     yield namespace, f"redis://{user}:pw-b@{redis_server.host}:{redis_server.port}/0"
     admin.execute_command("ACL", "DELUSER", user)
 
 
 def serve(url: str, namespace: str, *args: str, env: Optional[dict[str, str]] = None) -> ServerProcess:
-    return ServerProcess("--url", url, "--namespace", namespace, "serve", "--port", "0", "--interval", "0.3",
-                         *args, env=env)
+    return ServerProcess(
+        "--url", url, "--namespace", namespace, "serve", "--port", "0", "--interval", "0.3", *args, env=env
+    )
 
 
 @pytest.mark.real
@@ -67,8 +69,13 @@ def test_a_rebinding_page_reads_nothing_and_localhost_reads_everything(tenant_b:
         port = board.port
         wait_until(lambda: json.loads(fetch(port, "/api/summary", f"127.0.0.1:{port}")[1])["ready"], 30, "a pass")
         for path in PATHS:
-            for attacker in (f"rebind.attacker.example:{port}", "rebind.attacker.example", "localhost.attacker.example",
-                             "", f"evil.example:{port}:1"):
+            for attacker in (
+                f"rebind.attacker.example:{port}",
+                "rebind.attacker.example",
+                "localhost.attacker.example",
+                "",
+                f"evil.example:{port}:1",
+            ):
                 status, body, _ = fetch(port, path, attacker)
                 assert status == 400, (path, attacker, status)
                 assert "7" not in body and REASON not in body and "attacker" not in body
@@ -97,8 +104,15 @@ def test_a_token_guards_the_page_and_the_json_api(tenant_b: tuple[str, str]) -> 
         port, host = board.port, f"127.0.0.1:{board.port}"
         basic = "Basic " + base64.b64encode(f"anyone:{TOKEN}".encode()).decode()
         for path in PATHS:
-            for wrong in (None, "Bearer nope", f"Bearer {TOKEN}x", "Basic " + base64.b64encode(b"x:y").decode(),
-                          "Basic !!!", TOKEN, f"Token {TOKEN}"):
+            for wrong in (
+                None,
+                "Bearer nope",
+                f"Bearer {TOKEN}x",
+                "Basic " + base64.b64encode(b"x:y").decode(),
+                "Basic !!!",
+                TOKEN,
+                f"Token {TOKEN}",
+            ):
                 status, body, headers = fetch(port, path, host, wrong)
                 assert status == 401, (path, wrong)
                 assert REASON not in body and TOKEN not in body
@@ -117,13 +131,30 @@ def test_an_empty_token_is_a_usage_error() -> None:
 
 def test_serve_help_says_what_it_exposes_and_how_it_is_guarded() -> None:
     text = " ".join(invoke(lambda url: None, "serve", "--help").output.split())
-    for phrase in ("What it exposes", "every room id", "failure reasons", "Redis URL with its password masked",
-                   "/api/", "DNS rebinding", "--allow-host", "KVSTATUS_BOARD_TOKEN", "Bearer"):
+    for phrase in (
+        "What it exposes",
+        "every room id",
+        "failure reasons",
+        "Redis URL with its password masked",
+        "/api/",
+        "DNS rebinding",
+        "--allow-host",
+        "KVSTATUS_BOARD_TOKEN",
+        "Bearer",
+    ):
         assert phrase in text, phrase
 
 
-@pytest.mark.parametrize("header, name", [("Example.COM:8080", "example.com"), ("[::1]:80", "::1"),
-                                          ("localhost.", "localhost"), ("10.0.0.5", "10.0.0.5"), ("", "")])
+@pytest.mark.parametrize(
+    "header, name",
+    [
+        ("Example.COM:8080", "example.com"),
+        ("[::1]:80", "::1"),
+        ("localhost.", "localhost"),
+        ("10.0.0.5", "10.0.0.5"),
+        ("", ""),
+    ],
+)
 def test_host_names(header: str, name: str) -> None:
     assert host_name(header) == name
 
@@ -135,4 +166,3 @@ def test_the_default_hosts_and_ip_literals() -> None:
     assert guard.host_allowed("10.1.2.3:8080") and guard.host_allowed("[fe80::1]:80")  # no rebinding via an IP
     assert not guard.host_allowed("10.1.2.3.attacker.example") and not guard.host_allowed("")
     assert basic_or_bearer(f"bearer {TOKEN}", TOKEN) and not basic_or_bearer("", TOKEN)
-

@@ -18,9 +18,27 @@ pytestmark = pytest.mark.real
 
 def test_demo_serve_keeps_the_board_up_until_ctrl_c() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
-    proc = subprocess.Popen([sys.executable, "-m", "kvstatus.cli", "demo", "--prefill", "1", "--decode", "1",
-                             "--requests", "150", "--serve", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvstatus.cli",
+            "demo",
+            "--prefill",
+            "1",
+            "--decode",
+            "1",
+            "--requests",
+            "150",
+            "--serve",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()

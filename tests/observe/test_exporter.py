@@ -12,8 +12,8 @@ import pytest
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer, free_port
 from kvstatus.observe.exporter import METRICS
-from tests.observe.support import ServerProcess, sample, scrape, wait_until
 from tests.helpers.backends import fresh_namespace
+from tests.observe.support import ServerProcess, sample, scrape, wait_until
 
 pytestmark = pytest.mark.real
 
@@ -22,8 +22,13 @@ PASSWORD = "exporter-s3cret-pw"
 
 def stats_json(url: str, namespace: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
-    done = subprocess.run([sys.executable, "-m", "kvstatus.cli", "--url", url, "--namespace", namespace,
-                           "stats", "--json"], capture_output=True, text=True, timeout=60, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstatus.cli", "--url", url, "--namespace", namespace, "stats", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     report = json.loads(done.stdout)
     assert done.returncode == (3 if report["findings"] else 0), done.stderr  # 3: stats found leaks or corruption
     return report
@@ -51,20 +56,38 @@ def test_exporter_numbers_agree_with_stats_json_and_it_stops_on_sigterm(redis_se
     first, second = fresh_namespace("exp"), fresh_namespace("exp")
     populate(redis_server.url, first, 400)
     populate(redis_server.url, second, 60)
-    with ServerProcess("--url", redis_server.url, "exporter", first, second, "--port", "0",
-                       "--interval", "0.5", "--batch", "50", "--ttl", "600") as exporter:
+    with ServerProcess(
+        "--url",
+        redis_server.url,
+        "exporter",
+        first,
+        second,
+        "--port",
+        "0",
+        "--interval",
+        "0.5",
+        "--batch",
+        "50",
+        "--ttl",
+        "600",
+    ) as exporter:
         metrics = exporter.base + "/metrics"
         for namespace in (first, second):
             expected = stats_json(redis_server.url, namespace)
-            got = wait_until(lambda: (s := scrape(metrics)) and sample(s, "kvstatus_rooms", namespace=namespace)
-                             is not None and s, 30, "a completed pass")
+            got = wait_until(
+                lambda: (s := scrape(metrics)) and sample(s, "kvstatus_rooms", namespace=namespace) is not None and s,  # noqa: B023 - used at once, in this iteration
+                30,
+                "a completed pass",
+            )
             assert sample(got, "kvstatus_up", namespace=namespace) == 1
             assert sample(got, "kvstatus_rooms", namespace=namespace) == expected["rooms"]
             assert set(expected["by_participant"]) == {"prefill-0", "prefill-1", "decode-0", "decode-1"}
             for participant, counts in expected["by_participant"].items():
                 for status, count in counts.items():
-                    assert sample(got, "kvstatus_entries", namespace=namespace, participant=participant,
-                                  status=status) == count, (participant, status)
+                    assert (
+                        sample(got, "kvstatus_entries", namespace=namespace, participant=participant, status=status)
+                        == count
+                    ), (participant, status)
             assert sample(got, "kvstatus_keys_without_ttl", namespace=namespace) == expected["keys_without_ttl"] == 1
             assert sample(got, "kvstatus_corrupted_rooms", namespace=namespace) == expected["corrupted_rooms"] == 1
             for bucket, count in expected["ttl_left"].items():
@@ -75,7 +98,10 @@ def test_exporter_numbers_agree_with_stats_json_and_it_stops_on_sigterm(redis_se
             assert age == pytest.approx(600 - oldest_ttl, abs=3)
             assert sample(got, "kvstatus_rooms_on_lost_participants", namespace=namespace) == 0
             assert sample(got, "kvstatus_lease_tracking", namespace=namespace) == 1  # kvstatus exporter reads leases
-            assert sample(got, "kvstatus_exporter_scanned_keys", namespace=namespace) == expected["rooms"] + expected["corrupted_rooms"]
+            assert (
+                sample(got, "kvstatus_exporter_scanned_keys", namespace=namespace)
+                == expected["rooms"] + expected["corrupted_rooms"]
+            )
             assert sample(got, "kvstatus_exporter_scan_duration_seconds", namespace=namespace) > 0
             assert sample(got, "kvstatus_exporter_last_success_timestamp_seconds", namespace=namespace) > 1.7e9
             assert sample(got, "kvstatus_exporter_scan_errors_total", namespace=namespace) == 0
@@ -91,21 +117,26 @@ def test_exporter_survives_a_redis_restart_and_never_shows_the_password() -> Non
     with RedisServer(password=PASSWORD) as server:
         store = StatusStore.from_url(server.url, namespace=namespace, participant="p")
         store.update_many({room: KVPoll.Bootstrapping for room in range(30)})
-        with ServerProcess("--url", server.url, "--namespace", namespace, "exporter", "--port", "0",
-                           "--interval", "0.3") as exporter:
+        with ServerProcess(
+            "--url", server.url, "--namespace", namespace, "exporter", "--port", "0", "--interval", "0.3"
+        ) as exporter:
             metrics = exporter.base + "/metrics"
             wait_until(lambda: sample(scrape(metrics), "kvstatus_rooms", namespace=namespace) == 30, 30, "30 rooms")
             server.kill()
-            down = wait_until(lambda: (s := scrape(metrics)) and sample(s, "kvstatus_up", namespace=namespace) == 0
-                              and s, 60, "up 0")
+            down = wait_until(
+                lambda: (s := scrape(metrics)) and sample(s, "kvstatus_up", namespace=namespace) == 0 and s, 60, "up 0"
+            )
             assert sample(down, "kvstatus_rooms", namespace=namespace) is None  # a gap, not stale numbers
             assert sample(down, "kvstatus_exporter_last_success_timestamp_seconds", namespace=namespace) > 0
             assert exporter.proc.poll() is None
             server.restart()
             store = StatusStore.from_url(server.url, namespace=namespace, participant="p")
             store.update_many({room: KVPoll.Transferring for room in range(12)})
-            up = wait_until(lambda: (s := scrape(metrics)) and sample(s, "kvstatus_rooms", namespace=namespace) == 12
-                            and s, 60, "the exporter to see the restarted Redis")
+            up = wait_until(
+                lambda: (s := scrape(metrics)) and sample(s, "kvstatus_rooms", namespace=namespace) == 12 and s,
+                60,
+                "the exporter to see the restarted Redis",
+            )
             assert sample(up, "kvstatus_up", namespace=namespace) == 1
             assert sample(up, "kvstatus_entries", namespace=namespace, participant="p", status="Transferring") == 12
             assert sample(up, "kvstatus_exporter_scan_errors_total", namespace=namespace) >= 1
@@ -120,9 +151,15 @@ def test_exporter_without_redis_reports_up_0_and_exits_0_on_sigterm() -> None:
     namespace = fresh_namespace("exp")
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
     with ServerProcess("--url", url, "--namespace", namespace, "exporter", "--port", "0", "--interval", "0.2") as exp:
-        samples = wait_until(lambda: (s := scrape(exp.base + "/metrics"))
-                             and sample(s, "kvstatus_exporter_scan_errors_total", namespace=namespace) and s,
-                             60, "a failed pass")
+        samples = wait_until(
+            lambda: (
+                (s := scrape(exp.base + "/metrics"))
+                and sample(s, "kvstatus_exporter_scan_errors_total", namespace=namespace)
+                and s
+            ),
+            60,
+            "a failed pass",
+        )
         assert sample(samples, "kvstatus_up", namespace=namespace) == 0
         assert sample(samples, "kvstatus_exporter_last_success_timestamp_seconds", namespace=namespace) == 0
         assert exp.terminate() == 0
@@ -131,9 +168,15 @@ def test_exporter_without_redis_reports_up_0_and_exits_0_on_sigterm() -> None:
 
 def test_exporter_usage_errors_are_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
-    done = subprocess.run([sys.executable, "-m", "kvstatus.cli", "exporter", "bad{ns}"], capture_output=True,
-                          text=True, timeout=60, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstatus.cli", "exporter", "bad{ns}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert done.returncode == 2 and "invalid namespace" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, "-m", "kvstatus.cli", "exporter"], capture_output=True, text=True,
-                          timeout=60, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstatus.cli", "exporter"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert done.returncode == 2 and "no namespace" in done.stderr

@@ -59,8 +59,9 @@ def test_2000_participants_give_a_bounded_number_of_series_and_every_entry_count
     names = {s.labels["participant"] for s in entries}
     assert OTHER_PARTICIPANTS in names
     assert {"decode-0", "decode-1", "decode-2"} <= names or cap < 3  # the busiest keep their own label
-    other_failed = [s.value for s in entries
-                    if s.labels["participant"] == OTHER_PARTICIPANTS and s.labels["status"] == "Failed"]
+    other_failed = [
+        s.value for s in entries if s.labels["participant"] == OTHER_PARTICIPANTS and s.labels["status"] == "Failed"
+    ]
     assert other_failed == [max(3 - cap, 0)]
     assert len(text) < 40_000  # was 836 KB
 
@@ -84,10 +85,23 @@ def test_a_negative_cap_is_refused() -> None:
 def test_the_exporter_process_caps_2000_participants(redis_server: Any) -> None:
     schema = KeySchema(fresh_namespace("cap"))
     populate(redis_server.client(), schema)
-    with ServerProcess("--url", redis_server.url, "exporter", schema.namespace, "--port", "0", "--interval", "0.5",
-                       "--max-participants", "10") as exporter:
-        samples = wait_until(lambda: (s := scrape(exporter.base + "/metrics"))
-                             and any(n == "kvstatus_entries" for n, _ in s) and s, 30, "a completed pass")
+    with ServerProcess(
+        "--url",
+        redis_server.url,
+        "exporter",
+        schema.namespace,
+        "--port",
+        "0",
+        "--interval",
+        "0.5",
+        "--max-participants",
+        "10",
+    ) as exporter:
+        samples = wait_until(
+            lambda: (s := scrape(exporter.base + "/metrics")) and any(n == "kvstatus_entries" for n, _ in s) and s,
+            30,
+            "a completed pass",
+        )
     entries = {labels: v for (name, labels), v in samples.items() if name == "kvstatus_entries"}
     assert len(entries) == 5 * 11
     assert sum(entries.values()) == PARTICIPANTS + 3

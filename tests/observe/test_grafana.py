@@ -11,8 +11,8 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
-from tests.observe.support import ServerProcess, scrape, wait_until
 from tests.helpers.backends import fresh_namespace
+from tests.observe.support import ServerProcess, scrape, wait_until
 
 METRIC = re.compile(r"\bkvstatus_[a-z_]+\b")
 
@@ -47,8 +47,11 @@ def test_every_query_names_a_metric_the_exporter_serves(redis_server: RedisServe
     with StatusStore.from_url(redis_server.url, namespace=namespace, participant="prefill-0") as store:
         store.update_many({room: KVPoll(1 + room % 4) for room in range(20)})
     with ServerProcess("--url", redis_server.url, "exporter", namespace, "--port", "0", "--interval", "0.3") as exp:
-        served = wait_until(lambda: (s := scrape(exp.base + "/metrics"))
-                            and any(name == "kvstatus_rooms" for name, _ in s) and s, 30, "a completed pass")
+        served = wait_until(
+            lambda: (s := scrape(exp.base + "/metrics")) and any(name == "kvstatus_rooms" for name, _ in s) and s,
+            30,
+            "a completed pass",
+        )
         assert exp.terminate() == 0
     names = {name for name, _ in served}
     used = {name for query in queries(dashboard()) for name in METRIC.findall(query)}

@@ -16,8 +16,9 @@ from tests.helpers.backends import fresh_namespace
 
 
 def updates(registry: CollectorRegistry, namespace: str, participant: str, outcome: str) -> Optional[float]:
-    return registry.get_sample_value("kvstatus_updates_total",
-                                     {"namespace": namespace, "participant": participant, "outcome": outcome})
+    return registry.get_sample_value(
+        "kvstatus_updates_total", {"namespace": namespace, "participant": participant, "outcome": outcome}
+    )
 
 
 @pytest.mark.real
@@ -27,19 +28,21 @@ def test_counters_move_per_outcome_as_the_store_says(redis_server) -> None:
     seed = StatusStore(redis_server.client(), namespace=namespace, participant="prefill-0")
     strict = StatusStore(redis_server.client(), namespace=namespace, participant="decode-0", policy="strict")
     seen: dict[str, list[Outcome]] = {"prefill-0": [], "decode-0": []}
-    observers = {"prefill-0": StoreMetrics(namespace, "prefill-0", registry),
-                 "decode-0": StoreMetrics(namespace, "decode-0", registry)}
+    observers = {
+        "prefill-0": StoreMetrics(namespace, "prefill-0", registry),
+        "decode-0": StoreMetrics(namespace, "decode-0", registry),
+    }
     script = [
-        (seed, 1, KVPoll.Failed),            # IGNORED_MISSING
-        (seed, 1, KVPoll.Bootstrapping),     # CREATED
-        (seed, 1, KVPoll.Transferring),      # ADVANCED
-        (seed, 1, KVPoll.Bootstrapping),     # UNCHANGED
-        (seed, 1, KVPoll.Failed),            # FAILED
-        (seed, 1, KVPoll.Success),           # ADVANCED (seed: Failed -> Success)
-        (strict, 2, KVPoll.Success),         # REFUSED_CREATE
-        (strict, 2, KVPoll.Bootstrapping),   # CREATED
-        (strict, 2, KVPoll.Failed),          # FAILED
-        (strict, 2, KVPoll.Transferring),    # REFUSED_TERMINAL
+        (seed, 1, KVPoll.Failed),  # IGNORED_MISSING
+        (seed, 1, KVPoll.Bootstrapping),  # CREATED
+        (seed, 1, KVPoll.Transferring),  # ADVANCED
+        (seed, 1, KVPoll.Bootstrapping),  # UNCHANGED
+        (seed, 1, KVPoll.Failed),  # FAILED
+        (seed, 1, KVPoll.Success),  # ADVANCED (seed: Failed -> Success)
+        (strict, 2, KVPoll.Success),  # REFUSED_CREATE
+        (strict, 2, KVPoll.Bootstrapping),  # CREATED
+        (strict, 2, KVPoll.Failed),  # FAILED
+        (strict, 2, KVPoll.Transferring),  # REFUSED_TERMINAL
     ]
     for store, room, status in script:
         result = store.update_status(room, status)
@@ -48,10 +51,14 @@ def test_counters_move_per_outcome_as_the_store_says(redis_server) -> None:
     assert {o for outcomes in seen.values() for o in outcomes} == set(Outcome)
     for participant, outcomes in seen.items():
         for outcome in Outcome:
-            assert updates(registry, namespace, participant, outcome.name) == outcomes.count(outcome), \
-                (participant, outcome)
+            assert updates(registry, namespace, participant, outcome.name) == outcomes.count(outcome), (
+                participant,
+                outcome,
+            )
 
-    batch = seed.update_many({10: KVPoll.Bootstrapping, 11: KVPoll.Failed, 12: KVPoll.WaitingForInput, 1: KVPoll.Success})
+    batch = seed.update_many(
+        {10: KVPoll.Bootstrapping, 11: KVPoll.Failed, 12: KVPoll.WaitingForInput, 1: KVPoll.Success}
+    )
     observers["prefill-0"].on_updates(batch.values())
     expected = {o: seen["prefill-0"].count(o) + [r.outcome for r in batch.values()].count(o) for o in Outcome}
     assert expected[Outcome.CREATED] == 3 and expected[Outcome.IGNORED_MISSING] == 2
@@ -76,10 +83,15 @@ def test_latency_histogram_by_operation() -> None:
     labels = {"namespace": "ns", "participant": "p"}
     count = lambda op: registry.get_sample_value("kvstatus_call_duration_seconds_count", {**labels, "operation": op})
     assert count("update_status") == 2 and count("get") == 1 and count("other") == 1 and count("clear") == 0
-    assert registry.get_sample_value("kvstatus_call_duration_seconds_sum", {**labels, "operation": "update_status"}) \
-        == pytest.approx(0.0302)
-    assert registry.get_sample_value("kvstatus_call_duration_seconds_bucket",
-                                     {**labels, "operation": "update_status", "le": "0.00025"}) == 1
+    assert registry.get_sample_value(
+        "kvstatus_call_duration_seconds_sum", {**labels, "operation": "update_status"}
+    ) == pytest.approx(0.0302)
+    assert (
+        registry.get_sample_value(
+            "kvstatus_call_duration_seconds_bucket", {**labels, "operation": "update_status", "le": "0.00025"}
+        )
+        == 1
+    )
     assert set(OPERATIONS) >= {"update_status", "update_many", "get", "get_many", "clear", "room"}
 
 
@@ -94,7 +106,9 @@ def test_errors_by_kvstatus_type_and_resends() -> None:
         metrics.on_error(exc)
     metrics.on_resend()
     metrics.on_resend()
-    value = lambda t: registry.get_sample_value("kvstatus_errors_total", {"namespace": "ns", "participant": "p", "type": t})
+    value = lambda t: registry.get_sample_value(
+        "kvstatus_errors_total", {"namespace": "ns", "participant": "p", "type": t}
+    )
     assert value("BackendUnavailableError") == 2  # a subclass counts as its nearest kvstatus type
     assert value("InvalidRoomError") == 1 and value("other") == 1 and value("KVStatusError") == 0
     assert "KVStatusError" in ERROR_TYPES and "PermissionDeniedError" in ERROR_TYPES
@@ -122,19 +136,29 @@ def test_two_stores_share_one_family_and_no_label_names_a_room() -> None:
     b = a.for_participant("decode-0")
     assert instruments(registry) is instruments(registry)
     b.on_update(UpdateResult(Outcome.CREATED, KVPoll.Bootstrapping))
-    assert registry.get_sample_value("kvstatus_updates_total",
-                                     {"namespace": "ns", "participant": "decode-0", "outcome": "CREATED"}) == 1
-    assert registry.get_sample_value("kvstatus_updates_total",
-                                     {"namespace": "ns", "participant": "prefill-0", "outcome": "CREATED"}) == 0
+    assert (
+        registry.get_sample_value(
+            "kvstatus_updates_total", {"namespace": "ns", "participant": "decode-0", "outcome": "CREATED"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "kvstatus_updates_total", {"namespace": "ns", "participant": "prefill-0", "outcome": "CREATED"}
+        )
+        == 0
+    )
     label_names = {name for family in registry.collect() for sample in family.samples for name in sample.labels}
     assert label_names == {"namespace", "participant", "outcome", "operation", "type", "le"}
 
 
 def test_core_and_cli_do_not_import_the_optional_extras() -> None:
-    code = ("import sys, kvstatus, kvstatus.cli\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('prometheus_client', 'starlette', 'uvicorn', 'selenium', 'anyio', 'h11', 'kvstatus') and "
-            "(not m.startswith('kvstatus') or m.startswith('kvstatus.observe.')))\n"
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, kvstatus, kvstatus.cli\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('prometheus_client', 'starlette', 'uvicorn', 'selenium', 'anyio', 'h11', 'kvstatus') and "
+        "(not m.startswith('kvstatus') or m.startswith('kvstatus.observe.')))\n"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -34,8 +34,9 @@ class Series:
         self.registry = CollectorRegistry()
 
     def __call__(self, name: str, participant: str = "p", **labels: str) -> float:
-        found = self.registry.get_sample_value(name, {"namespace": self.namespace, "participant": participant,
-                                                      **labels})
+        found = self.registry.get_sample_value(
+            name, {"namespace": self.namespace, "participant": participant, **labels}
+        )
         assert found is not None, (name, participant, labels)
         return found
 
@@ -54,15 +55,15 @@ def test_every_outcome_and_call_is_counted_through_the_store(backend: Backend) -
     seed = observed(backend, series, "prefill-0")
     strict = observed(backend, series, "decode-0", policy="strict")
     script = [
-        (seed, 1, KVPoll.Failed),            # IGNORED_MISSING
-        (seed, 1, KVPoll.Bootstrapping),     # CREATED
-        (seed, 1, KVPoll.Transferring),      # ADVANCED
-        (seed, 1, KVPoll.Bootstrapping),     # UNCHANGED
-        (seed, 1, KVPoll.Failed),            # FAILED
-        (strict, 2, KVPoll.Success),         # REFUSED_CREATE
-        (strict, 2, KVPoll.Bootstrapping),   # CREATED
-        (strict, 2, KVPoll.Failed),          # FAILED
-        (strict, 2, KVPoll.Transferring),    # REFUSED_TERMINAL
+        (seed, 1, KVPoll.Failed),  # IGNORED_MISSING
+        (seed, 1, KVPoll.Bootstrapping),  # CREATED
+        (seed, 1, KVPoll.Transferring),  # ADVANCED
+        (seed, 1, KVPoll.Bootstrapping),  # UNCHANGED
+        (seed, 1, KVPoll.Failed),  # FAILED
+        (strict, 2, KVPoll.Success),  # REFUSED_CREATE
+        (strict, 2, KVPoll.Bootstrapping),  # CREATED
+        (strict, 2, KVPoll.Failed),  # FAILED
+        (strict, 2, KVPoll.Transferring),  # REFUSED_TERMINAL
     ]
     seen: dict[str, list[Outcome]] = {"prefill-0": [], "decode-0": []}
     for store, room, status in script:
@@ -73,8 +74,10 @@ def test_every_outcome_and_call_is_counted_through_the_store(backend: Backend) -
     seen["prefill-0"] += [r.outcome for r in batch.values()]
     for participant, outcomes in seen.items():
         for outcome in Outcome:
-            assert series("kvstatus_updates_total", participant, outcome=outcome.name) \
-                == outcomes.count(outcome), (participant, outcome)
+            assert series("kvstatus_updates_total", participant, outcome=outcome.name) == outcomes.count(outcome), (
+                participant,
+                outcome,
+            )
 
     assert seed.get(1) is KVPoll.Success and seed.get_many([1, 10]) == {1: KVPoll.Success, 10: KVPoll.Bootstrapping}
     assert seed.room(1).participants["prefill-0"].status is KVPoll.Success
@@ -82,11 +85,20 @@ def test_every_outcome_and_call_is_counted_through_the_store(backend: Backend) -
     seed.clear(10)
     with pytest.raises(KeyError):
         seed.check_status(10)  # an answer ("no entry"), not an error
-    calls = {op: series("kvstatus_call_duration_seconds_count", "prefill-0", operation=op)
-             for op in ("update_status", "update_many", "get", "get_many", "room", "record_failure", "clear",
-                        "check_status")}
-    assert calls == {"update_status": 5, "update_many": 1, "get": 1, "get_many": 1, "room": 1, "record_failure": 1,
-                     "clear": 1, "check_status": 1}
+    calls = {
+        op: series("kvstatus_call_duration_seconds_count", "prefill-0", operation=op)
+        for op in ("update_status", "update_many", "get", "get_many", "room", "record_failure", "clear", "check_status")
+    }
+    assert calls == {
+        "update_status": 5,
+        "update_many": 1,
+        "get": 1,
+        "get_many": 1,
+        "room": 1,
+        "record_failure": 1,
+        "clear": 1,
+        "check_status": 1,
+    }
     assert series("kvstatus_call_duration_seconds_sum", "prefill-0", operation="update_status") > 0
     assert series("kvstatus_errors_total", "prefill-0", type="other") == 0
     assert series("kvstatus_resends_total", "prefill-0") == 0
@@ -130,8 +142,7 @@ def test_acl_refusals_and_an_unreachable_server_are_counted_by_type(redis_server
     admin.execute_command("ACL", "SETUSER", "metrics-ro", *acl_rules(namespace, password="pw-m", read_only=True))
     try:
         url = f"redis://metrics-ro:pw-m@{redis_server.host}:{redis_server.port}/0"
-        with StatusStore.from_url(url, namespace=namespace, participant="p",
-                                  metrics=series.observer("p")) as store:
+        with StatusStore.from_url(url, namespace=namespace, participant="p", metrics=series.observer("p")) as store:
             assert store.get(1) is None
             with pytest.raises(PermissionDeniedError):
                 store.update_status(1, KVPoll.Bootstrapping)
@@ -140,8 +151,9 @@ def test_acl_refusals_and_an_unreachable_server_are_counted_by_type(redis_server
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with StatusStore.from_url(f"redis://127.0.0.1:{port}/0", namespace=namespace, participant="q", retries=0,
-                              metrics=series.observer("q")) as down:
+    with StatusStore.from_url(
+        f"redis://127.0.0.1:{port}/0", namespace=namespace, participant="q", retries=0, metrics=series.observer("q")
+    ) as down:
         with pytest.raises(BackendUnavailableError):
             down.get(1)
     assert series("kvstatus_errors_total", "p", type="PermissionDeniedError") == 1
@@ -156,8 +168,9 @@ def test_the_near_cache_counts_hits_misses_invalidations_and_its_size(redis_serv
     series = Series(fresh_namespace("metrics"))
     namespace = series.namespace
     writer = StatusStore(redis_server.client(), namespace=namespace, participant="w")
-    with StatusStore.from_url(redis_server.url, namespace=namespace, participant="w", near_cache=True,
-                              metrics=series.observer("w")) as cached:
+    with StatusStore.from_url(
+        redis_server.url, namespace=namespace, participant="w", near_cache=True, metrics=series.observer("w")
+    ) as cached:
         rooms = list(range(1, 257))
         assert cached.get_many(rooms) == {room: None for room in rooms}  # 256 misses, one fill
         assert series("kvstatus_nearcache_misses_total", "w") == 256

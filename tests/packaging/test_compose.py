@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from kvstatus.connection import parse_url
-
 from tests.helpers import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -76,8 +75,9 @@ def test_sentinel_profile_has_master_replica_and_sentinels() -> None:
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
 def test_readme_names_only_existing_services(name: str) -> None:
-    mentioned = set(re.findall(r"\b(redis|cluster-init|cluster-node-\d|sentinel-(?:master|replica|\d))\b",
-                               DOCKER_SECTION))
+    mentioned = set(
+        re.findall(r"\b(redis|cluster-init|cluster-node-\d|sentinel-(?:master|replica|\d))\b", DOCKER_SECTION)
+    )
     mentioned |= {f"cluster-node-{i}" for i in range(1, 7)} if "cluster-node-1..6" in DOCKER_SECTION else set()
     mentioned |= {f"sentinel-{i}" for i in range(1, 4)} if "sentinel-1..3" in DOCKER_SECTION else set()
     assert mentioned - {"redis"} <= set(SERVICES)

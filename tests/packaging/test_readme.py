@@ -28,12 +28,14 @@ from typing import Iterator, Optional
 import pytest
 import yaml
 
-from tests.servers import RedisServer
 from tests.helpers.tiers import require_redis_server
+from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = {path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
-         for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+PAGES = {
+    path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+}
 README = PAGES["README.md"]
 NAMESPACE = "prod-a"
 
@@ -48,8 +50,11 @@ SKIP_REASONS = {
 CHECKOUT = ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "kvstatus", "lua")
 """What a checkout holds that building the package reads."""
 
-_BLOCK = re.compile(r"(?:<!-- readme-test: (?:skip (?P<skip>[\w-]+)|(?P<venv>fresh-venv))[^\n]*-->\n)?"
-                    r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```$", re.S | re.M)
+_BLOCK = re.compile(
+    r"(?:<!-- readme-test: (?:skip (?P<skip>[\w-]+)|(?P<venv>fresh-venv))[^\n]*-->\n)?"
+    r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```$",
+    re.S | re.M,
+)
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,18 @@ class Block:
         return f"{self.page}:line{self.line}-{self.info or 'none'}"
 
 
-BLOCKS = [Block(page, text.count("\n", 0, m.start("info")) + 1, m.group("info").strip(), m.group("body"),
-                m.group("skip"), m.group("venv") is not None)
-          for page, text in PAGES.items() for m in _BLOCK.finditer(text)]
+BLOCKS = [
+    Block(
+        page,
+        text.count("\n", 0, m.start("info")) + 1,
+        m.group("info").strip(),
+        m.group("body"),
+        m.group("skip"),
+        m.group("venv") is not None,
+    )
+    for page, text in PAGES.items()
+    for m in _BLOCK.finditer(text)
+]
 RUN = [b for b in BLOCKS if b.info in RUNNABLE and b.skip is None and not b.fresh_venv]
 INSTALLS = [b for b in BLOCKS if b.fresh_venv]
 
@@ -79,8 +93,7 @@ def _commands(block: Block) -> list[str]:
 
 # An install block whose every command another install block also runs (the README's, a guide's extras) is not
 # installed again: pip builds the package each time, which is slow on a loaded box.
-INSTALLS_RUN = [b for b in INSTALLS
-                if not any(o is not b and set(_commands(b)) < set(_commands(o)) for o in INSTALLS)]
+INSTALLS_RUN = [b for b in INSTALLS if not any(o is not b and set(_commands(b)) < set(_commands(o)) for o in INSTALLS)]
 
 
 def test_every_guide_is_read() -> None:
@@ -99,8 +112,9 @@ def test_blocks_are_found_and_every_one_runs_or_says_why_not(page: str) -> None:
         if block.fresh_venv:
             assert block.info == "sh", f"{block.id}: an install block is a sh block"
         if block.info in NOT_COMMANDS:
-            assert not any(line.startswith("$ ") for line in block.body.splitlines()), \
+            assert not any(line.startswith("$ ") for line in block.body.splitlines()), (
                 f"{block.id}: commands to type belong in a console or sh block"
+            )
 
 
 def test_every_kind_of_block_is_exercised() -> None:
@@ -127,8 +141,9 @@ def test_readme_has_a_pip_install_line_for_library_users() -> None:
 
 
 def _sources() -> dict[str, str]:
-    return {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
-            for p in sorted((ROOT / "kvstatus").rglob("*.py"))}
+    return {
+        p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in sorted((ROOT / "kvstatus").rglob("*.py"))
+    }
 
 
 def test_nothing_says_to_install_kvstatus_from_a_package_index() -> None:
@@ -178,8 +193,12 @@ def environment(server: RedisServer) -> dict[str, str]:
     with server.client() as admin:
         admin.flushall()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_")}
-    env.update(KVSTATUS_URL=server.url, KVSTATUS_NAMESPACE=NAMESPACE,
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT))
+    env.update(
+        KVSTATUS_URL=server.url,
+        KVSTATUS_NAMESPACE=NAMESPACE,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(ROOT),
+    )
     return env
 
 
@@ -199,16 +218,27 @@ def _transcript(body: str) -> Iterator[tuple[str, str, int]]:
 
 @pytest.mark.real
 @pytest.mark.parametrize("block", RUN, ids=lambda b: b.id)
-def test_block_runs_as_pasted(block: Block, environment: dict[str, str], server: RedisServer,
-                              tmp_path: Path) -> None:
+def test_block_runs_as_pasted(block: Block, environment: dict[str, str], server: RedisServer, tmp_path: Path) -> None:
     if block.info == "python":
         for run in ("on an empty namespace", "again, on what the first run left"):
-            done = subprocess.run([sys.executable, "-c", block.body], cwd=tmp_path, env=environment,
-                                  capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                [sys.executable, "-c", block.body],
+                cwd=tmp_path,
+                env=environment,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert done.returncode == 0, (run, done.stdout + done.stderr)
     elif block.info == "sh":
-        done = subprocess.run(["bash", "-e", "-u", "-o", "pipefail", "-c", block.body], cwd=tmp_path,
-                              env=environment, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            ["bash", "-e", "-u", "-o", "pipefail", "-c", block.body],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     elif block.info == "yaml":
         document = yaml.safe_load(block.body)  # a Prometheus scrape config: it must at least parse as pasted
@@ -219,8 +249,9 @@ def test_block_runs_as_pasted(block: Block, environment: dict[str, str], server:
                 admin.execute_command(*shlex.split(line))
     else:
         for command, expected, code in _transcript(block.body):
-            done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True,
-                                  text=True, timeout=120)
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
+            )
             shown = done.stdout + done.stderr
             assert done.returncode == code, (command, shown)
             assert "Traceback" not in shown, (command, shown)
@@ -233,8 +264,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("fresh") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True,
-                             text=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True, text=True
+    ).stdout.strip()
     Path(purelib, "_outer_site_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
 
@@ -252,16 +284,34 @@ def test_install_block_runs_as_pasted_in_a_fresh_venv(block: Block, venv: Path, 
             shutil.copy2(source, checkout / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVSTATUS_", "PYTHON", "PIP_"))}
     # Offline: no index, and the build backend (hatchling) from the environment rather than a download.
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv), PIP_NO_INDEX="1",
-               PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    done = subprocess.run(["bash", "-e", "-u", "-o", "pipefail", "-c", block.body], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        VIRTUAL_ENV=str(venv),
+        PIP_NO_INDEX="1",
+        PIP_NO_BUILD_ISOLATION="0",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
+    done = subprocess.run(
+        ["bash", "-e", "-u", "-o", "pipefail", "-c", block.body],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    installed = subprocess.run([str(venv / "bin" / "python"), "-c", "import kvstatus; print(kvstatus.__file__)"],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import kvstatus; print(kvstatus.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert installed.stdout.startswith(str(venv)), installed.stdout + installed.stderr
-    version = subprocess.run([str(venv / "bin" / "kvstatus"), "--version"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=60)
+    version = subprocess.run(
+        [str(venv / "bin" / "kvstatus"), "--version"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert version.returncode == 0 and version.stdout.startswith("kvstatus "), version.stdout + version.stderr
 
 

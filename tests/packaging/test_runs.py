@@ -21,8 +21,14 @@ _SUMMARY = re.compile(r"^(\d+)/(\d+) tests collected \((\d+) deselected\)", re.M
 
 def _collect(command: str) -> tuple[set[str], int]:
     """The node ids ``./dev COMMAND`` would run, and how many tests the suite has in all."""
-    result = subprocess.run(["bash", str(ROOT / "dev"), command, "--collect-only", "-q", "-p", "no:cacheprovider"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        ["bash", str(ROOT / "dev"), command, "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = _SUMMARY.search(result.stdout)
     assert summary is not None, result.stdout[-3000:]
@@ -53,8 +59,9 @@ def test_ci_runs_both() -> None:
 
 def _dev_pytest_args(command: str) -> list[str]:
     """The arguments ``dev`` passes to pytest for ``./dev COMMAND``."""
-    match = re.search(rf'^\s*{command}\) exec "\$venv/bin/python" -m pytest (.*?) "\$@" ;;$',
-                      (ROOT / "dev").read_text(), re.M)
+    match = re.search(
+        rf'^\s*{command}\) exec "\$venv/bin/python" -m pytest (.*?) "\$@" ;;$', (ROOT / "dev").read_text(), re.M
+    )
     assert match is not None, f"dev has no '{command}' line running pytest"
     return shlex.split(match[1])
 

@@ -63,7 +63,9 @@ def test_wheel_installs_into_a_fresh_venv_and_updates(wheel: Path, tmp_path: Pat
     # Dependencies (redis-py) come from this test run's environment; kvstatus itself only from the wheel.
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     Path(site, "deps-from-test-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
@@ -74,8 +76,9 @@ def test_wheel_installs_into_a_fresh_venv_and_updates(wheel: Path, tmp_path: Pat
     location, created, failed = run.stdout.split()
     assert location.startswith(str(venv))
     assert (created, failed) == ("CREATED", "FAILED")
-    expanded = subprocess.run([str(python), "-m", "kvstatus.expand", "update"], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=60)
+    expanded = subprocess.run(
+        [str(python), "-m", "kvstatus.expand", "update"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert expanded.returncode == 0 and "local function acl_refusal" in expanded.stdout, expanded.stderr
 
 

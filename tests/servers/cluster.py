@@ -68,22 +68,22 @@ def _parse_cluster_nodes(text: str) -> list[_ClusterNodeView]:
                 continue
             start, _, end = token.partition("-")
             slots.append((int(start), int(end or start)))
-        views.append(_ClusterNodeView(
-            node_id=parts[0],
-            port=port,
-            flags=frozenset(parts[2].split(",")),
-            master_id=parts[3],
-            connected=parts[7] == "connected",
-            slots=tuple(sorted(slots)),
-        ))
+        views.append(
+            _ClusterNodeView(
+                node_id=parts[0],
+                port=port,
+                flags=frozenset(parts[2].split(",")),
+                master_id=parts[3],
+                connected=parts[7] == "connected",
+                slots=tuple(sorted(slots)),
+            )
+        )
     return views
 
 
 def _slot_map(views: Sequence[_ClusterNodeView]) -> tuple[tuple[int, int, int], ...]:
     """Sorted (first slot, last slot, owner port) ranges claimed by masters."""
-    return tuple(sorted(
-        (start, end, view.port) for view in views if view.is_master for start, end in view.slots
-    ))
+    return tuple(sorted((start, end, view.port) for view in views if view.is_master for start, end in view.slots))
 
 
 def _uncovered_slots(slot_map: Sequence[tuple[int, int, int]]) -> int:
@@ -153,8 +153,9 @@ class RedisClusterServers:
         self.nodes = []
         try:
             for _ in range(self.master_count * (self.replicas_per_master + 1)):
-                self.nodes.append(RedisServer(password=self.password, tls=self.tls,
-                                              extra_args=self._node_args()).start())
+                self.nodes.append(
+                    RedisServer(password=self.password, tls=self.tls, extra_args=self._node_args()).start()
+                )
             self._create(cli)
             self.wait_healthy(self.startup_timeout)
         except BaseException:
@@ -169,19 +170,26 @@ class RedisClusterServers:
     def __enter__(self) -> RedisClusterServers:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def masters(self) -> list[RedisServer]:
         """Running nodes that currently serve slots, per CLUSTER NODES of a live node."""
-        return [self._node_by_port(v.port) for v in self._live_view()
-                if v.is_master and v.slots and not v.failing and self._is_up(v.port)]
+        return [
+            self._node_by_port(v.port)
+            for v in self._live_view()
+            if v.is_master and v.slots and not v.failing and self._is_up(v.port)
+        ]
 
     def replicas(self) -> list[RedisServer]:
         """Running nodes that are currently replicas, per CLUSTER NODES of a live node."""
-        return [self._node_by_port(v.port) for v in self._live_view()
-                if "slave" in v.flags and not v.failing and self._is_up(v.port)]
+        return [
+            self._node_by_port(v.port)
+            for v in self._live_view()
+            if "slave" in v.flags and not v.failing and self._is_up(v.port)
+        ]
 
     def wait_healthy(self, timeout: float = DEFAULT_GROUP_TIMEOUT) -> None:
         """Wait up to ``timeout`` seconds until every running node reports a healthy cluster.
@@ -196,9 +204,12 @@ class RedisClusterServers:
 
     def _node_args(self) -> list[str]:
         args = [
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
         ]
         if self.password is not None:
             args += ["--masterauth", self.password]
@@ -207,25 +218,31 @@ class RedisClusterServers:
         return args + list(self.extra_args)
 
     def _create(self, cli: str) -> None:
-        command = [cli, "--cluster", "create",
-                   *(f"{host}:{port}" for host, port in self.startup_nodes),
-                   "--cluster-replicas", str(self.replicas_per_master), "--cluster-yes"]
+        command = [
+            cli,
+            "--cluster",
+            "create",
+            *(f"{host}:{port}" for host, port in self.startup_nodes),
+            "--cluster-replicas",
+            str(self.replicas_per_master),
+            "--cluster-yes",
+        ]
         if self.tls is not None:
             command += ["--tls", "--cacert", str(self.tls.ca)]
         env = dict(os.environ)
         if self.password is not None:
             env["REDISCLI_AUTH"] = self.password
         try:
-            result = subprocess.run(command, capture_output=True, text=True, env=env,
-                                    timeout=self.startup_timeout, check=False)
+            result = subprocess.run(
+                command, capture_output=True, text=True, env=env, timeout=self.startup_timeout, check=False
+            )
         except subprocess.TimeoutExpired as exc:
             raise RedisServerError(
                 f"redis-cli --cluster create did not finish within {self.startup_timeout:.1f} s"
             ) from exc
         if result.returncode != 0 or "[ERR]" in result.stdout:
             raise RedisServerError(
-                f"redis-cli --cluster create failed (exit {result.returncode}):\n"
-                f"{_tail(result.stdout + result.stderr)}"
+                f"redis-cli --cluster create failed (exit {result.returncode}):\n{_tail(result.stdout + result.stderr)}"
             )
 
     def _is_up(self, port: int) -> bool:
@@ -275,8 +292,9 @@ class RedisClusterServers:
         """(port, is replica) of every running node, as ``node`` sees them."""
         return frozenset((v.port, "slave" in v.flags) for v in self._cluster_nodes(node) if v.port in live_ports)
 
-    def _node_problem(self, node: RedisServer, live_ports: set[int]
-                      ) -> tuple[str | None, tuple[tuple[int, int, int], ...]]:
+    def _node_problem(
+        self, node: RedisServer, live_ports: set[int]
+    ) -> tuple[str | None, tuple[tuple[int, int, int], ...]]:
         with node._probe_client() as client:
             info = _parse_info(client.execute_command("CLUSTER", "INFO").decode())
             views = _parse_cluster_nodes(client.execute_command("CLUSTER", "NODES").decode())
@@ -296,5 +314,3 @@ class RedisClusterServers:
         if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
             return "replica link to its master is down", slot_map
         return None, slot_map
-
-

@@ -90,8 +90,7 @@ class RedisSentinelServers:
         hosts = ",".join(f"{host}:{port}" for host, port in self.sentinel_addresses)
         scheme = "rediss+sentinel" if self.tls is not None else "redis+sentinel"
         query = f"?sentinel_password={quote(self.sentinel_password, safe='')}" if self.sentinel_password else ""
-        return (f"{scheme}://{_userinfo(None, self.password)}{hosts}/"
-                f"{quote(self.service_name, safe='')}/0{query}")
+        return f"{scheme}://{_userinfo(None, self.password)}{hosts}/{quote(self.service_name, safe='')}/0{query}"
 
     @property
     def nodes(self) -> list[RedisServer]:
@@ -118,13 +117,13 @@ class RedisSentinelServers:
         self.sentinels = []
         try:
             self.master.start()
-            self.replica.extra_args = (
-                "--replicaof", self.master.host, str(self.master.port), *self._auth_args())
+            self.replica.extra_args = ("--replicaof", self.master.host, str(self.master.port), *self._auth_args())
             self.replica.start()
             _wait_until(self._replication_problem, self.startup_timeout, "replica in sync")
             for _ in range(self.sentinel_count):
-                sentinel = _SentinelServer(config_lines=self._sentinel_config(), tls=self.tls,
-                                           password=self.sentinel_password)
+                sentinel = _SentinelServer(
+                    config_lines=self._sentinel_config(), tls=self.tls, password=self.sentinel_password
+                )
                 self.sentinels.append(sentinel.start())
             _wait_until(self._sentinels_problem, self.startup_timeout, "sentinels ready")
         except BaseException:
@@ -140,8 +139,9 @@ class RedisSentinelServers:
     def __enter__(self) -> RedisSentinelServers:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def current_master_address(self) -> tuple[str, int]:
@@ -179,8 +179,7 @@ class RedisSentinelServers:
         self._demote(old, new)
         return new
 
-    def wait_for_new_master(self, old: tuple[str, int],
-                            timeout: float = DEFAULT_GROUP_TIMEOUT) -> tuple[str, int]:
+    def wait_for_new_master(self, old: tuple[str, int], timeout: float = DEFAULT_GROUP_TIMEOUT) -> tuple[str, int]:
         """Wait up to ``timeout`` seconds until every running sentinel reports the same
         master other than ``old`` and that node answers ROLE as master; return it.
 
@@ -268,10 +267,8 @@ class RedisSentinelServers:
             if not master["is_master"] or master["is_sdown"] or master["is_odown"]:
                 return f"sentinel {sentinel.port} sees master flags {master['flags']}"
             if master["num-other-sentinels"] != self.sentinel_count - 1:
-                return (f"sentinel {sentinel.port} knows "
-                        f"{master['num-other-sentinels']} other sentinels")
-            healthy = {int(r["port"]) for r in replicas
-                       if not (r["is_sdown"] or r["is_disconnected"])}
+                return f"sentinel {sentinel.port} knows {master['num-other-sentinels']} other sentinels"
+            healthy = {int(r["port"]) for r in replicas if not (r["is_sdown"] or r["is_disconnected"])}
             if self.replica.port not in healthy:
                 return f"sentinel {sentinel.port} does not see the replica yet"
         return None

@@ -16,8 +16,9 @@ from tests.servers import tls as tls_files
 
 
 def _no_retry_client(host: str, port: int, **kwargs: object) -> redis.Redis:
-    return redis.Redis(host=host, port=port, socket_connect_timeout=1, socket_timeout=2,
-                       retry=Retry(NoBackoff(), 0), **kwargs)  # type: ignore[arg-type]
+    return redis.Redis(
+        host=host, port=port, socket_connect_timeout=1, socket_timeout=2, retry=Retry(NoBackoff(), 0), **kwargs
+    )  # type: ignore[arg-type]
 
 
 def test_missing_redis_cli_raises_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -60,8 +61,7 @@ def test_cluster_of_three_masters() -> None:
     with RedisClusterServers() as cluster:
         ports = sorted(node.port for node in cluster.nodes)
         assert len(ports) == 3
-        assert cluster.url == "redis+cluster://" + ",".join(
-            f"127.0.0.1:{node.port}" for node in cluster.nodes)
+        assert cluster.url == "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in cluster.nodes)
         assert sorted(m.port for m in cluster.masters()) == ports
         client = cluster.client()
         try:

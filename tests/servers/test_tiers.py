@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-TINY = '''
+TINY = """
 import pytest
 from kvstatus.demo.server import RedisServer
 
@@ -29,24 +29,48 @@ def test_needs_a_server():
 def test_forgets_the_marker():
     with RedisServer() as server:
         assert server.client().ping()
-'''
+"""
 
 
-def _pytest(tmp_path: Path, path: str, test: str = "test_needs_a_server", workers: str = "0",
-            **env: str) -> subprocess.CompletedProcess:
+def _pytest(
+    tmp_path: Path, path: str, test: str = "test_needs_a_server", workers: str = "0", **env: str
+) -> subprocess.CompletedProcess:
     (tmp_path / "test_tiny.py").write_text(TINY)
     environment = {k: v for k, v in os.environ.items() if k not in ("CI", "KVSTATUS_REQUIRE_REDIS")}
     environment.update(PATH=path, PYTHONPATH=str(ROOT), **env)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.helpers.tiers", "-p", "no:cacheprovider", "-rA",
-         "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_tiny.py"),
-         "-k", test, "-n", workers],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.helpers.tiers",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_tiny.py"),
+            "-k",
+            test,
+            "-n",
+            workers,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
     )
 
 
-@pytest.mark.parametrize("env, workers", [({"CI": "true"}, "2"), ({"KVSTATUS_REQUIRE_REDIS": "1"}, "0")],
-                         ids=["CI-on-2-xdist-workers", "KVSTATUS_REQUIRE_REDIS"])
+@pytest.mark.parametrize(
+    "env, workers",
+    [({"CI": "true"}, "2"), ({"KVSTATUS_REQUIRE_REDIS": "1"}, "0")],
+    ids=["CI-on-2-xdist-workers", "KVSTATUS_REQUIRE_REDIS"],
+)
 def test_ci_fails_loudly_without_redis_server(tmp_path: Path, env: dict[str, str], workers: str) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()

@@ -54,22 +54,65 @@ def _make_tls_files_openssl(directory: Path) -> TLSFiles:
         raise RedisServerError("neither trustme nor the openssl command is available")
     ca, cert, key, client_cert, client_key = _tls_paths(directory)
     ca_key = directory / "ca.key"
-    _run_openssl(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-sha256",
-                 "-days", "3650", "-subj", "/CN=kvstatus test CA",
-                 "-keyout", str(ca_key), "-out", str(ca),
-                 "-addext", "basicConstraints=critical,CA:TRUE",
-                 "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-                 "-addext", "subjectKeyIdentifier=hash")
-    _openssl_issue(openssl, directory, "server", "/CN=localhost", cert, key, ca_key, ca,
-                   "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                   "extendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl_issue(openssl, directory, "client", "/CN=kvstatus-client", client_cert, client_key,
-                   ca_key, ca, "extendedKeyUsage=clientAuth\n")
+    _run_openssl(
+        openssl,
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-sha256",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=kvstatus test CA",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-addext",
+        "subjectKeyIdentifier=hash",
+    )
+    _openssl_issue(
+        openssl,
+        directory,
+        "server",
+        "/CN=localhost",
+        cert,
+        key,
+        ca_key,
+        ca,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    _openssl_issue(
+        openssl,
+        directory,
+        "client",
+        "/CN=kvstatus-client",
+        client_cert,
+        client_key,
+        ca_key,
+        ca,
+        "extendedKeyUsage=clientAuth\n",
+    )
     return TLSFiles(ca, cert, key, client_cert, client_key)
 
 
-def _openssl_issue(openssl: str, directory: Path, name: str, subject: str, cert: Path,
-                   key: Path, ca_key: Path, ca_cert: Path, extensions: str) -> None:
+def _openssl_issue(
+    openssl: str,
+    directory: Path,
+    name: str,
+    subject: str,
+    cert: Path,
+    key: Path,
+    ca_key: Path,
+    ca_cert: Path,
+    extensions: str,
+) -> None:
     csr = directory / f"{name}.csr"
     ext = directory / f"{name}.ext"
     ext.write_text(
@@ -78,16 +121,42 @@ def _openssl_issue(openssl: str, directory: Path, name: str, subject: str, cert:
         "subjectKeyIdentifier=hash\n"
         "authorityKeyIdentifier=keyid,issuer\n" + extensions
     )
-    _run_openssl(openssl, "req", "-newkey", "rsa:2048", "-nodes", "-sha256", "-subj", subject,
-                 "-keyout", str(key), "-out", str(csr))
-    _run_openssl(openssl, "x509", "-req", "-sha256", "-days", "3650", "-in", str(csr),
-                 "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
-                 "-extfile", str(ext), "-out", str(cert))
+    _run_openssl(
+        openssl,
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-sha256",
+        "-subj",
+        subject,
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+    )
+    _run_openssl(
+        openssl,
+        "x509",
+        "-req",
+        "-sha256",
+        "-days",
+        "3650",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca_cert),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(cert),
+    )
 
 
 def _run_openssl(openssl: str, *args: str) -> None:
     result = subprocess.run([openssl, *args], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RedisServerError(f"openssl {args[0]} failed:\n{_tail(result.stderr)}")
-
-

@@ -30,7 +30,12 @@ def sg(sglang_conn: types.ModuleType) -> types.SimpleNamespace:
     from sglang.srt.disaggregation.pp_consensus_store import PPConsensusStore
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
-    return types.SimpleNamespace(conn=sglang_conn, Manager=sglang_conn.CommonKVManager,
-                                 Sender=sglang_conn.CommonKVSender, KVPoll=sglang_conn.KVPoll,
-                                 Mode=DisaggregationMode, PPConsensusStore=PPConsensusStore,
-                                 DeferredBootstrap=DeferredBootstrap)
+    return types.SimpleNamespace(
+        conn=sglang_conn,
+        Manager=sglang_conn.CommonKVManager,
+        Sender=sglang_conn.CommonKVSender,
+        KVPoll=sglang_conn.KVPoll,
+        Mode=DisaggregationMode,
+        PPConsensusStore=PPConsensusStore,
+        DeferredBootstrap=DeferredBootstrap,
+    )

@@ -13,8 +13,21 @@ from typing import Any, Callable, Sequence
 
 Op = tuple[Any, ...]
 ENDPOINT_PORT = 7000
-KINDS = ("update", "update", "update", "update", "check", "poll", "get", "clear", "clear", "stage", "register",
-         "abort", "consensus")
+KINDS = (
+    "update",
+    "update",
+    "update",
+    "update",
+    "check",
+    "poll",
+    "get",
+    "clear",
+    "clear",
+    "stage",
+    "register",
+    "abort",
+    "consensus",
+)
 
 
 def random_ops(seed: int, count: int, *, rooms: int = 4, pp_size: int = 1) -> list[Op]:
@@ -77,8 +90,7 @@ def apply(group: Sequence[Any], op: Op, deferred: Any) -> tuple[Any, ...]:
         room in m._deferred_ack_targets,
         room in m._deferred_ack_poisoned_rooms,
         m._staging_outstanding.get(room),
-        [(msg["bootstrap_room"], msg["targets"], int(msg["status"]), msg["failure_reason"])
-         for msg in m.sent_messages],
+        [(msg["bootstrap_room"], msg["targets"], int(msg["status"]), msg["failure_reason"]) for msg in m.sent_messages],
     )
     return (kind, result, state)
 

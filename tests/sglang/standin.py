@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import threading
 from collections import defaultdict
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 
 class KVPoll:
@@ -110,8 +110,15 @@ class NixlKVManager(CommonKVManager):
         return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)
 
 
-def make_manager(cls: type = CommonKVManager, *, mode: DisaggregationMode = DisaggregationMode.PREFILL,
-                 tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1, request_status: Any = None) -> Any:
+def make_manager(
+    cls: type = CommonKVManager,
+    *,
+    mode: DisaggregationMode = DisaggregationMode.PREFILL,
+    tp_rank: int = 0,
+    pp_rank: int = 0,
+    pp_size: int = 1,
+    request_status: Any = None,
+) -> Any:
     """``object.__new__`` plus the attributes the status methods use, as the real tier builds the real class."""
     m = object.__new__(cls)
     m.request_status = {} if request_status is None else request_status
@@ -134,10 +141,10 @@ class PPGroupStore:
     """Stand-in of PPConsensusStore without ZMQ: every rank's local map, visible to rank 0's ``collect`` at once."""
 
     def __init__(self, pp_size: int) -> None:
-        self.maps: List[dict] = [{} for _ in range(pp_size)]
+        self.maps: list[dict] = [{} for _ in range(pp_size)]
         self.lock = threading.Lock()
 
-    def rank(self, pp_rank: int) -> "PPRankStore":
+    def rank(self, pp_rank: int) -> PPRankStore:
         return PPRankStore(self, pp_rank)
 
 
@@ -164,7 +171,7 @@ class PPRankStore:
     def __delitem__(self, key: Any) -> None:
         del self._local_map[key]
 
-    def collect(self, key: Any) -> List[Any]:
+    def collect(self, key: Any) -> list[Any]:
         assert self._pp_rank == 0, "collect can only be used on PP rank 0"
         with self._group.lock:
             return [m.get(key) for m in self._group.maps]
@@ -211,8 +218,9 @@ class CommonKVSender:
         self.clear()
         with self.kv_mgr.failure_lock:
             failure_reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
-        raise KVTransferError(self.bootstrap_room,
-                              failure_reason or "Failed due to an unknown reason from another rank")
+        raise KVTransferError(
+            self.bootstrap_room, failure_reason or "Failed due to an unknown reason from another rank"
+        )
 
 
 class CommonKVReceiver:

@@ -32,5 +32,9 @@ class CountingRedis(fakeredis.FakeRedis):
 
 
 def counting_store(policy: str = "strict", participant: str = "prefill-tp0-pp0") -> StatusStore:
-    return StatusStore(CountingRedis(server=fakeredis.FakeServer()), namespace=fresh_namespace("sg"),
-                       participant=participant, policy=policy)
+    return StatusStore(
+        CountingRedis(server=fakeredis.FakeServer()),
+        namespace=fresh_namespace("sg"),
+        participant=participant,
+        policy=policy,
+    )

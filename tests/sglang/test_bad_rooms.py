@@ -34,8 +34,7 @@ def _pair(**store_options: Any) -> tuple[Any, Any, fakeredis.FakeRedis]:
     namespace = fresh_namespace("sgbad")
     managers = []
     for mode in (DisaggregationMode.PREFILL, DisaggregationMode.DECODE):
-        store = StatusStore(fakeredis.FakeRedis(server=server), namespace=namespace, policy="strict",
-                            **store_options)
+        store = StatusStore(fakeredis.FakeRedis(server=server), namespace=namespace, policy="strict", **store_options)
         managers.append(make_manager(mode=mode))
         install(managers[-1], store)
     return managers[0], managers[1], fakeredis.FakeRedis(server=server)
@@ -110,8 +109,10 @@ def test_pp_consensus_of_a_bad_room_is_failed(lease_ttl: Any) -> None:
     namespace = fresh_namespace("sgbadpp")
     ranks = [make_manager(pp_rank=r, pp_size=2) for r in range(2)]
     for m in ranks:
-        install(m, StatusStore(fakeredis.FakeRedis(server=server), namespace=namespace, policy="strict",
-                               lease_ttl=lease_ttl))
+        install(
+            m,
+            StatusStore(fakeredis.FakeRedis(server=server), namespace=namespace, policy="strict", lease_ttl=lease_ttl),
+        )
     rank0 = ranks[0]
     for room in BAD_ROOMS:
         assert rank0.check_status_pp_consensus(room) == KVPoll.Failed

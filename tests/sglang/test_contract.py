@@ -21,11 +21,11 @@ from kvstatus.sglang import (
     uninstall,
 )
 from kvstatus.sglang.plugin import ENV_URL, install_from_env, install_options, register
+from tests.helpers.backends import Backend, fresh_namespace
+from tests.nearcache.helpers import eventually
 from tests.sglang import differential, standin
 from tests.sglang.standin import CommonKVSender, DeferredBootstrap, DisaggregationMode, make_manager
 from tests.sglang.support import counting_store
-from tests.helpers.backends import Backend, fresh_namespace
-from tests.nearcache.helpers import eventually
 
 ROOM = 4242
 
@@ -253,12 +253,21 @@ def test_side_effects_follow_the_outcome() -> None:
     manager.update_status(ROOM, KVPoll.Transferring)  # REFUSED_CREATE: the old request's state stays
     assert ROOM in manager._deferred_ack_targets
     manager.update_status(ROOM, KVPoll.Bootstrapping)  # CREATED: dropped, as upstream
-    assert (ROOM in manager._deferred_ack_targets, ROOM in manager._deferred_ack_poisoned_rooms,
-            ROOM in manager._staging_outstanding) == (False, False, False)
+    assert (
+        ROOM in manager._deferred_ack_targets,
+        ROOM in manager._deferred_ack_poisoned_rooms,
+        ROOM in manager._staging_outstanding,
+    ) == (False, False, False)
     manager.deferred_bootstrap.register(ROOM, ("10.0.0.2", 9))
     manager.update_status(ROOM, KVPoll.Failed)  # FAILED: the deferred bootstrap hears of it
-    assert manager.sent_messages == [{"targets": [("10.0.0.2", 9)], "bootstrap_room": ROOM,
-                                      "status": KVPoll.Failed, "failure_reason": "Prefill bootstrap failed"}]
+    assert manager.sent_messages == [
+        {
+            "targets": [("10.0.0.2", 9)],
+            "bootstrap_room": ROOM,
+            "status": KVPoll.Failed,
+            "failure_reason": "Prefill bootstrap failed",
+        }
+    ]
     manager.update_status(ROOM, KVPoll.Failed)  # UNCHANGED on Failed: upstream still calls fail()
     assert manager.deferred_bootstrap.failed == [ROOM, ROOM]
     manager.request_status.pop(ROOM, None)
@@ -285,8 +294,10 @@ def test_the_stand_in_sender_polls_through_the_map() -> None:
 
 def _groups(pp_size: int, store: StatusStore) -> tuple[list, list, DeferredBootstrap, DeferredBootstrap]:
     upstream_pp = standin.PPGroupStore(pp_size) if pp_size > 1 else None
-    upstream = [make_manager(pp_rank=r, pp_size=pp_size,
-                             request_status=upstream_pp.rank(r) if upstream_pp else None) for r in range(pp_size)]
+    upstream = [
+        make_manager(pp_rank=r, pp_size=pp_size, request_status=upstream_pp.rank(r) if upstream_pp else None)
+        for r in range(pp_size)
+    ]
     ours = [make_manager(pp_rank=r, pp_size=pp_size) for r in range(pp_size)]
     left, right = DeferredBootstrap(), DeferredBootstrap()
     for manager in upstream:
@@ -300,8 +311,9 @@ def _groups(pp_size: int, store: StatusStore) -> tuple[list, list, DeferredBoots
 @pytest.mark.parametrize("pp_size", [1, 4])
 @pytest.mark.parametrize("seed", range(4))
 def test_installed_stand_in_agrees_with_the_upstream_rule(seed: int, pp_size: int) -> None:
-    store = StatusStore(fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=fresh_namespace("sg"),
-                        policy="strict")
+    store = StatusStore(
+        fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=fresh_namespace("sg"), policy="strict"
+    )
     upstream, ours, left, right = _groups(pp_size, store)
     ops = differential.random_ops(seed, 400, pp_size=pp_size)
     expected = differential.run(upstream, ops, left)
@@ -313,14 +325,16 @@ def test_installed_stand_in_agrees_with_the_upstream_rule(seed: int, pp_size: in
 
 def test_the_differential_catches_a_wrong_rule() -> None:
     """The harness has teeth: the seed policy (Failed -> Success allowed) diverges from upstream."""
-    store = StatusStore(fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=fresh_namespace("sg"),
-                        policy="seed")
+    store = StatusStore(
+        fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=fresh_namespace("sg"), policy="seed"
+    )
     upstream = [make_manager()]
     ours = [make_manager()]
     install(ours[0], store, policy="seed")
     ops = differential.random_ops(0, 400)
-    assert differential.divergences(ops, differential.run(upstream, ops, DeferredBootstrap()),
-                                    differential.run(ours, ops, DeferredBootstrap()))
+    assert differential.divergences(
+        ops, differential.run(upstream, ops, DeferredBootstrap()), differential.run(ours, ops, DeferredBootstrap())
+    )
 
 
 # -- the plugin's switch
@@ -334,10 +348,18 @@ def test_the_plugin_does_nothing_without_its_variable(monkeypatch: pytest.Monkey
 
 def test_plugin_settings_are_checked() -> None:
     env = {ENV_URL: "redis://h:1/0", "KVSTATUS_SGLANG_TTL": "30", "KVSTATUS_SGLANG_INSTANCE": "node7"}
-    assert install_options(env) == {"store_or_url": "redis://h:1/0", "namespace": "sglang", "policy": "strict",
-                                    "instance": "node7", "ttl": 30.0, "near_cache": False}
-    for bad, needle in (({"KVSTATUS_SGLANG_TTL": "soon"}, "KVSTATUS_SGLANG_TTL"),
-                        ({"KVSTATUS_SGLANG_NEAR_CACHE": "maybe"}, "KVSTATUS_SGLANG_NEAR_CACHE")):
+    assert install_options(env) == {
+        "store_or_url": "redis://h:1/0",
+        "namespace": "sglang",
+        "policy": "strict",
+        "instance": "node7",
+        "ttl": 30.0,
+        "near_cache": False,
+    }
+    for bad, needle in (
+        ({"KVSTATUS_SGLANG_TTL": "soon"}, "KVSTATUS_SGLANG_TTL"),
+        ({"KVSTATUS_SGLANG_NEAR_CACHE": "maybe"}, "KVSTATUS_SGLANG_NEAR_CACHE"),
+    ):
         with pytest.raises(InvalidArgumentError, match=needle):
             install_options({ENV_URL: "redis://h:1/0", **bad})
     with pytest.raises(InvalidArgumentError, match=ENV_URL):
@@ -388,8 +410,9 @@ def test_near_cache_poll_costs_no_round_trip(redis_server) -> None:
 
     assert round_trips_of(raw, polls) == {}
     # A change by another process reaches the next poll (after its invalidation), then polls are free again.
-    StatusStore.from_url(redis_server.url, namespace=namespace, participant="prefill-tp0-pp0",
-                         policy="strict").update_status(ROOM, KVPoll.Success)
+    StatusStore.from_url(
+        redis_server.url, namespace=namespace, participant="prefill-tp0-pp0", policy="strict"
+    ).update_status(ROOM, KVPoll.Success)
     eventually(lambda: sender.poll() == KVPoll.Success, what="the change, through the near cache")
     assert round_trips_of(raw, lambda: [sender.poll() for _ in range(50)]) == {}
     manager.request_status.close()
@@ -422,8 +445,10 @@ def test_pp_consensus_reads_are_cached_too(redis_server) -> None:
     for room in rooms:
         managers[1].update_status(room, KVPoll.WaitingForInput)
         managers[0].update_status(room, KVPoll.WaitingForInput)
-    eventually(lambda: rank0.check_status_pp_consensus(ROOM) == KVPoll.WaitingForInput,
-               what="rank 1's write, through rank 0's near cache")
+    eventually(
+        lambda: rank0.check_status_pp_consensus(ROOM) == KVPoll.WaitingForInput,
+        what="rank 1's write, through rank 0's near cache",
+    )
     assert maps[0].collect_many(rooms) == {room: [KVPoll.WaitingForInput] * 2 for room in rooms}
     for status_map in maps:
         status_map.close()

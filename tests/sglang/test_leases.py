@@ -17,8 +17,9 @@ def _ranks(lease_ttl: object) -> tuple[list, fakeredis.FakeRedis, str]:
     namespace = fresh_namespace("sgl")
     managers = [make_manager(pp_rank=r, pp_size=4) for r in range(4)]
     for manager in managers:
-        store = StatusStore(fakeredis.FakeRedis(server=server), namespace=namespace, policy="strict",
-                            lease_ttl=lease_ttl)
+        store = StatusStore(
+            fakeredis.FakeRedis(server=server), namespace=namespace, policy="strict", lease_ttl=lease_ttl
+        )
         install(manager, store)
     return managers, fakeredis.FakeRedis(server=server), namespace
 

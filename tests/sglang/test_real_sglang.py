@@ -25,16 +25,24 @@ import redis
 
 from kvstatus import KVPoll, Outcome, StatusStore
 from kvstatus.sglang import install, participant_name
-from tests.sglang import differential, standin
 from tests.helpers.backends import fresh_namespace
+from tests.sglang import differential, standin
 
 pytestmark = [pytest.mark.sglang, pytest.mark.real]
 ROOT = Path(__file__).resolve().parents[2]
 PP = 4
 
 
-def real_manager(sg: Any, *, mode: Any = None, tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1,
-                 request_status: Any = None, deferred: Any = None) -> Any:
+def real_manager(
+    sg: Any,
+    *,
+    mode: Any = None,
+    tp_rank: int = 0,
+    pp_rank: int = 0,
+    pp_size: int = 1,
+    request_status: Any = None,
+    deferred: Any = None,
+) -> Any:
     """A real CommonKVManager without __init__: the attributes update/check_status and the sender's poll use."""
     m = object.__new__(sg.Manager)
     m.request_status = {} if request_status is None else request_status
@@ -109,16 +117,24 @@ def test_the_stand_in_behaves_like_the_real_manager(sg: Any, pp_size: int) -> No
     for seed in range(3):
         ops = differential.random_ops(100 + seed, 500, pp_size=pp_size)
         fake_pp = standin.PPGroupStore(pp_size)
-        ours = [standin.make_manager(pp_rank=r, pp_size=pp_size,
-                                     request_status=fake_pp.rank(r) if pp_size > 1 else None) for r in range(pp_size)]
+        ours = [
+            standin.make_manager(pp_rank=r, pp_size=pp_size, request_status=fake_pp.rank(r) if pp_size > 1 else None)
+            for r in range(pp_size)
+        ]
         left, right = standin.DeferredBootstrap(), standin.DeferredBootstrap()
         for m in ours:
             m.deferred_bootstrap = left
         stores = offline_pp_stores(sg, pp_size) if pp_size > 1 else [None]
-        real = MirroredGroup([real_manager(sg, pp_rank=r, pp_size=pp_size, request_status=stores[r],
-                                           deferred=right) for r in range(pp_size)], stores)
-        assert differential.divergences(ops, differential.run(ours, ops, left),
-                                        differential.run(real, ops, right)) == []
+        real = MirroredGroup(
+            [
+                real_manager(sg, pp_rank=r, pp_size=pp_size, request_status=stores[r], deferred=right)
+                for r in range(pp_size)
+            ],
+            stores,
+        )
+        assert (
+            differential.divergences(ops, differential.run(ours, ops, left), differential.run(real, ops, right)) == []
+        )
     # The methods the stand-in copies are the ones the real class defines (same names, same owner).
     for name in ("update_status", "check_status", "check_status_pp_consensus", "_notify_bootstrap"):
         assert name in vars(sg.Manager) and name in vars(standin.CommonKVManager)
@@ -134,8 +150,13 @@ def test_installed_real_manager_agrees_with_upstream(sg: Any, store: StatusStore
         ops = differential.random_ops(seed, 600, pp_size=pp_size)
         left, right = sg.DeferredBootstrap(300), sg.DeferredBootstrap(300)
         stores = offline_pp_stores(sg, pp_size) if pp_size > 1 else [None]
-        upstream = MirroredGroup([real_manager(sg, pp_rank=r, pp_size=pp_size, request_status=stores[r],
-                                               deferred=left) for r in range(pp_size)], stores)
+        upstream = MirroredGroup(
+            [
+                real_manager(sg, pp_rank=r, pp_size=pp_size, request_status=stores[r], deferred=left)
+                for r in range(pp_size)
+            ],
+            stores,
+        )
         ours = [real_manager(sg, pp_rank=r, pp_size=pp_size, deferred=right) for r in range(pp_size)]
         for m in ours:  # a fresh set of participants per seed
             install(m, store, participant=f"s{seed}-prefill-tp0-pp{m.pp_rank}")
@@ -285,8 +306,13 @@ def test_pp_consensus_over_four_ranks_matches_pp_consensus_store(sg: Any, redis_
     assert ours[0].request_status.pp_participants == tuple(f"prefill-tp0-pp{r}" for r in range(PP))
     room = 1001
     steps = [
-        [(r, 1) for r in range(PP)], [(r, 3) for r in range(PP)], [(0, 4), (1, 4), (2, 4)], [(3, 4)],
-        [(2, 0)], [(1, "pop")], [(2, "pop"), (0, "pop"), (3, "pop")],
+        [(r, 1) for r in range(PP)],
+        [(r, 3) for r in range(PP)],
+        [(0, 4), (1, 4), (2, 4)],
+        [(3, 4)],
+        [(2, 0)],
+        [(1, "pop")],
+        [(2, "pop"), (0, "pop"), (3, "pop")],
     ]
     seen = []
     for step in steps:
@@ -299,8 +325,10 @@ def test_pp_consensus_over_four_ranks_matches_pp_consensus_store(sg: Any, redis_
         deadline = time.monotonic() + 2
         while True:  # replication to PPConsensusStore's rank 0 is asynchronous; Redis' is not
             expected = upstream[0].request_status.collect(room)
-            if expected == [int(s) if s is not None else None for s in ours[0].request_status.collect(room)] \
-                    or time.monotonic() > deadline:
+            if (
+                expected == [int(s) if s is not None else None for s in ours[0].request_status.collect(room)]
+                or time.monotonic() > deadline
+            ):
                 break
             time.sleep(0.01)
         got = ours[0].check_status_pp_consensus(room)
@@ -346,11 +374,16 @@ def test_the_plugin_puts_every_manager_of_a_process_on_kvstatus(sg: Any, redis_s
     namespace = fresh_namespace("sgplug")
     env = {**os.environ, "KVSTATUS_SGLANG_URL": redis_server.url, "KVSTATUS_SGLANG_NAMESPACE": namespace}
     env.pop("SGLANG_PLUGINS", None)
-    result = subprocess.run([sys.executable, "-W", "ignore", "-c", PLUGIN_CHILD], env=env, capture_output=True,
-                            text=True, timeout=180, cwd="/")
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", PLUGIN_CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd="/",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == \
-        '{"installed": "RoomStatusMap", "participant": "decode-tp3-pp0"}'
+    assert result.stdout.strip().splitlines()[-1] == '{"installed": "RoomStatusMap", "participant": "decode-tp3-pp0"}'
     view = StatusStore.from_url(redis_server.url, namespace=namespace).room(5)
     assert view.participants["decode-tp3-pp0"].status == KVPoll.Bootstrapping
 

@@ -47,8 +47,7 @@ def _real_receiver(sg: Any, manager: Any, room: Any) -> Any:
     return r
 
 
-def test_bad_rooms_fail_one_request_through_the_schedulers_poll(sg: Any, gloo_group: Any,
-                                                                redis_server: Any) -> None:
+def test_bad_rooms_fail_one_request_through_the_schedulers_poll(sg: Any, gloo_group: Any, redis_server: Any) -> None:
     from sglang.srt.disaggregation.utils import poll_and_all_reduce
 
     namespace = fresh_namespace("sgbadreal")
@@ -98,8 +97,14 @@ def _child(env: dict[str, str], prelude: str = "") -> subprocess.CompletedProces
     script = textwrap.dedent(prelude) + "\nimport logging\nlogging.basicConfig(level=logging.INFO)\n" + PLUGIN_CHILD
     full_env = {**os.environ, **env}
     full_env.pop("SGLANG_PLUGINS", None)
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", script], env=full_env, capture_output=True,
-                          text=True, timeout=180, cwd="/")
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd="/",
+    )
 
 
 def test_an_unreachable_redis_stops_the_managers_construction(sg: Any) -> None:
@@ -122,15 +127,23 @@ def test_an_unsupported_sglang_stops_the_start(sg: Any, redis_server: Any) -> No
     assert result.stderr.strip().splitlines()[-1] == (
         "kvstatus: KVSTATUS_SGLANG_URL is set, but sglang 0.5.9 is not supported: kvstatus needs sglang >= 0.5.23 "
         "(its CommonKVManager applies the strict update rule and has the deferred-ACK state install() resets); "
-        "upgrade sglang, or unset the plugin's URL")
+        "upgrade sglang, or unset the plugin's URL"
+    )
 
 
 def test_a_good_start_logs_one_line_with_the_lease(sg: Any, redis_server: Any) -> None:
     namespace = fresh_namespace("sglog")
-    result = _child({"KVSTATUS_SGLANG_URL": redis_server.url, "KVSTATUS_SGLANG_NAMESPACE": namespace,
-                     "KVSTATUS_SGLANG_LEASE_TTL": "5"})
+    result = _child(
+        {
+            "KVSTATUS_SGLANG_URL": redis_server.url,
+            "KVSTATUS_SGLANG_NAMESPACE": namespace,
+            "KVSTATUS_SGLANG_LEASE_TTL": "5",
+        }
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("INFO:kvstatus.sglang:")]
-    assert lines == [f"INFO:kvstatus.sglang:kvstatus: SGLang KV manager decode-tp3-pp0 on "
-                     f"redis://{redis_server.host}:{redis_server.port}/0, namespace {namespace}, policy strict, "
-                     "scripts eval, near cache off, lease 5 s (generation 1)"]
+    assert lines == [
+        f"INFO:kvstatus.sglang:kvstatus: SGLang KV manager decode-tp3-pp0 on "
+        f"redis://{redis_server.host}:{redis_server.port}/0, namespace {namespace}, policy strict, "
+        "scripts eval, near cache off, lease 5 s (generation 1)"
+    ]

@@ -13,8 +13,7 @@ import redis
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
-from kvstatus.sglang import install
-from kvstatus.sglang import plugin
+from kvstatus.sglang import install, plugin
 from kvstatus.sglang.plugin import (
     ENV_INSTANCE,
     ENV_LEASE_TTL,
@@ -44,24 +43,27 @@ def _all_text(exc: BaseException) -> str:
 # -- every setting error names its variable (no Redis)
 
 
-@pytest.mark.parametrize("variable, value, needle", [
-    (ENV_URL, "http://h:1/0", "unsupported scheme"),
-    (ENV_URL, f"redis://u:{SECRET}@h:1/0?bogus=1", "unknown option"),
-    (ENV_URL, f"redis://u:{SECRET}@h:1/0?lease_ttl=1", r"\[3, 3600\]"),
-    (ENV_NAMESPACE, "prod a", "namespace"),
-    (ENV_NAMESPACE, "{x}", "namespace"),
-    (ENV_INSTANCE, "node 7", "instance"),
-    (ENV_POLICY, "lenient", "lenient"),
-    (ENV_TTL, "soon", "number of seconds"),
-    (ENV_TTL, "0", "> 0"),
-    (ENV_TTL, "nan", "number of seconds"),
-    (ENV_NEAR_CACHE, "maybe", "1 or 0"),
-    (ENV_LEASE_TTL, "2", r"0 \(no lease\) or seconds in \[3, 3600\]"),
-    (ENV_LEASE_TTL, "-1", "no lease"),
-    (ENV_LEASE_TTL, "4000", "no lease"),
-    (ENV_LEASE_TTL, "inf", "no lease"),
-    (ENV_LEASE_TTL, "ten", "number of seconds"),
-])
+@pytest.mark.parametrize(
+    "variable, value, needle",
+    [
+        (ENV_URL, "http://h:1/0", "unsupported scheme"),
+        (ENV_URL, f"redis://u:{SECRET}@h:1/0?bogus=1", "unknown option"),
+        (ENV_URL, f"redis://u:{SECRET}@h:1/0?lease_ttl=1", r"\[3, 3600\]"),
+        (ENV_NAMESPACE, "prod a", "namespace"),
+        (ENV_NAMESPACE, "{x}", "namespace"),
+        (ENV_INSTANCE, "node 7", "instance"),
+        (ENV_POLICY, "lenient", "lenient"),
+        (ENV_TTL, "soon", "number of seconds"),
+        (ENV_TTL, "0", "> 0"),
+        (ENV_TTL, "nan", "number of seconds"),
+        (ENV_NEAR_CACHE, "maybe", "1 or 0"),
+        (ENV_LEASE_TTL, "2", r"0 \(no lease\) or seconds in \[3, 3600\]"),
+        (ENV_LEASE_TTL, "-1", "no lease"),
+        (ENV_LEASE_TTL, "4000", "no lease"),
+        (ENV_LEASE_TTL, "inf", "no lease"),
+        (ENV_LEASE_TTL, "ten", "number of seconds"),
+    ],
+)
 def test_each_bad_setting_is_refused_naming_its_variable(variable: str, value: str, needle: str) -> None:
     env = {ENV_URL: f"redis://u:{SECRET}@h:1/0", variable: value}
     with pytest.raises(SettingError, match=needle) as info:
@@ -118,17 +120,22 @@ def test_register_stops_the_process_on_an_unsupported_sglang(monkeypatch: pytest
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.10")
     with pytest.raises(SystemExit) as info:
         plugin.register()
-    assert str(info.value.code) == (f"kvstatus: {ENV_URL} is set, but sglang 0.5.10 is not supported: kvstatus "
-                                    "needs sglang >= 0.5.23 (its CommonKVManager applies the strict update rule "
-                                    "and has the deferred-ACK state install() resets); upgrade sglang, or unset the "
-                                    "plugin's URL")
+    assert str(info.value.code) == (
+        f"kvstatus: {ENV_URL} is set, but sglang 0.5.10 is not supported: kvstatus "
+        "needs sglang >= 0.5.23 (its CommonKVManager applies the strict update rule "
+        "and has the deferred-ACK state install() resets); upgrade sglang, or unset the "
+        "plugin's URL"
+    )
 
 
 def test_a_manager_without_what_install_relies_on_is_refused() -> None:
     old = make_manager()
     del old._deferred_ack_targets, old._staging_outstanding
-    with pytest.raises(ValueError, match=r"no _deferred_ack_targets, _staging_outstanding: not the KV manager of a "
-                                         r"supported sglang \(kvstatus needs sglang >= 0\.5\.23"):
+    with pytest.raises(
+        ValueError,
+        match=r"no _deferred_ack_targets, _staging_outstanding: not the KV manager of a "
+        r"supported sglang \(kvstatus needs sglang >= 0\.5\.23",
+    ):
         check_manager(old)
     with pytest.raises(ValueError, match="_deferred_ack_targets"):
         install(old, StatusStore(fakeredis.FakeRedis(), namespace="ns", policy="strict"))
@@ -144,10 +151,12 @@ def acl_server() -> Iterator[RedisServer]:
     with RedisServer(password=ADMIN) as server:
         with server.client() as admin:
             admin.execute_command("ACL", "SETUSER", "worker", *acl_rules("sgok", password=SECRET, scripts="eval"))
-            admin.execute_command("ACL", "SETUSER", "reader", *acl_rules("sgok", password=SECRET, scripts="eval",
-                                                                         read_only=True))
-            admin.execute_command("ACL", "SETUSER", "notrack", *acl_rules("sgok", password=SECRET, scripts="eval"),
-                                  "-client|tracking")
+            admin.execute_command(
+                "ACL", "SETUSER", "reader", *acl_rules("sgok", password=SECRET, scripts="eval", read_only=True)
+            )
+            admin.execute_command(
+                "ACL", "SETUSER", "notrack", *acl_rules("sgok", password=SECRET, scripts="eval"), "-client|tracking"
+            )
             admin.execute_command("ACL", "SETUSER", "tenant", *acl_rules("sgok", password=SECRET))
         yield server
 
@@ -182,14 +191,16 @@ def test_a_wrong_password_stops_the_start(acl_server: RedisServer) -> None:
 
 @pytest.mark.real
 def test_a_namespace_outside_the_users_keys_is_named(acl_server: RedisServer) -> None:
-    _refused({ENV_URL: _url(acl_server, "worker"), ENV_NAMESPACE: "other"}, "may not read namespace 'other'",
-             ENV_NAMESPACE)
+    _refused(
+        {ENV_URL: _url(acl_server, "worker"), ENV_NAMESPACE: "other"}, "may not read namespace 'other'", ENV_NAMESPACE
+    )
 
 
 @pytest.mark.real
 def test_a_read_only_user_is_refused_at_the_start(acl_server: RedisServer) -> None:
-    _refused({ENV_URL: _url(acl_server, "reader"), ENV_NAMESPACE: "sgok"}, "may read namespace 'sgok' but not write",
-             ENV_URL)
+    _refused(
+        {ENV_URL: _url(acl_server, "reader"), ENV_NAMESPACE: "sgok"}, "may read namespace 'sgok' but not write", ENV_URL
+    )
 
 
 @pytest.mark.real
@@ -214,16 +225,19 @@ def test_functions_that_are_not_loaded_stop_the_start(acl_server: RedisServer) -
 
 
 @pytest.mark.real
-def test_a_good_start_logs_one_line_per_manager_and_leaves_nothing(acl_server: RedisServer,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_good_start_logs_one_line_per_manager_and_leaves_nothing(
+    acl_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     env = {ENV_URL: _url(acl_server, "worker"), ENV_NAMESPACE: "sgok", ENV_NEAR_CACHE: "1", ENV_LEASE_TTL: "6"}
     caplog.set_level(logging.INFO, logger="kvstatus.sglang")
     maps = [install_from_env(make_manager(tp_rank=rank), env) for rank in range(2)]
     lines = [r.getMessage() for r in caplog.records if r.name == "kvstatus.sglang"]
     server = f"redis://worker:***@{acl_server.host}:{acl_server.port}/0"
-    assert lines == [f"kvstatus: SGLang KV manager prefill-tp{rank}-pp0 on {server}, namespace sgok, policy strict, "
-                     f"scripts eval, near cache on, lease 6 s (generation {maps[rank].store.lease.generation})"
-                     for rank in range(2)]
+    assert lines == [
+        f"kvstatus: SGLang KV manager prefill-tp{rank}-pp0 on {server}, namespace sgok, policy strict, "
+        f"scripts eval, near cache on, lease 6 s (generation {maps[rank].store.lease.generation})"
+        for rank in range(2)
+    ]
     assert SECRET not in caplog.text
     # Each manager holds its lease from the start; the probe left no entry behind.
     with acl_server.client() as admin:

@@ -17,9 +17,9 @@ from typing import Callable
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
+from tests.helpers.backends import SyncAdapter, fresh_namespace
 from tests.helpers.failover import Workload
 from tests.servers import RedisClusterServers, RedisSentinelServers
-from tests.helpers.backends import SyncAdapter, fresh_namespace
 
 # A resend budget above the slowest failover these small groups take (node timeout 1 s,
 # down-after 1 s): 0.1+0.2+0.4+0.8+1.6+2+2 = 7.1 s, within a 10 s deadline. The defaults (3.1 s, 5 s) are
@@ -66,8 +66,10 @@ def _workloads(url: str) -> tuple[list[Workload], Callable[[], None]]:
 
 def _report(kind: str, took: float, workloads: list[Workload]) -> None:
     for name, w in zip(("sync", "async"), workloads):
-        print(f"\n{kind} failover {took:.1f} s; {name} store: {w.steps} steps, "
-              f"slowest call {w.slowest_call:.2f} s, errors {len(w.errors)}")
+        print(
+            f"\n{kind} failover {took:.1f} s; {name} store: {w.steps} steps, "
+            f"slowest call {w.slowest_call:.2f} s, errors {len(w.errors)}"
+        )
 
 
 @pytest.mark.real

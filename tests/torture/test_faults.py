@@ -24,8 +24,8 @@ from kvstatus import (
     StatusStore,
     scripts,
 )
-from tests.servers import RedisServer
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 
@@ -91,14 +91,15 @@ class Attempt(NamedTuple):
     error: Optional[BaseException]
 
 
-def _hammer(name: str, call: Callable[[int], Any], rooms: itertools.count, stop: threading.Event,
-            out: list[Attempt]) -> None:
+def _hammer(
+    name: str, call: Callable[[int], Any], rooms: itertools.count, stop: threading.Event, out: list[Attempt]
+) -> None:
     while not stop.is_set():
         room = next(rooms)
         start = time.monotonic()
         try:
             result = call(room)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
             out.append(Attempt(name, room, start, time.monotonic(), None, exc))
         else:
             out.append(Attempt(name, room, start, time.monotonic(), result.outcome, None))
@@ -119,8 +120,9 @@ def test_clients_ride_out_a_redis_restart_without_lying() -> None:
         "impatient": lambda room: impatient.update_status(room, KVPoll.Bootstrapping),
         "async": lambda room: loop.run_until_complete(aio.update_status(room, KVPoll.Bootstrapping)),
     }
-    threads = [threading.Thread(target=_hammer, args=(name, call, rooms, stop, attempts))
-               for name, call in callers.items()]
+    threads = [
+        threading.Thread(target=_hammer, args=(name, call, rooms, stop, attempts)) for name, call in callers.items()
+    ]
     try:
         for thread in threads:
             thread.start()
@@ -135,8 +137,10 @@ def test_clients_ride_out_a_redis_restart_without_lying() -> None:
         for thread in threads:
             thread.join(timeout=30)
         raw = server.client()
-        stored = {StatusStore(raw, namespace=namespace).schema.room_of(k) for k in
-                  raw.scan_iter(match=f"kvstatus:{namespace}:*", count=1000)}
+        stored = {
+            StatusStore(raw, namespace=namespace).schema.room_of(k)
+            for k in raw.scan_iter(match=f"kvstatus:{namespace}:*", count=1000)
+        }
         reloaded = raw.script_exists(scripts.UPDATE.sha)  # the restarted server started with no scripts
         raw.close()
     finally:

@@ -19,16 +19,22 @@ from kvstatus import (
     StatusStore,
     UpdateResult,
 )
-from tests.servers import RedisServer
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 junk = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(),
-    st.text(max_size=12), st.binary(max_size=8), st.lists(st.integers(), max_size=2), st.sampled_from(list(KVPoll)),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(),
+    st.text(max_size=12),
+    st.binary(max_size=8),
+    st.lists(st.integers(), max_size=2),
+    st.sampled_from(list(KVPoll)),
     st.integers(min_value=0, max_value=2**63 - 1),
 )
 rooms = st.one_of(junk, st.integers(min_value=0, max_value=2**63 - 1))
@@ -68,8 +74,11 @@ def test_update_status_validates_or_applies(client: redis.Redis, room: Any, stat
 
 
 @FUZZ
-@given(updates=st.one_of(junk, st.dictionaries(hashable_rooms, statuses, max_size=6),
-                         st.lists(st.tuples(rooms, statuses), max_size=3)))
+@given(
+    updates=st.one_of(
+        junk, st.dictionaries(hashable_rooms, statuses, max_size=6), st.lists(st.tuples(rooms, statuses), max_size=3)
+    )
+)
 def test_update_many_is_all_or_nothing(client: redis.Redis, updates: Any) -> None:
     store = StatusStore(client, namespace=fresh_namespace("fuzz"))
     result = _outcome(lambda: store.update_many(updates))
@@ -95,17 +104,26 @@ def test_reads_clear_and_record_failure_validate(client: redis.Redis, room: Any,
 
 @FUZZ
 @given(namespace=junk, participant=junk, prefix=junk, ttl=junk, policy=junk)
-def test_store_settings_validate(client: redis.Redis, namespace: Any, participant: Any, prefix: Any, ttl: Any,
-                                 policy: Any) -> None:
-    made = _outcome(lambda: StatusStore(client, namespace=namespace, participant=participant, prefix=prefix,
-                                        ttl=ttl, policy=policy))
+def test_store_settings_validate(
+    client: redis.Redis, namespace: Any, participant: Any, prefix: Any, ttl: Any, policy: Any
+) -> None:
+    made = _outcome(
+        lambda: StatusStore(client, namespace=namespace, participant=participant, prefix=prefix, ttl=ttl, policy=policy)
+    )
     assert isinstance(made, (StatusStore, InvalidArgumentError))
 
 
 @FUZZ
-@given(url=st.one_of(junk, st.builds(lambda scheme, rest: scheme + rest,
-                                     st.sampled_from(["redis://", "rediss://", "unix://", "http://", ""]),
-                                     st.text(max_size=30))))
+@given(
+    url=st.one_of(
+        junk,
+        st.builds(
+            lambda scheme, rest: scheme + rest,
+            st.sampled_from(["redis://", "rediss://", "unix://", "http://", ""]),
+            st.text(max_size=30),
+        ),
+    )
+)
 def test_urls_validate_without_connecting(url: Any) -> None:
     made = _outcome(lambda: StatusStore.from_url(url, namespace="fuzz"), (InvalidURLError,))
     if isinstance(made, StatusStore):
@@ -121,9 +139,13 @@ def test_a_corrupted_value_is_reported_and_left_alone(client: redis.Redis, store
     client.hset(key, store.participant, stored)
     client.pexpire(key, 60_000)
     valid = stored in (b"0", b"1", b"2", b"3", b"4")
-    for call in (lambda: store.update_status(7, status), lambda: store.get(7),
-                 lambda: store.get_many([8, 7]), lambda: store.room(7),
-                 lambda: store.update_many({8: KVPoll.Bootstrapping, 7: status})):
+    for call in (
+        lambda: store.update_status(7, status),
+        lambda: store.get(7),
+        lambda: store.get_many([8, 7]),
+        lambda: store.room(7),
+        lambda: store.update_many({8: KVPoll.Bootstrapping, 7: status}),
+    ):
         result = _outcome(call, (CorruptedValueError,))
         if valid:
             assert not isinstance(result, KVStatusError)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvstatus.rule import Policy
+from tests.helpers.backends import fresh_namespace
 from tests.helpers.history import find_violations, run_history
 from tests.servers import RedisServer
-from tests.helpers.backends import fresh_namespace
 
 
 @pytest.mark.real
@@ -24,8 +24,7 @@ def test_every_history_on_redis_is_linearizable(redis_server: RedisServer, polic
 def test_the_check_catches_a_client_side_read_then_write(redis_server: RedisServer) -> None:
     violations: list[tuple[int, str]] = []
     for _ in range(3):  # a race, so a few tries; one run is nearly always enough
-        calls = run_history(redis_server.url, fresh_namespace("hist-naive"), naive=True, processes=8, threads=3,
-                            ops=40)
+        calls = run_history(redis_server.url, fresh_namespace("hist-naive"), naive=True, processes=8, threads=3, ops=40)
         violations = find_violations(calls)
         if violations:
             break

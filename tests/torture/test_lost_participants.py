@@ -57,8 +57,12 @@ class Worker:
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, url, namespace, name, str(LEASE_TTL), ",".join(map(str, rooms))],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("ready"), line + (self.proc.stdout.read() if self.proc.poll() is not None else "")
         _, generation, self.incarnation = line.split()
@@ -71,7 +75,9 @@ class Worker:
         self.proc.wait(10)
 
 
-@pytest.fixture(params=[pytest.param("single", marks=pytest.mark.real), pytest.param("cluster", marks=pytest.mark.real)])
+@pytest.fixture(
+    params=[pytest.param("single", marks=pytest.mark.real), pytest.param("cluster", marks=pytest.mark.real)]
+)
 def url(request: pytest.FixtureRequest) -> str:
     if request.param == "cluster":
         return request.getfixturevalue("redis_cluster").url
@@ -119,7 +125,10 @@ def test_a_killed_participant_fails_its_rooms_and_nobody_elses(url: str, workers
         assert view.participants["prefill-0"] == (KVPoll.Transferring, None)
         assert view.participants["decode-1"] == (KVPoll.Transferring, None)
     assert {i.participant: i.state for i in list_leases(client, schema)} == {
-        "prefill-0": "alive", "decode-0": "expired", "decode-1": "alive"}
+        "prefill-0": "alive",
+        "decode-0": "expired",
+        "decode-1": "alive",
+    }
     assert sweep(client, schema).swept == 0  # idempotent
     client.close()
 

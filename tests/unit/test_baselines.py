@@ -16,7 +16,6 @@ import pytest
 from kvstatus import KVPoll, Outcome, Policy, StatusStore
 from kvstatus.demo.baselines import BASELINES, ClientSideStore, PreFixStore, make_store
 
-
 UNTOUCHED_MS = 300_000
 """Every key's TTL is set to this (below the stores' 600 s) before each call: a key whose TTL is higher
 afterwards was refreshed by it (a write never shortens a TTL)."""
@@ -40,8 +39,10 @@ def test_client_side_alone_answers_and_writes_as_kvstatus(policy: Policy) -> Non
     rng = random.Random(7)
     stores = {}
     for participant in ("prefill-0", "decode-0"):
-        stores[participant] = (StatusStore(client, namespace="kv", participant=participant, policy=policy),
-                               ClientSideStore(client, "cs", participant=participant, policy=policy))
+        stores[participant] = (
+            StatusStore(client, namespace="kv", participant=participant, policy=policy),
+            ClientSideStore(client, "cs", participant=participant, policy=policy),
+        )
     for step in range(300):
         for key in client.scan_iter(match="kvstatus:*"):
             client.pexpire(key, UNTOUCHED_MS)
@@ -75,13 +76,17 @@ def test_pre_fix_resurrects_a_cleared_room_without_ttl() -> None:
     assert store.get(5) is KVPoll.Failed
     assert client.pttl("kvstatus:pf:{5}") == -1  # and the resurrected room never expires
     assert store.update_many({6: KVPoll.Failed, 7: KVPoll.Transferring}) == {
-        6: (Outcome.CREATED, KVPoll.Failed), 7: (Outcome.CREATED, KVPoll.Transferring)}
+        6: (Outcome.CREATED, KVPoll.Failed),
+        7: (Outcome.CREATED, KVPoll.Transferring),
+    }
 
 
 def test_make_store_builds_each_implementation_and_names_the_choices() -> None:
     client = fakeredis.FakeRedis()
-    made = {name: make_store(name, client, "ns", participant="p", ttl=5, race_window=0.1)
-            for name in ("kvstatus", *BASELINES)}
+    made = {
+        name: make_store(name, client, "ns", participant="p", ttl=5, race_window=0.1)
+        for name in ("kvstatus", *BASELINES)
+    }
     assert [type(s) for s in made.values()] == [StatusStore, ClientSideStore, PreFixStore]
     assert all(s.participant == "p" for s in made.values())
     with pytest.raises(ValueError, match="unknown implementation 'naive'.*client-side"):

@@ -25,10 +25,18 @@ CASES = [
     ((None, None, None), (NONE, NONE, NONE), {}, RoomConsensus(B, None, (), P)),
     # A lost lease with an open entry fails the room, naming the participant; it wins over a missing entry.
     ((T, W, T), (ALIVE, LOST, ALIVE), {}, RoomConsensus(F, "participant decode-0 lost its lease", ("decode-0",))),
-    ((B, None, T), (LOST, ALIVE, ALIVE), {},
-     RoomConsensus(F, "participant prefill-0 lost its lease", ("prefill-0",), ("decode-0",))),
-    ((T, B, W), (LOST, LOST, ALIVE), {},
-     RoomConsensus(F, "participant prefill-0 lost its lease", ("prefill-0", "decode-0"))),
+    (
+        (B, None, T),
+        (LOST, ALIVE, ALIVE),
+        {},
+        RoomConsensus(F, "participant prefill-0 lost its lease", ("prefill-0",), ("decode-0",)),
+    ),
+    (
+        (T, B, W),
+        (LOST, LOST, ALIVE),
+        {},
+        RoomConsensus(F, "participant prefill-0 lost its lease", ("prefill-0", "decode-0")),
+    ),
     # A lost participant whose entry is terminal no longer holds the room back.
     ((S, T, T), (LOST, ALIVE, ALIVE), {}, RoomConsensus(T, None, ("prefill-0",))),
     # ... nor does one with no entry: that is "not yet there", as without leases.
@@ -36,8 +44,12 @@ CASES = [
     # A participant that never held a lease is never lost, whatever its entry.
     ((T, T, B), (NONE, ALIVE, NONE), {}, RoomConsensus(B)),
     # Failed by the minimum carries the first recorded reason (e.g. the sweeper's).
-    ((S, F, F), (ALIVE, LOST, ALIVE), {"decode-0": "participant decode-0 lost its lease", "decode-1": "timeout"},
-     RoomConsensus(F, "participant decode-0 lost its lease", ("decode-0",))),
+    (
+        (S, F, F),
+        (ALIVE, LOST, ALIVE),
+        {"decode-0": "participant decode-0 lost its lease", "decode-1": "timeout"},
+        RoomConsensus(F, "participant decode-0 lost its lease", ("decode-0",)),
+    ),
     ((F, T, T), (ALIVE, ALIVE, ALIVE), {}, RoomConsensus(F)),
 ]
 
@@ -50,11 +62,14 @@ def test_the_rule(statuses: tuple, leases: tuple, reasons: dict, expected: RoomC
 STATUS = st.one_of(st.none(), st.sampled_from(list(KVPoll)))
 
 
-@given(st.lists(st.lists(STATUS, min_size=3, max_size=3), min_size=1, max_size=20),
-       st.lists(st.sampled_from(list(LeaseState)), min_size=3, max_size=3),
-       st.dictionaries(st.integers(0, 59), st.text(min_size=1, max_size=5)))
-def test_the_batch_agrees_with_the_rule_room_by_room(rooms: list[list[Optional[KVPoll]]], leases: list[LeaseState],
-                                                    raw_reasons: dict[int, str]) -> None:
+@given(
+    st.lists(st.lists(STATUS, min_size=3, max_size=3), min_size=1, max_size=20),
+    st.lists(st.sampled_from(list(LeaseState)), min_size=3, max_size=3),
+    st.dictionaries(st.integers(0, 59), st.text(min_size=1, max_size=5)),
+)
+def test_the_batch_agrees_with_the_rule_room_by_room(
+    rooms: list[list[Optional[KVPoll]]], leases: list[LeaseState], raw_reasons: dict[int, str]
+) -> None:
     flat = [s for room in rooms for s in room]
     reasons = {k: v for k, v in raw_reasons.items() if k < len(flat) and flat[k] == KVPoll.Failed}
     ids = list(range(100, 100 + len(rooms)))

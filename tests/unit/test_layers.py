@@ -68,8 +68,10 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 def test_the_module_graph_has_no_cycle() -> None:
     graph = {module_name(p): kvstatus_imports(p) - {module_name(p)} for p in PACKAGE.rglob("*.py")}
     # A package's __init__ re-exporting its own modules is not a cycle of jobs; only count module -> module edges.
-    edges = {m: {t for t in targets if not m.startswith(t + ".") and not t.startswith(m + ".")}
-             for m, targets in graph.items()}
+    edges = {
+        m: {t for t in targets if not m.startswith(t + ".") and not t.startswith(m + ".")}
+        for m, targets in graph.items()
+    }
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -77,7 +79,7 @@ def test_the_module_graph_has_no_cycle() -> None:
         state[node] = 1
         for target in sorted(edges.get(node, ())):
             if state.get(target) == 1:
-                cycle.extend(trail[trail.index(target):] + [node, target] if target in trail else [node, target])
+                cycle.extend(trail[trail.index(target) :] + [node, target] if target in trail else [node, target])
                 return True
             if state.get(target) is None and visit(target, trail + [node]):
                 return True

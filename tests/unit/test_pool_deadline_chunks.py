@@ -23,15 +23,26 @@ def test_max_connections_and_deadline_are_url_and_keyword_options() -> None:
     assert (opts.max_connections, opts.deadline) == (9, 0.25)
 
 
-@pytest.mark.parametrize("query", ["max_connections=0", "max_connections=-1", "max_connections=2.5",
-                                   "deadline=0", "deadline=-1", "deadline=inf", "deadline=x"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "max_connections=0",
+        "max_connections=-1",
+        "max_connections=2.5",
+        "deadline=0",
+        "deadline=-1",
+        "deadline=inf",
+        "deadline=x",
+    ],
+)
 def test_bad_pool_and_deadline_values_are_refused_in_a_url(query: str) -> None:
     with pytest.raises(InvalidURLError, match=query.split("=")[0]):
         options_for(f"redis://h:1/0?{query}")
 
 
-@pytest.mark.parametrize("field, value", [("max_connections", 0), ("max_connections", True),
-                                          ("deadline", 0), ("deadline", float("nan"))])
+@pytest.mark.parametrize(
+    "field, value", [("max_connections", 0), ("max_connections", True), ("deadline", 0), ("deadline", float("nan"))]
+)
 def test_bad_pool_and_deadline_values_are_refused_as_keywords(field: str, value: object) -> None:
     with pytest.raises(InvalidArgumentError, match=field):
         ConnectionOptions(**{field: value})
@@ -59,12 +70,14 @@ def test_batches_are_cut_into_chunks_of_at_most_chunk_rooms() -> None:
     assert keys == [CHUNK_ROOMS, CHUNK_ROOMS, 500]
     assert big.extra_seconds == pytest.approx(2 * CHUNK_SECONDS)
     polled = core.get_many(range(CHUNK_ROOMS + 1))
-    assert polled.calls[0].args[2] == CHUNK_ROOMS and polled.calls[1].args == ("HGET", f"kvstatus:n:{{{CHUNK_ROOMS}}}",
-                                                                                "default")
+    assert polled.calls[0].args[2] == CHUNK_ROOMS and polled.calls[1].args == (
+        "HGET",
+        f"kvstatus:n:{{{CHUNK_ROOMS}}}",
+        "default",
+    )
     # in order, each room once
-    rooms = [int(key.rsplit("{", 1)[1].rstrip("}")) for call in big.calls for key in call.args[3:3 + call.args[2]]]
+    rooms = [int(key.rsplit("{", 1)[1].rstrip("}")) for call in big.calls for key in call.args[3 : 3 + call.args[2]]]
     assert rooms == list(range(2 * CHUNK_ROOMS + 500))
-
 
 
 def test_a_socket_wait_after_the_deadline_raises_a_timeout_not_a_name_error() -> None:

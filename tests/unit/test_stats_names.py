@@ -26,6 +26,9 @@ def test_attributes_and_json_keys_of_the_same_name_agree() -> None:
     for name in shared:
         value = getattr(stats, name)
         assert document[name] == (dict(value) if isinstance(value, dict) else value) or name in {
-            "by_status", "by_participant", "ttl_left"}, name  # Counters are rendered by status name
+            "by_status",
+            "by_participant",
+            "ttl_left",
+        }, name  # Counters are rendered by status name
     assert (stats.keys_without_ttl, stats.keys_without_ttl_sample) == (1, [2])
     assert stats.corrupted_rooms == 1 and len(stats.corrupted_sample) == 1

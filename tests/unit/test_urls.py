@@ -89,10 +89,20 @@ def test_retry_budget_is_documented_in_seconds() -> None:
     [
         ("redis+cluster://a:7000,b:7001", "redis+cluster", (("a", 7000), ("b", 7001)), None, 0),
         ("rediss+cluster://u:pw@a:7000?ssl_ca_certs=/ca.pem", "rediss+cluster", (("a", 7000),), None, 0),
-        ("redis+sentinel://s1:26379,s2:26380/mymaster", "redis+sentinel", (("s1", 26379), ("s2", 26380)),
-         "mymaster", 0),
-        ("rediss+sentinel://:pw@s1:26379/prod-redis/2?sentinel_password=x", "rediss+sentinel",
-         (("s1", 26379),), "prod-redis", 2),
+        (
+            "redis+sentinel://s1:26379,s2:26380/mymaster",
+            "redis+sentinel",
+            (("s1", 26379), ("s2", 26380)),
+            "mymaster",
+            0,
+        ),
+        (
+            "rediss+sentinel://:pw@s1:26379/prod-redis/2?sentinel_password=x",
+            "rediss+sentinel",
+            (("s1", 26379),),
+            "prod-redis",
+            2,
+        ),
     ],
 )
 def test_cluster_and_sentinel_urls_parse(url: str, scheme: str, hosts: Any, service: Any, db: int) -> None:
@@ -127,11 +137,18 @@ def test_every_password_is_masked() -> None:
 
 
 def test_tls_options_pass_through() -> None:
-    parsed = parse_url("rediss+cluster://a:1?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k"
-                       "&ssl_check_hostname=false&ssl_cert_reqs=optional")
+    parsed = parse_url(
+        "rediss+cluster://a:1?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k"
+        "&ssl_check_hostname=false&ssl_cert_reqs=optional"
+    )
     assert _ssl_kwargs(parsed.query, ConnectionOptions()) == {
-        "ssl": True, "ssl_ca_certs": "/ca", "ssl_certfile": "/c", "ssl_keyfile": "/k",
-        "ssl_check_hostname": False, "ssl_cert_reqs": "optional"}
+        "ssl": True,
+        "ssl_ca_certs": "/ca",
+        "ssl_certfile": "/c",
+        "ssl_keyfile": "/k",
+        "ssl_check_hostname": False,
+        "ssl_cert_reqs": "optional",
+    }
 
 
 def test_an_unencoded_slash_in_a_password_is_refused_without_showing_any_of_it() -> None:
@@ -146,8 +163,9 @@ def test_from_url_settles_connection_options_once_url_last() -> None:
     """The store's own resends and deadline use the same options as its client: the URL's query wins."""
     from kvstatus import StatusStore
 
-    store = StatusStore.from_url("redis://127.0.0.1:1/0?deadline=2.5&retries=2", namespace="u", retries=4,
-                                 socket_timeout=1.5, ttl=5)
+    store = StatusStore.from_url(
+        "redis://127.0.0.1:1/0?deadline=2.5&retries=2", namespace="u", retries=4, socket_timeout=1.5, ttl=5
+    )
     assert (store.options.deadline, store.options.retries, store.options.socket_timeout) == (2.5, 2, 1.5)
     assert store.ttl == 5 and store.namespace == "u"
     with pytest.raises(TypeError, match="bogus"):

@@ -36,7 +36,7 @@ class _Loud:
             "this sglang code path needs a real kernel build; avoid it with a flag, as the other CPU workarounds do"
         )
 
-    def __getattr__(self, attr: str) -> "_Loud":
+    def __getattr__(self, attr: str) -> _Loud:
         if attr.startswith("__"):
             raise AttributeError(attr)
         return _Loud(f"{self._name}.{attr}")

@@ -82,7 +82,9 @@ def test_doctor_passes_on_a_full_user_and_removes_its_probe(env: dict[str, str],
     assert lines[2].split() == ["ok", "topology", "standalone"]
     assert all(line.startswith("ok") for line in lines)
     raw = redis_server.client()
-    assert list(raw.scan_iter(match=f"kvstatus:{env['KVSTATUS_NAMESPACE']}:*")) == []
+    left = {k.decode() for k in raw.scan_iter(match=f"kvstatus:{env['KVSTATUS_NAMESPACE']}:*")}
+    # The near cache's database marker (SWAPDB detection, one day's TTL) is shared state, not a probe.
+    assert left <= {f"kvstatus:{env['KVSTATUS_NAMESPACE']}:db"}, left
 
 
 def test_doctor_reports_a_read_only_user(locked_server: RedisServer) -> None:

@@ -66,7 +66,7 @@ class ConnectionOptions:
     Within the deadline, a command that fails with a connection error or a
     timeout is sent again up to ``retries`` times, after
     ``min(backoff_cap, backoff_base * 2**n)`` seconds. The defaults ride out
-    about 3-4 s of outage (a restart, a failover), then raise
+    about 3-4 s of outage (a cluster or Sentinel failover), then raise
     :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
     whether applied": the last attempt may have been executed by Redis. A
     refused connection to a standalone server (nothing listens: Redis is down or

@@ -212,7 +212,7 @@ def isolation_check(client: Any) -> Check:
         True,
         f"WARNING: this user may run Lua of its own ({', '.join(allowed)} allowed), "
         "which can read any key and block the whole server: fine for an admin, not for "
-        "a tenant (use the functions recipe, README 'Security')",
+        "a tenant (use the functions recipe, docs/security.md)",
     )
 
 

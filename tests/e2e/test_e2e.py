@@ -162,7 +162,9 @@ def test_serve_with_the_plugin_off_gives_the_same_answers(upstream: scenarios.De
     served = _serve(upstream)
     failed = [(a.index, a.status, a.cause()) for a in served if not a.ok]
     assert failed == [], f"requests failed with the plugin off: {failed}"
-    assert set(_tombstone_rooms(client)) == before, "the plugin wrote to Redis while it was off"
+    # The plugin-on run's tombstones may expire meanwhile (their own 60 s TTL): no new one may appear.
+    written = set(_tombstone_rooms(client)) - before
+    assert written == set(), f"the plugin wrote to Redis while it was off: rooms {sorted(written)}"
     if "kvstatus" not in answers:
         pytest.fail("the plugin-on serve scenario did not record answers to compare with", pytrace=False)
     off = [a.output_ids or [] for a in served]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import click
 
 from kvstatus import connection
+from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, ttl_to_ms
@@ -189,6 +190,14 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
 pass_env = click.make_pass_decorator(CliEnv)
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+batch_option = click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=10_000),
+    default=DEFAULT_BATCH,
+    show_default=True,
+    help="Keys per SCAN step and per pipelined read.",
+)
 
 participant_option = click.option(
     "--participant",

@@ -7,9 +7,8 @@ import time
 import click
 
 from kvstatus.admin.leases import list_leases
-from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.admin.sweep import sweep as run_sweep
-from kvstatus.cli.app import CliEnv, emit_json, json_option, main, pass_env, stderr_is_tty, table
+from kvstatus.cli.app import CliEnv, batch_option, emit_json, json_option, main, pass_env, stderr_is_tty, table
 
 
 @main.command()
@@ -48,13 +47,7 @@ def participants(env: CliEnv, as_json: bool) -> None:
 
 
 @main.command()
-@click.option(
-    "--batch",
-    type=click.IntRange(min=1, max=10_000),
-    default=DEFAULT_BATCH,
-    show_default=True,
-    help="Keys per SCAN step and per pipelined read.",
-)
+@batch_option
 @click.option(
     "--participant",
     "-p",

@@ -13,7 +13,6 @@ import click
 from kvstatus.admin.acl import acl_rules, acl_setuser_line
 from kvstatus.admin.doctor import run_checks
 from kvstatus.admin.functions import load_functions, loaded_libraries
-from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.admin.stats import bucket_labels, collect_stats
 from kvstatus.admin.watch import KINDS, Snapshot, watch_changes
 from kvstatus.cli.app import (
@@ -22,6 +21,7 @@ from kvstatus.cli.app import (
     STATUS,
     CliEnv,
     NotFound,
+    batch_option,
     emit_json,
     json_option,
     main,
@@ -65,13 +65,7 @@ def _end_progress(progress: Any) -> None:
     show_default=True,
     help="How many of the oldest non-terminal rooms to list.",
 )
-@click.option(
-    "--batch",
-    type=click.IntRange(min=1, max=10_000),
-    default=DEFAULT_BATCH,
-    show_default=True,
-    help="Keys per SCAN step and per pipelined read.",
-)
+@batch_option
 @json_option
 @pass_env
 def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
@@ -180,13 +174,7 @@ def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> s
     "--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds between refreshes."
 )
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes (default: until Ctrl-C).")
-@click.option(
-    "--batch",
-    type=click.IntRange(min=1, max=10_000),
-    default=DEFAULT_BATCH,
-    show_default=True,
-    help="Keys per SCAN step and per pipelined read.",
-)
+@batch_option
 @json_option
 @pass_env
 def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_json: bool) -> None:

@@ -9,8 +9,7 @@ from typing import Any, Optional
 import click
 
 from kvstatus.admin.leases import lost_participants
-from kvstatus.admin.scan import DEFAULT_BATCH
-from kvstatus.cli.app import CliEnv, main, pass_env, ttl_option
+from kvstatus.cli.app import CliEnv, batch_option, main, pass_env, ttl_option
 from kvstatus.keys import KeySchema
 
 
@@ -42,13 +41,7 @@ def _interval_option(default: float) -> Any:
 
 
 scan_options = [
-    click.option(
-        "--batch",
-        type=click.IntRange(min=1, max=10_000),
-        default=DEFAULT_BATCH,
-        show_default=True,
-        help="Keys per SCAN step and per pipelined read.",
-    ),
+    batch_option,
     click.option(
         "--pause",
         type=click.FloatRange(min=0),

@@ -9,7 +9,6 @@ import click
 
 from kvstatus.admin.leases import lost_participants
 from kvstatus.admin.scan import (
-    DEFAULT_BATCH,
     entries,
     iter_rooms,
     room_matches,
@@ -21,6 +20,7 @@ from kvstatus.cli.app import (
     STATUS,
     CliEnv,
     NotFound,
+    batch_option,
     emit_json,
     json_option,
     main,
@@ -211,13 +211,7 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
     type=click.IntRange(min=1),
     help="Print at most this many rows (one per entry; with --json one line per room).",
 )
-@click.option(
-    "--batch",
-    type=click.IntRange(min=1, max=10_000),
-    default=DEFAULT_BATCH,
-    show_default=True,
-    help="Keys per SCAN step and per pipelined read.",
-)
+@batch_option
 @click.option(
     "--lost",
     is_flag=True,

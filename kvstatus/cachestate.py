@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 from redis import exceptions as rx
 
 from kvstatus.errors import InvalidArgumentError
+from kvstatus.fate import shared_status
 from kvstatus.keys import KeySchema, validate_rooms
 from kvstatus.replies import decode_room
 from kvstatus.rule import KVPoll, ParticipantEntry, RoomView
@@ -61,12 +62,25 @@ class NearCacheOptions:
 
 
 class CachedRoom(NamedTuple):
-    """One room as read: statuses by participant (entries with a status only), the full view, and the
-    local ``time.monotonic()`` deadline at or before which Redis expires the key (None: no TTL / no key)."""
+    """One room as read: statuses by participant (entries with a status only), the full view, the local
+    ``time.monotonic()`` deadline at or before which Redis expires the key (None: no TTL / no key), and
+    the statuses under shared fate (:func:`kvstatus.fate.shared_status`; ``statuses`` itself when the room
+    has not failed)."""
 
     statuses: dict[str, KVPoll]
     view: RoomView
     deadline: Optional[float]
+    shared: dict[str, KVPoll]
+
+
+Reader = tuple[str, bool]
+"""Who reads a cached room, and how: a participant, and whether under shared fate (the store's setting)."""
+
+
+def status_for(entry: CachedRoom, reader: Reader) -> Optional[KVPoll]:
+    """``reader``'s status in a cached room (None: no entry)."""
+    participant, shared = reader
+    return (entry.shared if shared else entry.statuses).get(participant)
 
 
 def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: float) -> CachedRoom:
@@ -79,7 +93,11 @@ def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: floa
     # The key expires pttl ms after Redis read it, which is after sent_at: expiring the copy at
     # sent_at + pttl is never late.
     deadline = sent_at + pttl / 1000 if pttl >= 0 else None
-    return CachedRoom(statuses, view, deadline)
+    failure = view.failure
+    if failure is None:
+        return CachedRoom(statuses, view, deadline, statuses)
+    shared = {name: shared_status(status, failure, name) or status for name, status in statuses.items()}
+    return CachedRoom(statuses, view, deadline, shared)
 
 
 def unique_rooms(rooms: Iterable[int]) -> list[int]:
@@ -94,7 +112,7 @@ def view_at(entry: CachedRoom, now: float) -> RoomView:
     view = entry.view
     ttl_ms = None if entry.deadline is None else max(0, round((entry.deadline - now) * 1000))
     participants = {name: ParticipantEntry(e.status, e.reason) for name, e in view.participants.items()}
-    return RoomView(view.room, participants, ttl_ms if view.ttl_ms is not None else None)
+    return RoomView(view.room, participants, ttl_ms if view.ttl_ms is not None else None, failure=view.failure)
 
 
 # --------------------------------------------------------------------------- the invalidation socket
@@ -112,9 +130,9 @@ class CacheState:
         self.schema = schema
         self.options = options
         self.entries: OrderedDict[int, CachedRoom] = OrderedDict()  # in fill order
-        # Per participant read so far: room -> its status (None: no entry), for every cached room. The hot
-        # paths are then one C-level dict lookup per room.
-        self.flats: dict[str, dict[int, Optional[KVPoll]]] = {}
+        # Per reader so far: room -> its status (None: no entry), for every cached room. The hot paths are
+        # then one C-level dict lookup per room.
+        self.flats: dict[Reader, dict[int, Optional[KVPoll]]] = {}
         # Rooms read since they were last given a second chance (CLOCK, an LRU approximation that costs
         # one C-level set update per read instead of an OrderedDict move per room). Reads are only recorded
         # once the cache is 3/4 full (``marking``): before that nothing is evicted, and a room read at a poll
@@ -210,8 +228,8 @@ class CacheState:
                 continue
             entries[room] = entry
             entries.move_to_end(room)
-            for participant, flat in flats:
-                flat[room] = entry.statuses.get(participant)
+            for reader, flat in flats:
+                flat[room] = status_for(entry, reader)
             if entry.deadline is not None and entry.deadline < self.earliest_deadline:
                 self.earliest_deadline = entry.deadline
         self._evict()
@@ -238,17 +256,17 @@ class CacheState:
         for flat in self.flats.values():
             flat.pop(room, None)
 
-    def flat(self, participant: str) -> dict[int, Optional[KVPoll]]:
-        """The room -> status map of ``participant`` (built on its first read)."""
-        flat = self.flats.get(participant)
+    def flat(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
+        """The room -> status map of ``reader`` (built on its first read)."""
+        flat = self.flats.get(reader)
         if flat is None:
-            flat = self.flats[participant] = {room: e.statuses.get(participant) for room, e in self.entries.items()}
+            flat = self.flats[reader] = {room: status_for(e, reader) for room, e in self.entries.items()}
         return flat
 
-    def hits(self, rooms: Any, participant: str) -> Optional[dict[int, Optional[KVPoll]]]:
-        """``participant``'s status in every room of the list or tuple ``rooms`` if all are cached, else None."""
+    def hits(self, rooms: Any, reader: Reader) -> Optional[dict[int, Optional[KVPoll]]]:
+        """``reader``'s status in every room of the list or tuple ``rooms`` if all are cached, else None."""
         try:
-            result = dict(zip(rooms, map(self.flat(participant).__getitem__, rooms)))
+            result = dict(zip(rooms, map(self.flat(reader).__getitem__, rooms)))
         except (KeyError, TypeError):
             return None
         # Only validated ints are cached, but True, 1.0 or KVPoll.Success would find room 1 or 4.

@@ -18,6 +18,7 @@ from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
+from kvstatus.fate import FATE_FIELD, FailureRecord, parse_failure, shared_status
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
@@ -46,6 +47,9 @@ from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, up
 )
 from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
 from kvstatus.rule import (
+    OPEN,
+    CancelOutcome,
+    CancelResult,
     KVPoll,
     Policy,
     RoomView,
@@ -176,8 +180,12 @@ class StoreCore:
         policy: str | Policy = Policy.SEED,
         cluster: bool = False,
         tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
+        shared_fate: bool = True,
     ) -> None:
         self.schema = KeySchema(namespace, prefix)
+        if not isinstance(shared_fate, bool):
+            raise InvalidArgumentError(f"shared_fate must be True or False, not {shared_fate!r}")
+        self.shared_fate = shared_fate
         self.participant = validate_name(DEFAULT_PARTICIPANT if participant is None else participant, "participant")
         self.ttl_ms = ttl_to_ms(ttl)
         self.policy = to_policy(policy)
@@ -204,6 +212,7 @@ class StoreCore:
             "ttl": self.ttl_ms / 1000,
             "policy": self.policy,
             "tombstone_ttl": self.tombstone_ttl_ms / 1000,
+            "shared_fate": self.shared_fate,
         }
 
     def _chunks(self, keys: list[str]) -> list[list[int]]:
@@ -278,6 +287,8 @@ class StoreCore:
     def get(self, room: int) -> Request[Optional[KVPoll]]:
         key = self._key(room)
         field = self.participant
+        if self.shared_fate:  # the entry and the room's first failure, in one HMGET
+            return Request([Call(("HMGET", key, field, FATE_FIELD))], lambda replies: self._judge(replies[0], key))
 
         def decode(replies: list[Any]) -> Optional[KVPoll]:
             value = replies[0]
@@ -285,6 +296,16 @@ class StoreCore:
             return decode_status(value, key, field) if status is None else status
 
         return Request([Call(("HGET", key, field))], decode)
+
+    def _judge(self, reply: list[Any], key: str) -> Optional[KVPoll]:
+        """This participant's status under shared fate, from an ``HMGET key <participant> room:fate`` reply."""
+        value, fate = reply
+        status = _STATUS_BY_VALUE.get(value)
+        if status is None:
+            status = decode_status(value, key, self.participant)
+        if fate is None or status not in OPEN:
+            return status
+        return shared_status(status, parse_failure(fate, key), self.participant)
 
     def check_status(self, room: int) -> Request[KVPoll]:
         request = self.get(room)
@@ -306,25 +327,30 @@ class StoreCore:
             return _no_calls({})
         keys = self.schema.room_keys(ids)
         field = self.participant
+        args = (field, FATE_FIELD) if self.shared_fate else (field,)  # get_many.lua judges the fate itself
         if not self.cluster and len(keys) <= CHUNK_ROOMS:
             return Request(
-                [script_call(scripts.GET_MANY, keys, (field,))],
+                [script_call(scripts.GET_MANY, keys, args)],
                 lambda replies: dict(zip(ids, decode_statuses(replies[0], keys, field))),
             )
         groups = self._chunks(keys)
+        # A room alone in its slot (most of them, on a cluster) is a plain read, as get() sends it.
         calls = [
-            Call(("HGET", keys[group[0]], field))
+            (Call(("HMGET", keys[group[0]], field, FATE_FIELD)) if self.shared_fate else Call(("HGET", keys[group[0]], field)))
             if len(group) == 1
-            else script_call(scripts.GET_MANY, [keys[i] for i in group], (field,))
+            else script_call(scripts.GET_MANY, [keys[i] for i in group], args)
             for group in groups
         ]
 
         def decode(replies: list[Any]) -> dict[int, Optional[KVPoll]]:
             result: dict[int, Optional[KVPoll]] = {}
             for group, call, reply in zip(groups, calls, replies):
-                values = reply if call.script else [reply]
-                for i, value in zip(group, values):
-                    result[ids[i]] = decode_status(value, keys[i], field)
+                if call.script:
+                    for i, value in zip(group, reply):
+                        result[ids[i]] = decode_status(value, keys[i], field)
+                else:
+                    i = group[0]
+                    result[ids[i]] = self._judge(reply, keys[i]) if self.shared_fate else decode_status(reply, keys[i], field)
             return {room: result[room] for room in ids}
 
         return Request(calls, decode, _extra_seconds(len(keys)))
@@ -359,6 +385,30 @@ class StoreCore:
             scripts.RECORD_FAILURE, [key], (self.participant, self._reason_field, text, str(self.ttl_ms))
         )
         return Request([call], _decode_record)
+
+    def failure(self, room: int) -> Request[Optional[FailureRecord]]:
+        key = self._key(room)
+        return Request([Call(("HGET", key, FATE_FIELD))], lambda replies: parse_failure(replies[0], key))
+
+    def cancel(self, rooms: Iterable[int], reason: str, origin: str) -> Request[dict[int, CancelResult]]:
+        if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
+            raise InvalidArgumentError(f"cancel expects an iterable of room ids, not {type(rooms).__name__}")
+        ids = list(dict.fromkeys(validate_rooms(rooms)))
+        if not ids:
+            return _no_calls({})
+        args = (str(self.ttl_ms), validate_name(origin, "origin"), truncate_reason(reason))
+        keys = self.schema.room_keys(ids)
+        groups = self._chunks(keys)
+        calls = [script_call(scripts.CANCEL, [keys[i] for i in group], args) for group in groups]
+
+        def decode(replies: list[Any]) -> dict[int, CancelResult]:
+            results: dict[int, CancelResult] = {}
+            for group, reply in zip(groups, replies):
+                for n, i in enumerate(group):
+                    results[ids[i]] = CancelResult(CancelOutcome(reply[2 * n]), int(reply[2 * n + 1]))
+            return {room: results[room] for room in ids}
+
+        return Request(calls, decode, _extra_seconds(len(keys)))
 
     def room(self, room: int) -> Request[RoomView]:
         room = validate_room(room)

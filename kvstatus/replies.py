@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from kvstatus.errors import BackendError, CorruptedValueError
+from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.keys import LATE_FIELD_PREFIX, REASON_FIELD_PREFIX
 from kvstatus.rule import (
     ClearedEntry,
@@ -142,9 +143,12 @@ def decode_room(
     """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read)."""
     statuses: dict[str, Optional[KVPoll]] = {}
     reasons: dict[str, str] = {}
+    failure = None
     for raw_field, value in fields.items():
         field = _text(raw_field)
-        if field.startswith(REASON_FIELD_PREFIX):
+        if field == FATE_FIELD:
+            failure = parse_failure(value, key)
+        elif field.startswith(REASON_FIELD_PREFIX):
             reasons[field[len(REASON_FIELD_PREFIX) :]] = _text(value)
         elif ":" in field:
             raise CorruptedValueError(f"key {key} has a field {field[:60]!r} that kvstatus does not write")
@@ -154,4 +158,4 @@ def decode_room(
         name: ParticipantEntry(statuses.get(name), reasons.get(name))
         for name in sorted(statuses.keys() | reasons.keys())
     }
-    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone)
+    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure)

@@ -59,6 +59,20 @@ class LeaseOutcome(enum.IntEnum):
     RELEASED = 12
 
 
+class CancelOutcome(enum.IntEnum):
+    """What ``lua/cancel.lua`` did to a room; codes continue :class:`LeaseOutcome`'s."""
+
+    CANCELLED = 13  # the cancel is the room's first failure
+    ALREADY_FAILED = 14  # the room had failed before: its first failure stays (open entries are failed all the same)
+
+
+class CancelResult(NamedTuple):
+    """A cancel of one room: what it did, and how many participants' open entries it turned Failed."""
+
+    outcome: CancelOutcome
+    failed: int
+
+
 _TTL_REFRESHING = frozenset({Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED, Outcome.UNCHANGED})
 
 
@@ -75,6 +89,9 @@ class UpdateResult(NamedTuple):
     outcome: Outcome
     status: Optional[KVPoll]
 
+
+OPEN = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring})
+"""The statuses of an entry that has not concluded: what a peer's failure, a cancel or a sweep fails."""
 
 # Statuses that may create a missing entry under the strict policy.
 STRICT_CREATORS = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput})
@@ -200,6 +217,38 @@ class Tombstone(NamedTuple):
         return [entry.describe(name, now) for name, entry in ordered]
 
 
+class Stage(str, enum.Enum):
+    """Where a room failed first: the failing entry's status before it failed, or what failed it."""
+
+    BOOTSTRAP = "bootstrap"  # the entry was Bootstrapping
+    WAITING = "waiting"  # WaitingForInput
+    TRANSFER = "transfer"  # Transferring (or Success: failed after its transfer)
+    LEASE_LOST = "lease-lost"  # a sweep failed the entry of a participant that lost its lease
+    CANCELLED = "cancelled"  # a router or an operator cancelled the room (store.cancel, kvstatus cancel)
+
+
+class FailureRecord(NamedTuple):
+    """A room's first failure. ``at_ms``: Redis' clock, Unix milliseconds; ``origin``: the participant whose
+    entry failed, or who cancelled; ``reason``: its recorded failure reason ("" when none was given)."""
+
+    at_ms: int
+    stage: Stage
+    origin: str
+    reason: str
+
+    @property
+    def at(self) -> float:
+        """``at_ms`` in Unix seconds."""
+        return self.at_ms / 1000
+
+    def describe(self) -> str:
+        """E.g. "cancelled by router-1: client went away" or "failed at transfer by prefill-0 (no reason given)"."""
+        what = "cancelled" if self.stage is Stage.CANCELLED else f"failed at {self.stage.value}"
+        if self.stage is Stage.LEASE_LOST:
+            what = "failed: lease lost"
+        return f"{what} by {self.origin}: {self.reason}" if self.reason else f"{what} by {self.origin} (no reason given)"
+
+
 class RoomView(NamedTuple):
     """Everything stored for one room, across participants.
 
@@ -208,16 +257,19 @@ class RoomView(NamedTuple):
     ``tombstone`` is the room's record of recent clears (see :meth:`StatusStore.clear
     <kvstatus.StatusStore.clear>`), or None when there is none (never cleared,
     or longer ago than the tombstone TTL); views built by SCAN leave it None.
+    ``failure`` is the room's first failure (:mod:`kvstatus.fate`), or None.
     """
 
     room: int
     participants: dict[str, ParticipantEntry]
     ttl_ms: Optional[int]
     tombstone: Optional[Tombstone] = None
+    failure: Optional[FailureRecord] = None
 
     @property
     def exists(self) -> bool:
-        return bool(self.participants)
+        """True when the room key holds anything: an entry, or a cancel's failure record alone."""
+        return bool(self.participants) or self.failure is not None
 
     @property
     def cleared(self) -> bool:

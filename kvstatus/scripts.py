@@ -118,8 +118,9 @@ ROOM: LuaScript = _load("room")
 LEASE: LuaScript = _load("lease")
 ROOM_STATUSES: LuaScript = _load("room_statuses")
 SWEEP: LuaScript = _load("sweep")
+CANCEL: LuaScript = _load("cancel")
 
-ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEASE, ROOM_STATUSES, SWEEP)
+ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEASE, ROOM_STATUSES, SWEEP, CANCEL)
 BY_NAME: dict[str, LuaScript] = {script.name: script for script in ALL}
 
 

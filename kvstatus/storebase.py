@@ -21,7 +21,15 @@ from kvstatus.operations import (
     validate_script_mode,
 )
 from kvstatus.rule import Policy
-from kvstatus.url import CONNECTION_FIELDS, DEFAULT_URL, ConnectionOptions, options_for, parse_url, url_lease_ttl
+from kvstatus.url import (
+    CONNECTION_FIELDS,
+    DEFAULT_URL,
+    ConnectionOptions,
+    options_for,
+    parse_url,
+    url_lease_ttl,
+    url_shared_fate,
+)
 
 S = TypeVar("S", bound="StoreBase")
 T = TypeVar("T")
@@ -50,8 +58,11 @@ class StoreBase:
         metrics: Optional[StoreObserver] = None,
         lease_ttl: Optional[float] = None,
         tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
+        shared_fate: bool = True,
     ) -> None:
-        """``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
+        """``shared_fate``: reads answer Failed for an open entry of a room that failed for another participant
+        or was cancelled (:mod:`kvstatus.fate`); False reads each entry alone, as upstream's dict does.
+        ``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
         library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows).
         ``near_cache``: True or :class:`NearCacheOptions` for a new near cache, another store's cache to
         share, or None/False for none. ``metrics``: an observer (:class:`~kvstatus.observer.StoreObserver`)."""
@@ -65,7 +76,9 @@ class StoreBase:
             policy=policy,
             cluster=is_cluster_client(client),
             tombstone_ttl=tombstone_ttl,
+            shared_fate=shared_fate,
         )
+        self._reader = (self._core.participant, shared_fate)  # who reads the near cache, and how
         self._functions = isinstance(self._core, FunctionsCore)
         self._metrics = check_observer(metrics)
         self._sender = self._sender_class(
@@ -100,7 +113,7 @@ class StoreBase:
         :class:`ConnectionOptions` field, which overrides ``options``; the URL's own query options win over
         both. ``scripts`` None takes the URL's ``?scripts=`` option, else "eval"; ``near_cache`` None takes
         the URL's ``near_cache=true&near_cache_size=N``; ``lease_ttl`` None takes the URL's ``?lease_ttl=``
-        (seconds in [3, 3600]; 0: no lease).
+        (seconds in [3, 3600]; 0: no lease); ``shared_fate`` None takes the URL's ``?shared_fate=`` (default true).
         """
         parsed = parse_url(url)
         overrides = {name: settings.pop(name) for name in list(settings) if name in CONNECTION_FIELDS}
@@ -108,6 +121,8 @@ class StoreBase:
         mode = parsed.query.get("scripts", "eval") if scripts is None else scripts
         if settings.get("lease_ttl") is None:
             settings["lease_ttl"] = url_lease_ttl(parsed)
+        if settings.get("shared_fate") is None:
+            settings["shared_fate"] = url_shared_fate(parsed)
         return cls(
             cls._connect(parsed, opts),
             options=opts,
@@ -136,6 +151,11 @@ class StoreBase:
     @property
     def policy(self) -> Policy:
         return self._core.policy
+
+    @property
+    def shared_fate(self) -> bool:
+        """Whether reads judge the room's fate (:mod:`kvstatus.fate`), not this participant's entry alone."""
+        return self._core.shared_fate
 
     @property
     def lease(self) -> Optional[LeaseCore]:

@@ -246,6 +246,7 @@ STORE_OPTIONS: dict[str, Callable[[str], Any]] = {
     "near_cache": lambda v: _BOOL[v.lower()],
     "near_cache_size": _positive_int,
     "lease_ttl": _lease_seconds,
+    "shared_fate": lambda v: _BOOL[v.lower()],
 }
 """Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
@@ -272,6 +273,12 @@ def url_lease_ttl(url: Union[str, ParsedURL]) -> Optional[float]:
     """The URL's ``?lease_ttl=`` option: the participant lease's TTL in seconds, None if absent or 0."""
     value = parse_url(url).query.get("lease_ttl")
     return None if value is None else _lease_seconds(value)
+
+
+def url_shared_fate(url: Union[str, ParsedURL]) -> bool:
+    """The URL's ``?shared_fate=`` option (true/false, yes/no, 1/0), True if absent (:mod:`kvstatus.fate`)."""
+    value = parse_url(url).query.get("shared_fate")
+    return True if value is None else bool(_BOOL[value.lower()])
 
 
 def parse_url(url: object) -> ParsedURL:

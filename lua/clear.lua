@@ -24,6 +24,7 @@ local SCRIPT = "clear"
 -- @include acl
 -- @include time
 -- @include keys
+-- @include fate
 
 local room, tomb = KEYS[1], KEYS[2]
 local field, reason_field, late_field, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -48,6 +49,16 @@ if denied then
 end
 
 local removed = redis.call("HDEL", room, field, reason_field)
+-- A failed room whose last entry this clear removed would keep nothing but its first failure: that goes
+-- too, so the room is gone. A cancel's record stays until the TTL, so that a late write finds the room
+-- cancelled. (Best effort: a user without HLEN leaves it to the TTL.)
+if removed > 0 then
+  local fate = redis.call("HGET", room, FATE_FIELD)
+  if fate and not string.find(fate, "^%d+:cancelled:") and not acl_refusal("hlen", room)
+      and redis.call("HLEN", room) == 1 then
+    redis.call("HDEL", room, FATE_FIELD)
+  end
+end
 if stored and tombstone then
   redis.call("HSET", tomb, field, now_ms() .. " " .. stored)
   redis.call("HDEL", tomb, late_field)

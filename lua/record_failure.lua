@@ -8,6 +8,9 @@
 -- ARGV[3]  the reason text
 -- ARGV[4]  TTL in milliseconds, a positive integer
 --
+-- A reason recorded after the update to Failed that recorded the room's first failure
+-- (lua/lib/fate.lua) without one fills in that record's reason too.
+--
 -- Returns an integer, kvstatus.rule.ReasonOutcome (the constants below; they
 -- continue kvstatus.rule.Outcome, so a number means one thing in every script):
 --   RECORDED         the reason was stored and the room's TTL refreshed (never shortened, see EXPIRE_FLAGS in lua/lib/time.lua)
@@ -22,6 +25,7 @@ local SCRIPT = "record_failure"
 
 -- @include acl
 -- @include time
+-- @include fate
 
 local field, reason_field, reason, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
@@ -42,6 +46,12 @@ if redis.call("HEXISTS", KEYS[1], field) == 0 then
 end
 if redis.call("HSETNX", KEYS[1], reason_field, reason) == 0 then
   return KEPT_EARLIER
+end
+local fate = not acl_refusal("hget", KEYS[1]) and not acl_refusal("hset", KEYS[1])  -- best effort, like the record
+  and redis.call("HGET", KEYS[1], FATE_FIELD)
+local stage, origin = string.match(fate or "", "^%d+:([%a-]+):([^:]*):$")  -- a record without a reason
+if origin == field and stage ~= "cancelled" then
+  redis.call("HSET", KEYS[1], FATE_FIELD, fate .. reason)
 end
 -- The participant has an entry, so the key has a TTL already (GT first).
 if EXPIRE_FLAGS then

@@ -2,7 +2,8 @@
 -- For each room hash in KEYS, atomically: an entry in Bootstrapping, WaitingForInput or
 -- Transferring becomes Failed, exactly the update rule's FAILED row (so under `strict` a late write
 -- of the lost participant cannot undo it), and the reason is recorded unless an earlier one is
--- kept. Success, Failed and missing entries are left alone. The room's TTL is not touched: the
+-- kept; the room's first failure is recorded (stage lease-lost, lua/lib/fate.lua) unless it has one.
+-- Success, Failed and missing entries are left alone. The room's TTL is not touched: the
 -- sweeper does not extend a room's life, and HSET keeps the TTL the key already has.
 --
 -- KEYS[i]  room hash, all of one namespace (checked, see lua/lib/keys.lua)
@@ -20,6 +21,8 @@ local SCRIPT = "sweep"
 
 -- @include acl
 -- @include keys
+-- @include time
+-- @include fate
 
 local field, reason_field, reason = ARGV[1], ARGV[2], ARGV[3]
 if #KEYS == 0 or #ARGV ~= 3 or field == "" or reason_field == "" then
@@ -49,6 +52,9 @@ for i = 1, #KEYS do
   if result[i] == FAILED then
     redis.call("HSET", KEYS[i], field, "0")
     redis.call("HSETNX", KEYS[i], reason_field, reason)
+    if not fate_refusal(KEYS[i]) then  -- best effort, as in lua/update.lua
+      record_fate(KEYS[i], "lease-lost", field, reason)
+    end
   end
 end
 return result

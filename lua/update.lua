@@ -23,6 +23,10 @@
 --   "NOPERM <what>"            the ACL refuses a write this call would make (see acl_refusal)
 -- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL to at least ARGV[2] (never shorter than
 -- what another writer left, see EXPIRE_FLAGS in lua/lib/time.lua); the others write nothing.
+-- FAILED also records the room's first failure (lua/lib/fate.lua) unless it has one: stage from the entry's
+-- status before, origin the participant, reason its recorded failure reason ("" when none yet; a
+-- record_failure after the update fills it in). A user the ACL denies HSETNX or TIME gets the Failed
+-- stored without the record.
 -- CREATED, ADVANCED and FAILED publish "<status>:<participant>" on the room's channel, named like
 -- its key, for wait_for (kvstatus/waiting.py): SPUBLISH (a shard channel, on the key's node) on
 -- Redis >= 7, else PUBLISH. The publish is asked of the ACL in the first pass like every write, but a
@@ -38,6 +42,7 @@ local PUBLISH = redis.REDIS_VERSION_NUM and "spublish" or "publish"  -- REDIS_VE
 
 -- @include acl
 -- @include time
+-- @include fate
 
 local policy, ttl, field, reason_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
@@ -76,7 +81,8 @@ end
 -- each key covers them too and nothing is half-written. (ACL selectors can grant
 -- HSET and PEXPIRE on different keys; there a batch could stop half way, but
 -- never leave a key without TTL.) One check per key instead of three.
-local result, leaves_failed = {}, nil
+local result, leaves_failed, stage_of = {}, nil, nil
+local fate_ok = nil  -- whether the ACL lets this user record the room's first failure; asked once, like publish
 local hset_checked, denied = false, nil
 local publish = nil  -- whether the ACL lets this user publish on the room channels; asked once, like HSET
 for i = 1, n do
@@ -134,6 +140,13 @@ for i = 1, n do
     end
     leaves_failed[i] = true
   end
+  if outcome == FAILED then
+    if fate_ok == nil then
+      fate_ok = fate_refusal(key) == nil  -- a refusal only skips the record: the Failed itself is stored
+    end
+    stage_of = stage_of or {}
+    stage_of[i] = fate_ok and STAGE_OF_STATUS[cur]
+  end
   if outcome <= UNCHANGED then
     denied = denied or acl_refusal("pexpire", key)
   end
@@ -158,6 +171,9 @@ for i = 1, n do
       end
       if leaves_failed and leaves_failed[i] then
         redis.call("HDEL", key, reason_field)
+      end
+      if stage_of and stage_of[i] then
+        record_fate(key, stage_of[i], field, redis.call("HGET", key, reason_field))
       end
     end
     if EXPIRE_FLAGS then  -- inline, not a function: this loop is the hot path

@@ -21,6 +21,8 @@ from kvstatus.cachestate import (
     CacheState,
     NearCacheBase,
     NearCacheOptions,
+    Reader,
+    status_for,
     unique_rooms,
     view_at,
 )
@@ -85,24 +87,24 @@ class AsyncNearCache(NearCacheBase):
             state.expire(now)
         return now < links.live_until
 
-    async def status(self, room: int, participant: str, operation: str = "get") -> Optional[KVPoll]:
-        """``participant``'s status in a validated ``room``, or None."""
+    async def status(self, room: int, reader: Reader, operation: str = "get") -> Optional[KVPoll]:
+        """``reader``'s status in a validated ``room``, or None."""
         now = time.monotonic()
         if now >= self._next_check:
             await self._check_topology(now)
         with self._lock:
             if self._ready(now):
-                status = self.state.flat(participant).get(room, MISS)
+                status = self.state.flat(reader).get(room, MISS)
                 if status is not MISS:
                     if self.state.marking:
                         self.state.referenced.add(room)
                     if self.metrics is not None:
                         self.metrics.on_cache_hit()
                     return status  # type: ignore[no-any-return]
-        return (await self._fill([room], operation))[room].statuses.get(participant)
+        return status_for((await self._fill([room], operation))[room], reader)
 
-    async def statuses(self, rooms: list[int], participant: str) -> dict[int, Optional[KVPoll]]:
-        """``participant``'s status in each of the validated, distinct ``rooms``."""
+    async def statuses(self, rooms: list[int], reader: Reader) -> dict[int, Optional[KVPoll]]:
+        """``reader``'s status in each of the validated, distinct ``rooms``."""
         now = time.monotonic()
         if now >= self._next_check:
             await self._check_topology(now)
@@ -110,7 +112,7 @@ class AsyncNearCache(NearCacheBase):
         misses = rooms
         with self._lock:
             if self._ready(now):
-                flat = self.state.flat(participant)
+                flat = self.state.flat(reader)
                 misses = []
                 for room in rooms:
                     status = flat.get(room, MISS)
@@ -124,7 +126,7 @@ class AsyncNearCache(NearCacheBase):
         if not misses:
             return result
         for room, entry in (await self._fill(misses, "get_many")).items():
-            result[room] = entry.statuses.get(participant)
+            result[room] = status_for(entry, reader)
         return {room: result[room] for room in rooms}
 
     async def view(self, room: int) -> RoomView:
@@ -149,28 +151,28 @@ class AsyncNearCache(NearCacheBase):
 
     # ---- the store's read methods, with its argument checks and semantics
 
-    async def get(self, room: int, participant: str) -> Optional[KVPoll]:
-        return await self.status(validate_room(room), participant)
+    async def get(self, room: int, reader: Reader) -> Optional[KVPoll]:
+        return await self.status(validate_room(room), reader)
 
-    async def check_status(self, room: int, participant: str) -> KVPoll:
-        status = await self.status(validate_room(room), participant, "check_status")
+    async def check_status(self, room: int, reader: Reader) -> KVPoll:
+        status = await self.status(validate_room(room), reader, "check_status")
         if status is None:
             raise KeyError(room)
         return status
 
-    async def get_many(self, rooms: Iterable[int], participant: str) -> dict[int, Optional[KVPoll]]:
+    async def get_many(self, rooms: Iterable[int], reader: Reader) -> dict[int, Optional[KVPoll]]:
         if type(rooms) is list or type(rooms) is tuple:  # the hot path: every room cached
             now = time.monotonic()
             if now >= self._next_check:
                 await self._check_topology(now)
             with self._lock:
-                found = self.state.hits(rooms, participant) if self._ready(now) else None
+                found = self.state.hits(rooms, reader) if self._ready(now) else None
             if found is not None:
                 if self.metrics is not None:
                     self.metrics.on_cache_hit(len(rooms))
                 return found
         unique = unique_rooms(rooms)
-        return await self.statuses(unique, participant) if unique else {}
+        return await self.statuses(unique, reader) if unique else {}
 
     async def room(self, room: int) -> RoomView:
         return await self.view(validate_room(room))

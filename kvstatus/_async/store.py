@@ -6,7 +6,7 @@ blocking redis-py client, is generated from this file by tools/unasync.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus._async.leases import AsyncLeaseKeeper
@@ -18,7 +18,7 @@ from kvstatus.consensus import RoomConsensus, consensus_calls
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.requests import Request
-from kvstatus.rule import KVPoll, RoomView, UpdateResult
+from kvstatus.rule import CancelResult, FailureRecord, KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase
 
 T = TypeVar("T")
@@ -59,20 +59,20 @@ class AsyncStatusStore(StoreBase):
     async def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
         if self._near is not None:
-            return await self._near.check_status(room, self.participant)
+            return await self._near.check_status(room, self._reader)
         return await self._sender.send(self._core.check_status(room), "check_status")
 
     async def get(self, room: int) -> Optional[KVPoll]:
         """This participant's status, or None."""
         if self._near is not None:
-            return await self._near.get(room, self.participant)
+            return await self._near.get(room, self._reader)
         return await self._sender.send(self._core.get(room), "get")
 
     async def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
         """This participant's status in each room, in one round trip (per node; read in chunks of
         :data:`~kvstatus.operations.CHUNK_ROOMS` rooms, each a consistent snapshot)."""
         if self._near is not None:
-            return await self._near.get_many(rooms, self.participant)
+            return await self._near.get_many(rooms, self._reader)
         return await self._sender.send(self._core.get_many(rooms), "get_many")
 
     async def clear(self, room: int) -> bool:
@@ -94,6 +94,30 @@ class AsyncStatusStore(StoreBase):
         if self._near is not None:
             return await self._near.room(room)
         return await self._sender.send(self._core.room(room), "room")
+
+    async def failure(self, room: int) -> Optional[FailureRecord]:
+        """The room's first failure (:mod:`kvstatus.fate`): when, at which stage, raised by whom, why; None if
+        it has not failed. What a participant whose read answered Failed by shared fate reports as the cause."""
+        if self._near is not None:
+            return (await self._near.room(room)).failure
+        return await self._sender.send(self._core.failure(room), "failure")
+
+    async def cancel(self, room: int, reason: str, *, origin: Optional[str] = None) -> CancelResult:
+        """Fail ``room`` for every participant, with ``reason``: its open entries become Failed, and its first
+        failure, unless it has one, becomes this cancel (stage ``cancelled``, from ``origin``, default this
+        store's participant). A room with no entry yet is cancelled all the same: an entry written later
+        reads Failed (shared fate). Refreshes the room's TTL; see :mod:`kvstatus.fate`."""
+        return (await self.cancel_many([room], reason, origin=origin))[validate_room(room)]
+
+    async def cancel_many(
+        self, rooms: Iterable[int], reason: str, *, origin: Optional[str] = None
+    ) -> dict[int, CancelResult]:
+        """:meth:`cancel` of many rooms in one round trip (per node; atomic per chunk of rooms, as
+        :meth:`update_many`)."""
+        if isinstance(rooms, Iterator):
+            rooms = list(rooms)  # read twice: by the request, and by the near cache's drop afterwards
+        request = self._core.cancel(rooms, reason, self.participant if origin is None else origin)
+        return await self._write(request, "cancel", rooms)
 
     async def wait_for(
         self,

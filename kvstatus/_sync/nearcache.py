@@ -22,6 +22,8 @@ from kvstatus.cachestate import (
     CacheState,
     NearCacheBase,
     NearCacheOptions,
+    Reader,
+    status_for,
     unique_rooms,
     view_at,
 )
@@ -86,24 +88,24 @@ class NearCache(NearCacheBase):
             state.expire(now)
         return now < links.live_until
 
-    def status(self, room: int, participant: str, operation: str = "get") -> Optional[KVPoll]:
-        """``participant``'s status in a validated ``room``, or None."""
+    def status(self, room: int, reader: Reader, operation: str = "get") -> Optional[KVPoll]:
+        """``reader``'s status in a validated ``room``, or None."""
         now = time.monotonic()
         if now >= self._next_check:
             self._check_topology(now)
         with self._lock:
             if self._ready(now):
-                status = self.state.flat(participant).get(room, MISS)
+                status = self.state.flat(reader).get(room, MISS)
                 if status is not MISS:
                     if self.state.marking:
                         self.state.referenced.add(room)
                     if self.metrics is not None:
                         self.metrics.on_cache_hit()
                     return status  # type: ignore[no-any-return]
-        return (self._fill([room], operation))[room].statuses.get(participant)
+        return status_for((self._fill([room], operation))[room], reader)
 
-    def statuses(self, rooms: list[int], participant: str) -> dict[int, Optional[KVPoll]]:
-        """``participant``'s status in each of the validated, distinct ``rooms``."""
+    def statuses(self, rooms: list[int], reader: Reader) -> dict[int, Optional[KVPoll]]:
+        """``reader``'s status in each of the validated, distinct ``rooms``."""
         now = time.monotonic()
         if now >= self._next_check:
             self._check_topology(now)
@@ -111,7 +113,7 @@ class NearCache(NearCacheBase):
         misses = rooms
         with self._lock:
             if self._ready(now):
-                flat = self.state.flat(participant)
+                flat = self.state.flat(reader)
                 misses = []
                 for room in rooms:
                     status = flat.get(room, MISS)
@@ -125,7 +127,7 @@ class NearCache(NearCacheBase):
         if not misses:
             return result
         for room, entry in (self._fill(misses, "get_many")).items():
-            result[room] = entry.statuses.get(participant)
+            result[room] = status_for(entry, reader)
         return {room: result[room] for room in rooms}
 
     def view(self, room: int) -> RoomView:
@@ -150,28 +152,28 @@ class NearCache(NearCacheBase):
 
     # ---- the store's read methods, with its argument checks and semantics
 
-    def get(self, room: int, participant: str) -> Optional[KVPoll]:
-        return self.status(validate_room(room), participant)
+    def get(self, room: int, reader: Reader) -> Optional[KVPoll]:
+        return self.status(validate_room(room), reader)
 
-    def check_status(self, room: int, participant: str) -> KVPoll:
-        status = self.status(validate_room(room), participant, "check_status")
+    def check_status(self, room: int, reader: Reader) -> KVPoll:
+        status = self.status(validate_room(room), reader, "check_status")
         if status is None:
             raise KeyError(room)
         return status
 
-    def get_many(self, rooms: Iterable[int], participant: str) -> dict[int, Optional[KVPoll]]:
+    def get_many(self, rooms: Iterable[int], reader: Reader) -> dict[int, Optional[KVPoll]]:
         if type(rooms) is list or type(rooms) is tuple:  # the hot path: every room cached
             now = time.monotonic()
             if now >= self._next_check:
                 self._check_topology(now)
             with self._lock:
-                found = self.state.hits(rooms, participant) if self._ready(now) else None
+                found = self.state.hits(rooms, reader) if self._ready(now) else None
             if found is not None:
                 if self.metrics is not None:
                     self.metrics.on_cache_hit(len(rooms))
                 return found
         unique = unique_rooms(rooms)
-        return self.statuses(unique, participant) if unique else {}
+        return self.statuses(unique, reader) if unique else {}
 
     def room(self, room: int) -> RoomView:
         return self.view(validate_room(room))

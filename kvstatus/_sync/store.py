@@ -7,7 +7,7 @@ blocking redis-py client, is generated from this file by tools/unasync.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus._sync.leases import LeaseKeeper
@@ -19,7 +19,7 @@ from kvstatus.consensus import RoomConsensus, consensus_calls
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.requests import Request
-from kvstatus.rule import KVPoll, RoomView, UpdateResult
+from kvstatus.rule import CancelResult, FailureRecord, KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase
 
 T = TypeVar("T")
@@ -60,20 +60,20 @@ class StatusStore(StoreBase):
     def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
         if self._near is not None:
-            return self._near.check_status(room, self.participant)
+            return self._near.check_status(room, self._reader)
         return self._sender.send(self._core.check_status(room), "check_status")
 
     def get(self, room: int) -> Optional[KVPoll]:
         """This participant's status, or None."""
         if self._near is not None:
-            return self._near.get(room, self.participant)
+            return self._near.get(room, self._reader)
         return self._sender.send(self._core.get(room), "get")
 
     def get_many(self, rooms: Iterable[int]) -> dict[int, Optional[KVPoll]]:
         """This participant's status in each room, in one round trip (per node; read in chunks of
         :data:`~kvstatus.operations.CHUNK_ROOMS` rooms, each a consistent snapshot)."""
         if self._near is not None:
-            return self._near.get_many(rooms, self.participant)
+            return self._near.get_many(rooms, self._reader)
         return self._sender.send(self._core.get_many(rooms), "get_many")
 
     def clear(self, room: int) -> bool:
@@ -95,6 +95,30 @@ class StatusStore(StoreBase):
         if self._near is not None:
             return self._near.room(room)
         return self._sender.send(self._core.room(room), "room")
+
+    def failure(self, room: int) -> Optional[FailureRecord]:
+        """The room's first failure (:mod:`kvstatus.fate`): when, at which stage, raised by whom, why; None if
+        it has not failed. What a participant whose read answered Failed by shared fate reports as the cause."""
+        if self._near is not None:
+            return (self._near.room(room)).failure
+        return self._sender.send(self._core.failure(room), "failure")
+
+    def cancel(self, room: int, reason: str, *, origin: Optional[str] = None) -> CancelResult:
+        """Fail ``room`` for every participant, with ``reason``: its open entries become Failed, and its first
+        failure, unless it has one, becomes this cancel (stage ``cancelled``, from ``origin``, default this
+        store's participant). A room with no entry yet is cancelled all the same: an entry written later
+        reads Failed (shared fate). Refreshes the room's TTL; see :mod:`kvstatus.fate`."""
+        return (self.cancel_many([room], reason, origin=origin))[validate_room(room)]
+
+    def cancel_many(
+        self, rooms: Iterable[int], reason: str, *, origin: Optional[str] = None
+    ) -> dict[int, CancelResult]:
+        """:meth:`cancel` of many rooms in one round trip (per node; atomic per chunk of rooms, as
+        :meth:`update_many`)."""
+        if isinstance(rooms, Iterator):
+            rooms = list(rooms)  # read twice: by the request, and by the near cache's drop afterwards
+        request = self._core.cancel(rooms, reason, self.participant if origin is None else origin)
+        return self._write(request, "cancel", rooms)
 
     def wait_for(
         self,

@@ -20,8 +20,9 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Optional
 
+from kvstatus.fate import FATE_FIELD, STAGE_OF_STATUS, parse_failure, shared_status
 from kvstatus.keys import DEFAULT_PARTICIPANT, KeySchema, reason_field
-from kvstatus.rule import KVPoll, Outcome, Policy, UpdateResult, apply_rule, to_status
+from kvstatus.rule import KVPoll, Outcome, Policy, Stage, UpdateResult, apply_rule, to_status
 from kvstatus.store import StatusStore
 
 BASELINES = ("client-side", "pre-fix")
@@ -60,20 +61,28 @@ class ClientSideStore:
             time.sleep(self._race_window)
 
     def get(self, room: int) -> Optional[KVPoll]:
-        value = self.client.hget(self._key(room), self.participant)
-        return None if value is None else KVPoll(int(value))
+        """As kvstatus with shared fate on: the entry, judged with the room's first failure."""
+        key = self._key(room)
+        value, fate = self.client.hmget(key, self.participant, FATE_FIELD)
+        own = None if value is None else KVPoll(int(value))
+        return shared_status(own, parse_failure(fate, key), self.participant)
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Read, decide with the reference rule, write: the outcome is the rule's, CREATED from HSET's reply."""
         status = to_status(status)
         key = self._key(room)
-        current = self.get(room)
+        value, reason = self.client.hmget(key, self.participant, self._reason)
+        current = None if value is None else KVPoll(int(value))
         result = apply_rule(current, status, self.policy)
         self._pause()
         if result.outcome in (Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED):
             created = self.client.hset(key, self.participant, str(int(status))) == 1
             if result.outcome is Outcome.ADVANCED and current is KVPoll.Failed:
                 self.client.hdel(key, self._reason)  # as kvstatus: leaving Failed drops the old reason
+            if result.outcome is Outcome.FAILED and current is not None:  # as kvstatus: the room's first failure
+                stage = STAGE_OF_STATUS[current].value
+                record = f"{round(time.time() * 1000)}:{stage}:{self.participant}:{(reason or b'').decode()}"
+                self.client.hsetnx(key, FATE_FIELD, record)
             self._extend_ttl(key)
             if created:
                 return UpdateResult(Outcome.CREATED, status)
@@ -90,7 +99,14 @@ class ClientSideStore:
         return {room: self.update_status(room, status) for room, status in updates.items()}
 
     def clear(self, room: int) -> bool:
-        return bool(self.client.hdel(self._key(room), self.participant, self._reason))
+        """As kvstatus: a failed room's record goes with its last entry (a cancel's stays)."""
+        key = self._key(room)
+        removed = self.client.hdel(key, self.participant, self._reason)
+        if removed:
+            fate = parse_failure(self.client.hget(key, FATE_FIELD), key)
+            if fate is not None and fate.stage is not Stage.CANCELLED and self.client.hlen(key) == 1:
+                self.client.hdel(key, FATE_FIELD)
+        return bool(removed)
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record ``reason`` if the entry exists and has none yet (read, then write)."""
@@ -100,6 +116,9 @@ class ClientSideStore:
             return False
         self._pause()
         self.client.hset(key, self._reason, reason)
+        fate = parse_failure(self.client.hget(key, FATE_FIELD), key)
+        if fate is not None and fate.origin == self.participant and not fate.reason:
+            self.client.hset(key, FATE_FIELD, f"{fate.at_ms}:{fate.stage.value}:{fate.origin}:{reason}")
         self._extend_ttl(key)
         return True
 

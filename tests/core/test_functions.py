@@ -56,7 +56,7 @@ def test_the_calls_are_fcall_and_fcall_ro() -> None:
     assert as_functions(core.clear(1)).calls[0].args[:2] == ("FCALL", scripts.function_name(scripts.CLEAR))
     for request in (eval_core.update_many({1: 1, 2: 3}), eval_core.get_many([4]), eval_core.record_failure(1, "x")):
         assert [as_fcall(c).args[3:] for c in request.calls] == [c.args[3:] for c in request.calls]
-    assert as_functions(core.get(1)).calls[0].args[0] == "HGET"  # plain commands stay as they are
+    assert as_functions(core.get(1)).calls[0].args[0] == "HMGET"  # plain commands stay as they are
 
 
 def test_an_unknown_script_mode_is_refused() -> None:

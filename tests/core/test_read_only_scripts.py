@@ -104,6 +104,7 @@ def test_an_acl_without_evalsha_ro_is_found_out_once(redis_server: RedisServer) 
             "+eval",
             "+script|load",
             "+hget",
+            "+hmget",
             "+hset",
             "+pexpire",
             "+hgetall",

@@ -61,7 +61,10 @@ def test_participants_follow_the_rule_independently(backend: Backend) -> None:
     assert decode.update_status(7, KVPoll.Failed).outcome is Outcome.IGNORED_MISSING
     assert decode.update_status(7, KVPoll.Bootstrapping).outcome is Outcome.CREATED
     assert decode.update_status(7, KVPoll.Failed).outcome is Outcome.FAILED
-    assert prefill.get(7) is KVPoll.Transferring
+    # The entries are independent: prefill-0's own stays Transferring. Its read, under shared fate (the
+    # default), answers Failed: the room failed for decode-3 (tests/core/test_shared_fate.py).
+    assert backend.store(participant="prefill-0", shared_fate=False).get(7) is KVPoll.Transferring
+    assert prefill.get(7) is KVPoll.Failed
     assert decode.get(7) is KVPoll.Failed
     view = prefill.room(7)
     assert {name: entry.status for name, entry in view.participants.items()} == {

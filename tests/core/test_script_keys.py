@@ -33,6 +33,18 @@ CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[str, ...], str]] = {
         ("seed", TTL, "p", "reason:p", "0"),
         A + "{5}",
     ),
+    "cancel: a batch over two namespaces": (
+        scripts.CANCEL,
+        [A + "{1}", B + "{2}"],
+        (TTL, "router", "client went away"),
+        B + "{2}",
+    ),
+    "cancel: a tombstone among the rooms": (
+        scripts.CANCEL,
+        [A + "{1}", A + "{2}:t"],
+        (TTL, "router", "client went away"),
+        A + "{2}:t",
+    ),
     "update: a batch over two namespaces": (
         scripts.UPDATE,
         [A + "{1}", B + "{2}"],
@@ -114,7 +126,7 @@ def test_every_script_of_many_keys_checks_them_but_get_many() -> None:
     """get_many.lua writes nothing and answers each key's own HGET: the check would cost 15-30 % of its
     Redis time for nothing (its header says so). Every other script that takes several keys checks them."""
     checking = {script.name for script in scripts.ALL if "local function room_keys_refusal(" in script.source}
-    assert checking == {"update", "clear", "room", "room_statuses", "sweep"}
+    assert checking == {"update", "clear", "room", "room_statuses", "sweep", "cancel"}
     assert {script.name for script, *_ in CASES.values()} == checking
 
 

@@ -14,7 +14,7 @@ import redis
 from kvstatus import KVPoll, Outcome, StatusStore, scripts
 from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentError, PermissionDeniedError
 from kvstatus.operations import Request, script_call, update_result
-from kvstatus.rule import LeaseOutcome, ReasonOutcome
+from kvstatus.rule import CancelOutcome, LeaseOutcome, ReasonOutcome
 from kvstatus.translate import translate_error
 from tests.helpers.backends import Backend, fresh_namespace
 from tests.servers import RedisServer
@@ -39,7 +39,7 @@ def _snake(name: str) -> str:
 
 def test_every_script_numbers_outcomes_and_statuses_as_rule_py() -> None:
     known = {o.name: o.value for o in Outcome} | {o.name: o.value for o in ReasonOutcome}
-    known |= {o.name: o.value for o in LeaseOutcome}
+    known |= {o.name: o.value for o in LeaseOutcome} | {o.name: o.value for o in CancelOutcome}
     known |= {f"STATUS_{_snake(s.name)}": s.value for s in KVPoll}
     seen = set()
     for name, source in SOURCES.items():
@@ -52,7 +52,7 @@ def test_every_script_numbers_outcomes_and_statuses_as_rule_py() -> None:
 
 def test_outcome_codes_never_collide() -> None:
     by_value: dict[int, str] = {}
-    for member in [*Outcome, *ReasonOutcome, *LeaseOutcome]:
+    for member in [*Outcome, *ReasonOutcome, *LeaseOutcome, *CancelOutcome]:
         assert by_value.setdefault(member.value, member.name) == member.name
 
 
@@ -258,6 +258,7 @@ def test_a_batch_reaching_a_key_outside_the_acl_writes_nothing(redis_server: Red
             "+evalsha",
             "+script|load",
             "+hget",
+            "+hmget",
             "+hset",
             "+hdel",
             "+pexpire",
@@ -286,6 +287,7 @@ def test_a_user_without_hdel_still_creates_and_advances(redis_server: RedisServe
             "+evalsha",
             "+script|load",
             "+hget",
+            "+hmget",
             "+hset",
             "+pexpire",
         )

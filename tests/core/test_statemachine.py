@@ -1,4 +1,5 @@
-"""A hypothesis state machine: the store, on every backend, against a model built on the reference rule."""
+"""A hypothesis state machine: the store, on every backend, against a model built on the reference rules: the
+update rule (kvstatus.rule.apply_rule) per entry, and shared fate (kvstatus.fate.shared_status) on every read."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from hypothesis.stateful import (
 )
 
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
+from kvstatus.fate import STAGE_OF_STATUS, shared_status
+from kvstatus.rule import OPEN, FailureRecord, Stage
 from tests.helpers.backends import Backend, fresh_namespace
 from tests.helpers.depth import DEPTHS, examples
 
@@ -24,6 +27,7 @@ POLICIES = st.sampled_from(list(Policy))
 REASONS = st.text(max_size=20)
 
 Entry = tuple[int, str]
+Fate = tuple[Stage, str, str]  # a room's first failure as the model keeps it: stage, origin, reason (no clock)
 
 
 def run_machine(backend: Backend, max_examples: int) -> None:
@@ -34,6 +38,13 @@ def run_machine(backend: Backend, max_examples: int) -> None:
             self.stores: dict[tuple[str, Policy], object] = {}
             self.status: dict[Entry, KVPoll] = {}
             self.reason: dict[Entry, str] = {}
+            self.fate: dict[int, Fate] = {}
+
+        def read(self, room: int, participant: str) -> Optional[KVPoll]:
+            """What a read answers under shared fate (the stores' default)."""
+            fate = self.fate.get(room)
+            record = None if fate is None else FailureRecord(0, *fate)
+            return shared_status(self.status.get((room, participant)), record, participant)
 
         def store(self, participant: str, policy: Policy = Policy.SEED):
             if (participant, policy) not in self.stores:
@@ -43,7 +54,11 @@ def run_machine(backend: Backend, max_examples: int) -> None:
             return self.stores[participant, policy]
 
         def apply(self, room: int, participant: str, status: KVPoll, policy: Policy):
-            expected = apply_rule(self.status.get((room, participant)), status, policy)
+            current = self.status.get((room, participant))
+            expected = apply_rule(current, status, policy)
+            if expected.outcome is Outcome.FAILED and current is not None:
+                reason = self.reason.get((room, participant), "")
+                self.fate.setdefault(room, (STAGE_OF_STATUS[current], participant, reason))
             if expected.status is None:
                 self.status.pop((room, participant), None)
             else:
@@ -66,24 +81,44 @@ def run_machine(backend: Backend, max_examples: int) -> None:
         def clear(self, room: int, participant: str) -> None:
             had = self.status.pop((room, participant), None) is not None
             had |= self.reason.pop((room, participant), None) is not None
+            left = any(r == room for r, _ in self.status.keys() | self.reason.keys())
+            fate = self.fate.get(room)
+            if had and not left and fate is not None and fate[0] is not Stage.CANCELLED:
+                del self.fate[room]  # the last entry takes the room's record with it; a cancel's stays
             assert self.store(participant).clear(room) is had
+
+        @rule(room=ROOMS, origin=PARTICIPANTS, reason=REASONS)
+        def cancel(self, room: int, origin: str, reason: str) -> None:
+            failed = 0
+            for (r, participant), status in list(self.status.items()):
+                if r == room and status in OPEN:
+                    self.status[r, participant] = KVPoll.Failed
+                    self.reason.setdefault((r, participant), f"cancelled by {origin}: {reason}")
+                    failed += 1
+            first = room not in self.fate
+            self.fate.setdefault(room, (Stage.CANCELLED, origin, reason))
+            result = self.store("default").cancel(room, reason, origin=origin)
+            assert (result.outcome.name, result.failed) == ("CANCELLED" if first else "ALREADY_FAILED", failed)
 
         @rule(room=ROOMS, participant=PARTICIPANTS, reason=REASONS)
         def record_failure(self, room: int, participant: str, reason: str) -> None:
             recorded = (room, participant) in self.status and (room, participant) not in self.reason
             if recorded:
                 self.reason[room, participant] = reason
+                fate = self.fate.get(room)
+                if fate is not None and fate[0] is not Stage.CANCELLED and fate[1:] == (participant, ""):
+                    self.fate[room] = (fate[0], participant, reason)  # fills in the reason its Failed lacked
             assert self.store(participant).record_failure(room, reason) is recorded
 
         @rule(rooms=st.lists(ROOMS, max_size=5), participant=PARTICIPANTS)
         def get_many(self, rooms: list[int], participant: str) -> None:
-            expected = {room: self.status.get((room, participant)) for room in rooms}
+            expected = {room: self.read(room, participant) for room in rooms}
             assert self.store(participant).get_many(rooms) == expected
 
         @rule(room=ROOMS, participant=PARTICIPANTS)
         def get_and_check(self, room: int, participant: str) -> None:
             store = self.store(participant)
-            expected: Optional[KVPoll] = self.status.get((room, participant))
+            expected: Optional[KVPoll] = self.read(room, participant)
             assert store.get(room) == expected
             try:
                 assert store.check_status(room) == expected
@@ -97,10 +132,13 @@ def run_machine(backend: Backend, max_examples: int) -> None:
             assert {name: tuple(entry) for name, entry in view.participants.items()} == {
                 name: (self.status.get((room, name)), self.reason.get((room, name))) for name in names
             }
+            failure = view.failure
+            assert (None if failure is None else tuple(failure)[1:]) == self.fate.get(room)
+            assert self.store("default").failure(room) == failure
 
         @invariant()
         def keys_match_model_and_all_have_ttl(self) -> None:
-            rooms = {room for room, _ in self.status.keys() | self.reason.keys()}
+            rooms = {room for room, _ in self.status.keys() | self.reason.keys()} | self.fate.keys()
             store = self.store("default")
             assert backend.room_keys(self.namespace) == sorted(store.schema.room_key(r) for r in rooms)
             assert backend.keys_without_ttl(self.namespace) == []

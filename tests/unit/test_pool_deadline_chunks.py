@@ -71,10 +71,13 @@ def test_batches_are_cut_into_chunks_of_at_most_chunk_rooms() -> None:
     assert big.extra_seconds == pytest.approx(2 * CHUNK_SECONDS)
     polled = core.get_many(range(CHUNK_ROOMS + 1))
     assert polled.calls[0].args[2] == CHUNK_ROOMS and polled.calls[1].args == (
-        "HGET",
+        "HMGET",
         f"kvstatus:n:{{{CHUNK_ROOMS}}}",
         "default",
+        "room:fate",
     )
+    alone = StoreCore(namespace="n", shared_fate=False).get_many(range(CHUNK_ROOMS + 1))
+    assert alone.calls[1].args == ("HGET", f"kvstatus:n:{{{CHUNK_ROOMS}}}", "default")
     # in order, each room once
     rooms = [int(key.rsplit("{", 1)[1].rstrip("}")) for call in big.calls for key in call.args[3 : 3 + call.args[2]]]
     assert rooms == list(range(2 * CHUNK_ROOMS + 500))

@@ -1,0 +1,93 @@
+-- Cancel rooms for every participant (store.cancel, kvstatus cancel): a router or an operator that knows
+-- only the room id fails it, with a reason, through the update rule.
+-- For each room hash in KEYS, atomically:
+--   * every open entry (Bootstrapping, WaitingForInput, Transferring) becomes Failed, exactly the update
+--     rule's FAILED row, with the reason "cancelled by <origin>: <reason>" unless an earlier one is kept;
+--     Success and Failed entries are left alone, and so is a value kvstatus does not write;
+--   * the room's first failure is recorded (stage cancelled, lua/lib/fate.lua) unless it has one. A room
+--     with no entry yet gets the record alone, with the TTL: a participant that writes later reads Failed
+--     (shared fate), and its room never comes back to life while the record lives;
+--   * the TTL becomes at least ARGV[1] (never shortened, see EXPIRE_FLAGS in lua/lib/time.lua).
+-- Each entry it fails is published like update.lua's FAILED ("0:<participant>" on the room's channel).
+--
+-- KEYS[i]  room hash, all of one namespace (checked, see lua/lib/keys.lua)
+-- ARGV[1]  TTL in milliseconds, a positive integer
+-- ARGV[2]  origin: who cancels (a name: letters, digits, "_", ".", "-")
+-- ARGV[3]  the reason text
+--
+-- Returns {outcome_1, failed_1, outcome_2, failed_2, ...}, integers: outcome kvstatus.rule.CancelOutcome,
+-- CANCELLED (this cancel is the room's first failure) or ALREADY_FAILED (the room had failed before: its
+-- first failure stays); failed, the number of entries this cancel turned Failed.
+-- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, keys that do not
+-- belong together), "NOPERM <what>".
+
+local CANCELLED, ALREADY_FAILED = 13, 14
+local SCRIPT = "cancel"
+local PUBLISH = redis.REDIS_VERSION_NUM and "spublish" or "publish"
+
+-- @include acl
+-- @include time
+-- @include keys
+-- @include fate
+
+local ttl, origin, reason = ARGV[1], ARGV[2], ARGV[3]
+if #KEYS == 0 or #ARGV ~= 3 then
+  return redis.error_reply("KVSTATUS_BADARG expected room keys, a TTL, an origin and a reason")
+end
+if not positive_ms(ttl) then
+  return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
+end
+if not string.match(origin, "^[%w_.%-]+$") then
+  return redis.error_reply("KVSTATUS_BADARG origin must be a name of letters, digits, _ . -")
+end
+local refused = room_keys_refusal(1, #KEYS)
+if refused then
+  return refused
+end
+
+-- First pass: read and ask the ACL; nothing is written yet. The key patterns are the same for every
+-- command here (lua/update.lua explains why one check per command is enough), PEXPIRE per key.
+local first = KEYS[1]
+local denied = acl_refusal("hgetall", first) or acl_refusal("hset", first) or fate_refusal(first)
+for i = 1, #KEYS do
+  denied = denied or acl_refusal("pexpire", KEYS[i])
+end
+if denied then
+  return denied
+end
+local publish = acl_refusal(PUBLISH, first) == nil
+local open = {}
+for i = 1, #KEYS do
+  local fields, names = redis.call("HGETALL", KEYS[i]), {}
+  for j = 1, #fields, 2 do
+    local name, value = fields[j], fields[j + 1]
+    if not string.find(name, ":", 1, true) and (value == "1" or value == "2" or value == "3") then
+      names[#names + 1] = name
+    end
+  end
+  open[i] = names
+end
+
+-- Second pass: write.
+local text = "cancelled by " .. origin .. ": " .. reason
+local result = {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  for _, name in ipairs(open[i]) do
+    redis.call("HSET", key, name, "0")
+    redis.call("HSETNX", key, "reason:" .. name, text)
+    if publish then
+      redis.pcall(PUBLISH, key, "0:" .. name)
+    end
+  end
+  result[2 * i - 1] = record_fate(key, "cancelled", origin, reason) == 1 and CANCELLED or ALREADY_FAILED
+  result[2 * i] = #open[i]
+  if EXPIRE_FLAGS then
+    if redis.call("PEXPIRE", key, ttl, "GT") == 0 then
+      redis.call("PEXPIRE", key, ttl, "NX")
+    end
+  elseif redis.call("PTTL", key) < tonumber(ttl) then
+    redis.call("PEXPIRE", key, ttl)
+  end
+end
+return result

@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 from redis import exceptions as rx
 
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.fate import shared_status
+from kvstatus.fate import shared_failed
 from kvstatus.keys import KeySchema, validate_rooms
 from kvstatus.replies import decode_room
 from kvstatus.rule import KVPoll, ParticipantEntry, RoomView
@@ -96,7 +96,7 @@ def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: floa
     failure = view.failure
     if failure is None:
         return CachedRoom(statuses, view, deadline, statuses)
-    shared = {name: shared_status(status, failure, name) or status for name, status in statuses.items()}
+    shared = {name: shared_failed(status, failure, name) for name, status in statuses.items()}
     return CachedRoom(statuses, view, deadline, shared)
 
 

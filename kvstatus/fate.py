@@ -73,3 +73,9 @@ def shared_status(own: Optional[KVPoll], failure: Optional[FailureRecord], parti
     if failure.origin == participant and failure.stage is not Stage.CANCELLED:
         return own  # its own failure, which its entry has since left (seed policy): the entry decides
     return KVPoll.Failed
+
+
+def shared_failed(own: KVPoll, failure: FailureRecord, participant: str) -> KVPoll:
+    """:func:`shared_status` of an entry that exists, in a room that has failed (typed for the near cache)."""
+    status = shared_status(own, failure, participant)
+    return own if status is None else status

@@ -5,6 +5,9 @@ entry (CREATED, ADVANCED, FAILED). The channel is named like the room key and is
 (``SPUBLISH``/``SSUBSCRIBE``, Redis >= 7), so on a cluster it lives on the room's node and costs no
 cluster-bus traffic; on Redis 6 it is a plain channel (``PUBLISH``/``SUBSCRIBE``).
 
+Another participant's Failed on the channel (its update, or a cancel) makes the waiter read its own entry
+at once: with shared fate (:mod:`kvstatus.fate`) that read answers Failed.
+
 A waiter subscribes *before* it reads the entry, so a change between its read and its subscription
 cannot be missed. Pub/Sub is at-most-once (a message is lost if the subscription connection drops, and
 the script does not publish for a user the ACL refuses the channel), so the waiter also re-reads the
@@ -106,6 +109,8 @@ def wait_plan(
                 status = new
                 if status in targets:
                     break
+            elif new is KVPoll.Failed:
+                next_read = now  # a peer's entry failed: under shared fate this one may read Failed now
 
 
 def _is_message(reply: Any) -> bool:

@@ -1,0 +1,68 @@
+"""Shared fate through the near cache and wait_for: a peer's failure or a cancel reaches a cached reader
+(by invalidation) and wakes a waiter (by the update or cancel script's publish)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kvstatus import KVPoll, StatusStore
+from kvstatus.waitplan import CLOCK, READ, RECEIVE, SUBSCRIBE, wait_plan
+from tests.nearcache.helpers import eventually
+
+
+@pytest.mark.real
+def test_a_cached_reader_sees_a_peer_fail_its_room(writer: StatusStore, cached: StatusStore) -> None:
+    peer = writer.for_participant("prefill-0")
+    writer.update_many({1: KVPoll.Transferring, 2: KVPoll.Transferring, 3: KVPoll.Success})
+    peer.update_many(dict.fromkeys((1, 2, 3), KVPoll.Transferring))
+    assert cached.get_many([1, 2, 3]) == {1: KVPoll.Transferring, 2: KVPoll.Transferring, 3: KVPoll.Success}
+    alone = StatusStore(cached.client, namespace=cached.namespace, participant="w", near_cache=cached.near_cache,
+                        shared_fate=False)  # fmt: skip
+    assert alone.near_cache is cached.near_cache  # one cache, read two ways
+    peer.update_status(1, KVPoll.Failed)
+    peer.update_status(3, KVPoll.Failed)
+    writer.for_participant("router-1").cancel(2, "client went away")
+    expected = {1: KVPoll.Failed, 2: KVPoll.Failed, 3: KVPoll.Success}  # a finished part is kept
+    eventually(lambda: cached.get_many([1, 2, 3]) == expected, what="the cached reads follow the room's fate")
+    assert cached.get(1) is KVPoll.Failed and cached.check_status(2) is KVPoll.Failed
+    assert alone.get_many([1, 2, 3]) == {1: KVPoll.Transferring, 2: KVPoll.Failed, 3: KVPoll.Success}
+    failure = cached.failure(2)
+    assert failure is not None and failure.describe() == "cancelled by router-1: client went away"
+    assert cached.room(1).failure == writer.failure(1)
+
+
+@pytest.mark.real
+def test_a_waiter_is_woken_by_a_peer_failing_the_room(writer: StatusStore) -> None:
+    peer = writer.for_participant("prefill-0")
+    writer.update_status(5, KVPoll.WaitingForInput)
+    peer.update_status(5, KVPoll.Transferring)
+
+    def fail_later() -> None:
+        time.sleep(0.2)
+        peer.update_status(5, KVPoll.Failed)
+
+    thread = threading.Thread(target=fail_later, daemon=True)
+    thread.start()
+    assert writer.wait_for(5, [KVPoll.Success, KVPoll.Failed], timeout=30) is KVPoll.Failed
+    thread.join()
+    assert writer.room(5).participants["w"].status is KVPoll.WaitingForInput  # derived, not written
+
+
+@pytest.mark.unit
+def test_the_plan_reads_at_once_when_a_peer_publishes_failed() -> None:
+    plan = wait_plan("decode-0", frozenset({KVPoll.Success, KVPoll.Failed}), timeout=60, recheck=30)
+    assert next(plan) == (CLOCK, None)
+    assert plan.send(0.0) == (SUBSCRIBE, None)
+    assert plan.send(True) == (READ, None)
+    assert plan.send(KVPoll.Transferring) == (CLOCK, None)
+    assert plan.send(0.1)[0] == RECEIVE
+    assert plan.send([b"3:prefill-0"]) == (CLOCK, None)  # a peer's progress: keep waiting
+    assert plan.send(0.2)[0] == RECEIVE
+    assert plan.send([b"0:prefill-0"]) == (CLOCK, None)
+    assert plan.send(0.3) == (READ, None)  # a peer failed: read now, not at the 30 s recheck
+    with pytest.raises(StopIteration) as stop:
+        plan.send(KVPoll.Failed)
+    assert stop.value.value is KVPoll.Failed

@@ -35,7 +35,7 @@ from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_room_keys
 from kvstatus.consensus import MAX_PARTICIPANTS, LeaseState, entries_request, lost_reason
 from kvstatus.keys import KeySchema, reason_field
 from kvstatus.requests import Request, script_call
-from kvstatus.rule import OPEN, KVPoll, Outcome
+from kvstatus.rule import OPEN, Outcome
 from kvstatus.store import StatusStore
 
 

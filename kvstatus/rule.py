@@ -190,15 +190,14 @@ class ClearedEntry(NamedTuple):
     def describe(self, participant: str, now: float) -> str:
         """E.g. "cleared 3 s ago by prefill-0 at Success; a late abort arrived 1 s after the clear"."""
         status = "an unknown status" if self.status is None else self.status.name
-        text = f"cleared {_seconds(now - self.cleared_at)} ago by {participant} at {status}"
+        text = f"cleared {elapsed_text(now - self.cleared_at)} ago by {participant} at {status}"
         if self.late_failed_at is not None:
-            text += (
-                f"; a late abort arrived {_seconds(self.late_failed_at - self.cleared_at)} after the clear (ignored)"
-            )
+            text += f"; a late abort arrived {elapsed_text(self.late_failed_at - self.cleared_at)} after the clear (ignored)"
         return text
 
 
-def _seconds(delta: float) -> str:
+def elapsed_text(delta: float) -> str:
+    """A span in seconds as "3.0 s" (under 10 s) or "42 s"; a negative span (clock skew) reads 0."""
     return f"{max(delta, 0.0):.0f} s" if delta >= 10 else f"{max(delta, 0.0):.1f} s"
 
 
@@ -246,7 +245,9 @@ class FailureRecord(NamedTuple):
         what = "cancelled" if self.stage is Stage.CANCELLED else f"failed at {self.stage.value}"
         if self.stage is Stage.LEASE_LOST:
             what = "failed: lease lost"
-        return f"{what} by {self.origin}: {self.reason}" if self.reason else f"{what} by {self.origin} (no reason given)"
+        return (
+            f"{what} by {self.origin}: {self.reason}" if self.reason else f"{what} by {self.origin} (no reason given)"
+        )
 
 
 class RoomView(NamedTuple):

@@ -1,4 +1,4 @@
-"""The Redis ACL rules kvstatus needs: one user per namespace, and a read-only variant.
+"""The Redis ACL rules kvstatus needs: one user per namespace, a read-only variant and a router variant.
 
 The command lists below are the single source of the README's ACL recipe (a
 test holds the two together). ACL checks the commands a Lua script or function
@@ -26,7 +26,12 @@ reads the server version from ``HELLO``.
 - :data:`FUNCTIONS` / :data:`FUNCTIONS_READ_ONLY` / :data:`EVAL_SCRIPTS`  how the Lua runs
 - :data:`READS` / :data:`WRITES`  the commands the store and its scripts run on the namespace's keys:
   rooms, their tombstones (``{<room>}:t``) and the lease records (``lease:<participant>``), all under
-  ``<prefix>:<namespace>:``; ``time`` is Redis' clock, which the lease, clear and consensus scripts read
+  ``<prefix>:<namespace>:``; ``time`` is Redis' clock, which the lease, clear, consensus and failure-record
+  scripts read; ``hlen`` lets ``clear`` drop a failed room's record with its last entry (best effort)
+- :data:`ROUTER_WRITES`  what ``cancel`` writes: the router user's only writes (no ``hdel``, ``hexists``,
+  ``hincrby``, ``hlen``, so the scripts' own pre-checks refuse it ``clear``, ``record_failure``, leaving
+  Failed and acquiring a lease). ACL cannot limit ``FCALL`` to one function, nor ``HSET`` to Lua: see
+  docs/security.md for what a router can still do inside its namespace
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
 - :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections
   (no channel: invalidations arrive as RESP3 pushes). Left out by ``near_cache=False``: on the
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.operations import validate_script_mode
 
@@ -54,7 +60,8 @@ FUNCTIONS: tuple[str, ...] = ("fcall", "fcall_ro")
 FUNCTIONS_READ_ONLY: tuple[str, ...] = ("fcall_ro",)
 EVAL_SCRIPTS: tuple[str, ...] = ("evalsha", "eval", "script|load")
 READS: tuple[str, ...] = ("hget", "hmget", "hgetall", "pttl", "time")
-WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "pexpire")
+WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "hlen", "pexpire")
+ROUTER_WRITES: tuple[str, ...] = ("hset", "hsetnx", "pexpire")  # lua/cancel.lua (and its TIME, in READS)
 SCAN: tuple[str, ...] = ("scan",)
 # The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE): it subscribes to nothing,
 # so the near cache needs no channel, and nothing a tenant publishes reaches another tenant's cache.
@@ -92,6 +99,27 @@ def read_write_commands(scripts: str = "functions", near_cache: bool = True) -> 
     return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + WAIT + PUBLISH)
 
 
+def router_commands(scripts: str = "functions", near_cache: bool = False) -> tuple[str, ...]:
+    """Commands of a router's user: ``cancel``/``cancel_many`` and the reads (``get``, ``room``, ``failure``,
+    ``get_many``); no SCAN, no ``wait_for``, and the near cache only when asked for."""
+    lua = FUNCTIONS if validate_script_mode(scripts) == "functions" else EVAL_SCRIPTS
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + ROUTER_WRITES + _near_cache(near_cache) + PUBLISH)
+
+
+def recipe_commands(
+    *, read_only: bool = False, router: bool = False, scripts: str = "functions", near_cache: Optional[bool] = None
+) -> tuple[str, ...]:
+    """The commands of one recipe: a PD worker's (the default), ``read_only`` a dashboard's, ``router`` a router's.
+    ``near_cache`` None: on for a worker and a dashboard, off for a router (it reads a room once or twice: no
+    cache is worth learning other namespaces' room ids through CLIENT TRACKING)."""
+    if read_only and router:
+        raise InvalidArgumentError("choose one recipe: read_only (a dashboard) or router, not both")
+    if router:
+        return router_commands(scripts, bool(near_cache))
+    cache = True if near_cache is None else near_cache
+    return read_only_commands(scripts, cache) if read_only else read_write_commands(scripts, cache)
+
+
 def _unique(commands: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(commands))
 
@@ -108,9 +136,10 @@ def acl_rules(
     *,
     prefix: str = DEFAULT_PREFIX,
     read_only: bool = False,
+    router: bool = False,
     password: Optional[str] = None,
     scripts: str = "functions",
-    near_cache: bool = True,
+    near_cache: Optional[bool] = None,
 ) -> list[str]:
     """The ``ACL SETUSER <name>`` rules for a user limited to one namespace.
 
@@ -121,20 +150,19 @@ def acl_rules(
     to ``<prefix>:<namespace>:*``, channels to the near cache's
     ``__redis__:invalidate`` and the namespace's room channels ``<prefix>:<namespace>:*``.
     ``near_cache`` False leaves out what only the near cache needs (``client|tracking``, ``client|id``,
-    ``role``): no key names of other namespaces through tracking, no near cache.
+    ``role``): no key names of other namespaces through tracking, no near cache; None (the default) means
+    True, except for a ``router``. ``read_only`` is the dashboard's recipe, ``router`` the router's
+    (cancel and read rooms); neither is the worker's.
     """
     schema = KeySchema(namespace, prefix)
-    if read_only:
-        commands = read_only_commands(scripts, near_cache)
-    else:
-        commands = read_write_commands(scripts, near_cache)
+    commands = recipe_commands(read_only=read_only, router=router, scripts=scripts, near_cache=near_cache)
     rules = ["reset", "on"]
     if password is not None:
         rules.append(f">{password}")
     rules += [
         f"~{schema.base}*",
         "resetchannels",
-        *channel_rules(schema, near_cache),
+        *channel_rules(schema),
         "-@all",
         *(f"+{command}" for command in commands),
     ]
@@ -153,10 +181,13 @@ def acl_setuser_line(
     *,
     prefix: str = DEFAULT_PREFIX,
     read_only: bool = False,
+    router: bool = False,
     scripts: str = "functions",
-    near_cache: bool = True,
+    near_cache: Optional[bool] = None,
 ) -> str:
     """The recipe as one ``ACL SETUSER`` line, with ``>PASSWORD`` as a placeholder (for docs and users.acl)."""
-    rules = acl_rules(namespace, prefix=prefix, read_only=read_only, scripts=scripts, near_cache=near_cache)
+    rules = acl_rules(
+        namespace, prefix=prefix, read_only=read_only, router=router, scripts=scripts, near_cache=near_cache
+    )
     rules.insert(2, ">PASSWORD")
     return f"ACL SETUSER {user} " + " ".join(rules)

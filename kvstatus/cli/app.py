@@ -191,13 +191,15 @@ pass_env = click.make_pass_decorator(CliEnv)
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
-batch_option = click.option(
-    "--batch",
-    type=click.IntRange(min=1, max=10_000),
-    default=DEFAULT_BATCH,
-    show_default=True,
-    help="Keys per SCAN step and per pipelined read.",
-)
+
+def batch_of(help: str) -> Callable[[Any], Any]:
+    """``--batch N`` (1..10000, default :data:`~kvstatus.admin.scan.DEFAULT_BATCH`), said in the command's terms."""
+    return click.option(
+        "--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True, help=help
+    )
+
+
+batch_option = batch_of("Keys per SCAN step and per pipelined read.")
 
 participant_option = click.option(
     "--participant",

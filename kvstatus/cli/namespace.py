@@ -240,12 +240,19 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
 @click.option(
     "--user",
     metavar="NAME",
-    help="The ACL user name [default: kvstatus-NAMESPACE, or dashboard-NAMESPACE with --read-only].",
+    help="The ACL user name [default: kvstatus-NAMESPACE, dashboard-NAMESPACE with --read-only, router-NAMESPACE "
+    "with --router].",
 )
 @click.option(
     "--read-only",
     is_flag=True,
     help="The dashboard user: get, ls, stats, watch, doctor, the exporter and the board; no writes.",
+)
+@click.option(
+    "--router",
+    is_flag=True,
+    help="The router user: cancel rooms and read them (get, room, failure), no SCAN, no near cache unless "
+    "--near-cache; it still reaches every kvstatus function on the namespace's keys (docs/security.md).",
 )
 @click.option(
     "--scripts",
@@ -257,14 +264,21 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
 )
 @click.option(
     "--near-cache/--no-near-cache",
-    default=True,
-    show_default=True,
+    default=None,
     help="--no-near-cache leaves out client|tracking, client|id and role: the user cannot learn other namespaces' room ids through CLIENT TRACKING, and its "
-    "stores run without near cache.",
+    "stores run without near cache [default: --near-cache, except with --router].",
 )
 @json_option
 @pass_env
-def acl(env: CliEnv, user: Optional[str], read_only: bool, scripts: str, near_cache: bool, as_json: bool) -> None:
+def acl(
+    env: CliEnv,
+    user: Optional[str],
+    read_only: bool,
+    router: bool,
+    scripts: str,
+    near_cache: Optional[bool],
+    as_json: bool,
+) -> None:
     """Print the ACL SETUSER line of a user confined to the namespace (>PASSWORD is a placeholder to replace).
 
     Run it with an admin user on every node (or put it in an aclfile). With
@@ -274,12 +288,20 @@ def acl(env: CliEnv, user: Optional[str], read_only: bool, scripts: str, near_ca
     writes, though never their values. Where tenants must not see each other's
     room ids, give them --no-near-cache (or one Redis per tenant, the only hard
     isolation); `kvstatus doctor` warns about a user that may track.
+
+    --router prints the recipe of a router that cancels rooms (`kvstatus
+    cancel`, store.cancel) and reads them. ACL cannot limit FCALL to one
+    function: within its namespace a router can run every kvstatus function
+    that needs no more than its commands (docs/security.md says what that is).
+    --read-only and --router exclude each other (exit 2).
     """
     schema = env.schema()
-    name = user or f"{'dashboard' if read_only else 'kvstatus'}-{schema.namespace}"
-    line = acl_setuser_line(
-        name, schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts, near_cache=near_cache
-    )
+    if read_only and router:
+        raise click.UsageError("--read-only and --router are two different users: choose one")
+    near_cache = (not router) if near_cache is None else near_cache
+    name = user or f"{'dashboard' if read_only else 'router' if router else 'kvstatus'}-{schema.namespace}"
+    recipe: dict[str, Any] = {"read_only": read_only, "router": router, "scripts": scripts, "near_cache": near_cache}
+    line = acl_setuser_line(name, schema.namespace, prefix=schema.prefix, **recipe)
     if as_json:
         emit_json(
             {
@@ -287,13 +309,17 @@ def acl(env: CliEnv, user: Optional[str], read_only: bool, scripts: str, near_ca
                 "namespace": schema.namespace,
                 "scripts": scripts,
                 "near_cache": near_cache,
-                "rules": acl_rules(
-                    schema.namespace, prefix=schema.prefix, read_only=read_only, scripts=scripts, near_cache=near_cache
-                ),
+                "rules": acl_rules(schema.namespace, prefix=schema.prefix, **recipe),
             }
         )
         return
     click.echo(line)
+    if router:
+        click.echo(
+            "kvstatus: a router may FCALL every kvstatus function, and HSET or PEXPIRE any key, of this namespace: "
+            "it can fail, forge or expire any room of it, though not clear one by the script (docs/security.md)",
+            err=True,
+        )
     if near_cache:
         click.echo(
             "kvstatus: this user may run CLIENT TRACKING and so receive the room ids other namespaces write "

@@ -1,8 +1,9 @@
-"""``get``, ``set``, ``clear`` and ``ls``: one room at a time, or all of them streamed."""
+"""``get``, ``set``, ``clear``, ``cancel`` and ``ls``: one room at a time, or all of them streamed."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Optional
 
 import click
@@ -11,15 +12,16 @@ from kvstatus.admin.leases import lost_participants
 from kvstatus.admin.scan import (
     entries,
     iter_rooms,
+    read_rooms,
     room_matches,
     without_probe,
 )
-from kvstatus.admin.sweep import OPEN
 from kvstatus.cli.app import (
     ROOM,
     STATUS,
     CliEnv,
     NotFound,
+    batch_of,
     batch_option,
     emit_json,
     json_option,
@@ -34,8 +36,10 @@ from kvstatus.cli.app import (
     ttl_text,
 )
 from kvstatus.errors import InvalidArgumentError
+from kvstatus.fate import shared_status
+from kvstatus.keys import validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
-from kvstatus.rule import KVPoll, Policy, RoomView
+from kvstatus.rule import OPEN, CancelOutcome, CancelResult, FailureRecord, KVPoll, Policy, RoomView, elapsed_text
 from kvstatus.store import StatusStore
 
 
@@ -77,7 +81,30 @@ def room_json(view: RoomView) -> dict[str, Any]:
             }
             for name, c in view.tombstone.cleared.items()
         }
+    if view.failure is not None:
+        document["failure"] = failure_json(view.failure)
     return document
+
+
+def failure_json(failure: FailureRecord) -> dict[str, Any]:
+    """A room's first failure as JSON: ``at`` in Unix seconds by Redis' clock (as a tombstone's ``cleared_at``)."""
+    return {"stage": failure.stage.value, "origin": failure.origin, "reason": failure.reason, "at": failure.at}
+
+
+def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
+    """E.g. "first failure 3.0 s ago: cancelled by router-1: client went away; decode-0 reads Failed (shared fate)".
+
+    ``now``: Unix seconds (the local clock, as for tombstones). Names the open entries that read Failed because
+    of the record, though their own status is still open (kvstatus.fate.shared_status)."""
+    line = f"first failure {elapsed_text(now - failure.at)} ago: {failure.describe()}"
+    shared = [
+        name
+        for name, e in view.participants.items()
+        if e.status is not None and shared_status(e.status, failure, name) != e.status
+    ]
+    if shared:
+        line += f"; {', '.join(shared)} {'reads' if len(shared) == 1 else 'read'} Failed (shared fate)"
+    return line
 
 
 def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
@@ -97,7 +124,9 @@ ROOM_HEADERS = ["ROOM", "PARTICIPANT", "STATUS", "TTL LEFT", "REASON"]
 def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
     """Show the full view of each ROOM: every participant's status, failure reason and TTL left.
 
-    Exits 1 if any room does not exist.
+    Also the room's first failure (when, at which stage, by whom, why) and the
+    open entries that read Failed because of it (shared fate), and who cleared
+    the room recently. Exits 1 if any room does not exist.
     """
     store = store_for(env)
     views = [without_probe(store.room(room)) for room in rooms]
@@ -108,9 +137,12 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
         rows = [row for v in views for row in room_rows(v)]
         if rows:
             click.echo(table(ROOM_HEADERS, rows))
+        now = time.time()
         for view in views:
+            if view.exists and view.failure is not None:
+                click.echo(f"room {view.room}: {failure_line(view, view.failure, now)}")
             if view.exists and view.tombstone is not None:
-                for line in view.tombstone.describe():
+                for line in view.tombstone.describe(now):
                     click.echo(f"room {view.room}: {line}")
     if missing:
         raise NotFound("; ".join(_not_found(view, store.namespace) for view in missing))
@@ -200,6 +232,96 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
         return
     for room, removed in cleared.items():
         click.echo(f"room {room} {store.participant}: {'cleared' if removed else 'nothing to clear'}")
+
+
+DEFAULT_ORIGIN = "operator"
+
+
+@main.command()
+@click.argument("rooms", nargs=-1, required=True, type=ROOM, metavar="ROOM...")
+@click.option(
+    "--reason",
+    required=True,
+    metavar="TEXT",
+    help="Why (required, not empty): recorded as the room's first failure and in each failed entry's reason.",
+)
+@click.option(
+    "--origin",
+    default=DEFAULT_ORIGIN,
+    show_default=True,
+    metavar="NAME",
+    help="Who cancels, recorded with the failure (letters, digits, _ . -), e.g. router-1.",
+)
+@batch_of("Rooms per round trip (each batch is one cancel_many; the lines of a batch print when it is done).")
+@json_option
+@pass_env
+def cancel(env: CliEnv, rooms: tuple[int, ...], reason: str, origin: str, batch: int, as_json: bool) -> None:
+    """Cancel each ROOM for every participant: its open entries become Failed, and the room's first failure is
+    recorded (stage cancelled, by --origin, with --reason) unless it failed before.
+
+    Open entries (Bootstrapping, WaitingForInput, Transferring) are failed
+    through the update rule's FAILED row with the reason "cancelled by ORIGIN:
+    REASON"; Success and Failed entries stay. A room with no entry yet is
+    cancelled too: a participant that writes it later reads Failed. Every room
+    is checked before the first write. Exits 0 when every room is failed,
+    whether by this cancel or before (a room that had already failed is said
+    so, with its first failure); a cancel Redis interrupted is safe to run again.
+    """
+    if not reason.strip():
+        raise InvalidArgumentError("--reason must not be empty: say why the rooms are cancelled (it is recorded)")
+    truncate_reason(reason)  # not text (a lone surrogate from undecodable bytes): refused before any write
+    validate_name(origin, "origin")
+    store = store_for(env)
+    unique = list(dict.fromkeys(rooms))  # a room named twice is cancelled once
+    documents: list[dict[str, Any]] = []
+    for start in range(0, len(unique), batch):
+        results = store.cancel_many(unique[start : start + batch], reason, origin=origin)
+        earlier = _first_failures(
+            env, [room for room, r in results.items() if r.outcome is CancelOutcome.ALREADY_FAILED]
+        )
+        for room, result in results.items():
+            if as_json:
+                documents.append(_cancel_json(room, result, earlier))
+            else:
+                click.echo(_cancel_text(room, result, earlier))
+    if as_json:
+        emit_json({"namespace": store.namespace, "origin": origin, "reason": reason, "rooms": documents})
+
+
+def _first_failures(env: CliEnv, rooms: list[int]) -> dict[int, Optional[FailureRecord]]:
+    """The first failures of ``rooms`` that had failed before the cancel, in one pipelined read (None: unreadable,
+    warned about on stderr; the cancel itself is done)."""
+    if not rooms:
+        return {}
+    schema = env.schema()
+
+    def warn(room: int, message: str) -> None:
+        click.echo(f"warning: room {room}: {message}", err=True)
+
+    found: dict[int, Optional[FailureRecord]] = dict.fromkeys(rooms)
+    for view in read_rooms(env.client(), schema, schema.room_keys(rooms), on_corrupt=warn, with_ttl=False):
+        found[view.room] = view.failure
+    return found
+
+
+def _entries(count: int) -> str:
+    return f"{count} open {'entry' if count == 1 else 'entries'} failed"
+
+
+def _cancel_text(room: int, result: CancelResult, earlier: dict[int, Optional[FailureRecord]]) -> str:
+    if result.outcome is CancelOutcome.CANCELLED:
+        return f"room {room}: cancelled, {_entries(result.failed)}"
+    failure = earlier.get(room)
+    first = f"first failure: {failure.describe()}" if failure is not None else "its first failure could not be read"
+    return f"room {room}: had already failed ({first}), {_entries(result.failed)}"
+
+
+def _cancel_json(room: int, result: CancelResult, earlier: dict[int, Optional[FailureRecord]]) -> dict[str, Any]:
+    document: dict[str, Any] = {"room": room, "outcome": result.outcome.name, "failed": result.failed}
+    if result.outcome is CancelOutcome.ALREADY_FAILED:
+        failure = earlier.get(room)
+        document["first_failure"] = None if failure is None else failure_json(failure)
+    return document
 
 
 @main.command(name="ls")

@@ -7,30 +7,9 @@ import json
 import fakeredis
 import pytest
 
-from kvstatus import KVPoll, StatusStore
+from kvstatus import KVPoll
 from kvstatus.admin.scan import PROBE_PARTICIPANT
-from tests.helpers.cli import assert_clean_failure, invoke, json_lines
-
-NS = "prod-a"
-
-
-@pytest.fixture
-def server() -> fakeredis.FakeServer:
-    return fakeredis.FakeServer()
-
-
-@pytest.fixture
-def connect(server: fakeredis.FakeServer):
-    return lambda url: fakeredis.FakeRedis(server=server)
-
-
-@pytest.fixture
-def store(server: fakeredis.FakeServer) -> StatusStore:
-    return StatusStore(fakeredis.FakeRedis(server=server), namespace=NS)
-
-
-def cli(connect, *args: str):
-    return invoke(connect, "--namespace", NS, *args)
+from tests.helpers.cli import NS, assert_clean_failure, cli, invoke, json_lines
 
 
 def test_set_goes_through_the_rule_and_prints_the_outcome(connect, store):

@@ -17,42 +17,27 @@ import click
 import fakeredis
 import pytest
 
-from kvstatus import KVPoll, StatusStore, connection
+from kvstatus import KVPoll, connection
 from kvstatus.admin.acl import acl_rules
 from kvstatus.cli import main
 from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
 from kvstatus.errors import InvalidURLError
 from tests.helpers.backends import fresh_namespace
-from tests.helpers.cli import invoke, json_lines
+from tests.helpers.cli import NS, cli, invoke, json_lines
 from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = {p: p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 CLI_GUIDE = DOCS[ROOT / "docs" / "cli.md"]
-NS = "prod-a"
 SECRET = "s3cr3t-hardening"
 CHECKOUT_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 """The ``kvstatus`` command of the venv, running the code of this checkout."""
 
 
 @pytest.fixture
-def server() -> fakeredis.FakeServer:
-    return fakeredis.FakeServer()
-
-
-@pytest.fixture
 def connect_fake(server: fakeredis.FakeServer):
     return lambda url: fakeredis.FakeRedis(server=server)
-
-
-@pytest.fixture
-def store(server: fakeredis.FakeServer) -> StatusStore:
-    return StatusStore(fakeredis.FakeRedis(server=server), namespace=NS)
-
-
-def cli(connect, *args: str, **kwargs):
-    return invoke(connect, "--namespace", NS, *args, **kwargs)
 
 
 # ---------------------------------------------------------------- item 11: which server, said on stderr

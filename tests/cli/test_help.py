@@ -27,6 +27,7 @@ def options(command: click.Command) -> list[click.Option]:
 def test_there_are_the_commands_of_the_issue() -> None:
     assert COMMANDS == [
         "acl",
+        "cancel",
         "clear",
         "demo",
         "doctor",

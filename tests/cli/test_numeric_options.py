@@ -6,14 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from kvstatus import AsyncStatusStore, StatusStore
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.url import MAX_DB, ConnectionOptions
-from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +31,6 @@ OUT_OF_RANGE = [
     ("max_connections", "100000000000000000000"),
     ("db", str(MAX_DB + 1)),
 ]
-
-
-@pytest.fixture(scope="module")
-def real_server() -> Iterator[RedisServer]:
-    require_redis_server()
-    with RedisServer() as started:
-        yield started
 
 
 @pytest.mark.real

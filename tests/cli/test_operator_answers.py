@@ -23,20 +23,14 @@ from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
 from tests.helpers.backends import fresh_namespace
-from tests.helpers.cli import invoke
+from tests.helpers.cli import NS, invoke
 from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOUT_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-NS = "prod-a"
 SECRET = "s3cr3t-operator"
 B, T = KVPoll.Bootstrapping, KVPoll.Transferring
-
-
-@pytest.fixture
-def server() -> fakeredis.FakeServer:
-    return fakeredis.FakeServer()
 
 
 @pytest.fixture

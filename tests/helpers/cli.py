@@ -13,6 +13,9 @@ from click.testing import CliRunner, Result
 from kvstatus.cli import CliEnv, main
 from kvstatus.connection import DEFAULT_URL
 
+NS = "prod-a"
+"""The namespace of the CLI tests' fakeredis rooms (tests/cli/conftest.py)."""
+
 
 def invoke(connect: Callable[[str], Any], *args: str, env: Optional[dict[str, str]] = None) -> Result:
     """Run ``kvstatus ARGS`` in-process; ``connect`` builds the Redis client (the CLI's seam)."""
@@ -21,6 +24,11 @@ def invoke(connect: Callable[[str], Any], *args: str, env: Optional[dict[str, st
     return CliRunner().invoke(
         main, list(args), obj=CliEnv(connect=connect), env=environment, catch_exceptions=False, prog_name="kvstatus"
     )
+
+
+def cli(connect: Callable[[str], Any], *args: str, env: Optional[dict[str, str]] = None) -> Result:
+    """:func:`invoke` in namespace :data:`NS`."""
+    return invoke(connect, "--namespace", NS, *args, env=env)
 
 
 def run_cli(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -7,13 +7,21 @@ Works on any object with the attribute names of sglang 0.5.23's
 from __future__ import annotations
 
 import types
+from collections import OrderedDict
+from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Union
 
 from kvstatus.connection import parse_url
-from kvstatus.errors import InvalidArgumentError
+from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import validate_name
-from kvstatus.rule import KVPoll, Outcome, UpdateResult, to_policy
-from kvstatus.sglang.mapping import DEFAULT_MEMO_SECONDS, INVALID_ROOM_RESULT, RoomStatusMap, invalid_room_reason
+from kvstatus.rule import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
+from kvstatus.sglang.mapping import (
+    DEFAULT_MEMO_SECONDS,
+    INVALID_ROOM_RESULT,
+    RoomStatusMap,
+    invalid_room_reason,
+    storable,
+)
 from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
 from kvstatus.store import StatusStore
 
@@ -21,9 +29,11 @@ from kvstatus.store import StatusStore
 OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
 # The class whose methods install() replaces; a subclass's own override (nixl's check_status) is kept.
 UPSTREAM_CLASS = "CommonKVManager"
-REPLACED = ("update_status", "check_status", "check_status_pp_consensus")
+REPLACED = ("update_status", "check_status", "check_status_pp_consensus", "record_failure")
 _PREVIOUS = "_kvstatus_previous_request_status"
 _INSTALLED = "_kvstatus_replaced_methods"
+# The rooms whose first failure one manager remembers having looked up (FailureNotes); the oldest is forgotten.
+MAX_NOTED_ROOMS = 1024
 
 
 def _rank(kv_manager: Any, name: str) -> int:
@@ -104,8 +114,86 @@ def _defined_by(kv_manager: Any, name: str) -> Optional[type]:
     return None
 
 
-def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Callable[..., Any]]:
-    """The three methods install() binds to ``kv_manager``: upstream's bodies, with one atomic store call."""
+def failure_text(record: FailureRecord) -> str:
+    """What ``failure_exception`` reports for a room whose first failure is ``record``: who, at which stage, why
+    and when (UTC, milliseconds), e.g. "cancelled by router-1: client went away (the room's first failure, at
+    2025-06-01T10:00:00.123Z, kvstatus)"."""
+    when = datetime.fromtimestamp(record.at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return f"{record.describe()} (the room's first failure, at {when}, kvstatus)"
+
+
+def unread_text(error: Exception) -> str:
+    """The failure reason of a room that reads Failed when its first failure cannot be read (Redis down)."""
+    return (
+        "the room reads Failed in kvstatus (a participant failed it, or it was cancelled), but its first failure "
+        f"could not be read: {type(error).__name__}: {error}"
+    )
+
+
+class FailureNotes:
+    """Puts a room's first failure in a manager's ``failure_records`` when its statuses answer Failed.
+
+    SGLang's ``failure_exception()`` pops ``failure_records[room]`` and reports "Failed due to an unknown
+    reason from another rank" when there is none: the case of every room that reads Failed by shared fate
+    (another participant failed it, or a router cancelled it). :meth:`failed` fills the record, under
+    ``failure_lock``, from ``store.failure(room)`` (:func:`failure_text`), unless the manager recorded a
+    reason itself (first root cause wins: it never overwrites one). Cost: one round trip, on the failure
+    path only, at most once per room lifecycle; a room that keeps reading Failed costs a dict lookup.
+    Bounded: it remembers the last :data:`MAX_NOTED_ROOMS` rooms it looked up; a forgotten room's record,
+    if ``failure_exception`` never took it, goes with it. :meth:`reopened` (a new request on the room)
+    drops the previous lifecycle's record, so a reused room never inherits an old cause. Each manager
+    has its own notes: one rank's pop does not erase another's.
+    """
+
+    def __init__(self, records: dict[Any, Any], lock: Any, store: Any, limit: int = MAX_NOTED_ROOMS) -> None:
+        self.records, self.lock, self.store, self.limit = records, lock, store, limit
+        # room -> the text this put in records (None while being looked up, or when there was nothing to put)
+        self.noted: OrderedDict[int, Optional[str]] = OrderedDict()
+
+    @classmethod
+    def of(cls, kv_manager: Any, store: Any) -> Optional[FailureNotes]:
+        """The notes of ``kv_manager``, or None when it has no ``failure_records`` and ``failure_lock``."""
+        records, lock = getattr(kv_manager, "failure_records", None), getattr(kv_manager, "failure_lock", None)
+        return cls(records, lock, store) if isinstance(records, dict) and lock is not None else None
+
+    def failed(self, room: int, fallback: Optional[str] = None) -> None:
+        """``room`` read Failed: record its first failure unless a reason is recorded (``fallback`` when the
+        room has no record, e.g. the PP consensus' "participant P lost its lease")."""
+        if not storable(room):
+            return  # its reason was recorded when its request opened
+        with self.lock:
+            if room in self.noted or room in self.records:
+                return
+            self.noted[room] = None  # claimed: another thread reading the room now does not look it up too
+            while len(self.noted) > self.limit:
+                self._forget(*self.noted.popitem(last=False))
+        try:
+            record = self.store.failure(room)
+        except KVStatusError as exc:
+            text: Optional[str] = fallback or unread_text(exc)
+        else:
+            text = failure_text(record) if record is not None else fallback
+        if text is None:
+            return
+        with self.lock:
+            if room in self.noted and self.noted[room] is None and room not in self.records:
+                self.records[room] = self.noted[room] = text
+
+    def reopened(self, room: int) -> None:
+        """A new request opened ``room`` on this manager: forget the previous one's lookup and record."""
+        with self.lock:
+            if room in self.noted:
+                self._forget(room, self.noted.pop(room))
+
+    def _forget(self, room: int, text: Optional[str]) -> None:
+        if text is not None and self.records.get(room) is text:
+            del self.records[room]  # a record failure_exception never took (called under the lock)
+
+
+def _status_methods(
+    kv_manager: Any, status_map: RoomStatusMap, notes: Optional[FailureNotes]
+) -> dict[str, Callable[..., Any]]:
+    """The methods install() binds to ``kv_manager``: upstream's bodies, with one atomic store call."""
 
     def update_status(self: Any, bootstrap_room: int, status: KVPoll | int) -> UpdateResult:
         result = status_map.update_status(bootstrap_room, status)
@@ -115,6 +203,8 @@ def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Cal
                 self._deferred_ack_targets.pop(bootstrap_room, None)
                 self._deferred_ack_poisoned_rooms.discard(bootstrap_room)
                 self._staging_outstanding.pop(bootstrap_room, None)
+                if notes is not None:
+                    notes.reopened(bootstrap_room)
         elif status == KVPoll.Failed and result.outcome in (Outcome.FAILED, Outcome.UNCHANGED):
             # Upstream notifies a deferred bootstrap on every Failed that finds an entry, even one already Failed.
             if self.deferred_bootstrap is not None:
@@ -127,17 +217,36 @@ def _status_methods(kv_manager: Any, status_map: RoomStatusMap) -> dict[str, Cal
         return status_map[bootstrap_room]
 
     def check_status_pp_consensus(self: Any, bootstrap_room: int) -> KVPoll:
+        reason = None
         if status_map.uses_leases:  # every rank holds a lease: a dead rank fails the room instead of stalling it
-            return status_map.consensus(bootstrap_room).status
-        statuses = status_map.collect(bootstrap_room)
-        if any(status is None for status in statuses):
-            return KVPoll.Bootstrapping
-        return min(status for status in statuses if status is not None)
+            consensus = status_map.consensus(bootstrap_room)
+            status, reason = consensus.status, consensus.reason
+        else:
+            statuses = status_map.collect(bootstrap_room)
+            if any(status is None for status in statuses):
+                return KVPoll.Bootstrapping
+            status = min(status for status in statuses if status is not None)
+        if status == KVPoll.Failed and notes is not None:
+            notes.failed(bootstrap_room, reason)
+        return status
+
+    def record_failure(self: Any, bootstrap_room: int, failure_reason: str) -> None:
+        with self.failure_lock:
+            self.failure_records[bootstrap_room] = failure_reason
+        # The room's other participants report it too (the room's first failure names it): one round trip,
+        # on the failure path; best effort, never an error into the engine for a reason that could not be kept.
+        try:
+            status_map.record_failure(bootstrap_room, failure_reason)
+        except KVStatusError as exc:
+            log.warning(
+                "participant %s: room %r: failure reason not stored: %s", status_map.participant, bootstrap_room, exc
+            )
 
     return {
         "update_status": update_status,
         "check_status": check_status,
         "check_status_pp_consensus": check_status_pp_consensus,
+        "record_failure": record_failure,
     }
 
 
@@ -181,8 +290,8 @@ def install(
     ``StatusStore.from_url``). ``participant`` overrides :func:`participant_name`.
     With the near cache on, polls of unchanged rooms are answered from memory.
 
-    ``update_status``, ``check_status`` and ``check_status_pp_consensus``
-    become instance methods that make one store call each. With a store built
+    ``update_status``, ``check_status``, ``check_status_pp_consensus`` and
+    ``record_failure`` become instance methods that make one store call each. With a store built
     with ``lease_ttl`` (every rank holding a lease), ``check_status_pp_consensus``
     is ``store.room_status`` over the PP ranks: a rank that died (its lease
     lost) with an open entry makes the room Failed instead of stalling it. ``update_status``
@@ -195,6 +304,17 @@ def install(
     store cannot hold (-1, 2**63, "42", None) fails its own request and never
     raises into the engine (see :class:`RoomStatusMap`); its reason goes to
     ``failure_records``, which the request's ``failure_exception`` reports.
+
+    Shared fate (:mod:`kvstatus.fate`) is the store's setting, on by default
+    (``shared_fate=False`` or the URL's ``?shared_fate=0`` turn it off; install()
+    never changes it): the manager's reads answer Failed for its open entry of
+    a room that another participant failed or that was cancelled. When a read
+    answers Failed (``check_status``, ``request_status[room]``, ``.get``, the PP
+    consensus) and ``failure_records`` holds no reason for the room, the
+    room's first failure goes there (:class:`FailureNotes`: who, stage, why,
+    when), so ``failure_exception`` names it instead of "unknown reason from
+    another rank". ``record_failure`` also keeps its reason with the entry in
+    Redis (one round trip, on the failure path), so the peers' reports carry it.
     Install before the manager serves requests (a non-empty dict is refused);
     :func:`uninstall` undoes it.
 
@@ -204,7 +324,7 @@ def install(
     a script read, a probe write, the lease), so a bad URL, password, ACL or missing function library
     fails here with :class:`~kvstatus.sglang.startup.SettingError` naming the setting, not at the
     first request. It logs one INFO line on ``kvstatus.sglang``: participant, server (no password),
-    namespace, policy, scripts, near cache and lease.
+    namespace, policy, scripts, near cache, lease and shared fate.
     """
     if is_installed(kv_manager):
         raise InvalidArgumentError("this KV manager is already on kvstatus")
@@ -241,7 +361,10 @@ def install(
             )
         store = store_or_url if store_or_url.participant == name else store_or_url.for_participant(name)
         server = server_of(store.client)
-    status_map = RoomStatusMap(store, pp_participants=ranks, memo_seconds=memo_seconds)
+    notes = FailureNotes.of(kv_manager, store)
+    status_map = RoomStatusMap(
+        store, pp_participants=ranks, memo_seconds=memo_seconds, on_failed=None if notes is None else notes.failed
+    )
     if check:
         try:
             check_store(store)
@@ -250,7 +373,7 @@ def install(
                 store.close()  # the store install() opened: its connections and threads go with it
             raise
     replaced = []
-    for method_name, function in _status_methods(kv_manager, status_map).items():
+    for method_name, function in _status_methods(kv_manager, status_map, notes).items():
         owner = _defined_by(kv_manager, method_name)
         if owner is None or owner.__name__ == UPSTREAM_CLASS:
             setattr(kv_manager, method_name, types.MethodType(function, kv_manager))

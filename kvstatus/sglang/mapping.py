@@ -10,10 +10,11 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from kvstatus.consensus import RoomConsensus
 from kvstatus.errors import InvalidArgumentError, InvalidRoomError
+from kvstatus.fate import shared_status
 from kvstatus.keys import MAX_ROOM
 from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
 
@@ -112,6 +113,15 @@ class RoomStatusMap:
     opening write (Bootstrapping, WaitingForInput) logs one warning; reads
     log nothing, as polls repeat.
 
+    **Shared fate.** With the store's ``shared_fate`` on (its default), every
+    read answers as ``store.get`` does (:mod:`kvstatus.fate`): an open entry
+    of a room that another participant failed, or that was cancelled, reads
+    Failed; ``collect`` judges each rank's entry the same way. ``on_failed``,
+    when given, is called with the room each time ``m[room]`` or ``m.get``
+    answers Failed (``install()`` uses it to put the room's first failure in
+    the manager's ``failure_records``); a read that answers anything else
+    costs nothing more.
+
     On PP rank 0 (``pp_participants`` given and the store's participant is
     the first of them) ``in`` reads the whole room in its one round trip, so
     the consensus poll (``in`` then ``collect``) is one round trip as well,
@@ -125,6 +135,7 @@ class RoomStatusMap:
         *,
         pp_participants: Optional[Sequence[str]] = None,
         memo_seconds: float = DEFAULT_MEMO_SECONDS,
+        on_failed: Optional[Callable[[int], None]] = None,
     ) -> None:
         if isinstance(memo_seconds, bool) or not isinstance(memo_seconds, (int, float)) or memo_seconds < 0:
             raise InvalidArgumentError(f"invalid memo_seconds {memo_seconds!r}: expected seconds >= 0")
@@ -139,6 +150,9 @@ class RoomStatusMap:
                 )
             self.pp_participants = names
         self.memo_seconds = float(memo_seconds)
+        self.on_failed = on_failed
+        # Whether reads judge the room's first failure (the store's setting): the memo's whole-room views too.
+        self._shared = bool(getattr(store, "shared_fate", False))
         # PP rank 0 reads whole rooms on `in`: its polls go on to collect().
         self._reads_rooms = self.pp_participants is not None and self.pp_participants[0] == self.participant
         self._local = threading.local()
@@ -156,20 +170,32 @@ class RoomStatusMap:
             return memo[2]
         return _MISSING
 
+    def _status_in(self, view: RoomView, participant: str) -> Optional[KVPoll]:
+        """``participant``'s status in ``view`` as its own ``store.get`` answers it (shared fate judged)."""
+        entry = view.participants.get(participant)
+        if entry is None:
+            return None
+        if self._shared and view.failure is not None:
+            return shared_status(entry.status, view.failure, participant)
+        return entry.status
+
     def _own(self, value: Union[Optional[KVPoll], RoomView]) -> Optional[KVPoll]:
         if isinstance(value, RoomView):
-            entry = value.participants.get(self.participant)
-            return None if entry is None else entry.status
+            return self._status_in(value, self.participant)
         return value
 
     def _read(self, room: int) -> Optional[KVPoll]:
         value = self._take(room)
         if value is not _MISSING:
-            return self._own(value)
-        try:
-            return self.store.get(room)
-        except InvalidRoomError:
-            return KVPoll.Failed
+            status = self._own(value)
+        else:
+            try:
+                status = self.store.get(room)
+            except InvalidRoomError:
+                return KVPoll.Failed  # its reason was recorded when its request opened (install())
+        if status == KVPoll.Failed and self.on_failed is not None:
+            self.on_failed(room)
+        return status
 
     def __contains__(self, room: object) -> bool:
         self._local.memo = None
@@ -204,8 +230,7 @@ class RoomStatusMap:
                 view = self.store.room(room)
             except InvalidRoomError:
                 return [KVPoll.Failed] * len(self.pp_participants)
-        entries = view.participants
-        return [entry.status if (entry := entries.get(name)) is not None else None for name in self.pp_participants]
+        return [self._status_in(view, name) for name in self.pp_participants]
 
     def consensus(self, room: int) -> RoomConsensus:
         """The room's consensus over the PP ranks, leases included (one round trip, no memo)."""
@@ -237,11 +262,11 @@ class RoomStatusMap:
         try:
             per_rank = [store.get_many(rooms) for store in self._rank_stores]
         except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
-            valid = [room for room in rooms if _storable(room)]
+            valid = [room for room in rooms if storable(room)]
             per_rank = [store.get_many(valid) for store in self._rank_stores] if valid else []
             ranks = len(self._rank_stores)
             return {
-                room: [statuses[room] for statuses in per_rank] if _storable(room) else [KVPoll.Failed] * ranks
+                room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
                 for room in dict.fromkeys(rooms)
             }
         return {room: [statuses[room] for statuses in per_rank] for room in dict.fromkeys(rooms)}
@@ -257,6 +282,15 @@ class RoomStatusMap:
             if status in STRICT_CREATORS:
                 log.warning("participant %s: %s", self.participant, invalid_room_reason(room))
             return INVALID_ROOM_RESULT
+
+    def record_failure(self, room: int, reason: str) -> bool:
+        """Keep ``reason`` with the participant's Failed entry (``store.record_failure``: first reason wins, needs
+        an entry; it becomes the reason of the room's first failure, which other participants read). False when
+        nothing was stored, or for a room id the store cannot hold."""
+        try:
+            return bool(self.store.record_failure(room, reason))
+        except InvalidRoomError:
+            return False
 
     def __setitem__(self, room: int, status: KVPoll | int) -> None:
         self.update_status(room, status)
@@ -311,6 +345,6 @@ class RoomStatusMap:
         return f"RoomStatusMap({self.store!r}{pp})"
 
 
-def _storable(room: object) -> bool:
+def storable(room: object) -> bool:
     """True for a room id the store accepts: an int (not bool) in [0, 2**63 - 1]."""
     return isinstance(room, int) and not isinstance(room, bool) and 0 <= room <= MAX_ROOM

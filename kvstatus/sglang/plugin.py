@@ -23,6 +23,10 @@ its variable, the URL's password masked):
 - ``KVSTATUS_SGLANG_NEAR_CACHE`` ``1`` to read through the store's near cache [default ``0``].
 - ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0`` or unset:
   no lease [default: no lease]. The URL's ``?lease_ttl=`` does the same; when both are set they must agree.
+- ``KVSTATUS_SGLANG_SHARED_FATE`` ``0`` to read each manager's own entry alone, as upstream's dict does;
+  ``1`` or unset: shared fate (:mod:`kvstatus.fate`: a room another participant failed, or a router
+  cancelled, reads Failed, and ``failure_exception`` names its first failure) [default ``1``]. The URL's
+  ``?shared_fate=`` does the same; when both are set they must agree.
 
 Each manager's install checks the server (:func:`kvstatus.sglang.startup.check_store`):
 an unreachable Redis, refused credentials, an ACL that does not fit, or a
@@ -50,6 +54,7 @@ ENV_POLICY = "KVSTATUS_SGLANG_POLICY"
 ENV_TTL = "KVSTATUS_SGLANG_TTL"
 ENV_NEAR_CACHE = "KVSTATUS_SGLANG_NEAR_CACHE"
 ENV_LEASE_TTL = "KVSTATUS_SGLANG_LEASE_TTL"
+ENV_SHARED_FATE = "KVSTATUS_SGLANG_SHARED_FATE"
 DEFAULT_NAMESPACE = "sglang"
 HOOK_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__"
 
@@ -68,7 +73,10 @@ SETTING_VARIABLES = {
     "ttl": ENV_TTL,
     "near_cache": ENV_NEAR_CACHE,
     "lease_ttl": ENV_LEASE_TTL,
+    "shared_fate": ENV_SHARED_FATE,
 }
+# The values of a boolean setting (the URL's spelling of its boolean options).
+_FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 # SGLang's bootstrap and waiting timeouts (seconds): a room TTL below them can expire a live request's room.
 SGLANG_TIMEOUT_SECONDS = 300.0
 
@@ -95,6 +103,16 @@ def _seconds(env: Mapping[str, str], variable: str, check: Callable[[float], flo
         return check(value)
     except InvalidArgumentError as exc:
         raise _setting_error(variable, f"invalid value {raw!r}: {exc}") from None
+
+
+def _flag(env: Mapping[str, str], variable: str) -> Optional[bool]:
+    """The variable's boolean (1/0, true/false, yes/no); None when unset or empty."""
+    raw = env.get(variable, "").strip().lower()
+    if not raw:
+        return None
+    if raw not in _FLAGS:
+        raise _setting_error(variable, f"invalid value {raw!r}: expected 1 or 0")
+    return _FLAGS[raw]
 
 
 def _room_ttl(seconds: float) -> float:
@@ -125,18 +143,18 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
 
     Every error is a :class:`~kvstatus.sglang.startup.SettingError` naming its variable.
     """
-    from kvstatus.connection import parse_url, url_lease_ttl
     from kvstatus.errors import InvalidArgumentError
     from kvstatus.keys import validate_name
     from kvstatus.rule import to_policy
+    from kvstatus.url import parse_url, url_lease_ttl, url_shared_fate
 
     env = os.environ if environ is None else environ
     url = env.get(ENV_URL, "").strip()
     if not url:
         raise _setting_error(ENV_URL, "not set: it is the Redis URL of the plugin, e.g. redis://host:6379/0")
     try:
-        parse_url(url)
-        url_lease = url_lease_ttl(url)
+        parsed = parse_url(url)
+        url_lease = url_lease_ttl(parsed)
     except InvalidArgumentError as exc:
         raise _setting_error(ENV_URL, str(exc)) from None
     options: dict[str, Any] = {"store_or_url": url}
@@ -160,10 +178,16 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         )
     if lease_ttl:
         options["lease_ttl"] = lease_ttl
-    near = env.get(ENV_NEAR_CACHE, "").strip().lower()
-    if near not in ("", "0", "1", "true", "false", "yes", "no"):
-        raise _setting_error(ENV_NEAR_CACHE, f"invalid value {near!r}: expected 1 or 0")
-    options["near_cache"] = near in ("1", "true", "yes")
+    options["near_cache"] = bool(_flag(env, ENV_NEAR_CACHE))
+    shared_fate = _flag(env, ENV_SHARED_FATE)
+    if shared_fate is not None:  # unset: the URL's ?shared_fate=, else the store's default (on)
+        url_fate = url_shared_fate(parsed) if "shared_fate" in parsed.query else None
+        if url_fate is not None and url_fate != shared_fate:
+            raise _setting_error(
+                ENV_SHARED_FATE,
+                f"{int(shared_fate)} disagrees with the shared_fate={int(url_fate)} of {ENV_URL}: set one of them",
+            )
+        options["shared_fate"] = shared_fate
     return options
 
 

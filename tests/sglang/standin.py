@@ -3,8 +3,8 @@
 Same attribute names, and the bodies of the status methods of
 ``sglang/srt/disaggregation/common/conn.py`` (``update_status``,
 ``check_status``, ``check_status_pp_consensus``, ``_notify_bootstrap``,
-``CommonKVSender._poll_with_status``, ``clear`` and ``failure_exception``,
-``CommonKVReceiver._poll``), reduced to what touches
+``record_failure``, ``CommonKVSender._poll_with_status``, ``clear`` and ``failure_exception``,
+``CommonKVReceiver._poll``, ``_clear`` and ``failure_exception``), reduced to what touches
 ``request_status``. ``KVPoll`` is a plain class of ints, as upstream.
 The real-sglang tier (tests/sglang/test_real_sglang.py) runs the same
 operation sequences through this stand-in and the real classes and requires
@@ -178,9 +178,10 @@ class PPRankStore:
 
 
 class KVTransferError(Exception):
-    def __init__(self, bootstrap_room: int, failure_reason: str) -> None:
+    def __init__(self, bootstrap_room: int, failure_reason: str, is_from_another_rank: bool = False) -> None:
         super().__init__(failure_reason)
         self.bootstrap_room, self.failure_reason = bootstrap_room, failure_reason
+        self.is_from_another_rank = is_from_another_rank
 
 
 class CommonKVSender:
@@ -216,11 +217,18 @@ class CommonKVSender:
     def failure_exception(self) -> None:
         self.conclude_state = KVPoll.Failed
         self.clear()
-        with self.kv_mgr.failure_lock:
-            failure_reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, None)
-        raise KVTransferError(
-            self.bootstrap_room, failure_reason or "Failed due to an unknown reason from another rank"
-        )
+        raise_failure(self.kv_mgr, self.bootstrap_room)
+
+
+def raise_failure(kv_mgr: Any, bootstrap_room: int) -> None:
+    """The end of both failure_exception()s: pop this manager's record of the room and raise it."""
+    with kv_mgr.failure_lock:
+        failure_reason = kv_mgr.failure_records.pop(bootstrap_room, None)
+    raise KVTransferError(
+        bootstrap_room,
+        failure_reason or "Failed due to an unknown reason from another rank",
+        is_from_another_rank=failure_reason is None,
+    )
 
 
 class CommonKVReceiver:
@@ -237,3 +245,14 @@ class CommonKVReceiver:
         if status in (KVPoll.Success, KVPoll.Failed):
             self.conclude_state = status
         return status
+
+    def clear(self) -> None:
+        if self.conclude_state is None:
+            status = self.kv_mgr.request_status.get(self.bootstrap_room)
+            self.conclude_state = status if status in (KVPoll.Success, KVPoll.Failed) else KVPoll.Failed
+        self.kv_mgr.request_status.pop(self.bootstrap_room, None)
+
+    def failure_exception(self) -> None:
+        self.conclude_state = KVPoll.Failed
+        self.clear()
+        raise_failure(self.kv_mgr, self.bootstrap_room)

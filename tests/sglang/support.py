@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import fakeredis
 
@@ -38,3 +38,17 @@ def counting_store(policy: str = "strict", participant: str = "prefill-tp0-pp0")
         participant=participant,
         policy=policy,
     )
+
+
+def commands_served(raw: Any) -> dict[str, int]:
+    """Calls per command so far (INFO commandstats), without INFO itself and the near cache's liveness PINGs
+    (sent on its invalidation connection without waiting: not a round trip of a poll)."""
+    return {k: v["calls"] for k, v in raw.info("commandstats").items() if k not in ("cmdstat_info", "cmdstat_ping")}
+
+
+def round_trips_of(raw: Any, work: Callable[[], object]) -> dict[str, int]:
+    """The commands a real Redis served while ``work`` ran, per command (``cmdstat_<name>``)."""
+    before = commands_served(raw)
+    work()
+    after = commands_served(raw)
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}

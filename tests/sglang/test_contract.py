@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
 
 import fakeredis
 import pytest
@@ -25,7 +24,7 @@ from tests.helpers.backends import Backend, fresh_namespace
 from tests.nearcache.helpers import eventually
 from tests.sglang import differential, standin
 from tests.sglang.standin import CommonKVSender, DeferredBootstrap, DisaggregationMode, make_manager
-from tests.sglang.support import counting_store
+from tests.sglang.support import counting_store, round_trips_of
 
 ROOM = 4242
 
@@ -100,16 +99,21 @@ def test_participants_do_not_see_each_other(store: StatusStore) -> None:
     assert set(store.room(ROOM).participants) == {"decode-tp0-pp0"}
 
 
-def test_collect_reads_every_pp_rank_in_rank_order(store: StatusStore) -> None:
+@pytest.mark.parametrize("shared_fate", [False, True])
+def test_collect_reads_every_pp_rank_in_rank_order(sync_backend: Backend, shared_fate: bool) -> None:
+    store = sync_backend.store(participant="prefill-tp0-pp0", policy="strict", shared_fate=shared_fate)
     names = [f"prefill-tp0-pp{r}" for r in range(4)]
     ranks = [RoomStatusMap(store.for_participant(n), pp_participants=names) for n in names]
     assert ranks[0].collect(ROOM) == [None] * 4
     for r, status in ((0, 3), (2, 4), (3, 0)):
         ranks[r].update_status(ROOM, KVPoll.Bootstrapping)
         ranks[r][ROOM] = status
-    assert ranks[0].collect(ROOM) == [3, None, 4, 0]
-    assert ranks[1].collect(ROOM) == [3, None, 4, 0]  # any rank may ask (upstream: rank 0 only)
-    assert ranks[0].collect_many([ROOM, 7, ROOM]) == {ROOM: [3, None, 4, 0], 7: [None] * 4}
+    # Rank 3 failed: with shared fate, rank 0's open entry reads Failed as rank 0 reads it itself; Success stays.
+    expected = [0, None, 4, 0] if shared_fate else [3, None, 4, 0]
+    assert ranks[0].collect(ROOM) == expected
+    assert ranks[1].collect(ROOM) == expected  # any rank may ask (upstream: rank 0 only)
+    assert ranks[0].collect_many([ROOM, 7, ROOM]) == {ROOM: expected, 7: [None] * 4}
+    assert (ROOM in ranks[0]) and ranks[0][ROOM] == expected[0] == ranks[0].store.get(ROOM)  # through the memo
     with pytest.raises(InvalidArgumentError, match="pp_participants"):
         RoomStatusMap(store).collect(ROOM)
     with pytest.raises(InvalidArgumentError, match="distinct"):
@@ -311,8 +315,14 @@ def _groups(pp_size: int, store: StatusStore) -> tuple[list, list, DeferredBoots
 @pytest.mark.parametrize("pp_size", [1, 4])
 @pytest.mark.parametrize("seed", range(4))
 def test_installed_stand_in_agrees_with_the_upstream_rule(seed: int, pp_size: int) -> None:
+    """One participant: shared fate on (the default) changes nothing it reads. PP ranks are several participants
+    of each room, and there shared fate is the point (a rank's failure fails the others' open entries, which
+    upstream's per-rank dicts do not show: see test_fate.py), so their per-entry rule is compared with it off."""
     store = StatusStore(
-        fakeredis.FakeRedis(server=fakeredis.FakeServer()), namespace=fresh_namespace("sg"), policy="strict"
+        fakeredis.FakeRedis(server=fakeredis.FakeServer()),
+        namespace=fresh_namespace("sg"),
+        policy="strict",
+        shared_fate=pp_size == 1,
     )
     upstream, ours, left, right = _groups(pp_size, store)
     ops = differential.random_ops(seed, 400, pp_size=pp_size)
@@ -377,19 +387,6 @@ def test_install_from_env_on_a_real_redis(redis_server) -> None:
     assert view.participants["decode-tp2-pp0"].status == KVPoll.WaitingForInput and 0 < view.ttl_ms <= 30_000
     assert status_map.store.policy.value == "strict"
     status_map.close()
-
-
-def commands_served(raw: Any) -> dict[str, int]:
-    """Calls per command so far (INFO commandstats), without INFO itself and the near cache's liveness PINGs
-    (sent on its invalidation connection without waiting: not a round trip of a poll)."""
-    return {k: v["calls"] for k, v in raw.info("commandstats").items() if k not in ("cmdstat_info", "cmdstat_ping")}
-
-
-def round_trips_of(raw: Any, work: Callable[[], object]) -> dict[str, int]:
-    before = commands_served(raw)
-    work()
-    after = commands_served(raw)
-    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
 
 
 @pytest.mark.real

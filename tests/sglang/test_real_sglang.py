@@ -145,6 +145,11 @@ def test_the_stand_in_behaves_like_the_real_manager(sg: Any, pp_size: int) -> No
 
 @pytest.mark.parametrize("pp_size", [1, PP])
 def test_installed_real_manager_agrees_with_upstream(sg: Any, store: StatusStore, pp_size: int) -> None:
+    """One participant with shared fate on (the store's default). PP ranks are several participants of each
+    room, where shared fate deliberately differs from upstream's per-rank dicts: the rule is compared without it."""
+    assert store.shared_fate
+    if pp_size > 1:
+        store = StatusStore(store.client, namespace=store.namespace, policy="strict", shared_fate=False)
     total = 0
     for seed in range(5):
         ops = differential.random_ops(seed, 600, pp_size=pp_size)
@@ -208,6 +213,50 @@ def test_prefill_and_decode_share_one_redis(sg: Any, redis_server: Any) -> None:
     assert room not in prefill.request_status
     decode.request_status.pop(room, None)
     assert not StatusStore.from_url(redis_server.url, namespace=namespace).room(room).exists
+
+
+# -- one room, one fate: the real failure_exception names the room's first failure
+
+
+def test_real_failure_exception_names_the_peer_and_the_canceller(sg: Any, redis_server: Any) -> None:
+    namespace = fresh_namespace("sgfate")
+    prefill = real_manager(sg, mode=sg.Mode.PREFILL)
+    decode = real_manager(sg, mode=sg.Mode.DECODE)
+    for m in (prefill, decode):
+        m.failure_records, m.failure_lock = {}, threading.Lock()  # set by the real __init__
+        install(m, redis_server.url, namespace=namespace)
+    router = StatusStore.from_url(redis_server.url, namespace=namespace, participant="router-1")
+    for room, fail in (
+        (81, lambda room: (decode.record_failure(room, "KV receiver timed out"), decode.update_status(room, 0))),
+        (82, lambda room: router.cancel(room, "client went away")),
+    ):
+        sender = real_sender(sg, prefill, room)
+        decode.update_status(room, sg.KVPoll.WaitingForInput)
+        for status in (sg.KVPoll.Bootstrapping, sg.KVPoll.Transferring):
+            prefill.update_status(room, status)
+        assert sender.poll() == sg.KVPoll.Transferring
+        fail(room)
+        assert sender.poll() == sg.KVPoll.Failed  # the real _poll_with_status: `in`, then check_status
+        with pytest.raises(sg.conn.KVTransferError) as info:
+            sender.failure_exception()  # the real one: clear(), then failure_records.pop(room)
+        assert not info.value.is_from_another_rank
+        expected = (
+            "failed at waiting by decode-tp0-pp0: KV receiver timed out"
+            if room == 81
+            else ("cancelled by router-1: client went away")
+        )
+        assert str(info.value).startswith(expected + " (the room's first failure, at ")
+        assert prefill.failure_records == {} and room not in prefill.request_status
+    # Shared fate off (the store's option): the prefill's entry is read alone, as upstream's dict.
+    alone = real_manager(sg, mode=sg.Mode.PREFILL, tp_rank=1)
+    alone.failure_records, alone.failure_lock = {}, threading.Lock()
+    install(alone, redis_server.url + "?shared_fate=0", namespace=namespace)
+    alone.update_status(83, sg.KVPoll.Bootstrapping)
+    decode.update_status(83, sg.KVPoll.WaitingForInput)
+    decode.update_status(83, sg.KVPoll.Failed)
+    assert real_sender(sg, alone, 83).poll() == sg.KVPoll.Bootstrapping and alone.failure_records == {}
+    for m in (prefill, decode, alone):
+        m.request_status.close()
 
 
 # -- the late-abort race across processes

@@ -20,6 +20,7 @@ from kvstatus.sglang.plugin import (
     ENV_NAMESPACE,
     ENV_NEAR_CACHE,
     ENV_POLICY,
+    ENV_SHARED_FATE,
     ENV_TTL,
     ENV_URL,
     install_from_env,
@@ -57,6 +58,8 @@ def _all_text(exc: BaseException) -> str:
         (ENV_TTL, "0", "> 0"),
         (ENV_TTL, "nan", "number of seconds"),
         (ENV_NEAR_CACHE, "maybe", "1 or 0"),
+        (ENV_SHARED_FATE, "maybe", "1 or 0"),
+        (ENV_SHARED_FATE, "2", "1 or 0"),
         (ENV_LEASE_TTL, "2", r"0 \(no lease\) or seconds in \[3, 3600\]"),
         (ENV_LEASE_TTL, "-1", "no lease"),
         (ENV_LEASE_TTL, "4000", "no lease"),
@@ -91,6 +94,26 @@ def test_lease_ttl_setting_and_url_option() -> None:
     for disagreeing in ("0", "20"):
         with pytest.raises(SettingError, match=f"^{ENV_LEASE_TTL}: .* disagrees with the lease_ttl=10 of {ENV_URL}"):
             install_options({ENV_URL: url, ENV_LEASE_TTL: disagreeing})
+
+
+def test_shared_fate_setting_and_url_option() -> None:
+    base = {ENV_URL: GOOD_URL}
+    assert "shared_fate" not in install_options(base)  # unset: the store's default, on
+    for value, expected in (
+        ("1", True),
+        ("true", True),
+        (" YES ", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+    ):
+        assert install_options({**base, ENV_SHARED_FATE: value})["shared_fate"] is expected
+    # The URL's ?shared_fate= alone is passed on with the URL; with the variable, both must agree.
+    url = GOOD_URL + "?shared_fate=0"
+    assert "shared_fate" not in install_options({ENV_URL: url})
+    assert install_options({ENV_URL: url, ENV_SHARED_FATE: "0"})["shared_fate"] is False
+    with pytest.raises(SettingError, match=f"^{ENV_SHARED_FATE}: 1 disagrees with the shared_fate=0 of {ENV_URL}"):
+        install_options({ENV_URL: url, ENV_SHARED_FATE: "1"})
 
 
 def test_a_store_from_a_url_with_lease_ttl_holds_a_lease() -> None:
@@ -235,7 +258,7 @@ def test_a_good_start_logs_one_line_per_manager_and_leaves_nothing(
     server = f"redis://worker:***@{acl_server.host}:{acl_server.port}/0"
     assert lines == [
         f"kvstatus: SGLang KV manager prefill-tp{rank}-pp0 on {server}, namespace sgok, policy strict, "
-        f"scripts eval, near cache on, lease 6 s (generation {maps[rank].store.lease.generation})"
+        f"scripts eval, near cache on, lease 6 s (generation {maps[rank].store.lease.generation}), shared fate on"
         for rank in range(2)
     ]
     assert SECRET not in caplog.text

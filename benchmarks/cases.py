@@ -262,7 +262,9 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     )
     get, hget, own = s["get"].p50_us, s["HGET"].p50_us, s["alone"].p50_us
     out.rows += [
-        _lat("single key", "`store.get` (shared fate, the default: `HMGET` of the entry and the room's record)", s["get"]),
+        _lat(
+            "single key", "`store.get` (shared fate, the default: `HMGET` of the entry and the room's record)", s["get"]
+        ),
         _lat("single key", "`store.get` with `shared_fate=False` (`HGET` of the entry)", s["alone"]),
         _lat("single key", "raw `HGET` of the same key", s["HGET"]),
     ]

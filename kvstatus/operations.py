@@ -18,7 +18,7 @@ from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
-from kvstatus.fate import FATE_FIELD, FailureRecord, parse_failure, shared_status
+from kvstatus.fate import FATE_FIELD, parse_failure, shared_status
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
@@ -50,6 +50,7 @@ from kvstatus.rule import (
     OPEN,
     CancelOutcome,
     CancelResult,
+    FailureRecord,
     KVPoll,
     Policy,
     RoomView,
@@ -336,7 +337,11 @@ class StoreCore:
         groups = self._chunks(keys)
         # A room alone in its slot (most of them, on a cluster) is a plain read, as get() sends it.
         calls = [
-            (Call(("HMGET", keys[group[0]], field, FATE_FIELD)) if self.shared_fate else Call(("HGET", keys[group[0]], field)))
+            (
+                Call(("HMGET", keys[group[0]], field, FATE_FIELD))
+                if self.shared_fate
+                else Call(("HGET", keys[group[0]], field))
+            )
             if len(group) == 1
             else script_call(scripts.GET_MANY, [keys[i] for i in group], args)
             for group in groups
@@ -350,7 +355,9 @@ class StoreCore:
                         result[ids[i]] = decode_status(value, keys[i], field)
                 else:
                     i = group[0]
-                    result[ids[i]] = self._judge(reply, keys[i]) if self.shared_fate else decode_status(reply, keys[i], field)
+                    result[ids[i]] = (
+                        self._judge(reply, keys[i]) if self.shared_fate else decode_status(reply, keys[i], field)
+                    )
             return {room: result[room] for room in ids}
 
         return Request(calls, decode, _extra_seconds(len(keys)))

@@ -89,7 +89,11 @@ def test_the_first_failure_names_stage_origin_and_reason(backend: Backend) -> No
 
 @pytest.mark.parametrize(
     ("opened", "stage"),
-    [(KVPoll.Bootstrapping, Stage.BOOTSTRAP), (KVPoll.WaitingForInput, Stage.WAITING), (KVPoll.Success, Stage.TRANSFER)],
+    [
+        (KVPoll.Bootstrapping, Stage.BOOTSTRAP),
+        (KVPoll.WaitingForInput, Stage.WAITING),
+        (KVPoll.Success, Stage.TRANSFER),
+    ],
 )
 def test_the_stage_is_the_status_the_entry_failed_from(backend: Backend, opened: KVPoll, stage: Stage) -> None:
     store = backend.store(participant="prefill-0", policy="seed")

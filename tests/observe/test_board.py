@@ -45,7 +45,7 @@ def populate(url: str, namespace: str) -> dict[str, dict[int, KVPoll]]:
     """Rooms of two prefill and one decode participant; returns participant -> room -> status written."""
     written: dict[str, dict[int, KVPoll]] = {}
     for i, participant in enumerate(("prefill-0", "prefill-1", "decode-0")):
-        with StatusStore.from_url(url, namespace=namespace, participant=participant) as store:
+        with StatusStore.from_url(url, namespace=namespace, participant=participant, shared_fate=False) as store:
             updates = {room: KVPoll(1 + (room * (i + 1)) % 4) for room in range(i * 10, ROOMS)}
             store.update_many(updates)
             store.update_many({room: KVPoll.Failed for room in range(i * 10, ROOMS, 17)})

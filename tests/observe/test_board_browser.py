@@ -85,7 +85,7 @@ def populate(url: str, namespace: str) -> dict[str, int]:
             if participant == "decode-0":
                 store.update_many({room: KVPoll.Failed for room in range(3, 80, 10)})
                 store.record_failure(3, "decode-0: KV transfer timed out after 300 s")
-    with StatusStore.from_url(url, namespace=namespace) as store:
+    with StatusStore.from_url(url, namespace=namespace, shared_fate=False) as store:  # the entries as stored
         counts = {s.name: 0 for s in KVPoll}
         for participant in plan:
             for status in store.for_participant(participant).get_many(range(80)).values():

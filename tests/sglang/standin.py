@@ -183,6 +183,9 @@ class KVTransferError(Exception):
         self.bootstrap_room, self.failure_reason = bootstrap_room, failure_reason
         self.is_from_another_rank = is_from_another_rank
 
+    def __str__(self) -> str:
+        return f"KVTransferError(bootstrap_room={self.bootstrap_room}): {self.failure_reason}"
+
 
 class CommonKVSender:
     """The sender's poll, clear and failure_exception, as far as they touch the manager's statuses."""

@@ -86,7 +86,7 @@ def test_a_decode_failure_fails_the_prefill_which_names_it(pd: Any) -> None:
     assert pd.prefill.check_status(ROOM) == KVPoll.Failed and sender.poll() == KVPoll.Failed
     record = StatusStore.from_url(pd.url, namespace=pd.namespace).failure(ROOM)
     error = _failure(sender.failure_exception)
-    text = str(error)
+    text = error.failure_reason
     assert text.startswith("failed at waiting by decode-tp0-pp0: KV receiver timed out (the room's first failure, at ")
     assert text == failure_text(record) and not error.is_from_another_rank
     stamp = text.rsplit("at ", 1)[1].removesuffix(", kvstatus)")
@@ -94,7 +94,7 @@ def test_a_decode_failure_fails_the_prefill_which_names_it(pd: Any) -> None:
     assert pd.prefill.failure_records == {}  # popped by failure_exception: nothing left behind
     # The decode reports its own reason, from its own record (the prefill's pop took nothing of it).
     assert receiver.poll() == KVPoll.Failed
-    assert str(_failure(receiver.failure_exception)) == "KV receiver timed out"
+    assert _failure(receiver.failure_exception).failure_reason == "KV receiver timed out"
     assert pd.decode.failure_records == {}
 
 
@@ -106,7 +106,7 @@ def test_a_cancel_fails_both_sides_and_each_names_the_canceller(pd: Any) -> None
     assert pd.prefill.check_status(ROOM) == KVPoll.Failed == pd.decode.check_status(ROOM)
     assert sender.poll() == KVPoll.Failed and receiver.poll() == KVPoll.Failed
     for failure_exception in (sender.failure_exception, receiver.failure_exception):
-        text = str(_failure(failure_exception))
+        text = _failure(failure_exception).failure_reason
         assert text.startswith("cancelled by router-1: client went away (the room's first failure, at ")
     assert pd.prefill.failure_records == {} == pd.decode.failure_records
 
@@ -180,7 +180,9 @@ def test_shared_fate_off_keeps_each_manager_on_its_own_entry(
     # A cancel writes Failed into every open entry: read alone, the entry is Failed, and the cause is named.
     StatusStore.from_url(redis_server.url, namespace=namespace, participant="router-1").cancel(ROOM, "drained")
     assert sender.poll() == KVPoll.Failed
-    assert str(_failure(sender.failure_exception)).startswith("failed at waiting by decode-tp0-pp0: KV receiver")
+    assert _failure(sender.failure_exception).failure_reason.startswith(
+        "failed at waiting by decode-tp0-pp0: KV receiver"
+    )
     for status_map in maps:
         status_map.close()
 
@@ -208,7 +210,7 @@ def test_a_failed_pp_rank_is_named_by_rank_0(redis_server: Any) -> None:
     _fail(ranks[1], ROOM, "rank 1 lost its transfer")
     sender = CommonKVSender(ranks[0], ROOM)
     assert sender.poll_pp_consensus() == KVPoll.Failed
-    text = str(_failure(sender.failure_exception))
+    text = _failure(sender.failure_exception).failure_reason
     assert text.startswith("failed at transfer by prefill-tp0-pp1: rank 1 lost its transfer (the room's first")
     for manager in ranks:
         manager.request_status.close()
@@ -237,4 +239,4 @@ def test_a_reason_that_cannot_reach_redis_stays_local_and_logs(caplog: pytest.Lo
     manager.record_failure(ROOM, "transfer failed")  # upstream's record; the copy in Redis fails quietly
     assert manager.failure_records == {ROOM: "transfer failed"}
     assert any("failure reason not stored" in r.getMessage() for r in caplog.records)
-    assert str(_failure(lambda: raise_failure(manager, ROOM))) == "transfer failed"  # failure_exception's end
+    assert _failure(lambda: raise_failure(manager, ROOM)).failure_reason == "transfer failed"  # failure_exception's end

@@ -245,7 +245,7 @@ def test_real_failure_exception_names_the_peer_and_the_canceller(sg: Any, redis_
             if room == 81
             else ("cancelled by router-1: client went away")
         )
-        assert str(info.value).startswith(expected + " (the room's first failure, at ")
+        assert info.value.failure_reason.startswith(expected + " (the room's first failure, at ")
         assert prefill.failure_records == {} and room not in prefill.request_status
     # Shared fate off (the store's option): the prefill's entry is read alone, as upstream's dict.
     alone = real_manager(sg, mode=sg.Mode.PREFILL, tp_rank=1)

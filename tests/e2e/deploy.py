@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from kvstatus.demo.server import free_port
 
@@ -277,10 +277,11 @@ def start_server(
     return process
 
 
-def start_router(settings: Settings, prefill: Process, decode: Process) -> Process:
+def start_router(settings: Settings, prefill: Process, decode: Process, extra: Sequence[str] = ()) -> Process:
     """A fresh ``sglang_router`` in ``--pd-disaggregation`` mode in front of ``prefill`` and ``decode``.
 
     Wait for it with ``/readiness``: its ``/health`` answers 200 before it has registered any worker.
+    ``extra``: more of its options, e.g. ``--disable-retries``.
     """
     port = free_port()
     argv = [
@@ -302,6 +303,7 @@ def start_router(settings: Settings, prefill: Process, decode: Process) -> Proce
         "127.0.0.1",
         "--prometheus-port",
         str(free_port()),
+        *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTATUS_SGLANG_")}
     return start("router", argv, env, settings.logs / f"router-{port}.log", port)

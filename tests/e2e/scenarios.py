@@ -9,9 +9,12 @@ its 300 s timeout costs this tier the bound, not 300 s.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
+import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 from tests.e2e import deploy
@@ -23,8 +26,9 @@ DECODE_FAULT_WAIT = 45.0
 (measured: nothing within 75 s in either mode), so a longer wait would only cost the tier's 10 min budget."""
 SERVE_WAIT = 120.0
 """Seconds a client waits for an answer without a fault (a busy 2-core box; about 1 s measured)."""
-IN_FLIGHT_DELAY = 1.0
-"""Seconds between sending a fault's requests and the SIGKILL: they have reached the servers, not finished."""
+IN_FLIGHT_DELAY = 0.5
+"""Seconds between sending a fault's requests and the SIGKILL: they have reached the servers, not finished
+(on a quiet box 24 requests of 300 words were all answered 0.65 s after sending: 1 s missed them all)."""
 PROMPT_WORDS = "prefill decode room status bootstrap transfer kv cache redis lease token request router".split()
 
 
@@ -61,8 +65,8 @@ class Answer:
         ids = self.body.get("output_ids")
         return list(ids) if isinstance(ids, list) else None
 
-    def cause(self) -> str:
-        """The error the client was shown, on one line, without room ids or addresses (they differ per run)."""
+    def message(self) -> str:
+        """The error the client was shown, whole, on one line."""
         if self.timed_out:
             return "no answer (client timeout)"
         body = self.body
@@ -73,11 +77,17 @@ class Answer:
             text = str(error)
         else:
             text = str(body)
-        text = re.sub(r"\s+", " ", text)
-        text = re.sub(r"\b[0-9a-f]{16,}\b", "<rid>", text)
+        return re.sub(r"\s+", " ", text)
+
+    def cause(self) -> str:
+        """:meth:`message` without what differs per run (request and room ids, addresses, times) or names no
+        cause (which request of which rank), cut at 200 characters."""
+        text = re.sub(r" for request rank=\d+ \S*rid='[0-9a-f]+' \S*bootstrap_room=\d+", "", self.message())
         text = re.sub(r"\b\d{6,}\b", "<room>", text)
+        text = re.sub(r"\b[0-9a-f]{16,}\b", "<rid>", text)
         text = re.sub(r"127\.0\.0\.1:\d+", "<addr>", text)
-        return text[:160]
+        text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+Z", "<time>", text)
+        return text[:200]
 
 
 def send_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: int = 16) -> list[Answer]:
@@ -198,10 +208,10 @@ class Deployment:
         deploy.wait_ready(process, "/health", deploy.SERVER_READY_TIMEOUT)
         self.startup_s.append(time.monotonic() - began)
 
-    def router(self) -> deploy.Process:
-        """A fresh router (after a prefill dies, an old router's circuit for it stays open)."""
+    def router(self, *extra: str) -> deploy.Process:
+        """A fresh router (after a prefill dies, an old router's circuit for it stays open); ``extra``: options."""
         assert self.prefill is not None and self.decode is not None
-        router = self._track(deploy.start_router(self.settings, self.prefill, self.decode))
+        router = self._track(deploy.start_router(self.settings, self.prefill, self.decode, extra))
         deploy.wait_ready(router, "/readiness", deploy.ROUTER_READY_TIMEOUT)
         return router
 
@@ -215,8 +225,9 @@ class Deployment:
             process.stop()
 
 
-def fault_bodies(count: int = 24, prompt_words: int = 300, max_new_tokens: int = 64) -> list[dict[str, object]]:
-    """Requests that keep the prefill busy: long prompts, more tokens than its 4096-token pool holds at once."""
+def fault_bodies(count: int = 32, prompt_words: int = 600, max_new_tokens: int = 64) -> list[dict[str, object]]:
+    """Requests that keep the prefill busy: long prompts, about 5 times the tokens its 4096-token pool holds at
+    once (about 2 s of prefill on 2 quiet cores, so the fault lands while most are in flight)."""
     return [generate_body(prompt(i, prompt_words), max_new_tokens) for i in range(count)]
 
 
@@ -254,5 +265,61 @@ def kill_in_flight(
         if late is not None and then_send is not None:
             results.append(FaultResult(then_send, dep.mode, late_at, collect(late, bound), bound))
         return results
+    finally:
+        router.stop()
+
+
+CANCEL_REASON = "the client went away"
+CANCEL_ORIGIN = "router-e2e"
+
+
+def _kvstatus(settings: deploy.Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``kvstatus`` command of the servers' environment, as an operator runs it against their Redis."""
+    assert settings.redis_url is not None
+    command = [str(Path(settings.python).parent / "kvstatus"), "--url", settings.redis_url]
+    return subprocess.run(
+        [*command, "--namespace", settings.namespace, *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def open_rooms(settings: deploy.Settings) -> list[int]:
+    """The rooms with an entry still open (Bootstrapping, WaitingForInput, Transferring), by ``kvstatus ls --json``."""
+    listed = _kvstatus(settings, "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rooms = [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+    return [
+        room["room"] for room in rooms if any(entry["status"] in OPEN_NAMES for entry in room["participants"].values())
+    ]
+
+
+OPEN_NAMES = ("Bootstrapping", "WaitingForInput", "Transferring")
+
+
+def cancel_in_flight(
+    dep: Deployment, fault: str, delay: float, retries: bool, bound: float = FAULT_WAIT
+) -> FaultResult:
+    """Fresh router; send :func:`fault_bodies`; ``delay`` s later ``kvstatus cancel`` every room still open, as
+    a router or an operator would when its clients go away; collect. Needs the plugin on (the rooms in Redis).
+
+    ``retries`` False starts the router with ``--disable-retries``: with its default (5 retries) it sends a
+    request whose room failed again, under a new room, and the client never sees the cancel."""
+    router = dep.router() if retries else dep.router("--disable-retries")
+    try:
+        flight = start_all(router.url, fault_bodies(), bound, workers=24)
+        time.sleep(delay)
+        deadline = time.monotonic() + bound / 2
+        rooms = open_rooms(dep.settings)
+        while not rooms and time.monotonic() < deadline:  # a busy box: the first rooms may open later
+            time.sleep(0.2)
+            rooms = open_rooms(dep.settings)
+        assert rooms, f"no room opened within {bound / 2:.0f} s of sending {len(flight.futures)} requests"
+        fault_at = time.monotonic()
+        done = _kvstatus(
+            dep.settings, "cancel", *map(str, rooms), "--reason", CANCEL_REASON, "--origin", CANCEL_ORIGIN, "--json"
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        outcomes = [r["outcome"] for r in json.loads(done.stdout)["rooms"]]
+        note = f"{outcomes.count('CANCELLED')} of {len(rooms)} open rooms cancelled (the others had failed)"
+        return FaultResult(fault, dep.mode, fault_at, collect(flight, bound), bound, note)
     finally:
         router.stop()

@@ -7,9 +7,11 @@ In each: 50 requests served, then the faults, each through a fresh router. The f
 written to ``build/e2e/fault-table.{json,md}``; ``python -m tests.e2e.table --paste`` puts it
 into BENCHMARKS.md.
 
-What this asserts is what is true today. kvstatus' one-fate work (issue 16: shared room fate, leases
-for SGLang, cancel) is not built yet, so a fault is asserted to end in a client error within the
-tier's bound, not within that issue's budgets; the table shows the figures.
+What this asserts is what is true today. Of kvstatus' one-fate work (issue 16), shared room fate and
+cancel are built: a ``kvstatus cancel`` of the rooms in flight must fail their requests with an error
+naming the cancel. Leases for SGLang are not, so a dead server's rooms are not failed by kvstatus: a kill
+is asserted to end in a client error within the tier's bound, not within that issue's budgets; the table
+shows the figures.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ MODEL_CACHE = Path(os.environ.get("KVSTATUS_E2E_MODEL", Path.home() / ".cache" /
 NAMESPACE = "sglang"
 PARTICIPANTS = ("prefill-tp0-pp0", "decode-tp0-pp0")
 SERVE_REQUESTS = 50
+CANCELLED = f"cancelled by {scenarios.CANCEL_ORIGIN}: {scenarios.CANCEL_REASON}"
+"""What the client's error says of a cancelled room (kvstatus.sglang's failure_exception text)."""
 CLEAR_WAIT = 15.0
 """Seconds for both sides to clear their entries after the last answer (the prefill's clear may trail it)."""
 
@@ -142,6 +146,27 @@ def test_serve_with_the_plugin_on(with_plugin: scenarios.Deployment, redis_url: 
         assert {name: entry.status for name, entry in tombstone.cleared.items()} == {
             name: KVPoll.Success for name in PARTICIPANTS
         }, (room, tombstone)
+
+
+def test_a_cancel_fails_the_rooms_in_flight_with_its_cause(with_plugin: scenarios.Deployment) -> None:
+    """Issue 16 item 4 through real servers: a cancel reaches both sides by shared fate (no process of theirs is
+    told), and the client's error names the canceller and the reason, not "unknown reason from another rank"."""
+    result = scenarios.cancel_in_flight(with_plugin, table.CANCEL, scenarios.IN_FLIGHT_DELAY, retries=False)
+    faults.append(result)
+    check_faults([result])
+    unnamed = [(a.index, a.status, a.cause()) for a in result.failed if CANCELLED not in a.message()]
+    assert unnamed == [], f"errors that do not name the cancel ({CANCELLED!r}): {unnamed}"
+
+
+def test_a_router_that_retries_sends_a_cancelled_request_again(with_plugin: scenarios.Deployment) -> None:
+    """The router's default: a request whose room failed is sent again under a new room (both servers log the
+    cancel, naming it); every request ends within the bound, and an error that reaches a client names the cancel."""
+    result = scenarios.cancel_in_flight(with_plugin, table.CANCEL_RETRIED, scenarios.IN_FLIGHT_DELAY, retries=True)
+    faults.append(result)
+    late = [a.index for a in result.answers if a.ended - a.sent > result.bound + 5]
+    assert late == [], f"requests past the {result.bound} s bound: {late}"
+    unnamed = [(a.index, a.status, a.cause()) for a in result.failed if CANCELLED not in a.message()]
+    assert unnamed == [], f"errors that do not name the cancel ({CANCELLED!r}): {unnamed}"
 
 
 def test_faults_with_the_plugin_on(with_plugin: scenarios.Deployment) -> None:

@@ -31,7 +31,7 @@ BASELINES = ("client-side", "pre-fix")
 class ClientSideStore:
     """The store's API as a client-side read-decide-write: right when alone, not atomic.
 
-    ``race_window`` (seconds) is slept between the read and the write: 0 is an
+    ``shared_fate`` as StatusStore's. ``race_window`` (seconds) is slept between the read and the write: 0 is an
     honest client; tests widen it so that a race shows up in few operations.
     """
 
@@ -44,8 +44,10 @@ class ClientSideStore:
         ttl: float = 600.0,
         policy: Policy | str = Policy.SEED,
         race_window: float = 0.0,
+        shared_fate: bool = True,
     ) -> None:
         self.client = client
+        self.shared_fate = shared_fate
         self.schema = KeySchema(namespace)
         self.participant = participant
         self.policy = Policy(policy)
@@ -61,11 +63,11 @@ class ClientSideStore:
             time.sleep(self._race_window)
 
     def get(self, room: int) -> Optional[KVPoll]:
-        """As kvstatus with shared fate on: the entry, judged with the room's first failure."""
+        """As kvstatus: the entry, judged with the room's first failure unless ``shared_fate`` is off."""
         key = self._key(room)
         value, fate = self.client.hmget(key, self.participant, FATE_FIELD)
         own = None if value is None else KVPoll(int(value))
-        return shared_status(own, parse_failure(fate, key), self.participant)
+        return shared_status(own, parse_failure(fate, key), self.participant) if self.shared_fate else own
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Read, decide with the reference rule, write: the outcome is the rule's, CREATED from HSET's reply."""

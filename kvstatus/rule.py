@@ -240,6 +240,10 @@ class FailureRecord(NamedTuple):
         """``at_ms`` in Unix seconds."""
         return self.at_ms / 1000
 
+    def to_json(self) -> dict[str, object]:
+        """As JSON (``kvstatus get --json``, the board): ``at`` in Unix seconds, as a tombstone's ``cleared_at``."""
+        return {"stage": self.stage.value, "origin": self.origin, "reason": self.reason, "at": self.at}
+
     def describe(self) -> str:
         """E.g. "cancelled by router-1: client went away" or "failed at transfer by prefill-0 (no reason given)"."""
         what = "cancelled" if self.stage is Stage.CANCELLED else f"failed at {self.stage.value}"

@@ -116,7 +116,7 @@ def without_probe(view: RoomView) -> RoomView:
     if PROBE_PARTICIPANT not in view.participants:
         return view
     kept = {name: entry for name, entry in view.participants.items() if name != PROBE_PARTICIPANT}
-    return RoomView(view.room, kept, view.ttl_ms)
+    return view._replace(participants=kept)  # its tombstone and first failure stay
 
 
 def iter_rooms(
@@ -137,7 +137,10 @@ def iter_rooms(
 
 
 def room_matches(view: RoomView, status: Any = None, participant: Optional[str] = None) -> bool:
-    """True if some entry of ``view`` has ``participant`` (if given) and ``status`` (if given)."""
+    """True if some entry of ``view`` has ``participant`` (if given) and ``status`` (if given); with neither,
+    every room, a room cancelled before anyone wrote it (its first failure alone) included."""
+    if status is None and participant is None:
+        return True
     return any(
         (participant is None or name == participant) and (status is None or entry.status == status)
         for name, entry in view.participants.items()

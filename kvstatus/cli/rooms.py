@@ -82,13 +82,8 @@ def room_json(view: RoomView) -> dict[str, Any]:
             for name, c in view.tombstone.cleared.items()
         }
     if view.failure is not None:
-        document["failure"] = failure_json(view.failure)
+        document["failure"] = view.failure.to_json()
     return document
-
-
-def failure_json(failure: FailureRecord) -> dict[str, Any]:
-    """A room's first failure as JSON: ``at`` in Unix seconds by Redis' clock (as a tombstone's ``cleared_at``)."""
-    return {"stage": failure.stage.value, "origin": failure.origin, "reason": failure.reason, "at": failure.at}
 
 
 def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
@@ -320,7 +315,7 @@ def _cancel_json(room: int, result: CancelResult, earlier: dict[int, Optional[Fa
     document: dict[str, Any] = {"room": room, "outcome": result.outcome.name, "failed": result.failed}
     if result.outcome is CancelOutcome.ALREADY_FAILED:
         failure = earlier.get(room)
-        document["first_failure"] = None if failure is None else failure_json(failure)
+        document["first_failure"] = None if failure is None else failure.to_json()
     return document
 
 
@@ -370,9 +365,12 @@ def ls(
     def lines(view: RoomView) -> list[str]:
         if as_json:
             return [json.dumps(room_json(view))]
+        rows = room_rows(view, participant)
+        if not view.participants and view.failure is not None:  # cancelled before anyone wrote it
+            rows = [[view.room, "-", "-", ttl_text(view.ttl_ms), view.failure.describe()]]
         return [
             f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip()
-            for row in room_rows(view, participant)
+            for row in rows
             if status is None or row[2] == status_text(status)
         ]
 

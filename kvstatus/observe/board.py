@@ -12,7 +12,8 @@ One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
   with the SCAN reply that reaches ``limit`` (it may hold a few more rooms) or
   a budget (fewer, maybe none: ``"budget_spent": true`` with a cursor to
   continue from)
-- ``/api/rooms/{room}``  every participant's status and reason, the TTL, and the tombstone of recent clears
+- ``/api/rooms/{room}``  every participant's status and reason, the TTL, the room's first failure (stage,
+  origin, reason, ``at`` in Unix seconds; null when none is recorded) and the tombstone of recent clears
 - ``/api/changes?after=SEQ``  rooms that changed between passes (the change
   detection of ``kvstatus watch``), newest last
 
@@ -186,13 +187,16 @@ class Board:
         }
 
     def room(self, room: int) -> Optional[dict[str, Any]]:
-        """A room's entries and its tombstone (who cleared it, when, at which status); None if it has neither."""
+        """A room's entries, its first failure and its tombstone (who cleared it, when, at which status); None if it
+        has none of them. A room holding a value kvstatus does not write raises CorruptedValueError (a 503)."""
         key = self.schema.room_key(room)
         views = read_rooms(self.client, self.schema, [key])
         tombstone = self._tombstone(key)
         if not views and tombstone is None:
             return None
         document = room_json(views[0]) if views else {"room": str(room), "ttl_ms": None, "participants": []}
+        failure = views[0].failure if views else None
+        document["failure"] = None if failure is None else failure.to_json()
         document["tombstone"] = None if tombstone is None else tombstone.describe()
         return document
 

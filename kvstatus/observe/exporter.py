@@ -24,7 +24,7 @@ from kvstatus.admin.stats import bucket_labels
 from kvstatus.keys import KeySchema
 from kvstatus.observe.scanner import LostParticipants, PassLoop
 from kvstatus.operations import DEFAULT_TTL_SECONDS
-from kvstatus.rule import KVPoll
+from kvstatus.rule import KVPoll, Stage
 
 DEFAULT_PORT = 9808
 DEFAULT_MAX_PARTICIPANTS = 50
@@ -41,6 +41,9 @@ METRICS: dict[str, str] = {
     "kvstatus_keys_without_ttl": "Room keys without a TTL: a leak, kvstatus never writes one.",
     "kvstatus_corrupted_rooms": "Rooms holding a value kvstatus does not write (skipped by the counts).",
     "kvstatus_rooms_by_ttl_left": "Live rooms by TTL left, in buckets of seconds.",
+    "kvstatus_rooms_by_failure_stage": "Live rooms whose first failure is recorded (room:fate), by the stage it "
+    "failed at: bootstrap, waiting, transfer, lease-lost, cancelled. A room whose record kvstatus cannot read is "
+    "counted in kvstatus_corrupted_rooms instead.",
     "kvstatus_oldest_non_terminal_age_seconds": "Seconds since the last write of the non-terminal room that went "
     "longest without progress (store TTL minus its TTL left); 0 if there is none.",
     "kvstatus_rooms_on_lost_participants": "Rooms holding an open entry of a participant whose lease is lost: "
@@ -77,6 +80,7 @@ class NamespaceCollector(Collector):
         rooms, entries = gauge("kvstatus_rooms"), gauge("kvstatus_entries", ["participant", "status"])
         no_ttl, corrupted = gauge("kvstatus_keys_without_ttl"), gauge("kvstatus_corrupted_rooms")
         by_ttl = gauge("kvstatus_rooms_by_ttl_left", ["bucket"])
+        by_stage = gauge("kvstatus_rooms_by_failure_stage", ["stage"])  # a closed enum: 5 series per namespace
         oldest, lost = gauge("kvstatus_oldest_non_terminal_age_seconds"), gauge("kvstatus_rooms_on_lost_participants")
         leases = gauge("kvstatus_lease_tracking")
         duration, scanned = gauge("kvstatus_exporter_scan_duration_seconds"), gauge("kvstatus_exporter_scanned_keys")
@@ -106,13 +110,30 @@ class NamespaceCollector(Collector):
             corrupted.add_metric([ns], stats.corrupted_rooms)
             for label in bucket_labels():
                 by_ttl.add_metric([ns, label], stats.ttl_left.get(label, 0))
+            for stage in Stage:
+                by_stage.add_metric([ns, stage.value], latest.failures_by_stage.get(stage, 0))
             age = 0.0
             if stats.oldest and stats.oldest[0].ttl_ms is not None:
                 age = max(self.ttl - stats.oldest[0].ttl_ms / 1000, 0.0)
             oldest.add_metric([ns], age)
             lost.add_metric([ns], latest.rooms_on_lost_participants)
             leases.add_metric([ns], 1.0 if latest.lease_tracking else 0.0)
-        return [up, rooms, entries, no_ttl, corrupted, by_ttl, oldest, lost, leases, duration, scanned, success, errors]
+        return [
+            up,
+            rooms,
+            entries,
+            no_ttl,
+            corrupted,
+            by_ttl,
+            by_stage,
+            oldest,
+            lost,
+            leases,
+            duration,
+            scanned,
+            success,
+            errors,
+        ]
 
 
 def capped(by_participant: Mapping[str, Counter], most: int) -> list[tuple[str, Counter]]:

@@ -8,7 +8,8 @@ command on our behalf and the load is capped at ``batch / pause`` keys per
 second. Readers only ever see the last *completed* pass.
 
 Counting is :class:`kvstatus.admin.stats.StatsBuilder`, the code behind
-``kvstatus stats``; the optional per-room snapshot is
+``kvstatus stats``, plus the rooms whose first failure is recorded, by stage
+(:attr:`PassResult.failures_by_stage`); the optional per-room snapshot is
 :class:`kvstatus.admin.watch.Snapshot`, the state ``kvstatus watch`` diffs.
 """
 
@@ -18,8 +19,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from kvstatus.admin.scan import DEFAULT_BATCH, iter_room_keys, read_rooms
@@ -28,7 +29,7 @@ from kvstatus.admin.watch import RoomState, Snapshot
 from kvstatus.errors import KVStatusError
 from kvstatus.keys import KeySchema
 from kvstatus.redact import mask_url
-from kvstatus.rule import KVPoll, RoomView
+from kvstatus.rule import KVPoll, RoomView, Stage
 
 log = logging.getLogger("kvstatus.observe")
 
@@ -45,7 +46,11 @@ reported as 0 and :attr:`PassResult.lease_tracking` is False.
 
 @dataclass(frozen=True)
 class PassResult:
-    """What one completed pass found. Times: ``finished_at`` Unix seconds, ``duration`` seconds."""
+    """What one completed pass found. Times: ``finished_at`` Unix seconds, ``duration`` seconds.
+
+    ``failures_by_stage``: the rooms whose first failure is recorded, by its stage (stages without one are
+    left out). A room whose record kvstatus cannot read is counted in ``stats.corrupted_rooms`` instead, as
+    every room holding a value kvstatus does not write."""
 
     namespace: str
     stats: Stats
@@ -55,6 +60,7 @@ class PassResult:
     keys_scanned: int
     finished_at: float
     duration: float
+    failures_by_stage: Mapping[Stage, int] = field(default_factory=dict)
 
 
 class NamespacePass:
@@ -79,6 +85,7 @@ class NamespacePass:
         self._lost = frozenset(lost_participants(client, schema)) if lost_participants is not None else frozenset()
         self._lease_tracking = lost_participants is not None
         self._on_lost = 0
+        self._failures: Counter = Counter()
         self._scanned = 0
         self._started = time.monotonic()
         self.result: Optional[PassResult] = None
@@ -98,6 +105,8 @@ class NamespacePass:
 
     def _add(self, view: RoomView) -> None:
         self._builder.add(view)
+        if view.failure is not None:
+            self._failures[view.failure.stage] += 1
         if self._lost and any(
             name in self._lost and entry.status is not None and entry.status not in TERMINAL
             for name, entry in view.participants.items()
@@ -125,6 +134,7 @@ class NamespacePass:
             self._scanned,
             time.time(),
             time.monotonic() - self._started,
+            dict(self._failures),
         )
 
 

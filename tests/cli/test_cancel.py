@@ -11,6 +11,7 @@ import fakeredis
 import pytest
 
 from kvstatus import KVPoll, StatusStore
+from kvstatus.admin.scan import PROBE_PARTICIPANT
 from kvstatus.fate import FATE_FIELD
 from kvstatus.rule import CancelOutcome, Stage
 from tests.helpers.cli import NS, assert_clean_failure, cli, json_lines, run_cli
@@ -150,6 +151,29 @@ def test_ls_json_carries_the_failure(connect, store):
     _two_rooms(store)
     rooms = {r["room"]: r for r in json_lines(cli(connect, "ls", "--json").output)}
     assert rooms[7]["failure"]["origin"] == "prefill-1" and "failure" not in rooms[42]
+
+
+def test_ls_lists_a_room_cancelled_before_anyone_wrote_it(connect, store):
+    _two_rooms(store)
+    store.cancel(9, "never started", origin="router-2")
+    rows = [line.split() for line in cli(connect, "ls").output.splitlines()[1:]]
+    assert [row[:3] for row in rows if row[0] == "9"] == [["9", "-", "-"]]
+    assert "cancelled by router-2: never started" in cli(connect, "ls").output
+    rooms = {r["room"]: r for r in json_lines(cli(connect, "ls", "--json").output)}
+    assert rooms[9]["participants"] == {} and rooms[9]["failure"]["origin"] == "router-2"
+    # A filter asks for entries: the room has none.
+    assert "9 " not in cli(connect, "ls", "--participant", "decode-1").output
+    assert 9 not in {r["room"] for r in json_lines(cli(connect, "ls", "--status", "failed", "--json").output)}
+
+
+def test_the_doctors_probe_entry_hides_nothing_else(connect, store):
+    """``get`` and ``ls`` leave out the probe entry of ``kvstatus doctor``, not the room's first failure."""
+    _two_rooms(store)
+    store.for_participant(PROBE_PARTICIPANT).update_status(7, KVPoll.Bootstrapping)
+    document = json.loads(cli(connect, "get", "7", "--json").output)["rooms"][0]
+    assert PROBE_PARTICIPANT not in document["participants"] and document["failure"]["origin"] == "prefill-1"
+    rooms = {r["room"]: r for r in json_lines(cli(connect, "ls", "--json").output)}
+    assert rooms[7]["failure"]["origin"] == "prefill-1"
 
 
 @pytest.mark.real

@@ -108,8 +108,8 @@ def test_rooms_are_paged_over_scan_and_filtered(board) -> None:
     assert {int(r["room"]) for r in by_number} == expected
 
 
-def test_room_detail_and_errors(board) -> None:
-    server, _, written = board
+def test_room_detail_and_errors(board, redis_server: RedisServer) -> None:
+    server, namespace, written = board
     status, room = request(server.base + "/api/rooms/27")
     assert status == 200 and room["room"] == "27" and 590_000 < room["ttl_ms"] <= 600_000
     entries = {p["name"]: p for p in room["participants"]}
@@ -119,6 +119,12 @@ def test_room_detail_and_errors(board) -> None:
     assert entries["prefill-1"]["reason"] == "prefill-1: transfer timed out"
     assert entries["prefill-0"]["reason"] is None
     assert room["tombstone"] is None
+    failure = room["failure"]  # prefill-1 failed room 27 first, from Transferring
+    assert failure["stage"] == "transfer" and failure["origin"] == "prefill-1"
+    assert failure["reason"] == "prefill-1: transfer timed out"
+    with StatusStore.from_url(redis_server.url, namespace=namespace) as store:
+        assert failure["at"] == store.failure(27).at  # Redis' clock, Unix seconds
+    assert request(server.base + "/api/rooms/1")[1]["failure"] is None  # a room nobody failed
     assert request(server.base + "/api/rooms/999999")[0] == 404
     for bad in (
         "/api/rooms/abc",
@@ -262,4 +268,23 @@ def test_room_detail_shows_the_tombstone_of_a_clear(board, redis_server: RedisSe
         store.update_status(5000, KVPoll.Failed)  # a late abort: ignored, and noted
     status, room = request(server.base + "/api/rooms/5000")
     assert status == 200 and room["participants"] == [] and len(room["tombstone"]) == 1
+    assert room["failure"] is None
     assert "by decode-0 at Success" in room["tombstone"][0] and "late abort" in room["tombstone"][0]
+
+
+def test_a_corrupted_first_failure_is_a_503_naming_the_key_as_a_corrupted_status(
+    board, redis_server: RedisServer
+) -> None:
+    server, namespace, _ = board
+    raw = redis_server.client()
+    for room, fields in {6000: {"prefill-0": "banana"}, 6001: {"prefill-0": "0", "room:fate": "banana"}}.items():
+        raw.hset(f"kvstatus:{namespace}:{{{room}}}", mapping=fields)
+        raw.pexpire(f"kvstatus:{namespace}:{{{room}}}", 600_000)
+    for room, what in ((6000, "field prefill-0 holds 'banana'"), (6001, "field room:fate holds 'banana'")):
+        status, body = request(f"{server.base}/api/rooms/{room}")
+        assert status == 503 and body["error"].startswith("CorruptedValueError: key kvstatus:"), body
+        assert what in body["error"] and "left as it is" in body["error"]
+    summary = wait_until(
+        lambda: (b := request(server.base + "/api/summary")[1])["corrupted_rooms"] == 2 and b, 30, "a pass"
+    )
+    assert summary["rooms"] == ROOMS  # both are counted as corrupted, not as rooms

@@ -18,12 +18,16 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
+from kvstatus.fate import FATE_FIELD
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import real_redis_required
 from tests.observe.support import ServerProcess, wait_until
 
 pytestmark = pytest.mark.real
 
+HOSTILE_ROOM = 4242
+HOSTILE_ORIGIN = "<img src=x onerror=window.pwned=1>"  # no colon: a valid record's origin, written raw
+HOSTILE_REASON = "<script>window.pwned=2</script></span><b>bold</b> & \"quoted\" 'too'"
 CHROMIUM = ("/usr/bin/chromium", "chromium")
 CHROMEDRIVER = ("/usr/bin/chromedriver", "chromium-driver")
 
@@ -141,6 +145,8 @@ def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, B
         for line in ("prefill-0 Success -", "decode-0 Failed decode-0: KV transfer timed out after 300 s"):
             assert line in detail, detail
         assert "prefill-1" not in detail
+        assert text("detail-failure-stage") == "transfer" and text("detail-failure-origin") == "decode-0"
+        assert text("detail-failure-reason") == "decode-0: KV transfer timed out after 300 s"
         ttl = float(text("detail-ttl").split()[0])
         assert 500 < ttl <= 600
 
@@ -164,4 +170,18 @@ def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, B
         browser.execute_script("window.scrollTo(0, 0)")
         assert browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+        # A tenant's text in a room's first failure is shown as text, never run (no stored XSS).
+        key = f"kvstatus:{namespace}:{{{HOSTILE_ROOM}}}"
+        raw = redis_server.client()
+        raw.hset(
+            key, mapping={"prefill-0": "0", FATE_FIELD: f"1700000000000:cancelled:{HOSTILE_ORIGIN}:{HOSTILE_REASON}"}
+        )
+        raw.pexpire(key, 600_000)
+        browser.execute_script(f"location.hash = 'room={HOSTILE_ROOM}'")
+        wait_until(lambda: text("detail").startswith(f"room {HOSTILE_ROOM}"), 10, "the hostile room's detail")
+        assert text("detail-failure-origin") == HOSTILE_ORIGIN and text("detail-failure-reason") == HOSTILE_REASON
+        assert text("detail-failure-stage") == "cancelled"
+        assert not browser.find_elements(By.CSS_SELECTOR, "#detail img, #detail script, #detail-failure-reason b")
+        assert browser.execute_script("return window.pwned === undefined")
         assert server.terminate() == 0

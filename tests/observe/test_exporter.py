@@ -6,12 +6,17 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
+import redis
 
 from kvstatus import KVPoll, StatusStore
+from kvstatus.admin.scan import iter_rooms
 from kvstatus.demo.server import RedisServer, free_port
+from kvstatus.keys import KeySchema
 from kvstatus.observe.exporter import METRICS
+from kvstatus.rule import Stage
 from tests.helpers.backends import fresh_namespace
 from tests.observe.support import ServerProcess, sample, scrape, wait_until
 
@@ -32,6 +37,16 @@ def stats_json(url: str, namespace: str) -> dict:
     report = json.loads(done.stdout)
     assert done.returncode == (3 if report["findings"] else 0), done.stderr  # 3: stats found leaks or corruption
     return report
+
+
+def first_failures(url: str, namespace: str) -> Counter:
+    """The rooms whose first failure is recorded, by stage, as the rooms' views say (corrupted rooms skipped)."""
+    client = redis.Redis.from_url(url)
+    try:
+        views = iter_rooms(client, KeySchema(namespace), on_corrupt=lambda *_: None)
+        return Counter(v.failure.stage.value for v in views if v.failure is not None)
+    finally:
+        client.close()
 
 
 def populate(url: str, namespace: str, rooms: int) -> None:
@@ -92,6 +107,13 @@ def test_exporter_numbers_agree_with_stats_json_and_it_stops_on_sigterm(redis_se
             assert sample(got, "kvstatus_corrupted_rooms", namespace=namespace) == expected["corrupted_rooms"] == 1
             for bucket, count in expected["ttl_left"].items():
                 assert sample(got, "kvstatus_rooms_by_ttl_left", namespace=namespace, bucket=bucket) == count
+            stages = first_failures(redis_server.url, namespace)
+            assert stages["transfer"] > 0  # populate's Failed updates recorded first failures
+            for stage in Stage:
+                assert (
+                    sample(got, "kvstatus_rooms_by_failure_stage", namespace=namespace, stage=stage.value)
+                    == stages[stage.value]
+                ), stage
             oldest_ttl = expected["oldest_non_terminal"][0]["ttl_ms"] / 1000
             assert oldest_ttl < 41
             age = sample(got, "kvstatus_oldest_non_terminal_age_seconds", namespace=namespace)

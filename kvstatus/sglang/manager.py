@@ -147,6 +147,8 @@ class FailureNotes:
 
     def __init__(self, records: dict[Any, Any], lock: Any, store: Any, limit: int = MAX_NOTED_ROOMS) -> None:
         self.records, self.lock, self.store, self.limit = records, lock, store, limit
+        # The store's outage, if any (RoomStatusMap.outage.reason): no look-up then, its reason is the cause.
+        self.down: Callable[[], Optional[str]] = lambda: None
         # room -> the text this put in records (None while being looked up, or when there was nothing to put)
         self.noted: OrderedDict[int, Optional[str]] = OrderedDict()
 
@@ -159,22 +161,40 @@ class FailureNotes:
     def failed(self, room: int, fallback: Optional[str] = None) -> None:
         """``room`` read Failed: record its first failure unless a reason is recorded (``fallback`` when the
         room has no record, e.g. the PP consensus' "participant P lost its lease")."""
-        if not storable(room):
-            return  # its reason was recorded when its request opened
+        if not storable(room) or not self._claim(room):
+            return  # an id the store cannot hold had its reason recorded when its request opened
+        text: Optional[str] = self.down()
+        if text is not None:
+            text = fallback or text
+        else:
+            try:
+                record = self.store.failure(room)
+            except KVStatusError as exc:
+                text = fallback or unread_text(exc)
+            else:
+                text = failure_text(record) if record is not None else fallback
+        if text is not None:
+            self._put(room, text)
+
+    def read_failed(self, room: int, reason: Optional[str]) -> None:
+        """RoomStatusMap's ``on_failed``: ``reason`` when the store failed the read (kept as the cause, no look-up),
+        None when the room reads Failed (its first failure is looked up: :meth:`failed`)."""
+        if reason is None:
+            self.failed(room)
+        elif storable(room) and self._claim(room):
+            self._put(room, reason)
+
+    def _claim(self, room: int) -> bool:
+        """True when nobody noted ``room`` and the manager holds no reason for it: this caller records one."""
         with self.lock:
             if room in self.noted or room in self.records:
-                return
+                return False
             self.noted[room] = None  # claimed: another thread reading the room now does not look it up too
             while len(self.noted) > self.limit:
                 self._forget(*self.noted.popitem(last=False))
-        try:
-            record = self.store.failure(room)
-        except KVStatusError as exc:
-            text: Optional[str] = fallback or unread_text(exc)
-        else:
-            text = failure_text(record) if record is not None else fallback
-        if text is None:
-            return
+        return True
+
+    def _put(self, room: int, text: str) -> None:
         with self.lock:
             if room in self.noted and self.noted[room] is None and room not in self.records:
                 self.records[room] = self.noted[room] = text
@@ -363,8 +383,10 @@ def install(
         server = server_of(store.client)
     notes = FailureNotes.of(kv_manager, store)
     status_map = RoomStatusMap(
-        store, pp_participants=ranks, memo_seconds=memo_seconds, on_failed=None if notes is None else notes.failed
+        store, pp_participants=ranks, memo_seconds=memo_seconds, on_failed=None if notes is None else notes.read_failed
     )
+    if notes is not None:
+        notes.down = status_map.outage.reason
     if check:
         try:
             check_store(store)

@@ -10,13 +10,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from kvstatus.consensus import RoomConsensus
-from kvstatus.errors import InvalidArgumentError, InvalidRoomError
+from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError
 from kvstatus.fate import shared_status
 from kvstatus.keys import MAX_ROOM
 from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
+from kvstatus.sglang.outage import STORE_DOWN, Outage
 
 log = logging.getLogger("kvstatus.sglang")
 
@@ -30,9 +31,25 @@ _LEN_ITER_MESSAGE = (
 )
 
 _Memo = tuple[int, float, Union[Optional[KVPoll], RoomView]]
+T = TypeVar("T")
 
 INVALID_ROOM_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
 """What a write of a room id kvstatus cannot store returns: nothing was written, and reads answer Failed."""
+UNANSWERED_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
+"""What a write that Redis failed returns (:mod:`kvstatus.sglang.outage`): nothing is known to be written, and
+reads answer Failed. Equal to :data:`INVALID_ROOM_RESULT`, not the same object (the manager tells them apart)."""
+
+OnFailed = Callable[[int, Optional[str]], None]
+"""``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
+when the room itself reads Failed (its first failure is then looked up)."""
+
+
+class _Unanswered(Exception):
+    """A store call that Redis failed (or that an outage skipped): the room fails with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def invalid_room_reason(room: object) -> str:
@@ -122,6 +139,14 @@ class RoomStatusMap:
     the manager's ``failure_records``); a read that answers anything else
     costs nothing more.
 
+    **When Redis fails a call** (down, hung past the deadline, a refused
+    ACL, a lost lease, a corrupted value), the map does not raise into the
+    engine: the room reads Failed (``in`` True), a write returns
+    :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the error as the
+    reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` after such an
+    error every call answers so at once, without I/O
+    (:mod:`kvstatus.sglang.outage`).
+
     On PP rank 0 (``pp_participants`` given and the store's participant is
     the first of them) ``in`` reads the whole room in its one round trip, so
     the consensus poll (``in`` then ``collect``) is one round trip as well,
@@ -135,7 +160,7 @@ class RoomStatusMap:
         *,
         pp_participants: Optional[Sequence[str]] = None,
         memo_seconds: float = DEFAULT_MEMO_SECONDS,
-        on_failed: Optional[Callable[[int], None]] = None,
+        on_failed: Optional[OnFailed] = None,
     ) -> None:
         if isinstance(memo_seconds, bool) or not isinstance(memo_seconds, (int, float)) or memo_seconds < 0:
             raise InvalidArgumentError(f"invalid memo_seconds {memo_seconds!r}: expected seconds >= 0")
@@ -157,6 +182,25 @@ class RoomStatusMap:
         self._reads_rooms = self.pp_participants is not None and self.pp_participants[0] == self.participant
         self._local = threading.local()
         self._rank_stores: Optional[list[Any]] = None
+        self.outage = Outage(self.participant)
+
+    def _call(self, call: Callable[[], T]) -> T:
+        """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on."""
+        reason = self.outage.reason()
+        if reason is not None:
+            raise _Unanswered(reason)
+        try:
+            result = call()
+        except STORE_DOWN as exc:
+            raise _Unanswered(self.outage.failed(exc)) from None
+        except CorruptedValueError as exc:  # this room's value, not the store: no outage
+            raise _Unanswered(f"kvstatus: {exc}") from None
+        self.outage.answered()
+        return result
+
+    def _failed(self, room: int, reason: Optional[str] = None) -> None:
+        if self.on_failed is not None:
+            self.on_failed(room, reason)
 
     # -- reads
 
@@ -190,21 +234,26 @@ class RoomStatusMap:
             status = self._own(value)
         else:
             try:
-                status = self.store.get(room)
+                status = self._call(lambda: self.store.get(room))
             except InvalidRoomError:
                 return KVPoll.Failed  # its reason was recorded when its request opened (install())
-        if status == KVPoll.Failed and self.on_failed is not None:
-            self.on_failed(room)
+            except _Unanswered as unanswered:
+                self._failed(room, unanswered.reason)
+                return KVPoll.Failed
+        if status == KVPoll.Failed:
+            self._failed(room)
         return status
 
     def __contains__(self, room: object) -> bool:
         self._local.memo = None
         try:
-            value: Union[Optional[KVPoll], RoomView] = (
-                self.store.room(room) if self._reads_rooms else self.store.get(room)  # type: ignore[arg-type]
+            value: Union[Optional[KVPoll], RoomView] = self._call(
+                lambda: self.store.room(room) if self._reads_rooms else self.store.get(room)  # type: ignore[arg-type]
             )
         except InvalidRoomError:
             return True  # a room that failed from the start (see the class docstring)
+        except _Unanswered:
+            return True  # the read that follows answers Failed, with the reason
         if self.memo_seconds > 0:
             self._local.memo = (room, time.monotonic(), value)
         return self._own(value) is not None
@@ -227,8 +276,11 @@ class RoomStatusMap:
         view = self._take(room)
         if not isinstance(view, RoomView):
             try:
-                view = self.store.room(room)
+                view = self._call(lambda: self.store.room(room))
             except InvalidRoomError:
+                return [KVPoll.Failed] * len(self.pp_participants)
+            except _Unanswered as unanswered:
+                self._failed(room, unanswered.reason)
                 return [KVPoll.Failed] * len(self.pp_participants)
         return [self._status_in(view, name) for name in self.pp_participants]
 
@@ -237,10 +289,13 @@ class RoomStatusMap:
         if self.pp_participants is None:
             raise InvalidArgumentError("consensus() needs pp_participants: this map was built without pipeline ranks")
         self._local.memo = None
+        ranks = self.pp_participants
         try:
-            return self.store.room_status(room, self.pp_participants)
+            return self._call(lambda: self.store.room_status(room, ranks))
         except InvalidRoomError:
             return RoomConsensus(KVPoll.Failed, reason=invalid_room_reason(room))
+        except _Unanswered as unanswered:
+            return RoomConsensus(KVPoll.Failed, reason=unanswered.reason)
 
     @property
     def uses_leases(self) -> bool:
@@ -259,16 +314,19 @@ class RoomStatusMap:
                 self.store if name == self.participant else self.store.for_participant(name)
                 for name in self.pp_participants
             ]
+        stores, ranks = self._rank_stores, len(self._rank_stores)
         try:
-            per_rank = [store.get_many(rooms) for store in self._rank_stores]
-        except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
-            valid = [room for room in rooms if storable(room)]
-            per_rank = [store.get_many(valid) for store in self._rank_stores] if valid else []
-            ranks = len(self._rank_stores)
-            return {
-                room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
-                for room in dict.fromkeys(rooms)
-            }
+            try:
+                per_rank = self._call(lambda: [store.get_many(rooms) for store in stores])
+            except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
+                valid = [room for room in rooms if storable(room)]
+                per_rank = self._call(lambda: [store.get_many(valid) for store in stores]) if valid else []
+                return {
+                    room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
+                    for room in dict.fromkeys(rooms)
+                }
+        except _Unanswered:
+            return {room: [KVPoll.Failed] * ranks for room in dict.fromkeys(rooms)}
         return {room: [statuses[room] for statuses in per_rank] for room in dict.fromkeys(rooms)}
 
     # -- writes
@@ -277,19 +335,22 @@ class RoomStatusMap:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
         self._local.memo = None
         try:
-            return self.store.update_status(room, status)
+            return self._call(lambda: self.store.update_status(room, status))
         except InvalidRoomError:
             if status in STRICT_CREATORS:
                 log.warning("participant %s: %s", self.participant, invalid_room_reason(room))
             return INVALID_ROOM_RESULT
+        except _Unanswered as unanswered:
+            self._failed(room, unanswered.reason)
+            return UNANSWERED_RESULT
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Keep ``reason`` with the participant's Failed entry (``store.record_failure``: first reason wins, needs
         an entry; it becomes the reason of the room's first failure, which other participants read). False when
         nothing was stored, or for a room id the store cannot hold."""
         try:
-            return bool(self.store.record_failure(room, reason))
-        except InvalidRoomError:
+            return bool(self._call(lambda: self.store.record_failure(room, reason)))
+        except (InvalidRoomError, _Unanswered):
             return False
 
     def __setitem__(self, room: int, status: KVPoll | int) -> None:
@@ -298,9 +359,9 @@ class RoomStatusMap:
     def __delitem__(self, room: int) -> None:
         self._local.memo = None
         try:
-            cleared = self.store.clear(room)
-        except InvalidRoomError:
-            return  # nothing stored to remove: the id still reads as Failed
+            cleared = self._call(lambda: self.store.clear(room))
+        except (InvalidRoomError, _Unanswered):
+            return  # nothing stored to remove, or Redis failed: the entry expires with the room's TTL
         if not cleared:
             raise KeyError(room)
 
@@ -308,8 +369,8 @@ class RoomStatusMap:
         """Remove the entry; return the status read just before, or ``default`` (``KeyError`` without one)."""
         self._local.memo = None
         try:
-            status = self.store.pop(room)  # one round trip: the removal answers what it removed
-        except InvalidRoomError:
+            status = self._call(lambda: self.store.pop(room))  # one round trip: the removal answers what it removed
+        except (InvalidRoomError, _Unanswered):
             return KVPoll.Failed
         if status is not None:
             return status
@@ -321,8 +382,8 @@ class RoomStatusMap:
         """Remove the entry in one round trip; True if there was one (``pop`` without the read)."""
         self._local.memo = None
         try:
-            return bool(self.store.clear(room))
-        except InvalidRoomError:
+            return bool(self._call(lambda: self.store.clear(room)))
+        except (InvalidRoomError, _Unanswered):
             return False
 
     # -- what a shared view cannot do

@@ -1,0 +1,75 @@
+"""What a KV manager's status calls do when Redis fails them: the rooms fail, the engine goes on.
+
+SGLang calls ``request_status`` from its scheduler loop, its transfer threads and its bootstrap thread, none of
+which expects an exception from a dict. A store error raised there (Redis down, hung past the deadline, a
+refused ACL, a lost lease) stops the scheduler, and SGLang shuts the whole server down. So
+:class:`~kvstatus.sglang.RoomStatusMap` turns such an error into Failed for the room it was about (the request
+fails, with the error as its reason), and :class:`Outage` remembers it for :data:`OUTAGE_SECONDS`: meanwhile
+every call answers at once, without I/O, so a scheduler polling 256 rooms waits out one deadline, not 256.
+The next call after the window tries Redis again. One ERROR line is logged when an outage starts, one
+WARNING when Redis answers again; nothing per call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+from kvstatus.errors import BackendError, KVStatusError, LeaseLostError
+
+log = logging.getLogger("kvstatus.sglang")
+
+OUTAGE_SECONDS = 1.0
+"""After a store call failed on the backend, seconds during which calls answer Failed without trying Redis."""
+
+STORE_DOWN = (BackendError, LeaseLostError)
+"""Errors that say the store, not the room, is at fault: they start an outage."""
+
+
+def outage_reason(error: KVStatusError) -> str:
+    """The failure reason of a request whose room could not be read or written (the error has no password)."""
+    return f"kvstatus: Redis could not be reached for this room's status ({type(error).__name__}: {error})"
+
+
+class Outage:
+    """Whether the store is failing now, and since which error. Thread-safe; ``clock`` is monotonic seconds."""
+
+    def __init__(self, participant: str, seconds: float = OUTAGE_SECONDS) -> None:
+        self.participant, self.seconds = participant, seconds
+        self._until = 0.0
+        self._error: Optional[KVStatusError] = None
+        self._lock = threading.Lock()
+
+    def reason(self) -> Optional[str]:
+        """The reason to fail a room with while an outage lasts, or None when calls should try Redis."""
+        error = self._error
+        if error is None or time.monotonic() >= self._until:
+            return None
+        return outage_reason(error)
+
+    def failed(self, error: KVStatusError) -> str:
+        """A store call failed with ``error``: start (or extend) the outage; returns the room's failure reason."""
+        with self._lock:
+            started = self._error is None
+            self._error, self._until = error, time.monotonic() + self.seconds
+        if started:
+            log.error(
+                "participant %s: Redis failed a status call (%s: %s); the rooms it reads or writes fail, and calls "
+                "answer Failed without trying Redis for %g s at a time until it answers again",
+                self.participant,
+                type(error).__name__,
+                error,
+                self.seconds,
+            )
+        return outage_reason(error)
+
+    def answered(self) -> None:
+        """A store call succeeded: the outage, if any, is over."""
+        if self._error is None:
+            return
+        with self._lock:
+            ended, self._error = self._error is not None, None
+        if ended:
+            log.warning("participant %s: Redis answers status calls again", self.participant)

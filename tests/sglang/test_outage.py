@@ -1,0 +1,138 @@
+"""Redis failing under installed managers (the stand-in): the rooms fail with the error as their reason, the
+engine's calls never raise, an outage costs one failed call and then none, and the managers recover by themselves
+(kvstatus.sglang.outage)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from kvstatus import KVPoll
+from kvstatus.sglang import install
+from kvstatus.sglang.outage import OUTAGE_SECONDS
+from tests.helpers.backends import fresh_namespace
+from tests.helpers.tiers import require_redis_server
+from tests.servers import RedisServer
+from tests.sglang.standin import (
+    CommonKVReceiver,
+    CommonKVSender,
+    DisaggregationMode,
+    KVTransferError,
+    make_manager,
+)
+
+pytestmark = pytest.mark.real
+ROOM = 6161
+DOWN = "kvstatus: Redis could not be reached for this room's status ("
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    require_redis_server()
+    with RedisServer() as started:
+        yield started
+
+
+def _pair(url: str) -> tuple[Any, Any]:
+    namespace = fresh_namespace("outage")
+    prefill, decode = make_manager(mode=DisaggregationMode.PREFILL), make_manager(mode=DisaggregationMode.DECODE)
+    for manager in (prefill, decode):
+        install(manager, url, namespace=namespace)
+    return prefill, decode
+
+
+def _counted(manager: Any, method: str) -> list[int]:
+    """Count the calls the manager's map makes to its store's ``method`` (an instance attribute over it)."""
+    store, calls = manager.request_status.store, []
+    original = getattr(store, method)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    setattr(store, method, counting)
+    return calls
+
+
+def _messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.levelname for r in caplog.records if r.name == "kvstatus.sglang" and text in r.getMessage()]
+
+
+def test_redis_down_fails_the_rooms_not_the_engine(server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    prefill, decode = _pair(server.url + "?retries=0")
+    receiver = CommonKVReceiver(decode, ROOM)
+    decode.update_status(ROOM, KVPoll.WaitingForInput)
+    prefill.update_status(ROOM, KVPoll.Bootstrapping)
+    sender = CommonKVSender(prefill, ROOM)
+    assert sender.poll() == KVPoll.Bootstrapping
+    caplog.set_level(logging.INFO, logger="kvstatus.sglang")
+    server.stop()
+
+    assert sender.poll() == KVPoll.Failed  # `in` then check_status: neither raises
+    assert prefill.update_status(ROOM, KVPoll.Transferring).outcome.name == "REFUSED_CREATE"  # nothing known written
+    assert prefill.update_status(ROOM + 1, KVPoll.Bootstrapping).status == KVPoll.Failed
+    with pytest.raises(KVTransferError) as info:
+        sender.failure_exception()  # its clear() pops the room: no exception either
+    assert info.value.failure_reason.startswith(DOWN + "BackendRefusedError")
+    assert not info.value.is_from_another_rank
+    assert receiver.poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError) as info:
+        receiver.failure_exception()
+    assert info.value.failure_reason.startswith(DOWN)
+    prefill.record_failure(ROOM, "late reason")  # upstream's record stays local; no exception
+    assert prefill.failure_records.pop(ROOM) == "late reason"
+    assert prefill.failure_records.pop(ROOM + 1).startswith(DOWN)  # the request that could not open its room
+    assert prefill.failure_records == {}
+    assert _messages(caplog, "Redis failed a status call") == ["ERROR", "ERROR"]  # one per manager, not per call
+
+    server.start()  # the same port, no data
+    time.sleep(OUTAGE_SECONDS)
+    assert ROOM not in prefill.request_status  # tried again after the window: Redis answers
+    prefill.update_status(ROOM, KVPoll.Bootstrapping)
+    assert prefill.check_status(ROOM) == KVPoll.Bootstrapping
+    assert _messages(caplog, "Redis answers status calls again") == ["WARNING"]
+    for manager in (prefill, decode):
+        manager.request_status.close()
+
+
+def test_a_hung_redis_costs_one_deadline_then_no_call(server: RedisServer) -> None:
+    prefill, _ = _pair(server.url + "?retries=0&deadline=0.5")
+    rooms = range(100, 150)
+    for room in rooms:
+        prefill.update_status(room, KVPoll.Bootstrapping)
+    gets = _counted(prefill, "get")
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        statuses = [prefill.check_status(room) for room in rooms]
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert statuses == [KVPoll.Failed] * len(rooms)
+    assert len(gets) == 1  # the one that met the deadline; the outage answered the other 49 without I/O
+    reasons = {prefill.failure_records.get(room, "")[: len(DOWN)] for room in rooms}
+    assert reasons == {DOWN}
+    time.sleep(OUTAGE_SECONDS)
+    assert prefill.check_status(rooms[0]) == KVPoll.Bootstrapping and len(gets) == 2
+    prefill.request_status.close()
+
+
+def test_the_pp_consensus_fails_with_the_cause(server: RedisServer) -> None:
+    namespace = fresh_namespace("outage")
+    ranks = [make_manager(pp_rank=rank, pp_size=2) for rank in range(2)]
+    for manager in ranks:
+        install(manager, server.url + "?retries=0", namespace=namespace)
+        manager.update_status(ROOM, KVPoll.Bootstrapping)
+    sender = CommonKVSender(ranks[0], ROOM)
+    assert sender.poll_pp_consensus() == KVPoll.Bootstrapping
+    server.stop()
+    assert sender.poll_pp_consensus() == KVPoll.Failed
+    with pytest.raises(KVTransferError) as info:
+        sender.failure_exception()
+    assert info.value.failure_reason.startswith(DOWN)
+    for manager in ranks:
+        manager.request_status.close()

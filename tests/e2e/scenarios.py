@@ -301,9 +301,11 @@ def cancel_in_flight(
     """Fresh router; send :func:`fault_bodies`; ``delay`` s later ``kvstatus cancel`` every room still open, as
     a router or an operator would when its clients go away; collect. Needs the plugin on (the rooms in Redis).
 
-    ``retries`` False starts the router with ``--disable-retries``: with its default (5 retries) it sends a
-    request whose room failed again, under a new room, and the client never sees the cancel."""
-    router = dep.router() if retries else dep.router("--disable-retries")
+    ``retries`` False starts the router as one that cancels would run: ``--disable-retries`` (by default it
+    sends a request whose room failed again, under a new room, and the client never sees the cancel) and
+    ``--disable-circuit-breaker`` (by default 10 failures in 120 s open the prefill's circuit for 60 s, and a
+    cancel's failures count: every request after them gets the router's own 503)."""
+    router = dep.router() if retries else dep.router("--disable-retries", "--disable-circuit-breaker")
     try:
         flight = start_all(router.url, fault_bodies(), bound, workers=24)
         time.sleep(delay)

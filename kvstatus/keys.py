@@ -13,6 +13,8 @@ rejects them):
 
 - ``<prefix>:<namespace>:{<room>}:t``           the room's tombstone (same slot), written by ``clear()``
 - ``<prefix>:<namespace>:lease:<participant>``  a participant's lease record (see :mod:`kvstatus.leases`)
+- ``<prefix>:<namespace>:leases``               the lease index: each lease holder's mark, read by its
+  peers' watches (see :mod:`kvstatus.peerwatch`)
 """
 
 from __future__ import annotations
@@ -127,6 +129,11 @@ class KeySchema:
     def lease_key(self, participant: str) -> str:
         """Key of a validated participant's lease record."""
         return f"{self.base}{LEASE_PART}{participant}"
+
+    @property
+    def lease_index_key(self) -> str:
+        """Key of the namespace's lease index (:mod:`kvstatus.peerwatch`): participant -> its lease mark."""
+        return f"{self.base}leases"
 
     @property
     def lease_pattern(self) -> str:

@@ -88,6 +88,7 @@ class LeaseCore:
         self.record_gone = False
         self._lost_generation = 0
         self._renewed_at = -math.inf  # monotonic time the last successful acquire/renew was *sent*
+        self._retry_at = -math.inf  # after a failed renewal: monotonic time of the next try
         self._stale_after = self.ttl * STALE_SHARE
         self.interval = self.ttl / RENEWALS_PER_TTL
         self.renewals = 0
@@ -136,7 +137,11 @@ class LeaseCore:
 
     def next_delay(self) -> float:
         """Seconds until the next background renewal is due."""
-        return max(self._renewed_at + self.interval - time.monotonic(), 0.0)
+        return max(max(self._renewed_at + self.interval, self._retry_at) - time.monotonic(), 0.0)
+
+    def postpone(self) -> None:
+        """A background renewal failed: try again in one renewal interval."""
+        self._retry_at = time.monotonic() + self.interval
 
     def _why(self) -> str:
         if self.record_gone:

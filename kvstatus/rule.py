@@ -222,7 +222,8 @@ class Stage(str, enum.Enum):
     BOOTSTRAP = "bootstrap"  # the entry was Bootstrapping
     WAITING = "waiting"  # WaitingForInput
     TRANSFER = "transfer"  # Transferring (or Success: failed after its transfer)
-    LEASE_LOST = "lease-lost"  # a sweep failed the entry of a participant that lost its lease
+    LEASE_LOST = "lease-lost"  # a sweep or a peer's watch failed the entry of a participant that lost its lease
+    SUPERSEDED = "superseded"  # a peer's watch failed the entry of a participant that restarted under its name
     CANCELLED = "cancelled"  # a router or an operator cancelled the room (store.cancel, kvstatus cancel)
 
 

@@ -6,6 +6,7 @@ operations, its near cache's fills, its lease renewals, its consensus and ``wait
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, ClassVar, Optional, TypeVar, Union
 
 from kvstatus.cachestate import NearCacheBase, NearCacheOptions, make_near_cache, near_cache_setting
@@ -13,6 +14,7 @@ from kvstatus.clients import is_cluster_client
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.leasestate import LeaseCore, validate_lease_ttl
 from kvstatus.observer import StoreObserver, check_observer
+from kvstatus.peerwatch import PeerWatch
 from kvstatus.operations import (
     DEFAULT_TOMBSTONE_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -20,7 +22,7 @@ from kvstatus.operations import (
     StoreCore,
     validate_script_mode,
 )
-from kvstatus.rule import Policy
+from kvstatus.rule import Policy, UpdateResult
 from kvstatus.url import (
     CONNECTION_FIELDS,
     DEFAULT_URL,
@@ -86,16 +88,14 @@ class StoreBase:
         )
         self._near = make_near_cache(near_cache, self._near_class, client, self._core.schema, self._sender)
         self._keeper = None
+        self._watch: Optional[PeerWatch] = None
         if lease_ttl is not None:
             # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
             lease_ttl = validate_lease_ttl(lease_ttl)
-            lease = LeaseCore(
-                self._core.schema,
-                self._core.participant,
-                lease_ttl,
-                keep_ms=self._core.ttl_ms + round(lease_ttl * 1000),
-            )
-            self._keeper = self._keeper_class(lease, self._sender.send)
+            keep_ms = self._core.ttl_ms + round(lease_ttl * 1000)
+            lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl, keep_ms=keep_ms)
+            self._watch = PeerWatch(self._core, lease_ttl, keep=keep_ms / 1000)
+            self._keeper = self._keeper_class(lease, self._sender.send, self._watch)
 
     @classmethod
     def from_url(
@@ -195,6 +195,18 @@ class StoreBase:
     def near_cache(self) -> Any:
         """The :mod:`kvstatus.nearcache` cache serving this store's reads, or None."""
         return self._near
+
+    def _opened(self, results: Mapping[int, UpdateResult]) -> None:
+        """Tell the peer watch (if any) this store's entries after updates: it watches the open ones."""
+        if self._watch is not None:
+            for room, result in results.items():
+                self._watch.wrote(room, result.status)
+
+    def _closed(self, rooms: Iterable[int]) -> None:
+        """Tell the peer watch (if any) these rooms' entries were cleared, popped or cancelled."""
+        if self._watch is not None:
+            for room in rooms:
+                self._watch.closed(room)
 
     def _wrote(self, rooms: Any) -> None:
         """Drop rooms this store wrote (or may have written) from its near cache: read-your-writes."""

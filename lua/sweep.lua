@@ -2,7 +2,8 @@
 -- For each room hash in KEYS, atomically: an entry in Bootstrapping, WaitingForInput or
 -- Transferring becomes Failed, exactly the update rule's FAILED row (so under `strict` a late write
 -- of the lost participant cannot undo it), and the reason is recorded unless an earlier one is
--- kept; the room's first failure is recorded (stage lease-lost, lua/lib/fate.lua) unless it has one.
+-- kept; the room's first failure is recorded (stage lease-lost, or ARGV[4], lua/lib/fate.lua) unless
+-- it has one. Also run by a store's peer watch (kvstatus/peerwatch.py) on the rooms it has open.
 -- Success, Failed and missing entries are left alone. The room's TTL is not touched: the
 -- sweeper does not extend a room's life, and HSET keeps the TTL the key already has.
 --
@@ -10,6 +11,8 @@
 -- ARGV[1]  the lost participant's status field
 -- ARGV[2]  its failure-reason field
 -- ARGV[3]  the reason, e.g. "participant decode-1 lost its lease"
+-- ARGV[4]  optional: the stage of the room's first failure, "lease-lost" (default) or "superseded"
+--          (the participant restarted under the same name: this entry was its previous incarnation's)
 --
 -- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), UNCHANGED (terminal, or a
 -- value kvstatus does not write: left as it is), IGNORED_MISSING (no entry).
@@ -24,9 +27,12 @@ local SCRIPT = "sweep"
 -- @include time
 -- @include fate
 
-local field, reason_field, reason = ARGV[1], ARGV[2], ARGV[3]
-if #KEYS == 0 or #ARGV ~= 3 or field == "" or reason_field == "" then
-  return redis.error_reply("KVSTATUS_BADARG expected room keys, a status field, a reason field and a reason")
+local field, reason_field, reason, stage = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or "lease-lost"
+if #KEYS == 0 or #ARGV < 3 or #ARGV > 4 or field == "" or reason_field == "" then
+  return redis.error_reply("KVSTATUS_BADARG expected room keys, a status field, a reason field, a reason and a stage")
+end
+if stage ~= "lease-lost" and stage ~= "superseded" then
+  return redis.error_reply("KVSTATUS_BADARG the stage must be lease-lost or superseded")
 end
 local refused = #KEYS > 1 and room_keys_refusal(1, #KEYS)
 if refused then
@@ -53,7 +59,7 @@ for i = 1, #KEYS do
     redis.call("HSET", KEYS[i], field, "0")
     redis.call("HSETNX", KEYS[i], reason_field, reason)
     if not fate_refusal(KEYS[i]) then  -- best effort, as in lua/update.lua
-      record_fate(KEYS[i], "lease-lost", field, reason)
+      record_fate(KEYS[i], stage, field, reason)
     end
   end
 end

@@ -1,25 +1,33 @@
-"""The lease keeper: keeps a :class:`~kvstatus.leasestate.LeaseCore` alive in the background and
-renews it before a write when it may have lapsed. Every renewal goes through the store's send path."""
+"""The lease keeper: keeps a :class:`~kvstatus.leasestate.LeaseCore` alive in the background, renews it
+before a write when it may have lapsed, and runs the store's peer watch (:mod:`kvstatus.peerwatch`).
+Every renewal and every look goes through the store's send path (its deadline, errors and metrics)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Optional
 
 from kvstatus.concurrency import AsyncBackground, AsyncLock
+from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.leasestate import LeaseCore, log
+from kvstatus.peerwatch import PeerWatch, fail_entries_request, restart_reason
+from kvstatus.rule import OPEN, Outcome, Stage
 
 
 class AsyncLeaseKeeper:
     """Keeps ``core`` held; ``send`` is the store's send (the deadline, the observer and the error
-    translation apply to every renewal)."""
+    translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s."""
 
-    def __init__(self, core: LeaseCore, send: Callable[[Any], Awaitable[Any]]) -> None:
+    def __init__(
+        self, core: LeaseCore, send: Callable[..., Awaitable[Any]], watch: Optional[PeerWatch] = None
+    ) -> None:
         self.core = core
+        self.watch = watch
         self._send = send
         self._lock = AsyncLock()
         self._background = AsyncBackground()
+        self._watch_failing = False
 
     async def ensure(self) -> None:
         """Before a write: acquire or renew when due; raise :class:`~kvstatus.errors.LeaseLostError` if lost."""
@@ -40,31 +48,103 @@ class AsyncLeaseKeeper:
         if self.core.lost:
             raise self.core.lost_error()
 
+    async def reacquire(self) -> None:
+        """After the lease was lost: hold the name again as a new incarnation (its peers' watches then fail the
+        entries of the lost one in their older rooms). Nothing to do while the lease is held."""
+        async with self._lock:
+            if self.core.lost or self.core.released:
+                await self._background.stop()
+                self._background = AsyncBackground()
+                await self._call("acquire")
+
     async def _call(self, op: str) -> None:
         sent_at = time.monotonic()
-        reply = await self._send(self.core.request(op))
+        request = self.core.request(op)
+        if self.watch is not None and op != "renew":  # the peers' watches learn of an acquire or release at once
+            assert self.core.incarnation is not None
+            request.calls += self.watch.mark_calls(self.core.incarnation, 0, released=op == "release")
+        reply = await self._send(request, "lease")
         self.core.settle(op, sent_at, reply)
         if op == "acquire" and not self._background.started:
             self._background.start(self._run, f"kvstatus-lease-{self.core.participant}")
 
+    def _next_delay(self) -> float:
+        delay = self.core.next_delay()
+        return delay if self.watch is None else min(delay, self.watch.next_delay())
+
     async def _run(self) -> None:
         core = self.core
-        delay = core.next_delay()
-        while not await self._background.wait(delay):
-            try:
-                async with self._lock:
-                    if core.lost or core.released:
-                        return
-                    await self._call("renew")
-                delay = core.next_delay()
-            except Exception as exc:  # noqa: BLE001 - the keeper outlives Redis errors; writes report them
-                log.warning("participant %s: lease renewal failed: %s", core.participant, exc)
-                delay = core.interval
-            if core.lost:
-                return
+        while not await self._background.wait(self._next_delay()):
+            if core.next_delay() <= 0:
+                try:
+                    async with self._lock:
+                        if core.lost or core.released:
+                            return
+                        await self._call("renew")
+                except Exception as exc:  # noqa: BLE001 - the keeper outlives Redis errors; writes report them
+                    log.warning("participant %s: lease renewal failed: %s", core.participant, exc)
+                    core.postpone()
+                if core.lost:
+                    return
+            if self.watch is not None and self.watch.next_delay() <= 0:
+                await self._look(self.watch)
+
+    async def look(self) -> int:
+        """Look at the peers' lease marks now (the background does it every ``watch.interval`` s); returns how
+        many of their entries it failed. Raises what the store's send raises."""
+        assert self.watch is not None
+        before = self.watch.failed
+        await self._look_once(self.watch)
+        return self.watch.failed - before
+
+    async def _look(self, watch: PeerWatch) -> None:
+        """:meth:`look`, in the background: an error is logged once (and its end), then tried again."""
+        try:
+            await self._look_once(watch)
+        except Exception as exc:  # noqa: BLE001 - the watch outlives Redis errors; it looks again next time
+            if not self._watch_failing:
+                log.warning("participant %s: the peer watch failed (it retries every %g s): %s", watch.participant,
+                            watch.interval, exc)
+            self._watch_failing = True
+            return
+        if self._watch_failing:
+            log.warning("participant %s: the peer watch works again", watch.participant)
+            self._watch_failing = False
+
+    async def _look_once(self, watch: PeerWatch) -> None:
+        if self.core.incarnation is None:
+            return  # not acquired yet: no mark to write, no rooms open
+        plan = watch.plan(await self._send(watch.look_request(self.core.incarnation), "watch"))
+        for name, rooms in plan.suspects.items():
+            if rooms:
+                entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
+                watch.confirmed(name, entries.leases[0])
+                if entries.leases[0] is LeaseState.LOST:
+                    open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
+                    await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name))
+        for name, rooms in plan.restarted.items():
+            await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name))
+        if plan.forget:
+            await self._send(watch.forget_request(plan.forget), "watch")
+
+    async def _fail(self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str) -> None:
+        if not rooms:
+            return
+        outcomes = await self._send(fail_entries_request(watch.core, rooms, name, stage, reason), "watch")
+        failed = sum(outcome is Outcome.FAILED for outcome in outcomes)
+        watch.failed += failed
+        if failed:
+            log.warning(
+                "participant %s: %s; failed its open entries in %d of this participant's rooms (stage %s)",
+                watch.participant,
+                reason,
+                failed,
+                stage.value,
+            )
 
     async def close(self) -> None:
-        """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead)."""
+        """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the
+        release's mark tells the peers' watches at once."""
         await self._background.stop()
         async with self._lock:
             if self.core.held:

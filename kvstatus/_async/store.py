@@ -17,6 +17,7 @@ from kvstatus.connection import connect_async
 from kvstatus.consensus import RoomConsensus, consensus_calls
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
+from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
 from kvstatus.rule import CancelResult, FailureRecord, KVPoll, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase
@@ -42,10 +43,14 @@ class AsyncStatusStore(StoreBase):
     _sender: AsyncSender
     _near: Optional[AsyncNearCache]
     _keeper: Optional[AsyncLeaseKeeper]
+    _watch: Optional[PeerWatch]
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        return await self._write(self._core.update_status(room, status), "update_status", (room,))
+        result = await self._write(self._core.update_status(room, status), "update_status", (room,))
+        if self._watch is not None:
+            self._watch.wrote(room, result.status)
+        return result
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
         """Apply the rule to many rooms in one round trip (per node).
@@ -54,7 +59,9 @@ class AsyncStatusStore(StoreBase):
         chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
         the others applied.
         """
-        return await self._write(self._core.update_many(updates), "update_many", updates)
+        results = await self._write(self._core.update_many(updates), "update_many", updates)
+        self._opened(results)
+        return results
 
     async def check_status(self, room: int) -> KVPoll:
         """This participant's status; raises ``KeyError(room)`` when there is no entry, like upstream."""
@@ -77,12 +84,16 @@ class AsyncStatusStore(StoreBase):
 
     async def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
-        return await self._write(self._core.clear(room), "clear", (room,))
+        removed = await self._write(self._core.clear(room), "clear", (room,))
+        self._closed((room,))
+        return removed
 
     async def pop(self, room: int) -> Optional[KVPoll]:
         """Remove this participant's entry (as :meth:`clear`) and return the status it held, or None, in one
         round trip (SGLang's ``request_status.pop(room)``)."""
-        return await self._write(self._core.pop(room), "pop", (room,))
+        status = await self._write(self._core.pop(room), "pop", (room,))
+        self._closed((room,))
+        return status
 
     async def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
@@ -117,7 +128,9 @@ class AsyncStatusStore(StoreBase):
         if isinstance(rooms, Iterator):
             rooms = list(rooms)  # read twice: by the request, and by the near cache's drop afterwards
         request = self._core.cancel(rooms, reason, self.participant if origin is None else origin)
-        return await self._write(request, "cancel", rooms)
+        results = await self._write(request, "cancel", rooms)
+        self._closed(results)
+        return results
 
     async def wait_for(
         self,
@@ -146,11 +159,23 @@ class AsyncStatusStore(StoreBase):
         """:meth:`room_status` of many rooms over the same participants, in one round trip."""
         return await self._sender.send(consensus_calls(self._core, rooms, participants), "room_statuses")
 
-    async def acquire_lease(self) -> None:
-        """Acquire the lease now (else the first write does), or renew it now if held; LeaseLostError if lost."""
+    async def acquire_lease(self, *, again: bool = False) -> None:
+        """Acquire the lease now (else the first write does), or renew it now if held; LeaseLostError if lost.
+        ``again``: once it is lost, hold the name as a new incarnation instead (peers then fail the lost
+        incarnation's open entries in their rooms; see :mod:`kvstatus.peerwatch`)."""
         if self._keeper is None:
             raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
+        if again:
+            await self._keeper.reacquire()
         await self._keeper.refresh()
+
+    async def look_at_peers(self) -> int:
+        """Look at the peers' leases now (a store with a lease does so every second in the background, see
+        :mod:`kvstatus.peerwatch`): fail the open entries of dead or restarted peers in this store's open
+        rooms; returns how many it failed."""
+        if self._keeper is None:
+            raise InvalidArgumentError("this store has no lease, so no peer watch: build it with lease_ttl=SECONDS")
+        return await self._keeper.look()
 
     async def close(self) -> None:
         """Release the lease (if any), close the near cache's connections (if any), then the client."""

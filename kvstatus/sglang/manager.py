@@ -237,17 +237,15 @@ def _status_methods(
         return status_map[bootstrap_room]
 
     def check_status_pp_consensus(self: Any, bootstrap_room: int) -> KVPoll:
-        reason = None
-        if status_map.uses_leases:  # every rank holds a lease: a dead rank fails the room instead of stalling it
-            consensus = status_map.consensus(bootstrap_room)
-            status, reason = consensus.status, consensus.reason
-        else:
-            statuses = status_map.collect(bootstrap_room)
-            if any(status is None for status in statuses):
-                return KVPoll.Bootstrapping
-            status = min(status for status in statuses if status is not None)
+        # A rank that died does not stall the room: with leases (the plugin's default) the other ranks' peer
+        # watches fail its open entries (kvstatus.peerwatch), so the minimum below reads Failed, and the room's
+        # first failure names the dead rank. Without leases this is upstream's consensus.
+        statuses = status_map.collect(bootstrap_room)
+        if any(status is None for status in statuses):
+            return KVPoll.Bootstrapping
+        status = min(status for status in statuses if status is not None)
         if status == KVPoll.Failed and notes is not None:
-            notes.failed(bootstrap_room, reason)
+            notes.failed(bootstrap_room, None)
         return status
 
     def record_failure(self: Any, bootstrap_room: int, failure_reason: str) -> None:
@@ -312,9 +310,10 @@ def install(
 
     ``update_status``, ``check_status``, ``check_status_pp_consensus`` and
     ``record_failure`` become instance methods that make one store call each. With a store built
-    with ``lease_ttl`` (every rank holding a lease), ``check_status_pp_consensus``
-    is ``store.room_status`` over the PP ranks: a rank that died (its lease
-    lost) with an open entry makes the room Failed instead of stalling it. ``update_status``
+    with ``lease_ttl`` (the plugin's default), the store's peer watch (:mod:`kvstatus.peerwatch`) fails the
+    open entries of a participant that died or restarted in the rooms this manager has open, so every read
+    and ``check_status_pp_consensus`` (upstream's minimum over the PP ranks) answer Failed instead of
+    stalling, and the failure names the dead participant. ``update_status``
     keeps upstream's local side effects, keyed on the outcome: CREATED by an
     opening status drops the room's deferred-ACK and staging state; Failed
     finding an entry (FAILED, or UNCHANGED on a Failed entry) notifies a

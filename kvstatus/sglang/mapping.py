@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from kvstatus.consensus import RoomConsensus
-from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError
+from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
 from kvstatus.fate import shared_status
 from kvstatus.keys import MAX_ROOM
 from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
@@ -191,12 +191,32 @@ class RoomStatusMap:
             raise _Unanswered(reason)
         try:
             result = call()
+        except LeaseLostError as exc:
+            reason = self.outage.failed(exc)
+            self._hold_again()
+            raise _Unanswered(reason) from None
         except STORE_DOWN as exc:
             raise _Unanswered(self.outage.failed(exc)) from None
         except CorruptedValueError as exc:  # this room's value, not the store: no outage
             raise _Unanswered(f"kvstatus: {exc}") from None
         self.outage.answered()
         return result
+
+    def _hold_again(self) -> None:
+        """The lease was lost (this process stalled past its TTL, or Redis lost the record): hold the name again
+        as a new incarnation, so the engine goes on. The rooms in flight fail: the peers' watches fail the lost
+        incarnation's open entries (:mod:`kvstatus.peerwatch`). Failing here, the next call after the outage
+        window tries again."""
+        try:
+            self.store.acquire_lease(again=True)
+        except KVStatusError:
+            return
+        log.warning(
+            "participant %s: holding its name again as lease incarnation %s; the rooms it had in flight fail",
+            self.participant,
+            self.store.lease.generation,
+        )
+        self.outage.answered()
 
     def _failed(self, room: int, reason: Optional[str] = None) -> None:
         if self.on_failed is not None:

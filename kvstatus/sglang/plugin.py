@@ -21,8 +21,10 @@ its variable, the URL's password masked):
 - ``KVSTATUS_SGLANG_POLICY``     ``strict`` (sglang 0.5.23's rule) or ``seed`` [default ``strict``].
 - ``KVSTATUS_SGLANG_TTL``        seconds [default: the store's, 600].
 - ``KVSTATUS_SGLANG_NEAR_CACHE`` ``1`` to read through the store's near cache [default ``0``].
-- ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0`` or unset:
-  no lease [default: no lease]. The URL's ``?lease_ttl=`` does the same; when both are set they must agree.
+- ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0``: no lease
+  [default :data:`DEFAULT_LEASE_TTL`, 10]. With a lease, a manager that dies fails its open rooms for every
+  peer within the TTL plus about a second (:mod:`kvstatus.peerwatch`). The URL's ``?lease_ttl=`` does the
+  same; when both are set they must agree.
 - ``KVSTATUS_SGLANG_SHARED_FATE`` ``0`` to read each manager's own entry alone, as upstream's dict does;
   ``1`` or unset: shared fate (:mod:`kvstatus.fate`: a room another participant failed, or a router
   cancelled, reads Failed, and ``failure_exception`` names its first failure) [default ``1``]. The URL's
@@ -56,6 +58,11 @@ ENV_NEAR_CACHE = "KVSTATUS_SGLANG_NEAR_CACHE"
 ENV_LEASE_TTL = "KVSTATUS_SGLANG_LEASE_TTL"
 ENV_SHARED_FATE = "KVSTATUS_SGLANG_SHARED_FATE"
 DEFAULT_NAMESPACE = "sglang"
+DEFAULT_LEASE_TTL = 10.0
+"""Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
+renewed every TTL/3 s by a background thread, so a manager survives a stall of up to 2/3 of it (6.7 s);
+a longer one loses the lease, its rooms in flight fail, and the manager holds its name again
+(:mod:`kvstatus.sglang.mapping`). BENCHMARKS.md has the measurements behind it."""
 HOOK_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__"
 
 
@@ -176,6 +183,8 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         raise _setting_error(
             ENV_LEASE_TTL, f"{lease_ttl:g} disagrees with the lease_ttl={url_lease:g} of {ENV_URL}: set one of them"
         )
+    if lease_ttl is None and "lease_ttl" not in parsed.query:
+        lease_ttl = DEFAULT_LEASE_TTL
     if lease_ttl:
         options["lease_ttl"] = lease_ttl
     options["near_cache"] = bool(_flag(env, ENV_NEAR_CACHE))

@@ -363,6 +363,7 @@ def test_plugin_settings_are_checked() -> None:
         "policy": "strict",
         "instance": "node7",
         "ttl": 30.0,
+        "lease_ttl": 10.0,
         "near_cache": False,
     }
     for bad, needle in (

@@ -172,7 +172,8 @@ def test_shared_fate_off_keeps_each_manager_on_its_own_entry(
     prefill, decode = make_manager(), make_manager(mode=DisaggregationMode.DECODE)
     maps = [install_from_env(manager, env) for manager in (prefill, decode)]
     lines = [r.getMessage() for r in caplog.records if r.name == "kvstatus.sglang"]
-    assert len(lines) == 2 and all(line.endswith(", lease off, shared fate off") for line in lines)
+    assert len(lines) == 2 and all(line.endswith(" s (generation 1), shared fate off") for line in lines)
+    assert all(", lease 10 s " in line for line in lines)  # the plugin's default lease
     sender, _ = _open(prefill, decode)
     _fail(decode, ROOM, "KV receiver timed out")
     assert sender.poll() == KVPoll.Transferring and prefill.check_status(ROOM) == KVPoll.Transferring

@@ -1,18 +1,26 @@
-"""The PP consensus on participant leases: a dead rank fails the room instead of stalling it (fakeredis)."""
+"""Leases through the SGLang integration: a PP rank that dies fails the room for every rank (fakeredis).
+
+Every manager holds a lease (the plugin's default); each store's peer watch (kvstatus/peerwatch.py) fails a
+dead rank's open entries, so rank 0's consensus (upstream's minimum) reads Failed and names the dead rank.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import fakeredis
+import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.sglang import install
 from tests.helpers.backends import fresh_namespace
+from tests.helpers.clock import shift_watch_clock
 from tests.sglang.standin import make_manager
 
 ROOM = 4242
 
 
-def _ranks(lease_ttl: object) -> tuple[list, fakeredis.FakeRedis, str]:
+def _ranks(lease_ttl: object) -> tuple[list[Any], fakeredis.FakeRedis, str]:
     server = fakeredis.FakeServer()
     namespace = fresh_namespace("sgl")
     managers = [make_manager(pp_rank=r, pp_size=4) for r in range(4)]
@@ -24,21 +32,47 @@ def _ranks(lease_ttl: object) -> tuple[list, fakeredis.FakeRedis, str]:
     return managers, fakeredis.FakeRedis(server=server), namespace
 
 
-def test_a_rank_that_lost_its_lease_fails_the_pp_consensus() -> None:
+@pytest.mark.parametrize("death", ["expired", "released"])
+def test_a_rank_that_died_fails_the_pp_consensus(death: str, monkeypatch: pytest.MonkeyPatch) -> None:
     managers, raw, namespace = _ranks(3)
     for manager in managers:
         manager.update_status(ROOM, KVPoll.Bootstrapping)
         manager.update_status(ROOM, KVPoll.Transferring)
     rank0 = managers[0]
-    assert rank0.request_status.uses_leases
+    store = rank0.request_status.store
+    assert store.look_at_peers() == 0  # every rank alive: nothing failed
     assert rank0.check_status_pp_consensus(ROOM) == KVPoll.Transferring
     managers[3].update_status(ROOM, KVPoll.Success)
-    raw.hset(f"kvstatus:{namespace}:lease:prefill-tp0-pp2", "deadline", 1)  # rank 2's deadline passed
+    if death == "released":
+        managers[2].request_status.store.close()  # a clean exit tells the peers at once
+    else:
+        managers[2].request_status.store._keeper._background.stop()  # SIGKILL: no more renewals ...
+        raw.hset(f"kvstatus:{namespace}:lease:prefill-tp0-pp2", "deadline", 1)  # ... and Redis' clock passed it
+        assert store.look_at_peers() == 0  # its mark changed less than a TTL ago: not yet a suspect
+        shift_watch_clock(monkeypatch, 3.5)  # one lease TTL later, its mark has not changed
+    assert store.look_at_peers() == 1
     assert rank0.check_status_pp_consensus(ROOM) == KVPoll.Failed
-    consensus = rank0.request_status.consensus(ROOM)
-    assert consensus.reason == "participant prefill-tp0-pp2 lost its lease" and consensus.lost == ("prefill-tp0-pp2",)
+    failure = store.failure(ROOM)
+    assert failure.origin == "prefill-tp0-pp2" and failure.stage.value == "lease-lost"
+    assert failure.reason == "participant prefill-tp0-pp2 lost its lease"
+    # Rank 3 had finished its part: its entry is kept (a peer dying after its part is done fails nothing).
+    assert raw.hget(f"kvstatus:{namespace}:{{{ROOM}}}", "prefill-tp0-pp3") == b"4"
     assert rank0.check_status_pp_consensus(ROOM + 1) == KVPoll.Bootstrapping  # no rank has an entry yet
     for manager in managers:  # stop the lease keepers: a later pause of this process would log lost leases
+        manager.request_status.close()
+
+
+def test_a_live_rank_is_never_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    managers, raw, namespace = _ranks(3)
+    for manager in managers:
+        manager.update_status(ROOM, KVPoll.Bootstrapping)
+    store = managers[0].request_status.store
+    assert store.look_at_peers() == 0
+    # A forged or stale mark makes a suspect, but the lease record (Redis' clock) says alive: nothing fails.
+    shift_watch_clock(monkeypatch, 3.5)
+    assert store.look_at_peers() == 0
+    assert managers[0].check_status_pp_consensus(ROOM) == KVPoll.Bootstrapping
+    for manager in managers:
         manager.request_status.close()
 
 

@@ -15,6 +15,7 @@ from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
 from kvstatus.sglang import install, plugin
 from kvstatus.sglang.plugin import (
+    DEFAULT_LEASE_TTL,
     ENV_INSTANCE,
     ENV_LEASE_TTL,
     ENV_NAMESPACE,
@@ -83,8 +84,9 @@ def test_an_unset_url_is_named() -> None:
 
 def test_lease_ttl_setting_and_url_option() -> None:
     base = {ENV_URL: GOOD_URL}
-    assert "lease_ttl" not in install_options(base)  # the default stays: no lease
-    assert "lease_ttl" not in install_options({**base, ENV_LEASE_TTL: "0"})
+    assert install_options(base)["lease_ttl"] == DEFAULT_LEASE_TTL == 10.0  # on by default
+    assert "lease_ttl" not in install_options({**base, ENV_LEASE_TTL: "0"})  # off
+    assert "lease_ttl" not in install_options({ENV_URL: GOOD_URL + "?lease_ttl=0"})  # off, by the URL
     assert install_options({**base, ENV_LEASE_TTL: "10"})["lease_ttl"] == 10.0
     assert install_options({**base, ENV_LEASE_TTL: " 3.5 "})["lease_ttl"] == 3.5
     # The URL's ?lease_ttl= alone is passed on with the URL; with the variable, both must agree.

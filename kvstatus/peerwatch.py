@@ -1,0 +1,203 @@
+"""The peer watch: a store that holds a lease fails its rooms' dead or restarted peers, without a sweeper.
+
+Shared fate (:mod:`kvstatus.fate`) fails a room for everyone once one of its entries is Failed. A peer that
+dies (SIGKILL, a lost node) writes nothing, so its entries stay open and nobody reads Failed. The lease
+keeper of every store built with ``lease_ttl`` therefore watches its peers, every :data:`WATCH_SECONDS`:
+
+1. One round trip writes this store's mark in the namespace's lease index (``<prefix>:<namespace>:leases``,
+   a hash ``participant -> "<incarnation>:<renewals>"``, first written by the acquire itself) and reads every
+   other mark. A live peer's mark changes at each look (every second) and each renewal.
+2. A peer whose mark has not changed for its lease TTL (this process' monotonic clock; no clock is compared
+   across hosts), or whose mark says it released its lease, is a suspect. Its lease record is then read in
+   the same round trip as its entries in this store's open rooms (:func:`kvstatus.consensus.entries_request`,
+   the sweeper's read): only a lease that Redis' own clock judges lost counts, so a wrong or forged mark
+   costs one read, never a false failure.
+3. The lost peer's open entries in those rooms are failed by ``lua/sweep.lua`` (stage ``lease-lost``). The
+   room's first failure is recorded, and every participant's next read answers Failed by shared fate,
+   naming the dead peer. Reads pay nothing for it: the fate field is read with the entry.
+4. A peer whose mark shows a new incarnation restarted under the same name: its entries in the rooms this
+   store opened before it saw the restart belonged to the previous incarnation, which no longer serves
+   them; they are failed at once (stage ``superseded``), not at their TTL. A room opened less than one watch
+   before the restart was seen is left alone (it may already hold the new incarnation's entry).
+
+Only rooms this store has an open entry in are looked at (:meth:`PeerWatch.wrote` keeps them, without I/O):
+a peer dying in a room nobody waits on changes nothing. Entries that reached Success or Failed are never
+touched. A lost peer stays watched in the rooms this store opens later, until its name holds a lease again.
+
+:class:`PeerWatch` (here) is the logic, without I/O; the lease keeper (:mod:`kvstatus._async.leases`) sends
+its requests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from kvstatus import scripts
+from kvstatus.consensus import LeaseState
+from kvstatus.keys import reason_field
+from kvstatus.operations import StoreCore
+from kvstatus.requests import Call, Request, script_call
+from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
+
+WATCH_SECONDS = 1.0
+"""Seconds between two looks at the peers' marks: a dead peer's rooms fail within its lease TTL plus this."""
+
+RELEASED_MARK = "released"
+
+
+def restart_reason(participant: str) -> str:
+    """The failure reason of an entry whose participant restarted under the same name."""
+    return f"participant {participant} restarted: a new incarnation holds its name, this entry was the previous one's"
+
+
+@dataclass
+class WatchPlan:
+    """What one look at the marks asks for. ``suspects``: peers whose lease to check, with the rooms to check
+    them in; ``restarted``: peer -> the rooms whose entry to fail."""
+
+    suspects: dict[str, list[int]] = field(default_factory=dict)
+    restarted: dict[str, list[int]] = field(default_factory=dict)
+    forget: list[str] = field(default_factory=list)
+
+
+class _Peer:
+    __slots__ = ("mark", "changed_at", "incarnation", "lost")
+
+    def __init__(self, mark: str, now: float) -> None:
+        self.mark, self.changed_at, self.lost = mark, now, False
+        self.incarnation = _incarnation(mark)
+
+
+def _incarnation(mark: str) -> str:
+    return mark.split(":", 1)[0]
+
+
+class PeerWatch:
+    """A store's open rooms and its view of the peers' lease marks; the requests of a watch, without I/O.
+
+    ``lease_ttl`` and ``keep`` are seconds (``keep``: how long a lease record outlives its last renewal; a mark
+    unchanged for that long is dropped from the index). :meth:`wrote` and :meth:`closed` are called by the
+    store's writes, from any thread (single dict operations, atomic under the GIL); the rest by the keeper.
+    """
+
+    def __init__(self, core: StoreCore, lease_ttl: float, keep: float, interval: float = WATCH_SECONDS) -> None:
+        self.core = core
+        self.participant = core.participant
+        self.key = core.schema.lease_index_key
+        self.lease_ttl, self.keep, self.interval = lease_ttl, keep, interval
+        self._open: dict[int, float] = {}  # room -> monotonic time this store first wrote it open
+        self._peers: dict[str, _Peer] = {}
+        self._looked_at = -float("inf")
+        self._previous_look = -float("inf")
+        self._looks = 0
+        self.failed = 0  # peers' entries this watch failed, in all
+
+    def wrote(self, room: int, status: Optional[KVPoll]) -> None:
+        """This store's entry in ``room`` is now ``status`` (None: none)."""
+        if status in OPEN:
+            self._open.setdefault(room, time.monotonic())
+        else:
+            self._open.pop(room, None)
+
+    def closed(self, room: int) -> None:
+        """This store's entry in ``room`` was cleared, popped or cancelled."""
+        self._open.pop(room, None)
+
+    @property
+    def open_rooms(self) -> int:
+        return len(self._open)
+
+    def next_delay(self) -> float:
+        """Seconds until the next look is due."""
+        return max(self._looked_at + self.interval - time.monotonic(), 0.0)
+
+    def mark_calls(self, incarnation: str, looks: int, released: bool = False) -> list[Call]:
+        """The calls writing this store's mark: its lease ``incarnation`` and a counter that changes each time."""
+        mark = f"{incarnation}:{RELEASED_MARK if released else looks}"
+        return [Call(("HSET", self.key, self.participant, mark)), Call(("PEXPIRE", self.key, str(round(self.keep * 1000))))]
+
+    def look_request(self, incarnation: str, released: bool = False) -> Request[dict[str, str]]:
+        """Write this store's mark and read every peer's, in one round trip; decodes to ``{participant: mark}``
+        without this store's own."""
+        self._looks += 1
+        calls = [*self.mark_calls(incarnation, self._looks, released), Call(("HGETALL", self.key))]
+
+        def decode(replies: list[Any]) -> dict[str, str]:
+            marks = replies[2] or {}
+            return {_text(name): _text(value) for name, value in marks.items() if _text(name) != self.participant}
+
+        return Request(calls, decode)
+
+    def plan(self, marks: dict[str, str]) -> WatchPlan:
+        """Judge the peers' ``marks`` (just read): who to check, who restarted, which marks are stale."""
+        now = time.monotonic()
+        self._previous_look, self._looked_at = self._looked_at, now
+        plan = WatchPlan()
+        self._prune(now)
+        rooms = list(self._open)
+        for name, mark in marks.items():
+            peer = self._peers.get(name)
+            if peer is None:
+                self._peers[name] = _Peer(mark, now)
+                if mark.endswith(RELEASED_MARK):
+                    plan.suspects[name] = rooms
+                continue
+            if mark != peer.mark:
+                incarnation = _incarnation(mark)
+                if incarnation != peer.incarnation:
+                    before = [room for room, at in self._open.items() if at < self._previous_look]
+                    if before:
+                        plan.restarted[name] = before
+                peer.mark, peer.changed_at, peer.incarnation, peer.lost = mark, now, incarnation, False
+                if mark.endswith(RELEASED_MARK):
+                    plan.suspects[name] = rooms
+            elif peer.lost:
+                fresh = [room for room, at in self._open.items() if at >= self._previous_look]
+                if fresh:
+                    plan.suspects[name] = fresh
+            elif now - peer.changed_at > self.keep:
+                plan.forget.append(name)
+            elif now - peer.changed_at > self.lease_ttl:
+                plan.suspects[name] = rooms
+        for name in [name for name in self._peers if name not in marks]:
+            del self._peers[name]
+        for name in plan.forget:
+            del self._peers[name]
+        return plan
+
+    def confirmed(self, name: str, state: LeaseState) -> None:
+        """The lease record of suspect ``name`` was read: LOST marks it lost (watched in rooms opened later)."""
+        peer = self._peers.get(name)
+        if peer is not None:
+            peer.lost = state is LeaseState.LOST
+
+    def forget_request(self, names: list[str]) -> Request[Any]:
+        """Drop the marks of peers whose lease records are gone."""
+        return Request([Call(("HDEL", self.key, *names))], lambda replies: replies[0])
+
+    def _prune(self, now: float) -> None:
+        """Forget open rooms older than the room TTL: their keys are gone (a caller that never concluded them)."""
+        horizon = now - self.core.ttl_ms / 1000
+        for room in [room for room, at in self._open.copy().items() if at < horizon]:
+            self._open.pop(room, None)
+
+
+def fail_entries_request(
+    core: StoreCore, rooms: list[int], participant: str, stage: Stage, reason: str
+) -> Request[list[Outcome]]:
+    """The calls failing ``participant``'s open entries in ``rooms`` with ``reason`` and the room's first failure
+    at ``stage`` (``lua/sweep.lua``: one call per chunk of rooms, per slot on a cluster)."""
+    keys = core.schema.room_keys(rooms)
+    args = (participant, reason_field(participant), reason, stage.value)
+    calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in core._chunks(keys)]
+
+    def decode(replies: list[Any]) -> list[Outcome]:
+        return [Outcome(code) for reply in replies for code in reply]
+
+    return Request(calls, decode)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

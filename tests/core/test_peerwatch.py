@@ -1,0 +1,129 @@
+"""The peer watch (kvstatus/peerwatch.py): a store with a lease fails its dead or restarted peers' open entries
+in its own open rooms, on every backend (fakeredis, Redis, Cluster; sync and async).
+
+The watch runs every second in the lease keeper's background; these tests call ``look_at_peers()`` (one
+look, now) and move the watch's clock instead of waiting a lease TTL out. test_peerwatch_live.py lets the
+background do it, against a real Redis and a SIGKILLed process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstatus import InvalidArgumentError, KVPoll, LeaseLostError
+from kvstatus.rule import Stage
+from tests.helpers.backends import Backend
+from tests.helpers.clock import shift_watch_clock
+
+B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
+# Rooms over many slots (a cluster spreads them over its three masters).
+ROOMS = [11, 2**40 + 3, 987_654_321_012, 5, 77_777]
+
+
+def _release(backend: Backend, store) -> None:  # type: ignore[no-untyped-def]
+    """What the store's close() does to its lease, without closing the client the backend's stores share."""
+    if backend.asynchronous:
+        backend._runner.run_until_complete(store._store._keeper.close())
+    else:
+        store._keeper.close()
+
+
+def _pair(backend: Backend):  # type: ignore[no-untyped-def]
+    decode = backend.store(participant="decode-0", lease_ttl=3)
+    prefill = backend.store(participant="prefill-0", lease_ttl=3)
+    for room in ROOMS:
+        decode.update_status(room, B)
+        prefill.update_status(room, B)
+    decode.update_status(ROOMS[0], W)
+    prefill.update_status(ROOMS[0], T)
+    prefill.update_status(ROOMS[1], S)  # the prefill's part is done here
+    decode.update_status(ROOMS[2], S)  # the decode's part is done here: it waits on nobody
+    assert decode.look_at_peers() == 0 and prefill.look_at_peers() == 0
+    return decode, prefill
+
+
+def _check_failed(backend: Backend, decode, stage: Stage, reason: str) -> None:  # type: ignore[no-untyped-def]
+    for room in (ROOMS[0], ROOMS[3], ROOMS[4]):
+        assert decode.get(room) is F
+        failure = decode.failure(room)
+        assert failure.stage is stage and failure.origin == "prefill-0" and failure.reason == reason
+        assert decode.room(room).participants["prefill-0"].status is F  # durable: the entry itself
+        assert decode.room(room).participants["decode-0"].status is not F  # the read derives the rest
+    assert decode.get(ROOMS[1]) is B and decode.failure(ROOMS[1]) is None  # the dead peer had finished
+    assert decode.get(ROOMS[2]) is S  # not an open room of the decode's: left as it was
+    assert decode.room(ROOMS[2]).participants["prefill-0"].status is B
+
+
+def test_a_peer_that_closed_fails_its_open_entries_at_the_next_look(backend: Backend) -> None:
+    decode, prefill = _pair(backend)
+    _release(backend, prefill)
+    assert decode.look_at_peers() == 3
+    _check_failed(backend, decode, Stage.LEASE_LOST, "participant prefill-0 lost its lease")
+    assert decode.look_at_peers() == 0  # idempotent: nothing open is left
+
+
+def test_a_peer_whose_lease_expired_fails_once_its_mark_is_a_ttl_old(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    decode, prefill = _pair(backend)
+    backend.raw.hset(f"kvstatus:{backend.namespace}:lease:prefill-0", "deadline", 1)  # Redis' clock passed it
+    assert decode.look_at_peers() == 0  # its mark changed less than a TTL ago
+    shift_watch_clock(monkeypatch, 3.5)
+    assert decode.look_at_peers() == 3
+    _check_failed(backend, decode, Stage.LEASE_LOST, "participant prefill-0 lost its lease")
+    # Watched on: a room the decode opens later, where the dead peer had an entry, fails at the next look.
+    later = 31_337
+    backend.raw.hset(f"kvstatus:{backend.namespace}:{{{later}}}", "prefill-0", "1")
+    decode.update_status(later, B)
+    assert decode.get(later) is B
+    assert decode.look_at_peers() == 1 and decode.get(later) is F
+
+
+def test_a_paused_peer_is_not_failed(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    decode, prefill = _pair(backend)
+    shift_watch_clock(monkeypatch, 3.5)  # no mark changed for a TTL: every peer is a suspect ...
+    assert decode.look_at_peers() == 0  # ... but Redis says its lease is alive: nothing fails
+    assert decode.get(ROOMS[0]) is W and decode.failure(ROOMS[0]) is None
+
+
+def test_a_peer_restarted_under_its_name_fails_its_previous_incarnations_entries(backend: Backend) -> None:
+    decode, prefill = _pair(backend)
+    again = backend.store(participant="prefill-0", lease_ttl=3)
+    again.acquire_lease()
+    assert again.lease.generation == 2
+    assert decode.look_at_peers() == 3
+    reason = "participant prefill-0 restarted: a new incarnation holds its name, this entry was the previous one's"
+    _check_failed(backend, decode, Stage.SUPERSEDED, reason)
+    # A room opened after the restart was seen is the new incarnation's: never failed by it.
+    decode.update_status(99, B)
+    again.update_status(99, B)
+    assert decode.look_at_peers() == 0 and decode.get(99) is B
+
+
+def test_the_lease_index_is_one_key_with_a_ttl(backend: Backend) -> None:
+    decode, prefill = _pair(backend)
+    index = f"kvstatus:{backend.namespace}:leases"
+    marks = {k.decode(): v.decode() for k, v in backend.raw.hgetall(index).items()}
+    assert sorted(marks) == ["decode-0", "prefill-0"]
+    assert marks["decode-0"] == f"{decode.lease.incarnation}:1"  # the incarnation, and the count of looks
+    assert 0 < backend.raw.pttl(index) <= (600 + 3) * 1000
+    assert backend.room_keys() == sorted(backend.room_keys())  # the index is not a room
+    assert index not in backend.room_keys()
+
+
+def test_the_watch_needs_a_lease(backend: Backend) -> None:
+    store = backend.store(participant="decode-0")
+    with pytest.raises(InvalidArgumentError, match="no lease, so no peer watch: build it with lease_ttl"):
+        store.look_at_peers()
+
+
+def test_a_lost_lease_can_be_held_again_as_a_new_incarnation(backend: Backend) -> None:
+    decode, prefill = _pair(backend)
+    backend.raw.hset(f"kvstatus:{backend.namespace}:lease:decode-0", "deadline", 1)
+    with pytest.raises(LeaseLostError, match="lost its lease"):
+        decode.acquire_lease()
+    decode.acquire_lease(again=True)
+    assert decode.lease.held and decode.lease.generation == 2
+    decode.update_status(123, B)
+    assert decode.get(123) is B
+    # Its peer sees the restart: the decode's entries of the lost incarnation fail in the prefill's rooms.
+    assert prefill.look_at_peers() >= 1
+    assert prefill.failure(ROOMS[3]).stage is Stage.SUPERSEDED

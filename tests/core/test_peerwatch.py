@@ -103,7 +103,8 @@ def test_the_lease_index_is_one_key_with_a_ttl(backend: Backend) -> None:
     index = f"kvstatus:{backend.namespace}:leases"
     marks = {k.decode(): v.decode() for k, v in backend.raw.hgetall(index).items()}
     assert sorted(marks) == ["decode-0", "prefill-0"]
-    assert marks["decode-0"] == f"{decode.lease.incarnation}:1"  # the incarnation, and the count of looks
+    incarnation, looks = marks["decode-0"].split(":")
+    assert incarnation == decode.lease.incarnation and looks.isdigit()  # the incarnation, and a count of looks
     assert 0 < backend.raw.pttl(index) <= (600 + 3) * 1000
     assert backend.room_keys() == sorted(backend.room_keys())  # the index is not a room
     assert index not in backend.room_keys()

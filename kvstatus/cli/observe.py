@@ -102,10 +102,10 @@ def exporter(
     never touches Redis. Redis down: kvstatus_up 0, and the exporter keeps
     trying. Stops cleanly (exit 0) on SIGTERM or Ctrl-C.
 
-    Series are bounded whatever the number of participants: per namespace 22,
+    Series are bounded whatever the number of participants: per namespace 23,
     plus 5 kvstatus_entries series (one per status) for each of at most
     --max-participants participants and one more participant "(other)"
-    (with the default 50: at most 277), plus the exporter's process metrics.
+    (with the default 50: at most 278), plus the exporter's process metrics.
     """
     try:
         from kvstatus.observe.exporter import run_exporter

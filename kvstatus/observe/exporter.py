@@ -42,7 +42,7 @@ METRICS: dict[str, str] = {
     "kvstatus_corrupted_rooms": "Rooms holding a value kvstatus does not write (skipped by the counts).",
     "kvstatus_rooms_by_ttl_left": "Live rooms by TTL left, in buckets of seconds.",
     "kvstatus_rooms_by_failure_stage": "Live rooms whose first failure is recorded (room:fate), by the stage it "
-    "failed at: bootstrap, waiting, transfer, lease-lost, cancelled. A room whose record kvstatus cannot read is "
+    "failed at: bootstrap, waiting, transfer, lease-lost, superseded, cancelled. A room whose record kvstatus cannot read is "
     "counted in kvstatus_corrupted_rooms instead.",
     "kvstatus_oldest_non_terminal_age_seconds": "Seconds since the last write of the non-terminal room that went "
     "longest without progress (store TTL minus its TTL left); 0 if there is none.",
@@ -80,7 +80,7 @@ class NamespaceCollector(Collector):
         rooms, entries = gauge("kvstatus_rooms"), gauge("kvstatus_entries", ["participant", "status"])
         no_ttl, corrupted = gauge("kvstatus_keys_without_ttl"), gauge("kvstatus_corrupted_rooms")
         by_ttl = gauge("kvstatus_rooms_by_ttl_left", ["bucket"])
-        by_stage = gauge("kvstatus_rooms_by_failure_stage", ["stage"])  # a closed enum: 5 series per namespace
+        by_stage = gauge("kvstatus_rooms_by_failure_stage", ["stage"])  # a closed enum: 6 series per namespace
         oldest, lost = gauge("kvstatus_oldest_non_terminal_age_seconds"), gauge("kvstatus_rooms_on_lost_participants")
         leases = gauge("kvstatus_lease_tracking")
         duration, scanned = gauge("kvstatus_exporter_scan_duration_seconds"), gauge("kvstatus_exporter_scanned_keys")

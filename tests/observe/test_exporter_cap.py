@@ -18,7 +18,7 @@ from tests.helpers.backends import fresh_namespace
 from tests.observe.support import ServerProcess, scrape, wait_until
 
 PARTICIPANTS = 2_000
-PER_NAMESPACE = 22  # every series of a namespace but kvstatus_entries (17, and 5 of kvstatus_rooms_by_failure_stage)
+PER_NAMESPACE = 23  # every series of a namespace but kvstatus_entries (17, and 6 of kvstatus_rooms_by_failure_stage)
 
 
 def populate(raw: Any, schema: KeySchema, participants: int = PARTICIPANTS) -> None:

@@ -116,7 +116,10 @@ class PeerWatch:
     def mark_calls(self, incarnation: str, looks: int, released: bool = False) -> list[Call]:
         """The calls writing this store's mark: its lease ``incarnation`` and a counter that changes each time."""
         mark = f"{incarnation}:{RELEASED_MARK if released else looks}"
-        return [Call(("HSET", self.key, self.participant, mark)), Call(("PEXPIRE", self.key, str(round(self.keep * 1000))))]
+        return [
+            Call(("HSET", self.key, self.participant, mark)),
+            Call(("PEXPIRE", self.key, str(round(self.keep * 1000)))),
+        ]
 
     def look_request(self, incarnation: str, released: bool = False) -> Request[dict[str, str]]:
         """Write this store's mark and read every peer's, in one round trip; decodes to ``{participant: mark}``

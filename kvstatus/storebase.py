@@ -14,7 +14,6 @@ from kvstatus.clients import is_cluster_client
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
 from kvstatus.leasestate import LeaseCore, validate_lease_ttl
 from kvstatus.observer import StoreObserver, check_observer
-from kvstatus.peerwatch import PeerWatch
 from kvstatus.operations import (
     DEFAULT_TOMBSTONE_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -22,6 +21,7 @@ from kvstatus.operations import (
     StoreCore,
     validate_script_mode,
 )
+from kvstatus.peerwatch import PeerWatch
 from kvstatus.rule import Policy, UpdateResult
 from kvstatus.url import (
     CONNECTION_FIELDS,

@@ -19,9 +19,7 @@ class AsyncLeaseKeeper:
     """Keeps ``core`` held; ``send`` is the store's send (the deadline, the observer and the error
     translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s."""
 
-    def __init__(
-        self, core: LeaseCore, send: Callable[..., Awaitable[Any]], watch: Optional[PeerWatch] = None
-    ) -> None:
+    def __init__(self, core: LeaseCore, send: Callable[..., Awaitable[Any]], watch: Optional[PeerWatch] = None) -> None:
         self.core = core
         self.watch = watch
         self._send = send
@@ -103,8 +101,12 @@ class AsyncLeaseKeeper:
             await self._look_once(watch)
         except Exception as exc:  # noqa: BLE001 - the watch outlives Redis errors; it looks again next time
             if not self._watch_failing:
-                log.warning("participant %s: the peer watch failed (it retries every %g s): %s", watch.participant,
-                            watch.interval, exc)
+                log.warning(
+                    "participant %s: the peer watch failed (it retries every %g s): %s",
+                    watch.participant,
+                    watch.interval,
+                    exc,
+                )
             self._watch_failing = True
             return
         if self._watch_failing:

@@ -20,9 +20,7 @@ class LeaseKeeper:
     """Keeps ``core`` held; ``send`` is the store's send (the deadline, the observer and the error
     translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s."""
 
-    def __init__(
-        self, core: LeaseCore, send: Callable[..., Any], watch: Optional[PeerWatch] = None
-    ) -> None:
+    def __init__(self, core: LeaseCore, send: Callable[..., Any], watch: Optional[PeerWatch] = None) -> None:
         self.core = core
         self.watch = watch
         self._send = send
@@ -104,8 +102,12 @@ class LeaseKeeper:
             self._look_once(watch)
         except Exception as exc:  # noqa: BLE001 - the watch outlives Redis errors; it looks again next time
             if not self._watch_failing:
-                log.warning("participant %s: the peer watch failed (it retries every %g s): %s", watch.participant,
-                            watch.interval, exc)
+                log.warning(
+                    "participant %s: the peer watch failed (it retries every %g s): %s",
+                    watch.participant,
+                    watch.interval,
+                    exc,
+                )
             self._watch_failing = True
             return
         if self._watch_failing:

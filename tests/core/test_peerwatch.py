@@ -62,7 +62,9 @@ def test_a_peer_that_closed_fails_its_open_entries_at_the_next_look(backend: Bac
     assert decode.look_at_peers() == 0  # idempotent: nothing open is left
 
 
-def test_a_peer_whose_lease_expired_fails_once_its_mark_is_a_ttl_old(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_peer_whose_lease_expired_fails_once_its_mark_is_a_ttl_old(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     decode, prefill = _pair(backend)
     backend.raw.hset(f"kvstatus:{backend.namespace}:lease:prefill-0", "deadline", 1)  # Redis' clock passed it
     assert decode.look_at_peers() == 0  # its mark changed less than a TTL ago

@@ -246,10 +246,12 @@ class FailureRecord(NamedTuple):
         return {"stage": self.stage.value, "origin": self.origin, "reason": self.reason, "at": self.at}
 
     def describe(self) -> str:
-        """E.g. "cancelled by router-1: client went away" or "failed at transfer by prefill-0 (no reason given)"."""
+        """E.g. "cancelled by router-1: client went away", "failed at transfer by prefill-0 (no reason given)" or
+        "failed: participant prefill-0 lost its lease" (a lost lease or a restart: the reason names the peer)."""
+        if self.stage in (Stage.LEASE_LOST, Stage.SUPERSEDED):
+            what = "lost its lease" if self.stage is Stage.LEASE_LOST else "restarted"
+            return f"failed: {self.reason}" if self.reason else f"failed: participant {self.origin} {what}"
         what = "cancelled" if self.stage is Stage.CANCELLED else f"failed at {self.stage.value}"
-        if self.stage is Stage.LEASE_LOST:
-            what = "failed: lease lost"
         return (
             f"{what} by {self.origin}: {self.reason}" if self.reason else f"{what} by {self.origin} (no reason given)"
         )

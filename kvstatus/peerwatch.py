@@ -121,6 +121,10 @@ class PeerWatch:
             Call(("PEXPIRE", self.key, str(round(self.keep * 1000)))),
         ]
 
+    def postpone(self, seconds: float) -> None:
+        """A look failed: the next one in ``seconds`` (not before its interval)."""
+        self._looked_at = time.monotonic() + max(seconds - self.interval, 0.0)
+
     def look_request(self, incarnation: str, released: bool = False) -> Request[dict[str, str]]:
         """Write this store's mark and read every peer's, in one round trip; decodes to ``{participant: mark}``
         without this store's own."""
@@ -139,7 +143,8 @@ class PeerWatch:
         self._previous_look, self._looked_at = self._looked_at, now
         plan = WatchPlan()
         self._prune(now)
-        rooms = list(self._open)
+        opened = self._open.copy()  # one C call: the store's threads may write meanwhile
+        rooms = list(opened)
         for name, mark in marks.items():
             peer = self._peers.get(name)
             if peer is None:
@@ -150,14 +155,14 @@ class PeerWatch:
             if mark != peer.mark:
                 incarnation = _incarnation(mark)
                 if incarnation != peer.incarnation:
-                    before = [room for room, at in self._open.items() if at < self._previous_look]
+                    before = [room for room, at in opened.items() if at < self._previous_look]
                     if before:
                         plan.restarted[name] = before
                 peer.mark, peer.changed_at, peer.incarnation, peer.lost = mark, now, incarnation, False
                 if mark.endswith(RELEASED_MARK):
                     plan.suspects[name] = rooms
             elif peer.lost:
-                fresh = [room for room, at in self._open.items() if at >= self._previous_look]
+                fresh = [room for room, at in opened.items() if at >= self._previous_look]
                 if fresh:
                     plan.suspects[name] = fresh
             elif now - peer.changed_at > self.keep:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from kvstatus.concurrency import AsyncBackground, AsyncLock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.leasestate import LeaseCore, log
-from kvstatus.peerwatch import PeerWatch, fail_entries_request, restart_reason
+from kvstatus.peerwatch import PeerWatch, WatchPlan, fail_entries_request, restart_reason
 from kvstatus.rule import OPEN, Outcome, Stage
 
 
@@ -24,6 +24,7 @@ class AsyncLeaseKeeper:
         self.watch = watch
         self._send = send
         self._lock = AsyncLock()
+        self._watch_lock = AsyncLock()  # one look at a time: the background's and look()'s
         self._background = AsyncBackground()
         self._watch_failing = False
 
@@ -108,6 +109,7 @@ class AsyncLeaseKeeper:
                     exc,
                 )
             self._watch_failing = True
+            watch.postpone(self.core.interval)  # a hung server: the renewals come first
             return
         if self._watch_failing:
             log.warning("participant %s: the peer watch works again", watch.participant)
@@ -116,7 +118,10 @@ class AsyncLeaseKeeper:
     async def _look_once(self, watch: PeerWatch) -> None:
         if self.core.incarnation is None:
             return  # not acquired yet: no mark to write, no rooms open
-        plan = watch.plan(await self._send(watch.look_request(self.core.incarnation), "watch"))
+        async with self._watch_lock:
+            await self._act(watch, watch.plan(await self._send(watch.look_request(self.core.incarnation), "watch")))
+
+    async def _act(self, watch: PeerWatch, plan: WatchPlan) -> None:
         for name, rooms in plan.suspects.items():
             if rooms:
                 entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from kvstatus.concurrency import Background, Lock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.leasestate import LeaseCore, log
-from kvstatus.peerwatch import PeerWatch, fail_entries_request, restart_reason
+from kvstatus.peerwatch import PeerWatch, WatchPlan, fail_entries_request, restart_reason
 from kvstatus.rule import OPEN, Outcome, Stage
 
 
@@ -25,6 +25,7 @@ class LeaseKeeper:
         self.watch = watch
         self._send = send
         self._lock = Lock()
+        self._watch_lock = Lock()  # one look at a time: the background's and look()'s
         self._background = Background()
         self._watch_failing = False
 
@@ -109,6 +110,7 @@ class LeaseKeeper:
                     exc,
                 )
             self._watch_failing = True
+            watch.postpone(self.core.interval)  # a hung server: the renewals come first
             return
         if self._watch_failing:
             log.warning("participant %s: the peer watch works again", watch.participant)
@@ -117,7 +119,10 @@ class LeaseKeeper:
     def _look_once(self, watch: PeerWatch) -> None:
         if self.core.incarnation is None:
             return  # not acquired yet: no mark to write, no rooms open
-        plan = watch.plan(self._send(watch.look_request(self.core.incarnation), "watch"))
+        with self._watch_lock:
+            self._act(watch, watch.plan(self._send(watch.look_request(self.core.incarnation), "watch")))
+
+    def _act(self, watch: PeerWatch, plan: WatchPlan) -> None:
         for name, rooms in plan.suspects.items():
             if rooms:
                 entries = self._send(entries_request(watch.core, rooms, [name]), "watch")

@@ -20,6 +20,7 @@ from kvstatus.cli.app import (
     stderr_is_tty,
     table,
 )
+from kvstatus.demo.faults import FAULTS, UPSTREAM, Trial, run_trial
 from kvstatus.demo.workload import (
     FAKEREDIS_DEFAULT_REQUESTS,
     DemoConfig,
@@ -28,6 +29,7 @@ from kvstatus.demo.workload import (
     embedded_redis,
     run_demo,
 )
+from kvstatus.errors import KVStatusError
 from kvstatus.redact import mask_url
 
 DEFAULTS = DemoConfig()
@@ -194,10 +196,18 @@ class _Board:
     help="Also run the web board (kvstatus serve) of the kvstatus run on 127.0.0.1:PORT, live during the "
     "demo, and keep it and the Redis up afterwards until Ctrl-C (needs kvstatus[web]).",
 )
+@click.option(
+    "--faults",
+    is_flag=True,
+    help="Instead of the workload: kill, restart, pause a peer in another process and cancel a room from a "
+    "third, once each, and show how long the survivor took to read Failed, the cause it saw, and what SGLang "
+    "alone does (leases of 3 s; about 30 s).",
+)
 @json_option
 @pass_env
 def demo(
     env: CliEnv,
+    faults: bool,
     prefill: int,
     decode: int,
     requests: Optional[int],
@@ -224,6 +234,10 @@ def demo(
                 f"--serve needs the optional 'web' extra ({exc.name} is not installed): "
                 "in a kvstatus checkout, pip install '.[web]'"
             ) from None
+    if faults:
+        with _redis_for(env) as (url, _):
+            _fault_demo(url, namespace, as_json)
+        return
     bar = _Bar()
     board: Optional[_Board] = None
     try:
@@ -275,3 +289,46 @@ def _report(results: list[DemoResult], config: DemoConfig, as_json: bool) -> Non
         "stale-status requests: requests whose first poll saw a status left by an earlier request on the room\n"
         "leaked keys, keys without TTL: left in the namespace after every worker finished"
     )
+
+
+FAULT_LEASE_TTL = 3.0
+
+
+def _fault_demo(url: str, namespace: str, as_json: bool) -> None:
+    """One trial of every fault of :mod:`kvstatus.demo.faults`, as a table (or JSON)."""
+    trials = []
+    for i, fault in enumerate(FAULTS):
+        click.echo(f"demo: {fault} ...", err=True)
+        try:
+            trials.append(run_trial(url, f"{namespace}-faults-{os.getpid()}-{i}", 7_000 + i, fault, FAULT_LEASE_TTL))
+        except (RuntimeError, KVStatusError) as exc:
+            raise click.ClickException(f"the {fault} trial could not run: {exc}") from None
+    if as_json:
+        emit_json(
+            {
+                "lease_ttl_s": FAULT_LEASE_TTL,
+                "trials": [
+                    {
+                        "fault": t.fault,
+                        "seconds_to_failed": t.seconds,
+                        "cause": t.cause,
+                        "sglang_alone": UPSTREAM[t.fault],
+                    }
+                    for t in trials
+                ],
+            }
+        )
+        return
+
+    def took(trial: Trial) -> str:
+        if trial.fault == "pause":
+            return "nothing failed" if trial.seconds is None else "FAILED (a false failure)"
+        return "never (60 s)" if trial.seconds is None else f"{trial.seconds:.2f} s"
+
+    click.echo(
+        f"A survivor in this process polls its room every 5 ms while a peer in another process holds a "
+        f"{FAULT_LEASE_TTL:g} s lease (the SGLang plugin's default is 10 s: add 7 s to the kill rows)."
+    )
+    click.echo("")
+    rows = [[t.fault, took(t), t.cause, UPSTREAM[t.fault]] for t in trials]
+    click.echo(table(["FAULT", "KVSTATUS: FAILED AFTER", "CAUSE THE SURVIVOR SEES", "SGLANG ALONE"], rows))

@@ -231,6 +231,13 @@ def fault_bodies(count: int = 32, prompt_words: int = 600, max_new_tokens: int =
     return [generate_body(prompt(i, prompt_words), max_new_tokens) for i in range(count)]
 
 
+PLAIN_ROUTER = ("--disable-retries", "--disable-circuit-breaker")
+"""The router options of the kill and cancel scenarios: at its defaults the sglang router sends a failed request
+again under a new room (5 retries) and, after 10 failures in 120 s, opens the worker's circuit for 60 s and
+answers its own 503 "No available prefill workers"; either way the client sees the router, not what the
+servers reported. Without them each client gets the servers' own answer."""
+
+
 def kill_in_flight(
     dep: Deployment,
     role: str,
@@ -240,14 +247,15 @@ def kill_in_flight(
     then_send: Optional[str] = None,
     bound: float = FAULT_WAIT,
 ) -> list[FaultResult]:
-    """Fresh router; send :func:`fault_bodies`; SIGKILL ``role``'s process tree ``delay`` s later; collect.
+    """Fresh router (:data:`PLAIN_ROUTER`); send :func:`fault_bodies`; SIGKILL ``role``'s process tree ``delay`` s
+    later; collect.
 
     ``after_kill`` runs right after the SIGKILL (a restart). With ``then_send`` (a fault name), a few new
     requests go through the same router right after the SIGKILL too, before its health checks can mark the
     dead server down (a fresh router could not register a dead prefill at all): their result is a second
     :class:`FaultResult`, timed from sending. ``bound``: each client's timeout, in seconds.
     """
-    router = dep.router()
+    router = dep.router(*PLAIN_ROUTER)
     try:
         flight = start_all(router.url, fault_bodies(), bound, workers=24)
         time.sleep(delay)
@@ -301,11 +309,10 @@ def cancel_in_flight(
     """Fresh router; send :func:`fault_bodies`; ``delay`` s later ``kvstatus cancel`` every room still open, as
     a router or an operator would when its clients go away; collect. Needs the plugin on (the rooms in Redis).
 
-    ``retries`` False starts the router as one that cancels would run: ``--disable-retries`` (by default it
-    sends a request whose room failed again, under a new room, and the client never sees the cancel) and
-    ``--disable-circuit-breaker`` (by default 10 failures in 120 s open the prefill's circuit for 60 s, and a
-    cancel's failures count: every request after them gets the router's own 503)."""
-    router = dep.router() if retries else dep.router("--disable-retries", "--disable-circuit-breaker")
+    ``retries`` False starts the router as one that cancels would run (:data:`PLAIN_ROUTER`): at its defaults it
+    sends a request whose room failed again, under a new room, so the client never sees the cancel, and the
+    cancel's failures count against the prefill's circuit breaker."""
+    router = dep.router() if retries else dep.router(*PLAIN_ROUTER)
     try:
         flight = start_all(router.url, fault_bodies(), bound, workers=24)
         time.sleep(delay)

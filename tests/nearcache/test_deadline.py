@@ -1,6 +1,7 @@
 """Every path keeps the deadline with the near cache on (one send path): against a SIGSTOPped server a `get`
-of an uncached room, a `get_many`, a `wait_for` and a `room_status` raise within the deadline + slack, sync
-and async; after a restart each recovers; under CLIENT PAUSE WRITE each answers during the pause.
+of an uncached room, a `get_many`, a `wait_for`, a `room_status` and the peer watch's look raise within the
+deadline + slack, sync and async; after a restart each read recovers; under CLIENT PAUSE WRITE each read
+answers during the pause.
 
 Before the send path was written once, the same `get` with near_cache=True blocked 293 s (deadline 1 s).
 """
@@ -43,8 +44,8 @@ PATHS: dict[str, Callable[[Any], Any]] = {
 class Runner:
     """Runs a store method of a sync or an async store to completion from plain test code."""
 
-    def __init__(self, url: str, asynchronous: bool) -> None:
-        settings = dict(namespace=fresh_namespace("dl"), participant="p", near_cache=True, deadline=DEADLINE)
+    def __init__(self, url: str, asynchronous: bool, **extra: Any) -> None:
+        settings = dict(namespace=fresh_namespace("dl"), participant="p", near_cache=True, deadline=DEADLINE, **extra)
         self.loop = asyncio.new_event_loop() if asynchronous else None
         self.store: Any = (AsyncStatusStore if asynchronous else StatusStore).from_url(url, **settings)
 
@@ -59,8 +60,8 @@ class Runner:
 
 
 @contextmanager
-def runner(url: str, asynchronous: bool) -> Iterator[Runner]:
-    made = Runner(url, asynchronous)
+def runner(url: str, asynchronous: bool, **extra: Any) -> Iterator[Runner]:
+    made = Runner(url, asynchronous, **extra)
     try:
         made(lambda store: store.update_status(1, KVPoll.Bootstrapping))  # connected, scripts loaded
         assert made(lambda store: store.get(1)) == KVPoll.Bootstrapping  # the cache's link is open
@@ -95,6 +96,19 @@ def test_a_hung_server_fails_every_path_within_the_deadline(server: RedisServer,
             took = time.monotonic() - started
         assert took < DEADLINE + SLACK, f"{path} raised after {took:.1f} s (deadline {DEADLINE} s)"
         assert run(lambda store: store.get(1)) == KVPoll.Bootstrapping  # and the store goes on afterwards
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_the_peer_watchs_look_keeps_the_deadline(server: RedisServer, asynchronous: bool) -> None:
+    with runner(server.url, asynchronous, lease_ttl=10) as run:
+        assert run(lambda store: store.look_at_peers()) == 0
+        with stopped(server.pid):
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailableError):
+                run(lambda store: store.look_at_peers())
+            took = time.monotonic() - started
+        assert took < DEADLINE + SLACK, f"the look raised after {took:.1f} s (deadline {DEADLINE} s)"
+        assert run(lambda store: store.look_at_peers()) == 0  # and it goes on afterwards
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])

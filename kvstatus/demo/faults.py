@@ -1,0 +1,149 @@
+"""``kvstatus demo --faults``: what a peer's death, restart, pause or a cancel does to a room, in separate processes.
+
+One *trial* of a fault: a survivor store in this process, built as the SGLang plugin builds it (a lease,
+shared fate, near cache off unless asked), holds an open entry in a fresh room of a fresh namespace and
+polls ``get`` every 5 ms; its *peer* is a child process holding its own lease and an open entry there.
+
+- ``kill``: SIGKILL the peer, a prefill mid-transfer (the survivor is the decode waiting for it);
+- ``kill-decode``: SIGKILL the peer, a decode waiting (the survivor is the prefill mid-transfer);
+- ``restart``: SIGKILL the peer and start it again under the same name; timed from the new incarnation's
+  acquire;
+- ``cancel``: a third process cancels the room (``cancel-near``: the survivor reads through a near cache);
+- ``pause``: SIGSTOP the peer for 2/3 of its lease TTL, then SIGCONT: it must fail nothing.
+
+:func:`run_trial` times one; benchmarks/peerfaults.py runs 20 of each for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from typing import NamedTuple, Optional
+
+from kvstatus import KVPoll, StatusStore
+
+FAULTS = ("kill", "kill-decode", "restart", "cancel", "cancel-near", "pause")
+POLL_SECONDS = 0.005
+LIMIT_SECONDS = 60.0
+
+UPSTREAM = {
+    "kill": "the decode waits out its 300 s waiting timeout",
+    "kill-decode": "the prefill waits out its 300 s bootstrap timeout",
+    "restart": "the new prefill knows none of the old rooms: 300 s timeouts",
+    "cancel": "no cancel: a router's abort reaches only the server it calls",
+    "cancel-near": "(as above)",
+    "pause": "nothing fails",
+}
+"""What SGLang alone does for the same fault (its dicts, its 300 s bootstrap and waiting timeouts)."""
+
+_PEER = """
+import sys, time
+from kvstatus import KVPoll, StatusStore
+url, namespace, participant, room, status, ttl = sys.argv[1:7]
+store = StatusStore.from_url(url, namespace=namespace, participant=participant, lease_ttl=float(ttl))
+store.update_status(int(room), KVPoll.Bootstrapping)
+store.update_status(int(room), KVPoll(int(status)))
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+_CANCEL = """
+import sys
+from kvstatus import StatusStore
+url, namespace, room = sys.argv[1:4]
+store = StatusStore.from_url(url, namespace=namespace, participant="router-0")
+print("ready", flush=True)
+sys.stdin.readline()
+store.cancel(int(room), "the client went away")
+"""
+
+
+class Trial(NamedTuple):
+    """One trial: seconds until the survivor's poll answered Failed (None: it never did, within 60 s; for
+    ``pause``, None is the right answer), and the cause the survivor saw ("-": no failure recorded)."""
+
+    fault: str
+    seconds: Optional[float]
+    cause: str
+
+
+class _Child:
+    def __init__(self, code: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline() != "ready\n":
+            self.stop()
+            raise RuntimeError(f"a demo process exited before it was ready (exit code {self.proc.returncode})")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _until_failed(store: StatusStore, room: int, started: float) -> Optional[float]:
+    while time.monotonic() - started < LIMIT_SECONDS:
+        if store.get(room) is KVPoll.Failed:
+            return time.monotonic() - started
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float) -> Trial:
+    """Run one trial of ``fault`` (one of :data:`FAULTS`) in ``namespace`` (fresh: the names repeat)."""
+    survivor_name, peer_name = ("prefill-0", "decode-0") if fault == "kill-decode" else ("decode-0", "prefill-0")
+    own, theirs = KVPoll.WaitingForInput, KVPoll.Transferring
+    if fault == "kill-decode":
+        own, theirs = theirs, own
+    survivor = StatusStore.from_url(
+        url, namespace=namespace, participant=survivor_name, lease_ttl=lease_ttl, near_cache=fault == "cancel-near"
+    )
+    children: list[_Child] = []
+    try:
+        survivor.update_status(room, KVPoll.Bootstrapping)
+        survivor.update_status(room, own)
+        args = (url, namespace, peer_name, str(room))
+        peer = _Child(_PEER, *args, str(int(theirs)), str(lease_ttl))
+        children.append(peer)
+        time.sleep(1.2)  # the survivor's watch has seen the peer's lease
+        seconds: Optional[float]
+        if fault in ("kill", "kill-decode"):
+            started = time.monotonic()
+            peer.signal(signal.SIGKILL)
+            seconds = _until_failed(survivor, room, started)
+        elif fault == "restart":
+            peer.stop()
+            children.append(_Child(_PEER, *args, str(int(KVPoll.Bootstrapping)), str(lease_ttl)))
+            seconds = _until_failed(survivor, room, time.monotonic())
+        elif fault.startswith("cancel"):
+            survivor.get(room)  # a near cache holds the room from here on
+            canceller = _Child(_CANCEL, url, namespace, str(room))
+            children.append(canceller)
+            started = time.monotonic()
+            canceller.go()
+            seconds = _until_failed(survivor, room, started)
+        else:
+            peer.signal(signal.SIGSTOP)
+            time.sleep(lease_ttl * 2 / 3)
+            peer.signal(signal.SIGCONT)
+            time.sleep(1.5)  # two looks of the survivor's watch after the pause
+            seconds = 0.0 if survivor.get(room) is KVPoll.Failed else None
+        failure = survivor.failure(room)
+        return Trial(fault, seconds, "-" if failure is None else failure.describe())
+    finally:
+        for child in children:
+            child.stop()
+        survivor.clear(room)
+        survivor.close()

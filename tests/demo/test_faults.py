@@ -1,0 +1,51 @@
+"""``kvstatus demo --faults``: a peer killed, restarted or paused in another process, a room cancelled from a
+third; run as an operator would, on the embedded redis-server (about 30 s: marked slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvstatus.demo.faults import FAULTS, UPSTREAM
+from tests.helpers.cli import run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.real]
+
+
+def test_every_fault_fails_the_room_for_the_survivor_with_its_cause_and_a_pause_fails_nothing() -> None:
+    result = run_cli("demo", "--faults", "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "embedded redis-server" in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["lease_ttl_s"] == 3.0
+    trials = {t["fault"]: t for t in doc["trials"]}
+    assert list(trials) == list(FAULTS)
+    for fault in ("kill", "kill-decode", "restart", "cancel", "cancel-near"):
+        assert trials[fault]["seconds_to_failed"] is not None, trials[fault]
+        assert trials[fault]["sglang_alone"] == UPSTREAM[fault]
+    assert trials["kill"]["cause"] == "failed: participant prefill-0 lost its lease"
+    assert trials["kill-decode"]["cause"] == "failed: participant decode-0 lost its lease"
+    assert trials["restart"]["cause"] == (
+        "failed: participant prefill-0 restarted: a new incarnation holds its name, this entry was the previous one's"
+    )
+    for fault in ("cancel", "cancel-near"):
+        assert trials[fault]["cause"] == "cancelled by router-0: the client went away"
+    assert trials["pause"] == {
+        "fault": "pause",
+        "seconds_to_failed": None,
+        "cause": "-",
+        "sglang_alone": UPSTREAM["pause"],
+    }
+
+
+def test_the_fault_table_is_one_screen() -> None:
+    result = run_cli("demo", "--faults", timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("FAULT"))
+    assert header.split()[:4] == ["FAULT", "KVSTATUS:", "FAILED", "AFTER"]
+    rows = lines[lines.index(header) + 1 :]
+    assert [row.split()[0] for row in rows] == list(FAULTS)
+    assert "nothing failed" in rows[-1] and "300 s" in rows[0]
+    assert len(lines) <= 24

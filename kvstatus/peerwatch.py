@@ -7,8 +7,9 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
 1. One round trip writes this store's mark in the namespace's lease index (``<prefix>:<namespace>:leases``,
    a hash ``participant -> "<incarnation>:<renewals>"``, first written by the acquire itself) and reads every
    other mark. A live peer's mark changes at each look (every second) and each renewal.
-2. A peer whose mark has not changed for its lease TTL (this process' monotonic clock; no clock is compared
-   across hosts), or whose mark says it released its lease, is a suspect. Its lease record is then read in
+2. A peer whose mark has not changed for :data:`STALE_LOOKS` of its looks or its lease TTL, whichever is
+   shorter (this process' monotonic clock; no clock is compared across hosts), or whose mark says it released
+   its lease, is a suspect. Its lease record is then read in
    the same round trip as its entries in this store's open rooms (:func:`kvstatus.consensus.entries_request`,
    the sweeper's read): only a lease that Redis' own clock judges lost counts, so a wrong or forged mark
    costs one read, never a false failure.
@@ -45,11 +46,15 @@ WATCH_SECONDS = 1.0
 """Seconds between two looks at the peers' marks: a dead peer's rooms fail within its lease TTL plus this."""
 
 RELEASED_MARK = "released"
+STALE_LOOKS = 2.5
+"""A live peer's mark changes at each of its looks (every :data:`WATCH_SECONDS`): one unchanged for this many
+looks is a suspect, so its death is seen within about a look of its lease's expiry. A suspect costs one read,
+which fails nothing while Redis says its lease is alive."""
 
 
 def restart_reason(participant: str) -> str:
     """The failure reason of an entry whose participant restarted under the same name."""
-    return f"participant {participant} restarted: a new incarnation holds its name, this entry was the previous one's"
+    return f"participant {participant} restarted; this entry was its previous incarnation's"
 
 
 @dataclass
@@ -87,6 +92,7 @@ class PeerWatch:
         self.participant = core.participant
         self.key = core.schema.lease_index_key
         self.lease_ttl, self.keep, self.interval = lease_ttl, keep, interval
+        self.stale_after = min(lease_ttl, STALE_LOOKS * interval)
         self._open: dict[int, float] = {}  # room -> monotonic time this store first wrote it open
         self._peers: dict[str, _Peer] = {}
         self._looked_at = -float("inf")
@@ -167,7 +173,7 @@ class PeerWatch:
                     plan.suspects[name] = fresh
             elif now - peer.changed_at > self.keep:
                 plan.forget.append(name)
-            elif now - peer.changed_at > self.lease_ttl:
+            elif now - peer.changed_at > self.stale_after:
                 plan.suspects[name] = rooms
         for name in [name for name in self._peers if name not in marks]:
             del self._peers[name]

@@ -2,8 +2,8 @@
 in its own open rooms, on every backend (fakeredis, Redis, Cluster; sync and async).
 
 The watch runs every second in the lease keeper's background; these tests call ``look_at_peers()`` (one
-look, now) and move the watch's clock instead of waiting a lease TTL out. test_peerwatch_live.py lets the
-background do it, against a real Redis and a SIGKILLed process.
+look, now) and move the watch's clock instead of waiting a lease TTL out. tests/demo/test_faults.py and
+tests/sglang/test_real_peer_death.py let the background do it, with the peer a SIGKILLed process.
 """
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ def test_a_peer_that_closed_fails_its_open_entries_at_the_next_look(backend: Bac
     assert decode.look_at_peers() == 0  # idempotent: nothing open is left
 
 
-def test_a_peer_whose_lease_expired_fails_once_its_mark_is_a_ttl_old(
+def test_a_peer_whose_lease_expired_fails_once_its_mark_is_stale(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decode, prefill = _pair(backend)
     backend.raw.hset(f"kvstatus:{backend.namespace}:lease:prefill-0", "deadline", 1)  # Redis' clock passed it
-    assert decode.look_at_peers() == 0  # its mark changed less than a TTL ago
+    assert decode.look_at_peers() == 0  # its mark changed less than 2.5 looks ago
     shift_watch_clock(monkeypatch, 3.5)
     assert decode.look_at_peers() == 3
     _check_failed(backend, decode, Stage.LEASE_LOST, "participant prefill-0 lost its lease")
@@ -92,7 +92,7 @@ def test_a_peer_restarted_under_its_name_fails_its_previous_incarnations_entries
     again.acquire_lease()
     assert again.lease.generation == 2
     assert decode.look_at_peers() == 3
-    reason = "participant prefill-0 restarted: a new incarnation holds its name, this entry was the previous one's"
+    reason = "participant prefill-0 restarted; this entry was its previous incarnation's"
     _check_failed(backend, decode, Stage.SUPERSEDED, reason)
     # A room opened after the restart was seen is the new incarnation's: never failed by it.
     decode.update_status(99, B)

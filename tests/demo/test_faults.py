@@ -27,7 +27,7 @@ def test_every_fault_fails_the_room_for_the_survivor_with_its_cause_and_a_pause_
     assert trials["kill"]["cause"] == "failed: participant prefill-0 lost its lease"
     assert trials["kill-decode"]["cause"] == "failed: participant decode-0 lost its lease"
     assert trials["restart"]["cause"] == (
-        "failed: participant prefill-0 restarted: a new incarnation holds its name, this entry was the previous one's"
+        "failed: participant prefill-0 restarted; this entry was its previous incarnation's"
     )
     for fault in ("cancel", "cancel-near"):
         assert trials[fault]["cause"] == "cancelled by router-0: the client went away"

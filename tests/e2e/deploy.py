@@ -199,6 +199,16 @@ class Settings:
     namespace: str = "sglang"
 
 
+NEAR_CACHE_VARIABLE = "KVSTATUS_E2E_NEAR_CACHE"
+"""``1``: the plugin-on deployment also sets ``KVSTATUS_SGLANG_NEAR_CACHE=1`` (not the plugin's default): a run
+of the tier with the near cache on, whose table says so. CI runs the defaults."""
+
+
+def plugin_label() -> str:
+    """How the plugin-on deployment is configured, as the fault table names it."""
+    return "near cache on" if os.environ.get(NEAR_CACHE_VARIABLE) == "1" else "defaults"
+
+
 def server_env(settings: Settings) -> dict[str, str]:
     """The environment of an sglang server on this CPU-only machine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVSTATUS_SGLANG_", "SGLANG_", "MC_"))}
@@ -218,6 +228,8 @@ def server_env(settings: Settings) -> dict[str, str]:
     if settings.redis_url is not None:
         env["KVSTATUS_SGLANG_URL"] = settings.redis_url
         env["KVSTATUS_SGLANG_NAMESPACE"] = settings.namespace
+        if plugin_label() == "near cache on":
+            env["KVSTATUS_SGLANG_NEAR_CACHE"] = "1"
     return env
 
 

@@ -39,8 +39,9 @@ def _time(row: dict[str, Any]) -> str:
     return text
 
 
-def markdown(rows: list[dict[str, Any]], when: str, elapsed_s: float | None = None) -> str:
-    """The table: one line per fault and mode, in :data:`FAULTS` order, kvstatus first."""
+def markdown(rows: list[dict[str, Any]], when: str, elapsed_s: float | None = None, plugin: str = "defaults") -> str:
+    """The table: one line per fault and mode, in :data:`FAULTS` order, kvstatus first; ``plugin``: how the
+    plugin-on deployment was configured (:func:`tests.e2e.deploy.plugin_label`)."""
     took = f"; the tier took {elapsed_s / 60:.1f} min" if elapsed_s is not None else ""
     lines = [
         f"Measured {when} by `./dev test-e2e` (both modes in the same run, same machine{took}).",
@@ -50,7 +51,7 @@ def markdown(rows: list[dict[str, Any]], when: str, elapsed_s: float | None = No
     ]
     order = {(f, m): i for i, (f, m) in enumerate((f, m) for f in FAULTS for m in MODES)}
     for row in sorted(rows, key=lambda r: order.get((r["fault"], r["mode"]), len(order))):
-        mode = "with kvstatus (defaults)" if row["mode"] == "kvstatus" else "upstream (plugin off)"
+        mode = f"with kvstatus ({plugin})" if row["mode"] == "kvstatus" else "upstream (plugin off)"
         statuses = ", ".join(str(s) for s in row["statuses"]) or "—"
         causes = "<br>".join(c.replace("|", "\\|") for c in row["causes"]) or "—"
         lines.append(
@@ -59,17 +60,20 @@ def markdown(rows: list[dict[str, Any]], when: str, elapsed_s: float | None = No
     return "\n".join(lines) + "\n"
 
 
-def write(directory: Path, rows: list[dict[str, Any]], elapsed_s: float | None = None) -> Path:
+def write(
+    directory: Path, rows: list[dict[str, Any]], elapsed_s: float | None = None, plugin: str = "defaults"
+) -> Path:
     """Write fault-table.json and fault-table.md into ``directory``; returns the .md path.
 
-    ``elapsed_s``: the tier's wall-clock seconds so far (model, servers, scenarios).
+    ``elapsed_s``: the tier's wall-clock seconds so far (model, servers, scenarios); ``plugin``: as in
+    :func:`markdown`.
     """
     directory.mkdir(parents=True, exist_ok=True)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    record = {"measured": when, "elapsed_s": elapsed_s, "rows": rows}
+    record = {"measured": when, "elapsed_s": elapsed_s, "plugin": plugin, "rows": rows}
     (directory / "fault-table.json").write_text(json.dumps(record, indent=1) + "\n")
     path = directory / "fault-table.md"
-    path.write_text(markdown(rows, when, elapsed_s))
+    path.write_text(markdown(rows, when, elapsed_s, plugin))
     return path
 
 

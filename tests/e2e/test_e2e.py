@@ -90,7 +90,7 @@ def write_table() -> Iterator[None]:
     began = time.monotonic()
     yield
     if faults:
-        table.write(OUT, [f.row() for f in faults], round(time.monotonic() - began))
+        table.write(OUT, [f.row() for f in faults], round(time.monotonic() - began), deploy.plugin_label())
 
 
 def _deployment(mode: str, model: Path, logs: Path, redis_url: str) -> Iterator[scenarios.Deployment]:

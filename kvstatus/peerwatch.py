@@ -167,12 +167,12 @@ class PeerWatch:
                 peer.mark, peer.changed_at, peer.incarnation, peer.lost = mark, now, incarnation, False
                 if mark.endswith(RELEASED_MARK):
                     plan.suspects[name] = rooms
+            elif now - peer.changed_at > self.keep:
+                plan.forget.append(name)  # its lease record is gone by now (kept as long as the rooms)
             elif peer.lost:
                 fresh = [room for room, at in opened.items() if at >= self._previous_look]
                 if fresh:
                     plan.suspects[name] = fresh
-            elif now - peer.changed_at > self.keep:
-                plan.forget.append(name)
             elif now - peer.changed_at > self.stale_after:
                 plan.suspects[name] = rooms
         for name in [name for name in self._peers if name not in marks]:

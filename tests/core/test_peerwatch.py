@@ -130,3 +130,16 @@ def test_a_lost_lease_can_be_held_again_as_a_new_incarnation(backend: Backend) -
     # Its peer sees the restart: the decode's entries of the lost incarnation fail in the prefill's rooms.
     assert prefill.look_at_peers() >= 1
     assert prefill.failure(ROOMS[3]).stage is Stage.SUPERSEDED
+
+
+def test_a_dead_peers_mark_is_dropped_once_its_record_would_be_gone(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decode, prefill = _pair(backend)
+    _release(backend, prefill)
+    assert decode.look_at_peers() == 3
+    index = f"kvstatus:{backend.namespace}:leases"
+    assert backend.raw.hexists(index, "prefill-0")
+    shift_watch_clock(monkeypatch, 600 + 3 + 1)  # the room TTL plus the lease TTL: the record is gone
+    assert decode.look_at_peers() == 0
+    assert not backend.raw.hexists(index, "prefill-0") and backend.raw.hexists(index, "decode-0")

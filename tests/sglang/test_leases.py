@@ -6,13 +6,15 @@ dead rank's open entries, so rank 0's consensus (upstream's minimum) reads Faile
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import fakeredis
 import pytest
 
-from kvstatus import KVPoll, StatusStore
+from kvstatus import KVPoll, Outcome, StatusStore
 from kvstatus.sglang import install
+from kvstatus.sglang.mapping import UNANSWERED_RESULT
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.clock import shift_watch_clock
 from tests.sglang.standin import make_manager
@@ -86,3 +88,19 @@ def test_without_leases_the_pp_consensus_is_the_upstream_one() -> None:
     assert managers[0].check_status_pp_consensus(ROOM) == KVPoll.Bootstrapping  # the minimum
     for manager in managers:
         manager.request_status.close()
+
+
+def test_a_manager_that_lost_its_lease_holds_its_name_again_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    managers, raw, namespace = _ranks(3)
+    manager = managers[1]
+    store = manager.request_status.store
+    assert manager.update_status(ROOM, KVPoll.Bootstrapping).outcome is Outcome.CREATED
+    raw.hset(f"kvstatus:{namespace}:lease:prefill-tp0-pp1", "deadline", 1)  # Redis' clock passed it ...
+    store.lease._renewed_at = float("-inf")  # ... while the process stalled: its next write renews first
+    with caplog.at_level(logging.WARNING, logger="kvstatus.sglang"):
+        assert manager.update_status(ROOM + 1, KVPoll.Bootstrapping) is UNANSWERED_RESULT  # this request fails
+    assert store.lease.held and store.lease.generation == 2
+    assert any("holding its name again as lease incarnation 2" in r.getMessage() for r in caplog.records)
+    assert manager.update_status(ROOM + 2, KVPoll.Bootstrapping).outcome is Outcome.CREATED  # and it serves on
+    for each in managers:
+        each.request_status.close()

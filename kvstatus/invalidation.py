@@ -206,6 +206,10 @@ class Links:
         self.live_until = 0.0
         self.next_ping = 0.0
         self._ping_interval = state.options.max_staleness / 4
+        self.busy = False
+        """True while a read is on the data connections (set under the cache's I/O lock): a reply arriving makes
+        a data connection readable, which :meth:`poll`, called by other threads' cache hits, must not take
+        for a closed connection."""
 
     def add_link(self, link: LinkState) -> None:
         self.links[link.name] = link
@@ -250,7 +254,8 @@ class Links:
             if link is None or link.name in broken:
                 continue
             if not is_inval:
-                broken.append(link.name)  # the data connection has nothing to say unless it closed
+                if not self.busy:  # checked after the poll: a read that began before it has set it already
+                    broken.append(link.name)  # the data connection has nothing to say unless it closed
                 continue
             try:
                 keys, flush, pong = link.inval.drain()

@@ -318,6 +318,14 @@ class NearCache(NearCacheBase):
         self.closed = True
 
 
+def _data_of(links: dict[str, Any], name: str) -> Any:
+    """The data connection of link ``name``; :class:`LinkLost` when it was dropped meanwhile."""
+    link = links.get(name)
+    if link is None:
+        raise LinkLost(f"the near cache's link to {name or 'the server'} was dropped")
+    return link.data
+
+
 class LinkTransport:
     """The near cache's transport (:class:`~kvstatus._sync.sender.Transport`) for one fill or check:
     the commands go out pipelined on each node's tracked data connection. A broken link or a moved slot
@@ -346,20 +354,25 @@ class LinkTransport:
                     raise LinkLost("the near cache has no link")
                 with cache._lock:
                     self.token = cache.state.token()
+                conns = {name: _data_of(links, name) for name in groups}
                 self.sent_at = time.monotonic()
-                for name, indices in groups.items():
-                    conn = links[name].data
-                    conn.send_packed_command(
-                        conn.pack_commands([calls[i].args for i in indices]), check_health=False
-                    )
-                replies: list[Any] = [None] * len(calls)
-                for name, indices in groups.items():
-                    conn = links[name].data
-                    for i in indices:
-                        try:
-                            replies[i] = conn.read_response(disconnect_on_error=True)
-                        except rx.ResponseError as exc:
-                            replies[i] = exc
+                cache.links.busy = True
+                try:
+                    for name, indices in groups.items():
+                        conn = conns[name]
+                        conn.send_packed_command(
+                            conn.pack_commands([calls[i].args for i in indices]), check_health=False
+                        )
+                    replies: list[Any] = [None] * len(calls)
+                    for name, indices in groups.items():
+                        conn = conns[name]
+                        for i in indices:
+                            try:
+                                replies[i] = conn.read_response(disconnect_on_error=True)
+                            except rx.ResponseError as exc:
+                                replies[i] = exc
+                finally:
+                    cache.links.busy = False
         except SlotMoved as exc:
             cache._reset_topology(str(exc))
             return [rx.ConnectionError(f"the near cache's read met a moved slot: {exc}")] * len(calls)

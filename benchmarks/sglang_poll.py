@@ -32,11 +32,13 @@ from kvstatus import KVPoll
 from kvstatus.connection import connect
 from kvstatus.demo.server import RedisServer
 from kvstatus.sglang import install
+from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
 from tests.sglang.standin import make_manager
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = 256
 PP = 4
+PLUGIN_DEFAULTS = "kvstatus, the SGLang plugin's defaults (10 s lease, shared fate, near cache off)"
 SGLANG_VENV = Path(os.environ.get("KVSTATUS_SGLANG_VENV", Path.home() / ".cache/kvstatus/sglang-venv"))
 
 
@@ -91,6 +93,9 @@ def poll_benchmark(url: str, iterations: int, rounds: int) -> list[list[str]]:
     cached_nomemo = make_manager()
     install(cached_nomemo, url, namespace="bench-sgl-near-nomemo", near_cache=True, memo_seconds=0)
     variants["kvstatus, near cache, memo off"] = poll_loop(seeded(cached_nomemo, rooms), rooms)
+    plugin = make_manager()
+    install_from_env(plugin, {ENV_URL: url, ENV_NAMESPACE: "bench-sgl-plugin"})
+    variants[PLUGIN_DEFAULTS] = poll_loop(seeded(plugin, rooms), rooms)
     times = timed_rounds(variants, iterations, rounds)
     base = times["dict (upstream)"]
     return [
@@ -99,12 +104,19 @@ def poll_benchmark(url: str, iterations: int, rounds: int) -> list[list[str]]:
     ]
 
 
-def kvstatus_consensus(url: str, iterations: int, rounds: int, near_cache: bool = False) -> dict[str, float]:
-    """Seconds for rank 0 to read the consensus of 256 rooms, median over rounds; 4 ranks, one client each."""
+def kvstatus_consensus(
+    url: str, iterations: int, rounds: int, near_cache: bool = False, plugin: bool = False
+) -> dict[str, float]:
+    """Seconds for rank 0 to read the consensus of 256 rooms, median over rounds; 4 ranks, one client each.
+    ``plugin``: each rank installed as the SGLang plugin installs it, at its defaults (a 10 s lease)."""
     rooms = list(range(20_000, 20_000 + ROOMS))
     managers = [make_manager(pp_rank=r, pp_size=PP) for r in range(PP)]
+    namespace = f"bench-sgl-pp{'-near' if near_cache else ''}{'-plugin' if plugin else ''}"
     for m in managers:
-        install(m, url, namespace=f"bench-sgl-pp{'-near' if near_cache else ''}", near_cache=near_cache)
+        if plugin:
+            install_from_env(m, {ENV_URL: url, ENV_NAMESPACE: namespace})
+        else:
+            install(m, url, namespace=namespace, near_cache=near_cache)
         seeded(m, rooms)
     rank0 = managers[0]
 
@@ -201,6 +213,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         poll_rows = poll_benchmark(server.url, args.iterations, args.rounds)
         ours = kvstatus_consensus(server.url, args.iterations, args.rounds)
         cached = kvstatus_consensus(server.url, args.iterations, args.rounds, near_cache=True)
+        defaults = kvstatus_consensus(server.url, args.iterations, args.rounds, plugin=True)
         connect(server.url).flushall()
     theirs = upstream_consensus_anywhere(args.iterations, args.rounds)
     print(f"### Scheduler poll loop: {ROOMS} rooms x {args.iterations} iterations (median of {args.rounds} rounds)\n")
@@ -217,6 +230,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         ["kvstatus + near cache `check_status_pp_consensus` (0 round trips)", f"{cached['consensus'] * 1e3:,.3f}", ""],
         ["kvstatus + near cache poll (`in` + consensus, 0 round trips)", f"{cached['poll'] * 1e3:,.3f}", ""],
         ["kvstatus + near cache `collect_many` (0 round trips)", f"{cached['batched'] * 1e3:,.3f}", ""],
+        [f"{PLUGIN_DEFAULTS}: `check_status_pp_consensus`", f"{defaults['consensus'] * 1e3:,.2f}", ""],
+        [f"{PLUGIN_DEFAULTS}: poll (`in` + consensus)", f"{defaults['poll'] * 1e3:,.2f}", ""],
     ]
     if theirs is None:
         rows += [
@@ -233,6 +248,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         rows[3][2] = f"{cached['consensus'] / theirs['consensus']:,.1f}x upstream consensus"
         rows[4][2] = f"{cached['poll'] / theirs['consensus']:,.1f}x upstream consensus"
         rows[5][2] = f"{cached['batched'] / theirs['collect']:,.1f}x upstream collect"
+        rows[6][2] = f"{defaults['consensus'] / theirs['consensus']:,.0f}x upstream consensus"
+        rows[7][2] = f"{defaults['poll'] / theirs['consensus']:,.0f}x upstream consensus"
     print(table(["read", "256 rooms (ms)", "ratio"], rows))
 
 

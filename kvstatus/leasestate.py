@@ -12,7 +12,8 @@ readers (the consensus view, the sweeper, ``kvstatus participants``) still
 see a dead participant as *lost* for as long as its entries can exist.
 
 Upkeep: one renewal every ``ttl / 3`` seconds (a TTL of at least
-:data:`MIN_LEASE_TTL` = 3 s keeps it at most one command per second). Before
+:data:`MIN_LEASE_TTL` = 3 s keeps the renewals at most one per second; the peer watch,
+:mod:`kvstatus.peerwatch`, adds one round trip a second). Before
 each write the store checks its monotonic clock: when more than ``2/3`` of the
 TTL went by since the last successful renewal was sent, the lease may be
 about to expire, and the write first renews synchronously. A renewal that
@@ -60,7 +61,7 @@ def validate_lease_ttl(ttl: object) -> float:
     ):
         raise InvalidArgumentError(
             f"invalid lease_ttl {ttl!r}: expected seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}] (a renewal every "
-            "ttl/3 s keeps the upkeep at most one command per second; see the README on choosing it)"
+            "ttl/3 s keeps the renewals at most one per second; see the README on choosing it)"
         )
     return float(ttl)
 

@@ -83,6 +83,7 @@ class LeaseCore:
         self._keep_ms = str(max(keep_ms, round(self.ttl * 1000)))
         self.incarnation: Optional[str] = None
         self.generation: Optional[int] = None
+        self.acquired = False  # the current incarnation's acquire was answered HELD
         self.lost = False
         self.released = False
         self.taken_over = False
@@ -97,7 +98,7 @@ class LeaseCore:
     @property
     def held(self) -> bool:
         """True while this store holds the lease as far as it knows (acquired, not lost, not released)."""
-        return self.incarnation is not None and not self.lost and not self.released
+        return self.acquired and not self.lost and not self.released
 
     def fresh(self) -> bool:
         """True when a write may go ahead without renewing first (the write path's check, no I/O)."""
@@ -107,7 +108,7 @@ class LeaseCore:
         """The :class:`~kvstatus.operations.Request` of ``op`` ("acquire", "renew", "release"); decodes to (code, gen)."""
         if op == "acquire":
             self.incarnation = secrets.token_hex(8)
-            self.lost = self.released = self.taken_over = self.record_gone = False
+            self.acquired = self.lost = self.released = self.taken_over = self.record_gone = False
         assert self.incarnation is not None
         call = script_call(scripts.LEASE, [self.key], (op, self.incarnation, self._ttl_ms, self._keep_ms))
 
@@ -123,6 +124,7 @@ class LeaseCore:
         """Take in the reply of ``op`` sent at monotonic time ``sent_at``."""
         code, generation = reply
         if code == HELD:
+            self.acquired = True
             self._renewed_at = sent_at
             self.generation = generation
             self.renewals += op == "renew"

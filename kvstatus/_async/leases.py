@@ -35,7 +35,7 @@ class AsyncLeaseKeeper:
             return
         async with self._lock:
             if not core.lost and not core.fresh():
-                await self._call("renew" if core.incarnation is not None and not core.released else "acquire")
+                await self._call("renew" if core.acquired and not core.released else "acquire")
         if core.lost:
             raise core.lost_error()
 
@@ -116,10 +116,11 @@ class AsyncLeaseKeeper:
             self._watch_failing = False
 
     async def _look_once(self, watch: PeerWatch) -> None:
-        if self.core.incarnation is None:
-            return  # not acquired yet: no mark to write, no rooms open
+        incarnation = self.core.incarnation
+        if incarnation is None or not self.core.held:
+            return  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         async with self._watch_lock:
-            await self._act(watch, watch.plan(await self._send(watch.look_request(self.core.incarnation), "watch")))
+            await self._act(watch, watch.plan(await self._send(watch.look_request(incarnation), "watch")))
 
     async def _act(self, watch: PeerWatch, plan: WatchPlan) -> None:
         for name, rooms in plan.suspects.items():

@@ -36,7 +36,7 @@ class LeaseKeeper:
             return
         with self._lock:
             if not core.lost and not core.fresh():
-                self._call("renew" if core.incarnation is not None and not core.released else "acquire")
+                self._call("renew" if core.acquired and not core.released else "acquire")
         if core.lost:
             raise core.lost_error()
 
@@ -117,10 +117,11 @@ class LeaseKeeper:
             self._watch_failing = False
 
     def _look_once(self, watch: PeerWatch) -> None:
-        if self.core.incarnation is None:
-            return  # not acquired yet: no mark to write, no rooms open
+        incarnation = self.core.incarnation
+        if incarnation is None or not self.core.held:
+            return  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         with self._watch_lock:
-            self._act(watch, watch.plan(self._send(watch.look_request(self.core.incarnation), "watch")))
+            self._act(watch, watch.plan(self._send(watch.look_request(incarnation), "watch")))
 
     def _act(self, watch: PeerWatch, plan: WatchPlan) -> None:
         for name, rooms in plan.suspects.items():

@@ -6,6 +6,7 @@ import re
 from typing import Iterator
 
 import pytest
+import redis
 
 from kvstatus import KVPoll, Outcome, PermissionDeniedError, StatusStore
 from kvstatus.admin.acl import (
@@ -193,3 +194,32 @@ def test_record_failure_is_refused_before_writing_when_pexpire_is_denied(acl_ser
             with pytest.raises(PermissionDeniedError, match="'pexpire'"):
                 store.record_failure(4343, "peer lost")
         assert admin.hgetall("kvstatus:ns-a:{4343}") == {b"default": b"3"}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_the_worker_recipe_holds_a_lease_and_watches_its_peers(request: pytest.FixtureRequest, topology: str) -> None:
+    url = _urls(request, topology, "ns-a")
+    with StatusStore.from_url(url, namespace="ns-a", participant="decode-w", lease_ttl=3) as decode:
+        prefill = StatusStore.from_url(url, namespace="ns-a", participant="prefill-w", lease_ttl=3)
+        room = 4_000 + (topology == "cluster")
+        decode.update_status(room, KVPoll.WaitingForInput)
+        prefill.update_status(room, KVPoll.Transferring)  # the acquire writes its mark in the lease index
+        assert decode.look_at_peers() == 0
+        prefill.close()  # its release's mark tells the peers at once
+        assert decode.look_at_peers() == 1
+        assert decode.get(room) is KVPoll.Failed
+        assert decode.failure(room).describe() == "failed: participant prefill-w lost its lease"
+        decode.clear(room)
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_another_tenant_cannot_hold_a_lease_or_watch_in_a_namespace_not_its_own(
+    request: pytest.FixtureRequest, topology: str
+) -> None:
+    with StatusStore.from_url(_urls(request, topology, "ns-a"), namespace="ns-b", lease_ttl=3) as store:
+        with pytest.raises(PermissionDeniedError, match="ACL") as info:
+            store.acquire_lease()  # the lease record and its mark in ns-b's lease index
+        assert USER_SECRET not in str(info.value) and ADMIN_SECRET not in str(info.value)
+        assert store.look_at_peers() == 0  # no lease held: no mark to write, nothing read
+        with pytest.raises(redis.exceptions.NoPermissionError):  # nor by hand: a forged mark in ns-b's index
+            store.client.execute_command("HSET", "kvstatus:ns-b:leases", "prefill-0", "forged:1")

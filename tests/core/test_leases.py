@@ -12,6 +12,7 @@ import pytest
 
 from kvstatus import (
     AsyncStatusStore,
+    BackendUnavailableError,
     InvalidArgumentError,
     InvalidRoomError,
     KVPoll,
@@ -25,6 +26,7 @@ from kvstatus.consensus import consensus_calls, room_consensus
 from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from tests.helpers.backends import Backend, fresh_namespace
+from tests.servers import free_port
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 
@@ -226,3 +228,17 @@ def test_a_lease_the_listing_calls_lost_is_lost_to_the_consensus_read_right_afte
         seen.append(LeaseState(read(keys=[key], args=["0", "p"])[0][0]))
     client.close()
     assert set(seen) == {LeaseState.LOST}
+
+
+@pytest.mark.real
+def test_a_first_acquire_that_never_reached_redis_is_tried_again_not_taken_for_a_lost_lease() -> None:
+    port = free_port()
+    store = StatusStore.from_url(f"redis://127.0.0.1:{port}/0", namespace=fresh_namespace("acq"), lease_ttl=3)
+    with pytest.raises(BackendUnavailableError):
+        store.acquire_lease()  # nothing listens yet: the acquire never reached Redis
+    assert not store.lease.held and not store.lease.lost
+    with RedisServer(port=port):
+        store.acquire_lease()  # a fresh acquire, not a renewal of a lease Redis never had
+        assert store.lease.held and store.lease.generation == 1
+        assert store.update_status(1, B).outcome.name == "CREATED"
+        store.close()

@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable
 
 from benchmarks.measure import interleave, ratio, time_calls
+from benchmarks.report import markdown_table
 from kvstatus import KVPoll, StatusStore, scripts
 from kvstatus.admin.sweep import sweep
 from kvstatus.connection import connect
@@ -84,7 +85,7 @@ def consensus(url: str, samples: int, rounds: int) -> None:
             lambda i: client.execute_command("EVALSHA", floor_sha, len(keys), *keys, *names), samples
         ),
     }
-    server = {}
+    server: dict[str, list[float]] = {}
     for name in blocks:
         block = blocks[name]
 
@@ -266,9 +267,7 @@ def main(argv: list[str]) -> int:
     if args.cluster_sweep_rooms:
         with RedisClusterServers(masters=3, extra_args=NO_PERSISTENCE) as cluster:
             sweep_rate(cluster.url, args.cluster_sweep_rooms, "3-master cluster")
-    print("| measurement | result | detail |\n|---|---|---|")
-    for cells in ROWS:
-        print("| " + " | ".join(cells) + " |")
+    print(markdown_table(["measurement", "result", "detail"], ROWS))
     return 0
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 Block = Callable[[], list[int]]
@@ -29,7 +29,7 @@ def time_calls(call: Callable[[int], object], n: int) -> list[int]:
     return samples
 
 
-def percentile(samples: list[int], fraction: float) -> float:
+def percentile(samples: Sequence[float], fraction: float) -> float:
     ordered = sorted(samples)
     return float(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))])
 

@@ -17,16 +17,13 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from benchmarks.measure import percentile
+from benchmarks.report import markdown_table
 from kvstatus.demo.faults import FAULTS, UPSTREAM, run_trial
 from kvstatus.demo.server import RedisServer
 from tests.servers import RedisClusterServers
 
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def measure(url: str, where: str, trials: int, ttl: float, faults: list[str]) -> list[list[str]]:
@@ -48,7 +45,7 @@ def measure(url: str, where: str, trials: int, ttl: float, faults: list[str]) ->
             rows.append([where, fault, f"**{len(times)} false failures** in {trials}", "-", cause, UPSTREAM[fault]])
             continue
         p50 = f"{statistics.median(times):.2f} s" if times else "-"
-        p99 = f"{_quantile(times, 0.99):.2f} s" if times else "-"
+        p99 = f"{percentile(times, 0.99):.2f} s" if times else "-"
         rows.append([where, fault, p50, p99 + (f" ({never} never failed)" if never else ""), cause, UPSTREAM[fault]])
     return rows
 
@@ -76,10 +73,8 @@ def main(argv: list[str]) -> int:
         for where, url in targets:
             rows += measure(url, where, args.trials, args.lease_ttl, args.faults.split(","))
     print(f"lease TTL {args.lease_ttl:g} s, {args.trials} trials per fault, the survivor polling every 5 ms\n")
-    print("| Redis | fault | p50 to Failed | p99 to Failed | cause the survivor sees (trials) | SGLang alone |")
-    print("|---|---|---|---|---|---|")
-    for cells in rows:
-        print("| " + " | ".join(cells) + " |")
+    header = ["Redis", "fault", "p50 to Failed", "p99 to Failed", "cause the survivor sees (trials)", "SGLang alone"]
+    print(markdown_table(header, rows))
     return 0
 
 

@@ -48,6 +48,12 @@ def machine() -> dict[str, str]:
     }
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table of ``rows`` (cells already formatted) under ``header``; the scripts that print theirs."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def render(results: Results, host: dict[str, str], command: str, seconds: float) -> str:
     lines = [
         f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {seconds:.0f} s, reproduced by:",

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from benchmarks.report import markdown_table
 from kvstatus import KVPoll
 from kvstatus.connection import connect
 from kvstatus.demo.server import RedisServer
@@ -194,11 +195,6 @@ def upstream_consensus_anywhere(iterations: int, rounds: int) -> Optional[dict[s
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sglang_poll", description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=100, help="scheduler iterations per round [100]")
@@ -217,7 +213,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         connect(server.url).flushall()
     theirs = upstream_consensus_anywhere(args.iterations, args.rounds)
     print(f"### Scheduler poll loop: {ROOMS} rooms x {args.iterations} iterations (median of {args.rounds} rounds)\n")
-    print(table(["implementation", "100 iterations (ms)", "per poll (µs)", "vs dict"], poll_rows))
+    print(markdown_table(["implementation", "100 iterations (ms)", "per poll (µs)", "vs dict"], poll_rows))
     print(f"\n### PP rank 0: consensus of {ROOMS} rooms over {PP} ranks (one scheduler iteration)\n")
     rows = [
         ["kvstatus `check_status_pp_consensus` (1 round trip a room)", f"{ours['consensus'] * 1e3:,.2f}", ""],
@@ -250,7 +246,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         rows[5][2] = f"{cached['batched'] / theirs['collect']:,.1f}x upstream collect"
         rows[6][2] = f"{defaults['consensus'] / theirs['consensus']:,.0f}x upstream consensus"
         rows[7][2] = f"{defaults['poll'] / theirs['consensus']:,.0f}x upstream consensus"
-    print(table(["read", "256 rooms (ms)", "ratio"], rows))
+    print(markdown_table(["read", "256 rooms (ms)", "ratio"], rows))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 
 from kvstatus.sglang.plugin import ENV_LEASE_TTL, ENV_NAMESPACE, ENV_URL, install_from_env
 from tests.helpers.backends import fresh_namespace
-from tests.sglang.test_real_sglang import real_manager
+from tests.sglang.test_real_sglang import plugin_child, real_manager
 from tests.sglang.test_real_startup import _with_failure_records
 
 pytestmark = [pytest.mark.sglang, pytest.mark.real]
@@ -25,30 +24,18 @@ ROOM = 770_077
 LEASE_TTL = 3
 BOUND_SECONDS = 30  # far above the lease TTL plus a second, far below SGLang's 300 s
 
-PREFILL_CHILD = textwrap.dedent("""
-    import sys, time
-    from collections import defaultdict
-    import sglang.srt.disaggregation.common.conn as conn
-    from sglang.srt.disaggregation.utils import DisaggregationMode
-
-    def fake_init(self, *args, **kwargs):  # stands in for the real __init__ (server args, bootstrap, engine)
-        self.request_status = {}
-        self._deferred_ack_targets, self._deferred_ack_poisoned_rooms = {}, set()
-        self._staging_outstanding = defaultdict(int)
-        self.disaggregation_mode = DisaggregationMode.PREFILL
-        self.kv_args = type("A", (), {"engine_rank": 0})()
-        self.pp_rank, self.pp_size = 0, 1
-
-    conn.CommonKVManager.__init__ = fake_init
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
+PREFILL_CHILD = plugin_child(
+    "PREFILL",
+    0,
+    """
     m = conn.CommonKVManager()
     room = int(sys.argv[1])
     m.update_status(room, conn.KVPoll.Bootstrapping)
     m.update_status(room, conn.KVPoll.Transferring)
     print("transferring", flush=True)
     time.sleep(600)
-""")
+    """,
+)
 
 
 def test_a_sigkilled_prefill_fails_the_decodes_room_naming_it(sg: Any, redis_server: Any) -> None:

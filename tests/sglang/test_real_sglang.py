@@ -390,23 +390,34 @@ def test_pp_consensus_over_four_ranks_matches_pp_consensus_store(sg: Any, redis_
 # -- the process-wide switch: sglang's own plugin loader finds and applies the entry point
 
 
-PLUGIN_CHILD = textwrap.dedent("""
-    import json, sys
-    from collections import defaultdict
-    import sglang.srt.disaggregation.common.conn as conn
-    from sglang.srt.disaggregation.utils import DisaggregationMode
+def plugin_child(mode: str, engine_rank: int, body: str) -> str:
+    """A child process' script: a fake ``CommonKVManager.__init__`` (a ``mode`` manager of ``engine_rank``),
+    sglang's own plugin loader, then ``body`` (dedented), which builds managers and uses them."""
+    prelude = textwrap.dedent(f"""
+        import json, sys, time
+        from collections import defaultdict
+        import sglang.srt.disaggregation.common.conn as conn
+        from sglang.srt.disaggregation.utils import DisaggregationMode
 
-    def fake_init(self, *args, **kwargs):  # stands in for the real __init__ (server args, bootstrap, engine)
-        self.request_status = {}
-        self._deferred_ack_targets, self._deferred_ack_poisoned_rooms = {}, set()
-        self._staging_outstanding = defaultdict(int)
-        self.disaggregation_mode = DisaggregationMode.DECODE
-        self.kv_args = type("A", (), {"engine_rank": 3})()
-        self.pp_rank, self.pp_size = 0, 1
+        def fake_init(self, *args, **kwargs):  # stands in for the real __init__ (server args, bootstrap, engine)
+            self.request_status = {{}}
+            self._deferred_ack_targets, self._deferred_ack_poisoned_rooms = {{}}, set()
+            self._staging_outstanding = defaultdict(int)
+            self.disaggregation_mode = DisaggregationMode.{mode}
+            self.kv_args = type("A", (), {{"engine_rank": {engine_rank}}})()
+            self.pp_rank, self.pp_size = 0, 1
 
-    conn.CommonKVManager.__init__ = fake_init
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
+        conn.CommonKVManager.__init__ = fake_init
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+    """)
+    return prelude + textwrap.dedent(body)
+
+
+PLUGIN_CHILD = plugin_child(
+    "DECODE",
+    3,
+    """
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
 
     class Manager(MooncakeKVManager):  # a subclass reaches the hook through super().__init__
@@ -416,7 +427,8 @@ PLUGIN_CHILD = textwrap.dedent("""
     m = Manager()
     m.update_status(5, conn.KVPoll.Bootstrapping)
     print(json.dumps({"installed": type(m.request_status).__name__, "participant": m.request_status.participant}))
-""")
+    """,
+)
 
 
 def test_the_plugin_puts_every_manager_of_a_process_on_kvstatus(sg: Any, redis_server: Any) -> None:

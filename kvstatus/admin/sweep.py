@@ -29,13 +29,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from kvstatus import scripts
 from kvstatus.admin.leases import list_leases
 from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_room_keys
 from kvstatus.consensus import MAX_PARTICIPANTS, LeaseState, entries_request, lost_reason
-from kvstatus.keys import KeySchema, reason_field
-from kvstatus.requests import Request, script_call
-from kvstatus.rule import OPEN, Outcome
+from kvstatus.keys import KeySchema
+from kvstatus.peerwatch import fail_entries_request
+from kvstatus.rule import OPEN, Outcome, Stage
 from kvstatus.store import StatusStore
 
 
@@ -68,20 +67,6 @@ class SweepResult:
             "other_lost_participants": self.other_lost,
             "seconds": round(self.seconds, 3),
         }
-
-
-def sweep_request(store: StatusStore, rooms: list[int], participant: str) -> Request[list[Outcome]]:
-    """The calls failing ``participant``'s open entries in ``rooms`` (one script call; per slot on a cluster)."""
-    core = store._core
-    keys = core.schema.room_keys(rooms)
-    args = (participant, reason_field(participant), lost_reason(participant))
-    groups = core._chunks(keys)
-    calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in groups]
-
-    def decode(replies: list[Any]) -> list[Outcome]:
-        return [Outcome(code) for reply in replies for code in reply]
-
-    return Request(calls, decode)
 
 
 def sweep(
@@ -129,7 +114,8 @@ def sweep(
                 targets = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[j] in OPEN]
                 if not targets:
                     continue
-                outcomes = store._send(sweep_request(store, targets, name))
+                request = fail_entries_request(store._core, targets, name, Stage.LEASE_LOST, lost_reason(name))
+                outcomes = store._send(request)
                 for room, outcome in zip(targets, outcomes):
                     if outcome is Outcome.FAILED:
                         result.swept += 1

@@ -317,11 +317,6 @@ class RoomStatusMap:
         except _Unanswered as unanswered:
             return RoomConsensus(KVPoll.Failed, reason=unanswered.reason)
 
-    @property
-    def uses_leases(self) -> bool:
-        """True when the store holds a participant lease: the PP consensus then counts lost ranks as Failed."""
-        return getattr(self.store, "lease", None) is not None
-
     def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
         """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""
         if self.pp_participants is None:

@@ -82,7 +82,7 @@ def test_without_leases_the_pp_consensus_is_the_upstream_one() -> None:
     managers, raw, namespace = _ranks(None)
     for manager in managers[:3]:
         manager.update_status(ROOM, KVPoll.Bootstrapping)
-    assert not managers[0].request_status.uses_leases
+    assert managers[0].request_status.store.lease is None
     assert managers[0].check_status_pp_consensus(ROOM) == KVPoll.Bootstrapping  # rank 3 has no entry
     managers[3].update_status(ROOM, KVPoll.WaitingForInput)
     assert managers[0].check_status_pp_consensus(ROOM) == KVPoll.Bootstrapping  # the minimum

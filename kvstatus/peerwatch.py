@@ -98,7 +98,6 @@ class PeerWatch:
         self._looked_at = -float("inf")
         self._previous_look = -float("inf")
         self._looks = 0
-        self.failed = 0  # peers' entries this watch failed, in all
 
     def wrote(self, room: int, status: Optional[KVPoll]) -> None:
         """This store's entry in ``room`` is now ``status`` (None: none)."""
@@ -110,10 +109,6 @@ class PeerWatch:
     def closed(self, room: int) -> None:
         """This store's entry in ``room`` was cleared, popped or cancelled."""
         self._open.pop(room, None)
-
-    @property
-    def open_rooms(self) -> int:
-        return len(self._open)
 
     def next_delay(self) -> float:
         """Seconds until the next look is due."""

@@ -92,9 +92,7 @@ class AsyncLeaseKeeper:
         """Look at the peers' lease marks now (the background does it every ``watch.interval`` s); returns how
         many of their entries it failed. Raises what the store's send raises."""
         assert self.watch is not None
-        before = self.watch.failed
-        await self._look_once(self.watch)
-        return self.watch.failed - before
+        return await self._look_once(self.watch)
 
     async def _look(self, watch: PeerWatch) -> None:
         """:meth:`look`, in the background: an error is logged once (and its end), then tried again."""
@@ -115,32 +113,35 @@ class AsyncLeaseKeeper:
             log.warning("participant %s: the peer watch works again", watch.participant)
             self._watch_failing = False
 
-    async def _look_once(self, watch: PeerWatch) -> None:
+    async def _look_once(self, watch: PeerWatch) -> int:
         incarnation = self.core.incarnation
         if incarnation is None or not self.core.held:
-            return  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
+            return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         async with self._watch_lock:
-            await self._act(watch, watch.plan(await self._send(watch.look_request(incarnation), "watch")))
+            return await self._act(watch, watch.plan(await self._send(watch.look_request(incarnation), "watch")))
 
-    async def _act(self, watch: PeerWatch, plan: WatchPlan) -> None:
+    async def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
+        """Carry out ``plan``; returns how many peers' entries were failed."""
+        failed = 0
         for name, rooms in plan.suspects.items():
             if rooms:
                 entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
                 watch.confirmed(name, entries.leases[0])
                 if entries.leases[0] is LeaseState.LOST:
                     open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
-                    await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name))
+                    failed += await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name))
         for name, rooms in plan.restarted.items():
-            await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name))
+            failed += await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name))
         if plan.forget:
             await self._send(watch.forget_request(plan.forget), "watch")
+        return failed
 
-    async def _fail(self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str) -> None:
+    async def _fail(self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str) -> int:
+        """Fail ``name``'s open entries in ``rooms`` (logged); returns how many were failed."""
         if not rooms:
-            return
+            return 0
         outcomes = await self._send(fail_entries_request(watch.core, rooms, name, stage, reason), "watch")
         failed = sum(outcome is Outcome.FAILED for outcome in outcomes)
-        watch.failed += failed
         if failed:
             log.warning(
                 "participant %s: %s; failed its open entries in %d of this participant's rooms (stage %s)",
@@ -149,6 +150,7 @@ class AsyncLeaseKeeper:
                 failed,
                 stage.value,
             )
+        return failed
 
     async def close(self) -> None:
         """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the

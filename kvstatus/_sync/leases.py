@@ -93,9 +93,7 @@ class LeaseKeeper:
         """Look at the peers' lease marks now (the background does it every ``watch.interval`` s); returns how
         many of their entries it failed. Raises what the store's send raises."""
         assert self.watch is not None
-        before = self.watch.failed
-        self._look_once(self.watch)
-        return self.watch.failed - before
+        return self._look_once(self.watch)
 
     def _look(self, watch: PeerWatch) -> None:
         """:meth:`look`, in the background: an error is logged once (and its end), then tried again."""
@@ -116,32 +114,35 @@ class LeaseKeeper:
             log.warning("participant %s: the peer watch works again", watch.participant)
             self._watch_failing = False
 
-    def _look_once(self, watch: PeerWatch) -> None:
+    def _look_once(self, watch: PeerWatch) -> int:
         incarnation = self.core.incarnation
         if incarnation is None or not self.core.held:
-            return  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
+            return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         with self._watch_lock:
-            self._act(watch, watch.plan(self._send(watch.look_request(incarnation), "watch")))
+            return self._act(watch, watch.plan(self._send(watch.look_request(incarnation), "watch")))
 
-    def _act(self, watch: PeerWatch, plan: WatchPlan) -> None:
+    def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
+        """Carry out ``plan``; returns how many peers' entries were failed."""
+        failed = 0
         for name, rooms in plan.suspects.items():
             if rooms:
                 entries = self._send(entries_request(watch.core, rooms, [name]), "watch")
                 watch.confirmed(name, entries.leases[0])
                 if entries.leases[0] is LeaseState.LOST:
                     open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
-                    self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name))
+                    failed += self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name))
         for name, rooms in plan.restarted.items():
-            self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name))
+            failed += self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name))
         if plan.forget:
             self._send(watch.forget_request(plan.forget), "watch")
+        return failed
 
-    def _fail(self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str) -> None:
+    def _fail(self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str) -> int:
+        """Fail ``name``'s open entries in ``rooms`` (logged); returns how many were failed."""
         if not rooms:
-            return
+            return 0
         outcomes = self._send(fail_entries_request(watch.core, rooms, name, stage, reason), "watch")
         failed = sum(outcome is Outcome.FAILED for outcome in outcomes)
-        watch.failed += failed
         if failed:
             log.warning(
                 "participant %s: %s; failed its open entries in %d of this participant's rooms (stage %s)",
@@ -150,6 +151,7 @@ class LeaseKeeper:
                 failed,
                 stage.value,
             )
+        return failed
 
     def close(self) -> None:
         """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the

@@ -62,7 +62,8 @@ DEFAULT_LEASE_TTL = 10.0
 """Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
 renewed every TTL/3 s by a background thread, so a manager survives a stall of up to 2/3 of it (6.7 s);
 a longer one loses the lease, its rooms in flight fail, and the manager holds its name again
-(:mod:`kvstatus.sglang.mapping`). BENCHMARKS.md has the measurements behind it."""
+(:mod:`kvstatus.sglang.mapping`). docs/guide.md ("Choosing lease_ttl") weighs pauses and failovers; in the
+e2e tier (docs/e2e.md) no manager lost its lease outside the faults on a busy 2-core box."""
 HOOK_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__"
 
 

@@ -7,6 +7,8 @@ keep a cached read coherent is explained in :mod:`kvstatus.nearcache`.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from kvstatus.keys import KeySchema, validate_rooms
 from kvstatus.replies import decode_room
 from kvstatus.rule import KVPoll, ParticipantEntry, RoomView
 from kvstatus.topology import SlotMoved
-from kvstatus.url import STORE_OPTIONS, ParsedURL
+from kvstatus.url import STORE_OPTIONS, ParsedURL, url_near_cache
 
 DEFAULT_MAX_ROOMS = 16_384
 DEFAULT_MAX_STALENESS = 1.0
@@ -32,6 +34,9 @@ _LOG_KEEP = 4096
 NULL_INVALIDATION = "null invalidation (FLUSHDB/FLUSHALL or tracking table full)"
 MISS: Any = object()
 """What a lookup in a status map returns for a room that is not cached."""
+POLL_GATE = 0.001
+"""Seconds the dict-speed path (:attr:`CacheState.fresh_until`) may serve the status maps without reading the
+invalidation sockets: a change reaches it at most this long after its invalidation reached the socket."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,12 @@ class CacheState:
         self.invalidated = 0  # rooms invalidated since the start (the log's end)
         self._log: list[int] = []
         self.earliest_deadline = float("inf")
+        self.fresh_until = 0.0
+        """Monotonic seconds until which a reader may look its room up in :meth:`flat`'s map directly, with no
+        lock and no I/O (the SGLang map's dict-speed path): set by the driver's last check of the links (at
+        most :data:`POLL_GATE` ahead, never past their liveness, the next topology check or a cached key's
+        expiry), 0 after a flush. Such a reader adds its hits to :attr:`fast_hits`; the driver reports them."""
+        self.fast_hits = 0
         self.metrics: Any = None  # a kvstatus.observer.StoreObserver, told of invalidations and the size
 
     # ---- invalidation
@@ -162,6 +173,7 @@ class CacheState:
         self._log.clear()
         self.flushes += 1
         self.earliest_deadline = float("inf")
+        self.fresh_until = 0.0
         self.flush_reasons = (self.flush_reasons + [reason])[-8:]
 
     def invalidate(self, rooms: Iterable[int]) -> int:
@@ -232,6 +244,7 @@ class CacheState:
                 flat[room] = status_for(entry, reader)
             if entry.deadline is not None and entry.deadline < self.earliest_deadline:
                 self.earliest_deadline = entry.deadline
+        self.fresh_until = min(self.fresh_until, self.earliest_deadline)
         self._evict()
         if self.metrics is not None:
             self.metrics.set_cache_size(len(entries))
@@ -256,8 +269,17 @@ class CacheState:
         for flat in self.flats.values():
             flat.pop(room, None)
 
+    def served(self, now: float, live_until: float, next_check: float) -> None:
+        """The driver checked the links at ``now`` and they are live until ``live_until``: open the dict-speed
+        path until the first of that, ``now + POLL_GATE``, the next topology check and the first expiry."""
+        self.fresh_until = min(now + POLL_GATE, live_until, next_check, self.earliest_deadline)
+        hits, self.fast_hits = self.fast_hits, 0
+        if hits and self.metrics is not None:
+            self.metrics.on_cache_hit(hits)
+
     def flat(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
-        """The room -> status map of ``reader`` (built on its first read)."""
+        """The room -> status map of ``reader`` (built on its first read; the same dict for the cache's life,
+        emptied by flushes): None for a cached room with no entry, no key for a room not cached."""
         flat = self.flats.get(reader)
         if flat is None:
             flat = self.flats[reader] = {room: status_for(e, reader) for room, e in self.entries.items()}
@@ -303,6 +325,32 @@ class NearCacheBase:
     :class:`~kvstatus.nearcache.AsyncNearCache`): a store given one shares it."""
 
     closed: bool
+    state: CacheState
+
+    def invalidate(self, rooms: Iterable[int]) -> None:
+        raise NotImplementedError
+
+
+_CACHES: weakref.WeakSet[NearCacheBase] = weakref.WeakSet()
+_CACHES_LOCK = threading.Lock()
+
+
+def register(cache: NearCacheBase) -> None:
+    """Make ``cache`` one of this process's near caches, told of :func:`writes_sent`."""
+    with _CACHES_LOCK:
+        _CACHES.add(cache)
+
+
+def writes_sent(schema: KeySchema, rooms: Iterable[int]) -> None:
+    """A store of this process wrote (or may have written) ``rooms`` of ``schema``'s namespace: every near cache
+    of the process on that namespace drops them, so a read that follows the write in this process, through any
+    store, reads them again (read-your-writes within a process; another process's writes reach the cache by
+    Redis' invalidation messages)."""
+    rooms = list(rooms)
+    with _CACHES_LOCK:
+        caches = [cache for cache in _CACHES if cache.state.schema.base == schema.base]
+    for cache in caches:
+        cache.invalidate(rooms)
 
 
 def near_cache_setting(
@@ -312,11 +360,9 @@ def near_cache_setting(
     ``near_cache=true`` / ``near_cache_size=N`` query options (None: no cache)."""
     if near_cache is not None:
         return near_cache
-    query = url.query  # parse_url has validated the values
-    size = query.get("near_cache_size")
-    enabled = STORE_OPTIONS["near_cache"](query["near_cache"]) if "near_cache" in query else size is not None
-    if not enabled:
+    if not url_near_cache(url):
         return None
+    size = url.query.get("near_cache_size")  # parse_url has validated it
     return NearCacheOptions(max_rooms=STORE_OPTIONS["near_cache_size"](size)) if size is not None else True
 
 

@@ -9,9 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, ClassVar, Optional, TypeVar, Union
 
-from kvstatus.cachestate import NearCacheBase, NearCacheOptions, make_near_cache, near_cache_setting
+from kvstatus.cachestate import (
+    CacheState,
+    NearCacheBase,
+    NearCacheOptions,
+    make_near_cache,
+    near_cache_setting,
+    writes_sent,
+)
 from kvstatus.clients import is_cluster_client
-from kvstatus.keys import DEFAULT_PREFIX, KeySchema
+from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_name
 from kvstatus.leasestate import LeaseCore, validate_lease_ttl
 from kvstatus.observer import StoreObserver, check_observer
 from kvstatus.operations import (
@@ -22,7 +29,7 @@ from kvstatus.operations import (
     validate_script_mode,
 )
 from kvstatus.peerwatch import PeerWatch
-from kvstatus.rule import Policy, UpdateResult
+from kvstatus.rule import KVPoll, Policy, UpdateResult
 from kvstatus.url import (
     CONNECTION_FIELDS,
     DEFAULT_URL,
@@ -196,6 +203,18 @@ class StoreBase:
         """The :mod:`kvstatus.nearcache` cache serving this store's reads, or None."""
         return self._near
 
+    def cached_statuses(
+        self, participant: Optional[str] = None
+    ) -> Optional[tuple[CacheState, dict[int, Optional[KVPoll]]]]:
+        """The near cache's state and the room -> status map of ``participant`` (default: this store's) in it, as
+        :meth:`get` answers (None: no entry; no key: not cached), for a reader that serves the map itself while
+        ``state.fresh_until`` (monotonic seconds) has not passed, and calls :meth:`get` otherwise (the SGLang
+        map's dict-speed path); None without a near cache."""
+        if self._near is None:
+            return None
+        reader = self._reader if participant is None else (validate_name(participant, "participant"), self._reader[1])
+        return self._near.state, self._near.status_map(reader)
+
     def _opened(self, results: Mapping[int, UpdateResult]) -> None:
         """Tell the peer watch (if any) this store's entries after updates: it watches the open ones."""
         if self._watch is not None:
@@ -209,12 +228,12 @@ class StoreBase:
                 self._watch.closed(room)
 
     def _wrote(self, rooms: Any) -> None:
-        """Drop rooms this store wrote (or may have written) from its near cache: read-your-writes."""
-        if self._near is not None:
-            try:
-                self._near.invalidate(list(rooms))
-            except TypeError:
-                pass  # not an iterable of rooms: the operation itself raised about it
+        """Drop rooms this store wrote (or may have written) from the process's near caches: read-your-writes,
+        through any store of the process (:func:`~kvstatus.cachestate.writes_sent`)."""
+        try:
+            writes_sent(self._core.schema, rooms)
+        except TypeError:
+            pass  # not an iterable of rooms: the operation itself raised about it
 
     def _uncached(self, participant: str) -> Any:
         """A store on the same client reading ``participant``'s entry without the near cache (for wait_for)."""

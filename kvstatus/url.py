@@ -281,6 +281,15 @@ def url_shared_fate(url: Union[str, ParsedURL]) -> bool:
     return True if value is None else bool(_BOOL[value.lower()])
 
 
+def url_near_cache(url: Union[str, ParsedURL]) -> Optional[bool]:
+    """Whether the URL turns the near cache on (``?near_cache=``; a ``near_cache_size`` alone turns it on), None
+    when it says nothing."""
+    query = parse_url(url).query
+    if "near_cache" in query:
+        return bool(_BOOL[query["near_cache"].lower()])
+    return True if "near_cache_size" in query else None
+
+
 def parse_url(url: object) -> ParsedURL:
     """Validate a Redis URL; raise :class:`InvalidURLError` naming what is wrong (password masked).
     A :class:`ParsedURL` is returned as it is: callers parse a URL once and pass the result on."""

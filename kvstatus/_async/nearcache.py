@@ -22,6 +22,7 @@ from kvstatus.cachestate import (
     NearCacheBase,
     NearCacheOptions,
     Reader,
+    register,
     status_for,
     unique_rooms,
     view_at,
@@ -70,6 +71,7 @@ class AsyncNearCache(NearCacheBase):
         self._fingerprint: Any = None
         self._next_check = 0.0
         self.closed = False
+        register(self)
         self.refused: Optional[str] = None
         """Why the server refused to track this cache's reads (NOPERM on CLIENT TRACKING, ...); it then runs
         uncached: every read goes to Redis through the store's send path, and nothing is kept."""
@@ -85,7 +87,11 @@ class AsyncNearCache(NearCacheBase):
         state = self.state
         if now >= state.earliest_deadline:
             state.expire(now)
-        return now < links.live_until
+        if now < links.live_until:
+            state.served(now, links.live_until, self._next_check)
+            return True
+        state.fresh_until = 0.0
+        return False
 
     async def status(self, room: int, reader: Reader, operation: str = "get") -> Optional[KVPoll]:
         """``reader``'s status in a validated ``room``, or None."""
@@ -143,6 +149,12 @@ class AsyncNearCache(NearCacheBase):
                         self.metrics.on_cache_hit()
                     return view_at(entry, now)
         return view_at((await self._fill([room], "room"))[room], time.monotonic())
+
+    def status_map(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
+        """``reader``'s room -> status map, for a caller that serves it while ``state.fresh_until`` has not
+        passed (see :attr:`~kvstatus.cachestate.CacheState.fresh_until`) and reads through :meth:`status` else."""
+        with self._lock:
+            return self.state.flat(reader)
 
     def invalidate(self, rooms: Iterable[int]) -> None:
         """Drop ``rooms``: call after this process wrote them, before returning to its caller."""
@@ -279,6 +291,8 @@ class AsyncNearCache(NearCacheBase):
             )
         except KVStatusError as exc:
             self._reset_links(f"topology check failed: {exc}")
+            if time.monotonic() >= now + self.sender.deadline:
+                raise  # the deadline is spent: the read fails now, as a plain read would, not after a fill's deadline
             return
         if marker_key is not None and replies[-1] != self._marker:
             self._reset_links("another database is under the cache (SWAPDB), or it was flushed")
@@ -375,6 +389,10 @@ class AsyncLinkTransport:
         except SlotMoved as exc:
             await cache._reset_topology(str(exc))
             return [rx.ConnectionError(f"the near cache's read met a moved slot: {exc}")] * len(calls)
+        except rx.AuthenticationError as exc:  # the credentials, not the link: no resend, and said as it is
+            cache._reset_links(f"read failed: {exc}")
+            self.resend_delays = ()
+            return [exc] * len(calls)
         except (LinkLost, *BROKEN) as exc:
             cache._reset_links(f"read failed: {exc}")
             if connection_refused(exc) and not (cache.topology.cluster or cache.topology.sentinel):

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
+from kvstatus.cachestate import writes_sent
 from kvstatus.concurrency import Background, Lock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.leasestate import LeaseCore, log
@@ -141,7 +142,10 @@ class LeaseKeeper:
         """Fail ``name``'s open entries in ``rooms`` (logged); returns how many were failed."""
         if not rooms:
             return 0
-        outcomes = self._send(fail_entries_request(watch.core, rooms, name, stage, reason), "watch")
+        try:
+            outcomes = self._send(fail_entries_request(watch.core, rooms, name, stage, reason), "watch")
+        finally:
+            writes_sent(watch.core.schema, rooms)  # this process's reads of those rooms see the failure at once
         failed = sum(outcome is Outcome.FAILED for outcome in outcomes)
         if failed:
             log.warning(

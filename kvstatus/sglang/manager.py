@@ -6,7 +6,6 @@ Works on any object with the attribute names of sglang 0.5.23's
 
 from __future__ import annotations
 
-import types
 from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Union
@@ -24,6 +23,7 @@ from kvstatus.sglang.mapping import (
 )
 from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
 from kvstatus.store import StatusStore
+from kvstatus.url import url_near_cache
 
 # Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
 OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
@@ -97,13 +97,20 @@ def open_store(
     namespace: str,
     participant: str,
     policy: str = "strict",
-    near_cache: bool = False,
+    near_cache: Optional[bool] = None,
     **store_options: Any,
 ) -> StatusStore:
-    """``StatusStore.from_url`` for one manager; ``near_cache=True`` turns the store's near cache on, so a poll of
-    an unchanged room (``in``, ``check_status``, PP rank 0's consensus read) costs no round trip."""
+    """``StatusStore.from_url`` for one manager, with its near cache on unless ``near_cache=False`` or the URL's
+    ``?near_cache=false`` (None: the URL's setting and size, else on), so a poll of an unchanged room (``in``,
+    ``check_status``, the PP consensus) costs no round trip. A ``near_cache`` the URL contradicts is refused."""
+    in_url = url_near_cache(url)
+    if in_url is not None and near_cache is not None and near_cache != in_url:
+        raise InvalidArgumentError(
+            f"near_cache={near_cache} disagrees with the URL's near cache setting ({in_url}): set one of them"
+        )
+    setting = None if in_url is not None else near_cache is not False  # None: the URL's, with its size
     return StatusStore.from_url(
-        url, namespace=namespace, participant=participant, policy=policy, near_cache=near_cache or None, **store_options
+        url, namespace=namespace, participant=participant, policy=policy, near_cache=setting, **store_options
     )
 
 
@@ -213,9 +220,11 @@ class FailureNotes:
 def _status_methods(
     kv_manager: Any, status_map: RoomStatusMap, notes: Optional[FailureNotes]
 ) -> dict[str, Callable[..., Any]]:
-    """The methods install() binds to ``kv_manager``: upstream's bodies, with one atomic store call."""
+    """The methods install() sets on ``kv_manager`` (instance attributes, called without ``self``): upstream's
+    bodies, with one atomic store call. ``check_status`` is the map's own lookup, one call deep like upstream's."""
+    self = kv_manager
 
-    def update_status(self: Any, bootstrap_room: int, status: KVPoll | int) -> UpdateResult:
+    def update_status(bootstrap_room: int, status: KVPoll | int) -> UpdateResult:
         result = status_map.update_status(bootstrap_room, status)
         if result.outcome is Outcome.CREATED:
             if status in OPENING:
@@ -233,10 +242,7 @@ def _status_methods(
             _record_invalid_room(self, bootstrap_room, status)
         return result
 
-    def check_status(self: Any, bootstrap_room: int) -> KVPoll:
-        return status_map[bootstrap_room]
-
-    def check_status_pp_consensus(self: Any, bootstrap_room: int) -> KVPoll:
+    def check_status_pp_consensus(bootstrap_room: int) -> KVPoll:
         # A rank that died does not stall the room: with leases (the plugin's default) the other ranks' peer
         # watches fail its open entries (kvstatus.peerwatch), so the minimum below reads Failed, and the room's
         # first failure names the dead rank. Without leases this is upstream's consensus.
@@ -248,7 +254,7 @@ def _status_methods(
             notes.failed(bootstrap_room, None)
         return status
 
-    def record_failure(self: Any, bootstrap_room: int, failure_reason: str) -> None:
+    def record_failure(bootstrap_room: int, failure_reason: str) -> None:
         with self.failure_lock:
             self.failure_records[bootstrap_room] = failure_reason
         # The room's other participants report it too (the room's first failure names it): one round trip,
@@ -262,7 +268,7 @@ def _status_methods(
 
     return {
         "update_status": update_status,
-        "check_status": check_status,
+        "check_status": status_map.__getitem__,
         "check_status_pp_consensus": check_status_pp_consensus,
         "record_failure": record_failure,
     }
@@ -294,7 +300,7 @@ def install(
     policy: str = "strict",
     namespace: Optional[str] = None,
     instance: Optional[str] = None,
-    near_cache: bool = False,
+    near_cache: Optional[bool] = None,
     memo_seconds: float = DEFAULT_MEMO_SECONDS,
     check: bool = True,
     **store_options: Any,
@@ -306,7 +312,10 @@ def install(
     cache and metrics) or a URL (``namespace`` required; ``near_cache``,
     ``ttl``, ``metrics`` and connection options are passed to
     ``StatusStore.from_url``). ``participant`` overrides :func:`participant_name`.
-    With the near cache on, polls of unchanged rooms are answered from memory.
+    From a URL the store's near cache is on (``near_cache=False`` or the URL's ``?near_cache=false`` turn it off;
+    :func:`open_store`): a poll of a room that has not changed (``in``, ``check_status``, the PP consensus) is
+    answered from memory at about the cost of upstream's dict, with no round trip. A server or ACL that refuses
+    CLIENT TRACKING gets one warning line naming the permission, and the manager runs uncached.
 
     ``update_status``, ``check_status``, ``check_status_pp_consensus`` and
     ``record_failure`` become instance methods that make one store call each. With a store built
@@ -369,7 +378,7 @@ def install(
             **store_options,
         )
     else:
-        if namespace is not None or near_cache or store_options:
+        if namespace is not None or near_cache is not None or store_options:
             raise InvalidArgumentError(
                 "namespace, near_cache and store options apply to a URL; build the store with them instead"
             )
@@ -397,7 +406,7 @@ def install(
     for method_name, function in _status_methods(kv_manager, status_map, notes).items():
         owner = _defined_by(kv_manager, method_name)
         if owner is None or owner.__name__ == UPSTREAM_CLASS:
-            setattr(kv_manager, method_name, types.MethodType(function, kv_manager))
+            setattr(kv_manager, method_name, function)
             replaced.append(method_name)
     setattr(kv_manager, _PREVIOUS, previous)
     setattr(kv_manager, _INSTALLED, tuple(replaced))

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
 
+from kvstatus.cachestate import MISS
 from kvstatus.consensus import RoomConsensus
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
 from kvstatus.fate import shared_status
@@ -25,6 +26,7 @@ log = logging.getLogger("kvstatus.sglang")
 DEFAULT_MEMO_SECONDS = 0.002
 
 _MISSING = object()
+_monotonic = time.monotonic  # bound once: the dict-speed path calls it on every poll
 _LEN_ITER_MESSAGE = (
     "a RoomStatusMap is a view of rooms shared by every process of the namespace: it has no length and is not "
     "iterable (that would SCAN Redis). Use `kvstatus ls` or kvstatus.admin.scan to list rooms"
@@ -42,6 +44,15 @@ reads answer Failed. Equal to :data:`INVALID_ROOM_RESULT`, not the same object (
 OnFailed = Callable[[int, Optional[str]], None]
 """``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
 when the room itself reads Failed (its first failure is then looked up)."""
+
+
+class _NeverFresh:
+    """The near cache state of a map without one: never fresh, so every read takes the full path."""
+
+    fresh_until = 0.0
+
+
+_NEVER_FRESH = _NeverFresh()
 
 
 class _Unanswered(Exception):
@@ -183,6 +194,18 @@ class RoomStatusMap:
         self._local = threading.local()
         self._rank_stores: Optional[list[Any]] = None
         self.outage = Outage(self.participant)
+        # The dict-speed path: the near cache's status maps, served while its state says they are fresh.
+        self._near = store.near_cache
+        self._state: Any = _NEVER_FRESH
+        self._flat: dict[int, Optional[KVPoll]] = {}
+        self._rank_flats: list[dict[int, Optional[KVPoll]]] = []
+        cached = store.cached_statuses() if self._near is not None else None
+        if cached is not None:
+            self._state, self._flat = cached
+            if self.pp_participants is not None:
+                self._rank_flats = [store.cached_statuses(name)[1] for name in self.pp_participants]
+        self._fresh: Any = self._state  # _NEVER_FRESH during an outage
+        self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
 
     def _call(self, call: Callable[[], T]) -> T:
         """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on."""
@@ -192,14 +215,17 @@ class RoomStatusMap:
         try:
             result = call()
         except LeaseLostError as exc:
+            self._fresh = _NEVER_FRESH
             reason = self.outage.failed(exc)
             self._hold_again()
             raise _Unanswered(reason) from None
         except STORE_DOWN as exc:
+            self._fresh = _NEVER_FRESH
             raise _Unanswered(self.outage.failed(exc)) from None
         except CorruptedValueError as exc:  # this room's value, not the store: no outage
             raise _Unanswered(f"kvstatus: {exc}") from None
         self.outage.answered()
+        self._fresh = self._state
         return result
 
     def _hold_again(self) -> None:
@@ -217,6 +243,7 @@ class RoomStatusMap:
             self.store.lease.generation,
         )
         self.outage.answered()
+        self._fresh = self._state
 
     def _failed(self, room: int, reason: Optional[str] = None) -> None:
         if self.on_failed is not None:
@@ -248,6 +275,10 @@ class RoomStatusMap:
             return self._status_in(value, self.participant)
         return value
 
+    def _uncached(self) -> bool:
+        """No near cache answers this map's reads (none, or the server refused to track them)."""
+        return self._near is None or self._near.refused is not None
+
     def _read(self, room: int) -> Optional[KVPoll]:
         value = self._take(room)
         if value is not _MISSING:
@@ -264,21 +295,43 @@ class RoomStatusMap:
             self._failed(room)
         return status
 
+    # The dict-speed path, at the top of the four poll methods: a room the near cache holds, looked up in its
+    # status map with no lock, no I/O and no further call while the cache's state says the map is fresh (during
+    # an outage ``_fresh`` is never fresh). Anything else (not cached, Failed, not an int, stale) takes the
+    # method's full path.
+
     def __contains__(self, room: object) -> bool:
+        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+            status = self._flat.get(room, MISS)
+            if status is not MISS:
+                if self._counting:
+                    self._fresh.fast_hits += 1
+                return status is not None
+        return self._contains(room)
+
+    def _contains(self, room: object) -> bool:
+        """``room in m`` by the store (a method of its own: the fast path above must not pay for its closures)."""
         self._local.memo = None
+        uncached = self._uncached()
         try:
             value: Union[Optional[KVPoll], RoomView] = self._call(
-                lambda: self.store.room(room) if self._reads_rooms else self.store.get(room)  # type: ignore[arg-type]
+                lambda: self.store.room(room) if self._reads_rooms and uncached else self.store.get(room)  # type: ignore[arg-type]
             )
         except InvalidRoomError:
             return True  # a room that failed from the start (see the class docstring)
         except _Unanswered:
             return True  # the read that follows answers Failed, with the reason
-        if self.memo_seconds > 0:
+        if self.memo_seconds > 0 and uncached:
             self._local.memo = (room, time.monotonic(), value)
         return self._own(value) is not None
 
     def __getitem__(self, room: int) -> KVPoll:
+        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+            status = self._flat.get(room)
+            if status:  # cached, with an entry, not Failed
+                if self._counting:
+                    self._fresh.fast_hits += 1
+                return status
         status = self._read(room)
         if status is None:
             raise KeyError(room)
@@ -286,6 +339,12 @@ class RoomStatusMap:
 
     def get(self, room: int, default: Any = None) -> Any:
         """The participant's status in ``room``, or ``default`` when it has no entry."""
+        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+            status = self._flat.get(room)
+            if status:
+                if self._counting:
+                    self._fresh.fast_hits += 1
+                return status
         status = self._read(room)
         return default if status is None else status
 
@@ -293,16 +352,26 @@ class RoomStatusMap:
         """Every PP rank's status in ``room`` (rank order, None where missing), in one round trip."""
         if self.pp_participants is None:
             raise InvalidArgumentError("collect() needs pp_participants: this map was built without pipeline ranks")
+        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+            statuses = [flat.get(room, MISS) for flat in self._rank_flats]
+            if MISS not in statuses:  # a fill or invalidation under way leaves some rank's map without the room
+                if self._counting:
+                    self._fresh.fast_hits += 1
+                return statuses
+        return self._collect(room, self.pp_participants)
+
+    def _collect(self, room: int, ranks: tuple[str, ...]) -> list[Optional[KVPoll]]:
+        """:meth:`collect` from the memo or the store (with the near cache: its room view)."""
         view = self._take(room)
         if not isinstance(view, RoomView):
             try:
                 view = self._call(lambda: self.store.room(room))
             except InvalidRoomError:
-                return [KVPoll.Failed] * len(self.pp_participants)
+                return [KVPoll.Failed] * len(ranks)
             except _Unanswered as unanswered:
                 self._failed(room, unanswered.reason)
-                return [KVPoll.Failed] * len(self.pp_participants)
-        return [self._status_in(view, name) for name in self.pp_participants]
+                return [KVPoll.Failed] * len(ranks)
+        return [self._status_in(view, name) for name in ranks]
 
     def consensus(self, room: int) -> RoomConsensus:
         """The room's consensus over the PP ranks, leases included (one round trip, no memo)."""

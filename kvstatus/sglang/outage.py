@@ -39,12 +39,13 @@ class Outage:
     def __init__(self, participant: str, seconds: float = OUTAGE_SECONDS) -> None:
         self.participant, self.seconds = participant, seconds
         self._until = 0.0
-        self._error: Optional[KVStatusError] = None
+        self.error: Optional[KVStatusError] = None
+        """The error of the outage under way (None between outages; read without the lock by the dict-speed path)."""
         self._lock = threading.Lock()
 
     def reason(self) -> Optional[str]:
         """The reason to fail a room with while an outage lasts, or None when calls should try Redis."""
-        error = self._error
+        error = self.error
         if error is None or time.monotonic() >= self._until:
             return None
         return outage_reason(error)
@@ -52,8 +53,8 @@ class Outage:
     def failed(self, error: KVStatusError) -> str:
         """A store call failed with ``error``: start (or extend) the outage; returns the room's failure reason."""
         with self._lock:
-            started = self._error is None
-            self._error, self._until = error, time.monotonic() + self.seconds
+            started = self.error is None
+            self.error, self._until = error, time.monotonic() + self.seconds
         if started:
             log.error(
                 "participant %s: Redis failed a status call (%s: %s); the rooms it reads or writes fail, and calls "
@@ -67,9 +68,9 @@ class Outage:
 
     def answered(self) -> None:
         """A store call succeeded: the outage, if any, is over."""
-        if self._error is None:
+        if self.error is None:
             return
         with self._lock:
-            ended, self._error = self._error is not None, None
+            ended, self.error = self.error is not None, None
         if ended:
             log.warning("participant %s: Redis answers status calls again", self.participant)

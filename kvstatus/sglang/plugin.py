@@ -20,7 +20,10 @@ its variable, the URL's password masked):
 - ``KVSTATUS_SGLANG_INSTANCE``   a tag for this server, when two servers of one role share the namespace.
 - ``KVSTATUS_SGLANG_POLICY``     ``strict`` (sglang 0.5.23's rule) or ``seed`` [default ``strict``].
 - ``KVSTATUS_SGLANG_TTL``        seconds [default: the store's, 600].
-- ``KVSTATUS_SGLANG_NEAR_CACHE`` ``1`` to read through the store's near cache [default ``0``].
+- ``KVSTATUS_SGLANG_NEAR_CACHE`` ``0`` to read every status from Redis; ``1`` or unset: the store's near cache
+  (:mod:`kvstatus.nearcache`: a poll of an unchanged room makes no round trip) [default ``1``]. The URL's
+  ``?near_cache=`` does the same; when both are set they must agree. A server or ACL that refuses CLIENT
+  TRACKING gets one warning line, and the managers run uncached.
 - ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0``: no lease
   [default :data:`DEFAULT_LEASE_TTL`, 10]. With a lease, a manager that dies fails its open rooms for every
   peer within the TTL plus about a second (:mod:`kvstatus.peerwatch`). The URL's ``?lease_ttl=`` does the
@@ -154,7 +157,7 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
     from kvstatus.errors import InvalidArgumentError
     from kvstatus.keys import validate_name
     from kvstatus.rule import to_policy
-    from kvstatus.url import parse_url, url_lease_ttl, url_shared_fate
+    from kvstatus.url import parse_url, url_lease_ttl, url_near_cache, url_shared_fate
 
     env = os.environ if environ is None else environ
     url = env.get(ENV_URL, "").strip()
@@ -188,16 +191,18 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         lease_ttl = DEFAULT_LEASE_TTL
     if lease_ttl:
         options["lease_ttl"] = lease_ttl
-    options["near_cache"] = bool(_flag(env, ENV_NEAR_CACHE))
-    shared_fate = _flag(env, ENV_SHARED_FATE)
-    if shared_fate is not None:  # unset: the URL's ?shared_fate=, else the store's default (on)
-        url_fate = url_shared_fate(parsed) if "shared_fate" in parsed.query else None
-        if url_fate is not None and url_fate != shared_fate:
+    for variable, key, in_url in (
+        (ENV_NEAR_CACHE, "near_cache", url_near_cache(parsed)),  # unset: the URL's, else install()'s default (on)
+        (ENV_SHARED_FATE, "shared_fate", url_shared_fate(parsed) if "shared_fate" in parsed.query else None),
+    ):
+        value = _flag(env, variable)
+        if value is None:
+            continue  # the URL's ?<key>=, else the default (on)
+        if in_url is not None and in_url != value:
             raise _setting_error(
-                ENV_SHARED_FATE,
-                f"{int(shared_fate)} disagrees with the shared_fate={int(url_fate)} of {ENV_URL}: set one of them",
+                variable, f"{int(value)} disagrees with the {key}={int(in_url)} of {ENV_URL}: set one of them"
             )
-        options["shared_fate"] = shared_fate
+        options[key] = value
     return options
 
 

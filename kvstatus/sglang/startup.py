@@ -194,13 +194,8 @@ def check_store(store: Any) -> None:
             store.acquire_lease()
     except KVStatusError as exc:
         raise _setting_error(exc, step, store) from exc
-    near = store.near_cache
-    if near is not None and near.refused:  # asked for, yet it would run uncached: a misconfiguration
-        raise SettingError(
-            f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
-            f"cache off, or grant +client|tracking +client|id ({near.refused})",
-            setting="near_cache",
-        )
+    # A near cache the server refuses to track has said so once (a WARNING naming the permission) and runs
+    # uncached: the manager works, at a round trip a poll. describe() shows it.
 
 
 def server_of(client: Any) -> str:
@@ -227,7 +222,8 @@ def describe(status_map: Any, server: str) -> str:
     shared fate."""
     store = status_map.store
     lease = store.lease
-    near = "on" if store.near_cache is not None else "off"
+    cache = store.near_cache
+    near = "off" if cache is None else "refused by the server (uncached)" if cache.refused else "on"
     held = "off" if lease is None else f"{lease.ttl:g} s (generation {lease.generation})"
     fate = "on" if store.shared_fate else "off"
     pp = f", PP ranks {len(status_map.pp_participants)}" if status_map.pp_participants else ""

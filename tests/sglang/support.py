@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+from collections import Counter
 from typing import Any, Callable
 
 import fakeredis
@@ -40,15 +42,23 @@ def counting_store(policy: str = "strict", participant: str = "prefill-tp0-pp0")
     )
 
 
-def commands_served(raw: Any) -> dict[str, int]:
-    """Calls per command so far (INFO commandstats), without INFO itself and the near cache's liveness PINGs
-    (sent on its invalidation connection without waiting: not a round trip of a poll)."""
-    return {k: v["calls"] for k, v in raw.info("commandstats").items() if k not in ("cmdstat_info", "cmdstat_ping")}
+def room_commands(raw: Any, base: str, work: Callable[[], object]) -> list[str]:
+    """The commands Redis served while ``work`` ran that name a room key under ``base`` (``prefix:namespace:``),
+    as MONITOR shows them: a lease keeper's or another namespace's commands are not counted."""
+    marker = f"kvstatus-monitor-end-{uuid.uuid4().hex}"
+    pattern = base + "{"
+    seen: list[str] = []
+    with raw.monitor() as monitor:  # MONITOR has answered OK: every command from now on is shown
+        work()
+        raw.echo(marker)
+        while True:
+            command = monitor.next_command()["command"]
+            if marker in command:
+                return seen
+            if pattern in command:
+                seen.append(command)
 
 
-def round_trips_of(raw: Any, work: Callable[[], object]) -> dict[str, int]:
-    """The commands a real Redis served while ``work`` ran, per command (``cmdstat_<name>``)."""
-    before = commands_served(raw)
-    work()
-    after = commands_served(raw)
-    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+def room_command_counts(raw: Any, base: str, work: Callable[[], object]) -> dict[str, int]:
+    """:func:`room_commands`, counted per command name (lower case)."""
+    return dict(Counter(command.split()[0].strip('"').lower() for command in room_commands(raw, base, work)))

@@ -7,7 +7,7 @@ import logging
 import threading
 import types
 from datetime import datetime
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import redis
@@ -27,7 +27,7 @@ from tests.sglang.standin import (
     make_manager,
     raise_failure,
 )
-from tests.sglang.support import round_trips_of
+from tests.sglang.support import room_command_counts
 
 ROOM = 5151
 UNKNOWN = "Failed due to an unknown reason from another rank"
@@ -121,19 +121,48 @@ def test_a_prefill_that_finished_keeps_its_success(pd: Any) -> None:
     assert receiver.poll() == KVPoll.Failed
 
 
+FILL = {"hgetall": 1, "pttl": 1}
+"""What the near cache reads for a room it does not hold (one round trip)."""
+
+
 @pytest.mark.real
-def test_the_cause_costs_one_read_once_and_nothing_on_a_healthy_poll(pd: Any) -> None:
-    sender, _ = _open(pd.prefill, pd.decode)
-    check = pd.prefill.check_status
-    assert round_trips_of(pd.raw, lambda: [sender.poll() for _ in range(20)]) == {"cmdstat_hmget": 20}
-    _fail(pd.decode, ROOM, "gone")
-    # The first Failed read looks the cause up (one HGET); later reads find it recorded.
-    assert round_trips_of(pd.raw, lambda: [check(ROOM) for _ in range(20)]) == {"cmdstat_hmget": 20, "cmdstat_hget": 1}
-    with pd.prefill.failure_lock:
-        assert pd.prefill.failure_records.pop(ROOM).startswith("failed at waiting by decode-tp0-pp0: gone")
-    # Once taken, a room that keeps reading Failed is not looked up again, and grows nothing.
-    assert round_trips_of(pd.raw, lambda: [check(ROOM) for _ in range(20)]) == {"cmdstat_hmget": 20}
-    assert pd.prefill.failure_records == {}
+@pytest.mark.parametrize(
+    "near_cache, healthy, first_failed, failed",
+    [
+        # The default: polls of an unchanged room cost nothing; a change costs one fill, the cause included.
+        (None, {}, FILL, {}),
+        # Without the near cache: one read a poll; the first Failed read looks the cause up (one HGET).
+        (False, {"hmget": 20}, {"hmget": 20, "hget": 1}, {"hmget": 20}),
+    ],
+    ids=["defaults", "near-cache-off"],
+)
+def test_the_cause_costs_one_read_once_and_nothing_on_a_healthy_poll(
+    redis_server: Any,
+    near_cache: Optional[bool],
+    healthy: dict[str, int],
+    first_failed: dict[str, int],
+    failed: dict[str, int],
+) -> None:
+    raw = redis.Redis(host=redis_server.host, port=redis_server.port)
+    namespace = fresh_namespace("sgcost")
+    prefill, decode = _managers(redis_server.url, namespace, near_cache=near_cache)
+    base = prefill.request_status.store.prefix + ":" + namespace + ":"
+    try:
+        sender, _ = _open(prefill, decode)
+        sender.poll()  # the first poll after the writes reads the room
+        check = prefill.check_status
+        assert room_command_counts(raw, base, lambda: [sender.poll() for _ in range(20)]) == healthy
+        _fail(decode, ROOM, "gone")
+        # The first Failed read finds the cause; later reads find it recorded.
+        assert room_command_counts(raw, base, lambda: [check(ROOM) for _ in range(20)]) == first_failed
+        with prefill.failure_lock:
+            assert prefill.failure_records.pop(ROOM).startswith("failed at waiting by decode-tp0-pp0: gone")
+        # Once taken, a room that keeps reading Failed is not looked up again, and grows nothing.
+        assert room_command_counts(raw, base, lambda: [check(ROOM) for _ in range(20)]) == failed
+        assert prefill.failure_records == {}
+    finally:
+        for manager in (prefill, decode):
+            manager.request_status.close()
 
 
 @pytest.mark.real

@@ -17,6 +17,7 @@ from kvstatus.sglang import install
 from kvstatus.sglang.outage import OUTAGE_SECONDS
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import require_redis_server
+from tests.nearcache.helpers import eventually
 from tests.servers import RedisServer
 from tests.sglang.standin import (
     CommonKVReceiver,
@@ -46,16 +47,16 @@ def _pair(url: str) -> tuple[Any, Any]:
     return prefill, decode
 
 
-def _counted(manager: Any, method: str) -> list[int]:
-    """Count the calls the manager's map makes to its store's ``method`` (an instance attribute over it)."""
-    store, calls = manager.request_status.store, []
-    original = getattr(store, method)
+def _counted(target: Any, method: str) -> list[int]:
+    """Count the calls made to ``target``'s ``method`` (an instance attribute over it), e.g. a store's ``get`` or
+    its sender's ``send`` (everything the store sends to Redis, the near cache's fills and checks included)."""
+    calls, original = [], getattr(target, method)
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return original(*args, **kwargs)
 
-    setattr(store, method, counting)
+    setattr(target, method, counting)
     return calls
 
 
@@ -105,7 +106,7 @@ def test_a_hung_redis_costs_one_deadline_then_no_call(server: RedisServer) -> No
     rooms = range(100, 150)
     for room in rooms:
         prefill.update_status(room, KVPoll.Bootstrapping)
-    gets = _counted(prefill, "get")
+    gets = _counted(prefill.request_status.store, "get")
     assert server.pid is not None
     os.kill(server.pid, signal.SIGSTOP)
     try:
@@ -136,3 +137,39 @@ def test_the_pp_consensus_fails_with_the_cause(server: RedisServer) -> None:
     assert info.value.failure_reason.startswith(DOWN)
     for manager in ranks:
         manager.request_status.close()
+
+
+def test_a_frozen_server_ends_the_polls_served_from_memory_within_their_bounds(server: RedisServer) -> None:
+    """SIGSTOP under a manager whose rooms are in its near cache (the default): polls are answered from memory
+    only while the cache's links are proven live (``max_staleness``), then one read waits out the deadline and
+    the outage fails the rooms; no call blocks past the deadline, and the manager recovers by itself."""
+    prefill, _ = _pair(server.url + "?retries=0")
+    status_map = prefill.request_status
+    near, deadline = status_map.store.near_cache, status_map.store.options.deadline
+    rooms = range(200, 216)
+    for room in rooms:
+        prefill.update_status(room, KVPoll.Bootstrapping)
+    assert [prefill.check_status(room) for room in rooms] == [KVPoll.Bootstrapping] * len(rooms)
+    sends = _counted(status_map.store._sender, "send")
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    frozen, slowest, first_failed = time.monotonic(), 0.0, None
+    try:
+        while first_failed is None or time.monotonic() - first_failed < OUTAGE_SECONDS / 2:
+            started = time.monotonic()
+            statuses = {prefill.check_status(room) for room in rooms}
+            slowest = max(slowest, time.monotonic() - started)
+            assert statuses <= {KVPoll.Bootstrapping, KVPoll.Failed}
+            if first_failed is None and KVPoll.Failed in statuses:
+                first_failed = time.monotonic()
+                assert first_failed - frozen <= near.state.options.max_staleness + deadline + 1.0
+            elif first_failed is not None:
+                assert statuses == {KVPoll.Failed}  # the outage answers, without I/O
+            assert time.monotonic() - frozen < 60, "the rooms never failed"
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert slowest <= deadline + 1.0
+    assert len(sends) == 1  # the read that met the deadline; memory and then the outage answered the rest
+    time.sleep(OUTAGE_SECONDS)
+    assert eventually(lambda: prefill.check_status(rooms[0]) == KVPoll.Bootstrapping, what="the recovery")
+    status_map.close()

@@ -98,9 +98,10 @@ def test_lease_ttl_setting_and_url_option() -> None:
             install_options({ENV_URL: url, ENV_LEASE_TTL: disagreeing})
 
 
-def test_shared_fate_setting_and_url_option() -> None:
+@pytest.mark.parametrize("variable, option", [(ENV_SHARED_FATE, "shared_fate"), (ENV_NEAR_CACHE, "near_cache")])
+def test_a_switch_and_its_url_option(variable: str, option: str) -> None:
     base = {ENV_URL: GOOD_URL}
-    assert "shared_fate" not in install_options(base)  # unset: the store's default, on
+    assert option not in install_options(base)  # unset: the default, on
     for value, expected in (
         ("1", True),
         ("true", True),
@@ -109,13 +110,15 @@ def test_shared_fate_setting_and_url_option() -> None:
         ("false", False),
         ("no", False),
     ):
-        assert install_options({**base, ENV_SHARED_FATE: value})["shared_fate"] is expected
-    # The URL's ?shared_fate= alone is passed on with the URL; with the variable, both must agree.
-    url = GOOD_URL + "?shared_fate=0"
-    assert "shared_fate" not in install_options({ENV_URL: url})
-    assert install_options({ENV_URL: url, ENV_SHARED_FATE: "0"})["shared_fate"] is False
-    with pytest.raises(SettingError, match=f"^{ENV_SHARED_FATE}: 1 disagrees with the shared_fate=0 of {ENV_URL}"):
-        install_options({ENV_URL: url, ENV_SHARED_FATE: "1"})
+        assert install_options({**base, variable: value})[option] is expected
+    # The URL's option alone is passed on with the URL; with the variable, both must agree.
+    url = GOOD_URL + f"?{option}=0"
+    assert option not in install_options({ENV_URL: url})
+    assert install_options({ENV_URL: url, variable: "0"})[option] is False
+    with pytest.raises(SettingError, match=f"^{variable}: 1 disagrees with the {option}=0 of {ENV_URL}"):
+        install_options({ENV_URL: url, variable: "1"})
+    with pytest.raises(SettingError, match=f"^{variable}: invalid value 'maybe': expected 1 or 0"):
+        install_options({**base, variable: "maybe"})
 
 
 def test_a_store_from_a_url_with_lease_ttl_holds_a_lease() -> None:
@@ -229,10 +232,31 @@ def test_a_read_only_user_is_refused_at_the_start(acl_server: RedisServer) -> No
 
 
 @pytest.mark.real
-def test_a_near_cache_the_acl_forbids_is_named(acl_server: RedisServer) -> None:
-    env = {ENV_URL: _url(acl_server, "notrack"), ENV_NAMESPACE: "sgok"}
-    _refused({**env, ENV_NEAR_CACHE: "1"}, "may not set up the near cache", ENV_NEAR_CACHE)
-    install_from_env(make_manager(), env).close()  # the same user without the near cache starts
+@pytest.mark.parametrize("asked", ["1", ""])
+def test_a_near_cache_the_acl_forbids_says_so_once_and_runs_uncached(
+    acl_server: RedisServer, caplog: pytest.LogCaptureFixture, asked: str
+) -> None:
+    """The near cache is the plugin's default: a user without CLIENT TRACKING gets one warning line naming the
+    permission, and a manager that works, uncached."""
+    env = {ENV_URL: _url(acl_server, "notrack"), ENV_NAMESPACE: "sgok", ENV_NEAR_CACHE: asked}
+    caplog.set_level(logging.INFO, logger="kvstatus")
+    manager = make_manager(mode=DisaggregationMode.DECODE)
+    status_map = install_from_env(manager, env)
+    try:
+        room = 4242 + len(asked)
+        manager.update_status(room, KVPoll.WaitingForInput)
+        for _ in range(5):
+            assert room in status_map and manager.check_status(room) == KVPoll.WaitingForInput
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, caplog.text
+        assert "refused to track reads" in warnings[0].getMessage()
+        assert "Grant +client|tracking +client|id" in warnings[0].getMessage()
+        assert "near cache refused by the server (uncached)" in caplog.text  # the manager's start line
+        assert SECRET not in caplog.text
+        assert status_map.store.near_cache.refused
+    finally:
+        status_map.clear_room(4242 + len(asked))
+        status_map.close()
 
 
 @pytest.mark.real

@@ -1,0 +1,119 @@
+"""The SGLang poll at the price of a dict, through the plugin's defaults (a lease, shared fate, the near cache):
+a poll of an unchanged room sends nothing to Redis, PP rank 0's consensus included; a change made by another
+process reaches the next polls; a read that cannot be served from memory takes the full path (issue 17)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import redis
+
+from kvstatus import KVPoll
+from kvstatus.cachestate import POLL_GATE
+from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
+from tests.helpers.backends import fresh_namespace
+from tests.nearcache.helpers import eventually
+from tests.sglang.standin import CommonKVReceiver, CommonKVSender, DisaggregationMode, make_manager
+from tests.sglang.support import room_commands
+
+pytestmark = pytest.mark.real
+ROOMS = list(range(7000, 7032))
+
+
+def _installed(url: str, namespace: str, **shape: Any) -> Any:
+    manager = make_manager(**shape)
+    install_from_env(manager, {ENV_URL: url, ENV_NAMESPACE: namespace})
+    return manager
+
+
+def _raw(server: Any) -> redis.Redis:
+    return redis.Redis(host=server.host, port=server.port)
+
+
+def test_polls_of_unchanged_rooms_send_nothing_and_a_change_costs_one_read(redis_server: Any) -> None:
+    namespace = fresh_namespace("sgdict")
+    prefill = _installed(redis_server.url, namespace)
+    decode = _installed(redis_server.url, namespace, mode=DisaggregationMode.DECODE)
+    store = prefill.request_status.store
+    assert store.near_cache is not None and store.lease is not None and store.shared_fate  # the defaults
+    senders, receivers = [], []
+    for room in ROOMS:
+        receivers.append(CommonKVReceiver(decode, room))
+        decode.update_status(room, KVPoll.WaitingForInput)
+        prefill.update_status(room, KVPoll.Bootstrapping)
+        prefill.update_status(room, KVPoll.Transferring)
+        senders.append(CommonKVSender(prefill, room))
+
+    def poll_all() -> None:
+        for sender, receiver in zip(senders, receivers):
+            assert sender.poll() == KVPoll.Transferring and receiver.poll() == KVPoll.WaitingForInput
+
+    poll_all()  # the first polls after the writes read the rooms
+    base = store.prefix + ":" + namespace + ":"
+    assert room_commands(_raw(redis_server), base, lambda: [poll_all() for _ in range(5)]) == []
+    # Another process cancels one room: Redis' invalidation reaches the prefill, whose next polls read it once.
+    room = ROOMS[3]
+    script = (
+        "import sys; from kvstatus import StatusStore; "
+        "StatusStore.from_url(sys.argv[1], namespace=sys.argv[2], participant='router-1').cancel(int(sys.argv[3]), 'gone')"
+    )
+    subprocess.run([sys.executable, "-c", script, redis_server.url, namespace, str(room)], check=True, timeout=60)
+
+    def failed() -> bool:
+        return bool(senders[3].poll() == KVPoll.Failed)
+
+    commands = room_commands(_raw(redis_server), base, lambda: eventually(failed, what="the cancel"))
+    assert [c.split()[0] for c in commands] == ["HGETALL", "PTTL"] and all(f"{{{room}}}" in c for c in commands)
+    for manager in (prefill, decode):
+        manager.request_status.close()
+
+
+def test_the_pp_consensus_of_unchanged_rooms_sends_nothing(redis_server: Any) -> None:
+    namespace = fresh_namespace("sgdictpp")
+    ranks = [_installed(redis_server.url, namespace, pp_rank=rank, pp_size=4) for rank in range(4)]
+    for manager in ranks:
+        for room in ROOMS:
+            manager.update_status(room, KVPoll.Bootstrapping)
+    for room in ROOMS[::2]:
+        ranks[2].update_status(room, KVPoll.Transferring)
+    senders = [CommonKVSender(ranks[0], room) for room in ROOMS]
+    assert [s.poll_pp_consensus() for s in senders] == [KVPoll.Bootstrapping] * len(ROOMS)
+    store = ranks[0].request_status.store
+    base = store.prefix + ":" + namespace + ":"
+    polls = room_commands(
+        _raw(redis_server), base, lambda: [[s.poll_pp_consensus() for s in senders] for _ in range(5)]
+    )
+    assert polls == []
+    # A rank's failure reaches rank 0's consensus at once in this process (its write drops the room here too).
+    ranks[3].update_status(ROOMS[5], KVPoll.Failed)
+    assert senders[5].poll_pp_consensus() == KVPoll.Failed
+    assert ranks[0].request_status.collect(ROOMS[4]) == [
+        KVPoll.Bootstrapping,
+        KVPoll.Bootstrapping,
+        KVPoll.Transferring,
+        KVPoll.Bootstrapping,
+    ]
+    for manager in ranks:
+        manager.request_status.close()
+
+
+def test_ids_that_equal_a_cached_room_are_not_taken_for_it(redis_server: Any) -> None:
+    """``True`` and ``1.0`` equal room 1 in a dict: the dict-speed path serves ints only,
+    and the full path answers for them as for any id kvstatus cannot store (Failed)."""
+    manager = _installed(redis_server.url, fresh_namespace("sgdictid"))
+    status_map = manager.request_status
+    manager.update_status(1, KVPoll.WaitingForInput)
+    assert status_map[1] == KVPoll.WaitingForInput and 1 in status_map  # cached now
+    for other in (True, 1.0):
+        assert other in status_map  # a room that failed from the start
+        assert status_map[other] == KVPoll.Failed and status_map.get(other) == KVPoll.Failed
+        assert manager.check_status(other) == KVPoll.Failed
+    assert status_map[1] == KVPoll.WaitingForInput
+    status_map.close()
+
+
+def test_a_poll_gate_shorter_than_a_scheduler_step() -> None:
+    assert 0 < POLL_GATE <= 0.001  # a change reaches the polls within a millisecond of its invalidation

@@ -210,6 +210,9 @@ class Links:
         """True while a read is on the data connections (set under the cache's I/O lock): a reply arriving makes
         a data connection readable, which :meth:`poll`, called by other threads' cache hits, must not take
         for a closed connection."""
+        self.reads = 0
+        """Reads begun on the data connections (counted when ``busy`` is set): a read that began and ended while
+        :meth:`poll` ran leaves ``busy`` False at both ends of it, but not this count."""
 
     def add_link(self, link: LinkState) -> None:
         self.links[link.name] = link
@@ -248,14 +251,17 @@ class Links:
         """Apply whatever arrived on the invalidation sockets; return the names of failed links
         (their rooms are already flushed; the caller closes and forgets them). Sends due PINGs."""
         broken: list[str] = []
+        reads, busy = self.reads, self.busy
         events = self._poller.poll(0)
         for fd, _ in events:
             link, is_inval = self._fds.get(fd, (None, False))
             if link is None or link.name in broken:
                 continue
             if not is_inval:
-                if not self.busy:  # checked after the poll: a read that began before it has set it already
-                    broken.append(link.name)  # the data connection has nothing to say unless it closed
+                # The data connection has nothing to say unless it closed, or a read of another thread is on it
+                # (busy now or before the poll, or one began and ended meanwhile).
+                if not (busy or self.busy or self.reads != reads):
+                    broken.append(link.name)
                 continue
             try:
                 keys, flush, pong = link.inval.drain()

@@ -369,6 +369,7 @@ class AsyncLinkTransport:
                     self.token = cache.state.token()
                 conns = {name: _data_of(links, name) for name in groups}
                 self.sent_at = time.monotonic()
+                cache.links.reads += 1
                 cache.links.busy = True
                 try:
                     for name, indices in groups.items():

@@ -370,6 +370,7 @@ class LinkTransport:
                     self.token = cache.state.token()
                 conns = {name: _data_of(links, name) for name in groups}
                 self.sent_at = time.monotonic()
+                cache.links.reads += 1
                 cache.links.busy = True
                 try:
                     for name, indices in groups.items():

@@ -111,15 +111,15 @@ class RoomStatusMap:
       namespace every node shares, and counting it would SCAN Redis. Like
       ``PPConsensusStore``, the map is always true in a boolean context.
 
-    **The poll memo.** SGLang polls with ``room in m`` and at once reads the
-    status again (``check_status``). ``in`` keeps what it read in a
-    per-thread memo; the next read of the *same* room by the *same* thread
-    (``m[room]``, ``m.get``, ``collect``) within ``memo_seconds`` takes it
-    instead of reading Redis, and empties the memo. Any other call by that
-    thread empties it too. So a poll costs one round trip (none when the
-    store's near cache answers ``in``), and the ``in`` check and the read it
-    guards see one snapshot (two reads could see the room vanish in
-    between). ``memo_seconds=0`` turns the memo off.
+    **The poll memo** (without a near cache). SGLang polls with ``room in m``
+    and at once reads the status again (``check_status``). ``in`` keeps what
+    it read in a per-thread memo; the next read of the *same* room by the
+    *same* thread (``m[room]``, ``m.get``, ``collect``) within
+    ``memo_seconds`` takes it instead of reading Redis, and empties the memo.
+    Any other call by that thread empties it too. So a poll costs one round
+    trip, and the ``in`` check and the read it guards see one snapshot (two
+    reads could see the room vanish in between). ``memo_seconds=0`` turns the
+    memo off.
 
     **Room ids kvstatus cannot store.** SGLang takes ``bootstrap_room`` from
     the request, and its dict accepts any hashable (-1, 2**63, "42", None).
@@ -156,13 +156,26 @@ class RoomStatusMap:
     :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the error as the
     reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` after such an
     error every call answers so at once, without I/O
-    (:mod:`kvstatus.sglang.outage`).
+    (:mod:`kvstatus.sglang.outage`). A store call that raises what none should
+    (a defect in kvstatus or below it) fails its room the same way, with the
+    error as the reason, and is logged once per exception type with its
+    traceback: it never stops the scheduler or a transfer thread.
 
-    On PP rank 0 (``pp_participants`` given and the store's participant is
-    the first of them) ``in`` reads the whole room in its one round trip, so
-    the consensus poll (``in`` then ``collect``) is one round trip as well,
-    and none while the near cache holds the room (it caches whole rooms, every
-    rank's field, and Redis invalidates them when any rank writes).
+    **At the price of a dict.** With the store's near cache (install()'s
+    default), ``in``, ``m[room]``, ``get`` and ``collect`` first look the
+    room up in the cache's status maps, with no lock and no I/O, while the
+    cache's state says they are fresh (:attr:`~kvstatus.cachestate.CacheState.fresh_until`:
+    its links were checked at most :data:`~kvstatus.cachestate.POLL_GATE`
+    ago and are live); a room not cached, Failed, or read when the maps are
+    not fresh takes the full path above. Another process's change reaches
+    these reads once Redis' invalidation arrives, and at most ``POLL_GATE``
+    later; this process's own writes at once. The memo is then off: the
+    cache answers the ``check_status`` after ``in`` without a round trip.
+
+    Without the near cache, on PP rank 0 (``pp_participants`` given and the
+    store's participant is the first of them) ``in`` reads the whole room in
+    its one round trip, so the consensus poll (``in`` then ``collect``) is
+    one round trip as well.
     """
 
     def __init__(
@@ -194,6 +207,7 @@ class RoomStatusMap:
         self._local = threading.local()
         self._rank_stores: Optional[list[Any]] = None
         self.outage = Outage(self.participant)
+        self._defects: set[str] = set()  # the exception types _defect has logged
         # The dict-speed path: the near cache's status maps, served while its state says they are fresh.
         self._near = store.near_cache
         self._state: Any = _NEVER_FRESH
@@ -224,9 +238,28 @@ class RoomStatusMap:
             raise _Unanswered(self.outage.failed(exc)) from None
         except CorruptedValueError as exc:  # this room's value, not the store: no outage
             raise _Unanswered(f"kvstatus: {exc}") from None
+        except KVStatusError:
+            raise  # a room id or an argument the store refuses: the caller's answer (see the methods)
+        except Exception as exc:  # noqa: BLE001 - a defect below the map fails the room, never SGLang's thread
+            raise _Unanswered(self._defect(exc)) from None
         self.outage.answered()
         self._fresh = self._state
         return result
+
+    def _defect(self, error: Exception) -> str:
+        """A store call raised what no store call should (a defect in kvstatus or below it): log it with its
+        traceback, once per exception type, and return the failure reason of its room."""
+        kind = type(error).__name__
+        if kind not in self._defects:
+            self._defects.add(kind)
+            log.error(
+                "participant %s: a status call raised %s, a defect (please report it); the room fails, the "
+                "engine goes on (logged once per kind)",
+                self.participant,
+                kind,
+                exc_info=error,
+            )
+        return f"kvstatus: internal error ({kind}: {error}); the room fails"
 
     def _hold_again(self) -> None:
         """The lease was lost (this process stalled past its TTL, or Redis lost the record): hold the name again

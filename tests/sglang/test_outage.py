@@ -173,3 +173,33 @@ def test_a_frozen_server_ends_the_polls_served_from_memory_within_their_bounds(s
     time.sleep(OUTAGE_SECONDS)
     assert eventually(lambda: prefill.check_status(rooms[0]) == KVPoll.Bootstrapping, what="the recovery")
     status_map.close()
+
+
+def test_a_defect_below_the_map_fails_the_room_not_the_engine(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What no store call should raise (the KeyError('') that once killed SGLang's transfer thread) fails the
+    room with the error as its reason, is logged once per kind with its traceback, and never reaches the engine."""
+    prefill, decode = _pair(server.url)
+    decode.update_status(ROOM, KVPoll.WaitingForInput)
+    prefill.update_status(ROOM, KVPoll.Bootstrapping)
+    sender = CommonKVSender(prefill, ROOM)
+    store = prefill.request_status.store
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("")
+
+    store.get = store.room = broken  # the map's reads, whichever path it takes
+    caplog.set_level(logging.INFO, logger="kvstatus.sglang")
+    assert sender.poll() == KVPoll.Failed and prefill.check_status(ROOM + 1) == KVPoll.Failed
+    with pytest.raises(KVTransferError) as info:
+        sender.failure_exception()
+    assert info.value.failure_reason == "kvstatus: internal error (KeyError: ''); the room fails"
+    logged = [r for r in caplog.records if "a defect (please report it)" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "ERROR" and logged[0].exc_info is not None
+    del store.get, store.room  # fixed: the next call reads again (a defect starts no outage)
+    prefill.update_status(ROOM + 2, KVPoll.Bootstrapping)
+    assert prefill.check_status(ROOM + 2) == KVPoll.Bootstrapping
+    assert decode.check_status(ROOM) == KVPoll.WaitingForInput
+    for manager in (prefill, decode):
+        manager.request_status.close()

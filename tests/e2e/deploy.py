@@ -200,13 +200,13 @@ class Settings:
 
 
 NEAR_CACHE_VARIABLE = "KVSTATUS_E2E_NEAR_CACHE"
-"""``1``: the plugin-on deployment also sets ``KVSTATUS_SGLANG_NEAR_CACHE=1`` (not the plugin's default): a run
-of the tier with the near cache on, whose table says so. CI runs the defaults."""
+"""``0``: the plugin-on deployment also sets ``KVSTATUS_SGLANG_NEAR_CACHE=0`` (not the plugin's default): a run
+of the tier with the near cache off, whose table says so. CI runs the defaults (the near cache on)."""
 
 
 def plugin_label() -> str:
     """How the plugin-on deployment is configured, as the fault table names it."""
-    return "near cache on" if os.environ.get(NEAR_CACHE_VARIABLE) == "1" else "defaults"
+    return "near cache off" if os.environ.get(NEAR_CACHE_VARIABLE) == "0" else "defaults"
 
 
 def server_env(settings: Settings) -> dict[str, str]:
@@ -228,8 +228,8 @@ def server_env(settings: Settings) -> dict[str, str]:
     if settings.redis_url is not None:
         env["KVSTATUS_SGLANG_URL"] = settings.redis_url
         env["KVSTATUS_SGLANG_NAMESPACE"] = settings.namespace
-        if plugin_label() == "near cache on":
-            env["KVSTATUS_SGLANG_NEAR_CACHE"] = "1"
+        if plugin_label() == "near cache off":
+            env["KVSTATUS_SGLANG_NEAR_CACHE"] = "0"
     return env
 
 

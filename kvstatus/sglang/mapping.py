@@ -171,6 +171,10 @@ class RoomStatusMap:
     these reads once Redis' invalidation arrives, and at most ``POLL_GATE``
     later; this process's own writes at once. The memo is then off: the
     cache answers the ``check_status`` after ``in`` without a round trip.
+    A read that finds no entry within ``memo_seconds`` of *another thread's*
+    ``pop``/``del``/``clear_room`` of it answers the removed status (see
+    :meth:`_remove`): SGLang's transfer threads test ``room in m`` then read
+    ``m[room]`` while the scheduler pops concluded rooms.
 
     Without the near cache, on PP rank 0 (``pp_participants`` given and the
     store's participant is the first of them) ``in`` reads the whole room in
@@ -219,6 +223,8 @@ class RoomStatusMap:
             if self.pp_participants is not None:
                 self._rank_flats = [store.cached_statuses(name)[1] for name in self.pp_participants]
         self._fresh: Any = self._state  # _NEVER_FRESH during an outage
+        # The last entry this map removed: (room, its status, monotonic seconds, thread id); see _remove.
+        self._removed: tuple[object, Optional[KVPoll], float, int] = (None, None, 0.0, 0)
         self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
 
     def _call(self, call: Callable[[], T]) -> T:
@@ -324,6 +330,8 @@ class RoomStatusMap:
             except _Unanswered as unanswered:
                 self._failed(room, unanswered.reason)
                 return KVPoll.Failed
+            if status is None:
+                status = self._removed_by_another_thread(room)
         if status == KVPoll.Failed:
             self._failed(room)
         return status
@@ -473,20 +481,40 @@ class RoomStatusMap:
     def __setitem__(self, room: int, status: KVPoll | int) -> None:
         self.update_status(room, status)
 
-    def __delitem__(self, room: int) -> None:
+    def _remove(self, room: int) -> Optional[KVPoll]:
+        """Remove the entry (``store.pop``: one round trip, which answers what it removed) and remember it.
+
+        SGLang threads share the map: the scheduler pops a room that a transfer thread is reading with
+        ``room in m`` then ``m[room]``. A dict makes that window a few bytecodes wide; here it spans a round
+        trip, and ``m[room]`` would raise ``KeyError`` for a room ``in`` had just found (it killed the
+        transfer thread in the e2e tier). So a read by *another* thread that finds no entry within
+        ``memo_seconds`` of its removal answers the removed status, as if it had come first: the two race
+        either way. Raises what ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
+        status = self._call(lambda: self.store.pop(room))
+        if status is not None:
+            self._removed = (room, status, time.monotonic(), threading.get_ident())
+        return status
+
+    def _removed_by_another_thread(self, room: int) -> Optional[KVPoll]:
+        """The status of ``room``'s entry if another thread removed it within ``memo_seconds``, else None."""
+        removed, at, by = self._removed[0], self._removed[2], self._removed[3]
+        if removed == room and by != threading.get_ident() and time.monotonic() - at <= self.memo_seconds:
+            return self._removed[1]
+        return None
+
+    def __delitem__(self, room: int) -> None:
         try:
-            cleared = self._call(lambda: self.store.clear(room))
+            removed = self._remove(room)
         except (InvalidRoomError, _Unanswered):
             return  # nothing stored to remove, or Redis failed: the entry expires with the room's TTL
-        if not cleared:
+        if removed is None:
             raise KeyError(room)
 
     def pop(self, room: int, default: Any = _MISSING) -> Any:
-        """Remove the entry; return the status read just before, or ``default`` (``KeyError`` without one)."""
-        self._local.memo = None
+        """Remove the entry; return the status it held, or ``default`` (``KeyError`` without one)."""
         try:
-            status = self._call(lambda: self.store.pop(room))  # one round trip: the removal answers what it removed
+            status = self._remove(room)
         except (InvalidRoomError, _Unanswered):
             return KVPoll.Failed
         if status is not None:
@@ -496,10 +524,9 @@ class RoomStatusMap:
         return default
 
     def clear_room(self, room: int) -> bool:
-        """Remove the entry in one round trip; True if there was one (``pop`` without the read)."""
-        self._local.memo = None
+        """Remove the entry in one round trip; True if there was one."""
         try:
-            return bool(self._call(lambda: self.store.clear(room)))
+            return self._remove(room) is not None
         except (InvalidRoomError, _Unanswered):
             return False
 

@@ -5,6 +5,8 @@ process reaches the next polls; a read that cannot be served from memory takes t
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 import sys
 from typing import Any
 
@@ -117,3 +119,43 @@ def test_ids_that_equal_a_cached_room_are_not_taken_for_it(redis_server: Any) ->
 
 def test_a_poll_gate_shorter_than_a_scheduler_step() -> None:
     assert 0 < POLL_GATE <= 0.001  # a change reaches the polls within a millisecond of its invalidation
+
+
+def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(redis_server: Any) -> None:
+    """mooncake's transfer thread tests ``room not in request_status or check_status(room) == Success`` while the
+    scheduler pops the concluded room: the read after ``in`` must not raise KeyError (it killed the transfer
+    thread in the e2e tier). It answers the popped status; the popping thread itself, and anyone later, get
+    the dict's KeyError."""
+    manager = _installed(redis_server.url, fresh_namespace("sgdictpop"))
+    status_map = manager.request_status
+    room = 4321
+    manager.update_status(room, KVPoll.Bootstrapping)
+    manager.update_status(room, KVPoll.Success)
+    found_in, popped = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def transfer_thread() -> None:
+        present = room in status_map
+        found_in.set()
+        popped.wait(10)
+        try:
+            seen.append((present, manager.check_status(room)))
+        except KeyError as exc:
+            seen.append(exc)
+
+    reader = threading.Thread(target=transfer_thread)
+    reader.start()
+    found_in.wait(10)
+    assert status_map.pop(room) == KVPoll.Success  # the scheduler's clear()
+    popped.set()
+    reader.join(10)
+    assert seen == [(True, KVPoll.Success)]
+    with pytest.raises(KeyError):
+        manager.check_status(room)  # the popping thread: the entry is gone
+    time.sleep(status_map.memo_seconds * 2)
+    other: list[object] = []
+    thread = threading.Thread(target=lambda: other.append(status_map.get(room, "gone")))
+    thread.start()
+    thread.join(10)
+    assert other == ["gone"]  # later, another thread too
+    status_map.close()

@@ -5,9 +5,9 @@ process reaches the next polls; a read that cannot be served from memory takes t
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
-import sys
 from typing import Any
 
 import pytest

@@ -24,6 +24,9 @@ log = logging.getLogger("kvstatus.sglang")
 
 # How long (seconds) the read made by ``room in m`` may answer the next read of the same room by the same thread.
 DEFAULT_MEMO_SECONDS = 0.002
+REMOVAL_RACE_SECONDS = 0.05
+"""Seconds after another thread removed an entry during which a read that finds none answers the removed
+status (:meth:`RoomStatusMap._remove`): well over a GIL switch interval (5 ms), and a room id is not reused."""
 
 _MISSING = object()
 _monotonic = time.monotonic  # bound once: the dict-speed path calls it on every poll
@@ -171,10 +174,11 @@ class RoomStatusMap:
     these reads once Redis' invalidation arrives, and at most ``POLL_GATE``
     later; this process's own writes at once. The memo is then off: the
     cache answers the ``check_status`` after ``in`` without a round trip.
-    A read that finds no entry within ``memo_seconds`` of *another thread's*
-    ``pop``/``del``/``clear_room`` of it answers the removed status (see
-    :meth:`_remove`): SGLang's transfer threads test ``room in m`` then read
-    ``m[room]`` while the scheduler pops concluded rooms.
+    A read that finds no entry within :data:`REMOVAL_RACE_SECONDS` of
+    *another thread's* ``pop``/``del``/``clear_room`` of it answers the
+    removed status (see :meth:`_remove`): SGLang's transfer threads test
+    ``room in m`` then read ``m[room]`` while the scheduler pops concluded
+    rooms.
 
     Without the near cache, on PP rank 0 (``pp_participants`` given and the
     store's participant is the first of them) ``in`` reads the whole room in
@@ -223,8 +227,8 @@ class RoomStatusMap:
             if self.pp_participants is not None:
                 self._rank_flats = [store.cached_statuses(name)[1] for name in self.pp_participants]
         self._fresh: Any = self._state  # _NEVER_FRESH during an outage
-        # The last entry this map removed: (room, its status, monotonic seconds, thread id); see _remove.
-        self._removed: tuple[object, Optional[KVPoll], float, int] = (None, None, 0.0, 0)
+        # The entries this map removed in the last REMOVAL_RACE_SECONDS: room -> (status, monotonic s, thread id).
+        self._removed: dict[int, tuple[KVPoll, float, int]] = {}
         self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
 
     def _call(self, call: Callable[[], T]) -> T:
@@ -459,6 +463,8 @@ class RoomStatusMap:
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
         self._local.memo = None
+        if self._removed:
+            self._removed.pop(room, None)  # a new lifecycle: the removal is past
         try:
             return self._call(lambda: self.store.update_status(room, status))
         except InvalidRoomError:
@@ -484,23 +490,31 @@ class RoomStatusMap:
     def _remove(self, room: int) -> Optional[KVPoll]:
         """Remove the entry (``store.pop``: one round trip, which answers what it removed) and remember it.
 
-        SGLang threads share the map: the scheduler pops a room that a transfer thread is reading with
-        ``room in m`` then ``m[room]``. A dict makes that window a few bytecodes wide; here it spans a round
-        trip, and ``m[room]`` would raise ``KeyError`` for a room ``in`` had just found (it killed the
-        transfer thread in the e2e tier). So a read by *another* thread that finds no entry within
-        ``memo_seconds`` of its removal answers the removed status, as if it had come first: the two race
-        either way. Raises what ``store.pop`` raises (:meth:`_call`)."""
+        SGLang threads share the map: the scheduler pops concluded rooms while a transfer thread reads one
+        with ``room in m`` then ``m[room]``. A dict makes that window a few bytecodes wide; here it spans a
+        round trip and GIL switches, and ``m[room]`` would raise ``KeyError`` for a room ``in`` had just found
+        (it killed mooncake's transfer thread in the e2e tier). So a read by *another* thread that finds no
+        entry within :data:`REMOVAL_RACE_SECONDS` of its removal answers the removed status, as if it had come
+        first: the two race either way. A new entry in the room ends that at once. Raises what ``store.pop``
+        raises (:meth:`_call`)."""
         self._local.memo = None
         status = self._call(lambda: self.store.pop(room))
         if status is not None:
-            self._removed = (room, status, time.monotonic(), threading.get_ident())
+            now, removed = time.monotonic(), self._removed
+            if len(removed) >= 64:
+                for old in [r for r, (_, at, _) in list(removed.items()) if now - at > REMOVAL_RACE_SECONDS]:
+                    removed.pop(old, None)
+            removed[room] = (status, now, threading.get_ident())
         return status
 
     def _removed_by_another_thread(self, room: int) -> Optional[KVPoll]:
-        """The status of ``room``'s entry if another thread removed it within ``memo_seconds``, else None."""
-        removed, at, by = self._removed[0], self._removed[2], self._removed[3]
-        if removed == room and by != threading.get_ident() and time.monotonic() - at <= self.memo_seconds:
-            return self._removed[1]
+        """The status of ``room``'s entry if another thread removed it within :data:`REMOVAL_RACE_SECONDS`."""
+        removed = self._removed.get(room)
+        if removed is None:
+            return None
+        status, at, by = removed
+        if by != threading.get_ident() and time.monotonic() - at <= REMOVAL_RACE_SECONDS:
+            return status
         return None
 
     def __delitem__(self, room: int) -> None:

@@ -15,6 +15,7 @@ import redis
 
 from kvstatus import KVPoll
 from kvstatus.cachestate import POLL_GATE
+from kvstatus.sglang.mapping import REMOVAL_RACE_SECONDS
 from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
 from tests.helpers.backends import fresh_namespace
 from tests.nearcache.helpers import eventually
@@ -129,8 +130,9 @@ def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(r
     manager = _installed(redis_server.url, fresh_namespace("sgdictpop"))
     status_map = manager.request_status
     room = 4321
-    manager.update_status(room, KVPoll.Bootstrapping)
-    manager.update_status(room, KVPoll.Success)
+    for each in (room, room + 1):
+        manager.update_status(each, KVPoll.Bootstrapping)
+        manager.update_status(each, KVPoll.Success)
     found_in, popped = threading.Event(), threading.Event()
     seen: list[object] = []
 
@@ -147,12 +149,13 @@ def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(r
     reader.start()
     found_in.wait(10)
     assert status_map.pop(room) == KVPoll.Success  # the scheduler's clear()
+    assert status_map.pop(room + 1) == KVPoll.Success  # and the next concluded room's
     popped.set()
     reader.join(10)
     assert seen == [(True, KVPoll.Success)]
     with pytest.raises(KeyError):
         manager.check_status(room)  # the popping thread: the entry is gone
-    time.sleep(status_map.memo_seconds * 2)
+    time.sleep(REMOVAL_RACE_SECONDS * 2)
     other: list[object] = []
     thread = threading.Thread(target=lambda: other.append(status_map.get(room, "gone")))
     thread.start()

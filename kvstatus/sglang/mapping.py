@@ -24,9 +24,10 @@ log = logging.getLogger("kvstatus.sglang")
 
 # How long (seconds) the read made by ``room in m`` may answer the next read of the same room by the same thread.
 DEFAULT_MEMO_SECONDS = 0.002
-REMOVAL_RACE_SECONDS = 0.05
+REMOVAL_RACE_SECONDS = 5.0
 """Seconds after another thread removed an entry during which a read that finds none answers the removed
-status (:meth:`RoomStatusMap._remove`): well over a GIL switch interval (5 ms), and a room id is not reused."""
+status (:meth:`RoomStatusMap._remove`): longer than a thread starved of the GIL on a loaded box waits between
+``in`` and the read (over 50 ms was seen), and a new entry in the room ends it at once."""
 
 _MISSING = object()
 _monotonic = time.monotonic  # bound once: the dict-speed path calls it on every poll
@@ -229,6 +230,8 @@ class RoomStatusMap:
         self._fresh: Any = self._state  # _NEVER_FRESH during an outage
         # The entries this map removed in the last REMOVAL_RACE_SECONDS: room -> (status, monotonic s, thread id).
         self._removed: dict[int, tuple[KVPoll, float, int]] = {}
+        self._removing: dict[int, threading.Event] = {}  # removals under way, set when done
+        self._removal_lock = threading.Lock()  # guards both (never held across I/O)
         self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
 
     def _call(self, call: Callable[[], T]) -> T:
@@ -464,7 +467,8 @@ class RoomStatusMap:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
         self._local.memo = None
         if self._removed:
-            self._removed.pop(room, None)  # a new lifecycle: the removal is past
+            with self._removal_lock:
+                self._removed.pop(room, None)  # a new lifecycle: the removal is past
         try:
             return self._call(lambda: self.store.update_status(room, status))
         except InvalidRoomError:
@@ -494,22 +498,40 @@ class RoomStatusMap:
         with ``room in m`` then ``m[room]``. A dict makes that window a few bytecodes wide; here it spans a
         round trip and GIL switches, and ``m[room]`` would raise ``KeyError`` for a room ``in`` had just found
         (it killed mooncake's transfer thread in the e2e tier). So a read by *another* thread that finds no
-        entry within :data:`REMOVAL_RACE_SECONDS` of its removal answers the removed status, as if it had come
-        first: the two race either way. A new entry in the room ends that at once. Raises what ``store.pop``
-        raises (:meth:`_call`)."""
+        entry within :data:`REMOVAL_RACE_SECONDS` of its removal (or while it is under way) answers the removed
+        status, as if it had come first: the two race either way, and a room popped is a request concluded. A
+        new entry in the room ends that at once. Raises what ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
-        status = self._call(lambda: self.store.pop(room))
-        if status is not None:
-            now, removed = time.monotonic(), self._removed
-            if len(removed) >= 64:
-                for old in [r for r, (_, at, _) in list(removed.items()) if now - at > REMOVAL_RACE_SECONDS]:
-                    removed.pop(old, None)
-            removed[room] = (status, now, threading.get_ident())
+        done = threading.Event()
+        with self._removal_lock:
+            self._removing[room] = done  # a reader that finds the entry gone meanwhile waits for its status
+        status = None
+        try:
+            status = self._call(lambda: self.store.pop(room))
+        finally:
+            with self._removal_lock:
+                removed, now = self._removed, time.monotonic()
+                while removed:  # oldest first (insertion order): drop what is past the grace
+                    oldest = next(iter(removed))
+                    if now - removed[oldest][1] <= REMOVAL_RACE_SECONDS:
+                        break
+                    del removed[oldest]
+                if status is not None:
+                    removed.pop(room, None)
+                    removed[room] = (status, now, threading.get_ident())
+                if self._removing.get(room) is done:
+                    del self._removing[room]
+            done.set()
         return status
 
     def _removed_by_another_thread(self, room: int) -> Optional[KVPoll]:
-        """The status of ``room``'s entry if another thread removed it within :data:`REMOVAL_RACE_SECONDS`."""
-        removed = self._removed.get(room)
+        """The status of ``room``'s entry if another thread removed it within :data:`REMOVAL_RACE_SECONDS` (waiting
+        for a removal still under way, at most the store's deadline)."""
+        removing = self._removing.get(room)
+        if removing is not None:
+            removing.wait(self.store.options.deadline)
+        with self._removal_lock:
+            removed = self._removed.get(room)
         if removed is None:
             return None
         status, at, by = removed

@@ -15,7 +15,7 @@ import redis
 
 from kvstatus import KVPoll
 from kvstatus.cachestate import POLL_GATE
-from kvstatus.sglang.mapping import REMOVAL_RACE_SECONDS
+from kvstatus.sglang import mapping
 from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
 from tests.helpers.backends import fresh_namespace
 from tests.nearcache.helpers import eventually
@@ -122,7 +122,9 @@ def test_a_poll_gate_shorter_than_a_scheduler_step() -> None:
     assert 0 < POLL_GATE <= 0.001  # a change reaches the polls within a millisecond of its invalidation
 
 
-def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(redis_server: Any) -> None:
+def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """mooncake's transfer thread tests ``room not in request_status or check_status(room) == Success`` while the
     scheduler pops the concluded room: the read after ``in`` must not raise KeyError (it killed the transfer
     thread in the e2e tier). It answers the popped status; the popping thread itself, and anyone later, get
@@ -155,10 +157,44 @@ def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(r
     assert seen == [(True, KVPoll.Success)]
     with pytest.raises(KeyError):
         manager.check_status(room)  # the popping thread: the entry is gone
-    time.sleep(REMOVAL_RACE_SECONDS * 2)
-    other: list[object] = []
-    thread = threading.Thread(target=lambda: other.append(status_map.get(room, "gone")))
-    thread.start()
-    thread.join(10)
-    assert other == ["gone"]  # later, another thread too
+
+    def other_thread_reads() -> object:
+        answer: list[object] = []
+        thread = threading.Thread(target=lambda: answer.append(status_map.get(room, "gone")))
+        thread.start()
+        thread.join(10)
+        return answer[0]
+
+    assert other_thread_reads() == KVPoll.Success  # within the grace
+    manager.update_status(room, KVPoll.Bootstrapping)  # a new request in the room ends it at once
+    assert other_thread_reads() == KVPoll.Bootstrapping
+    assert status_map.pop(room) == KVPoll.Bootstrapping
+    monkeypatch.setattr(mapping, "REMOVAL_RACE_SECONDS", 0.05)
+    time.sleep(0.1)
+    assert other_thread_reads() == "gone"  # past the grace, the dict's answer
+    status_map.close()
+
+
+def test_a_read_during_another_threads_pop_waits_for_the_removed_status(redis_server: Any) -> None:
+    """The entry is gone from Redis but the pop has not returned yet: the read waits for it, then answers the
+    removed status (a time window alone lost this race on a loaded box)."""
+    manager = _installed(redis_server.url, fresh_namespace("sgdictpop2"))
+    status_map, store = manager.request_status, manager.request_status.store
+    room = 4343
+    manager.update_status(room, KVPoll.Bootstrapping)
+    manager.update_status(room, KVPoll.Success)
+    removed_in_redis, original = threading.Event(), store.pop
+
+    def slow_pop(*args: Any) -> Any:
+        status = original(*args)
+        removed_in_redis.set()
+        time.sleep(0.3)  # the reply's way back, a GIL switch, a starved thread
+        return status
+
+    store.pop = slow_pop
+    popper = threading.Thread(target=lambda: status_map.pop(room))
+    popper.start()
+    removed_in_redis.wait(10)
+    assert manager.check_status(room) == KVPoll.Success
+    popper.join(10)
     status_map.close()

@@ -175,7 +175,7 @@ class RoomStatusMap:
     these reads once Redis' invalidation arrives, and at most ``POLL_GATE``
     later; this process's own writes at once. The memo is then off: the
     cache answers the ``check_status`` after ``in`` without a round trip.
-    A read that finds no entry within :data:`REMOVAL_RACE_SECONDS` of
+    ``m[room]`` that finds no entry within :data:`REMOVAL_RACE_SECONDS` of
     *another thread's* ``pop``/``del``/``clear_room`` of it answers the
     removed status (see :meth:`_remove`): SGLang's transfer threads test
     ``room in m`` then read ``m[room]`` while the scheduler pops concluded
@@ -337,8 +337,6 @@ class RoomStatusMap:
             except _Unanswered as unanswered:
                 self._failed(room, unanswered.reason)
                 return KVPoll.Failed
-            if status is None:
-                status = self._removed_by_another_thread(room)
         if status == KVPoll.Failed:
             self._failed(room)
         return status
@@ -382,7 +380,9 @@ class RoomStatusMap:
                 return status
         status = self._read(room)
         if status is None:
-            raise KeyError(room)
+            status = self._removed_by_another_thread(room)  # the `in` before this read found it (see _remove)
+            if status is None:
+                raise KeyError(room)
         return status
 
     def get(self, room: int, default: Any = None) -> Any:
@@ -497,10 +497,12 @@ class RoomStatusMap:
         SGLang threads share the map: the scheduler pops concluded rooms while a transfer thread reads one
         with ``room in m`` then ``m[room]``. A dict makes that window a few bytecodes wide; here it spans a
         round trip and GIL switches, and ``m[room]`` would raise ``KeyError`` for a room ``in`` had just found
-        (it killed mooncake's transfer thread in the e2e tier). So a read by *another* thread that finds no
-        entry within :data:`REMOVAL_RACE_SECONDS` of its removal (or while it is under way) answers the removed
-        status, as if it had come first: the two race either way, and a room popped is a request concluded. A
-        new entry in the room ends that at once. Raises what ``store.pop`` raises (:meth:`_call`)."""
+        (it killed mooncake's transfer thread in the e2e tier). So ``m[room]`` (``check_status``) by *another*
+        thread that finds no entry within :data:`REMOVAL_RACE_SECONDS` of its removal (or while it is under
+        way) answers the removed status, as if it had come first: upstream code reads ``m[room]`` only after
+        ``in`` found the room, so such a read is that race. ``get`` keeps the dict's answer (its default):
+        mooncake's ``get(room, Failed)`` stops sending a popped room's chunks. A new entry in the room ends
+        the grace at once. Raises what ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
         done = threading.Event()
         with self._removal_lock:

@@ -158,20 +158,32 @@ def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(
     with pytest.raises(KeyError):
         manager.check_status(room)  # the popping thread: the entry is gone
 
-    def other_thread_reads() -> object:
+    def other_thread_reads() -> tuple[object, object]:
+        """(``m[room]`` or its KeyError, ``m.get(room, "gone")``) read by another thread."""
         answer: list[object] = []
-        thread = threading.Thread(target=lambda: answer.append(status_map.get(room, "gone")))
+
+        def read() -> None:
+            try:
+                answer.append(status_map[room])
+            except KeyError as exc:
+                answer.append(exc)
+            answer.append(status_map.get(room, "gone"))
+
+        thread = threading.Thread(target=read)
         thread.start()
         thread.join(10)
-        return answer[0]
+        return answer[0], answer[1]
 
-    assert other_thread_reads() == KVPoll.Success  # within the grace
-    manager.update_status(room, KVPoll.Bootstrapping)  # a new request in the room ends it at once
-    assert other_thread_reads() == KVPoll.Bootstrapping
+    # Within the grace m[room] answers the removed status; get keeps the dict's default (mooncake's
+    # get(room, Failed) stops sending a popped room's chunks).
+    assert other_thread_reads() == (KVPoll.Success, "gone")
+    manager.update_status(room, KVPoll.Bootstrapping)  # a new request in the room ends the grace at once
+    assert other_thread_reads() == (KVPoll.Bootstrapping, KVPoll.Bootstrapping)
     assert status_map.pop(room) == KVPoll.Bootstrapping
     monkeypatch.setattr(mapping, "REMOVAL_RACE_SECONDS", 0.05)
     time.sleep(0.1)
-    assert other_thread_reads() == "gone"  # past the grace, the dict's answer
+    missing, got = other_thread_reads()
+    assert isinstance(missing, KeyError) and got == "gone"  # past the grace, the dict's answers
     status_map.close()
 
 

@@ -7,12 +7,13 @@ keep a cached read coherent is explained in :mod:`kvstatus.nearcache`.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from redis import exceptions as rx
 
@@ -27,9 +28,11 @@ from kvstatus.url import STORE_OPTIONS, ParsedURL, url_near_cache
 DEFAULT_MAX_ROOMS = 16_384
 DEFAULT_MAX_STALENESS = 1.0
 MAX_MAX_ROOMS = 10_000_000
-# Upper bound of the client memory per cached room with one participant read through it; tracemalloc
-# measured ~770 bytes (a room with an entry) and ~400 (an absent room). tests/nearcache holds the bound.
-CLIENT_BYTES_PER_ROOM = 1_000
+# Upper bound of the client memory per cached room with one participant read through it (DESIGN's budget):
+# tracemalloc measured ~240 bytes for a room with one entry and no failure record (the cache's OrderedDict
+# entry 85, the room's tuple 80, the reader's status map 37, the deadline 24), ~140 more with a failure
+# record. tests/nearcache holds the bound.
+CLIENT_BYTES_PER_ROOM = 300
 _LOG_KEEP = 4096
 NULL_INVALIDATION = "null invalidation (FLUSHDB/FLUSHALL or tracking table full)"
 MISS: Any = object()
@@ -66,26 +69,33 @@ class NearCacheOptions:
             )
 
 
-class CachedRoom(NamedTuple):
-    """One room as read: statuses by participant (entries with a status only), the full view, the local
-    ``time.monotonic()`` deadline at or before which Redis expires the key (None: no TTL / no key), and
-    the statuses under shared fate (:func:`kvstatus.fate.shared_status`; ``statuses`` itself when the room
-    has not failed)."""
+CachedRoom = tuple[Any, ...]
+"""One room as read, as one flat tuple to stay small (a cache holds thousands of rooms): ``(deadline, failure,
+participant, status, reason, participant, status, reason, ...)``. ``deadline`` is the local
+``time.monotonic()`` at or before which Redis expires the key (None: no TTL, or no key), ``failure`` the room's
+first failure (:mod:`kvstatus.fate`), then one triple per entry, the participant names interned (one string
+per name for the whole cache)."""
+DEADLINE, FAILURE, FIRST_ENTRY = 0, 1, 2
+"""Where a :data:`CachedRoom` keeps its parts."""
 
-    statuses: dict[str, KVPoll]
-    view: RoomView
-    deadline: Optional[float]
-    shared: dict[str, KVPoll]
-
+_ABSENT: CachedRoom = (None, None)
+"""Every room with no key shares this one."""
 
 Reader = tuple[str, bool]
 """Who reads a cached room, and how: a participant, and whether under shared fate (the store's setting)."""
 
 
 def status_for(entry: CachedRoom, reader: Reader) -> Optional[KVPoll]:
-    """``reader``'s status in a cached room (None: no entry)."""
+    """``reader``'s status in a cached room (None: no entry), under shared fate if the reader reads so."""
     participant, shared = reader
-    return (entry.shared if shared else entry.statuses).get(participant)
+    for i in range(FIRST_ENTRY, len(entry), 3):
+        if entry[i] == participant:
+            status: Optional[KVPoll] = entry[i + 1]
+            failure = entry[FAILURE]
+            if status is None or failure is None or not shared:
+                return status
+            return shared_failed(status, failure, participant)
+    return None
 
 
 def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: float) -> CachedRoom:
@@ -93,16 +103,16 @@ def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: floa
     if isinstance(fields, list):
         pairs = iter(fields)
         fields = dict(zip(pairs, pairs))
-    view = decode_room(room, key, fields, pttl)
-    statuses = {name: entry.status for name, entry in view.participants.items() if entry.status is not None}
+    view = decode_room(room, key, fields, pttl)  # validates every field: a corrupted value raises here
     # The key expires pttl ms after Redis read it, which is after sent_at: expiring the copy at
     # sent_at + pttl is never late.
     deadline = sent_at + pttl / 1000 if pttl >= 0 else None
-    failure = view.failure
-    if failure is None:
-        return CachedRoom(statuses, view, deadline, statuses)
-    shared = {name: shared_failed(status, failure, name) for name, status in statuses.items()}
-    return CachedRoom(statuses, view, deadline, shared)
+    if deadline is None and not view.participants and view.failure is None:
+        return _ABSENT
+    parts: list[Any] = [deadline, view.failure]
+    for name, participant in view.participants.items():
+        parts += (sys.intern(name), participant.status, participant.reason)
+    return tuple(parts)
 
 
 def unique_rooms(rooms: Iterable[int]) -> list[int]:
@@ -112,12 +122,12 @@ def unique_rooms(rooms: Iterable[int]) -> list[int]:
     return list(dict.fromkeys(validate_rooms(rooms)))
 
 
-def view_at(entry: CachedRoom, now: float) -> RoomView:
-    """The cached view with its TTL counted down to ``now`` (a copy; the cache keeps its own)."""
-    view = entry.view
-    ttl_ms = None if entry.deadline is None else max(0, round((entry.deadline - now) * 1000))
-    participants = {name: ParticipantEntry(e.status, e.reason) for name, e in view.participants.items()}
-    return RoomView(view.room, participants, ttl_ms if view.ttl_ms is not None else None, failure=view.failure)
+def view_at(room: int, entry: CachedRoom, now: float) -> RoomView:
+    """Cached ``room`` as a :class:`RoomView`, its TTL counted down to ``now`` (a new object each call)."""
+    participants = {entry[i]: ParticipantEntry(entry[i + 1], entry[i + 2]) for i in range(FIRST_ENTRY, len(entry), 3)}
+    deadline = entry[DEADLINE]
+    ttl_ms = None if deadline is None else max(0, round((deadline - now) * 1000))
+    return RoomView(room, participants, ttl_ms, failure=entry[FAILURE])
 
 
 # --------------------------------------------------------------------------- the invalidation socket
@@ -210,12 +220,12 @@ class CacheState:
         """Drop rooms whose key has expired in Redis (or will within a second: one sweep per second)."""
         horizon = now + 1.0
         expired = [
-            room for room, entry in self.entries.items() if entry.deadline is not None and entry.deadline <= horizon
+            room for room, entry in self.entries.items() if entry[DEADLINE] is not None and entry[DEADLINE] <= horizon
         ]
         for room in expired:
             self._forget(room)
         self.earliest_deadline = min(
-            (entry.deadline for entry in self.entries.values() if entry.deadline is not None), default=float("inf")
+            (entry[DEADLINE] for entry in self.entries.values() if entry[DEADLINE] is not None), default=float("inf")
         )
         if expired and self.metrics is not None:
             self.metrics.set_cache_size(len(self.entries))
@@ -242,8 +252,9 @@ class CacheState:
             entries.move_to_end(room)
             for reader, flat in flats:
                 flat[room] = status_for(entry, reader)
-            if entry.deadline is not None and entry.deadline < self.earliest_deadline:
-                self.earliest_deadline = entry.deadline
+            deadline = entry[DEADLINE]
+            if deadline is not None and deadline < self.earliest_deadline:
+                self.earliest_deadline = deadline
         self.fresh_until = min(self.fresh_until, self.earliest_deadline)
         self._evict()
         if self.metrics is not None:

@@ -148,8 +148,8 @@ class NearCache(NearCacheBase):
                     self.state.referenced.add(room)
                     if self.metrics is not None:
                         self.metrics.on_cache_hit()
-                    return view_at(entry, now)
-        return view_at((self._fill([room], "room"))[room], time.monotonic())
+                    return view_at(room, entry, now)
+        return view_at(room, (self._fill([room], "room"))[room], time.monotonic())
 
     def status_map(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
         """``reader``'s room -> status map, for a caller that serves it while ``state.fresh_until`` has not

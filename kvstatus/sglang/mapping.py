@@ -466,7 +466,7 @@ class RoomStatusMap:
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
         self._local.memo = None
-        if self._removed:
+        if self._removed and storable(room):
             with self._removal_lock:
                 self._removed.pop(room, None)  # a new lifecycle: the removal is past
         try:
@@ -504,6 +504,8 @@ class RoomStatusMap:
         mooncake's ``get(room, Failed)`` stops sending a popped room's chunks. A new entry in the room ends
         the grace at once. Raises what ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
+        if not storable(room):
+            return self._call(lambda: self.store.pop(room))  # raises InvalidRoomError: nothing to remember
         done = threading.Event()
         with self._removal_lock:
             self._removing[room] = done  # a reader that finds the entry gone meanwhile waits for its status

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from kvstatus.cachestate import status_for
 from kvstatus.keys import KeySchema
-from kvstatus.nearcache import _LOG_KEEP, CacheState, NearCacheOptions, room_from_replies
+from kvstatus.nearcache import _LOG_KEEP, CacheState, NearCacheOptions, room_from_replies, view_at
+from kvstatus.rule import KVPoll, ParticipantEntry
 
 
 def _state(max_rooms: int = 100) -> CacheState:
@@ -67,6 +69,11 @@ def test_absent_rooms_have_no_deadline_and_a_corrupted_value_raises() -> None:
     from kvstatus.errors import CorruptedValueError
 
     absent = room_from_replies(1, "kvstatus:ns:{1}", [], -2, 0.0)
-    assert absent.statuses == {} and absent.deadline is None and absent.view.ttl_ms is None
+    assert status_for(absent, ("w", True)) is None and view_at(1, absent, 5.0).ttl_ms is None
+    assert absent is room_from_replies(2, "kvstatus:ns:{2}", {}, -2, 1.0)  # every absent room shares one
+    present = room_from_replies(3, "kvstatus:ns:{3}", {b"w": b"3", b"reason:w": b"slow"}, 1000, 10.0)
+    assert status_for(present, ("w", False)) is KVPoll.Transferring and status_for(present, ("d", False)) is None
+    view = view_at(3, present, 10.25)
+    assert view.participants["w"] == ParticipantEntry(KVPoll.Transferring, "slow") and view.ttl_ms == 750
     with pytest.raises(CorruptedValueError):
         room_from_replies(1, "kvstatus:ns:{1}", {b"w": b"9"}, 1000, 0.0)

@@ -16,18 +16,15 @@ from kvstatus.cachestate import MISS
 from kvstatus.consensus import RoomConsensus
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
 from kvstatus.fate import shared_status
-from kvstatus.keys import MAX_ROOM
-from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
-from kvstatus.sglang.outage import STORE_DOWN, Outage
+from kvstatus.rule import STRICT_CREATORS, KVPoll, RoomView, UpdateResult
+from kvstatus.sglang.outage import STORE_DOWN, UNANSWERED_RESULT, Outage
+from kvstatus.sglang.removals import Removals
+from kvstatus.sglang.roomids import INVALID_ROOM_RESULT, invalid_room_reason, storable
 
 log = logging.getLogger("kvstatus.sglang")
 
 # How long (seconds) the read made by ``room in m`` may answer the next read of the same room by the same thread.
 DEFAULT_MEMO_SECONDS = 0.002
-REMOVAL_RACE_SECONDS = 5.0
-"""Seconds after another thread removed an entry during which a read that finds none answers the removed
-status (:meth:`RoomStatusMap._remove`): longer than a thread starved of the GIL on a loaded box waits between
-``in`` and the read (over 50 ms was seen), and a new entry in the room ends it at once."""
 
 _MISSING = object()
 _monotonic = time.monotonic  # bound once: the dict-speed path calls it on every poll
@@ -38,12 +35,6 @@ _LEN_ITER_MESSAGE = (
 
 _Memo = tuple[int, float, Union[Optional[KVPoll], RoomView]]
 T = TypeVar("T")
-
-INVALID_ROOM_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
-"""What a write of a room id kvstatus cannot store returns: nothing was written, and reads answer Failed."""
-UNANSWERED_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
-"""What a write that Redis failed returns (:mod:`kvstatus.sglang.outage`): nothing is known to be written, and
-reads answer Failed. Equal to :data:`INVALID_ROOM_RESULT`, not the same object (the manager tells them apart)."""
 
 OnFailed = Callable[[int, Optional[str]], None]
 """``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
@@ -67,83 +58,40 @@ class _Unanswered(Exception):
         self.reason = reason
 
 
-def invalid_room_reason(room: object) -> str:
-    """The failure reason of a request whose ``bootstrap_room`` kvstatus cannot store (its repr cut to 40 chars)."""
-    shown = repr(room)
-    if len(shown) > 40:
-        shown = shown[:37] + "..."
-    return (
-        f"bootstrap_room {shown} ({type(room).__name__}) is not a room id kvstatus can store (an int in "
-        "[0, 2**63 - 1]): the request fails"
-    )
-
-
 class RoomStatusMap:
     """``kv_manager.request_status`` backed by ``store``: room -> this participant's status (a :class:`KVPoll`).
 
-    Each operation is one store call on the store's participant, so one round
-    trip (``pop`` included: the removal answers what it removed), and none for a read that the store's near cache
-    answers (``StatusStore.from_url(..., near_cache=True)``, or ``install(...,
-    near_cache=True)``; every read here goes through it, ``collect`` and
-    ``collect_many`` included):
+    Each operation is one store call on the store's participant, so one round trip (``pop`` included: the
+    removal answers what it removed), and none for a read the store's near cache answers (install()'s default):
 
     - ``room in m``: True when the participant has an entry in ``room``.
     - ``m[room]``: the status; ``KeyError(room)`` when there is no entry.
     - ``m.get(room, default=None)``: the status, or ``default``.
-    - ``m[room] = status``: **applies the update rule**, it does not overwrite:
-      exactly ``store.update_status(room, status)`` under the store's policy
-      (``strict`` for SGLang). A late Failed on a cleared room is ignored, a
-      status never goes backwards, and under ``strict`` Failed stays Failed and
-      only Bootstrapping/WaitingForInput create an entry. That is what every
-      assignment in SGLang means (``update_status`` assigns only what its rule
-      decided), and it keeps the rule atomic even for code that assigns
-      directly. :meth:`update_status` does the same and returns the outcome.
+    - ``m[room] = status``: **applies the update rule**, it does not overwrite: exactly
+      ``store.update_status(room, status)`` under the store's policy (``strict`` for SGLang). A late Failed on
+      a cleared room is ignored, a status never goes backwards, and under ``strict`` Failed stays Failed and
+      only Bootstrapping/WaitingForInput create an entry: what every assignment in SGLang means
+      (``update_status`` assigns only what its rule decided). :meth:`update_status` returns the outcome.
     - ``del m[room]``: removes the entry (and its failure reason); ``KeyError`` when there was none.
-    - ``m.pop(room, default)``: the status the entry held when it was
-      removed, or ``default``; one round trip (``store.pop``: one script reads and removes).
-    - ``m.consensus(room)``: with ``pp_participants``, the room's
-      :class:`~kvstatus.RoomConsensus` over the ranks (``store.room_status``,
-      one round trip): as ``check_status_pp_consensus`` (Bootstrapping while a
-      rank has no entry, else the minimum), and Failed with the reason when a
-      rank holding a lease lost it while its entry is open. ``install()`` uses
-      it for ``check_status_pp_consensus`` when the store holds a lease.
-    - ``m.collect(room)``: with ``pp_participants`` (one name per PP rank), each
-      rank's status in rank order, None where a rank has no entry, read in one
-      round trip (the room hash holds every rank's field). Replaces
-      ``PPConsensusStore.collect``; unlike it, it works on any rank.
-    - ``len(m)`` and ``iter(m)`` raise ``TypeError``: the map is a view of a
-      namespace every node shares, and counting it would SCAN Redis. Like
-      ``PPConsensusStore``, the map is always true in a boolean context.
+    - ``m.pop(room, default)``: the status the entry held when it was removed, or ``default``.
+    - ``m.collect(room)``: with ``pp_participants`` (one name per PP rank), each rank's status in rank order,
+      None where a rank has no entry, in one read (the room hash holds every rank's field). Replaces
+      ``PPConsensusStore.collect``; unlike it, it works on any rank. ``install()``'s
+      ``check_status_pp_consensus`` is upstream's minimum over it.
+    - ``m.consensus(room)``: the room's :class:`~kvstatus.RoomConsensus` over the ranks
+      (``store.room_status``, one round trip, lease records read too).
+    - ``len(m)`` and ``iter(m)`` raise ``TypeError``: the map is a view of a namespace every node shares, and
+      counting it would SCAN Redis. Like ``PPConsensusStore``, the map is always true in a boolean context.
 
-    **The poll memo** (without a near cache). SGLang polls with ``room in m``
-    and at once reads the status again (``check_status``). ``in`` keeps what
-    it read in a per-thread memo; the next read of the *same* room by the
-    *same* thread (``m[room]``, ``m.get``, ``collect``) within
-    ``memo_seconds`` takes it instead of reading Redis, and empties the memo.
-    Any other call by that thread empties it too. So a poll costs one round
-    trip, and the ``in`` check and the read it guards see one snapshot (two
-    reads could see the room vanish in between). ``memo_seconds=0`` turns the
-    memo off.
+    **The poll memo** (without a near cache). SGLang polls with ``room in m`` and at once reads the status
+    again (``check_status``). ``in`` keeps what it read in a per-thread memo; the next read of the *same* room
+    by the *same* thread (``m[room]``, ``m.get``, ``collect``) within ``memo_seconds`` takes it instead of
+    reading Redis; any call by that thread empties the memo. So a poll costs one round trip, and the ``in``
+    check and the read it guards see one snapshot. ``memo_seconds=0`` turns the memo off.
 
-    **Room ids kvstatus cannot store.** SGLang takes ``bootstrap_room`` from
-    the request, and its dict accepts any hashable (-1, 2**63, "42", None).
-    kvstatus stores ints in [0, 2**63 - 1] only, and the store raises
-    ``InvalidRoomError`` for anything else. Inside the scheduler loop, a
-    transfer thread or the bootstrap thread, that exception would stop the
-    whole engine for one client's bad id. So the map answers for such an id
-    as for a room that **failed from the start**, without touching Redis:
-    ``in`` is True, ``m[room]``, ``get``, ``pop``, ``collect`` and
-    ``consensus`` answer Failed, and a write is refused with
-    :data:`INVALID_ROOM_RESULT` (REFUSED_CREATE, Failed: nothing was written).
-    Every upstream poll then concludes Failed at its next call (the sender's
-    ``in`` then ``check_status``, the receiver's ``check_status``, nixl's
-    ``get(room, WaitingForInput)``), so that one request fails with its
-    reason and the engine goes on. Answering "no entry" instead would make
-    ``m[room]`` raise KeyError in the receiver's poll, and nixl's decode wait
-    out its 300 s timeout. The id is not coerced: "42" made 42 would share
-    room 42's entry with another request, and -1 made 2**63 - 1 likewise. An
-    opening write (Bootstrapping, WaitingForInput) logs one warning; reads
-    log nothing, as polls repeat.
+    **Room ids kvstatus cannot store** (-1, 2**63, "42", None) are answered as rooms that failed from the
+    start, without touching Redis: ``in`` is True, reads answer Failed, a write returns
+    :data:`~kvstatus.sglang.roomids.INVALID_ROOM_RESULT` (:mod:`kvstatus.sglang.roomids` says why).
 
     **Shared fate.** With the store's ``shared_fate`` on (its default), every
     read answers as ``store.get`` does (:mod:`kvstatus.fate`): an open entry
@@ -175,7 +123,8 @@ class RoomStatusMap:
     these reads once Redis' invalidation arrives, and at most ``POLL_GATE``
     later; this process's own writes at once. The memo is then off: the
     cache answers the ``check_status`` after ``in`` without a round trip.
-    ``m[room]`` that finds no entry within :data:`REMOVAL_RACE_SECONDS` of
+    ``m[room]`` that finds no entry within
+    :data:`~kvstatus.sglang.removals.REMOVAL_RACE_SECONDS` of
     *another thread's* ``pop``/``del``/``clear_room`` of it answers the
     removed status (see :meth:`_remove`): SGLang's transfer threads test
     ``room in m`` then read ``m[room]`` while the scheduler pops concluded
@@ -228,10 +177,7 @@ class RoomStatusMap:
             if self.pp_participants is not None:
                 self._rank_flats = [store.cached_statuses(name)[1] for name in self.pp_participants]
         self._fresh: Any = self._state  # _NEVER_FRESH during an outage
-        # The entries this map removed in the last REMOVAL_RACE_SECONDS: room -> (status, monotonic s, thread id).
-        self._removed: dict[int, tuple[KVPoll, float, int]] = {}
-        self._removing: dict[int, threading.Event] = {}  # removals under way, set when done
-        self._removal_lock = threading.Lock()  # guards both (never held across I/O)
+        self._removals = Removals()
         self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
 
     def _call(self, call: Callable[[], T]) -> T:
@@ -380,7 +326,8 @@ class RoomStatusMap:
                 return status
         status = self._read(room)
         if status is None:
-            status = self._removed_by_another_thread(room)  # the `in` before this read found it (see _remove)
+            # Another thread's pop raced the `in` before this read (kvstatus.sglang.removals).
+            status = self._removals.seen_by_another_thread(room, self.store.options.deadline)
             if status is None:
                 raise KeyError(room)
         return status
@@ -466,9 +413,8 @@ class RoomStatusMap:
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
         self._local.memo = None
-        if self._removed and storable(room):
-            with self._removal_lock:
-                self._removed.pop(room, None)  # a new lifecycle: the removal is past
+        if storable(room):
+            self._removals.reopened(room)
         try:
             return self._call(lambda: self.store.update_status(room, status))
         except InvalidRoomError:
@@ -492,56 +438,18 @@ class RoomStatusMap:
         self.update_status(room, status)
 
     def _remove(self, room: int) -> Optional[KVPoll]:
-        """Remove the entry (``store.pop``: one round trip, which answers what it removed) and remember it.
-
-        SGLang threads share the map: the scheduler pops concluded rooms while a transfer thread reads one
-        with ``room in m`` then ``m[room]``. A dict makes that window a few bytecodes wide; here it spans a
-        round trip and GIL switches, and ``m[room]`` would raise ``KeyError`` for a room ``in`` had just found
-        (it killed mooncake's transfer thread in the e2e tier). So ``m[room]`` (``check_status``) by *another*
-        thread that finds no entry within :data:`REMOVAL_RACE_SECONDS` of its removal (or while it is under
-        way) answers the removed status, as if it had come first: upstream code reads ``m[room]`` only after
-        ``in`` found the room, so such a read is that race. ``get`` keeps the dict's answer (its default):
-        mooncake's ``get(room, Failed)`` stops sending a popped room's chunks. A new entry in the room ends
-        the grace at once. Raises what ``store.pop`` raises (:meth:`_call`)."""
+        """Remove the entry (``store.pop``: one round trip, which answers what it removed), remembered in
+        :mod:`kvstatus.sglang.removals` for the ``m[room]`` of another thread that races it. Raises what
+        ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
         if not storable(room):
             return self._call(lambda: self.store.pop(room))  # raises InvalidRoomError: nothing to remember
-        done = threading.Event()
-        with self._removal_lock:
-            self._removing[room] = done  # a reader that finds the entry gone meanwhile waits for its status
-        status = None
+        started, status = self._removals.begin(room), None
         try:
             status = self._call(lambda: self.store.pop(room))
         finally:
-            with self._removal_lock:
-                removed, now = self._removed, time.monotonic()
-                while removed:  # oldest first (insertion order): drop what is past the grace
-                    oldest = next(iter(removed))
-                    if now - removed[oldest][1] <= REMOVAL_RACE_SECONDS:
-                        break
-                    del removed[oldest]
-                if status is not None:
-                    removed.pop(room, None)
-                    removed[room] = (status, now, threading.get_ident())
-                if self._removing.get(room) is done:
-                    del self._removing[room]
-            done.set()
+            self._removals.end(room, started, status)
         return status
-
-    def _removed_by_another_thread(self, room: int) -> Optional[KVPoll]:
-        """The status of ``room``'s entry if another thread removed it within :data:`REMOVAL_RACE_SECONDS` (waiting
-        for a removal still under way, at most the store's deadline)."""
-        removing = self._removing.get(room)
-        if removing is not None:
-            removing.wait(self.store.options.deadline)
-        with self._removal_lock:
-            removed = self._removed.get(room)
-        if removed is None:
-            return None
-        status, at, by = removed
-        if by != threading.get_ident() and time.monotonic() - at <= REMOVAL_RACE_SECONDS:
-            return status
-        return None
 
     def __delitem__(self, room: int) -> None:
         try:
@@ -588,8 +496,3 @@ class RoomStatusMap:
     def __repr__(self) -> str:
         pp = f", pp_participants={list(self.pp_participants)!r}" if self.pp_participants else ""
         return f"RoomStatusMap({self.store!r}{pp})"
-
-
-def storable(room: object) -> bool:
-    """True for a room id the store accepts: an int (not bool) in [0, 2**63 - 1]."""
-    return isinstance(room, int) and not isinstance(room, bool) and 0 <= room <= MAX_ROOM

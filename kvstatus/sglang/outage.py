@@ -18,11 +18,16 @@ import time
 from typing import Optional
 
 from kvstatus.errors import BackendError, KVStatusError, LeaseLostError
+from kvstatus.rule import KVPoll, Outcome, UpdateResult
 
 log = logging.getLogger("kvstatus.sglang")
 
 OUTAGE_SECONDS = 1.0
 """After a store call failed on the backend, seconds during which calls answer Failed without trying Redis."""
+
+UNANSWERED_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
+"""What a write that Redis failed returns: nothing is known to be written, and reads answer Failed. Equal to
+:data:`~kvstatus.sglang.roomids.INVALID_ROOM_RESULT`, not the same object (the manager tells them apart)."""
 
 STORE_DOWN = (BackendError, LeaseLostError)
 """Errors that say the store, not the room, is at fault: they start an outage."""

@@ -15,7 +15,7 @@ import redis
 
 from kvstatus import KVPoll
 from kvstatus.cachestate import POLL_GATE
-from kvstatus.sglang import mapping
+from kvstatus.sglang import removals
 from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
 from tests.helpers.backends import fresh_namespace
 from tests.nearcache.helpers import eventually
@@ -180,7 +180,7 @@ def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(
     manager.update_status(room, KVPoll.Bootstrapping)  # a new request in the room ends the grace at once
     assert other_thread_reads() == (KVPoll.Bootstrapping, KVPoll.Bootstrapping)
     assert status_map.pop(room) == KVPoll.Bootstrapping
-    monkeypatch.setattr(mapping, "REMOVAL_RACE_SECONDS", 0.05)
+    monkeypatch.setattr(removals, "REMOVAL_RACE_SECONDS", 0.05)
     time.sleep(0.1)
     missing, got = other_thread_reads()
     assert isinstance(missing, KeyError) and got == "gone"  # past the grace, the dict's answers

@@ -23,23 +23,30 @@ VENV="${1:-$HOME/.cache/kvstatus/sglang-venv}"
 PROBE='from sglang.srt.disaggregation.common.conn import CommonKVManager'
 PIP=("$VENV/bin/pip" install --disable-pip-version-check -q)
 
+# pip reports "sglang 0.5.23 requires X, which is not installed" (and its unmet torch pin) after each step,
+# about 200 lines under an "ERROR: pip's dependency resolver" header: expected, as only what the import chain
+# needs goes in, on CPU torch. Those lines are left out (and the index's "WARNING: Location" notes); any other
+# conflict is shown, and a failing pip still fails the script (pipefail).
+pip_install() {
+    "${PIP[@]}" "$@" 2>&1 | { grep -v -e "^WARNING: Location" -e "dependency resolver does not currently" \
+        -e ", which is not installed\.$" -e "^sglang 0\.5\.23 requires .* which is incompatible\.$" || true; } >&2
+}
+
 if [ -x "$VENV/bin/python" ] && (cd / && "$VENV/bin/python" -W ignore -c "$PROBE") >/dev/null 2>&1; then
     echo "make-venv: sglang already importable in $VENV" >&2
 else
     echo "make-venv: building $VENV (real sglang on CPU torch; ~2 min, ~2.2 GB)" >&2
     python3 -m venv "$VENV"
-    # pip prints "sglang 0.5.23 requires X, which is not installed" after each step: expected, only what
-    # the import chain needs is installed.
     # 1. sglang itself, without its (GPU) dependency tree
-    "${PIP[@]}" --no-deps sglang==0.5.23
+    pip_install --no-deps sglang==0.5.23
     # 2. CPU torch + numpy
-    "${PIP[@]}" torch==2.13.0 numpy
+    pip_install torch==2.13.0 numpy
     # 3. torch-adjacent packages, pinned and --no-deps so torch is never replaced
-    "${PIP[@]}" --no-deps torchvision==0.28.0 triton==3.7.1 compressed-tensors==0.18.0
-    "${PIP[@]}" loguru
+    pip_install --no-deps torchvision==0.28.0 triton==3.7.1 compressed-tensors==0.18.0
+    pip_install loguru
     # 4. the pure-Python modules the import chain asks for, one missing module at a time;
     #    prometheus-client makes the mooncake and ascend backends importable too
-    "${PIP[@]}" msgspec pyzmq aiohttp requests pillow pyyaml protobuf \
+    pip_install msgspec pyzmq aiohttp requests pillow pyyaml protobuf \
         apache-tvm-ffi==0.1.11 ipython orjson pybase64 packaging starlette \
         pydantic tqdm transformers==5.19.0 tokenizers==0.23.2 dill sentencepiece==0.2.1 gguf \
         'prometheus-client>=0.20.0'
@@ -54,8 +61,8 @@ STAMP="$VENV/.kvstatus-checkout"
 WANT="$REPO $(stat -c %Y "$REPO/pyproject.toml")"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     echo "make-venv: installing kvstatus from $REPO into $VENV" >&2
-    "${PIP[@]}" 'redis[hiredis]>=5.0' 'click>=8.1' 'fakeredis[lua]>=2.26' 'hypothesis>=6.100' 'pytest>=8' \
+    pip_install 'redis[hiredis]>=5.0' 'click>=8.1' 'fakeredis[lua]>=2.26' 'hypothesis>=6.100' 'pytest>=8' \
         'pytest-asyncio>=0.24' 'pytest-timeout>=2.3' hatchling editables
-    "${PIP[@]}" --no-deps --no-build-isolation -e "$REPO"
+    pip_install --no-deps --no-build-isolation -e "$REPO"
     echo "$WANT" > "$STAMP"
 fi

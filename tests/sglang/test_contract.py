@@ -244,6 +244,12 @@ def test_install_refuses_what_would_change_behaviour() -> None:
         install(make_manager(), "redis://127.0.0.1:1/0")
     with pytest.raises(InvalidArgumentError, match="apply to a URL"):
         install(make_manager(), counting_store(), namespace="x")
+    for near_cache in (True, False):  # a store brings its own cache: an explicit setting is refused either way
+        with pytest.raises(InvalidArgumentError, match="apply to a URL"):
+            install(make_manager(), counting_store(), near_cache=near_cache)
+    # The URL's near cache setting and the argument must agree (nothing is connected before the check).
+    with pytest.raises(InvalidArgumentError, match=r"near_cache=True disagrees with the URL's near cache setting"):
+        install(make_manager(), "redis://127.0.0.1:1/0?near_cache=false", namespace="x", near_cache=True)
 
 
 def test_side_effects_follow_the_outcome() -> None:

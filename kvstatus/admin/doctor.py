@@ -263,7 +263,7 @@ def tracking_check(client: Any, schema: KeySchema) -> Check:
             "tracking",
             True,
             "this user cannot run CLIENT TRACKING: it learns no key names of other "
-            "namespaces (and cannot use near_cache=True)",
+            "namespaces (and its stores run without the near cache)",
         )
     if not confined:
         return Check(
@@ -410,11 +410,12 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
         store.near_cache.close()
     if ok:
         return Check("near cache", True, "CLIENT TRACKING is allowed")
-    # The cache is opt-in: a user without it is reported, not failed.
+    # A store without it runs uncached (SGLang managers included, with one warning): reported, not failed.
     return Check(
         "near cache",
         True,
-        f"not available to this user: {why}; only near_cache=True needs it (+client|tracking +client|id)",
+        f"not available to this user: {why}; its stores and SGLang managers run uncached, a round trip a poll "
+        "(grant +client|tracking +client|id for it)",
     )
 
 

@@ -328,7 +328,9 @@ def acl(
         )
     else:
         click.echo(
-            "kvstatus: no near cache for this user: its stores must use near_cache=False (the default)", err=True
+            "kvstatus: no near cache for this user: build its stores with near_cache=False (from_url's default), "
+            "and its SGLang managers with KVSTATUS_SGLANG_NEAR_CACHE=0",
+            err=True,
         )
 
 

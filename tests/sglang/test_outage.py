@@ -30,6 +30,7 @@ from tests.sglang.standin import (
 pytestmark = pytest.mark.real
 ROOM = 6161
 DOWN = "kvstatus: Redis could not be reached for this room's status ("
+SLACK = 2.0  # seconds a loaded 2-core box may add to a bound (scheduling), far below what a missed bound costs
 
 
 @pytest.fixture
@@ -162,13 +163,13 @@ def test_a_frozen_server_ends_the_polls_served_from_memory_within_their_bounds(s
             assert statuses <= {KVPoll.Bootstrapping, KVPoll.Failed}
             if first_failed is None and KVPoll.Failed in statuses:
                 first_failed = time.monotonic()
-                assert first_failed - frozen <= near.state.options.max_staleness + deadline + 1.0
+                assert first_failed - frozen <= near.state.options.max_staleness + deadline + SLACK
             elif first_failed is not None:
                 assert statuses == {KVPoll.Failed}  # the outage answers, without I/O
             assert time.monotonic() - frozen < 60, "the rooms never failed"
     finally:
         os.kill(server.pid, signal.SIGCONT)
-    assert slowest <= deadline + 1.0
+    assert slowest <= deadline + SLACK
     assert len(sends) == 1  # the read that met the deadline; memory and then the outage answered the rest
     time.sleep(OUTAGE_SECONDS)
     assert eventually(lambda: prefill.check_status(rooms[0]) == KVPoll.Bootstrapping, what="the recovery")

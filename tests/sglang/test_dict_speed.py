@@ -210,3 +210,54 @@ def test_a_read_during_another_threads_pop_waits_for_the_removed_status(redis_se
     assert manager.check_status(room) == KVPoll.Success
     popper.join(10)
     status_map.close()
+
+
+@pytest.mark.slow
+def test_transfer_threads_racing_the_schedulers_pops_never_see_a_keyerror(redis_server: Any) -> None:
+    """SGLang's shape under load: a scheduler thread pops concluded rooms while two transfer threads test
+    ``room not in request_status or check_status(room) == Success`` and a CPU-bound thread starves them of the
+    GIL. Before kvstatus.sglang.removals waited for pops under way and kept removals 5 s, 8 s of this raised
+    KeyError 1-3 times (the e2e tier's dead transfer thread)."""
+    manager = _installed(redis_server.url, fresh_namespace("sgdictstress"))
+    status_map = manager.request_status
+    stop = time.monotonic() + 8.0
+    live: list[int] = []
+    lock = threading.Lock()
+    errors: list[int] = []
+    checks = [0]
+
+    def scheduler() -> None:
+        room = 100_000
+        while time.monotonic() < stop:
+            room += 1
+            manager.update_status(room, KVPoll.Bootstrapping)
+            manager.update_status(room, KVPoll.Success)
+            with lock:
+                live.append(room)
+                concluded, live[:] = live[:-2], live[-2:]
+            for done in concluded:
+                status_map.pop(done, None)
+
+    def transfer() -> None:
+        while time.monotonic() < stop:
+            with lock:
+                rooms = list(live)
+            for room in rooms:
+                try:
+                    if room not in status_map or manager.check_status(room) == KVPoll.Success:
+                        checks[0] += 1
+                except KeyError:
+                    errors.append(room)
+
+    def burner() -> None:
+        spins = 0
+        while time.monotonic() < stop:
+            spins += 1
+
+    threads = [threading.Thread(target=work) for work in (scheduler, transfer, transfer, burner)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    status_map.close()
+    assert errors == [] and checks[0] > 1000

@@ -144,7 +144,7 @@ def test_a_frozen_server_ends_the_polls_served_from_memory_within_their_bounds(s
     """SIGSTOP under a manager whose rooms are in its near cache (the default): polls are answered from memory
     only while the cache's links are proven live (``max_staleness``), then one read waits out the deadline and
     the outage fails the rooms; no call blocks past the deadline, and the manager recovers by itself."""
-    prefill, _ = _pair(server.url + "?retries=0")
+    prefill, _ = _pair(server.url + "?retries=0&deadline=1")  # a short deadline: a short test
     status_map = prefill.request_status
     near, deadline = status_map.store.near_cache, status_map.store.options.deadline
     rooms = range(200, 216)

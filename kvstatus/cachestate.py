@@ -342,26 +342,33 @@ class NearCacheBase:
         raise NotImplementedError
 
 
-_CACHES: weakref.WeakSet[NearCacheBase] = weakref.WeakSet()
+_CACHES: dict[str, list[weakref.ref[NearCacheBase]]] = {}
+"""The process's near caches by namespace (``KeySchema.base``). A list is replaced, never changed in place,
+so :func:`writes_sent` reads it without the lock."""
 _CACHES_LOCK = threading.Lock()
 
 
 def register(cache: NearCacheBase) -> None:
     """Make ``cache`` one of this process's near caches, told of :func:`writes_sent`."""
+    base = cache.state.schema.base
     with _CACHES_LOCK:
-        _CACHES.add(cache)
+        live = [ref for ref in _CACHES.get(base, ()) if ref() is not None]
+        _CACHES[base] = [*live, weakref.ref(cache)]
 
 
 def writes_sent(schema: KeySchema, rooms: Iterable[int]) -> None:
     """A store of this process wrote (or may have written) ``rooms`` of ``schema``'s namespace: every near cache
     of the process on that namespace drops them, so a read that follows the write in this process, through any
     store, reads them again (read-your-writes within a process; another process's writes reach the cache by
-    Redis' invalidation messages)."""
+    Redis' invalidation messages). On the write path: one dict lookup when no cache reads the namespace."""
+    refs = _CACHES.get(schema.base)
+    if not refs:
+        return
     rooms = list(rooms)
-    with _CACHES_LOCK:
-        caches = [cache for cache in _CACHES if cache.state.schema.base == schema.base]
-    for cache in caches:
-        cache.invalidate(rooms)
+    for ref in refs:
+        cache = ref()
+        if cache is not None:
+            cache.invalidate(rooms)
 
 
 def near_cache_setting(

@@ -206,7 +206,13 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             s["no acl"],
             f"server {t_no_acl:.2f} µs/call",
         ),
-        _lat("single key", "raw `SET key 1 PX ttl`", s["set"]),
+        _lat(
+            "single key",
+            "raw `SET key 1 PX ttl`",
+            s["set"],
+            f"`update_status` {up / raw_set:.2f}× it (budget withdrawn: the minimal rule alone is "
+            f"{floor / raw_set:.2f}×)",
+        ),
     ]
     out.budgets += [
         Budget(
@@ -218,18 +224,10 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             f"{up:.1f} µs vs {floor:.1f} µs",
         ),
         Budget(
-            "update_status p50 vs raw SET PX",
-            ratio(s["update"], s["set"]),
-            "<=",
-            1.20,
-            "×",
-            f"{up:.1f} µs vs {raw_set:.1f} µs",
-        ),
-        Budget(
             "Redis time per update vs minimal rule script",
             t_update / t_minimal,
             "<=",
-            1.15,
+            1.10,
             "×",
             f"{t_update:.2f} µs vs {t_minimal:.2f} µs per call (INFO commandstats)",
         ),
@@ -350,7 +348,7 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
                 "update_many(1000) throughput vs minimal rule script",
                 ratio(s["minimal"], s["update_many"]),
                 ">=",
-                0.85,
+                0.90,
                 "×",
                 f"{size / s['update_many'].p50_us * 1e6:,.0f} vs {size / s['minimal'].p50_us * 1e6:,.0f} keys/s",
             )

@@ -10,32 +10,19 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.measure import interleave, percentile, time_calls
-from kvstatus import KVPoll, StatusStore, scripts
+from kvstatus import KVPoll, StatusStore
 from kvstatus.connection import connect
 from kvstatus.nearcache import NearCacheOptions
-from kvstatus.operations import script_call
-from kvstatus.scripts import LuaScript
 from tests.servers import RedisServer
 
 NAMESPACE = "ncbench"
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
-# The lines of lua/update.lua that publish for wait_for: its ACL question (first pass) and the publish itself.
-PUBLISH_LINES = (
-    """    publish = acl_refusal(PUBLISH, key) == nil  -- a refusal only skips the publish
-""",
-    """      if publish then
-        -- pcall: a channel the first key's check did not cover (ACL selectors) is skipped, never an error.
-        redis.pcall(PUBLISH, key, result[2 * i] .. ":" .. field)
-      end
-""",
-)
 
 
 @dataclass
@@ -271,17 +258,28 @@ def tracked_key_memory(url: str, report: Report, mode: str, base: int, rooms: in
 # --------------------------------------------------------------------------- wait_for
 
 
+def _watch_ids(client: Any) -> set[int]:
+    """IDs of the server's wait_for watches (tracking on, no REDIRECT) that have armed (last command EXISTS)."""
+    return {
+        int(c["id"])
+        for c in client.client_list()
+        if "t" in c["flags"] and c.get("redir") == "0" and c.get("cmd") == "exists"
+    }
+
+
 def _updater(url: str, rooms: list[int], out: Any) -> None:
-    """For each room: wait until a waiter is subscribed to its channel, then update it and report the ack."""
+    """For each room: wait until a new waiter has armed its watch, then update the room and report the ack."""
     acks = []
+    seen: set[int] = set()
     with StatusStore.from_url(url, namespace=NAMESPACE, participant="w") as store:
         for room in rooms:
-            channel = store._core.schema.room_key(room)
-            while int(store.client.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1]) == 0:
+            while not (_watch_ids(store.client) - seen):
                 time.sleep(0.0002)
+            seen |= _watch_ids(store.client)
             time.sleep(0.001)  # the waiter is past its first read and blocked on the socket
             store.update_status(room, KVPoll.Bootstrapping)
             acks.append(time.monotonic_ns())
+            time.sleep(0.005)  # no CLIENT LIST polling while the waiter wakes: the box has 2 cores
     out.send(acks)
 
 
@@ -304,52 +302,9 @@ def wait_delivery(url: str, report: Report, count: int) -> None:
     report.row(
         "wait_for delivery after the writer's ack, p50 / p99",
         f"{_us(p50)} / {_us(p99)}",
-        f"{count} waits, each on a fresh subscription",
+        f"{count} waits, each on a fresh watch (CLIENT TRACKING)",
     )
     report.budget("wait_for delivery p99", p99 / 1000, "<=", 1000, " µs")
-
-
-# --------------------------------------------------------------------------- publish cost
-
-
-def publish_cost(url: str, report: Report, updates: int, rounds: int) -> None:
-    """Redis' own µs per update script with and without the publish (no subscriber), INFO commandstats."""
-    import hashlib
-
-    source = scripts.UPDATE.source
-    for lines in PUBLISH_LINES:
-        assert lines in source, "benchmarks/nearcache.py no longer matches lua/update.lua"
-        source = source.replace(lines, "")
-    bare = LuaScript("update-without-publish", source, hashlib.sha1(source.encode()).hexdigest())
-    client = connect(url)
-    client.script_load(bare.source)
-    client.script_load(scripts.UPDATE.source)
-    head = ("seed", "600000", "w", "reason:w")
-    counter = iter(range(10**9))
-    per_call: dict[str, list[float]] = {"with publish": [], "without publish": []}
-    latency: dict[str, list[float]] = {"with publish": [], "without publish": []}
-    for r in range(rounds):
-        for name, script in (("with publish", scripts.UPDATE), ("without publish", bare))[:: 1 if r % 2 else -1]:
-            calls = [
-                script_call(script, [f"kvstatus:{NAMESPACE}:{{{700_000_000 + next(counter)}}}"], (*head, "1"))
-                for _ in range(updates)
-            ]
-            client.config_resetstat()
-            samples = time_calls(lambda i: client.execute_command(*calls[i].args), updates)  # noqa: B023 - used at once, in this iteration
-            per_call[name].append(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
-            latency[name].append(percentile(samples, 0.5) / 1000)
-    with_, without = statistics.median(per_call["with publish"]), statistics.median(per_call["without publish"])
-    report.row(
-        "server time per update script (CREATED), with / without the publish",
-        f"{with_:.2f} / {without:.2f} µs",
-        "INFO commandstats usec_per_call, no subscriber, median of rounds",
-    )
-    report.row(
-        "update round trip p50, with / without the publish",
-        f"{statistics.median(latency['with publish']):.1f} / {statistics.median(latency['without publish']):.1f} µs",
-        "client side",
-    )
-    report.budget("extra server time per update for the publish", with_ - without, "<=", 3, " µs")
 
 
 def main(argv: list[str]) -> int:
@@ -373,7 +328,6 @@ def main(argv: list[str]) -> int:
                 lambda: tracked_key_memory(server.url, report, "BCAST", 4_000_000, 5_000 if args.quick else 20_000),
             ),
             ("wait_for", lambda: wait_delivery(server.url, report, 100 if args.quick else 300)),
-            ("publish cost", lambda: publish_cost(server.url, report, 1000 if args.quick else 3000, rounds)),
         ):
             run()
             print(f"  {step}: done", file=sys.stderr, flush=True)

@@ -8,6 +8,8 @@ generates kvstatus/_sync/ by mapping each to its twin here (``AsyncLock`` -> ``L
 from __future__ import annotations
 
 import asyncio
+import math
+import select
 import threading
 import time
 from collections.abc import Awaitable
@@ -136,31 +138,30 @@ def pipeline_route(client: Any, key: str) -> dict[str, Any]:
     return {"target_nodes": client.get_node_from_key(key)}
 
 
-async def async_receive(connection: Any, seconds: float) -> Optional[list[Any]]:
-    """Replies pushed on a subscribed connection within ``seconds`` (all that are ready once one is);
-    None if the connection broke."""
-    replies: list[Any] = []
+async def async_readable(source: Any, seconds: float) -> bool:
+    """Whether ``source`` (anything with a ``fileno()``) has something to read within ``seconds``."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = source.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
     try:
-        reply = await connection.read_response(timeout=max(seconds, 0.0), push_request=True)
-        while reply is not None:
-            replies.append(reply)
-            check = getattr(connection, "can_read", None) or connection.can_read_destructive
-            reply = await connection.read_response(timeout=1.0, push_request=True) if await check() else None
-    except BROKEN:
-        return None
-    return replies
+        await asyncio.wait_for(ready, max(seconds, 0.0))
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
 
 
-def receive(connection: Any, seconds: float) -> Optional[list[Any]]:
-    replies: list[Any] = []
-    try:
-        wait = seconds
-        while connection.can_read(timeout=wait):
-            replies.append(connection.read_response(push_request=True))
-            wait = 0
-    except BROKEN:
-        return None
-    return replies
+def readable(source: Any, seconds: float) -> bool:
+    poller = select.poll()  # not select.select(): a busy process has descriptors above 1024
+    poller.register(source.fileno(), select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(math.ceil(max(seconds, 0.0) * 1000)))
 
 
 def async_close_link(connection: Any) -> None:

@@ -1,5 +1,5 @@
-"""The near cache's invalidation reader: per server, a connection subscribed to Redis' invalidation
-messages, read without blocking on every cache read, and the liveness PINGs that bound staleness.
+"""The near cache's invalidation reader: per server, a RESP3 connection that Redis' invalidations are
+pushed to, read without blocking on every cache read, and the liveness PINGs that bound staleness.
 
 Anything the reader does not understand on that connection (a message a client published on the
 channel, a malformed frame) empties the whole cache: it never drops a real invalidation, and never
@@ -63,23 +63,32 @@ class InvalidationSocket:
         self.client_id = 0
         self.peer: Any = None
         self.sock: Any = None
-        self._reader = hiredis.Reader()
+        self.reader = hiredis.Reader()
 
     def open(self) -> None:
         conn = self.connection
         conn.connect()
-        conn.send_command("CLIENT", "ID")
-        self.client_id = int(conn.read_response())
+        self.setup(conn)
         self.peer = peer_of(conn)
         self.sock = conn._sock  # redis-py's handshake is done; this socket is ours from here on
         self.sock.setblocking(False)
+
+    def setup(self, conn: Any) -> None:
+        """The commands sent through redis-py after its handshake: ``CLIENT ID`` (the ``REDIRECT`` target)."""
+        conn.send_command("CLIENT", "ID")
+        self.client_id = int(conn.read_response())
 
     def fileno(self) -> int:
         return int(self.sock.fileno())
 
     def drain(self) -> tuple[list[bytes], bool, bool]:
         """Read what arrived: (invalidated keys, flush everything?, a PONG arrived?). Raises LinkLost."""
-        sock, reader = self.sock, self._reader
+        self.receive()
+        return self._parse()
+
+    def receive(self) -> None:
+        """Feed what arrived on the socket to :attr:`reader`, without blocking. Raises LinkLost."""
+        sock, reader = self.sock, self.reader
         while True:
             try:
                 data = sock.recv(_RECV)
@@ -92,6 +101,9 @@ class InvalidationSocket:
             reader.feed(data)
             if len(data) < _RECV and not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                 break
+
+    def _parse(self) -> tuple[list[bytes], bool, bool]:
+        reader = self.reader
         keys: list[bytes] = []
         flush = pong = False
         while True:

@@ -1,6 +1,6 @@
 """Which server holds a key, how to open connections to it, and whether the topology moved (no caching).
 
-Shared by the near cache (its links, its periodic check) and ``wait_for`` (its subscription).
+Shared by the near cache (its links, its periodic check) and ``wait_for`` (its watch).
 """
 
 from __future__ import annotations

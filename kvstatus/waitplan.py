@@ -1,20 +1,17 @@
-"""``wait_for``: wake up when a participant's entry reaches one of some statuses, pushed by Redis.
+"""``wait_for``: wake up when a participant's entry reaches one of some statuses, told by Redis.
 
-The update script publishes ``<status>:<participant>`` on the room's channel whenever it changes an
-entry (CREATED, ADVANCED, FAILED). The channel is named like the room key and is a shard channel
-(``SPUBLISH``/``SSUBSCRIBE``, Redis >= 7), so on a cluster it lives on the room's node and costs no
-cluster-bus traffic; on Redis 6 it is a plain channel (``PUBLISH``/``SUBSCRIBE``).
+The waiter watches the room key through CLIENT TRACKING (:mod:`kvstatus.keywatch`): Redis tells it when
+the room changes, and it re-reads the entry. The writers pay nothing for it (no publish). Any change to the
+room wakes the waiter, a peer's Failed or a cancel included: with shared fate (:mod:`kvstatus.fate`) its
+read then answers Failed.
 
-Another participant's Failed on the channel (its update, or a cancel) makes the waiter read its own entry
-at once: with shared fate (:mod:`kvstatus.fate`) that read answers Failed.
-
-A waiter subscribes *before* it reads the entry, so a change between its read and its subscription
-cannot be missed. Pub/Sub is at-most-once (a message is lost if the subscription connection drops, and
-the script does not publish for a user the ACL refuses the channel), so the waiter also re-reads the
-entry every ``recheck`` seconds, and when the subscription breaks it polls every ``poll_interval``
-seconds (re-subscribing as it goes). The loop is plain data here (:func:`wait_plan`, no I/O); the
-driver that performs its actions is written once in :mod:`kvstatus._async.waiting` and generated for
-threads.
+A waiter arms its watch *before* it reads the entry, so a change between the read and the arm cannot be
+missed. Told of a change, it reads first (the change may be the one awaited: one round trip to deliver it),
+then, if it must go on waiting, arms the watch again and reads once more. It also re-reads the entry every ``recheck`` seconds (a watch connection that died without a word),
+and when it cannot watch (the ACL refuses CLIENT TRACKING, the connection broke) it polls every
+``poll_interval`` seconds, trying to watch again as it goes unless the ACL refused. The loop is plain data
+here (:func:`wait_plan`, no I/O); the driver that performs its actions is written once in
+:mod:`kvstatus._async.waiting` and generated for threads.
 """
 
 from __future__ import annotations
@@ -31,9 +28,9 @@ RECHECK_SECONDS = 1.0
 POLL_INTERVAL_SECONDS = 0.05
 
 # The I/O actions of a wait plan: (kind, argument).
-SUBSCRIBE = "subscribe"  # argument None; reply: True if subscribed, False if not possible now
+WATCH = "watch"  # argument None; reply: True once the room key is watched, False if not possible now
 READ = "read"  # argument None; reply: the entry's status now (Optional[KVPoll])
-RECEIVE = "receive"  # argument: seconds to wait; reply: payloads received (maybe []), or None if it broke
+RECEIVE = "receive"  # argument: seconds to wait; reply: True if the room changed, False if not, None if broken
 SLEEP = "sleep"  # argument: seconds
 CLOCK = "clock"  # argument None; reply: time.monotonic()
 Action = tuple[str, Any]
@@ -60,15 +57,6 @@ def check_timeout(timeout: Optional[float]) -> float:
     return float(timeout)
 
 
-def parse_payload(payload: Any) -> tuple[str, Optional[KVPoll]]:
-    """(participant, status) of a published ``<status>:<participant>``; status None if malformed."""
-    text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else str(payload)
-    head, _, participant = text.partition(":")
-    if len(head) == 1 and head in "01234":
-        return participant, KVPoll(int(head))
-    return participant, None
-
-
 def wait_plan(
     participant: str,
     targets: frozenset[KVPoll],
@@ -79,9 +67,9 @@ def wait_plan(
     """The waiting loop: returns the status reached, or None when ``timeout`` seconds passed first."""
     start = yield CLOCK, None
     deadline = start + timeout
-    subscribed = yield SUBSCRIBE, None
+    watching = yield WATCH, None
     status: Optional[KVPoll] = yield READ, None
-    next_read = start + (recheck if subscribed else poll_interval)
+    next_read = start + (recheck if watching else poll_interval)
     while True:
         if status in targets:
             return status
@@ -89,36 +77,25 @@ def wait_plan(
         if now >= deadline:
             return None
         if now >= next_read:
-            if not subscribed:
-                subscribed = yield SUBSCRIBE, None  # subscribe first, then read: nothing falls in between
+            watching = yield WATCH, None  # watch first, then read: nothing falls in between
             status = yield READ, None
-            next_read = now + (recheck if subscribed else poll_interval)
+            next_read = now + (recheck if watching else poll_interval)
             continue
         wait = min(deadline, next_read) - now
-        if not subscribed:
+        if not watching:
             yield SLEEP, wait
             continue
-        payloads = yield RECEIVE, wait
-        if payloads is None:
-            subscribed = False
-            next_read = now  # read (and try to re-subscribe) at once
-            continue
-        for payload in payloads:
-            who, new = parse_payload(payload)
-            if who == participant and new is not None:
-                status = new
-                if status in targets:
-                    break
-            elif new is KVPoll.Failed:
-                next_read = now  # a peer's entry failed: under shared fate this one may read Failed now
-
-
-def _is_message(reply: Any) -> bool:
-    return isinstance(reply, list) and len(reply) == 3 and reply[0] in (b"smessage", b"message")
+        changed = yield RECEIVE, wait
+        if changed:  # the change may be the awaited one: read it first, and watch again only if not
+            status = yield READ, None
+            if status in targets:
+                return status
+        if changed is not False:
+            next_read = now  # the room changed, or the watch broke: watch again, then read (nothing is lost)
 
 
 MIN_STEP_SECONDS = 0.5
-"""The least time one step of a wait (a subscription, a read) is given, even at the wait's very end."""
+"""The least time one step of a wait (a watch, a read) is given, even at the wait's very end."""
 
 
 def step_deadline(ends: float, deadline: float) -> float:
@@ -126,8 +103,3 @@ def step_deadline(ends: float, deadline: float) -> float:
     and no later than the wait's end ``ends``, unless that leaves less than :data:`MIN_STEP_SECONDS`."""
     now = time.monotonic()
     return min(now + deadline, max(ends, now + MIN_STEP_SECONDS))
-
-
-def is_message(reply: Any) -> bool:
-    """True for a Pub/Sub message (``message`` or ``smessage``) as redis-py returns it."""
-    return isinstance(reply, list) and len(reply) == 3 and reply[0] in (b"smessage", b"message")

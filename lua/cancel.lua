@@ -8,7 +8,6 @@
 --     with no entry yet gets the record alone, with the TTL: a participant that writes later reads Failed
 --     (shared fate), and its room never comes back to life while the record lives;
 --   * the TTL becomes at least ARGV[1] (never shortened, see EXPIRE_FLAGS in lua/lib/time.lua).
--- Each entry it fails is published like update.lua's FAILED ("0:<participant>" on the room's channel).
 --
 -- KEYS[i]  room hash, all of one namespace (checked, see lua/lib/keys.lua)
 -- ARGV[1]  TTL in milliseconds, a positive integer
@@ -23,7 +22,6 @@
 
 local CANCELLED, ALREADY_FAILED = 13, 14
 local SCRIPT = "cancel"
-local PUBLISH = redis.REDIS_VERSION_NUM and "spublish" or "publish"
 
 -- @include acl
 -- @include time
@@ -55,7 +53,6 @@ end
 if denied then
   return denied
 end
-local publish = acl_refusal(PUBLISH, first) == nil
 local open = {}
 for i = 1, #KEYS do
   local fields, names = redis.call("HGETALL", KEYS[i]), {}
@@ -76,9 +73,6 @@ for i = 1, #KEYS do
   for _, name in ipairs(open[i]) do
     redis.call("HSET", key, name, "0")
     redis.call("HSETNX", key, "reason:" .. name, text)
-    if publish then
-      redis.pcall(PUBLISH, key, "0:" .. name)
-    end
   end
   result[2 * i - 1] = record_fate(key, "cancelled", origin, reason) == 1 and CANCELLED or ALREADY_FAILED
   result[2 * i] = #open[i]

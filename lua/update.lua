@@ -27,10 +27,7 @@
 -- status before, origin the participant, reason its recorded failure reason ("" when none yet; a
 -- record_failure after the update fills it in). A user the ACL denies HSETNX or TIME gets the Failed
 -- stored without the record.
--- CREATED, ADVANCED and FAILED publish "<status>:<participant>" on the room's channel, named like
--- its key, for wait_for (kvstatus/waiting.py): SPUBLISH (a shard channel, on the key's node) on
--- Redis >= 7, else PUBLISH. The publish is asked of the ACL in the first pass like every write, but a
--- refusal skips it instead of failing: the waiters of a user without the channel re-read instead.
+-- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/keywatch.py).
 
 local CREATED, ADVANCED, FAILED, UNCHANGED = 1, 2, 3, 4
 local IGNORED_MISSING, REFUSED_TERMINAL, REFUSED_CREATE = 5, 6, 7
@@ -38,7 +35,6 @@ local STATUS_FAILED, STATUS_WAITING_FOR_INPUT = 0, 2
 local byte = string.byte
 local ZERO = byte("0")  -- a status is one character, "0".."4"
 local SCRIPT = "update"
-local PUBLISH = redis.REDIS_VERSION_NUM and "spublish" or "publish"  -- REDIS_VERSION_NUM: Redis >= 7
 
 -- @include acl
 -- @include time
@@ -82,9 +78,8 @@ end
 -- HSET and PEXPIRE on different keys; there a batch could stop half way, but
 -- never leave a key without TTL.) One check per key instead of three.
 local result, leaves_failed, stage_of = {}, nil, nil
-local fate_ok = nil  -- whether the ACL lets this user record the room's first failure; asked once, like publish
+local fate_ok = nil  -- whether the ACL lets this user record the room's first failure; asked once
 local hset_checked, denied = false, nil
-local publish = nil  -- whether the ACL lets this user publish on the room channels; asked once, like HSET
 for i = 1, n do
   local key, arg = KEYS[i], ARGV[4 + i]
   local s = #arg == 1 and byte(arg) - ZERO
@@ -131,7 +126,6 @@ for i = 1, n do
   end
   if outcome < UNCHANGED and not hset_checked then
     denied, hset_checked = acl_refusal("hset", key), true
-    publish = acl_refusal(PUBLISH, key) == nil  -- a refusal only skips the publish
   end
   if outcome == ADVANCED and cur == STATUS_FAILED then
     -- A seed-policy entry leaving Failed drops the reason of the failure it left.
@@ -165,10 +159,6 @@ for i = 1, n do
     local key = KEYS[i]
     if outcome < UNCHANGED then
       redis.call("HSET", key, field, result[2 * i])
-      if publish then
-        -- pcall: a channel the first key's check did not cover (ACL selectors) is skipped, never an error.
-        redis.pcall(PUBLISH, key, result[2 * i] .. ":" .. field)
-      end
       if leaves_failed and leaves_failed[i] then
         redis.call("HDEL", key, reason_field)
       end

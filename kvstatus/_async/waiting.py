@@ -1,8 +1,8 @@
 """``wait_for``'s driver: performs the actions of :func:`kvstatus.waitplan.wait_plan`.
 
-Every step keeps a deadline (:func:`kvstatus.waitplan.step_deadline`): the subscription's connect and
-handshake, and each read (sent through the store's send path), end by the store's deadline, and by the
-wait's own end (a step always gets at least ``MIN_STEP_SECONDS``), so a wait against a hung server raises
+Every step keeps a deadline (:func:`kvstatus.waitplan.step_deadline`): the watch's connect, handshake and
+arm, and each read (sent through the store's send path), end by the store's deadline, and by the wait's own
+end (a step always gets at least ``MIN_STEP_SECONDS``), so a wait against a hung server raises
 :class:`~kvstatus.errors.BackendUnavailableError` about when its timeout ends instead of blocking for the
 server's pause.
 """
@@ -15,64 +15,84 @@ from typing import Any, Optional
 
 from redis import exceptions as rx
 
-from kvstatus.concurrency import BROKEN, async_receive, async_sleep
+from kvstatus.concurrency import BROKEN, async_readable, async_run_blocking, async_sleep
 from kvstatus.deadline import DEADLINE
+from kvstatus.invalidation import LinkLost, sync_twin
+from kvstatus.keywatch import KeyWatch
 from kvstatus.rule import KVPoll
-from kvstatus.topology import Topology
+from kvstatus.topology import SlotMoved, Topology
 from kvstatus.waitplan import (
     CLOCK,
     POLL_INTERVAL_SECONDS,
     READ,
     RECEIVE,
     RECHECK_SECONDS,
-    SUBSCRIBE,
+    WATCH,
     check_timeout,
-    is_message,
     step_deadline,
     target_statuses,
     wait_plan,
 )
 
 
-class AsyncSubscription:
-    """One channel on a dedicated connection (SSUBSCRIBE, or SUBSCRIBE on Redis 6)."""
+class AsyncRoomWatch:
+    """A :class:`~kvstatus.keywatch.KeyWatch` on the node of room ``key``, opened and armed within deadlines.
 
-    def __init__(self, connection: Any, channel: str) -> None:
-        self.connection = connection
-        self.channel = channel
+    ``refused`` says why the server or the ACL refused to track (asked once: the wait then polls);
+    ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
+    """
+
+    def __init__(self, client: Any, key: str) -> None:
+        self.client = client
+        self.key = key
+        self.watch: Optional[KeyWatch] = None
+        self.refused = ""
         self.error = ""
 
-    async def open(self) -> bool:
-        """Subscribe; False (reason in ``error``) if the connection, the deadline or the ACL refused."""
-        conn = self.connection
+    async def ready(self, until: float) -> bool:
+        """Watch the key: connect if needed, and arm unless armed, by monotonic ``until``; False if not now."""
+        if self.refused:
+            return False
         try:
-            await conn.connect()
-            for command in ("SSUBSCRIBE", "SUBSCRIBE"):
-                await conn.send_command(command, self.channel)
-                try:
-                    await conn.read_response(push_request=True)
-                    return True
-                except rx.ResponseError as exc:
-                    if "unknown command" not in str(exc).lower():
-                        raise
-        except (*BROKEN, rx.ResponseError) as exc:
+            watch = self.watch
+            if watch is None:
+                topology = Topology(self.client)
+                watch = self.watch = KeyWatch(
+                    sync_twin(topology.new_data_connection(topology.node_name(self.key))), self.key
+                )
+                await async_run_blocking(watch.open)
+            if not watch.armed:
+                watch.arm()
+                while watch.answers < watch.asked:
+                    if not await async_readable(watch, until - time.monotonic()):
+                        raise LinkLost("the server did not answer the watch in time")
+                    watch.take()
+            return True
+        except rx.ResponseError as exc:  # NOPERM on CLIENT TRACKING or HELLO 3, or no tracking at all
+            self.refused = str(exc)
+        except (*BROKEN, LinkLost, SlotMoved) as exc:
             self.error = str(exc)
-            await self.close()
+        self.close()
         return False
 
-    async def receive(self, seconds: float) -> Optional[list[Any]]:
-        """Payloads that arrive within ``seconds`` (all that are ready once one is); None if broken."""
-        replies = await async_receive(self.connection, seconds)
-        if replies is None:
-            await self.close()
+    async def changed(self, seconds: float) -> Optional[bool]:
+        """Whether the room changed within ``seconds`` (returns once it did); None if the watch broke."""
+        watch = self.watch
+        if watch is None:
             return None
-        return [reply[2] for reply in replies if is_message(reply)]
-
-    async def close(self) -> None:
         try:
-            await self.connection.disconnect()
-        except Exception:  # noqa: BLE001 - closing a broken connection must not raise
-            pass
+            if not watch.changed and await async_readable(watch, seconds):
+                watch.take()
+            return watch.changed
+        except LinkLost as exc:
+            self.error = str(exc)
+            self.close()
+            return None
+
+    def close(self) -> None:
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.close()
 
 
 async def async_wait_for(
@@ -88,10 +108,10 @@ async def async_wait_for(
 ) -> Optional[KVPoll]:
     """Wait until ``participant``'s entry in room ``key`` is one of ``statuses``; return it, or None after
     ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
-    path; ``deadline`` (seconds) bounds each subscription attempt as it bounds a store call."""
+    path; ``deadline`` (seconds) bounds each watch attempt as it bounds a store call."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
-    subscription: Optional[AsyncSubscription] = None
+    watch = AsyncRoomWatch(client, key)
     reply: Any = None
     try:
         while True:
@@ -101,13 +121,11 @@ async def async_wait_for(
                 return done.value  # type: ignore[no-any-return]
             if kind == CLOCK:
                 reply = time.monotonic()
-            elif kind == SUBSCRIBE:
-                if subscription is not None:
-                    await subscription.close()
-                subscription = AsyncSubscription(_connection_for(client, key), key)
-                step = DEADLINE.set(step_deadline(ends, deadline))
+            elif kind == WATCH:
+                until = step_deadline(ends, deadline)
+                step = DEADLINE.set(until)
                 try:
-                    reply = await subscription.open()
+                    reply = await watch.ready(until)
                 finally:
                     DEADLINE.reset(step)
             elif kind == READ:
@@ -117,22 +135,10 @@ async def async_wait_for(
                 finally:
                     DEADLINE.reset(step)
             elif kind == RECEIVE:
-                assert subscription is not None
-                reply = await subscription.receive(argument)
+                reply = await watch.changed(argument)
             else:
                 await async_sleep(argument)
                 reply = None
     finally:
         plan.close()
-        if subscription is not None:
-            await subscription.close()
-
-
-def subscription_for(client: Any, key: str) -> AsyncSubscription:
-    """An unopened subscription to the channel of room ``key``, on a new connection to its node."""
-    return AsyncSubscription(_connection_for(client, key), key)
-
-
-def _connection_for(client: Any, key: str) -> Any:
-    topology = Topology(client)
-    return topology.new_data_connection(topology.node_name(key))
+        watch.close()

@@ -142,8 +142,9 @@ class StatusStore(StoreBase):
         participant: Optional[str] = None,
     ) -> Optional[KVPoll]:
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
-        return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by Redis Pub/Sub
-        (see :mod:`kvstatus.waiting`), re-reading every second and polling if the subscription breaks. Each step
+        return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by CLIENT TRACKING
+        when the room changes (see :mod:`kvstatus.waiting`), re-reading every second, and polling every 50 ms if
+        the server refuses tracking or the watch breaks. Each step
         keeps the deadline: against a hung server it raises within ``min(deadline, timeout)`` seconds."""
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))

@@ -33,15 +33,16 @@ reads the server version from ``HELLO``.
   Failed and acquiring a lease). ACL cannot limit ``FCALL`` to one function, nor ``HSET`` to Lua: see
   docs/security.md for what a router can still do inside its namespace
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
-- :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections
+- :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections, and ``wait_for``'s watch
   (no channel: invalidations arrive as RESP3 pushes). Left out by ``near_cache=False``: on the
   Redis versions kvstatus supports, ACL key patterns do not cover
   ``CLIENT TRACKING ... BCAST PREFIX``, so a user allowed ``client|tracking``
   receives the key names (room ids) written under any prefix, another
   namespace's included (upstream redis/redis#15371 filters them, 2026). A
-  store of such a user runs without its near cache.
-- :data:`WAIT` / :data:`PUBLISH`  ``wait_for``'s subscriptions and the update
-  script's publish, on the namespace's channels (named like the room keys)
+  store of such a user runs without its near cache, and its ``wait_for`` polls.
+- :data:`WAIT`  ``wait_for``'s arm: the tracked read of the room key
+
+No recipe grants a channel: nothing kvstatus does publishes or subscribes, so a tenant can publish nowhere.
 """
 
 from __future__ import annotations
@@ -63,12 +64,10 @@ READS: tuple[str, ...] = ("hget", "hmget", "hgetall", "pttl", "time")
 WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "hlen", "pexpire")
 ROUTER_WRITES: tuple[str, ...] = ("hset", "hsetnx", "pexpire")  # lua/cancel.lua (and its TIME, in READS)
 SCAN: tuple[str, ...] = ("scan",)
-# The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE): it subscribes to nothing,
-# so the near cache needs no channel, and nothing a tenant publishes reaches another tenant's cache.
+# The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE), and wait_for's watch gets
+# its pushes in-band: neither subscribes to anything, so nothing a tenant publishes reaches another's cache.
 NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "role")  # ROLE: a Sentinel master's demotion
-WAIT: tuple[str, ...] = ("ssubscribe", "subscribe")  # SUBSCRIBE: Redis 6 has no shard channels
-PUBLISH: tuple[str, ...] = ("spublish", "publish")  # the update script publishes (PUBLISH on Redis 6)
-INVALIDATE_CHANNEL = "__redis__:invalidate"
+WAIT: tuple[str, ...] = ("exists",)  # wait_for arms its CLIENT TRACKING watch by reading the room key
 SENTINEL_COMMANDS: tuple[str, ...] = (
     "ping",
     "sentinel|get-master-addr-by-name",
@@ -80,7 +79,6 @@ SENTINEL_COMMANDS: tuple[str, ...] = (
 
 
 def _near_cache(near_cache: bool) -> tuple[str, ...]:
-    # SUBSCRIBE stays without the near cache: wait_for subscribes with it on Redis 6.
     return NEAR_CACHE if near_cache else ()
 
 
@@ -96,14 +94,14 @@ def read_write_commands(scripts: str = "functions", near_cache: bool = True) -> 
         lua: tuple[str, ...] = FUNCTIONS
     else:
         lua = EVAL_SCRIPTS + SCAN
-    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + WAIT + PUBLISH)
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + WAIT)
 
 
 def router_commands(scripts: str = "functions", near_cache: bool = False) -> tuple[str, ...]:
     """Commands of a router's user: ``cancel``/``cancel_many`` and the reads (``get``, ``room``, ``failure``,
     ``get_many``); no SCAN, no ``wait_for``, and the near cache only when asked for."""
     lua = FUNCTIONS if validate_script_mode(scripts) == "functions" else EVAL_SCRIPTS
-    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + ROUTER_WRITES + _near_cache(near_cache) + PUBLISH)
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + ROUTER_WRITES + _near_cache(near_cache))
 
 
 def recipe_commands(
@@ -124,13 +122,6 @@ def _unique(commands: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(commands))
 
 
-def channel_rules(schema: KeySchema, near_cache: bool = True) -> list[str]:
-    """Channel permissions: the namespace's room channels only (``wait_for``). The near cache needs none
-    (``near_cache`` is accepted for symmetry with :func:`acl_rules`), and no recipe grants
-    ``__redis__:invalidate``: a tenant cannot publish where a RESP2 cache of another program listens."""
-    return [f"&{schema.base}*"]
-
-
 def acl_rules(
     namespace: str,
     *,
@@ -147,10 +138,10 @@ def acl_rules(
     ``scripts="functions"``; an admin runs ``kvstatus functions load``);
     "eval" the recipe for Redis 6 or a server of one tenant. ``password``
     None leaves the password out (add ``>secret`` yourself); keys are limited
-    to ``<prefix>:<namespace>:*``, channels to the near cache's
-    ``__redis__:invalidate`` and the namespace's room channels ``<prefix>:<namespace>:*``.
-    ``near_cache`` False leaves out what only the near cache needs (``client|tracking``, ``client|id``,
-    ``role``): no key names of other namespaces through tracking, no near cache; None (the default) means
+    to ``<prefix>:<namespace>:*``, and no channel is granted (``resetchannels``).
+    ``near_cache`` False leaves out what only the near cache and ``wait_for``'s watch need (``client|tracking``,
+    ``client|id``, ``role``): no key names of other namespaces through tracking, no near cache, and a
+    ``wait_for`` that polls every 50 ms; None (the default) means
     True, except for a ``router``. ``read_only`` is the dashboard's recipe, ``router`` the router's
     (cancel and read rooms); neither is the worker's.
     """
@@ -162,7 +153,6 @@ def acl_rules(
     rules += [
         f"~{schema.base}*",
         "resetchannels",
-        *channel_rules(schema),
         "-@all",
         *(f"+{command}" for command in commands),
     ]

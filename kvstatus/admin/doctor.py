@@ -9,6 +9,7 @@ in room :data:`PROBE_ROOM`) with a short TTL, cleared afterwards. ``ls``,
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -28,6 +29,7 @@ from kvstatus.translate import REDIS_ERRORS, translate_error
 
 PROBE_ROOM = MAX_ROOM
 PROBE_TTL_SECONDS = 30.0
+DOCTOR_STEP_SECONDS = 2.0  # how long the wait_for check waits for the watch to arm, and for its push
 MIN_VERSION = (6, 0)
 # SGLang's bootstrap and waiting timeouts; a room TTL below them could expire a live request.
 SGLANG_TIMEOUT_SECONDS = 300.0
@@ -420,35 +422,28 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
 
 
 def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str = "eval") -> Check:
-    """Whether wait_for gets pushed changes: subscribe to the probe room's channel, update it, see the message.
-    ``write`` False (a read-only user): only the subscription is checked. Only a failed probe write fails:
-    without the channels wait_for still works, by polling, and the detail says so."""
+    """Whether wait_for is told of changes: watch the probe room's key (CLIENT TRACKING), update it, see the
+    invalidation. ``write`` False (a read-only user): only the watch is checked. Only a failed probe write
+    fails: without the watch wait_for still works, by polling every 50 ms, and the detail says so."""
     store = probe_store(client, schema, scripts=scripts)
-    subscription = waiting.subscription_for(client, schema.room_key(PROBE_ROOM))
+    watch = waiting.RoomWatch(client, schema.room_key(PROBE_ROOM))
     try:
-        if not subscription.open():
+        if not watch.ready(time.monotonic() + DOCTOR_STEP_SECONDS):
             return Check(
                 "wait_for push",
                 True,
-                f"not available to this user: cannot subscribe to the room "
-                f"channels ({subscription.error}); wait_for polls instead (needs +ssubscribe &{schema.base}*)",
+                f"not available to this user: cannot watch a room ({watch.refused or watch.error}); wait_for polls "
+                "every 50 ms instead (needs +client|tracking +exists)",
             )
         if not write:
-            return Check("wait_for push", True, "waiters can subscribe to the room channels (read-only user)")
+            return Check("wait_for push", True, "waiters can watch rooms (read-only user)")
         ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
         if not ok:
             return Check("wait_for push", False, f"could not write the probe entry: {why}")
-        got = subscription.receive(1.0) or []
-        if not any(waiting.parse_payload(p)[0] == PROBE_PARTICIPANT for p in got):
-            return Check(
-                "wait_for push",
-                True,
-                "not available to this user: the update script published nothing, "
-                f"this user may not publish on {schema.base}* (needs +spublish &{schema.base}*); "
-                "wait_for polls instead",
-            )
+        if not watch.changed(DOCTOR_STEP_SECONDS):
+            return Check("wait_for push", False, "the server did not tell the watch of the probe room's change")
         return Check("wait_for push", True, "changes are pushed to waiters")
     finally:
-        subscription.close()
+        watch.close()
         if write:
             _attempt(lambda: store.clear(PROBE_ROOM))

@@ -134,7 +134,7 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
     if isinstance(error, PermissionDeniedError):
         command, text = _denied_command(error), str(error)
         near_cache = store.near_cache is not None and step == "read"
-        if near_cache and (command.startswith(("client", "subscribe", "ssubscribe")) or "channel" in text):
+        if near_cache and command.startswith("client"):
             return SettingError(
                 f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
                 f"cache off, or grant +client|tracking +client|id ({error})",

@@ -70,7 +70,7 @@ def test_the_router_recipe_is_what_cancel_and_the_reads_need_and_no_more() -> No
     commands = set(router_commands())
     assert {"fcall", "fcall_ro", "hget", "hmget", "hgetall", "pttl", "time", "hset", "hsetnx", "pexpire"} <= commands
     # Not clear (hdel, hlen), record_failure (hexists), leases (hincrby), SCAN, wait_for, the near cache.
-    assert not {"hdel", "hlen", "hexists", "hincrby", "scan", "ssubscribe", "subscribe", "client|tracking"} & commands
+    assert not {"hdel", "hlen", "hexists", "hincrby", "scan", "exists", "client|tracking"} & commands
     assert set(recipe_commands(router=True, near_cache=True)) - commands == {"client|tracking", "client|id", "role"}
     assert "+scan" not in acl_rules(NS, router=True, scripts="eval")
     with pytest.raises(InvalidArgumentError, match="read_only .* or router"):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.waitplan import CLOCK, READ, RECEIVE, SUBSCRIBE, wait_plan
+from kvstatus.waitplan import CLOCK, READ, RECEIVE, WATCH, wait_plan
 from tests.nearcache.helpers import eventually
 
 
@@ -52,17 +52,22 @@ def test_a_waiter_is_woken_by_a_peer_failing_the_room(writer: StatusStore) -> No
 
 
 @pytest.mark.unit
-def test_the_plan_reads_at_once_when_a_peer_publishes_failed() -> None:
+def test_the_plan_reads_at_once_when_the_room_changes() -> None:
     plan = wait_plan("decode-0", frozenset({KVPoll.Success, KVPoll.Failed}), timeout=60, recheck=30)
     assert next(plan) == (CLOCK, None)
-    assert plan.send(0.0) == (SUBSCRIBE, None)
+    assert plan.send(0.0) == (WATCH, None)
     assert plan.send(True) == (READ, None)
     assert plan.send(KVPoll.Transferring) == (CLOCK, None)
-    assert plan.send(0.1)[0] == RECEIVE
-    assert plan.send([b"3:prefill-0"]) == (CLOCK, None)  # a peer's progress: keep waiting
+    assert plan.send(0.1) == (RECEIVE, pytest.approx(29.9))
+    assert plan.send(False) == (CLOCK, None)  # nothing changed yet: keep waiting
     assert plan.send(0.2)[0] == RECEIVE
-    assert plan.send([b"0:prefill-0"]) == (CLOCK, None)
-    assert plan.send(0.3) == (READ, None)  # a peer failed: read now, not at the 30 s recheck
+    assert plan.send(True) == (READ, None)  # the room changed (a peer's progress): read at once
+    assert plan.send(KVPoll.Transferring) == (CLOCK, None)  # not yet: watch again, then read once more
+    assert plan.send(0.3) == (WATCH, None)
+    assert plan.send(True) == (READ, None)
+    assert plan.send(KVPoll.Transferring) == (CLOCK, None)
+    assert plan.send(0.4)[0] == RECEIVE
+    assert plan.send(True) == (READ, None)  # a peer's Failed: under shared fate this read answers Failed
     with pytest.raises(StopIteration) as stop:
         plan.send(KVPoll.Failed)
     assert stop.value.value is KVPoll.Failed

@@ -1,10 +1,12 @@
-"""wait_for: woken by the update script's publish, times out cleanly, survives a broken subscription."""
+"""wait_for: woken by CLIENT TRACKING when its room changes, times out cleanly, survives a broken watch,
+and the writers publish nothing for it."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from typing import Any, Optional
 
 import pytest
 
@@ -12,7 +14,9 @@ from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.demo.server import RedisServer
 from kvstatus.errors import InvalidArgumentError
+from kvstatus.waiting import wait_for
 from tests.nearcache.helpers import eventually
+from tests.sglang.support import room_command_counts
 
 pytestmark = pytest.mark.real
 
@@ -27,26 +31,33 @@ def _later(seconds: float, action) -> threading.Thread:  # noqa: ANN001
     return thread
 
 
-def _subscribers(raw, channel: str) -> int:  # noqa: ANN001
-    return int(raw.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
+def _watches(raw: Any) -> list[int]:
+    """IDs of the server's watch connections: tracking on (flag ``t``) with no REDIRECT (``redir=0``; a near cache's names its target)."""
+    return [int(c["id"]) for c in raw.client_list() if "t" in c["flags"] and c.get("redir") == "0"]
 
 
-def test_wakes_on_change_with_the_pushed_status(writer: StatusStore, redis_server: RedisServer) -> None:
+def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
     key = writer._core.schema.room_key(1)
-    thread = _later(
-        0.2,
-        lambda: (
-            eventually(lambda: _subscribers(raw, key) == 1),
-            writer.update_status(1, KVPoll.Bootstrapping),
-            writer.update_status(1, KVPoll.Transferring),
-        ),
-    )
-    # recheck far beyond the test: only the push can wake it early
-    got = writer.wait_for(1, [KVPoll.Transferring, KVPoll.Success], timeout=60)
+    first_read, reads = threading.Event(), []
+
+    def read() -> Optional[KVPoll]:
+        reads.append(writer.get(1))
+        first_read.set()
+        return reads[-1]
+
+    def update() -> None:
+        first_read.wait(30)  # armed and read: from here only the watch can tell the waiter
+        writer.update_status(1, KVPoll.Bootstrapping)
+        writer.update_status(1, KVPoll.Transferring)
+
+    thread = _later(0, update)
+    # a recheck beyond the timeout: only CLIENT TRACKING's invalidation can wake it
+    got = wait_for(writer.client, key, "w", [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60)
     thread.join()
     assert got == KVPoll.Transferring
-    assert _subscribers(raw, key) == 0  # the subscription was closed
+    assert reads[0] is None and 2 <= len(reads) <= 4  # the first, then one or two per change it was told of
+    assert _watches(raw) == []  # the watch connection was closed
 
 
 def test_returns_at_once_when_already_there_and_watches_another_participant(writer: StatusStore) -> None:
@@ -66,19 +77,18 @@ def test_times_out_cleanly(writer: StatusStore, redis_server: RedisServer) -> No
     assert time.monotonic() - start >= 0.3
     writer.update_status(3, KVPoll.Transferring)  # another participant's change is not what it waits for
     assert writer.for_participant("x").wait_for(3, KVPoll.Transferring, timeout=0.2) is None
-    assert not [c for c in raw.client_list() if int(c.get("ssub", 0)) or int(c.get("sub", 0))]  # none left open
+    assert _watches(raw) == []  # none left open
     for _ in range(writer.client.connection_pool.max_connections + 10):  # no connection is leaked or counted
         assert writer.wait_for(3, KVPoll.Success, timeout=0) is None
-    assert _subscribers(raw, writer._core.schema.room_key(3)) == 0
+    assert _watches(raw) == []
 
 
-def test_survives_a_killed_subscription(writer: StatusStore, redis_server: RedisServer) -> None:
+def test_survives_a_killed_watch(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
-    key = writer._core.schema.room_key(4)
 
     def kill_then_update() -> None:
-        eventually(lambda: _subscribers(raw, key) == 1)
-        raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        (watch,) = eventually(lambda: _watches(raw))
+        raw.execute_command("CLIENT", "KILL", "ID", watch)
         time.sleep(0.1)
         writer.update_status(4, KVPoll.WaitingForInput)
 
@@ -109,20 +119,35 @@ def test_async_wait_for(url: str, namespace: str, writer: StatusStore) -> None:
     asyncio.run(run())
 
 
-def test_a_user_without_the_channel_still_updates_and_its_waiters_poll(
-    redis_server: RedisServer, namespace: str
-) -> None:
+def test_writers_publish_nothing(writer: StatusStore, redis_server: RedisServer) -> None:
+    """The update and cancel scripts write the room and nothing else: no PUBLISH a waiter would need."""
+    base = writer._core.schema.base
+
+    def work() -> None:
+        writer.update_status(8, KVPoll.Bootstrapping)
+        writer.for_participant("decode-0").update_status(8, KVPoll.WaitingForInput)
+        writer.update_status(8, KVPoll.Failed)
+        writer.cancel(9, "router gave up")
+
+    counts = room_command_counts(redis_server.client(), base, work)
+    assert counts.get("hset", 0) >= 3, counts
+    assert not {"publish", "spublish"} & set(counts), counts
+
+
+def test_a_user_without_tracking_still_updates_and_its_waiters_poll(redis_server: RedisServer, namespace: str) -> None:
     admin = redis_server.client()
-    rules = [r for r in acl_rules(namespace, password="pw-nc", scripts="eval") if not r.startswith("&")]
-    admin.execute_command("ACL", "SETUSER", "nc-nochan", *rules)
+    rules = acl_rules(namespace, password="pw-nc", scripts="eval", near_cache=False)
+    assert "+client|tracking" not in rules
+    admin.execute_command("ACL", "SETUSER", "nc-notrack", *rules)
     try:
-        url = f"redis://nc-nochan:pw-nc@{redis_server.host}:{redis_server.port}/0"
+        url = f"redis://nc-notrack:pw-nc@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, participant="w") as store:
-            assert store.update_status(6, KVPoll.Bootstrapping).status == KVPoll.Bootstrapping  # no NOPERM
+            assert store.update_status(6, KVPoll.Bootstrapping).status == KVPoll.Bootstrapping
             _later(0.2, lambda: store.update_status(6, KVPoll.Success))
             assert store.wait_for(6, KVPoll.Success, timeout=60) == KVPoll.Success  # by polling
+            assert _watches(admin) == []
     finally:
-        admin.execute_command("ACL", "DELUSER", "nc-nochan")
+        admin.execute_command("ACL", "DELUSER", "nc-notrack")
 
 
 def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, namespace: str) -> None:
@@ -132,12 +157,7 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
         url = f"redis://nc-recipe:pw-nc@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, participant="w", near_cache=True) as store:
             assert store.get(7) is None
-            raw = redis_server.client()
-            key = store._core.schema.room_key(7)
-            _later(
-                0.1,
-                lambda: (eventually(lambda: _subscribers(raw, key) == 1), store.update_status(7, KVPoll.Bootstrapping)),
-            )
+            _later(0.1, lambda: (eventually(lambda: _watches(admin)), store.update_status(7, KVPoll.Bootstrapping)))
             assert store.wait_for(7, KVPoll.Bootstrapping, timeout=60) == KVPoll.Bootstrapping
             assert store.get(7) == KVPoll.Bootstrapping
         from kvstatus.admin.doctor import run_checks
@@ -146,6 +166,7 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
 
         checks = {c.name: c for c in run_checks(connect(url), KeySchema(namespace))}
         assert checks["near cache"].ok and checks["wait_for push"].ok, checks
+        assert checks["wait_for push"].detail == "changes are pushed to waiters"
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-recipe")
 
@@ -157,13 +178,7 @@ def test_doctor_names_what_a_user_without_tracking_lacks(redis_server: RedisServ
 
     admin = redis_server.client()
     admin.execute_command(
-        "ACL",
-        "SETUSER",
-        "nc-old",
-        *acl_rules(namespace, password="pw-nc", scripts="eval"),
-        "-client|tracking",
-        "-ssubscribe",
-        "-subscribe",
+        "ACL", "SETUSER", "nc-old", *acl_rules(namespace, password="pw-nc", scripts="eval"), "-client|tracking"
     )
     try:
         url = f"redis://nc-old:pw-nc@{redis_server.host}:{redis_server.port}/0"
@@ -171,8 +186,9 @@ def test_doctor_names_what_a_user_without_tracking_lacks(redis_server: RedisServ
         # Both features are optional: reported with what is missing, never a failed doctor.
         assert checks["near cache"].detail.startswith("not available to this user: ")
         assert "client|tracking" in checks["near cache"].detail
-        assert checks["wait_for push"].detail.startswith("not available to this user: ")
-        assert "polls instead" in checks["wait_for push"].detail and "+ssubscribe" in checks["wait_for push"].detail
+        detail = checks["wait_for push"].detail
+        assert detail.startswith("not available to this user: cannot watch a room (")
+        assert "polls every 50 ms" in detail and "+client|tracking" in detail and "no permissions" in detail
         assert all(c.ok for c in checks.values()), checks
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-old")

@@ -85,3 +85,43 @@ def test_cluster_cache_follows_every_shard_and_a_moved_slot() -> None:
             writer.update_status(room, KVPoll.Success)
             eventually(lambda: cached.get(room) == KVPoll.Success)
             assert writer.wait_for(room, KVPoll.Success, timeout=10) == KVPoll.Success
+
+
+@pytest.mark.real
+def test_cluster_wait_for_is_told_by_the_node_of_each_room() -> None:
+    """The watch connects to the room's own primary: with the recheck beyond the wait, only that node's
+    invalidation can wake the waiter, for a room on every primary."""
+    import threading
+
+    from kvstatus.waiting import wait_for
+
+    with RedisClusterServers(masters=3) as cluster:
+        namespace = fresh_namespace("nc")
+        with StatusStore.from_url(cluster.url, namespace=namespace, participant="w") as writer:
+            nodes: dict[str, int] = {}
+            for room in range(100):
+                node = writer.client.nodes_manager.get_node_from_slot(
+                    key_slot(writer._core.schema.room_key(room).encode())
+                )
+                nodes.setdefault(node.name, room)
+            assert len(nodes) == 3
+            for room in nodes.values():
+                read_once = threading.Event()
+
+                def read(room: int = room, read_once: threading.Event = read_once) -> object:
+                    status = writer.get(room)
+                    read_once.set()
+                    return status
+
+                def update(room: int = room, read_once: threading.Event = read_once) -> None:
+                    read_once.wait(30)
+                    writer.update_status(room, KVPoll.Success)
+
+                thread = threading.Thread(target=update, daemon=True)
+                thread.start()
+                key = writer._core.schema.room_key(room)
+                assert (
+                    wait_for(writer.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60)
+                    == KVPoll.Success
+                )
+                thread.join()

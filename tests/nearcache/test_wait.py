@@ -52,8 +52,10 @@ def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, r
         writer.update_status(1, KVPoll.Transferring)
 
     thread = _later(0, update)
-    # a recheck beyond the timeout: only CLIENT TRACKING's invalidation can wake it
-    got = wait_for(writer.client, key, "w", [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60)
+    # a recheck and a poll interval beyond the timeout: only CLIENT TRACKING's invalidation can wake it
+    got = wait_for(
+        writer.client, key, "w", [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60, poll_interval=60
+    )
     thread.join()
     assert got == KVPoll.Transferring
     assert reads[0] is None and 2 <= len(reads) <= 4  # the first, then one or two per change it was told of

@@ -429,10 +429,12 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     watch = waiting.RoomWatch(client, schema.room_key(PROBE_ROOM))
     try:
         if not watch.ready(time.monotonic() + DOCTOR_STEP_SECONDS):
+            if not watch.refused:  # the server, not this user: a broken or silent connection
+                return Check("wait_for push", False, f"could not watch the probe room: {watch.error}")
             return Check(
                 "wait_for push",
                 True,
-                f"not available to this user: cannot watch a room ({watch.refused or watch.error}); wait_for polls "
+                f"not available to this user: cannot watch a room ({watch.refused}); wait_for polls "
                 "every 50 ms instead (needs +client|tracking +exists)",
             )
         if not write:

@@ -8,15 +8,27 @@ again. The writers pay nothing for it: no publish, no channel, nothing in the up
 
 Nothing another client sends reaches this connection (there is no channel to publish on), and anything it
 cannot read counts as a change: the waiter re-reads rather than miss one.
+
+A wait that ends gives its connection back to its client's :class:`WatchPool`, so the next ``wait_for`` on
+that node arms in one round trip instead of opening a connection (redis-py's handshake and ``CLIENT
+TRACKING``, five). Keys a pooled connection watched before may still wake it once: a spurious wake costs a
+read, never a missed change.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import threading
+import weakref
+from typing import Any, Optional
 
 import hiredis
 
 from kvstatus.invalidation import InvalidationSocket, LinkLost
+
+
+class WatchRefused(LinkLost):
+    """The ACL refused the watch's read of the key (a user without ``+exists``)."""
 
 
 def _command(*words: bytes) -> bytes:
@@ -35,11 +47,15 @@ class KeyWatch(InvalidationSocket):
 
     def __init__(self, connection: Any, key: str) -> None:
         super().__init__(connection)
-        self.key = key
-        self._arm = _command(b"EXISTS", key.encode())
         self.answers = 0  # arms answered so far
         self.asked = 0  # arms sent so far
-        self.changed = False
+        self.retarget(key)
+
+    def retarget(self, key: str) -> None:
+        """Watch ``key`` from the next :meth:`arm` on (a pooled connection's next wait)."""
+        self.key = key
+        self._arm = _command(b"EXISTS", key.encode())
+        self.changed = True  # not armed for this key yet
 
     def setup(self, conn: Any) -> None:
         """``CLIENT TRACKING ON`` through redis-py, blocking: an ACL refusal raises ``NoPermissionError``."""
@@ -67,16 +83,76 @@ class KeyWatch(InvalidationSocket):
 
     def take(self) -> None:
         """Read what arrived, without blocking: count the arms' answers, note a change. Raises LinkLost (the
-        connection broke, or Redis answered an arm with an error: a MOVED slot, an ACL refusal)."""
+        connection broke, or Redis answered an arm with an error: a MOVED slot), WatchRefused (the ACL)."""
         self.receive()
         while True:
             message = self.reader.gets()
             if message is False:
                 return
             if isinstance(message, hiredis.ReplyError):
-                raise LinkLost(f"watch of {self.key} got an error: {message}")
+                refused = str(message).startswith("NOPERM")  # the ACL: asking again would not help
+                raise (WatchRefused if refused else LinkLost)(f"watch of {self.key} got an error: {message}")
             if isinstance(message, list):  # a push: an invalidation (of the one key tracked), or anything else
                 self.changed = True
             else:  # an arm's answer; what changed before it is seen by the read that follows the arm
                 self.answers += 1
                 self.changed = False
+
+
+class WatchPool:
+    """Idle watch connections of one client, by node name; thread-safe. A forked child starts with none (the
+    parent's sockets are left to the parent)."""
+
+    MAX_IDLE_PER_NODE = 4
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[KeyWatch]] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+
+    def take(self, node: str) -> Optional[KeyWatch]:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle, self._pid = {}, os.getpid()
+            idle = self._idle.get(node)
+            return idle.pop() if idle else None
+
+    def give(self, node: str, watch: KeyWatch) -> None:
+        """Keep ``watch`` for the next wait on ``node``, or close it (a full pool, an arm still unanswered)."""
+        if watch.answers == watch.asked:
+            with self._lock:
+                idle = self._idle.setdefault(node, [])
+                if not self._closed and self._pid == os.getpid() and len(idle) < self.MAX_IDLE_PER_NODE:
+                    idle.append(watch)
+                    return
+        watch.close()
+
+    def close(self) -> None:
+        """Close the idle connections; a watch given back later is closed too."""
+        with self._lock:
+            idle = [watch for watches in self._idle.values() for watch in watches]
+            self._idle, self._closed = {}, True
+        for watch in idle:
+            watch.close()
+
+
+_POOLS: weakref.WeakKeyDictionary[Any, WatchPool] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def pool_of(client: Any) -> WatchPool:
+    """The watch pool of a redis-py client (made on first use, gone with the client)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(client)
+        if pool is None:
+            pool = _POOLS[client] = WatchPool()
+        return pool
+
+
+def close_pool(client: Any) -> None:
+    """Close the watch connections ``client``'s pool holds (its store is closing the client)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.pop(client, None)
+    if pool is not None:
+        pool.close()

@@ -17,6 +17,7 @@ from kvstatus.connection import connect_async
 from kvstatus.consensus import RoomConsensus, consensus_calls
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
+from kvstatus.keywatch import close_pool
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
 from kvstatus.rule import CancelResult, FailureRecord, KVPoll, RoomView, UpdateResult
@@ -179,11 +180,13 @@ class AsyncStatusStore(StoreBase):
         return await self._keeper.look()
 
     async def close(self) -> None:
-        """Release the lease (if any), close the near cache's connections (if any), then the client."""
+        """Release the lease (if any), close the near cache's and the waits' connections (if any), then the
+        client."""
         if self._keeper is not None:
             await self._keeper.close()
         if self._near is not None:
             await self._near.close()
+        close_pool(self.client)
         await self.client.aclose()
 
     async def __aenter__(self) -> AsyncStatusStore:

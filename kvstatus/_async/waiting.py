@@ -18,7 +18,7 @@ from redis import exceptions as rx
 from kvstatus.concurrency import BROKEN, async_readable, async_run_blocking, async_sleep
 from kvstatus.deadline import DEADLINE
 from kvstatus.invalidation import LinkLost, sync_twin
-from kvstatus.keywatch import KeyWatch
+from kvstatus.keywatch import KeyWatch, WatchRefused, pool_of
 from kvstatus.rule import KVPoll
 from kvstatus.topology import SlotMoved, Topology
 from kvstatus.waitplan import (
@@ -36,7 +36,8 @@ from kvstatus.waitplan import (
 
 
 class AsyncRoomWatch:
-    """A :class:`~kvstatus.keywatch.KeyWatch` on the node of room ``key``, opened and armed within deadlines.
+    """A :class:`~kvstatus.keywatch.KeyWatch` on the node of room ``key``, taken from the client's pool or
+    opened, and armed, within deadlines; :meth:`close` gives a healthy one back to the pool.
 
     ``refused`` says why the server or the ACL refused to track (asked once: the wait then polls);
     ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
@@ -45,7 +46,9 @@ class AsyncRoomWatch:
     def __init__(self, client: Any, key: str) -> None:
         self.client = client
         self.key = key
+        self.pool = pool_of(client)
         self.watch: Optional[KeyWatch] = None
+        self.node = ""
         self.refused = ""
         self.error = ""
 
@@ -53,13 +56,26 @@ class AsyncRoomWatch:
         """Watch the key: connect if needed, and arm unless armed, by monotonic ``until``; False if not now."""
         if self.refused:
             return False
+        if self.watch is None:
+            self.node = Topology(self.client).node_name(self.key)
+            self.watch = self.pool.take(self.node)
+            if self.watch is not None:
+                self.watch.retarget(self.key)
+                if await self._arm(until):
+                    return True  # else the idle connection had died (a restart, a timeout): open a new one
+        return await self._arm(until)
+
+    async def _arm(self, until: float) -> bool:
         try:
             watch = self.watch
             if watch is None:
                 topology = Topology(self.client)
-                watch = self.watch = KeyWatch(
-                    sync_twin(topology.new_data_connection(topology.node_name(self.key))), self.key
-                )
+                self.node = topology.node_name(self.key)
+                data = topology.new_data_connection(self.node)
+                if topology.sentinel:  # its connections learn the master's address by connecting
+                    await data.connect()
+                    await data.disconnect()
+                watch = self.watch = KeyWatch(sync_twin(data), self.key)
                 await async_run_blocking(watch.open)
             if not watch.armed:
                 watch.arm()
@@ -68,11 +84,11 @@ class AsyncRoomWatch:
                         raise LinkLost("the server did not answer the watch in time")
                     watch.take()
             return True
-        except rx.ResponseError as exc:  # NOPERM on CLIENT TRACKING or HELLO 3, or no tracking at all
+        except (rx.ResponseError, WatchRefused) as exc:  # NOPERM on CLIENT TRACKING, HELLO 3 or EXISTS
             self.refused = str(exc)
         except (*BROKEN, LinkLost, SlotMoved) as exc:
             self.error = str(exc)
-        self.close()
+        self._discard()
         return False
 
     async def changed(self, seconds: float) -> Optional[bool]:
@@ -86,13 +102,19 @@ class AsyncRoomWatch:
             return watch.changed
         except LinkLost as exc:
             self.error = str(exc)
-            self.close()
+            self._discard()
             return None
 
-    def close(self) -> None:
+    def _discard(self) -> None:
         watch, self.watch = self.watch, None
         if watch is not None:
             watch.close()
+
+    def close(self) -> None:
+        """End the wait: the connection goes back to the pool (or is closed, see :meth:`WatchPool.give`)."""
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            self.pool.give(self.node, watch)
 
 
 async def async_wait_for(

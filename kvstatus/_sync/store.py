@@ -18,6 +18,7 @@ from kvstatus.connection import connect
 from kvstatus.consensus import RoomConsensus, consensus_calls
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name, validate_room
+from kvstatus.keywatch import close_pool
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
 from kvstatus.rule import CancelResult, FailureRecord, KVPoll, RoomView, UpdateResult
@@ -180,11 +181,13 @@ class StatusStore(StoreBase):
         return self._keeper.look()
 
     def close(self) -> None:
-        """Release the lease (if any), close the near cache's connections (if any), then the client."""
+        """Release the lease (if any), close the near cache's and the waits' connections (if any), then the
+        client."""
         if self._keeper is not None:
             self._keeper.close()
         if self._near is not None:
             self._near.close()
+        close_pool(self.client)
         self.client.close()
 
     def __enter__(self) -> StatusStore:

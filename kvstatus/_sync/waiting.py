@@ -19,7 +19,7 @@ from redis import exceptions as rx
 from kvstatus.concurrency import BROKEN, readable, run_blocking, sleep
 from kvstatus.deadline import DEADLINE
 from kvstatus.invalidation import LinkLost, sync_twin
-from kvstatus.keywatch import KeyWatch
+from kvstatus.keywatch import KeyWatch, WatchRefused, pool_of
 from kvstatus.rule import KVPoll
 from kvstatus.topology import SlotMoved, Topology
 from kvstatus.waitplan import (
@@ -37,7 +37,8 @@ from kvstatus.waitplan import (
 
 
 class RoomWatch:
-    """A :class:`~kvstatus.keywatch.KeyWatch` on the node of room ``key``, opened and armed within deadlines.
+    """A :class:`~kvstatus.keywatch.KeyWatch` on the node of room ``key``, taken from the client's pool or
+    opened, and armed, within deadlines; :meth:`close` gives a healthy one back to the pool.
 
     ``refused`` says why the server or the ACL refused to track (asked once: the wait then polls);
     ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
@@ -46,7 +47,9 @@ class RoomWatch:
     def __init__(self, client: Any, key: str) -> None:
         self.client = client
         self.key = key
+        self.pool = pool_of(client)
         self.watch: Optional[KeyWatch] = None
+        self.node = ""
         self.refused = ""
         self.error = ""
 
@@ -54,13 +57,26 @@ class RoomWatch:
         """Watch the key: connect if needed, and arm unless armed, by monotonic ``until``; False if not now."""
         if self.refused:
             return False
+        if self.watch is None:
+            self.node = Topology(self.client).node_name(self.key)
+            self.watch = self.pool.take(self.node)
+            if self.watch is not None:
+                self.watch.retarget(self.key)
+                if self._arm(until):
+                    return True  # else the idle connection had died (a restart, a timeout): open a new one
+        return self._arm(until)
+
+    def _arm(self, until: float) -> bool:
         try:
             watch = self.watch
             if watch is None:
                 topology = Topology(self.client)
-                watch = self.watch = KeyWatch(
-                    sync_twin(topology.new_data_connection(topology.node_name(self.key))), self.key
-                )
+                self.node = topology.node_name(self.key)
+                data = topology.new_data_connection(self.node)
+                if topology.sentinel:  # its connections learn the master's address by connecting
+                    data.connect()
+                    data.disconnect()
+                watch = self.watch = KeyWatch(sync_twin(data), self.key)
                 run_blocking(watch.open)
             if not watch.armed:
                 watch.arm()
@@ -69,11 +85,11 @@ class RoomWatch:
                         raise LinkLost("the server did not answer the watch in time")
                     watch.take()
             return True
-        except rx.ResponseError as exc:  # NOPERM on CLIENT TRACKING or HELLO 3, or no tracking at all
+        except (rx.ResponseError, WatchRefused) as exc:  # NOPERM on CLIENT TRACKING, HELLO 3 or EXISTS
             self.refused = str(exc)
         except (*BROKEN, LinkLost, SlotMoved) as exc:
             self.error = str(exc)
-        self.close()
+        self._discard()
         return False
 
     def changed(self, seconds: float) -> Optional[bool]:
@@ -87,13 +103,19 @@ class RoomWatch:
             return watch.changed
         except LinkLost as exc:
             self.error = str(exc)
-            self.close()
+            self._discard()
             return None
 
-    def close(self) -> None:
+    def _discard(self) -> None:
         watch, self.watch = self.watch, None
         if watch is not None:
             watch.close()
+
+    def close(self) -> None:
+        """End the wait: the connection goes back to the pool (or is closed, see :meth:`WatchPool.give`)."""
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            self.pool.give(self.node, watch)
 
 
 def wait_for(

@@ -1,5 +1,5 @@
 """The README's table of round trips per call, counted on a real Redis: every ``send_packed_command`` of this
-thread is one round trip (a call's commands go out in one send per connection; a lease keeper's background
+thread is one round trip, and so is every arm of a ``wait_for`` watch (a call's commands go out in one send per connection; a lease keeper's background
 sends are another thread's). Each call runs once first, so connections are open, scripts loaded and the near
 cache filled; then it runs again, counted."""
 
@@ -15,6 +15,7 @@ import pytest
 import redis.connection
 
 from kvstatus import KVPoll, StatusStore
+from kvstatus.keywatch import KeyWatch
 from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
@@ -53,6 +54,14 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    arm = KeyWatch.arm  # wait_for's watch sends its arm on its own socket, past redis-py
+
+    def counting_arm(self: KeyWatch) -> None:
+        if threading.get_ident() == me:
+            counted[0] += 1
+        arm(self)
+
+    monkeypatch.setattr(KeyWatch, "arm", counting_arm)
     yield counted
 
 

@@ -45,6 +45,34 @@ def test_sentinel_failover_empties_the_cache_and_follows_the_new_master() -> Non
             eventually(lambda: cached.get(3) == KVPoll.Success, timeout=30)
             got = writer.wait_for(3, KVPoll.Success, timeout=10)
             assert got == KVPoll.Success
+            _told_by_push(writer, 4)  # the watch is on the new master, not a default address
+
+
+def _told_by_push(store: StatusStore, room: int) -> None:
+    """Wait for ``room`` to reach Success with the recheck and the poll beyond the wait: only the watch's push
+    can deliver it (the update comes after the waiter's first read)."""
+    import threading
+
+    from kvstatus.waiting import wait_for
+
+    read_once = threading.Event()
+
+    def read() -> object:
+        status = store.get(room)
+        read_once.set()
+        return status
+
+    def update() -> None:
+        read_once.wait(30)
+        store.update_status(room, KVPoll.Success)
+
+    thread = threading.Thread(target=update, daemon=True)
+    thread.start()
+    key = store._core.schema.room_key(room)
+    assert wait_for(store.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == (
+        KVPoll.Success
+    )
+    thread.join()
 
 
 @pytest.mark.real
@@ -91,10 +119,6 @@ def test_cluster_cache_follows_every_shard_and_a_moved_slot() -> None:
 def test_cluster_wait_for_is_told_by_the_node_of_each_room() -> None:
     """The watch connects to the room's own primary: with the recheck beyond the wait, only that node's
     invalidation can wake the waiter, for a room on every primary."""
-    import threading
-
-    from kvstatus.waiting import wait_for
-
     with RedisClusterServers(masters=3) as cluster:
         namespace = fresh_namespace("nc")
         with StatusStore.from_url(cluster.url, namespace=namespace, participant="w") as writer:
@@ -106,22 +130,4 @@ def test_cluster_wait_for_is_told_by_the_node_of_each_room() -> None:
                 nodes.setdefault(node.name, room)
             assert len(nodes) == 3
             for room in nodes.values():
-                read_once = threading.Event()
-
-                def read(room: int = room, read_once: threading.Event = read_once) -> object:
-                    status = writer.get(room)
-                    read_once.set()
-                    return status
-
-                def update(room: int = room, read_once: threading.Event = read_once) -> None:
-                    read_once.wait(30)
-                    writer.update_status(room, KVPoll.Success)
-
-                thread = threading.Thread(target=update, daemon=True)
-                thread.start()
-                key = writer._core.schema.room_key(room)
-                assert (
-                    wait_for(writer.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60)
-                    == KVPoll.Success
-                )
-                thread.join()
+                _told_by_push(writer, room)

@@ -38,6 +38,7 @@ def _watches(raw: Any) -> list[int]:
 
 def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
+    others = set(_watches(raw))  # other tests' stores, not yet collected
     key = writer._core.schema.room_key(1)
     first_read, reads = threading.Event(), []
 
@@ -59,7 +60,9 @@ def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, r
     thread.join()
     assert got == KVPoll.Transferring
     assert reads[0] is None and 2 <= len(reads) <= 4  # the first, then one or two per change it was told of
-    assert _watches(raw) == []  # the watch connection was closed
+    assert len(set(_watches(raw)) - others) == 1  # the watch connection went back to the client's pool
+    writer.close()
+    assert set(_watches(raw)) - others == set()  # and closed with the store
 
 
 def test_returns_at_once_when_already_there_and_watches_another_participant(writer: StatusStore) -> None:
@@ -74,22 +77,24 @@ def test_returns_at_once_when_already_there_and_watches_another_participant(writ
 
 def test_times_out_cleanly(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
+    others = set(_watches(raw))
     start = time.monotonic()
     assert writer.wait_for(3, KVPoll.Success, timeout=0.3) is None
     assert time.monotonic() - start >= 0.3
     writer.update_status(3, KVPoll.Transferring)  # another participant's change is not what it waits for
     assert writer.for_participant("x").wait_for(3, KVPoll.Transferring, timeout=0.2) is None
-    assert _watches(raw) == []  # none left open
+    assert len(set(_watches(raw)) - others) == 1  # one, idle in the pool
     for _ in range(writer.client.connection_pool.max_connections + 10):  # no connection is leaked or counted
         assert writer.wait_for(3, KVPoll.Success, timeout=0) is None
-    assert _watches(raw) == []
+    assert len(set(_watches(raw)) - others) == 1
 
 
 def test_survives_a_killed_watch(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
+    others = set(_watches(raw))
 
     def kill_then_update() -> None:
-        (watch,) = eventually(lambda: _watches(raw))
+        (watch,) = eventually(lambda: set(_watches(raw)) - others)
         raw.execute_command("CLIENT", "KILL", "ID", watch)
         time.sleep(0.1)
         writer.update_status(4, KVPoll.WaitingForInput)
@@ -147,7 +152,7 @@ def test_a_user_without_tracking_still_updates_and_its_waiters_poll(redis_server
             assert store.update_status(6, KVPoll.Bootstrapping).status == KVPoll.Bootstrapping
             _later(0.2, lambda: store.update_status(6, KVPoll.Success))
             assert store.wait_for(6, KVPoll.Success, timeout=60) == KVPoll.Success  # by polling
-            assert _watches(admin) == []
+            assert not [c for c in admin.client_list() if c["user"] == "nc-notrack" and "t" in c["flags"]]
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-notrack")
 
@@ -159,7 +164,14 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
         url = f"redis://nc-recipe:pw-nc@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, participant="w", near_cache=True) as store:
             assert store.get(7) is None
-            _later(0.1, lambda: (eventually(lambda: _watches(admin)), store.update_status(7, KVPoll.Bootstrapping)))
+            others = set(_watches(admin))
+            _later(
+                0.1,
+                lambda: (
+                    eventually(lambda: set(_watches(admin)) - others),
+                    store.update_status(7, KVPoll.Bootstrapping),
+                ),
+            )
             assert store.wait_for(7, KVPoll.Bootstrapping, timeout=60) == KVPoll.Bootstrapping
             assert store.get(7) == KVPoll.Bootstrapping
         from kvstatus.admin.doctor import run_checks
@@ -194,3 +206,52 @@ def test_doctor_names_what_a_user_without_tracking_lacks(redis_server: RedisServ
         assert all(c.ok for c in checks.values()), checks
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-old")
+
+
+def test_waits_reuse_one_watch_connection_and_a_dead_one_is_replaced(
+    writer: StatusStore, redis_server: RedisServer
+) -> None:
+    raw = redis_server.client()
+    others = set(_watches(raw))
+    writer.update_status(10, KVPoll.Success)
+    assert writer.wait_for(10, KVPoll.Success, timeout=5) == KVPoll.Success
+    (first,) = set(_watches(raw)) - others  # given back to the pool, open
+    for _ in range(5):
+        assert writer.wait_for(10, KVPoll.Success, timeout=5) == KVPoll.Success
+    assert set(_watches(raw)) - others == {first}
+    raw.execute_command("CLIENT", "KILL", "ID", first)  # the pooled connection dies while idle
+
+    key = writer._core.schema.room_key(11)
+    first_read = threading.Event()
+
+    def read() -> Optional[KVPoll]:
+        first_read.set()
+        return writer.get(11)
+
+    thread = _later(0, lambda: (first_read.wait(30), writer.update_status(11, KVPoll.Success)))
+    # push only (recheck and poll beyond the wait): the dead idle connection was replaced, not trusted
+    assert wait_for(writer.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == (
+        KVPoll.Success
+    )
+    thread.join()
+    (replaced,) = set(_watches(raw)) - others
+    assert replaced != first
+
+
+def test_a_user_of_the_old_recipe_without_exists_polls_without_reconnecting(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    """A recipe from before the watch (no +exists) gets NOPERM on the arm: the wait polls on, and opens no
+    connection per poll."""
+    admin = redis_server.client()
+    rules = [r for r in acl_rules(namespace, password="pw-nc", scripts="eval") if r != "+exists"]
+    admin.execute_command("ACL", "SETUSER", "nc-noexists", *rules)
+    try:
+        url = f"redis://nc-noexists:pw-nc@{redis_server.host}:{redis_server.port}/0"
+        with StatusStore.from_url(url, namespace=namespace, participant="w") as store:
+            store.update_status(12, KVPoll.Bootstrapping)
+            opened = int(admin.info("stats")["total_connections_received"])
+            assert store.wait_for(12, KVPoll.Success, timeout=1.0) is None  # 20 polls of 50 ms
+            assert int(admin.info("stats")["total_connections_received"]) - opened <= 3
+    finally:
+        admin.execute_command("ACL", "DELUSER", "nc-noexists")

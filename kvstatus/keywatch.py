@@ -54,7 +54,8 @@ class KeyWatch(InvalidationSocket):
     def retarget(self, key: str) -> None:
         """Watch ``key`` from the next :meth:`arm` on (a pooled connection's next wait)."""
         self.key = key
-        self._arm = _command(b"EXISTS", key.encode())
+        self._key = key.encode()
+        self._arm = _command(b"EXISTS", self._key)
         self.changed = True  # not armed for this key yet
 
     def setup(self, conn: Any) -> None:
@@ -92,8 +93,12 @@ class KeyWatch(InvalidationSocket):
             if isinstance(message, hiredis.ReplyError):
                 refused = str(message).startswith("NOPERM")  # the ACL: asking again would not help
                 raise (WatchRefused if refused else LinkLost)(f"watch of {self.key} got an error: {message}")
-            if isinstance(message, list):  # a push: an invalidation (of the one key tracked), or anything else
-                self.changed = True
+            if isinstance(message, list):  # a push
+                keys = message[1] if len(message) == 2 and message[0] == b"invalidate" else None
+                # This key, every key (FLUSHALL: no list), or a push not understood; another key is one a pooled
+                # connection watched for an earlier wait.
+                if not isinstance(keys, list) or self._key in keys:
+                    self.changed = True
             else:  # an arm's answer; what changed before it is seen by the read that follows the arm
                 self.answers += 1
                 self.changed = False

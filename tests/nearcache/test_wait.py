@@ -238,6 +238,31 @@ def test_waits_reuse_one_watch_connection_and_a_dead_one_is_replaced(
     assert replaced != first
 
 
+def test_a_reused_watch_ignores_the_key_it_watched_before(writer: StatusStore, redis_server: RedisServer) -> None:
+    writer.update_status(20, KVPoll.Bootstrapping)
+    assert writer.wait_for(20, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping  # room 20 stays tracked
+    first_read, reads = threading.Event(), []
+
+    def read() -> Optional[KVPoll]:
+        first_read.set()
+        reads.append(writer.get(21))
+        return reads[-1]
+
+    def update() -> None:
+        first_read.wait(30)
+        for peer in ("decode-0", "decode-1"):  # room 20: the pooled connection's earlier key
+            writer.for_participant(peer).update_status(20, KVPoll.WaitingForInput)
+        writer.update_status(21, KVPoll.Success)
+
+    thread = _later(0, update)
+    key = writer._core.schema.room_key(21)
+    assert wait_for(writer.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == (
+        KVPoll.Success
+    )
+    thread.join()
+    assert reads == [None, KVPoll.Success]  # room 20's writes woke nothing: one read for room 21's change
+
+
 def test_a_user_of_the_old_recipe_without_exists_polls_without_reconnecting(
     redis_server: RedisServer, namespace: str
 ) -> None:

@@ -63,7 +63,7 @@ class AsyncRoomWatch:
                 self.watch.retarget(self.key)
                 if await self._arm(until):
                     return True  # else the idle connection had died (a restart, a timeout): open a new one
-        return await self._arm(until)
+        return False if self.refused else await self._arm(until)
 
     async def _arm(self, until: float) -> bool:
         try:

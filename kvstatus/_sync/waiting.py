@@ -64,7 +64,7 @@ class RoomWatch:
                 self.watch.retarget(self.key)
                 if self._arm(until):
                     return True  # else the idle connection had died (a restart, a timeout): open a new one
-        return self._arm(until)
+        return False if self.refused else self._arm(until)
 
     def _arm(self, until: float) -> bool:
         try:

@@ -280,3 +280,21 @@ def test_a_user_of_the_old_recipe_without_exists_polls_without_reconnecting(
             assert int(admin.info("stats")["total_connections_received"]) - opened <= 3
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-noexists")
+
+
+def test_a_pooled_watch_refused_its_arm_opens_no_other(redis_server: RedisServer, namespace: str) -> None:
+    """The ACL takes +exists away while a watch idles in the pool: the next wait polls, and asks no new
+    connection of the server (which would be refused the same)."""
+    admin = redis_server.client()
+    admin.execute_command("ACL", "SETUSER", "nc-lost", *acl_rules(namespace, password="pw-nc", scripts="eval"))
+    try:
+        url = f"redis://nc-lost:pw-nc@{redis_server.host}:{redis_server.port}/0"
+        with StatusStore.from_url(url, namespace=namespace, participant="w") as store:
+            store.update_status(13, KVPoll.Bootstrapping)
+            assert store.wait_for(13, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping  # pooled
+            admin.execute_command("ACL", "SETUSER", "nc-lost", "-exists")
+            opened = int(admin.info("stats")["total_connections_received"])
+            assert store.wait_for(13, KVPoll.Success, timeout=0.5) is None
+            assert int(admin.info("stats")["total_connections_received"]) == opened
+    finally:
+        admin.execute_command("ACL", "DELUSER", "nc-lost")

@@ -123,14 +123,18 @@ class InvalidationSocket:
 
     def ping(self) -> bool:
         """Send a PING without blocking; False if the socket would block (try again later)."""
+        return self.send(_PING)
+
+    def send(self, command: bytes) -> bool:
+        """Send one packed command without blocking; False if the socket would block. Raises LinkLost."""
         try:
-            sent = self.sock.send(_PING)
+            sent = self.sock.send(command)
         except _WOULD_BLOCK:
             return False
         except OSError as exc:
-            raise LinkLost(f"invalidation connection failed: {exc}") from exc
-        if sent != len(_PING):  # a partial PING would corrupt the stream; give the link up
-            raise LinkLost("invalidation connection send buffer full")
+            raise LinkLost(f"connection failed: {exc}") from exc
+        if sent != len(command):  # a partial command would corrupt the stream; give the connection up
+            raise LinkLost("connection send buffer full")
         return True
 
     def close(self) -> None:

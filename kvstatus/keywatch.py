@@ -31,13 +31,6 @@ class WatchRefused(LinkLost):
     """The ACL refused the watch's read of the key (a user without ``+exists``)."""
 
 
-def _command(*words: bytes) -> bytes:
-    parts = [b"*%d\r\n" % len(words)]
-    for word in words:
-        parts.append(b"$%d\r\n%s\r\n" % (len(word), word))
-    return b"".join(parts)
-
-
 class KeyWatch(InvalidationSocket):
     """One key, tracked on its own RESP3 connection; the socket is non-blocking once :meth:`open` returned.
 
@@ -55,7 +48,7 @@ class KeyWatch(InvalidationSocket):
         """Watch ``key`` from the next :meth:`arm` on (a pooled connection's next wait)."""
         self.key = key
         self._key = key.encode()
-        self._arm = _command(b"EXISTS", self._key)
+        self._arm = b"".join(self.connection.pack_command("EXISTS", self._key))
         self.changed = True  # not armed for this key yet
 
     def setup(self, conn: Any) -> None:
@@ -71,13 +64,7 @@ class KeyWatch(InvalidationSocket):
 
     def arm(self) -> None:
         """Send the tracked read of the key (its answer arrives later, see :meth:`take`). Raises LinkLost."""
-        try:
-            sent = self.sock.send(self._arm)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError as exc:
-            raise LinkLost(f"watch connection failed: {exc}") from exc
-        if sent != len(self._arm):  # a partial command would corrupt the stream; give the watch up
+        if not self.send(self._arm):  # a socket of one small command that would block: a stuck connection
             raise LinkLost("watch connection send buffer full")
         self.asked += 1
         self.changed = False

@@ -181,6 +181,14 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
         checks = {c.name: c for c in run_checks(connect(url), KeySchema(namespace))}
         assert checks["near cache"].ok and checks["wait_for push"].ok, checks
         assert checks["wait_for push"].detail == "changes are pushed to waiters"
+        import redis
+
+        tenant = redis.Redis.from_url(url)
+        for channel in (f"kvstatus:{namespace}:{{7}}", "__redis__:invalidate"):  # a tenant publishes nowhere
+            for command in ("PUBLISH", "SPUBLISH"):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    tenant.execute_command(command, channel, "x")
+        tenant.close()
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-recipe")
 

@@ -265,6 +265,8 @@ def shard_capacity(port: int, requests: int) -> Results:
             str(TTL_MS),
             PARTICIPANT,
             f"reason:{PARTICIPANT}",
+            f"inc:{PARTICIPANT}",
+            "",
             "1",
         ],
         "status read (`HGET`)": ["HGET", key, PARTICIPANT],

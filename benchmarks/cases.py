@@ -167,7 +167,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     minimal_sha = client.script_load(MINIMAL_RULE)
     bare_sha = client.script_load(update_without_acl_check())
     client.script_load(scripts.UPDATE.source)
-    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}")
+    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "")
     server = {name: ServerTime(client, "evalsha") for name in ("update", "minimal", "no acl")}
 
     def update_block() -> list[int]:
@@ -292,7 +292,7 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     store = _store(client)
     out = Results()
     size, calls = 1000, plan.batches
-    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}")
+    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "")
     section = f"batch{label}"
     run = client.execute_command
     server = {name: ServerTime(client, "evalsha") for name in ("update_many", "minimal", "no acl")}

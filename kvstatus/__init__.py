@@ -19,6 +19,7 @@ from kvstatus.errors import (
     LeaseLostError,
     PermissionDeniedError,
     PoolExhaustedError,
+    SupersededError,
 )
 from kvstatus.observer import StoreObserver
 from kvstatus.rule import (
@@ -66,6 +67,7 @@ __all__ = [
     "RoomConsensus",
     "RoomView",
     "StatusStore",
+    "SupersededError",
     "Tombstone",
     "UpdateResult",
     "apply_rule",

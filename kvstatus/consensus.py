@@ -120,13 +120,16 @@ def _text(value: Any) -> str:
 class Entries(NamedTuple):
     """What the consensus view reads. ``codes[i]`` is room ``rooms[i]``'s entries as one string, character j
     participant ``names[j]``'s status ("0".."4", "-" for no entry); ``leases`` the participants' lease
-    states; ``reasons`` the recorded reasons of Failed entries (room-major index ``i * len(names) + j``)."""
+    states; ``reasons`` the recorded reasons of Failed entries (room-major index ``i * len(names) + j``);
+    ``epochs`` the epoch of the incarnation each participant's lease record names (0: no record), the fence
+    of a sweep of its entries (``lua/sweep.lua``)."""
 
     rooms: list[int]
     names: tuple[str, ...]
     codes: list[Any]  # str, or bytes as the client returned them (decoded only where needed)
     leases: list[LeaseState]
     reasons: dict[int, str]
+    epochs: list[int]
 
     def statuses(self, i: int) -> list[Optional[KVPoll]]:
         """Room ``rooms[i]``'s statuses, in ``names`` order (None: no entry)."""
@@ -168,7 +171,7 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
     ids = list(dict.fromkeys(validate_rooms(rooms)))
     names = validate_participants(participants)
     if not ids:
-        return Request([], lambda replies: Entries([], names, [], [], {}))
+        return Request([], lambda replies: Entries([], names, [], [], {}, []))
     schema = core.schema
     keys = schema.room_keys(ids)
     lease_keys = [schema.lease_key(name) for name in names]
@@ -178,9 +181,9 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
         call = script_call(scripts.ROOM_STATUSES, keys + lease_keys, (str(len(ids)), *names))
 
         def decode_one(replies: list[Any]) -> Entries:
-            leases_raw, codes, flat = replies[0]
+            leases_raw, codes, flat, epochs = replies[0]
             reasons = {int(flat[j]): _text(flat[j + 1]) for j in range(0, len(flat), 2)}
-            return Entries(ids, names, codes, [LeaseState(int(v)) for v in leases_raw], reasons)
+            return Entries(ids, names, codes, [LeaseState(int(v)) for v in leases_raw], reasons, list(map(int, epochs)))
 
         return Request([call], decode_one)
 
@@ -208,7 +211,7 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
                 chars.append(char)
             codes.append("".join(chars))
         leases = [LeaseState(int(reply[0][0])) for reply in replies[n:]]
-        return Entries(ids, names, codes, leases, reasons)
+        return Entries(ids, names, codes, leases, reasons, [int(reply[3][0]) for reply in replies[n:]])
 
     return Request(calls, decode_cluster)
 

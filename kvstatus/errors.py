@@ -5,6 +5,9 @@ Messages name what was wrong and never contain a password.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Optional
+
 
 class KVStatusError(Exception):
     """Base class of every kvstatus error."""
@@ -92,3 +95,16 @@ class LeaseLostError(KVStatusError):
     def __init__(self, message: str, *, participant: str = "") -> None:
         super().__init__(message)
         self.participant = participant
+
+
+class SupersededError(LeaseLostError):
+    """A write found its entry stamped by a later incarnation of the same participant: the name was taken over
+    by a new process (a restart under the same name), and this store's writes are refused from now on.
+
+    The refused rooms were not written; ``results`` holds every room's result of the update or batch (the
+    other rooms of a batch were written), None for a ``clear`` or ``pop``.
+    """
+
+    def __init__(self, message: str, *, participant: str = "", results: Optional[Mapping[int, Any]] = None) -> None:
+        super().__init__(message, participant=participant)
+        self.results = results

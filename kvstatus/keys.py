@@ -6,6 +6,9 @@ contain ``:``, so the two kinds never collide):
 
 - ``<participant>``         the participant's status, "0".."4"
 - ``reason:<participant>``  the first failure reason recorded for it
+- ``inc:<participant>``     the epoch of the lease incarnation that last wrote the entry (written only by
+  stores with a lease; it fences off a replaced incarnation's writes, see ``lua/update.lua``)
+- ``room:fate``             the room's first failure (see :mod:`kvstatus.fate`)
 
 Beside the rooms (none of these ends with ``}``, so the room SCAN pattern
 ``<prefix>:<namespace>:{*}`` never matches them, and :meth:`KeySchema.room_of`
@@ -34,6 +37,7 @@ DEFAULT_PREFIX = "kvstatus"
 DEFAULT_PARTICIPANT = "default"
 REASON_FIELD_PREFIX = "reason:"
 LATE_FIELD_PREFIX = "late:"
+INCARNATION_FIELD_PREFIX = "inc:"
 TOMBSTONE_SUFFIX = ":t"
 LEASE_PART = "lease:"
 
@@ -163,6 +167,11 @@ class KeySchema:
 
 def reason_field(participant: str) -> str:
     return REASON_FIELD_PREFIX + participant
+
+
+def incarnation_field(participant: str) -> str:
+    """Room field holding the lease epoch of the incarnation of ``participant`` that last wrote its entry."""
+    return INCARNATION_FIELD_PREFIX + participant
 
 
 def late_field(participant: str) -> str:

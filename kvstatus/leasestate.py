@@ -32,6 +32,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 from kvstatus import scripts
@@ -72,7 +73,9 @@ class LeaseCore:
     Attributes: ``participant``; ``ttl`` (seconds); ``incarnation`` (the
     random token of the current holder, None before the first acquire);
     ``generation`` (how many incarnations the name has had, this one
-    included); ``lost`` (True once Redis answered LOST); ``released``.
+    included); ``epoch`` (the incarnation's fence, Unix seconds at its acquire by Redis' clock and above
+    every earlier incarnation's: the store stamps its entries with it); ``lost`` (True once Redis answered
+    LOST, or a write was refused as superseded); ``released``.
     """
 
     def __init__(self, schema: KeySchema, participant: str, ttl: float, keep_ms: int) -> None:
@@ -83,6 +86,8 @@ class LeaseCore:
         self._keep_ms = str(max(keep_ms, round(self.ttl * 1000)))
         self.incarnation: Optional[str] = None
         self.generation: Optional[int] = None
+        self.epoch: Optional[int] = None  # the incarnation's fence (lua/lease.lua): its writes are stamped with it
+        self.on_epoch: Optional[Callable[[Optional[int]], None]] = None  # told each new epoch (the store's fence)
         self.acquired = False  # the current incarnation's acquire was answered HELD
         self.lost = False
         self.released = False
@@ -112,22 +117,26 @@ class LeaseCore:
         assert self.incarnation is not None
         call = script_call(scripts.LEASE, [self.key], (op, self.incarnation, self._ttl_ms, self._keep_ms))
 
-        def decode(replies: list[Any]) -> tuple[int, int]:
+        def decode(replies: list[Any]) -> tuple[int, int, int]:
             reply = replies[0]
-            if not isinstance(reply, list) or len(reply) != 2 or reply[0] not in (HELD, LOST, RELEASED):
-                raise BackendError(f"the lease script replied {reply!r}, expected [code 10..12, generation]")
-            return int(reply[0]), int(reply[1])
+            if not isinstance(reply, list) or len(reply) != 3 or reply[0] not in (HELD, LOST, RELEASED):
+                raise BackendError(f"the lease script replied {reply!r}, expected [code 10..12, generation, epoch]")
+            return int(reply[0]), int(reply[1]), int(reply[2])
 
         return Request([call], decode)
 
-    def settle(self, op: str, sent_at: float, reply: tuple[int, int]) -> None:
+    def settle(self, op: str, sent_at: float, reply: tuple[int, int, int]) -> None:
         """Take in the reply of ``op`` sent at monotonic time ``sent_at``."""
-        code, generation = reply
+        code, generation, epoch = reply
         if code == HELD:
             self.acquired = True
             self._renewed_at = sent_at
             self.generation = generation
             self.renewals += op == "renew"
+            if op == "acquire":
+                self.epoch = epoch
+                if self.on_epoch is not None:
+                    self.on_epoch(epoch)
         elif code == RELEASED:
             self.released = True
         elif not self.lost:
@@ -136,6 +145,12 @@ class LeaseCore:
             self.record_gone = generation == 0
             self._lost_generation = generation
             self.taken_over = self.generation is not None and generation not in (0, self.generation)
+            log.warning("participant %s: lease lost (%s)", self.participant, self._why())
+
+    def superseded(self) -> None:
+        """A write found an entry stamped by a later incarnation: the name was taken over, the lease is lost."""
+        if not self.lost:
+            self.lost = self.taken_over = True
             log.warning("participant %s: lease lost (%s)", self.participant, self._why())
 
     def next_delay(self) -> float:

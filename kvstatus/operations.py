@@ -17,13 +17,14 @@ from typing import Any, Optional, TypeVar
 from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
-from kvstatus.errors import CorruptedValueError, InvalidArgumentError
+from kvstatus.errors import CorruptedValueError, InvalidArgumentError, SupersededError
 from kvstatus.fate import FATE_FIELD, parse_failure, shared_status
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
     MAX_ROOM,
     KeySchema,
+    incarnation_field,
     late_field,
     reason_field,
     validate_name,
@@ -34,7 +35,6 @@ from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, up
     _RESULTS,
     _STATUS_BY_VALUE,
     _clear_reply,
-    _decode_cleared,
     _decode_record,
     _decode_update,
     _pairs,
@@ -52,6 +52,7 @@ from kvstatus.rule import (
     CancelResult,
     FailureRecord,
     KVPoll,
+    Outcome,
     Policy,
     RoomView,
     UpdateResult,
@@ -192,16 +193,33 @@ class StoreCore:
         self.policy = to_policy(policy)
         self.cluster = cluster
         self._reason_field = reason_field(self.participant)
-        self._update_head = (self.policy.value, str(self.ttl_ms), self.participant, self._reason_field)
+        self._incarnation_field = incarnation_field(self.participant)
         self._update_one = ("EVALSHA", scripts.UPDATE.sha, 1)
         # tombstone_ttl 0 turns tombstones off: clear() is a plain HDEL and a late Failed notes nothing.
         # A tombstone never outlives the store's TTL: no key kvstatus writes stays longer than one TTL.
         self.tombstone_ttl_ms = 0 if tombstone_ttl == 0 else min(ttl_to_ms(tombstone_ttl), self.ttl_ms)
+        self.fence(None)
+
+    def fence(self, epoch: Optional[int]) -> None:
+        """Stamp this store's writes with its lease incarnation's ``epoch`` (None: no lease, no stamps); a write
+        that finds the entry stamped by a later incarnation is refused (REFUSED_SUPERSEDED, see lua/update.lua)."""
+        self.epoch = epoch
+        stamp = "" if epoch is None else str(epoch)
+        self._update_head = (
+            self.policy.value,
+            str(self.ttl_ms),
+            self.participant,
+            self._reason_field,
+            self._incarnation_field,
+            stamp,
+        )
         self._clear_args = (
             self.participant,
             self._reason_field,
             late_field(self.participant),
             str(self.tombstone_ttl_ms),
+            self._incarnation_field,
+            stamp,
         )
 
     def settings(self) -> dict[str, Any]:
@@ -215,6 +233,32 @@ class StoreCore:
             "tombstone_ttl": self.tombstone_ttl_ms / 1000,
             "shared_fate": self.shared_fate,
         }
+
+    def superseded(self, rooms: str, results: Optional[Mapping[int, Any]] = None) -> SupersededError:
+        """The error of a write refused in ``rooms`` (text) because a later incarnation stamped the entry."""
+        return SupersededError(
+            f"participant {self.participant} (incarnation epoch {self.epoch}) was taken over by a newer incarnation "
+            f"of the same name, which wrote {rooms} since: a restart under the same participant name. Nothing was "
+            "written there, and this store refuses writes from now on; a process that still runs under a replaced "
+            "name must stop, or take another participant name",
+            participant=self.participant,
+            results=results,
+        )
+
+    def refused(self, results: Mapping[int, UpdateResult]) -> Optional[SupersededError]:
+        """The error of an update or a batch some of whose rooms were refused as superseded, or None."""
+        refused = [room for room, result in results.items() if result.outcome is Outcome.REFUSED_SUPERSEDED]
+        if not refused:
+            return None
+        shown = ", ".join(map(str, refused[:5])) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
+        return self.superseded(f"room{'s' if len(refused) > 1 else ''} {shown}", results)
+
+    def _cleared(self, reply: Any, room: int) -> tuple[int, int]:
+        """lua/clear.lua's reply; :class:`SupersededError` when it refused the clear."""
+        removed, status = _clear_reply(reply)
+        if removed < 0:
+            raise self.superseded(f"room {room}")
+        return removed, status
 
     def _chunks(self, keys: list[str]) -> list[list[int]]:
         """Indices of ``keys`` in the groups one script call may take: at most :data:`CHUNK_ROOMS` keys each,
@@ -364,19 +408,23 @@ class StoreCore:
 
     def clear(self, room: int) -> Request[bool]:
         key = self._key(room)
-        if not self.tombstone_ttl_ms:
+        if not self.tombstone_ttl_ms and self.epoch is None:
             return Request(
-                [Call(("HDEL", key, self.participant, self._reason_field))], lambda replies: bool(replies[0])
+                [Call(("HDEL", key, self.participant, self._reason_field, self._incarnation_field))],
+                lambda replies: bool(replies[0]),
             )
-        return Request([script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)], _decode_cleared)
+        return Request(
+            [script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
+            lambda replies: self._cleared(replies[0], room)[0] > 0,
+        )
 
     def pop(self, room: int) -> Request[Optional[KVPoll]]:
         """Remove the entry (as :meth:`clear`) and answer the status it held, in one script call."""
         key = self._key(room)
-        args = self._clear_args if self.tombstone_ttl_ms else (*self._clear_args[:3], "0")
+        args = self._clear_args
 
         def decode(replies: list[Any]) -> Optional[KVPoll]:
-            status = _clear_reply(replies[0])[1]
+            status = self._cleared(replies[0], room)[1]
             if status == -2:
                 raise CorruptedValueError(
                     f"key {key} field {self.participant} held a value that is not a status 0..4; the entry was removed"

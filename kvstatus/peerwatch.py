@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from kvstatus import scripts
 from kvstatus.consensus import LeaseState
-from kvstatus.keys import reason_field
+from kvstatus.keys import incarnation_field, reason_field
 from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
@@ -194,12 +194,15 @@ class PeerWatch:
 
 
 def fail_entries_request(
-    core: StoreCore, rooms: list[int], participant: str, stage: Stage, reason: str
+    core: StoreCore, rooms: list[int], participant: str, stage: Stage, reason: str, below: Optional[int] = None
 ) -> Request[list[Outcome]]:
     """The calls failing ``participant``'s open entries in ``rooms`` with ``reason`` and the room's first failure
-    at ``stage`` (``lua/sweep.lua``: one call per chunk of rooms, per slot on a cluster)."""
+    at ``stage`` (``lua/sweep.lua``: one call per chunk of rooms, per slot on a cluster). ``below``: the fence,
+    an incarnation epoch; entries stamped with it or a later one are left alone (None: no fence)."""
     keys = core.schema.room_keys(rooms)
-    args = (participant, reason_field(participant), reason, stage.value)
+    args: tuple[str, ...] = (participant, reason_field(participant), reason, stage.value)
+    if below is not None:
+        args += (incarnation_field(participant), str(below))
     calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in core._chunks(keys)]
 
     def decode(replies: list[Any]) -> list[Outcome]:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from kvstatus.errors import BackendError, CorruptedValueError
 from kvstatus.fate import FATE_FIELD, parse_failure
-from kvstatus.keys import LATE_FIELD_PREFIX, REASON_FIELD_PREFIX
+from kvstatus.keys import INCARNATION_FIELD_PREFIX, LATE_FIELD_PREFIX, REASON_FIELD_PREFIX
 from kvstatus.rule import (
     ClearedEntry,
     KVPoll,
@@ -75,7 +75,7 @@ def update_result(outcome: Any, status: Any) -> UpdateResult:
     if result is None:
         raise BackendError(
             f"the update script replied outcome {outcome!r} status {status!r}, which this kvstatus "
-            "does not know (expected outcome 1..7, status -1..4): is another kvstatus version's "
+            "does not know (expected outcome 1..7 or 15, status -1..4): is another kvstatus version's "
             "script loaded under the same SHA?"
         )
     return result
@@ -88,19 +88,17 @@ def _decode_update(replies: list[Any]) -> UpdateResult:
 
 
 def _clear_reply(reply: Any) -> tuple[int, int]:
-    """(fields removed, status before: 0..4, -1 none, -2 not a status) of lua/clear.lua's reply."""
+    """(fields removed, -1: refused as superseded; status before: 0..4, -1 none, -2 not a status) of
+    lua/clear.lua's reply."""
     if (
         not isinstance(reply, list)
         or len(reply) != 2
         or not all(isinstance(n, int) for n in reply)
+        or reply[0] < -1
         or not -2 <= reply[1] <= 4
     ):
-        raise BackendError(f"the clear script replied {reply!r}, expected [removed, status -2..4]")
+        raise BackendError(f"the clear script replied {reply!r}, expected [removed -1.., status -2..4]")
     return reply[0], reply[1]
-
-
-def _decode_cleared(replies: list[Any]) -> bool:
-    return _clear_reply(replies[0])[0] > 0
 
 
 def _decode_record(replies: list[Any]) -> bool:
@@ -150,6 +148,8 @@ def decode_room(
             failure = parse_failure(value, key)
         elif field.startswith(REASON_FIELD_PREFIX):
             reasons[field[len(REASON_FIELD_PREFIX) :]] = _text(value)
+        elif field.startswith(INCARNATION_FIELD_PREFIX):
+            continue  # the fence of the entry's writer (lua/update.lua): not part of the view
         elif ":" in field:
             raise CorruptedValueError(f"key {key} has a field {field[:60]!r} that kvstatus does not write")
         else:

@@ -33,6 +33,7 @@ class Outcome(enum.IntEnum):
     IGNORED_MISSING = 5
     REFUSED_TERMINAL = 6
     REFUSED_CREATE = 7
+    REFUSED_SUPERSEDED = 15  # the entry is stamped by a later incarnation of the participant: nothing written
 
     @property
     def refreshes_ttl(self) -> bool:
@@ -148,6 +149,25 @@ def apply_rule(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.S
     return UpdateResult(Outcome.UNCHANGED, current)
 
 
+def apply_fenced(
+    current: Optional[KVPoll],
+    stamp: Optional[int],
+    new: KVPoll,
+    epoch: Optional[int],
+    policy: Policy = Policy.SEED,
+) -> tuple[UpdateResult, Optional[int]]:
+    """The update rule with fencing (``lua/update.lua``): ``stamp`` is the epoch the entry carries (None: none),
+    ``epoch`` the writer's (None: a writer without a lease, which neither reads nor writes stamps). Returns the
+    result and the entry's stamp afterwards. A write from an older epoch than the stamp is REFUSED_SUPERSEDED;
+    any outcome that writes or touches the entry stamps it with the writer's epoch."""
+    if epoch is None:
+        return apply_rule(current, new, policy), stamp
+    if stamp is not None and stamp > epoch:
+        return UpdateResult(Outcome.REFUSED_SUPERSEDED, current), stamp
+    result = apply_rule(current, new, policy)
+    return result, epoch if result.outcome.refreshes_ttl else stamp
+
+
 def explain(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED) -> str:
     """One sentence saying which row of the rule fires for (current, new) and why."""
     result = apply_rule(current, new, policy)
@@ -162,6 +182,7 @@ def explain(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED
         Outcome.REFUSED_TERMINAL: "under the strict policy Failed is terminal",
         Outcome.REFUSED_CREATE: "under the strict policy only Bootstrapping or WaitingForInput may create an entry; "
         "a late status for a cleared room is refused",
+        Outcome.REFUSED_SUPERSEDED: "a later incarnation of the participant wrote the entry",
     }[result.outcome]
     after = "no entry" if result.status is None else f"{result.status.name}({result.status.value})"
     return f"{cur} + {new.name}({new.value}) under {policy.value}: {result.outcome.name} -> {after}; {why}."

@@ -18,6 +18,7 @@ from kvstatus.cachestate import (
     writes_sent,
 )
 from kvstatus.clients import is_cluster_client
+from kvstatus.errors import SupersededError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_name
 from kvstatus.leasestate import LeaseCore, validate_lease_ttl
 from kvstatus.observer import StoreObserver, check_observer
@@ -29,7 +30,7 @@ from kvstatus.operations import (
     validate_script_mode,
 )
 from kvstatus.peerwatch import PeerWatch
-from kvstatus.rule import KVPoll, Policy, UpdateResult
+from kvstatus.rule import KVPoll, Outcome, Policy, UpdateResult
 from kvstatus.url import (
     CONNECTION_FIELDS,
     DEFAULT_URL,
@@ -101,6 +102,7 @@ class StoreBase:
             lease_ttl = validate_lease_ttl(lease_ttl)
             keep_ms = self._core.ttl_ms + round(lease_ttl * 1000)
             lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl, keep_ms=keep_ms)
+            lease.on_epoch = self._core.fence
             self._watch = PeerWatch(self._core, lease_ttl, keep=keep_ms / 1000)
             self._keeper = self._keeper_class(lease, self._sender.send, self._watch)
 
@@ -214,6 +216,23 @@ class StoreBase:
             return None
         reader = self._reader if participant is None else (validate_name(participant, "participant"), self._reader[1])
         return self._near.state, self._near.status_map(reader)
+
+    def _lose_to_successor(self) -> None:
+        """A write was refused as superseded: the lease is lost for good (a later incarnation holds the name)."""
+        if self._keeper is not None:
+            self._keeper.core.superseded()
+
+    def _superseded(self, results: Mapping[int, UpdateResult]) -> SupersededError:
+        """The error of updates refused as superseded (``results`` holds some); the lease is lost from now on."""
+        self._lose_to_successor()
+        error = self._core.refused(results)
+        assert error is not None
+        return error
+
+    def _refused(self, results: Mapping[int, UpdateResult]) -> None:
+        """Raise :class:`SupersededError` if a batch's ``results`` hold a room refused as superseded."""
+        if any(result.outcome is Outcome.REFUSED_SUPERSEDED for result in results.values()):
+            raise self._superseded(results)
 
     def _opened(self, results: Mapping[int, UpdateResult]) -> None:
         """Tell the peer watch (if any) this store's entries after updates: it watches the open ones."""

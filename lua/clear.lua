@@ -10,12 +10,16 @@
 -- ARGV[2]  the participant's failure-reason field
 -- ARGV[3]  the participant's late-abort field in the tombstone ("late:<participant>")
 -- ARGV[4]  tombstone TTL in milliseconds, a positive integer; "0": remove the entry, write no tombstone
+-- ARGV[5]  the participant's incarnation field ("inc:<participant>"), removed with the entry
+-- ARGV[6]  the clearing incarnation's epoch (lua/lease.lua), or "" for a store without a lease: an entry
+--          stamped by a newer incarnation of the participant (lua/update.lua) is not cleared
 --
 -- Tombstone fields: <participant> = "<unix ms> <status 0..4>"; late:<participant> = "<unix ms>"
 -- of the first Failed that arrived after the clear (written by lua/update.lua).
 -- Returns {removed, status}, integers: the number of fields removed from the room (0: nothing to clear,
--- no tombstone written), and the entry's status before the clear, 0..4, -1 when there was no entry, or
--- -2 when it held something that is not a status (removed all the same).
+-- no tombstone written; -1: refused, the entry belongs to a newer incarnation, nothing written), and the
+-- entry's status before the clear, 0..4, -1 when there was no entry, or -2 when it held something that is
+-- not a status (removed all the same).
 -- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, or keys that
 -- do not belong together), "NOPERM <what>".
 
@@ -27,12 +31,15 @@ local SCRIPT = "clear"
 -- @include fate
 
 local room, tomb = KEYS[1], KEYS[2]
-local field, reason_field, late_field, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if #KEYS ~= 2 or #ARGV ~= 4 or field == "" or reason_field == "" or late_field == "" then
-  return redis.error_reply("KVSTATUS_BADARG expected a room key, a tombstone key and three fields")
+local field, reason_field, late_field, ttl, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if #KEYS ~= 2 or #ARGV ~= 6 or field == "" or reason_field == "" or late_field == "" or inc_field == "" then
+  return redis.error_reply("KVSTATUS_BADARG expected a room key, a tombstone key, four fields, a TTL and an epoch")
 end
 if ttl ~= "0" and not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be 0 or a positive integer of milliseconds")
+end
+if epoch ~= "" and not positive_ms(epoch) then
+  return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
 end
 local tombstone = ttl ~= "0"
 local refused = room_keys_refusal(1, 1) or tombstone_refusal(room, tomb)
@@ -40,7 +47,16 @@ if refused then
   return refused
 end
 
-local stored = redis.call("HGET", room, field)
+local both = redis.call("HMGET", room, field, inc_field)
+local stored = both[1]
+local status = -1
+if stored then
+  local code = #stored == 1 and string.byte(stored) - string.byte("0")
+  status = (code and code >= 0 and code <= 4) and code or -2
+end
+if epoch ~= "" and both[2] and (tonumber(both[2]) or 0) > tonumber(epoch) then
+  return {-1, status}
+end
 local denied = acl_refusal("hdel", room)
   or (stored and tombstone and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb)
     or acl_refusal("time", tomb)))
@@ -48,7 +64,7 @@ if denied then
   return denied
 end
 
-local removed = redis.call("HDEL", room, field, reason_field)
+local removed = redis.call("HDEL", room, field, reason_field, inc_field)
 -- A failed room whose last entry this clear removed would keep nothing but its first failure: that goes
 -- too, so the room is gone. A cancel's record stays until the TTL, so that a late write finds the room
 -- cancelled. (Best effort: a user without HLEN leaves it to the TTL.)
@@ -63,10 +79,5 @@ if stored and tombstone then
   redis.call("HSET", tomb, field, now_ms() .. " " .. stored)
   redis.call("HDEL", tomb, late_field)
   redis.call("PEXPIRE", tomb, ttl)
-end
-local status = -1
-if stored then
-  local code = #stored == 1 and string.byte(stored) - string.byte("0")
-  status = (code and code >= 0 and code <= 4) and code or -2
 end
 return {removed, status}

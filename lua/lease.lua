@@ -8,14 +8,16 @@
 -- ARGV[4]  how long the record is kept after its last renewal, in milliseconds (>= the lease TTL):
 --          an expired lease stays visible as "lost" that long, so its rooms can be found and swept
 --
--- Record fields: inc (incarnation), gen (how many incarnations so far), since, seen and deadline
+-- Record fields: inc (incarnation), gen (how many incarnations so far), epoch (the incarnation's fence:
+-- Unix seconds at its acquire by the server's clock, and always above the previous incarnation's, so an
+-- epoch orders the incarnations of a name even after a lost record restarted gen), since, seen and deadline
 -- (Unix ms, server clock), ttl (ms), state ("held" or "released"). The lease is alive while
 -- state is "held" and the server's time is <= deadline; once that is false it is lost for good:
 -- renewing it again answers LOST, and only a new incarnation (acquire) holds the name again.
 --
--- Returns {code, gen}, integers only. code, kvstatus.rule.LeaseOutcome: HELD (acquired or renewed),
+-- Returns {code, gen, epoch}, integers only. code, kvstatus.rule.LeaseOutcome: HELD (acquired or renewed),
 -- LOST (the record names another incarnation, was released, or its deadline passed: nothing
--- written), RELEASED.
+-- written), RELEASED. gen and epoch are the record's (0 when there is none).
 -- Errors, raised before the first write:
 --   "KVSTATUS_BADARG <what>"  malformed arguments
 --   "NOPERM <what>"           the ACL refuses a command this script runs (see acl_refusal)
@@ -38,7 +40,7 @@ if not positive_ms(ttl) or not positive_ms(keep) or tonumber(keep) < tonumber(tt
 end
 
 local denied = acl_refusal("hset", key) or acl_refusal("pexpire", key) or acl_refusal("time", key)
-  or (op == "acquire" and acl_refusal("hincrby", key))
+  or (op == "acquire" and (acl_refusal("hincrby", key) or acl_refusal("hget", key)))
 if denied then
   return denied
 end
@@ -48,24 +50,26 @@ local deadline = now + tonumber(ttl)
 
 if op == "acquire" then
   local gen = redis.call("HINCRBY", key, "gen", 1)
-  redis.call("HSET", key, "inc", inc, "state", "held", "since", now, "seen", now, "deadline", deadline, "ttl", ttl)
+  local epoch = math.max(math.floor(now / 1000), (tonumber(redis.call("HGET", key, "epoch")) or 0) + 1)
+  redis.call("HSET", key, "inc", inc, "epoch", epoch, "state", "held", "since", now, "seen", now,
+    "deadline", deadline, "ttl", ttl)
   redis.call("PEXPIRE", key, keep)
-  return {HELD, gen}
+  return {HELD, gen, epoch}
 end
 
-local record = redis.call("HMGET", key, "inc", "state", "deadline", "gen")
-local gen = tonumber(record[4]) or 0
+local record = redis.call("HMGET", key, "inc", "state", "deadline", "gen", "epoch")
+local gen, epoch = tonumber(record[4]) or 0, tonumber(record[5]) or 0
 if record[1] ~= inc or record[2] ~= "held" then
-  return {LOST, gen}
+  return {LOST, gen, epoch}
 end
 if op == "release" then
   redis.call("HSET", key, "state", "released", "seen", now, "deadline", now)
   redis.call("PEXPIRE", key, keep)
-  return {RELEASED, gen}
+  return {RELEASED, gen, epoch}
 end
 if now > (tonumber(record[3]) or 0) then
-  return {LOST, gen}
+  return {LOST, gen, epoch}
 end
 redis.call("HSET", key, "seen", now, "deadline", deadline)
 redis.call("PEXPIRE", key, keep)
-return {HELD, gen}
+return {HELD, gen, epoch}

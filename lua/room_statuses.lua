@@ -9,9 +9,11 @@
 -- ARGV[1]         n, the number of rooms
 -- ARGV[2..p+1]    participant names (status fields)
 --
--- Returns {leases, codes, reasons}:
+-- Returns {leases, codes, reasons, epochs}:
 --   leases    p integers: 0 the participant never held a lease (no record), 1 alive, 2 lost
 --             (released, or the deadline passed by the server's clock)
+--   epochs    p integers: the epoch of the incarnation the lease record names (0: none), the fence a
+--             sweep of a lost participant's entries passes to lua/sweep.lua
 --   codes     n strings of p characters, one per room: character j is participant j's status
 --             "0".."4", or "-" where it has no entry (compact: the client decodes a room at once)
 --   reasons   {k, reason, ...}: for each Failed entry, k = (i - 1) * p + j (0-based room-major
@@ -50,10 +52,11 @@ for j = 1, p do
   fields[j] = ARGV[j + 1]
 end
 
-local leases = {}
+local leases, epochs = {}, {}
 local now = now_ms()
 for j = 1, p do
-  local record = redis.call("HMGET", KEYS[n + j], "state", "deadline")
+  local record = redis.call("HMGET", KEYS[n + j], "state", "deadline", "epoch")
+  epochs[j] = tonumber(record[3]) or 0
   if not record[1] then
     leases[j] = 0
   elseif record[1] == "held" and now <= (tonumber(record[2]) or 0) then
@@ -121,4 +124,4 @@ for i = 1, n do
   end
   codes[i] = code
 end
-return {leases, codes, reasons}
+return {leases, codes, reasons, epochs}

@@ -13,8 +13,12 @@
 -- ARGV[3]  the reason, e.g. "participant decode-1 lost its lease"
 -- ARGV[4]  optional: the stage of the room's first failure, "lease-lost" (default) or "superseded"
 --          (the participant restarted under the same name: this entry was its previous incarnation's)
+-- ARGV[5]  optional, with ARGV[6]: the participant's incarnation field ("inc:<participant>")
+-- ARGV[6]  the fence: a positive integer epoch (lua/lease.lua). An entry stamped with this epoch or a later
+--          one belongs to an incarnation that took the name over after the caller's read, and is left as it
+--          is (UNCHANGED); unstamped entries and older stamps are swept.
 --
--- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), UNCHANGED (terminal, or a
+-- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), UNCHANGED (terminal, fenced off, or a
 -- value kvstatus does not write: left as it is), IGNORED_MISSING (no entry).
 -- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, or keys that
 -- do not belong together), "NOPERM <what>".
@@ -28,8 +32,16 @@ local SCRIPT = "sweep"
 -- @include fate
 
 local field, reason_field, reason, stage = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or "lease-lost"
-if #KEYS == 0 or #ARGV < 3 or #ARGV > 4 or field == "" or reason_field == "" then
-  return redis.error_reply("KVSTATUS_BADARG expected room keys, a status field, a reason field, a reason and a stage")
+local inc_field, below = ARGV[5], ARGV[6]
+if #KEYS == 0 or #ARGV < 3 or #ARGV > 6 or #ARGV == 5 or field == "" or reason_field == "" or inc_field == "" then
+  return redis.error_reply("KVSTATUS_BADARG expected room keys, a status field, a reason field, a reason, a stage"
+    .. " and optionally an incarnation field and a fence epoch")
+end
+if below then
+  if not positive_ms(below) then
+    return redis.error_reply("KVSTATUS_BADARG the fence epoch must be a positive integer")
+  end
+  below = tonumber(below)
 end
 if stage ~= "lease-lost" and stage ~= "superseded" then
   return redis.error_reply("KVSTATUS_BADARG the stage must be lease-lost or superseded")
@@ -41,10 +53,16 @@ end
 
 local result = {}
 for i = 1, #KEYS do
-  local stored = redis.call("HGET", KEYS[i], field)
+  local stored, stamp
+  if below then
+    local both = redis.call("HMGET", KEYS[i], field, inc_field)
+    stored, stamp = both[1], tonumber(both[2] or "")
+  else
+    stored = redis.call("HGET", KEYS[i], field)
+  end
   if not stored then
     result[i] = IGNORED_MISSING
-  elseif stored == "1" or stored == "2" or stored == "3" then
+  elseif (stored == "1" or stored == "2" or stored == "3") and not (stamp and stamp >= below) then
     local denied = acl_refusal("hset", KEYS[i]) or acl_refusal("hsetnx", KEYS[i])
     if denied then
       return denied

@@ -2,7 +2,7 @@
 -- room hash named in KEYS. kvstatus/rule.py:apply_rule is the same table in
 -- Python; the tests hold the two together.
 --
--- KEYS[i]    room hash of the i-th room, i = 1..n (n = #ARGV - 4)
+-- KEYS[i]    room hash of the i-th room, i = 1..n (n = #ARGV - 6)
 -- KEYS[n+i]  optional (then exactly n of them): the i-th room's tombstone (lua/clear.lua). Sent only
 --            with a Failed update; a Failed that finds no entry (IGNORED_MISSING) while the
 --            tombstone records this participant's clear notes "late:<participant>" there.
@@ -12,11 +12,14 @@
 -- ARGV[2]    TTL in milliseconds, a positive integer
 -- ARGV[3]    the participant's status field
 -- ARGV[4]    the participant's failure-reason field
--- ARGV[4+i]  new status for KEYS[i], "0".."4"
+-- ARGV[5]    the participant's incarnation field ("inc:<participant>")
+-- ARGV[6]    the writer's incarnation epoch (lua/lease.lua), a positive integer; "" for a writer without a
+--            lease, which neither reads nor writes incarnations
+-- ARGV[6+i]  new status for KEYS[i], "0".."4"
 --
 -- Returns {outcome_1, status_1, outcome_2, status_2, ...}, integers only:
 --   outcome  kvstatus.rule.Outcome (the constants below)
---   status   the entry's status afterwards, 0..4, or -1 when there is no entry
+--   status   the entry's status afterwards, 0..4, or -1 when there is no entry (REFUSED_SUPERSEDED: as it is)
 -- Errors, raised before the first write, so nothing is half-written:
 --   "KVSTATUS_BADARG <what>"   malformed arguments, or keys that do not belong together
 --   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is
@@ -28,9 +31,14 @@
 -- record_failure after the update fills it in). A user the ACL denies HSETNX or TIME gets the Failed
 -- stored without the record.
 -- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/keywatch.py).
+--
+-- Fencing (a writer with an epoch): an entry carries the epoch of the incarnation that last wrote or touched
+-- it. A write from an older epoch is REFUSED_SUPERSEDED and writes nothing: the participant restarted under
+-- the same name, and the old process must not overwrite the new one's entry. Any other outcome that writes
+-- or touches the entry (CREATED .. UNCHANGED) stamps it with the writer's epoch.
 
 local CREATED, ADVANCED, FAILED, UNCHANGED = 1, 2, 3, 4
-local IGNORED_MISSING, REFUSED_TERMINAL, REFUSED_CREATE = 5, 6, 7
+local IGNORED_MISSING, REFUSED_TERMINAL, REFUSED_CREATE, REFUSED_SUPERSEDED = 5, 6, 7, 15
 local STATUS_FAILED, STATUS_WAITING_FOR_INPUT = 0, 2
 local byte = string.byte
 local ZERO = byte("0")  -- a status is one character, "0".."4"
@@ -40,7 +48,7 @@ local SCRIPT = "update"
 -- @include time
 -- @include fate
 
-local policy, ttl, field, reason_field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local policy, ttl, field, reason_field, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 if policy ~= "seed" and policy ~= "strict" then
   return redis.error_reply("KVSTATUS_BADARG policy must be seed or strict")
@@ -48,10 +56,17 @@ end
 if not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
-if not field or field == "" or not reason_field or reason_field == "" then
+if not field or field == "" or not reason_field or reason_field == "" or not inc_field or inc_field == "" then
   return redis.error_reply("KVSTATUS_BADARG participant fields must be non-empty")
 end
-local n = #ARGV - 4
+if epoch == "" then
+  epoch = nil
+elseif positive_ms(epoch) then
+  epoch = tonumber(epoch)
+else
+  return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
+end
+local n = #ARGV - 6
 if n < 1 or (#KEYS ~= n and #KEYS ~= 2 * n) then
   return redis.error_reply("KVSTATUS_BADARG expected one status per key, and at least one key")
 end
@@ -77,16 +92,29 @@ end
 -- each key covers them too and nothing is half-written. (ACL selectors can grant
 -- HSET and PEXPIRE on different keys; there a batch could stop half way, but
 -- never leave a key without TTL.) One check per key instead of three.
-local result, leaves_failed, stage_of = {}, nil, nil
+local result, leaves_failed, stage_of, stamp_of = {}, nil, nil, nil
 local fate_ok = nil  -- whether the ACL lets this user record the room's first failure; asked once
 local hset_checked, denied = false, nil
 for i = 1, n do
-  local key, arg = KEYS[i], ARGV[4 + i]
+  local key, arg = KEYS[i], ARGV[6 + i]
   local s = #arg == 1 and byte(arg) - ZERO
   if not s or s < 0 or s > 4 then
     return redis.error_reply("KVSTATUS_BADARG status for key " .. key .. " must be 0..4")
   end
-  local stored = redis.call("HGET", key, field)
+  local stored, stamp = nil, nil
+  if epoch then
+    local both = redis.call("HMGET", key, field, inc_field)
+    stored, stamp = both[1], both[2]
+    if stamp then
+      stamp = tonumber(stamp)
+      if not stamp then
+        return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. inc_field
+          .. " holds " .. string.format("%q", string.sub(both[2], 1, 40)) .. ", not an incarnation epoch")
+      end
+    end
+  else
+    stored = redis.call("HGET", key, field)
+  end
   local cur = false
   if stored then
     cur = #stored == 1 and byte(stored) - ZERO
@@ -96,7 +124,9 @@ for i = 1, n do
     end
   end
   local outcome, after
-  if not cur then
+  if stamp and stamp > epoch then
+    outcome, after = REFUSED_SUPERSEDED, cur or -1
+  elseif not cur then
     if s == STATUS_FAILED then
       outcome, after = IGNORED_MISSING, -1
       -- The note is best effort: a user the ACL denies any of it gets the outcome without the note.
@@ -124,7 +154,11 @@ for i = 1, n do
   else
     outcome, after = UNCHANGED, cur
   end
-  if outcome < UNCHANGED and not hset_checked then
+  if epoch and outcome <= UNCHANGED and stamp ~= epoch then
+    stamp_of = stamp_of or {}
+    stamp_of[i] = true
+  end
+  if (outcome < UNCHANGED or (stamp_of and stamp_of[i])) and not hset_checked then
     denied, hset_checked = acl_refusal("hset", key), true
   end
   if outcome == ADVANCED and cur == STATUS_FAILED then
@@ -157,14 +191,21 @@ for i = 1, n do
   local outcome = result[2 * i - 1]
   if outcome <= UNCHANGED then
     local key = KEYS[i]
+    local stamped = stamp_of and stamp_of[i]
     if outcome < UNCHANGED then
-      redis.call("HSET", key, field, result[2 * i])
+      if stamped then
+        redis.call("HSET", key, field, result[2 * i], inc_field, epoch)
+      else
+        redis.call("HSET", key, field, result[2 * i])
+      end
       if leaves_failed and leaves_failed[i] then
         redis.call("HDEL", key, reason_field)
       end
       if stage_of and stage_of[i] then
         record_fate(key, stage_of[i], field, redis.call("HGET", key, reason_field))
       end
+    elseif stamped then
+      redis.call("HSET", key, inc_field, epoch)
     end
     if EXPIRE_FLAGS then  -- inline, not a function: this loop is the hot path
       local fresh = outcome == CREATED

@@ -130,19 +130,27 @@ class AsyncLeaseKeeper:
                 watch.confirmed(name, entries.leases[0])
                 if entries.leases[0] is LeaseState.LOST:
                     open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
-                    failed += await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name))
+                    below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
+                    failed += await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
         for name, rooms in plan.restarted.items():
-            failed += await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name))
+            # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
+            entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
+            below = entries.epochs[0] or None
+            failed += await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
         if plan.forget:
             await self._send(watch.forget_request(plan.forget), "watch")
         return failed
 
-    async def _fail(self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str) -> int:
-        """Fail ``name``'s open entries in ``rooms`` (logged); returns how many were failed."""
+    async def _fail(
+        self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str, below: Optional[int]
+    ) -> int:
+        """Fail ``name``'s open entries in ``rooms`` (logged), but those stamped ``below`` or later (an incarnation
+        epoch; None: no fence); returns how many were failed."""
         if not rooms:
             return 0
         try:
-            outcomes = await self._send(fail_entries_request(watch.core, rooms, name, stage, reason), "watch")
+            request = fail_entries_request(watch.core, rooms, name, stage, reason, below)
+            outcomes = await self._send(request, "watch")
         finally:
             writes_sent(watch.core.schema, rooms)  # this process's reads of those rooms see the failure at once
         failed = sum(outcome is Outcome.FAILED for outcome in outcomes)

@@ -6,7 +6,7 @@ blocking redis-py client, is generated from this file by tools/unasync.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus._async.leases import AsyncLeaseKeeper
@@ -15,12 +15,12 @@ from kvstatus._async.sender import AsyncSender
 from kvstatus._async.waiting import async_wait_for
 from kvstatus.connection import connect_async
 from kvstatus.consensus import RoomConsensus, consensus_calls
-from kvstatus.errors import InvalidArgumentError
+from kvstatus.errors import InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.keywatch import close_pool
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
-from kvstatus.rule import CancelResult, FailureRecord, KVPoll, RoomView, UpdateResult
+from kvstatus.rule import CancelResult, FailureRecord, KVPoll, Outcome, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase
 
 T = TypeVar("T")
@@ -47,8 +47,12 @@ class AsyncStatusStore(StoreBase):
     _watch: Optional[PeerWatch]
 
     async def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
-        """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        result = await self._write(self._core.update_status(room, status), "update_status", (room,))
+        """Apply the update rule to this participant's entry; returns the outcome and resulting status. A store with
+        a lease raises :class:`~kvstatus.errors.SupersededError` when a later incarnation of its participant wrote
+        the entry (nothing written; the store refuses writes from then on)."""
+        result = await self._write(lambda: self._core.update_status(room, status), "update_status", (room,))
+        if result.outcome is Outcome.REFUSED_SUPERSEDED:
+            raise self._superseded({room: result})
         if self._watch is not None:
             self._watch.wrote(room, result.status)
         return result
@@ -58,10 +62,13 @@ class AsyncStatusStore(StoreBase):
 
         Atomic per chunk of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot within a
         chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
-        the others applied.
+        the others applied. Rooms whose entry a later incarnation wrote raise
+        :class:`~kvstatus.errors.SupersededError` after the batch, with every room's result in ``results``.
         """
-        results = await self._write(self._core.update_many(updates), "update_many", updates)
+        results = await self._write(lambda: self._core.update_many(updates), "update_many", updates)
         self._opened(results)
+        if self._core.epoch is not None:
+            self._refused(results)
         return results
 
     async def check_status(self, room: int) -> KVPoll:
@@ -85,20 +92,20 @@ class AsyncStatusStore(StoreBase):
 
     async def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
-        removed = await self._write(self._core.clear(room), "clear", (room,))
+        removed = await self._write(lambda: self._core.clear(room), "clear", (room,))
         self._closed((room,))
         return removed
 
     async def pop(self, room: int) -> Optional[KVPoll]:
         """Remove this participant's entry (as :meth:`clear`) and return the status it held, or None, in one
         round trip (SGLang's ``request_status.pop(room)``)."""
-        status = await self._write(self._core.pop(room), "pop", (room,))
+        status = await self._write(lambda: self._core.pop(room), "pop", (room,))
         self._closed((room,))
         return status
 
     async def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
-        return await self._write(self._core.record_failure(room, reason), "record_failure", (room,))
+        return await self._write(lambda: self._core.record_failure(room, reason), "record_failure", (room,))
 
     async def room(self, room: int) -> RoomView:
         """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears
@@ -129,7 +136,7 @@ class AsyncStatusStore(StoreBase):
         if isinstance(rooms, Iterator):
             rooms = list(rooms)  # read twice: by the request, and by the near cache's drop afterwards
         request = self._core.cancel(rooms, reason, self.participant if origin is None else origin)
-        results = await self._write(request, "cancel", rooms)
+        results = await self._write(lambda: request, "cancel", rooms)
         self._closed(results)
         return results
 
@@ -195,13 +202,20 @@ class AsyncStatusStore(StoreBase):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _write(self, request: Request[T], operation: str, rooms: Any) -> T:
-        """Send a write: renew the lease first if it may have lapsed (LeaseLostError once it is lost), and drop
-        ``rooms`` from the near cache afterwards, whatever happened (read-your-writes)."""
-        if self._keeper is not None:
-            await self._keeper.ensure()
+    async def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Any) -> T:
+        """Send the write ``build()`` makes: renew the lease first if it may have lapsed (LeaseLostError once it is
+        lost; built once before that, so bad arguments raise before Redis is touched, and again after it, stamped
+        with the incarnation), and drop ``rooms`` from the near cache afterwards, whatever happened
+        (read-your-writes). A write refused as superseded loses the lease for good (SupersededError)."""
+        keeper = self._keeper
+        if keeper is not None and not keeper.core.fresh():
+            build()
+            await keeper.ensure()
         try:
-            return await self._sender.send(request, operation)
+            return await self._sender.send(build(), operation)
+        except SupersededError:
+            self._lose_to_successor()
+            raise
         finally:
             self._wrote(rooms)
 

@@ -7,7 +7,7 @@ blocking redis-py client, is generated from this file by tools/unasync.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Optional, TypeVar
 
 from kvstatus._sync.leases import LeaseKeeper
@@ -16,12 +16,12 @@ from kvstatus._sync.sender import Sender
 from kvstatus._sync.waiting import wait_for
 from kvstatus.connection import connect
 from kvstatus.consensus import RoomConsensus, consensus_calls
-from kvstatus.errors import InvalidArgumentError
+from kvstatus.errors import InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.keywatch import close_pool
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
-from kvstatus.rule import CancelResult, FailureRecord, KVPoll, RoomView, UpdateResult
+from kvstatus.rule import CancelResult, FailureRecord, KVPoll, Outcome, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase
 
 T = TypeVar("T")
@@ -48,8 +48,12 @@ class StatusStore(StoreBase):
     _watch: Optional[PeerWatch]
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
-        """Apply the update rule to this participant's entry; returns the outcome and resulting status."""
-        result = self._write(self._core.update_status(room, status), "update_status", (room,))
+        """Apply the update rule to this participant's entry; returns the outcome and resulting status. A store with
+        a lease raises :class:`~kvstatus.errors.SupersededError` when a later incarnation of its participant wrote
+        the entry (nothing written; the store refuses writes from then on)."""
+        result = self._write(lambda: self._core.update_status(room, status), "update_status", (room,))
+        if result.outcome is Outcome.REFUSED_SUPERSEDED:
+            raise self._superseded({room: result})
         if self._watch is not None:
             self._watch.wrote(room, result.status)
         return result
@@ -59,10 +63,13 @@ class StatusStore(StoreBase):
 
         Atomic per chunk of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot within a
         chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
-        the others applied.
+        the others applied. Rooms whose entry a later incarnation wrote raise
+        :class:`~kvstatus.errors.SupersededError` after the batch, with every room's result in ``results``.
         """
-        results = self._write(self._core.update_many(updates), "update_many", updates)
+        results = self._write(lambda: self._core.update_many(updates), "update_many", updates)
         self._opened(results)
+        if self._core.epoch is not None:
+            self._refused(results)
         return results
 
     def check_status(self, room: int) -> KVPoll:
@@ -86,20 +93,20 @@ class StatusStore(StoreBase):
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
-        removed = self._write(self._core.clear(room), "clear", (room,))
+        removed = self._write(lambda: self._core.clear(room), "clear", (room,))
         self._closed((room,))
         return removed
 
     def pop(self, room: int) -> Optional[KVPoll]:
         """Remove this participant's entry (as :meth:`clear`) and return the status it held, or None, in one
         round trip (SGLang's ``request_status.pop(room)``)."""
-        status = self._write(self._core.pop(room), "pop", (room,))
+        status = self._write(lambda: self._core.pop(room), "pop", (room,))
         self._closed((room,))
         return status
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""
-        return self._write(self._core.record_failure(room, reason), "record_failure", (room,))
+        return self._write(lambda: self._core.record_failure(room, reason), "record_failure", (room,))
 
     def room(self, room: int) -> RoomView:
         """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears
@@ -130,7 +137,7 @@ class StatusStore(StoreBase):
         if isinstance(rooms, Iterator):
             rooms = list(rooms)  # read twice: by the request, and by the near cache's drop afterwards
         request = self._core.cancel(rooms, reason, self.participant if origin is None else origin)
-        results = self._write(request, "cancel", rooms)
+        results = self._write(lambda: request, "cancel", rooms)
         self._closed(results)
         return results
 
@@ -196,13 +203,20 @@ class StatusStore(StoreBase):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _write(self, request: Request[T], operation: str, rooms: Any) -> T:
-        """Send a write: renew the lease first if it may have lapsed (LeaseLostError once it is lost), and drop
-        ``rooms`` from the near cache afterwards, whatever happened (read-your-writes)."""
-        if self._keeper is not None:
-            self._keeper.ensure()
+    def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Any) -> T:
+        """Send the write ``build()`` makes: renew the lease first if it may have lapsed (LeaseLostError once it is
+        lost; built once before that, so bad arguments raise before Redis is touched, and again after it, stamped
+        with the incarnation), and drop ``rooms`` from the near cache afterwards, whatever happened
+        (read-your-writes). A write refused as superseded loses the lease for good (SupersededError)."""
+        keeper = self._keeper
+        if keeper is not None and not keeper.core.fresh():
+            build()
+            keeper.ensure()
         try:
-            return self._sender.send(request, operation)
+            return self._sender.send(build(), operation)
+        except SupersededError:
+            self._lose_to_successor()
+            raise
         finally:
             self._wrote(rooms)
 

@@ -114,7 +114,9 @@ def sweep(
                 targets = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[j] in OPEN]
                 if not targets:
                     continue
-                request = fail_entries_request(store._core, targets, name, Stage.LEASE_LOST, lost_reason(name))
+                # The fence: an entry stamped by a later incarnation (it took the name over after this read) stays.
+                below = entries.epochs[j] + 1 if entries.epochs[j] else None
+                request = fail_entries_request(store._core, targets, name, Stage.LEASE_LOST, lost_reason(name), below)
                 outcomes = store._send(request)
                 for room, outcome in zip(targets, outcomes):
                     if outcome is Outcome.FAILED:

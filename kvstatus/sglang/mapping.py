@@ -166,6 +166,7 @@ class RoomStatusMap:
         self._rank_stores: Optional[list[Any]] = None
         self.outage = Outage(self.participant)
         self._defects: set[str] = set()  # the exception types _defect has logged
+        self._superseded = False  # another process took this participant name over (logged once)
         # The dict-speed path: the near cache's status maps, served while its state says they are fresh.
         self._near = store.near_cache
         self._state: Any = _NEVER_FRESH
@@ -224,7 +225,19 @@ class RoomStatusMap:
         """The lease was lost (this process stalled past its TTL, or Redis lost the record): hold the name again
         as a new incarnation, so the engine goes on. The rooms in flight fail: the peers' watches fail the lost
         incarnation's open entries (:mod:`kvstatus.peerwatch`). Failing here, the next call after the outage
-        window tries again."""
+        window tries again. Not when another process took the name over (a newer incarnation holds it): taking
+        it back would fence that one off in turn, so this manager's rooms fail until it stops."""
+        lease = self.store.lease
+        if lease is not None and lease.taken_over:
+            if not self._superseded:
+                self._superseded = True
+                log.error(
+                    "participant %s: another process holds this participant name now (a newer incarnation); this "
+                    "manager does not take it back and its rooms fail. Stop this process, or give each instance "
+                    "its own name (KVSTATUS_SGLANG_INSTANCE)",
+                    self.participant,
+                )
+            return
         try:
             self.store.acquire_lease(again=True)
         except KVStatusError:

@@ -94,14 +94,24 @@ def test_unknown_script_replies_are_rejected() -> None:
 
 # One call per error prefix the scripts return, with the kvstatus error it must become.
 PREFIX_CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[Any, ...], type]] = {
-    "KVSTATUS_BADARG": (scripts.UPDATE, ["kvstatus:e:{1}"], ("seed", "0", "p", "reason:p", "1"), InvalidArgumentError),
+    "KVSTATUS_BADARG": (
+        scripts.UPDATE,
+        ["kvstatus:e:{1}"],
+        ("seed", "0", "p", "reason:p", "inc:p", "", "1"),
+        InvalidArgumentError,
+    ),
     "KVSTATUS_CORRUPT": (
         scripts.UPDATE,
         ["kvstatus:e:{2}"],
-        ("seed", "1000", "p", "reason:p", "1"),
+        ("seed", "1000", "p", "reason:p", "inc:p", "", "1"),
         CorruptedValueError,
     ),
-    "NOPERM": (scripts.UPDATE, ["kvstatus:e:{3}"], ("seed", "1000", "p", "reason:p", "1"), PermissionDeniedError),
+    "NOPERM": (
+        scripts.UPDATE,
+        ["kvstatus:e:{3}"],
+        ("seed", "1000", "p", "reason:p", "inc:p", "", "1"),
+        PermissionDeniedError,
+    ),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvstatus import KVPoll, Outcome, StatusStore, UpdateResult
-from kvstatus.errors import BackendUnavailableError, InvalidRoomError
+from kvstatus.errors import BackendUnavailableError, InvalidRoomError, SupersededError
 from kvstatus.observe.metrics import ERROR_TYPES, OPERATIONS, StoreMetrics, instruments
 from tests.helpers.backends import fresh_namespace
 
@@ -48,6 +48,16 @@ def test_counters_move_per_outcome_as_the_store_says(redis_server) -> None:
         result = store.update_status(room, status)
         seen[store.participant].append(result.outcome)
         observers[store.participant].on_update(result)
+    # A later incarnation of decode-0 stamped room 2 (lua/update.lua): a fenced write of an older one is refused.
+    fenced = StatusStore(redis_server.client(), namespace=namespace, participant="decode-0", lease_ttl=10)
+    redis_server.client().hset(f"kvstatus:{namespace}:{{2}}", "inc:decode-0", 2**40)
+    with pytest.raises(SupersededError) as refused:
+        fenced.update_status(2, KVPoll.Transferring)
+    assert refused.value.results is not None
+    result = refused.value.results[2]
+    seen["decode-0"].append(result.outcome)
+    observers["decode-0"].on_update(result)
+    fenced.close()
     assert {o for outcomes in seen.values() for o in outcomes} == set(Outcome)
     for participant, outcomes in seen.items():
         for outcome in Outcome:

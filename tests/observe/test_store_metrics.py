@@ -19,6 +19,7 @@ from kvstatus.errors import (
     CorruptedValueError,
     InvalidArgumentError,
     PermissionDeniedError,
+    SupersededError,
 )
 from kvstatus.keys import KeySchema
 from kvstatus.observe.metrics import StoreMetrics
@@ -69,6 +70,13 @@ def test_every_outcome_and_call_is_counted_through_the_store(backend: Backend) -
     seen: dict[str, list[Outcome]] = {"prefill-0": [], "decode-0": []}
     for store, room, status in script:
         seen[store.participant].append(store.update_status(room, status).outcome)
+    # A later incarnation of decode-0 stamped room 2 (lua/update.lua): a fenced write of an older one is refused,
+    # and counted as such.
+    fenced = observed(backend, series, "decode-0", lease_ttl=10)
+    backend.raw.hset(f"kvstatus:{backend.namespace}:{{2}}", "inc:decode-0", 2**40)
+    with pytest.raises(SupersededError):
+        fenced.update_status(2, KVPoll.Transferring)
+    seen["decode-0"].append(Outcome.REFUSED_SUPERSEDED)
     assert {o for outcomes in seen.values() for o in outcomes} == set(Outcome)
     batch = seed.update_many({10: KVPoll.Bootstrapping, 11: KVPoll.Failed, 1: KVPoll.Success})
     assert [r.outcome for r in batch.values()] == [Outcome.CREATED, Outcome.IGNORED_MISSING, Outcome.ADVANCED]

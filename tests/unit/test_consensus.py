@@ -74,7 +74,7 @@ def test_the_batch_agrees_with_the_rule_room_by_room(
     reasons = {k: v for k, v in raw_reasons.items() if k < len(flat) and flat[k] == KVPoll.Failed}
     ids = list(range(100, 100 + len(rooms)))
     codes = ["".join("-" if s is None else str(s.value) for s in room) for room in rooms]
-    got = consensus_many(Entries(ids, P, codes, leases, reasons))
+    got = consensus_many(Entries(ids, P, codes, leases, reasons, [0] * len(P)))
     for i, room in enumerate(ids):
         own = {P[k - 3 * i]: text for k, text in reasons.items() if 3 * i <= k < 3 * i + 3}
         assert got[room] == room_consensus(P, rooms[i], leases, own)

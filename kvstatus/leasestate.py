@@ -73,7 +73,7 @@ class LeaseCore:
     Attributes: ``participant``; ``ttl`` (seconds); ``incarnation`` (the
     random token of the current holder, None before the first acquire);
     ``generation`` (how many incarnations the name has had, this one
-    included); ``epoch`` (the incarnation's fence, Unix seconds at its acquire by Redis' clock and above
+    included); ``epoch`` (the incarnation's fence, Unix ms at its acquire by Redis' clock and above
     every earlier incarnation's: the store stamps its entries with it); ``lost`` (True once Redis answered
     LOST, or a write was refused as superseded); ``released``.
     """

@@ -9,8 +9,8 @@
 --          an expired lease stays visible as "lost" that long, so its rooms can be found and swept
 --
 -- Record fields: inc (incarnation), gen (how many incarnations so far), epoch (the incarnation's fence:
--- Unix seconds at its acquire by the server's clock, and always above the previous incarnation's, so an
--- epoch orders the incarnations of a name even after a lost record restarted gen), since, seen and deadline
+-- Unix ms at its acquire by the server's clock, and always above the previous incarnation's, so an epoch
+-- orders the incarnations of a name even after a lost record restarted gen), since, seen and deadline
 -- (Unix ms, server clock), ttl (ms), state ("held" or "released"). The lease is alive while
 -- state is "held" and the server's time is <= deadline; once that is false it is lost for good:
 -- renewing it again answers LOST, and only a new incarnation (acquire) holds the name again.
@@ -50,7 +50,7 @@ local deadline = now + tonumber(ttl)
 
 if op == "acquire" then
   local gen = redis.call("HINCRBY", key, "gen", 1)
-  local epoch = math.max(math.floor(now / 1000), (tonumber(redis.call("HGET", key, "epoch")) or 0) + 1)
+  local epoch = math.max(now, (tonumber(redis.call("HGET", key, "epoch")) or 0) + 1)
   redis.call("HSET", key, "inc", inc, "epoch", epoch, "state", "held", "since", now, "seen", now,
     "deadline", deadline, "ttl", ttl)
   redis.call("PEXPIRE", key, keep)

@@ -104,3 +104,25 @@ def test_a_manager_that_lost_its_lease_holds_its_name_again_and_goes_on(caplog: 
     assert manager.update_status(ROOM + 2, KVPoll.Bootstrapping).outcome is Outcome.CREATED  # and it serves on
     for each in managers:
         each.request_status.close()
+
+
+def test_a_manager_whose_name_another_process_took_does_not_take_it_back(caplog: pytest.LogCaptureFixture) -> None:
+    """Two processes under one participant name (a replaced process that still runs, or two servers without
+    KVSTATUS_SGLANG_INSTANCE): the older one's writes are refused (fencing), and it does not acquire the name
+    again, which would fence the newer one off in turn. Its rooms fail, with one ERROR naming the cause."""
+    managers, raw, namespace = _ranks(3)
+    manager = managers[1]
+    assert manager.update_status(ROOM, KVPoll.Bootstrapping).outcome is Outcome.CREATED
+    newer = StatusStore(raw, namespace=namespace, participant="prefill-tp0-pp1", lease_ttl=3)
+    assert newer.update_status(ROOM, KVPoll.WaitingForInput).outcome is Outcome.ADVANCED
+    with caplog.at_level(logging.WARNING, logger="kvstatus.sglang"):
+        assert manager.update_status(ROOM, KVPoll.Transferring) is UNANSWERED_RESULT
+        assert manager.update_status(ROOM + 1, KVPoll.Bootstrapping) is UNANSWERED_RESULT
+    taken = [r for r in caplog.records if "another process holds this participant name" in r.getMessage()]
+    assert len(taken) == 1 and taken[0].levelno == logging.ERROR
+    assert not any("holding its name again" in r.getMessage() for r in caplog.records)
+    assert newer.lease.held and newer.lease.generation == 2  # not taken back
+    assert newer.get(ROOM) is KVPoll.WaitingForInput and newer.get(ROOM + 1) is None
+    newer.close()
+    for each in managers:
+        each.request_status.close()

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from benchmarks.cases import (
+    EPOCH,
     NAMESPACE,
     PARTICIPANT,
     TTL_MS,
@@ -105,6 +106,16 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     for i in range(0, n, 1000):
         prefill.update_many(dict.fromkeys(work[i : i + 1000], KVPoll.Transferring))
     per_pd_room = (_used_memory(client) - before) / n
+    fenced = {}  # stores with a lease stamp each entry with their incarnation's epoch (lua/update.lua)
+    for label, names in (("one", [PARTICIPANT]), ("sglang", ["prefill-tp0-pp0", "decode-tp0-pp0"])):
+        client.flushall()
+        before = _used_memory(client)
+        for name in names:
+            stamped = StatusStore(client, namespace=NAMESPACE, participant=name)
+            stamped._core.fence(EPOCH)
+            for i in range(0, n, 1000):
+                stamped.update_many(dict.fromkeys(work[i : i + 1000], KVPoll.Transferring))
+        fenced[label] = (_used_memory(client) - before) / n
     client.flushall()
     before = _used_memory(client)
     with client.pipeline(transaction=False) as pipe:
@@ -125,6 +136,19 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             note=f"{n:,} rooms, key `{key}` ({len(key)} bytes), field `{PARTICIPANT}`",
         ),
         Measurement("memory", "live room, two participants (`prefill-0` and `decode-0`)", per_pd_room, "bytes"),
+        Measurement(
+            "memory",
+            "live room, one participant, stamped with its lease epoch (a store with a lease)",
+            fenced["one"],
+            "bytes",
+            note=f"{fenced['one'] - per_room:+.0f} bytes for the `inc:{PARTICIPANT}` field",
+        ),
+        Measurement(
+            "memory",
+            "live SGLang room: `prefill-tp0-pp0` and `decode-tp0-pp0`, both stamped (the plugin's default)",
+            fenced["sglang"],
+            "bytes",
+        ),
         Measurement("memory", "raw `SET` of the same key with PX", per_string, "bytes"),
     ]
     out.budgets.append(

@@ -118,6 +118,9 @@ def _set_raw_keys(client: Any, tag: str, rooms: list[int]) -> list[str]:
     return keys
 
 
+EPOCH = 1_796_206_714_867
+"""An incarnation epoch of today's size (Unix ms): what a store with a lease stamps its entries with."""
+
 MINIMAL_RULE = (Path(__file__).resolve().parent / "minimal_rule.lua").read_text()
 _ACL_CHECK = re.compile(r"^  if redis\.acl_check_cmd and not redis\.acl_check_cmd\(command, key\) then$", re.M)
 
@@ -168,7 +171,8 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     bare_sha = client.script_load(update_without_acl_check())
     client.script_load(scripts.UPDATE.source)
     head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "")
-    server = {name: ServerTime(client, "evalsha") for name in ("update", "minimal", "no acl")}
+    fenced_head = (*head[:-1], str(EPOCH))  # a store with a lease: the SGLang plugin's default
+    server = {name: ServerTime(client, "evalsha") for name in ("update", "minimal", "no acl", "fenced", "unfenced")}
 
     def update_block() -> list[int]:
         fresh = rooms.take(n)
@@ -182,6 +186,13 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         keys = store.schema.room_keys(rooms.take(n))
         return time_calls(lambda i: run("EVALSHA", bare_sha, 1, keys[i], *head, "1"), n)
 
+    def raw_update_block(fence: tuple[str, ...]) -> Block:
+        def block() -> list[int]:
+            keys = store.schema.room_keys(rooms.take(n))
+            return time_calls(lambda i: run("EVALSHA", scripts.UPDATE.sha, 1, keys[i], *fence, "1"), n)
+
+        return block
+
     def set_block() -> list[int]:
         keys = [f"raw:{r}" for r in rooms.take(n)]
         return time_calls(lambda i: run("SET", keys[i], "1", "PX", TTL_MS), n)
@@ -191,12 +202,15 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             "update": server["update"].around(update_block),
             "minimal": server["minimal"].around(minimal_block),
             "no acl": server["no acl"].around(no_acl_block),
+            "fenced": server["fenced"].around(raw_update_block(fenced_head)),
+            "unfenced": server["unfenced"].around(raw_update_block(head)),
             "set": set_block,
         },
         plan.rounds,
     )
     up, floor, raw_set = s["update"].p50_us, s["minimal"].p50_us, s["set"].p50_us
     t_update, t_minimal, t_no_acl = (server[k].per_call() for k in ("update", "minimal", "no acl"))
+    t_fenced, t_unfenced = server["fenced"].per_call(), server["unfenced"].per_call()
     out.rows += [
         _lat("single key", "`store.update_status` (CREATED)", s["update"], f"server {t_update:.2f} µs/call"),
         _lat("single key", "minimal rule script, raw `EVALSHA`", s["minimal"], f"server {t_minimal:.2f} µs/call"),
@@ -205,6 +219,13 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             "`update.lua` without its ACL check, raw `EVALSHA`",
             s["no acl"],
             f"server {t_no_acl:.2f} µs/call",
+        ),
+        _lat(
+            "single key",
+            "`update.lua` fenced (a store with a lease, the SGLang default), raw `EVALSHA`",
+            s["fenced"],
+            f"server {t_fenced:.2f} µs/call, {t_fenced / t_unfenced:.2f}× the same script unfenced "
+            f"({t_unfenced:.2f} µs/call)",
         ),
         _lat(
             "single key",
@@ -230,6 +251,14 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             1.10,
             "×",
             f"{t_update:.2f} µs vs {t_minimal:.2f} µs per call (INFO commandstats)",
+        ),
+        Budget(
+            "Redis time per fenced update (a store with a lease) vs minimal rule script",
+            t_fenced / t_minimal,
+            "<=",
+            1.10,
+            "×",
+            f"{t_fenced:.2f} µs vs {t_minimal:.2f} µs per call (INFO commandstats)",
         ),
     ]
     canned = _store(_CannedClient())

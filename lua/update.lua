@@ -59,12 +59,17 @@ end
 if not field or field == "" or not reason_field or reason_field == "" or not inc_field or inc_field == "" then
   return redis.error_reply("KVSTATUS_BADARG participant fields must be non-empty")
 end
+local stamp_arg = epoch  -- written as sent: a number would be formatted by Lua
 if epoch == "" then
   epoch = nil
-elseif positive_ms(epoch) then
-  epoch = tonumber(epoch)
 else
-  return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
+  -- Cheaper than a pattern match (or tostring, ~1 us): a number tonumber reads, an integer, starting 1-9 ("0x10",
+  -- " 1" do not pass). Stamps are only ever compared as numbers, so "1e3" passes as 1000.
+  epoch = tonumber(epoch)
+  local first = string.byte(stamp_arg)
+  if not epoch or epoch < 1 or epoch % 1 ~= 0 or #stamp_arg > 15 or first < 49 or first > 57 then
+    return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
+  end
 end
 local n = #ARGV - 6
 if n < 1 or (#KEYS ~= n and #KEYS ~= 2 * n) then
@@ -101,16 +106,17 @@ for i = 1, n do
   if not s or s < 0 or s > 4 then
     return redis.error_reply("KVSTATUS_BADARG status for key " .. key .. " must be 0..4")
   end
-  local stored, stamp = nil, nil
+  local stored, stamp, newer = nil, nil, false
   if epoch then
     local both = redis.call("HMGET", key, field, inc_field)
     stored, stamp = both[1], both[2]
-    if stamp then
-      stamp = tonumber(stamp)
-      if not stamp then
+    if stamp and stamp ~= stamp_arg then  -- strings are interned: equal stamps (the common case) cost no parse
+      local value = tonumber(stamp)
+      if not value then
         return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. inc_field
-          .. " holds " .. string.format("%q", string.sub(both[2], 1, 40)) .. ", not an incarnation epoch")
+          .. " holds " .. string.format("%q", string.sub(stamp, 1, 40)) .. ", not an incarnation epoch")
       end
+      newer = value > epoch
     end
   else
     stored = redis.call("HGET", key, field)
@@ -124,7 +130,7 @@ for i = 1, n do
     end
   end
   local outcome, after
-  if stamp and stamp > epoch then
+  if newer then
     outcome, after = REFUSED_SUPERSEDED, cur or -1
   elseif not cur then
     if s == STATUS_FAILED then
@@ -154,7 +160,7 @@ for i = 1, n do
   else
     outcome, after = UNCHANGED, cur
   end
-  if epoch and outcome <= UNCHANGED and stamp ~= epoch then
+  if epoch and outcome <= UNCHANGED and stamp ~= stamp_arg then
     stamp_of = stamp_of or {}
     stamp_of[i] = true
   end
@@ -194,7 +200,7 @@ for i = 1, n do
     local stamped = stamp_of and stamp_of[i]
     if outcome < UNCHANGED then
       if stamped then
-        redis.call("HSET", key, field, result[2 * i], inc_field, epoch)
+        redis.call("HSET", key, field, result[2 * i], inc_field, stamp_arg)
       else
         redis.call("HSET", key, field, result[2 * i])
       end
@@ -205,7 +211,7 @@ for i = 1, n do
         record_fate(key, stage_of[i], field, redis.call("HGET", key, reason_field))
       end
     elseif stamped then
-      redis.call("HSET", key, inc_field, epoch)
+      redis.call("HSET", key, inc_field, stamp_arg)
     end
     if EXPIRE_FLAGS then  -- inline, not a function: this loop is the hot path
       local fresh = outcome == CREATED

@@ -14,10 +14,20 @@ from typing import Any, Optional
 
 import pytest
 
-from kvstatus import KVPoll, LeaseLostError, Outcome, SupersededError, UpdateResult
+from kvstatus import (
+    CorruptedValueError,
+    InvalidArgumentError,
+    KVPoll,
+    LeaseLostError,
+    Outcome,
+    SupersededError,
+    UpdateResult,
+    scripts,
+)
 from kvstatus.admin import sweep as sweep_module
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
+from kvstatus.requests import Request, script_call
 from kvstatus.rule import Policy, apply_fenced
 from tests.helpers.backends import Backend
 
@@ -174,3 +184,18 @@ def test_the_script_applies_the_fenced_rule_as_the_reference_does(sync_backend: 
         assert _stamp(sync_backend, room, "p") == stamp_after, case
         status = sync_backend.raw.hget(key(room), "p")
         assert (None if status is None else KVPoll(int(status))) == expected.status, case
+
+
+def test_a_corrupted_stamp_or_a_bad_epoch_is_named_and_nothing_is_written(sync_backend: Backend) -> None:
+    store = sync_backend.store(participant="p")
+    key = KeySchema(sync_backend.namespace).room_key(3)
+    sync_backend.raw.hset(key, mapping={"p": "1", "inc:p": "not-an-epoch"})
+    store._core.fence(10)
+    with pytest.raises(CorruptedValueError, match=r"field inc:p holds .*not-an-epoch.*not an incarnation epoch"):
+        store.update_status(3, T)
+    assert sync_backend.raw.hget(key, "p") == b"1"
+    for bad in ("0", "1.5", "-3", "x", "0x10", " 12", "1" * 16):
+        head = ("seed", "1000", "p", "reason:p", "inc:p", bad, "2")
+        with pytest.raises(InvalidArgumentError, match="the incarnation epoch must be empty or a positive integer"):
+            store._send(Request([script_call(scripts.UPDATE, [key], head)], lambda replies: replies[0]))
+    assert sync_backend.raw.hget(key, "p") == b"1"

@@ -48,9 +48,9 @@ def test_counters_move_per_outcome_as_the_store_says(redis_server) -> None:
         result = store.update_status(room, status)
         seen[store.participant].append(result.outcome)
         observers[store.participant].on_update(result)
-    # A later incarnation of decode-0 stamped room 2 (lua/update.lua): a fenced write of an older one is refused.
+    # A later incarnation of decode-0 stamped room 2 (in 2286: any real epoch is older); a fenced write is refused.
     fenced = StatusStore(redis_server.client(), namespace=namespace, participant="decode-0", lease_ttl=10)
-    redis_server.client().hset(f"kvstatus:{namespace}:{{2}}", "inc:decode-0", 2**40)
+    redis_server.client().hset(f"kvstatus:{namespace}:{{2}}", "inc:decode-0", 9_999_999_999_999)
     with pytest.raises(SupersededError) as refused:
         fenced.update_status(2, KVPoll.Transferring)
     assert refused.value.results is not None

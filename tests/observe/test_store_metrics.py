@@ -73,7 +73,7 @@ def test_every_outcome_and_call_is_counted_through_the_store(backend: Backend) -
     # A later incarnation of decode-0 stamped room 2 (lua/update.lua): a fenced write of an older one is refused,
     # and counted as such.
     fenced = observed(backend, series, "decode-0", lease_ttl=10)
-    backend.raw.hset(f"kvstatus:{backend.namespace}:{{2}}", "inc:decode-0", 2**40)
+    backend.raw.hset(f"kvstatus:{backend.namespace}:{{2}}", "inc:decode-0", 9_999_999_999_999)
     with pytest.raises(SupersededError):
         fenced.update_status(2, KVPoll.Transferring)
     seen["decode-0"].append(Outcome.REFUSED_SUPERSEDED)

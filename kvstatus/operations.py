@@ -436,10 +436,17 @@ class StoreCore:
     def record_failure(self, room: int, reason: str) -> Request[bool]:
         key = self._key(room)
         text = truncate_reason(reason)
-        call = script_call(
-            scripts.RECORD_FAILURE, [key], (self.participant, self._reason_field, text, str(self.ttl_ms))
-        )
-        return Request([call], _decode_record)
+        args: tuple[str, ...] = (self.participant, self._reason_field, text, str(self.ttl_ms))
+        if self.epoch is not None:
+            args += (self._incarnation_field, str(self.epoch))
+        call = script_call(scripts.RECORD_FAILURE, [key], args)
+
+        def decode(replies: list[Any]) -> bool:
+            if replies[0] == Outcome.REFUSED_SUPERSEDED:
+                raise self.superseded(f"room {room}")
+            return _decode_record(replies)
+
+        return Request([call], decode)
 
     def failure(self, room: int) -> Request[Optional[FailureRecord]]:
         key = self._key(room)

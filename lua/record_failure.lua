@@ -7,6 +7,9 @@
 -- ARGV[2]  the participant's failure-reason field
 -- ARGV[3]  the reason text
 -- ARGV[4]  TTL in milliseconds, a positive integer
+-- ARGV[5]  optional, with ARGV[6]: the participant's incarnation field ("inc:<participant>")
+-- ARGV[6]  the writer's incarnation epoch (lua/lease.lua): an entry stamped by a later incarnation
+--          (lua/update.lua) is REFUSED_SUPERSEDED, nothing written
 --
 -- A reason recorded after the update to Failed that recorded the room's first failure
 -- (lua/lib/fate.lua) without one fills in that record's reason too.
@@ -16,24 +19,30 @@
 --   RECORDED         the reason was stored and the room's TTL refreshed (never shortened, see EXPIRE_FLAGS in lua/lib/time.lua)
 --   KEPT_EARLIER     an earlier reason stays; nothing written
 --   IGNORED_MISSING  the participant has no entry; nothing written
+--   REFUSED_SUPERSEDED  (kvstatus.rule.Outcome) a later incarnation of the participant wrote the entry;
+--                    nothing written
 -- Errors, raised before the first write:
 --   "KVSTATUS_BADARG <what>"  malformed arguments
 --   "NOPERM <what>"           the ACL refuses a command this script runs (see acl_refusal)
 
-local IGNORED_MISSING, RECORDED, KEPT_EARLIER = 5, 8, 9
+local IGNORED_MISSING, RECORDED, KEPT_EARLIER, REFUSED_SUPERSEDED = 5, 8, 9, 15
 local SCRIPT = "record_failure"
 
 -- @include acl
 -- @include time
 -- @include fate
 
-local field, reason_field, reason, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local field, reason_field, reason, ttl, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 if not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
-if #KEYS ~= 1 or not reason or field == "" or reason_field == "" then
-  return redis.error_reply("KVSTATUS_BADARG expected one key, status field, reason field and reason")
+if #KEYS ~= 1 or not reason or field == "" or reason_field == "" or #ARGV == 5 or #ARGV > 6 or inc_field == "" then
+  return redis.error_reply("KVSTATUS_BADARG expected one key, status field, reason field and reason"
+    .. " (and optionally an incarnation field and an epoch)")
+end
+if epoch and not positive_ms(epoch) then
+  return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be a positive integer")
 end
 
 local denied = acl_refusal("hexists", KEYS[1]) or acl_refusal("hsetnx", KEYS[1]) or acl_refusal("pexpire", KEYS[1])
@@ -43,6 +52,9 @@ end
 
 if redis.call("HEXISTS", KEYS[1], field) == 0 then
   return IGNORED_MISSING
+end
+if epoch and (tonumber(redis.call("HGET", KEYS[1], inc_field) or "") or 0) > tonumber(epoch) then
+  return REFUSED_SUPERSEDED
 end
 if redis.call("HSETNX", KEYS[1], reason_field, reason) == 0 then
   return KEPT_EARLIER

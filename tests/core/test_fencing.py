@@ -92,6 +92,14 @@ def test_a_replaced_incarnations_clear_is_refused(backend: Backend, operation: s
     assert backend.keys_without_ttl() == []
 
 
+def test_a_replaced_incarnations_failure_reason_is_refused(backend: Backend) -> None:
+    old, new = _restarted(backend, "decode-0", [8])
+    with pytest.raises(SupersededError, match="room 8"):
+        old.record_failure(8, "the old process' transfer timed out")
+    assert new.room(8).participants["decode-0"].reason is None  # the new incarnation's entry has no reason
+    assert new.record_failure(8, "its own") and new.room(8).participants["decode-0"].reason == "its own"
+
+
 def test_epochs_order_incarnations_even_after_the_lease_record_was_lost(backend: Backend) -> None:
     first = backend.store(participant="p", lease_ttl=3)
     first.acquire_lease()

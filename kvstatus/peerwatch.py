@@ -182,6 +182,20 @@ class PeerWatch:
         if peer is not None:
             peer.lost = state is LeaseState.LOST
 
+    def epoch_request(self, name: str) -> Request[Optional[int]]:
+        """The epoch of the incarnation that holds ``name``'s lease record now (None: no record), the fence of a
+        sweep of its previous incarnation's entries."""
+        key = self.core.schema.lease_key(name)
+
+        def decode(replies: list[Any]) -> Optional[int]:
+            try:
+                epoch = int(replies[0])
+            except (TypeError, ValueError):
+                return None  # no record, or not one lua/lease.lua wrote: no fence
+            return epoch if epoch > 0 else None
+
+        return Request([Call(("HGET", key, "epoch"))], decode)
+
     def forget_request(self, names: list[str]) -> Request[Any]:
         """Drop the marks of peers whose lease records are gone."""
         return Request([Call(("HDEL", self.key, *names))], lambda replies: replies[0])

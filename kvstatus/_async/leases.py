@@ -134,8 +134,7 @@ class AsyncLeaseKeeper:
                     failed += await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
         for name, rooms in plan.restarted.items():
             # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
-            entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
-            below = entries.epochs[0] or None
+            below = await self._send(watch.epoch_request(name), "watch")
             failed += await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
         if plan.forget:
             await self._send(watch.forget_request(plan.forget), "watch")

@@ -135,8 +135,7 @@ class LeaseKeeper:
                     failed += self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
         for name, rooms in plan.restarted.items():
             # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
-            entries = self._send(entries_request(watch.core, rooms, [name]), "watch")
-            below = entries.epochs[0] or None
+            below = self._send(watch.epoch_request(name), "watch")
             failed += self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
         if plan.forget:
             self._send(watch.forget_request(plan.forget), "watch")

@@ -159,11 +159,14 @@ def apply_fenced(
     """The update rule with fencing (``lua/update.lua``): ``stamp`` is the epoch the entry carries (None: none),
     ``epoch`` the writer's (None: a writer without a lease, which neither reads nor writes stamps). Returns the
     result and the entry's stamp afterwards. A write from an older epoch than the stamp is REFUSED_SUPERSEDED;
-    any outcome that writes or touches the entry stamps it with the writer's epoch."""
+    an entry stamped with an older epoch is a previous incarnation's, missing for this one (a restarted
+    process' dict is empty); any outcome that writes or touches the entry stamps it with the writer's epoch."""
     if epoch is None:
         return apply_rule(current, new, policy), stamp
     if stamp is not None and stamp > epoch:
         return UpdateResult(Outcome.REFUSED_SUPERSEDED, current), stamp
+    if stamp is not None and stamp < epoch:
+        current = None
     result = apply_rule(current, new, policy)
     return result, epoch if result.outcome.refreshes_ttl else stamp
 

@@ -34,8 +34,10 @@
 --
 -- Fencing (a writer with an epoch): an entry carries the epoch of the incarnation that last wrote or touched
 -- it. A write from an older epoch is REFUSED_SUPERSEDED and writes nothing: the participant restarted under
--- the same name, and the old process must not overwrite the new one's entry. Any other outcome that writes
--- or touches the entry (CREATED .. UNCHANGED) stamps it with the writer's epoch.
+-- the same name, and the old process must not overwrite the new one's entry. An entry stamped with an older
+-- epoch is a previous incarnation's: the rule sees it as missing (a restarted process starts with an empty
+-- dict), so a CREATED replaces it (and drops its reason) and a Failed leaves it. Any outcome that writes or
+-- touches the entry (CREATED .. UNCHANGED) stamps it with the writer's epoch.
 
 local CREATED, ADVANCED, FAILED, UNCHANGED = 1, 2, 3, 4
 local IGNORED_MISSING, REFUSED_TERMINAL, REFUSED_CREATE, REFUSED_SUPERSEDED = 5, 6, 7, 15
@@ -106,7 +108,7 @@ for i = 1, n do
   if not s or s < 0 or s > 4 then
     return redis.error_reply("KVSTATUS_BADARG status for key " .. key .. " must be 0..4")
   end
-  local stored, stamp, newer = nil, nil, false
+  local stored, stamp, newer, older = nil, nil, false, false
   if epoch then
     local both = redis.call("HMGET", key, field, inc_field)
     stored, stamp = both[1], both[2]
@@ -116,7 +118,7 @@ for i = 1, n do
         return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. inc_field
           .. " holds " .. string.format("%q", string.sub(stamp, 1, 40)) .. ", not an incarnation epoch")
       end
-      newer = value > epoch
+      newer, older = value > epoch, value < epoch
     end
   else
     stored = redis.call("HGET", key, field)
@@ -127,6 +129,9 @@ for i = 1, n do
     if not cur or cur < 0 or cur > 4 then
       return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. field
         .. " holds " .. string.format("%q", string.sub(stored, 1, 40)) .. ", not a status 0..4")
+    end
+    if older then
+      cur = false  -- a previous incarnation's entry: this one has none (a restarted process' dict is empty)
     end
   end
   local outcome, after
@@ -167,8 +172,9 @@ for i = 1, n do
   if (outcome < UNCHANGED or (stamp_of and stamp_of[i])) and not hset_checked then
     denied, hset_checked = acl_refusal("hset", key), true
   end
-  if outcome == ADVANCED and cur == STATUS_FAILED then
-    -- A seed-policy entry leaving Failed drops the reason of the failure it left.
+  if (outcome == ADVANCED and cur == STATUS_FAILED) or (outcome == CREATED and older and stored) then
+    -- A seed-policy entry leaving Failed drops the reason of the failure it left; so does an entry that
+    -- replaces a previous incarnation's.
     if not leaves_failed then
       leaves_failed, denied = {}, denied or acl_refusal("hdel", key)
     end

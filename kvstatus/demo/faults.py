@@ -125,7 +125,9 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
             seconds = _until_failed(survivor, room, started)
         elif fault == "restart":
             peer.stop()
-            children.append(_Child(_PEER, *args, str(int(KVPoll.Bootstrapping)), str(lease_ttl)))
+            # The new process knows none of the old rooms (its dict is empty): it opens a room of its own.
+            fresh = (url, namespace, peer_name, str(room + 1))
+            children.append(_Child(_PEER, *fresh, str(int(KVPoll.Bootstrapping)), str(lease_ttl)))
             seconds = _until_failed(survivor, room, time.monotonic())
         elif fault.startswith("cancel"):
             survivor.get(room)  # a near cache holds the room from here on

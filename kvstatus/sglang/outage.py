@@ -35,6 +35,8 @@ STORE_DOWN = (BackendError, LeaseLostError)
 
 def outage_reason(error: KVStatusError) -> str:
     """The failure reason of a request whose room could not be read or written (the error has no password)."""
+    if isinstance(error, LeaseLostError):  # Redis answered: the store refuses writes of a lost or taken-over lease
+        return f"kvstatus: this participant's lease is lost, its status calls are refused ({type(error).__name__}: {error})"
     return f"kvstatus: Redis could not be reached for this room's status ({type(error).__name__}: {error})"
 
 
@@ -60,7 +62,16 @@ class Outage:
         with self._lock:
             started = self.error is None
             self.error, self._until = error, time.monotonic() + self.seconds
-        if started:
+        if started and isinstance(error, LeaseLostError):
+            log.error(
+                "participant %s: its lease is lost (%s: %s); the rooms it reads or writes fail, and calls answer "
+                "Failed without trying Redis for %g s at a time",
+                self.participant,
+                type(error).__name__,
+                error,
+                self.seconds,
+            )
+        elif started:
             log.error(
                 "participant %s: Redis failed a status call (%s: %s); the rooms it reads or writes fail, and calls "
                 "answer Failed without trying Redis for %g s at a time until it answers again",

@@ -120,6 +120,8 @@ def test_a_manager_whose_name_another_process_took_does_not_take_it_back(caplog:
         assert manager.update_status(ROOM + 1, KVPoll.Bootstrapping) is UNANSWERED_RESULT
     taken = [r for r in caplog.records if "another process holds this participant name" in r.getMessage()]
     assert len(taken) == 1 and taken[0].levelno == logging.ERROR
+    lost = [r.getMessage() for r in caplog.records if "its lease is lost (SupersededError" in r.getMessage()]
+    assert len(lost) == 1 and "until it answers again" not in lost[0]  # Redis answered: no outage to wait out
     assert not any("holding its name again" in r.getMessage() for r in caplog.records)
     assert newer.lease.held and newer.lease.generation == 2  # not taken back
     assert newer.get(ROOM) is KVPoll.WaitingForInput and newer.get(ROOM + 1) is None

@@ -12,7 +12,8 @@
 -- ARGV[4]  tombstone TTL in milliseconds, a positive integer; "0": remove the entry, write no tombstone
 -- ARGV[5]  the participant's incarnation field ("inc:<participant>"), removed with the entry
 -- ARGV[6]  the clearing incarnation's epoch (lua/lease.lua), or "" for a store without a lease: an entry
---          stamped by a newer incarnation of the participant (lua/update.lua) is not cleared
+--          stamped by a newer incarnation of the participant (lua/update.lua) is not cleared (refused), and
+--          one stamped by an older one is missing for this incarnation (nothing cleared, as for no entry)
 --
 -- Tombstone fields: <participant> = "<unix ms> <status 0..4>"; late:<participant> = "<unix ms>"
 -- of the first Failed that arrived after the clear (written by lua/update.lua).
@@ -54,8 +55,13 @@ if stored then
   local code = #stored == 1 and string.byte(stored) - string.byte("0")
   status = (code and code >= 0 and code <= 4) and code or -2
 end
-if epoch ~= "" and both[2] and (tonumber(both[2]) or 0) > tonumber(epoch) then
-  return {-1, status}
+if epoch ~= "" and both[2] and both[2] ~= epoch then
+  local stamp, mine = tonumber(both[2]) or 0, tonumber(epoch)
+  if stamp > mine then
+    return {-1, status}
+  elseif stamp < mine then
+    return {0, -1}  -- a previous incarnation's entry: missing for this one (lua/update.lua), nothing to clear
+  end
 end
 local denied = acl_refusal("hdel", room)
   or (stored and tombstone and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb)

@@ -18,7 +18,8 @@
 -- continue kvstatus.rule.Outcome, so a number means one thing in every script):
 --   RECORDED         the reason was stored and the room's TTL refreshed (never shortened, see EXPIRE_FLAGS in lua/lib/time.lua)
 --   KEPT_EARLIER     an earlier reason stays; nothing written
---   IGNORED_MISSING  the participant has no entry; nothing written
+--   IGNORED_MISSING  the participant has no entry (or, for a writer with an epoch, only a previous
+--                    incarnation's); nothing written
 --   REFUSED_SUPERSEDED  (kvstatus.rule.Outcome) a later incarnation of the participant wrote the entry;
 --                    nothing written
 -- Errors, raised before the first write:
@@ -53,8 +54,11 @@ end
 if redis.call("HEXISTS", KEYS[1], field) == 0 then
   return IGNORED_MISSING
 end
-if epoch and (tonumber(redis.call("HGET", KEYS[1], inc_field) or "") or 0) > tonumber(epoch) then
+local stamp = epoch and tonumber(redis.call("HGET", KEYS[1], inc_field) or "")
+if stamp and stamp > tonumber(epoch) then
   return REFUSED_SUPERSEDED
+elseif stamp and stamp < tonumber(epoch) then
+  return IGNORED_MISSING  -- a previous incarnation's entry: missing for this one (lua/update.lua)
 end
 if redis.call("HSETNX", KEYS[1], reason_field, reason) == 0 then
   return KEPT_EARLIER

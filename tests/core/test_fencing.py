@@ -101,6 +101,21 @@ def test_a_replaced_incarnations_failure_reason_is_refused(backend: Backend) -> 
     assert new.record_failure(8, "its own") and new.room(8).participants["decode-0"].reason == "its own"
 
 
+def test_a_previous_incarnations_entry_is_missing_for_clear_pop_and_record_failure(backend: Backend) -> None:
+    """As for a restarted SGLang process, whose dict starts empty: the old entry is not the new one's to clear or
+    to give a reason to (the peers' watches fail it)."""
+    old = backend.store(participant="decode-0", lease_ttl=3)
+    for room in (21, 22, 23):
+        old.update_status(room, T)
+    new = backend.store(participant="decode-0", lease_ttl=3)
+    new.acquire_lease()
+    assert new.clear(21) is False and new.pop(22) is None
+    assert new.record_failure(23, "not mine") is False
+    for room in (21, 22, 23):
+        entry = new.room(room).participants["decode-0"]
+        assert entry == (T, None) and _stamp(backend, room, "decode-0") == old.lease.epoch, room
+
+
 def test_epochs_order_incarnations_even_after_the_lease_record_was_lost(backend: Backend) -> None:
     first = backend.store(participant="p", lease_ttl=3)
     first.acquire_lease()

@@ -18,7 +18,6 @@ from kvstatus.cachestate import (
     writes_sent,
 )
 from kvstatus.clients import is_cluster_client
-from kvstatus.errors import SupersededError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_name
 from kvstatus.leasestate import LeaseCore, validate_lease_ttl
 from kvstatus.observer import StoreObserver, check_observer
@@ -30,7 +29,7 @@ from kvstatus.operations import (
     validate_script_mode,
 )
 from kvstatus.peerwatch import PeerWatch
-from kvstatus.rule import KVPoll, Outcome, Policy, UpdateResult
+from kvstatus.rule import KVPoll, Policy, UpdateResult
 from kvstatus.url import (
     CONNECTION_FIELDS,
     DEFAULT_URL,
@@ -222,17 +221,13 @@ class StoreBase:
         if self._keeper is not None:
             self._keeper.core.superseded()
 
-    def _superseded(self, results: Mapping[int, UpdateResult]) -> SupersededError:
-        """The error of updates refused as superseded (``results`` holds some); the lease is lost from now on."""
-        self._lose_to_successor()
-        error = self._core.refused(results)
-        assert error is not None
-        return error
-
     def _refused(self, results: Mapping[int, UpdateResult]) -> None:
-        """Raise :class:`SupersededError` if a batch's ``results`` hold a room refused as superseded."""
-        if any(result.outcome is Outcome.REFUSED_SUPERSEDED for result in results.values()):
-            raise self._superseded(results)
+        """Raise :class:`SupersededError` if ``results`` (of an update or a batch) hold a room refused as
+        superseded; the lease is then lost for good."""
+        error = self._core.refused(results)
+        if error is not None:
+            self._lose_to_successor()
+            raise error
 
     def _opened(self, results: Mapping[int, UpdateResult]) -> None:
         """Tell the peer watch (if any) this store's entries after updates: it watches the open ones."""

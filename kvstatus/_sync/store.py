@@ -53,7 +53,7 @@ class StatusStore(StoreBase):
         the entry (nothing written; the store refuses writes from then on)."""
         result = self._write(lambda: self._core.update_status(room, status), "update_status", (room,))
         if result.outcome is Outcome.REFUSED_SUPERSEDED:
-            raise self._superseded({room: result})
+            self._refused({room: result})
         if self._watch is not None:
             self._watch.wrote(room, result.status)
         return result

@@ -170,7 +170,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     minimal_sha = client.script_load(MINIMAL_RULE)
     bare_sha = client.script_load(update_without_acl_check())
     client.script_load(scripts.UPDATE.source)
-    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "")
+    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "", "")
     fenced_head = (*head[:-1], str(EPOCH))  # a store with a lease: the SGLang plugin's default
     server = {name: ServerTime(client, "evalsha") for name in ("update", "minimal", "no acl", "fenced", "unfenced")}
 
@@ -321,7 +321,7 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     store = _store(client)
     out = Results()
     size, calls = 1000, plan.batches
-    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "")
+    head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "", "")
     section = f"batch{label}"
     run = client.execute_command
     server = {name: ServerTime(client, "evalsha") for name in ("update_many", "minimal", "no acl")}

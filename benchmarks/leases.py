@@ -201,7 +201,7 @@ def index_cost(url: str, samples: int) -> None:
                 # With the index, the index key is the (n+1)th key: the script takes it as KEYS[#KEYS].
                 keys = (f"kvstatus:ix:{{{r * samples + i}}}", *extra)
                 client.execute_command(
-                    "EVALSHA", sha, len(keys), *keys, "seed", "600000", "p", "reason:p", "inc:p", "", "1"
+                    "EVALSHA", sha, len(keys), *keys, "seed", "600000", "p", "reason:p", "inc:p", "", "", "1"
                 )
             stat = client.info("commandstats")["cmdstat_evalsha"]
             times.append(stat["usec"] / stat["calls"])

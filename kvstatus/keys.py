@@ -8,6 +8,8 @@ contain ``:``, so the two kinds never collide):
 - ``reason:<participant>``  the first failure reason recorded for it
 - ``inc:<participant>``     the epoch of the lease incarnation that last wrote the entry (written only by
   stores with a lease; it fences off a replaced incarnation's writes, see ``lua/update.lua``)
+- ``t:<participant>``       the time it reached each status (written only by stores with ``timeline=True``,
+  see :mod:`kvstatus.timeline`)
 - ``room:fate``             the room's first failure (see :mod:`kvstatus.fate`)
 
 Beside the rooms (none of these ends with ``}``, so the room SCAN pattern
@@ -38,6 +40,7 @@ DEFAULT_PARTICIPANT = "default"
 REASON_FIELD_PREFIX = "reason:"
 LATE_FIELD_PREFIX = "late:"
 INCARNATION_FIELD_PREFIX = "inc:"
+TIMELINE_FIELD_PREFIX = "t:"
 TOMBSTONE_SUFFIX = ":t"
 LEASE_PART = "lease:"
 
@@ -172,6 +175,11 @@ def reason_field(participant: str) -> str:
 def incarnation_field(participant: str) -> str:
     """Room field holding the lease epoch of the incarnation of ``participant`` that last wrote its entry."""
     return INCARNATION_FIELD_PREFIX + participant
+
+
+def timeline_field(participant: str) -> str:
+    """Room field holding the timeline of ``participant``'s entry (:mod:`kvstatus.timeline`)."""
+    return TIMELINE_FIELD_PREFIX + participant
 
 
 def late_field(participant: str) -> str:

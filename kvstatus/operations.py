@@ -27,6 +27,7 @@ from kvstatus.keys import (
     incarnation_field,
     late_field,
     reason_field,
+    timeline_field,
     validate_name,
     validate_room,
     validate_rooms,
@@ -50,6 +51,7 @@ from kvstatus.rule import (
     OPEN,
     CancelOutcome,
     CancelResult,
+    Cleared,
     FailureRecord,
     KVPoll,
     Outcome,
@@ -59,6 +61,7 @@ from kvstatus.rule import (
     to_policy,
     to_status,
 )
+from kvstatus.timeline import parse_timeline
 
 T = TypeVar("T")
 tomb = KeySchema.tombstone_of
@@ -183,17 +186,21 @@ class StoreCore:
         cluster: bool = False,
         tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
         shared_fate: bool = True,
+        timeline: bool = False,
     ) -> None:
         self.schema = KeySchema(namespace, prefix)
-        if not isinstance(shared_fate, bool):
-            raise InvalidArgumentError(f"shared_fate must be True or False, not {shared_fate!r}")
+        for name, value in (("shared_fate", shared_fate), ("timeline", timeline)):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"{name} must be True or False, not {value!r}")
         self.shared_fate = shared_fate
+        self.timeline = timeline
         self.participant = validate_name(DEFAULT_PARTICIPANT if participant is None else participant, "participant")
         self.ttl_ms = ttl_to_ms(ttl)
         self.policy = to_policy(policy)
         self.cluster = cluster
         self._reason_field = reason_field(self.participant)
         self._incarnation_field = incarnation_field(self.participant)
+        self._timeline_field = timeline_field(self.participant)
         self._update_one = ("EVALSHA", scripts.UPDATE.sha, 1)
         # tombstone_ttl 0 turns tombstones off: clear() is a plain HDEL and a late Failed notes nothing.
         # A tombstone never outlives the store's TTL: no key kvstatus writes stays longer than one TTL.
@@ -212,6 +219,7 @@ class StoreCore:
             self._reason_field,
             self._incarnation_field,
             stamp,
+            self._timeline_field if self.timeline else "",
         )
         self._clear_args = (
             self.participant,
@@ -220,6 +228,7 @@ class StoreCore:
             str(self.tombstone_ttl_ms),
             self._incarnation_field,
             stamp,
+            self._timeline_field,
         )
 
     def settings(self) -> dict[str, Any]:
@@ -232,6 +241,7 @@ class StoreCore:
             "policy": self.policy,
             "tombstone_ttl": self.tombstone_ttl_ms / 1000,
             "shared_fate": self.shared_fate,
+            "timeline": self.timeline,
         }
 
     def superseded(self, rooms: str, results: Optional[Mapping[int, Any]] = None) -> SupersededError:
@@ -253,12 +263,23 @@ class StoreCore:
         shown = ", ".join(map(str, refused[:5])) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
         return self.superseded(f"room{'s' if len(refused) > 1 else ''} {shown}", results)
 
-    def _cleared(self, reply: Any, room: int) -> tuple[int, int]:
-        """lua/clear.lua's reply; :class:`SupersededError` when it refused the clear."""
-        removed, status = _clear_reply(reply)
+    def _cleared(self, reply: Any, room: int, popped: bool) -> Cleared:
+        """lua/clear.lua's reply; :class:`SupersededError` when it refused the clear, and for a pop
+        :class:`CorruptedValueError` when the entry held what kvstatus does not write (removed all the same).
+        A malformed timeline is dropped: the entry is gone, and a clear must not fail for what only counts."""
+        removed, status, timeline = _clear_reply(reply)
         if removed < 0:
             raise self.superseded(f"room {room}")
-        return removed, status
+        key = self.schema.room_key(room)
+        if status == -2 and popped:
+            raise CorruptedValueError(
+                f"key {key} field {self.participant} held a value that is not a status 0..4; the entry was removed"
+            )
+        try:
+            steps = parse_timeline(timeline, key, self._timeline_field) if timeline else ()
+        except CorruptedValueError:
+            steps = ()
+        return Cleared(removed > 0, None if status < 0 else KVPoll(status), steps)
 
     def _chunks(self, keys: list[str]) -> list[list[int]]:
         """Indices of ``keys`` in the groups one script call may take: at most :data:`CHUNK_ROOMS` keys each,
@@ -406,32 +427,24 @@ class StoreCore:
 
         return Request(calls, decode, _extra_seconds(len(keys)))
 
-    def clear(self, room: int) -> Request[bool]:
+    def clear(self, room: int) -> Request[Cleared]:
+        """Remove the entry; the store answers ``removed`` (a plain HDEL without tombstones, lease or timeline)."""
         key = self._key(room)
-        if not self.tombstone_ttl_ms and self.epoch is None:
-            return Request(
-                [Call(("HDEL", key, self.participant, self._reason_field, self._incarnation_field))],
-                lambda replies: bool(replies[0]),
-            )
+        if not self.tombstone_ttl_ms and self.epoch is None and not self.timeline:
+            fields = (self.participant, self._reason_field, self._incarnation_field, self._timeline_field)
+            return Request([Call(("HDEL", key, *fields))], lambda replies: Cleared(bool(replies[0]), None, ()))
         return Request(
             [script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
-            lambda replies: self._cleared(replies[0], room)[0] > 0,
+            lambda replies: self._cleared(replies[0], room, popped=False),
         )
 
-    def pop(self, room: int) -> Request[Optional[KVPoll]]:
-        """Remove the entry (as :meth:`clear`) and answer the status it held, in one script call."""
+    def pop(self, room: int) -> Request[Cleared]:
+        """Remove the entry (as :meth:`clear`) and answer what it held, in one script call."""
         key = self._key(room)
-        args = self._clear_args
-
-        def decode(replies: list[Any]) -> Optional[KVPoll]:
-            status = self._cleared(replies[0], room)[1]
-            if status == -2:
-                raise CorruptedValueError(
-                    f"key {key} field {self.participant} held a value that is not a status 0..4; the entry was removed"
-                )
-            return None if status < 0 else KVPoll(status)
-
-        return Request([script_call(scripts.CLEAR, [key, tomb(key)], args)], decode)
+        return Request(
+            [script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
+            lambda replies: self._cleared(replies[0], room, popped=True),
+        )
 
     def record_failure(self, room: int, reason: str) -> Request[bool]:
         key = self._key(room)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from kvstatus.errors import BackendError, CorruptedValueError
 from kvstatus.fate import FATE_FIELD, parse_failure
-from kvstatus.keys import INCARNATION_FIELD_PREFIX, LATE_FIELD_PREFIX, REASON_FIELD_PREFIX
+from kvstatus.keys import INCARNATION_FIELD_PREFIX, LATE_FIELD_PREFIX, REASON_FIELD_PREFIX, TIMELINE_FIELD_PREFIX
 from kvstatus.rule import (
     ClearedEntry,
     KVPoll,
@@ -20,9 +20,11 @@ from kvstatus.rule import (
     ParticipantEntry,
     ReasonOutcome,
     RoomView,
+    Step,
     Tombstone,
     UpdateResult,
 )
+from kvstatus.timeline import parse_timeline
 
 _STATUS_BY_VALUE: dict[Any, KVPoll] = {}
 for _s in KVPoll:
@@ -87,18 +89,19 @@ def _decode_update(replies: list[Any]) -> UpdateResult:
     return update_result(outcome, status) if result is None else result
 
 
-def _clear_reply(reply: Any) -> tuple[int, int]:
-    """(fields removed, -1: refused as superseded; status before: 0..4, -1 none, -2 not a status) of
-    lua/clear.lua's reply."""
+def _clear_reply(reply: Any) -> tuple[int, int, Any]:
+    """(fields removed, -1: refused as superseded; status before: 0..4, -1 none, -2 not a status; the timeline
+    removed, as stored, "" for none) of lua/clear.lua's reply."""
     if (
         not isinstance(reply, list)
-        or len(reply) != 2
-        or not all(isinstance(n, int) for n in reply)
+        or len(reply) != 3
+        or not all(isinstance(n, int) for n in reply[:2])
+        or not isinstance(reply[2], (str, bytes))
         or reply[0] < -1
         or not -2 <= reply[1] <= 4
     ):
-        raise BackendError(f"the clear script replied {reply!r}, expected [removed -1.., status -2..4]")
-    return reply[0], reply[1]
+        raise BackendError(f"the clear script replied {reply!r}, expected [removed -1.., status -2..4, timeline]")
+    return reply[0], reply[1], reply[2]
 
 
 def _decode_record(replies: list[Any]) -> bool:
@@ -141,6 +144,7 @@ def decode_room(
     """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read)."""
     statuses: dict[str, Optional[KVPoll]] = {}
     reasons: dict[str, str] = {}
+    timelines: dict[str, tuple[Step, ...]] = {}
     failure = None
     for raw_field, value in fields.items():
         field = _text(raw_field)
@@ -150,6 +154,8 @@ def decode_room(
             reasons[field[len(REASON_FIELD_PREFIX) :]] = _text(value)
         elif field.startswith(INCARNATION_FIELD_PREFIX):
             continue  # the fence of the entry's writer (lua/update.lua): not part of the view
+        elif field.startswith(TIMELINE_FIELD_PREFIX):
+            timelines[field[len(TIMELINE_FIELD_PREFIX) :]] = parse_timeline(value, key, field)
         elif ":" in field:
             raise CorruptedValueError(f"key {key} has a field {field[:60]!r} that kvstatus does not write")
         else:
@@ -158,4 +164,5 @@ def decode_room(
         name: ParticipantEntry(statuses.get(name), reasons.get(name))
         for name in sorted(statuses.keys() | reasons.keys())
     }
-    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure)
+    steps = {name: timelines[name] for name in participants if name in timelines}
+    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure, steps)

@@ -191,6 +191,22 @@ def explain(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED
     return f"{cur} + {new.name}({new.value}) under {policy.value}: {result.outcome.name} -> {after}; {why}."
 
 
+class Step(NamedTuple):
+    """An entry reached ``status`` at ``at_ms``: Unix milliseconds, by Redis' clock (:mod:`kvstatus.timeline`)."""
+
+    status: KVPoll
+    at_ms: int
+
+
+class Cleared(NamedTuple):
+    """What a ``clear`` or ``pop`` removed: whether anything, the entry's status (None: no entry, or not a
+    status), and its timeline (empty unless recorded, see :mod:`kvstatus.timeline`)."""
+
+    removed: bool
+    status: Optional[KVPoll]
+    timeline: tuple[Step, ...]
+
+
 class ParticipantEntry(NamedTuple):
     """One participant's entry in a room: its status (None if only a reason is left) and failure reason."""
 
@@ -290,6 +306,8 @@ class RoomView(NamedTuple):
     <kvstatus.StatusStore.clear>`), or None when there is none (never cleared,
     or longer ago than the tombstone TTL); views built by SCAN leave it None.
     ``failure`` is the room's first failure (:mod:`kvstatus.fate`), or None.
+    ``timelines`` maps each participant whose writer records timelines (:mod:`kvstatus.timeline`) to the
+    :class:`Step` of each status its entry reached, in order.
     """
 
     room: int
@@ -297,6 +315,7 @@ class RoomView(NamedTuple):
     ttl_ms: Optional[int]
     tombstone: Optional[Tombstone] = None
     failure: Optional[FailureRecord] = None
+    timelines: dict[str, tuple[Step, ...]] = {}
 
     @property
     def exists(self) -> bool:

@@ -54,11 +54,16 @@ def pool_exhausted(limit: int, waited: float) -> BaseException:
 
 
 def observe_result(metrics: StoreObserver, operation: str, result: Any) -> None:
-    """Tell ``metrics`` what a call returned: the rule's outcomes of ``update_status`` and ``update_many``."""
+    """Tell ``metrics`` what a call returned: the rule's outcomes of ``update_status`` and ``update_many``, and
+    the timeline of an entry a ``clear`` or ``pop`` removed (to an observer with the optional ``on_cleared``)."""
     if operation == "update_status":
         metrics.on_update(result)
     elif operation == "update_many":
         metrics.on_updates(result.values())
+    elif operation in ("clear", "pop") and result.timeline:
+        on_cleared = getattr(metrics, "on_cleared", None)
+        if on_cleared is not None:
+            on_cleared(result.timeline)
 
 
 def observe_error(metrics: StoreObserver, exc: BaseException) -> None:

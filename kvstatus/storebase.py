@@ -38,6 +38,7 @@ from kvstatus.url import (
     parse_url,
     url_lease_ttl,
     url_shared_fate,
+    url_timeline,
 )
 
 S = TypeVar("S", bound="StoreBase")
@@ -68,9 +69,12 @@ class StoreBase:
         lease_ttl: Optional[float] = None,
         tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
         shared_fate: bool = True,
+        timeline: bool = False,
     ) -> None:
         """``shared_fate``: reads answer Failed for an open entry of a room that failed for another participant
         or was cancelled (:mod:`kvstatus.fate`); False reads each entry alone, as upstream's dict does.
+        ``timeline``: each write records when the entry reached its status (:mod:`kvstatus.timeline`; about
+        1 µs of Redis time per status change and 30-60 bytes per entry, see BENCHMARKS.md).
         ``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
         library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows).
         ``near_cache``: True or :class:`NearCacheOptions` for a new near cache, another store's cache to
@@ -86,6 +90,7 @@ class StoreBase:
             cluster=is_cluster_client(client),
             tombstone_ttl=tombstone_ttl,
             shared_fate=shared_fate,
+            timeline=timeline,
         )
         self._reader = (self._core.participant, shared_fate)  # who reads the near cache, and how
         self._functions = isinstance(self._core, FunctionsCore)
@@ -121,7 +126,8 @@ class StoreBase:
         :class:`ConnectionOptions` field, which overrides ``options``; the URL's own query options win over
         both. ``scripts`` None takes the URL's ``?scripts=`` option, else "eval"; ``near_cache`` None takes
         the URL's ``near_cache=true&near_cache_size=N``; ``lease_ttl`` None takes the URL's ``?lease_ttl=``
-        (seconds in [3, 3600]; 0: no lease); ``shared_fate`` None takes the URL's ``?shared_fate=`` (default true).
+        (seconds in [3, 3600]; 0: no lease); ``shared_fate`` None takes the URL's ``?shared_fate=`` (default true);
+        ``timeline`` None the URL's ``?timeline=`` (default false).
         """
         parsed = parse_url(url)
         overrides = {name: settings.pop(name) for name in list(settings) if name in CONNECTION_FIELDS}
@@ -131,6 +137,8 @@ class StoreBase:
             settings["lease_ttl"] = url_lease_ttl(parsed)
         if settings.get("shared_fate") is None:
             settings["shared_fate"] = url_shared_fate(parsed)
+        if settings.get("timeline") is None:
+            settings["timeline"] = url_timeline(parsed)
         return cls(
             cls._connect(parsed, opts),
             options=opts,
@@ -164,6 +172,11 @@ class StoreBase:
     def shared_fate(self) -> bool:
         """Whether reads judge the room's fate (:mod:`kvstatus.fate`), not this participant's entry alone."""
         return self._core.shared_fate
+
+    @property
+    def timeline(self) -> bool:
+        """Whether this store's writes record each entry's timeline (:mod:`kvstatus.timeline`)."""
+        return self._core.timeline
 
     @property
     def lease(self) -> Optional[LeaseCore]:

@@ -247,6 +247,7 @@ STORE_OPTIONS: dict[str, Callable[[str], Any]] = {
     "near_cache_size": _positive_int,
     "lease_ttl": _lease_seconds,
     "shared_fate": lambda v: _BOOL[v.lower()],
+    "timeline": lambda v: _BOOL[v.lower()],
 }
 """Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
@@ -275,10 +276,20 @@ def url_lease_ttl(url: Union[str, ParsedURL]) -> Optional[float]:
     return None if value is None else _lease_seconds(value)
 
 
+def url_flag(url: Union[str, ParsedURL], name: str, default: bool) -> bool:
+    """The URL's true/false option ``name`` (true/false, yes/no, 1/0), ``default`` if absent."""
+    value = parse_url(url).query.get(name)
+    return default if value is None else bool(_BOOL[value.lower()])
+
+
 def url_shared_fate(url: Union[str, ParsedURL]) -> bool:
-    """The URL's ``?shared_fate=`` option (true/false, yes/no, 1/0), True if absent (:mod:`kvstatus.fate`)."""
-    value = parse_url(url).query.get("shared_fate")
-    return True if value is None else bool(_BOOL[value.lower()])
+    """The URL's ``?shared_fate=`` option, True if absent (:mod:`kvstatus.fate`)."""
+    return url_flag(url, "shared_fate", True)
+
+
+def url_timeline(url: Union[str, ParsedURL]) -> bool:
+    """The URL's ``?timeline=`` option, False if absent (:mod:`kvstatus.timeline`)."""
+    return url_flag(url, "timeline", False)
 
 
 def url_near_cache(url: Union[str, ParsedURL]) -> Optional[bool]:

@@ -3,7 +3,9 @@
 -- For each room hash in KEYS, atomically:
 --   * every open entry (Bootstrapping, WaitingForInput, Transferring) becomes Failed, exactly the update
 --     rule's FAILED row, with the reason "cancelled by <origin>: <reason>" unless an earlier one is kept;
---     Success and Failed entries are left alone, and so is a value kvstatus does not write;
+--     Success and Failed entries are left alone, and so is a value kvstatus does not write. A failed entry's
+--     timeline (lua/lib/timeline.lua), if it has one, gets the Failed step in the same HSET (a malformed one
+--     is left as it is);
 --   * the room's first failure is recorded (stage cancelled, lua/lib/fate.lua) unless it has one. A room
 --     with no entry yet gets the record alone, with the TTL: a participant that writes later reads Failed
 --     (shared fate), and its room never comes back to life while the record lives;
@@ -27,6 +29,7 @@ local SCRIPT = "cancel"
 -- @include time
 -- @include keys
 -- @include fate
+-- @include timeline
 
 local ttl, origin, reason = ARGV[1], ARGV[2], ARGV[3]
 if #KEYS == 0 or #ARGV ~= 3 then
@@ -53,25 +56,38 @@ end
 if denied then
   return denied
 end
-local open = {}
+local open, timelines = {}, {}
 for i = 1, #KEYS do
-  local fields, names = redis.call("HGETALL", KEYS[i]), {}
+  local fields, names, steps = redis.call("HGETALL", KEYS[i]), {}, {}
   for j = 1, #fields, 2 do
     local name, value = fields[j], fields[j + 1]
-    if not string.find(name, ":", 1, true) and (value == "1" or value == "2" or value == "3") then
-      names[#names + 1] = name
+    if not string.find(name, ":", 1, true) then
+      if value == "1" or value == "2" or value == "3" then
+        names[#names + 1] = name
+      end
+    elseif string.sub(name, 1, 2) == "t:" then
+      steps[string.sub(name, 3)] = value
     end
   end
-  open[i] = names
+  open[i], timelines[i] = names, steps
 end
 
 -- Second pass: write.
 local text = "cancelled by " .. origin .. ": " .. reason
-local result = {}
+local result, now = {}, nil
 for i = 1, #KEYS do
   local key = KEYS[i]
   for _, name in ipairs(open[i]) do
-    redis.call("HSET", key, name, "0")
+    local timeline = timelines[i][name]
+    if timeline then
+      now = now or now_ms()  -- TIME: asked of the ACL by fate_refusal above
+      timeline = timeline_after(timeline, 0, now)
+    end
+    if timeline then
+      redis.call("HSET", key, name, "0", "t:" .. name, timeline)
+    else
+      redis.call("HSET", key, name, "0")
+    end
     redis.call("HSETNX", key, "reason:" .. name, text)
   end
   result[2 * i - 1] = record_fate(key, "cancelled", origin, reason) == 1 and CANCELLED or ALREADY_FAILED

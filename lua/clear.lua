@@ -14,13 +14,15 @@
 -- ARGV[6]  the clearing incarnation's epoch (lua/lease.lua), or "" for a store without a lease: an entry
 --          stamped by a newer incarnation of the participant (lua/update.lua) is not cleared (refused), and
 --          one stamped by an older one is missing for this incarnation (nothing cleared, as for no entry)
+-- ARGV[7]  the participant's timeline field ("t:<participant>", lua/lib/timeline.lua), removed with the entry
 --
 -- Tombstone fields: <participant> = "<unix ms> <status 0..4>"; late:<participant> = "<unix ms>"
 -- of the first Failed that arrived after the clear (written by lua/update.lua).
--- Returns {removed, status}, integers: the number of fields removed from the room (0: nothing to clear,
--- no tombstone written; -1: refused, the entry belongs to a newer incarnation, nothing written), and the
+-- Returns {removed, status, timeline}: the number of fields removed from the room (0: nothing to clear,
+-- no tombstone written; -1: refused, the entry belongs to a newer incarnation, nothing written), the
 -- entry's status before the clear, 0..4, -1 when there was no entry, or -2 when it held something that is
--- not a status (removed all the same).
+-- not a status (removed all the same), and the timeline the clear removed ("" when none; as stored, so
+-- the caller can observe the entry's stage durations).
 -- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, or keys that
 -- do not belong together), "NOPERM <what>".
 
@@ -33,8 +35,11 @@ local SCRIPT = "clear"
 
 local room, tomb = KEYS[1], KEYS[2]
 local field, reason_field, late_field, ttl, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-if #KEYS ~= 2 or #ARGV ~= 6 or field == "" or reason_field == "" or late_field == "" or inc_field == "" then
-  return redis.error_reply("KVSTATUS_BADARG expected a room key, a tombstone key, four fields, a TTL and an epoch")
+local tl_field = ARGV[7]
+if #KEYS ~= 2 or #ARGV ~= 7 or field == "" or reason_field == "" or late_field == "" or inc_field == ""
+    or tl_field == "" then
+  return redis.error_reply("KVSTATUS_BADARG expected a room key, a tombstone key, four fields, a TTL, an epoch"
+    .. " and a timeline field")
 end
 if ttl ~= "0" and not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be 0 or a positive integer of milliseconds")
@@ -48,7 +53,7 @@ if refused then
   return refused
 end
 
-local both = redis.call("HMGET", room, field, inc_field)
+local both = redis.call("HMGET", room, field, inc_field, tl_field)
 local stored = both[1]
 local status = -1
 if stored then
@@ -58,9 +63,9 @@ end
 if epoch ~= "" and both[2] and both[2] ~= epoch then
   local stamp, mine = tonumber(both[2]) or 0, tonumber(epoch)
   if stamp > mine then
-    return {-1, status}
+    return {-1, status, ""}
   elseif stamp < mine then
-    return {0, -1}  -- a previous incarnation's entry: missing for this one (lua/update.lua), nothing to clear
+    return {0, -1, ""}  -- a previous incarnation's entry: missing for this one (lua/update.lua), nothing to clear
   end
 end
 local denied = acl_refusal("hdel", room)
@@ -70,7 +75,7 @@ if denied then
   return denied
 end
 
-local removed = redis.call("HDEL", room, field, reason_field, inc_field)
+local removed = redis.call("HDEL", room, field, reason_field, inc_field, tl_field)
 -- A failed room whose last entry this clear removed would keep nothing but its first failure: that goes
 -- too, so the room is gone. A cancel's record stays until the TTL, so that a late write finds the room
 -- cancelled. (Best effort: a user without HLEN leaves it to the TTL.)
@@ -86,4 +91,4 @@ if stored and tombstone then
   redis.call("HDEL", tomb, late_field)
   redis.call("PEXPIRE", tomb, ttl)
 end
-return {removed, status}
+return {removed, status, both[3] or ""}

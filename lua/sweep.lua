@@ -4,7 +4,8 @@
 -- of the lost participant cannot undo it), and the reason is recorded unless an earlier one is
 -- kept; the room's first failure is recorded (stage lease-lost, or ARGV[4], lua/lib/fate.lua) unless
 -- it has one. Also run by a store's peer watch (kvstatus/peerwatch.py) on the rooms it has open.
--- Success, Failed and missing entries are left alone. The room's TTL is not touched: the
+-- A swept entry's timeline (lua/lib/timeline.lua), if it has one, gets the Failed step in the same HSET
+-- (a malformed one is left as it is). Success, Failed and missing entries are left alone. The room's TTL is not touched: the
 -- sweeper does not extend a room's life, and HSET keeps the TTL the key already has.
 --
 -- KEYS[i]  room hash, all of one namespace (checked, see lua/lib/keys.lua)
@@ -30,6 +31,7 @@ local SCRIPT = "sweep"
 -- @include keys
 -- @include time
 -- @include fate
+-- @include timeline
 
 local field, reason_field, reason, stage = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or "lease-lost"
 local inc_field, below = ARGV[5], ARGV[6]
@@ -51,30 +53,41 @@ if refused then
   return refused
 end
 
-local result = {}
+local result, timelines, now = {}, {}, nil
+local tl_field = "t:" .. field
 for i = 1, #KEYS do
-  local stored, stamp
+  local stored, stamp, timeline
   if below then
-    local both = redis.call("HMGET", KEYS[i], field, inc_field)
-    stored, stamp = both[1], tonumber(both[2] or "")
+    local all = redis.call("HMGET", KEYS[i], field, tl_field, inc_field)
+    stored, timeline, stamp = all[1], all[2], tonumber(all[3] or "")
   else
-    stored = redis.call("HGET", KEYS[i], field)
+    local both = redis.call("HMGET", KEYS[i], field, tl_field)
+    stored, timeline = both[1], both[2]
   end
   if not stored then
     result[i] = IGNORED_MISSING
   elseif (stored == "1" or stored == "2" or stored == "3") and not (stamp and stamp >= below) then
     local denied = acl_refusal("hset", KEYS[i]) or acl_refusal("hsetnx", KEYS[i])
+    if timeline and not now then
+      denied = acl_refusal("time", KEYS[i])
+      now = not denied and now_ms()
+    end
     if denied then
       return denied
     end
     result[i] = FAILED
+    timelines[i] = timeline and timeline_after(timeline, 0, now)
   else
     result[i] = UNCHANGED
   end
 end
 for i = 1, #KEYS do
   if result[i] == FAILED then
-    redis.call("HSET", KEYS[i], field, "0")
+    if timelines[i] then
+      redis.call("HSET", KEYS[i], field, "0", tl_field, timelines[i])
+    else
+      redis.call("HSET", KEYS[i], field, "0")
+    end
     redis.call("HSETNX", KEYS[i], reason_field, reason)
     if not fate_refusal(KEYS[i]) then  -- best effort, as in lua/update.lua
       record_fate(KEYS[i], stage, field, reason)

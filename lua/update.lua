@@ -2,7 +2,7 @@
 -- room hash named in KEYS. kvstatus/rule.py:apply_rule is the same table in
 -- Python; the tests hold the two together.
 --
--- KEYS[i]    room hash of the i-th room, i = 1..n (n = #ARGV - 6)
+-- KEYS[i]    room hash of the i-th room, i = 1..n (n = #ARGV - 7)
 -- KEYS[n+i]  optional (then exactly n of them): the i-th room's tombstone (lua/clear.lua). Sent only
 --            with a Failed update; a Failed that finds no entry (IGNORED_MISSING) while the
 --            tombstone records this participant's clear notes "late:<participant>" there.
@@ -15,14 +15,16 @@
 -- ARGV[5]    the participant's incarnation field ("inc:<participant>")
 -- ARGV[6]    the writer's incarnation epoch (lua/lease.lua), a positive integer; "" for a writer without a
 --            lease, which neither reads nor writes incarnations
--- ARGV[6+i]  new status for KEYS[i], "0".."4"
+-- ARGV[7]    the participant's timeline field ("t:<participant>", lua/lib/timeline.lua), or "": no timeline
+-- ARGV[7+i]  new status for KEYS[i], "0".."4"
 --
 -- Returns {outcome_1, status_1, outcome_2, status_2, ...}, integers only:
 --   outcome  kvstatus.rule.Outcome (the constants below)
 --   status   the entry's status afterwards, 0..4, or -1 when there is no entry (REFUSED_SUPERSEDED: as it is)
 -- Errors, raised before the first write, so nothing is half-written:
 --   "KVSTATUS_BADARG <what>"   malformed arguments, or keys that do not belong together
---   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is
+--   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4" (or a stamp, a timeline is malformed); it is
+--                              left as it is
 --   "NOPERM <what>"            the ACL refuses a write this call would make (see acl_refusal)
 -- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL to at least ARGV[2] (never shorter than
 -- what another writer left, see EXPIRE_FLAGS in lua/lib/time.lua); the others write nothing.
@@ -30,6 +32,8 @@
 -- status before, origin the participant, reason its recorded failure reason ("" when none yet; a
 -- record_failure after the update fills it in). A user the ACL denies HSETNX or TIME gets the Failed
 -- stored without the record.
+-- With a timeline field, CREATED starts the entry's timeline (replacing any left there) and ADVANCED and
+-- FAILED append a step to it, at Redis' clock (TIME), in the HSET that stores the status.
 -- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/keywatch.py).
 --
 -- Fencing (a writer with an epoch): an entry carries the epoch of the incarnation that last wrote or touched
@@ -49,8 +53,10 @@ local SCRIPT = "update"
 -- @include acl
 -- @include time
 -- @include fate
+-- @include timeline
 
 local policy, ttl, field, reason_field, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local tl_field = ARGV[7]
 
 if policy ~= "seed" and policy ~= "strict" then
   return redis.error_reply("KVSTATUS_BADARG policy must be seed or strict")
@@ -58,8 +64,12 @@ end
 if not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
-if not field or field == "" or not reason_field or reason_field == "" or not inc_field or inc_field == "" then
+if not field or field == "" or not reason_field or reason_field == "" or not inc_field or inc_field == ""
+    or not tl_field then
   return redis.error_reply("KVSTATUS_BADARG participant fields must be non-empty")
+end
+if tl_field == "" then
+  tl_field = nil
 end
 local stamp_arg = epoch  -- written as sent: a number would be formatted by Lua
 if epoch == "" then
@@ -73,7 +83,7 @@ else
     return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
   end
 end
-local n = #ARGV - 6
+local n = #ARGV - 7
 if n < 1 or (#KEYS ~= n and #KEYS ~= 2 * n) then
   return redis.error_reply("KVSTATUS_BADARG expected one status per key, and at least one key")
 end
@@ -102,16 +112,24 @@ end
 local result, leaves_failed, stage_of, stamp_of = {}, nil, nil, nil
 local fate_ok = nil  -- whether the ACL lets this user record the room's first failure; asked once
 local hset_checked, denied = false, nil
+local timeline_of, now = nil, nil  -- each written entry's new timeline; Redis' clock, read once
 for i = 1, n do
-  local key, arg = KEYS[i], ARGV[6 + i]
+  local key, arg = KEYS[i], ARGV[7 + i]
   local s = #arg == 1 and byte(arg) - ZERO
   if not s or s < 0 or s > 4 then
     return redis.error_reply("KVSTATUS_BADARG status for key " .. key .. " must be 0..4")
   end
-  local stored, stamp, newer, older = nil, nil, false, false
-  if epoch then
+  local stored, stamp, timeline, newer, older = nil, nil, nil, false, false
+  if tl_field then
+    local all = epoch and redis.call("HMGET", key, field, tl_field, inc_field) or redis.call("HMGET", key, field, tl_field)
+    stored, timeline, stamp = all[1], all[2], all[3]
+  elseif epoch then
     local both = redis.call("HMGET", key, field, inc_field)
     stored, stamp = both[1], both[2]
+  else
+    stored = redis.call("HGET", key, field)
+  end
+  if epoch then
     if stamp and stamp ~= stamp_arg then  -- strings are interned: equal stamps (the common case) cost no parse
       local value = tonumber(stamp)
       if not value then
@@ -120,8 +138,6 @@ for i = 1, n do
       end
       newer, older = value > epoch, value < epoch
     end
-  else
-    stored = redis.call("HGET", key, field)
   end
   local cur = false
   if stored then
@@ -180,6 +196,21 @@ for i = 1, n do
     end
     leaves_failed[i] = true
   end
+  if tl_field and outcome < UNCHANGED then
+    if not now then
+      denied = denied or acl_refusal("time", key)
+      if denied then
+        return denied
+      end
+      now = now_ms()
+    end
+    local after_tl = timeline_after(outcome ~= CREATED and timeline or nil, after, now)
+    if not after_tl then
+      return timeline_corrupt(key, tl_field, timeline)
+    end
+    timeline_of = timeline_of or {}
+    timeline_of[i] = after_tl
+  end
   if outcome == FAILED then
     if fate_ok == nil then
       fate_ok = fate_refusal(key) == nil  -- a refusal only skips the record: the Failed itself is stored
@@ -205,8 +236,13 @@ for i = 1, n do
     local key = KEYS[i]
     local stamped = stamp_of and stamp_of[i]
     if outcome < UNCHANGED then
-      if stamped then
+      local timeline = timeline_of and timeline_of[i]  -- in the status' HSET: atomic with it
+      if stamped and timeline then
+        redis.call("HSET", key, field, result[2 * i], tl_field, timeline, inc_field, stamp_arg)
+      elseif stamped then
         redis.call("HSET", key, field, result[2 * i], inc_field, stamp_arg)
+      elseif timeline then
+        redis.call("HSET", key, field, result[2 * i], tl_field, timeline)
       else
         redis.call("HSET", key, field, result[2 * i])
       end

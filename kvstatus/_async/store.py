@@ -92,16 +92,16 @@ class AsyncStatusStore(StoreBase):
 
     async def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
-        removed = await self._write(lambda: self._core.clear(room), "clear", (room,))
+        cleared = await self._write(lambda: self._core.clear(room), "clear", (room,))
         self._closed((room,))
-        return removed
+        return cleared.removed
 
     async def pop(self, room: int) -> Optional[KVPoll]:
         """Remove this participant's entry (as :meth:`clear`) and return the status it held, or None, in one
         round trip (SGLang's ``request_status.pop(room)``)."""
-        status = await self._write(lambda: self._core.pop(room), "pop", (room,))
+        cleared = await self._write(lambda: self._core.pop(room), "pop", (room,))
         self._closed((room,))
-        return status
+        return cleared.status
 
     async def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""

@@ -93,16 +93,16 @@ class StatusStore(StoreBase):
 
     def clear(self, room: int) -> bool:
         """Remove this participant's entry and failure reason, leaving a tombstone; True if anything was removed."""
-        removed = self._write(lambda: self._core.clear(room), "clear", (room,))
+        cleared = self._write(lambda: self._core.clear(room), "clear", (room,))
         self._closed((room,))
-        return removed
+        return cleared.removed
 
     def pop(self, room: int) -> Optional[KVPoll]:
         """Remove this participant's entry (as :meth:`clear`) and return the status it held, or None, in one
         round trip (SGLang's ``request_status.pop(room)``)."""
-        status = self._write(lambda: self._core.pop(room), "pop", (room,))
+        cleared = self._write(lambda: self._core.pop(room), "pop", (room,))
         self._closed((room,))
-        return status
+        return cleared.status
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Record why this participant's entry failed; True if stored (first reason wins, needs an entry)."""

@@ -100,7 +100,7 @@ def test_a_tenant_cannot_read_write_or_list_another_namespace(server: RedisServe
             ("SCAN", "0", "MATCH", "kvstatus:ns-b:*"),
             ("KEYS", "*"),
             ("INFO", "keyspace"),
-            ("FCALL", f"{LIBRARY_NAME}_update", "1", key, "seed", "1000", "p", "reason:p", "inc:p", "", "0"),
+            ("FCALL", f"{LIBRARY_NAME}_update", "1", key, "seed", "1000", "p", "reason:p", "inc:p", "", "", "0"),
         ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 tenant.execute_command(*attack)

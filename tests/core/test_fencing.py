@@ -220,7 +220,7 @@ def test_a_corrupted_stamp_or_a_bad_epoch_is_named_and_nothing_is_written(sync_b
         store.update_status(3, T)
     assert sync_backend.raw.hget(key, "p") == b"1"
     for bad in ("0", "1.5", "-3", "x", "0x10", " 12", "1" * 16):
-        head = ("seed", "1000", "p", "reason:p", "inc:p", bad, "2")
+        head = ("seed", "1000", "p", "reason:p", "inc:p", bad, "", "2")
         with pytest.raises(InvalidArgumentError, match="the incarnation epoch must be empty or a positive integer"):
             store._send(Request([script_call(scripts.UPDATE, [key], head)], lambda replies: replies[0]))
     assert sync_backend.raw.hget(key, "p") == b"1"

@@ -190,14 +190,14 @@ def test_redis_cli_eval_runs_the_expanded_files(redis_server: RedisServer, tmp_p
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 
-    assert run_file("update", room, other, ",", "seed", "60000", "p", "reason:p", "inc:p", "", "1", "3") == [
+    assert run_file("update", room, other, ",", "seed", "60000", "p", "reason:p", "inc:p", "", "", "1", "3") == [
         "1",
         "1",
         "1",
         "3",
     ]
     assert run_file("get_many", room, other, ",", "p") == ["1", "3"]
-    refused = run_file("update", room, room + ":x", ",", "seed", "60000", "p", "reason:p", "inc:p", "", "0")
+    refused = run_file("update", room, room + ":x", ",", "seed", "60000", "p", "reason:p", "inc:p", "", "", "0")
     assert " ".join(refused).startswith("KVSTATUS_BADARG keys do not belong together: key kvstatus:")
     store = StatusStore(
         redis.Redis(host=redis_server.host, port=redis_server.port), namespace=namespace, participant="p"

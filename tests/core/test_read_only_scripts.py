@@ -30,7 +30,7 @@ PAUSE_MS = 2000
 
 def test_read_only_scripts_are_called_with_the_ro_commands() -> None:
     read = script_call(scripts.GET_MANY, ["k:n:{1}"], ("p",))
-    write = script_call(scripts.UPDATE, ["k:n:{1}"], ("seed", "1000", "p", "reason:p", "inc:p", "", "1"))
+    write = script_call(scripts.UPDATE, ["k:n:{1}"], ("seed", "1000", "p", "reason:p", "inc:p", "", "", "1"))
     assert [s.name for s in scripts.ALL if s.read_only] == ["get_many", "room", "room_statuses"]
     assert read.args[:3] == ("EVALSHA_RO", scripts.GET_MANY.sha, 1) and write.args[0] == "EVALSHA"
     assert read.as_eval().args[:2] == ("EVAL_RO", scripts.GET_MANY.source) and write.as_eval().args[0] == "EVAL"

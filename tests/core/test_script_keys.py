@@ -30,7 +30,7 @@ CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[str, ...], str]] = {
     "update: a late note into another room (the issue's repro)": (
         scripts.UPDATE,
         [A + "{4}", A + "{5}"],
-        ("seed", TTL, "p", "reason:p", "inc:p", "", "0"),
+        ("seed", TTL, "p", "reason:p", "inc:p", "", "", "0"),
         A + "{5}",
     ),
     "cancel: a batch over two namespaces": (
@@ -48,31 +48,31 @@ CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[str, ...], str]] = {
     "update: a batch over two namespaces": (
         scripts.UPDATE,
         [A + "{1}", B + "{2}"],
-        ("seed", TTL, "p", "reason:p", "inc:p", "", "1", "1"),
+        ("seed", TTL, "p", "reason:p", "inc:p", "", "", "1", "1"),
         B + "{2}",
     ),
     "update: tombstones of the other rooms": (
         scripts.UPDATE,
         [A + "{1}", A + "{2}", A + "{2}:t", A + "{1}:t"],
-        ("seed", TTL, "p", "reason:p", "inc:p", "", "0", "0"),
+        ("seed", TTL, "p", "reason:p", "inc:p", "", "", "0", "0"),
         A + "{2}:t",
     ),
     "update: a key that is no room key, with its tombstone": (
         scripts.UPDATE,
         [A + "x", A + "x:t"],
-        ("seed", TTL, "p", "reason:p", "inc:p", "", "0"),
+        ("seed", TTL, "p", "reason:p", "inc:p", "", "", "0"),
         A + "x",
     ),
     "clear: another room's tombstone": (
         scripts.CLEAR,
         [A + "{1}", A + "{2}:t"],
-        ("p", "reason:p", "late:p", TTL, "inc:p", ""),
+        ("p", "reason:p", "late:p", TTL, "inc:p", "", "t:p"),
         A + "{2}:t",
     ),
     "clear: another namespace's tombstone": (
         scripts.CLEAR,
         [A + "{1}", B + "{1}:t"],
-        ("p", "reason:p", "late:p", TTL, "inc:p", ""),
+        ("p", "reason:p", "late:p", TTL, "inc:p", "", "t:p"),
         B + "{1}:t",
     ),
     "room: another room's tombstone": (scripts.ROOM, [A + "{1}", A + "{2}:t"], (), A + "{2}:t"),
@@ -116,7 +116,7 @@ CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[str, ...], str]] = {
     "update: a tombstone among the rooms of a batch": (
         scripts.UPDATE,
         [A + "{1}", A + "{2}:t"],
-        ("seed", TTL, "p", "reason:p", "inc:p", "", "1", "1"),
+        ("seed", TTL, "p", "reason:p", "inc:p", "", "", "1", "1"),
         A + "{2}:t",
     ),
 }
@@ -192,9 +192,9 @@ def test_keys_that_belong_together_pass_the_check() -> None:
         (
             scripts.UPDATE,
             [A + "{1}", A + "{2}", A + "{1}:t", A + "{2}:t"],
-            ("seed", TTL, "p", "reason:p", "inc:p", "", "2", "0"),
+            ("seed", TTL, "p", "reason:p", "inc:p", "", "", "2", "0"),
         ),
-        (scripts.CLEAR, [A + "{1}", A + "{1}:t"], ("p", "reason:p", "late:p", TTL, "inc:p", "")),
+        (scripts.CLEAR, [A + "{1}", A + "{1}:t"], ("p", "reason:p", "late:p", TTL, "inc:p", "", "t:p")),
         (scripts.ROOM, [A + "{1}", A + "{1}:t"], ()),
         (scripts.ROOM_STATUSES, [A + "{1}", A + "{2}", A + "lease:p", A + "lease:q"], ("2", "p", "q")),
         (scripts.ROOM_STATUSES, [B + "lease:q"], ("0", "q")),

@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 import redis
 
-from kvstatus import KVPoll, Outcome, StatusStore, scripts
+from kvstatus import KVPoll, Outcome, StatusStore, scripts, timeline
 from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentError, PermissionDeniedError
 from kvstatus.operations import Request, script_call, update_result
 from kvstatus.rule import CancelOutcome, LeaseOutcome, ReasonOutcome
@@ -41,6 +41,7 @@ def test_every_script_numbers_outcomes_and_statuses_as_rule_py() -> None:
     known = {o.name: o.value for o in Outcome} | {o.name: o.value for o in ReasonOutcome}
     known |= {o.name: o.value for o in LeaseOutcome} | {o.name: o.value for o in CancelOutcome}
     known |= {f"STATUS_{_snake(s.name)}": s.value for s in KVPoll}
+    known |= {"TIMELINE_MAX_BYTES": timeline.MAX_BYTES}
     seen = set()
     for name, source in SOURCES.items():
         for constant, value in _constants(source).items():
@@ -97,19 +98,19 @@ PREFIX_CASES: dict[str, tuple[scripts.LuaScript, list[str], tuple[Any, ...], typ
     "KVSTATUS_BADARG": (
         scripts.UPDATE,
         ["kvstatus:e:{1}"],
-        ("seed", "0", "p", "reason:p", "inc:p", "", "1"),
+        ("seed", "0", "p", "reason:p", "inc:p", "", "", "1"),
         InvalidArgumentError,
     ),
     "KVSTATUS_CORRUPT": (
         scripts.UPDATE,
         ["kvstatus:e:{2}"],
-        ("seed", "1000", "p", "reason:p", "inc:p", "", "1"),
+        ("seed", "1000", "p", "reason:p", "inc:p", "", "", "1"),
         CorruptedValueError,
     ),
     "NOPERM": (
         scripts.UPDATE,
         ["kvstatus:e:{3}"],
-        ("seed", "1000", "p", "reason:p", "inc:p", "", "1"),
+        ("seed", "1000", "p", "reason:p", "inc:p", "", "", "1"),
         PermissionDeniedError,
     ),
 }

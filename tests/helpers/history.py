@@ -129,6 +129,8 @@ def _make_store(url: str, namespace: str, participant: str, naive: bool, policy:
         # Each entry is checked as its own register: a get reads the entry alone, not as shared fate judges
         # it from the other entries (tests/core/test_shared_fate.py and the state machine cover that).
         shared_fate=False,
+        # Timelines on (kvstatus only): tests/torture/test_history.py checks each is atomic with its status.
+        **({} if naive else {"timeline": True}),
     )
 
 

@@ -1,0 +1,97 @@
+"""Where did room N wait: each entry's timeline, pure Python.
+
+A store built with ``timeline=True`` (on by default for the SGLang plugin) records, for every entry it
+writes, the time by Redis' clock at which the entry reached each status. The same atomic update that
+changes the status writes it (``lua/lib/timeline.lua``), in the same ``HSET``: no crash can leave a
+status without its step, or a step without its status. It lives in the room hash, field
+``t:<participant>``, and goes with the entry (``clear``), the room's TTL, or a replacing incarnation.
+
+Stored form: ``"<status>@<unix ms>"`` for the first step, then ``" <status>+<ms since the first>"`` for
+each later one, e.g. ``"1@1764680000123 2+15 3+40 4+52"``. Offsets never decrease (a clock that steps back
+repeats the previous offset), so a timeline is monotone by construction. A step that would make the value
+longer than :data:`MAX_BYTES` is dropped. :func:`timeline_after` is the Python reference of the script's
+append; :func:`parse_timeline` reads it; :func:`stage_seconds` turns it into the fleet's stage durations.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from kvstatus.errors import CorruptedValueError
+from kvstatus.rule import KVPoll, Step
+
+MAX_BYTES = 160
+"""The longest stored timeline in bytes (lua/lib/timeline.lua's TIMELINE_MAX_BYTES): about 14 steps."""
+
+_FIRST = re.compile(r"([0-4])@([1-9][0-9]{0,14})")
+_LATER = re.compile(r"([0-4])\+(0|[1-9][0-9]{0,14})")
+
+
+def timeline_after(prev: Optional[str], status: int, now_ms: int) -> str:
+    """The stored timeline ``prev`` (None: none yet) with ``status`` reached at ``now_ms`` appended.
+
+    The reference of ``timeline_after`` in lua/lib/timeline.lua: the tests hold the two together. Raises
+    :class:`ValueError` for a ``prev`` that is not a timeline (the script answers KVSTATUS_CORRUPT).
+    """
+    if prev is None:
+        return f"{status}@{now_ms}"
+    steps = parse_timeline(prev, "", "")
+    base = steps[0].at_ms
+    offset = max(now_ms - base, steps[-1].at_ms - base)
+    step = f" {status}+{offset}"
+    return prev if len(prev) + len(step) > MAX_BYTES else prev + step
+
+
+def parse_timeline(value: Any, key: str, field: str) -> tuple[Step, ...]:
+    """The steps of a stored timeline (bytes or str), in order; raises
+    :class:`~kvstatus.errors.CorruptedValueError` naming ``key`` and ``field`` for a value kvstatus does not write."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    parts = text.split(" ")
+    first = _FIRST.fullmatch(parts[0])
+    later = [_LATER.fullmatch(part) for part in parts[1:]]
+    if first is None or None in later or len(text) > MAX_BYTES:
+        raise CorruptedValueError(f"key {key} field {field} holds {text[:40]!r}, not a timeline")
+    base = int(first.group(2))
+    steps = [Step(KVPoll(int(first.group(1))), base)]
+    for match in later:
+        assert match is not None
+        at = base + int(match.group(2))
+        if at < steps[-1].at_ms:
+            raise CorruptedValueError(f"key {key} field {field} holds {text[:40]!r}, a timeline that goes back")
+        steps.append(Step(KVPoll(int(match.group(1))), at))
+    return tuple(steps)
+
+
+STAGES: tuple[str, ...] = ("bootstrap", "waiting", "transfer", "total")
+"""The stage durations observed per cleared entry: ``bootstrap`` Bootstrapping → WaitingForInput,
+``waiting`` WaitingForInput → Transferring (waiting for input), ``transfer`` Transferring → Success,
+``total`` the first step → the last."""
+
+_STAGE_BOUNDS = {
+    "bootstrap": (KVPoll.Bootstrapping, KVPoll.WaitingForInput),
+    "waiting": (KVPoll.WaitingForInput, KVPoll.Transferring),
+    "transfer": (KVPoll.Transferring, KVPoll.Success),
+}
+
+
+def stage_seconds(steps: tuple[Step, ...]) -> dict[str, float]:
+    """Seconds spent in each stage of :data:`STAGES` the timeline saw both ends of (its first arrival at each
+    status counts), and ``total`` when it has a step at all."""
+    if not steps:
+        return {}
+    first: dict[KVPoll, int] = {}
+    for step in steps:
+        first.setdefault(step.status, step.at_ms)
+    found = {
+        stage: (first[end] - first[start]) / 1000
+        for stage, (start, end) in _STAGE_BOUNDS.items()
+        if start in first and end in first and first[end] >= first[start]
+    }
+    found["total"] = (steps[-1].at_ms - steps[0].at_ms) / 1000
+    return found
+
+
+def since_current(steps: tuple[Step, ...], now_ms: int) -> Optional[float]:
+    """Seconds the entry has sat in its current status (since its last step) at ``now_ms``, or None without steps."""
+    return max(0, now_ms - steps[-1].at_ms) / 1000 if steps else None

@@ -307,7 +307,8 @@ class RoomView(NamedTuple):
     or longer ago than the tombstone TTL); views built by SCAN leave it None.
     ``failure`` is the room's first failure (:mod:`kvstatus.fate`), or None.
     ``timelines`` maps each participant whose writer records timelines (:mod:`kvstatus.timeline`) to the
-    :class:`Step` of each status its entry reached, in order.
+    :class:`Step` of each status its entry reached, in order (empty in a near cache's views, which keep only
+    what polls read).
     """
 
     room: int

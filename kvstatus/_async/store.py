@@ -109,7 +109,7 @@ class AsyncStatusStore(StoreBase):
 
     async def room(self, room: int) -> RoomView:
         """Every participant's entry in ``room``, with reasons, the TTL left and the tombstone of recent clears
-        (not with the near cache on: its views carry no tombstone)."""
+        (not with the near cache on: its views carry no tombstone and no timelines)."""
         if self._near is not None:
             return await self._near.room(room)
         return await self._sender.send(self._core.room(room), "room")

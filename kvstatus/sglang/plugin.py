@@ -32,6 +32,10 @@ its variable, the URL's password masked):
   ``1`` or unset: shared fate (:mod:`kvstatus.fate`: a room another participant failed, or a router
   cancelled, reads Failed, and ``failure_exception`` names its first failure) [default ``1``]. The URL's
   ``?shared_fate=`` does the same; when both are set they must agree.
+- ``KVSTATUS_SGLANG_TIMELINE``   ``0`` to record no timelines; ``1`` or unset: each entry records when it reached
+  each status (:mod:`kvstatus.timeline`: ``kvstatus get`` shows where a room waited, ``ls --stuck`` and
+  ``health`` name who holds it, and the stage histograms need it) [default ``1``; its cost is in
+  BENCHMARKS.md]. The URL's ``?timeline=`` does the same; when both are set they must agree.
 
 Each manager's install checks the server (:func:`kvstatus.sglang.startup.check_store`):
 an unreachable Redis, refused credentials, an ACL that does not fit, or a
@@ -60,6 +64,7 @@ ENV_TTL = "KVSTATUS_SGLANG_TTL"
 ENV_NEAR_CACHE = "KVSTATUS_SGLANG_NEAR_CACHE"
 ENV_LEASE_TTL = "KVSTATUS_SGLANG_LEASE_TTL"
 ENV_SHARED_FATE = "KVSTATUS_SGLANG_SHARED_FATE"
+ENV_TIMELINE = "KVSTATUS_SGLANG_TIMELINE"
 DEFAULT_NAMESPACE = "sglang"
 DEFAULT_LEASE_TTL = 10.0
 """Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
@@ -85,6 +90,7 @@ SETTING_VARIABLES = {
     "near_cache": ENV_NEAR_CACHE,
     "lease_ttl": ENV_LEASE_TTL,
     "shared_fate": ENV_SHARED_FATE,
+    "timeline": ENV_TIMELINE,
 }
 # The values of a boolean setting (the URL's spelling of its boolean options).
 _FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
@@ -157,7 +163,7 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
     from kvstatus.errors import InvalidArgumentError
     from kvstatus.keys import validate_name
     from kvstatus.rule import to_policy
-    from kvstatus.url import parse_url, url_lease_ttl, url_near_cache, url_shared_fate
+    from kvstatus.url import parse_url, url_lease_ttl, url_near_cache
 
     env = os.environ if environ is None else environ
     url = env.get(ENV_URL, "").strip()
@@ -191,19 +197,29 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         lease_ttl = DEFAULT_LEASE_TTL
     if lease_ttl:
         options["lease_ttl"] = lease_ttl
-    for variable, key, in_url in (
-        (ENV_NEAR_CACHE, "near_cache", url_near_cache(parsed)),  # unset: the URL's, else install()'s default (on)
-        (ENV_SHARED_FATE, "shared_fate", url_shared_fate(parsed) if "shared_fate" in parsed.query else None),
+    for variable, key, in_url, default in (
+        (ENV_NEAR_CACHE, "near_cache", url_near_cache(parsed), None),  # unset: the URL's, else install()'s (on)
+        (ENV_SHARED_FATE, "shared_fate", _in_url(parsed, "shared_fate"), None),  # the store's default (on)
+        (ENV_TIMELINE, "timeline", _in_url(parsed, "timeline"), True),  # on, though the store's default is off
     ):
         value = _flag(env, variable)
         if value is None:
-            continue  # the URL's ?<key>=, else the default (on)
+            if in_url is None and default is not None:
+                options[key] = default
+            continue  # the URL's ?<key>=, else the default
         if in_url is not None and in_url != value:
             raise _setting_error(
                 variable, f"{int(value)} disagrees with the {key}={int(in_url)} of {ENV_URL}: set one of them"
             )
         options[key] = value
     return options
+
+
+def _in_url(parsed: Any, name: str) -> Optional[bool]:
+    """The URL's true/false option ``name``, None when it does not set it."""
+    from kvstatus.url import url_flag
+
+    return url_flag(parsed, name, False) if name in parsed.query else None
 
 
 def _shown(variable: str, env: Mapping[str, str]) -> str:

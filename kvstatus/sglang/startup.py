@@ -219,16 +219,17 @@ def server_of(client: Any) -> str:
 
 def describe(status_map: Any, server: str) -> str:
     """The line logged when a manager is installed: participant, server, namespace, policy, near cache, lease,
-    shared fate."""
+    shared fate, timeline."""
     store = status_map.store
     lease = store.lease
     cache = store.near_cache
     near = "off" if cache is None else "refused by the server (uncached)" if cache.refused else "on"
     held = "off" if lease is None else f"{lease.ttl:g} s (generation {lease.generation})"
     fate = "on" if store.shared_fate else "off"
+    timeline = "on" if getattr(store, "timeline", False) else "off"
     pp = f", PP ranks {len(status_map.pp_participants)}" if status_map.pp_participants else ""
     return (
         f"kvstatus: SGLang KV manager {store.participant} on {server}, namespace {store.namespace}, "
         f"policy {store.policy.value}, scripts {store.scripts}, near cache {near}, lease {held}, "
-        f"shared fate {fate}{pp}"
+        f"shared fate {fate}, timeline {timeline}{pp}"
     )

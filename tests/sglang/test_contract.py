@@ -370,6 +370,7 @@ def test_plugin_settings_are_checked() -> None:
         "instance": "node7",
         "ttl": 30.0,
         "lease_ttl": 10.0,
+        "timeline": True,
     }
     for bad, needle in (
         ({"KVSTATUS_SGLANG_TTL": "soon"}, "KVSTATUS_SGLANG_TTL"),

@@ -201,7 +201,7 @@ def test_shared_fate_off_keeps_each_manager_on_its_own_entry(
     prefill, decode = make_manager(), make_manager(mode=DisaggregationMode.DECODE)
     maps = [install_from_env(manager, env) for manager in (prefill, decode)]
     lines = [r.getMessage() for r in caplog.records if r.name == "kvstatus.sglang"]
-    assert len(lines) == 2 and all(line.endswith(" s (generation 1), shared fate off") for line in lines)
+    assert len(lines) == 2 and all(line.endswith(" s (generation 1), shared fate off, timeline on") for line in lines)
     assert all(", lease 10 s " in line for line in lines)  # the plugin's default lease
     sender, _ = _open(prefill, decode)
     _fail(decode, ROOM, "KV receiver timed out")
@@ -226,7 +226,7 @@ def test_shared_fate_is_on_by_default_through_the_plugin(redis_server: Any, capl
         assert status_map.store.shared_fate is True
         status_map.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "kvstatus.sglang"]
-    assert len(lines) == 3 and all(line.endswith(", shared fate on") for line in lines)
+    assert len(lines) == 3 and all(line.endswith(", shared fate on, timeline on") for line in lines)
 
 
 @pytest.mark.real
@@ -270,3 +270,33 @@ def test_a_reason_that_cannot_reach_redis_stays_local_and_logs(caplog: pytest.Lo
     assert manager.failure_records == {ROOM: "transfer failed"}
     assert [r.levelname for r in caplog.records if "Redis failed a status call" in r.getMessage()] == ["ERROR"]
     assert _failure(lambda: raise_failure(manager, ROOM)).failure_reason == "transfer failed"  # failure_exception's end
+
+
+@pytest.mark.real
+def test_the_plugins_defaults_record_each_rooms_timeline(redis_server: Any) -> None:
+    """What a deployment gets with KVSTATUS_SGLANG_URL alone: every entry's timeline, removed with the entry."""
+    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: fresh_namespace("sgtimeline")}
+    prefill, decode = make_manager(), make_manager(mode=DisaggregationMode.DECODE)
+    maps = [install_from_env(manager, env) for manager in (prefill, decode)]
+    assert all(status_map.store.timeline for status_map in maps)
+    _open(prefill, decode)
+    prefill.update_status(ROOM, KVPoll.Success)
+    decode.update_status(ROOM, KVPoll.Success)
+    plain = StatusStore.from_url(redis_server.url, namespace=env[ENV_NAMESPACE])  # the maps' near cache keeps none
+    view = plain.room(ROOM)
+    assert [s.status for s in view.timelines["prefill-tp0-pp0"]] == [
+        KVPoll.Bootstrapping,
+        KVPoll.Transferring,
+        KVPoll.Success,
+    ]
+    assert [s.status for s in view.timelines["decode-tp0-pp0"]] == [
+        KVPoll.Bootstrapping,  # the receiver's constructor
+        KVPoll.WaitingForInput,
+        KVPoll.Success,
+    ]
+    for manager in (prefill, decode):
+        manager.request_status.pop(ROOM)
+    assert plain.room(ROOM).timelines == {} and not plain.room(ROOM).exists
+    plain.close()
+    for status_map in maps:
+        status_map.close()

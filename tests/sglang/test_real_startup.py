@@ -145,5 +145,5 @@ def test_a_good_start_logs_one_line_with_the_lease(sg: Any, redis_server: Any) -
     assert lines == [
         f"INFO:kvstatus.sglang:kvstatus: SGLang KV manager decode-tp3-pp0 on "
         f"redis://{redis_server.host}:{redis_server.port}/0, namespace {namespace}, policy strict, "
-        "scripts eval, near cache on, lease 5 s (generation 1), shared fate on"
+        "scripts eval, near cache on, lease 5 s (generation 1), shared fate on, timeline on"
     ]

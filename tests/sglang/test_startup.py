@@ -22,6 +22,7 @@ from kvstatus.sglang.plugin import (
     ENV_NEAR_CACHE,
     ENV_POLICY,
     ENV_SHARED_FATE,
+    ENV_TIMELINE,
     ENV_TTL,
     ENV_URL,
     install_from_env,
@@ -61,6 +62,7 @@ def _all_text(exc: BaseException) -> str:
         (ENV_NEAR_CACHE, "maybe", "1 or 0"),
         (ENV_SHARED_FATE, "maybe", "1 or 0"),
         (ENV_SHARED_FATE, "2", "1 or 0"),
+        (ENV_TIMELINE, "often", "1 or 0"),
         (ENV_LEASE_TTL, "2", r"0 \(no lease\) or seconds in \[3, 3600\]"),
         (ENV_LEASE_TTL, "-1", "no lease"),
         (ENV_LEASE_TTL, "4000", "no lease"),
@@ -119,6 +121,18 @@ def test_a_switch_and_its_url_option(variable: str, option: str) -> None:
         install_options({ENV_URL: url, variable: "1"})
     with pytest.raises(SettingError, match=f"^{variable}: invalid value 'maybe': expected 1 or 0"):
         install_options({**base, variable: "maybe"})
+
+
+def test_timelines_are_on_unless_the_variable_or_the_url_turns_them_off() -> None:
+    """The store's default is off; the plugin turns it on (issue 20: what a deployment gets is the default)."""
+    assert install_options({ENV_URL: GOOD_URL})["timeline"] is True
+    assert install_options({ENV_URL: GOOD_URL, ENV_TIMELINE: "0"})["timeline"] is False
+    assert install_options({ENV_URL: GOOD_URL, ENV_TIMELINE: "1"})["timeline"] is True
+    url = GOOD_URL + "?timeline=no"
+    assert "timeline" not in install_options({ENV_URL: url})  # the URL's own option is passed on with it
+    assert install_options({ENV_URL: url, ENV_TIMELINE: "no"})["timeline"] is False
+    with pytest.raises(SettingError, match=f"^{ENV_TIMELINE}: 1 disagrees with the timeline=0 of {ENV_URL}"):
+        install_options({ENV_URL: url, ENV_TIMELINE: "1"})
 
 
 def test_a_store_from_a_url_with_lease_ttl_holds_a_lease() -> None:
@@ -284,7 +298,7 @@ def test_a_good_start_logs_one_line_per_manager_and_leaves_nothing(
     server = f"redis://worker:***@{acl_server.host}:{acl_server.port}/0"
     assert lines == [
         f"kvstatus: SGLang KV manager prefill-tp{rank}-pp0 on {server}, namespace sgok, policy strict, "
-        f"scripts eval, near cache on, lease 6 s (generation {maps[rank].store.lease.generation}), shared fate on"
+        f"scripts eval, near cache on, lease 6 s (generation {maps[rank].store.lease.generation}), shared fate on, timeline on"
         for rank in range(2)
     ]
     assert SECRET not in caplog.text

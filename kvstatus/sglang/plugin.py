@@ -197,15 +197,15 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         lease_ttl = DEFAULT_LEASE_TTL
     if lease_ttl:
         options["lease_ttl"] = lease_ttl
-    for variable, key, in_url, default in (
+    for variable, key, in_url, unset in (
         (ENV_NEAR_CACHE, "near_cache", url_near_cache(parsed), None),  # unset: the URL's, else install()'s (on)
         (ENV_SHARED_FATE, "shared_fate", _in_url(parsed, "shared_fate"), None),  # the store's default (on)
         (ENV_TIMELINE, "timeline", _in_url(parsed, "timeline"), True),  # on, though the store's default is off
     ):
         value = _flag(env, variable)
         if value is None:
-            if in_url is None and default is not None:
-                options[key] = default
+            if in_url is None and unset is not None:
+                options[key] = unset
             continue  # the URL's ?<key>=, else the default
         if in_url is not None and in_url != value:
             raise _setting_error(

@@ -107,14 +107,22 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         prefill.update_many(dict.fromkeys(work[i : i + 1000], KVPoll.Transferring))
     per_pd_room = (_used_memory(client) - before) / n
     fenced = {}  # stores with a lease stamp each entry with their incarnation's epoch (lua/update.lua)
-    for label, names in (("one", [PARTICIPANT]), ("sglang", ["prefill-tp0-pp0", "decode-tp0-pp0"])):
+    sglang_pair, walk = ["prefill-tp0-pp0", "decode-tp0-pp0"], (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
+    for label, names, timeline, statuses in (
+        ("one", [PARTICIPANT], False, (KVPoll.Transferring,)),
+        ("sglang", sglang_pair, False, (KVPoll.Transferring,)),
+        ("timeline", [PARTICIPANT], True, (KVPoll.Transferring,)),
+        # The plugin's default, both entries walked to Transferring: three steps each.
+        ("sglang timeline", sglang_pair, True, (*walk, KVPoll.Transferring)),
+    ):
         client.flushall()
         before = _used_memory(client)
         for name in names:
-            stamped = StatusStore(client, namespace=NAMESPACE, participant=name)
+            stamped = StatusStore(client, namespace=NAMESPACE, participant=name, timeline=timeline)
             stamped._core.fence(EPOCH)
-            for i in range(0, n, 1000):
-                stamped.update_many(dict.fromkeys(work[i : i + 1000], KVPoll.Transferring))
+            for status in statuses:
+                for i in range(0, n, 1000):
+                    stamped.update_many(dict.fromkeys(work[i : i + 1000], status))
         fenced[label] = (_used_memory(client) - before) / n
     client.flushall()
     before = _used_memory(client)
@@ -145,9 +153,23 @@ def memory_per_room(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         ),
         Measurement(
             "memory",
-            "live SGLang room: `prefill-tp0-pp0` and `decode-tp0-pp0`, both stamped (the plugin's default)",
+            "live SGLang room: `prefill-tp0-pp0` and `decode-tp0-pp0`, both stamped",
             fenced["sglang"],
             "bytes",
+        ),
+        Measurement(
+            "memory",
+            "live room, one participant, stamped, with its timeline (one step)",
+            fenced["timeline"],
+            "bytes",
+            note=f"{fenced['timeline'] - fenced['one']:+.0f} bytes for the `t:{PARTICIPANT}` field",
+        ),
+        Measurement(
+            "memory",
+            "live SGLang room, both stamped, with timelines of three steps each (the plugin's default)",
+            fenced["sglang timeline"],
+            "bytes",
+            note=f"{fenced['sglang timeline'] - fenced['sglang']:+.0f} bytes for the two timelines",
         ),
         Measurement("memory", "raw `SET` of the same key with PX", per_string, "bytes"),
     ]

@@ -171,8 +171,14 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     bare_sha = client.script_load(update_without_acl_check())
     client.script_load(scripts.UPDATE.source)
     head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "", "")
-    fenced_head = (*head[:-1], str(EPOCH))  # a store with a lease: the SGLang plugin's default
-    server = {name: ServerTime(client, "evalsha") for name in ("update", "minimal", "no acl", "fenced", "unfenced")}
+    fenced_head = (*head[:-2], str(EPOCH), "")  # a store with a lease
+    default_head = (
+        *head[:-2],
+        str(EPOCH),
+        f"t:{PARTICIPANT}",
+    )  # with a lease and timelines: the SGLang plugin's default
+    names = ("update", "minimal", "no acl", "fenced", "unfenced", "sglang")
+    server = {name: ServerTime(client, "evalsha") for name in names}
 
     def update_block() -> list[int]:
         fresh = rooms.take(n)
@@ -204,6 +210,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             "no acl": server["no acl"].around(no_acl_block),
             "fenced": server["fenced"].around(raw_update_block(fenced_head)),
             "unfenced": server["unfenced"].around(raw_update_block(head)),
+            "sglang": server["sglang"].around(raw_update_block(default_head)),
             "set": set_block,
         },
         plan.rounds,
@@ -211,6 +218,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     up, floor, raw_set = s["update"].p50_us, s["minimal"].p50_us, s["set"].p50_us
     t_update, t_minimal, t_no_acl = (server[k].per_call() for k in ("update", "minimal", "no acl"))
     t_fenced, t_unfenced = server["fenced"].per_call(), server["unfenced"].per_call()
+    t_sglang = server["sglang"].per_call()
     out.rows += [
         _lat("single key", "`store.update_status` (CREATED)", s["update"], f"server {t_update:.2f} µs/call"),
         _lat("single key", "minimal rule script, raw `EVALSHA`", s["minimal"], f"server {t_minimal:.2f} µs/call"),
@@ -226,6 +234,12 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             s["fenced"],
             f"server {t_fenced:.2f} µs/call, {t_fenced / t_unfenced:.2f}× the same script unfenced "
             f"({t_unfenced:.2f} µs/call)",
+        ),
+        _lat(
+            "single key",
+            "`update.lua` fenced, with the timeline (the SGLang plugin's default), raw `EVALSHA`",
+            s["sglang"],
+            f"server {t_sglang:.2f} µs/call, {t_sglang / t_fenced:.2f}× the same script without the timeline",
         ),
         _lat(
             "single key",
@@ -259,6 +273,14 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
             1.10,
             "×",
             f"{t_fenced:.2f} µs vs {t_minimal:.2f} µs per call (INFO commandstats)",
+        ),
+        Budget(
+            "Redis time per update with the SGLang plugin's defaults (lease and timeline) vs minimal rule script",
+            t_sglang / t_minimal,
+            "<=",
+            1.10,
+            "×",
+            f"{t_sglang:.2f} µs vs {t_minimal:.2f} µs per call (INFO commandstats)",
         ),
     ]
     canned = _store(_CannedClient())

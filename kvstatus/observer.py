@@ -5,6 +5,13 @@ near cache (if on) calls the cache hooks. :class:`kvstatus.observe.metrics.Store
 is the Prometheus observer (``kvstatus[metrics]`` extra); any object with
 these methods works. With ``metrics=None`` (the default) a store call pays one
 attribute check.
+
+One hook is optional, and so not in :data:`HOOKS`: ``on_cleared(steps)``
+(:class:`ClearedObserver`). When a store's ``clear`` or ``pop`` removes an
+entry that carried a timeline (``timeline=True``), its send loop calls it with
+that timeline if the observer has it; an observer without it (written before
+timelines existed) is accepted and works as before. ``StoreMetrics`` turns it
+into the stage-duration histogram.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any, Optional, Protocol, runtime_checkable
 
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.rule import UpdateResult
+from kvstatus.rule import Step, UpdateResult
 
 
 @runtime_checkable
@@ -49,6 +56,14 @@ class StoreObserver(Protocol):
 
     def for_participant(self, participant: Optional[str]) -> StoreObserver:
         """The observer of ``store.for_participant(participant)``."""
+
+
+@runtime_checkable
+class ClearedObserver(Protocol):
+    """The optional hook: an observer that has it hears of each timeline a ``clear`` or ``pop`` removed."""
+
+    def on_cleared(self, steps: tuple[Step, ...]) -> None:
+        """``clear`` or ``pop`` removed an entry whose timeline was ``steps`` (never empty). Cheap, must not raise."""
 
 
 HOOKS: tuple[str, ...] = (

@@ -13,7 +13,10 @@ One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
   a budget (fewer, maybe none: ``"budget_spent": true`` with a cursor to
   continue from)
 - ``/api/rooms/{room}``  every participant's status and reason, the TTL, the room's first failure (stage,
-  origin, reason, ``at`` in Unix seconds; null when none is recorded) and the tombstone of recent clears
+  origin, reason, ``at`` in Unix seconds; null when none is recorded), the tombstone of recent clears, and
+  the entries' timelines (``timelines``: steps relative to the room's first step, Redis' ``now_ms``)
+- ``/api/stuck?older_than=&cursor=&limit=``  one page of stuck rooms (:func:`kvstatus.stuck.stuck` at
+  Redis' ``TIME``: holder, status, seconds), within the same budget as ``/api/rooms``
 - ``/api/changes?after=SEQ``  rooms that changed between passes (the change
   detection of ``kvstatus watch``), newest last
 
@@ -24,7 +27,8 @@ to this board would otherwise read it), and with a token set it must carry it
 
 Counts and changes come from a :class:`~kvstatus.observe.scanner.PassLoop` in
 the background (bounded, incremental SCAN); the board only ever reads Redis
-(SCAN, HGETALL, PTTL), so the read-only ACL user of :mod:`kvstatus.admin.acl` is enough.
+(SCAN, HGETALL, PTTL, TIME), so the read-only ACL user of :mod:`kvstatus.admin.acl` is enough.
+The room pages are read by :mod:`kvstatus.observe.boardpages`.
 """
 
 from __future__ import annotations
@@ -46,23 +50,27 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, scan_clients
+from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
+from kvstatus.observe.boardpages import MAX_PAGE as MAX_PAGE
+from kvstatus.observe.boardpages import MAX_PAGE_READS as MAX_PAGE_READS
+from kvstatus.observe.boardpages import MAX_SCAN_STEPS as MAX_SCAN_STEPS
+from kvstatus.observe.boardpages import (
+    parse_older_than,
+    redis_now_ms,
+    room_json,
+    scan_page,
+    stuck_page,
+    timelines_json,
+)
 from kvstatus.observe.scanner import PassLoop, PassResult
 from kvstatus.redact import mask_url
 from kvstatus.replies import decode_tombstone
-from kvstatus.rule import KVPoll, RoomView, Tombstone, parse_status
+from kvstatus.rule import KVPoll, Tombstone, parse_status
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
-MAX_PAGE = 500
-MAX_SCAN_STEPS = 200
-"""SCAN calls per page (each examines about max(limit, 100) keys, one round trip): enough for a namespace
-that shares its Redis with much larger ones to fill its first page, bounded at about 20 ms."""
-MAX_PAGE_READS = 1_000
-"""Rooms a page reads (HGETALL + PTTL) before it stops and hands back a cursor: about 0.1 s on a loaded 2-core
-box (a filter that matched nothing read all of 100k rooms, 6.7-19 s, before this bound)."""
 HISTORY_POINTS = 720
 RECENT_CHANGES = 500
 
@@ -153,42 +161,24 @@ class Board:
 
     def page(self, cursor: str, limit: int, status: Optional[KVPoll], participant: Optional[str]) -> dict[str, Any]:
         """One page of matching rooms from ``cursor`` ("<node>-<scan cursor>", "0-0" to start)."""
-        nodes = scan_clients(self.client)
-        node_index, scan_cursor = parse_cursor(cursor, len(nodes))
-        found: list[RoomView] = []
-        steps = scanned = 0
-        while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
-            try:
-                scan_cursor, keys = nodes[node_index].scan(
-                    cursor=scan_cursor, match=self.schema.scan_pattern, count=max(limit, 100)
-                )
-            except REDIS_ERRORS as exc:
-                raise translate_error(exc) from exc
-            steps += 1
-            texts = [k.decode() if isinstance(k, bytes) else k for k in keys]
-            texts = [k for k in texts if self.schema.room_of(k) is not None]
-            scanned += len(texts)
-            if texts:
-                found += [
-                    v
-                    for v in read_rooms(self.client, self.schema, texts, on_corrupt=lambda *_: None)
-                    if room_matches(v, status, participant)
-                ]
-            if int(scan_cursor) == 0:
-                node_index, scan_cursor = node_index + 1, 0
-        done = node_index >= len(nodes)
+        found, paging = scan_page(
+            self.client,
+            self.schema,
+            cursor,
+            limit,
+            lambda v: v if room_matches(v, status, participant) else None,
+        )
         found.sort(key=lambda v: v.room)
-        return {
-            "rooms": [room_json(v) for v in found],
-            "scanned": scanned,
-            "cursor": None if done else f"{node_index}-{scan_cursor}",
-            "done": done,
-            "budget_spent": not done and len(found) < limit,
-        }
+        return {"rooms": [room_json(v) for v in found], **paging}
+
+    def stuck(self, cursor: str, limit: int, older_than: float) -> dict[str, Any]:
+        """One page of stuck rooms from ``cursor`` (see :func:`~kvstatus.observe.boardpages.stuck_page`)."""
+        return stuck_page(self.client, self.schema, cursor, limit, older_than)
 
     def room(self, room: int) -> Optional[dict[str, Any]]:
-        """A room's entries, its first failure and its tombstone (who cleared it, when, at which status); None if it
-        has none of them. A room holding a value kvstatus does not write raises CorruptedValueError (a 503)."""
+        """A room's entries, its first failure, its tombstone (who cleared it, when, at which status) and its
+        timelines; None if it has none of them. A room holding a value kvstatus does not write raises
+        CorruptedValueError (a 503)."""
         key = self.schema.room_key(room)
         views = read_rooms(self.client, self.schema, [key])
         tombstone = self._tombstone(key)
@@ -198,6 +188,10 @@ class Board:
         failure = views[0].failure if views else None
         document["failure"] = None if failure is None else failure.to_json()
         document["tombstone"] = None if tombstone is None else tombstone.describe()
+        now_ms = redis_now_ms(self.client)
+        document["timelines"] = (
+            timelines_json(views[0], now_ms) if views else {"start_ms": None, "now_ms": now_ms, "participants": []}
+        )
         return document
 
     def _tombstone(self, key: str) -> Optional[Tombstone]:
@@ -213,29 +207,6 @@ class Board:
     def changes_after(self, seq: int) -> dict[str, Any]:
         with self._lock:
             return {"changes": [c for c in self.changes if c["seq"] > seq], "last": self._seq}
-
-
-def parse_cursor(text: str, nodes: int) -> tuple[int, int]:
-    node, _, cursor = text.partition("-")
-    if not (node.isdigit() and cursor.isdigit()) or int(node) >= max(nodes, 1):
-        raise InvalidArgumentError(f"invalid cursor {text!r}: expected the 'cursor' of a previous page, or 0-0")
-    return int(node), int(cursor)
-
-
-def room_json(view: RoomView) -> dict[str, Any]:
-    return {
-        "room": str(view.room),  # 63-bit ids do not fit a JavaScript number
-        "ttl_ms": view.ttl_ms,
-        "participants": [
-            {
-                "name": name,
-                "status": None if e.status is None else e.status.name,
-                "status_value": None if e.status is None else int(e.status),
-                "reason": e.reason,
-            }
-            for name, e in sorted(view.participants.items())
-        ],
-    }
 
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -328,6 +299,14 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": mask_url(message)}, status_code=status)
 
 
+def _limit(text: Optional[str]) -> int:
+    """A page's ``limit`` query parameter: 1..MAX_PAGE, default 50."""
+    text = "50" if text is None else text
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise InvalidArgumentError(f"invalid limit {text!r}: expected 1..{MAX_PAGE}")
+    return int(text)
+
+
 def create_app(
     board: Board,
     *,
@@ -362,10 +341,12 @@ def create_app(
         query = request.query_params
         status = parse_status(query["status"]) if query.get("status") else None
         participant = query.get("participant") or None
-        limit_text = query.get("limit", "50")
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE:
-            raise InvalidArgumentError(f"invalid limit {limit_text!r}: expected 1..{MAX_PAGE}")
-        return JSONResponse(board.page(query.get("cursor") or "0-0", int(limit_text), status, participant))
+        return JSONResponse(board.page(query.get("cursor") or "0-0", _limit(query.get("limit")), status, participant))
+
+    def stuck(request: Request) -> JSONResponse:
+        query = request.query_params
+        older_than = parse_older_than(query.get("older_than"))
+        return JSONResponse(board.stuck(query.get("cursor") or "0-0", _limit(query.get("limit")), older_than))
 
     def room(request: Request) -> JSONResponse:
         found = board.room(parse_room(request.path_params["room"]))
@@ -394,6 +375,7 @@ def create_app(
         Route("/api/summary", guarded(summary), methods=["GET"]),
         Route("/api/rooms", guarded(rooms), methods=["GET"]),
         Route("/api/rooms/{room}", guarded(room), methods=["GET"]),
+        Route("/api/stuck", guarded(stuck), methods=["GET"]),
         Route("/api/changes", guarded(changes), methods=["GET"]),
     ]
     return Starlette(

@@ -1,11 +1,14 @@
-"""Prometheus metrics of the library: what the update rule did, how long calls took, errors, resends, near cache.
+"""Prometheus metrics of the library: what the update rule did, how long calls took, errors, resends, near cache,
+and how long cleared entries spent in each stage.
 
 Needs the ``kvstatus[metrics]`` extra (prometheus_client). A store is given one
 :class:`StoreMetrics` observer; every label of its series (namespace,
 participant, outcome, operation, error type) is resolved once when the
 observer is built, so a call costs one or two pre-bound child updates and no
 label lookup. No label ever carries a room id: cardinality is bounded by
-namespaces x participants x the fixed outcome/operation/error sets.
+namespaces x participants x the fixed outcome/operation/error sets. The stage
+histogram is coarser still: namespace x role (:func:`kvstatus.naming.role_of`:
+prefill, decode, other) x stage, never a participant.
 
 The store calls, after each operation (the wiring lives in the store's send loop)::
 
@@ -14,6 +17,7 @@ The store calls, after each operation (the wiring lives in the store's send loop
     metrics.on_updates(results.values())        # update_many
     metrics.on_error(exc)                       # a kvstatus error raised to the caller
     metrics.on_resend()                         # a call sent again (NOSCRIPT heal, failover)
+    metrics.on_cleared(steps)                   # optional: the timeline of an entry clear/pop removed
 
 and the near cache calls :meth:`StoreMetrics.on_cache_hit`, ``on_cache_miss``,
 ``on_cache_invalidation`` and ``set_cache_size``.
@@ -32,7 +36,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from kvstatus import errors
 from kvstatus.keys import DEFAULT_PARTICIPANT
-from kvstatus.rule import Outcome, UpdateResult
+from kvstatus.naming import role_of
+from kvstatus.rule import Outcome, Step, UpdateResult
+from kvstatus.timeline import STAGES, stage_seconds
 
 OPERATIONS: tuple[str, ...] = (
     "update_status",
@@ -65,6 +71,28 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     1.0,
     2.5,
     10.0,
+)
+
+# Seconds. A healthy stage takes milliseconds to seconds; SGLang's bootstrap and waiting timeouts are 300 s.
+STAGE_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
 )
 
 ERROR_TYPES: tuple[str, ...] = tuple(
@@ -120,6 +148,13 @@ class Instruments:
             registry=registry,
         )
         self.cache_size = Gauge("kvstatus_nearcache_entries", "Rooms held by the near cache.", store, registry=registry)
+        self.stages = Histogram(
+            "kvstatus_stage_duration_seconds",
+            "Seconds a cleared entry spent in each stage of its timeline, by the participant's role.",
+            ["namespace", "role", "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=registry,
+        )
 
 
 _by_registry: WeakKeyDictionary[CollectorRegistry, Instruments] = WeakKeyDictionary()
@@ -160,6 +195,7 @@ class StoreMetrics:
         "_misses",
         "_invalidations",
         "_size",
+        "_stages",
     )
 
     def __init__(
@@ -182,6 +218,8 @@ class StoreMetrics:
         self._misses = family.cache_misses.labels(*labels).inc
         self._invalidations = family.cache_invalidations.labels(*labels).inc
         self._size = family.cache_size.labels(*labels).set
+        role = role_of(self.participant)
+        self._stages = {stage: family.stages.labels(self.namespace, role, stage).observe for stage in STAGES}
 
     def for_participant(self, participant: Optional[str]) -> StoreMetrics:
         """The observer of the same namespace for another participant (as ``store.for_participant``)."""
@@ -236,6 +274,13 @@ class StoreMetrics:
     def set_cache_size(self, entries: int) -> None:
         """Set the number of rooms the near cache holds now."""
         self._size(entries)
+
+    def on_cleared(self, steps: tuple[Step, ...]) -> None:
+        """Observe the seconds of each stage (:func:`kvstatus.timeline.stage_seconds`) of an entry that ``clear``
+        or ``pop`` removed, ``steps`` being its timeline, under this participant's role."""
+        stages = self._stages
+        for stage, seconds in stage_seconds(steps).items():
+            stages[stage](seconds)
 
     def __repr__(self) -> str:
         return f"StoreMetrics(namespace={self.namespace!r}, participant={self.participant!r})"

@@ -22,9 +22,11 @@ from kvstatus.fate import FATE_FIELD
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import real_redis_required
 from tests.observe.support import ServerProcess, wait_until
+from tests.observe.test_board_timeline import walk_room, write_stuck_rooms
 
 pytestmark = pytest.mark.real
 
+TIMED_ROOM = 7000
 HOSTILE_ROOM = 4242
 HOSTILE_ORIGIN = "<img src=x onerror=window.pwned=1>"  # no colon: a valid record's origin, written raw
 HOSTILE_REASON = "<script>window.pwned=2</script></span><b>bold</b> & \"quoted\" 'too'"
@@ -184,4 +186,56 @@ def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, B
         assert text("detail-failure-stage") == "cancelled"
         assert not browser.find_elements(By.CSS_SELECTOR, "#detail img, #detail script, #detail-failure-reason b")
         assert browser.execute_script("return window.pwned === undefined")
+
+        _check_timeline_and_stuck(browser, redis_server, namespace, text, By)
         assert server.terminate() == 0
+
+
+def _check_timeline_and_stuck(browser: Any, redis_server: RedisServer, namespace: str, text: Any, By: Any) -> None:
+    """The room detail draws one bar per participant from its timeline; the stuck view lists the stuck rooms."""
+    walk_room(redis_server.url, namespace, TIMED_ROOM, pause=0.2)
+    with StatusStore.from_url(redis_server.url, namespace=namespace) as store:
+        timelines = store.room(TIMED_ROOM).timelines
+    start = min(steps[0].at_ms for steps in timelines.values())
+    browser.execute_script(f"location.hash = 'room={TIMED_ROOM}'")
+    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#detail-timeline .tl-row"), 10, "the timeline bars")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#detail-timeline .tl-row")
+    assert [row.get_attribute("data-participant") for row in rows] == ["decode-tp0-pp0", "prefill-0"]
+    for row in rows:
+        name = row.get_attribute("data-participant")
+        segments = row.find_elements(By.CSS_SELECTOR, ".seg")
+        steps = timelines[name]
+        assert [s.get_attribute("data-status") for s in segments] == [step.status.name for step in steps]
+        assert [int(s.get_attribute("data-from-ms")) for s in segments] == [step.at_ms - start for step in steps]
+        assert segments[0].text.startswith(steps[0].status.name)  # labelled
+        colours = {s.get_attribute("data-status"): s.value_of_css_property("background-color") for s in segments}
+        assert colours.get("Success", "rgba(46, 158, 91, 1)") == "rgba(46, 158, 91, 1)"  # the status colours
+        assert len(set(colours.values())) == len(segments)
+    # Widths are proportional to the time spent: prefill-0 waited twice as long as it bootstrapped.
+    prefill = {s.get_attribute("data-status"): s for s in rows[1].find_elements(By.CSS_SELECTOR, ".seg")}
+    bar = rows[1].find_element(By.CSS_SELECTOR, ".tl-bar").size["width"]
+    end_ms = max(int(s.get_attribute("data-to-ms")) for row in rows for s in row.find_elements(By.CSS_SELECTOR, ".seg"))
+    for status in ("Bootstrapping", "WaitingForInput", "Transferring"):
+        segment = prefill[status]
+        ms = int(segment.get_attribute("data-to-ms")) - int(segment.get_attribute("data-from-ms"))
+        assert abs(segment.size["width"] - bar * ms / end_ms) <= 2, (status, segment.size, bar, ms, end_ms)
+    assert prefill["WaitingForInput"].size["width"] > 1.5 * prefill["Bootstrapping"].size["width"]
+    running = rows[0].find_elements(By.CSS_SELECTOR, ".seg.running")  # decode-tp0-pp0 is still Transferring
+    assert [s.get_attribute("data-status") for s in running] == ["Transferring"] and "so far" in running[0].text
+    assert text("detail-timeline-end").startswith("+")
+
+    expected = write_stuck_rooms(redis_server.client(), namespace)
+    browser.execute_script("document.getElementById('stuck-older').value = '60'")
+    browser.find_element(By.ID, "stuck-find").click()
+    wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#stuck tr.room")) == 2, 30, "the stuck rooms")
+    listed = browser.find_elements(By.CSS_SELECTOR, "#stuck tr.room")
+    assert [r.get_attribute("data-room") for r in listed] == ["9101", "9100"]
+    for row in listed:
+        holder, status, at_least = expected[int(row.get_attribute("data-room"))]
+        assert row.find_element(By.CSS_SELECTOR, ".stuck-holder").text == holder
+        assert (status or "no entry") in row.text
+        assert at_least <= float(row.find_element(By.CSS_SELECTOR, ".stuck-seconds").text.split()[0]) < at_least + 60
+    assert "no progress for more than 60 s" in text("stuck-note")
+    listed[0].click()  # a stuck room opens its detail, bars included
+    wait_until(lambda: text("detail").startswith("room 9101"), 10, "the stuck room's detail")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#detail-timeline .tl-row")) == 2

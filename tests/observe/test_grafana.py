@@ -8,9 +8,12 @@ from importlib import resources
 from typing import Any, Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
+from kvstatus.observe.metrics import StoreMetrics
+from kvstatus.timeline import STAGES
 from tests.helpers.backends import fresh_namespace
 from tests.observe.support import ServerProcess, scrape, wait_until
 
@@ -28,6 +31,41 @@ def queries(board: dict[str, Any]) -> Iterator[str]:
     for variable in board["templating"]["list"]:
         if variable["type"] == "query":
             yield variable["query"]["query"]
+
+
+def library_samples(registry: CollectorRegistry) -> set[str]:
+    """The sample names (``_bucket``, ``_total``...) a registry of library metrics serves."""
+    return {sample.name for family in registry.collect() for sample in family.samples}
+
+
+def library_names() -> set[str]:
+    """Every sample name of :mod:`kvstatus.observe.metrics` (the library metrics a store's observer serves)."""
+    registry = CollectorRegistry()
+    StoreMetrics("ns", "decode-0", registry)  # pre-binds every series
+    return library_samples(registry)
+
+
+def test_stage_panels_show_p50_and_p99_by_role_of_the_library_histogram() -> None:
+    board = dashboard()
+    library = library_names()
+    assert "kvstatus_stage_duration_seconds_bucket" in library
+    for stage in STAGES:
+        panels = [
+            p
+            for p in board["panels"]
+            if any(
+                f'stage="{stage}"' in t["expr"] and "kvstatus_stage_duration_seconds" in t["expr"] for t in p["targets"]
+            )
+        ]
+        assert len(panels) == 1, stage
+        exprs = sorted(t["expr"] for t in panels[0]["targets"])
+        assert [e.split(",")[0] for e in exprs] == ["histogram_quantile(0.5", "histogram_quantile(0.99"], exprs
+        for target in panels[0]["targets"]:
+            expr = target["expr"]
+            assert "sum by (role, le) (rate(kvstatus_stage_duration_seconds_bucket{" in expr and "[5m]" in expr
+            assert "participant" not in expr and "{{role}}" in target["legendFormat"]
+            assert set(METRIC.findall(expr)) <= library
+        assert panels[0]["fieldConfig"]["defaults"]["unit"] == "s"
 
 
 def test_dashboard_parses_and_every_panel_queries_kvstatus() -> None:
@@ -56,4 +94,18 @@ def test_every_query_names_a_metric_the_exporter_serves(redis_server: RedisServe
     names = {name for name, _ in served}
     used = {name for query in queries(dashboard()) for name in METRIC.findall(query)}
     assert len(used) >= 10
-    assert used <= names, sorted(used - names)
+    # The library metrics come from the workers' stores, not from the exporter: those a real store serves.
+    registry = CollectorRegistry()
+    metrics = StoreMetrics(namespace, "decode-0", registry)
+    with StatusStore.from_url(
+        redis_server.url, namespace=namespace, participant="decode-0", timeline=True, metrics=metrics
+    ) as store:
+        for status in (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success):
+            store.update_status(100, status)
+        assert store.clear(100) is True
+    library = library_samples(registry)
+    assert registry.get_sample_value(
+        "kvstatus_stage_duration_seconds_count", {"namespace": namespace, "role": "decode", "stage": "transfer"}
+    )
+    assert used & library and not names & {"kvstatus_stage_duration_seconds_bucket"}
+    assert used <= names | library, sorted(used - names - library)

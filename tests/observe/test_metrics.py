@@ -159,7 +159,14 @@ def test_two_stores_share_one_family_and_no_label_names_a_room() -> None:
         == 0
     )
     label_names = {name for family in registry.collect() for sample in family.samples for name in sample.labels}
-    assert label_names == {"namespace", "participant", "outcome", "operation", "type", "le"}
+    assert label_names == {"namespace", "participant", "outcome", "operation", "type", "le", "role", "stage"}
+    stage_labels = {
+        frozenset(sample.labels)
+        for family in registry.collect()
+        if family.name == "kvstatus_stage_duration_seconds"
+        for sample in family.samples
+    }
+    assert stage_labels == {frozenset({"namespace", "role", "stage", "le"}), frozenset({"namespace", "role", "stage"})}
 
 
 def test_core_and_cli_do_not_import_the_optional_extras() -> None:

@@ -39,6 +39,16 @@ def scan_clients(client: Any) -> list[Any]:
     return [client]
 
 
+def server_ms(client: Any) -> int:
+    """Redis' clock in whole Unix ms (``TIME`` of the server, or of the first primary of a cluster), truncated as
+    the Lua scripts compute ``now``: what timelines and failure records are written in, never the local clock."""
+    try:
+        seconds, micros = scan_clients(client)[0].time()
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> Iterator[list[str]]:
     """Yield the room keys of ``schema``'s namespace in lists of at most ``batch`` keys.
 
@@ -116,7 +126,8 @@ def without_probe(view: RoomView) -> RoomView:
     if PROBE_PARTICIPANT not in view.participants:
         return view
     kept = {name: entry for name, entry in view.participants.items() if name != PROBE_PARTICIPANT}
-    return view._replace(participants=kept)  # its tombstone and first failure stay
+    steps = {name: found for name, found in view.timelines.items() if name != PROBE_PARTICIPANT}
+    return view._replace(participants=kept, timelines=steps)  # its tombstone and first failure stay
 
 
 def iter_rooms(

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from kvstatus.admin.leases import lost_participants
-from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms
+from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms, server_ms
 from kvstatus.keys import KeySchema
-from kvstatus.rule import KVPoll, RoomView
+from kvstatus.rule import OPEN, KVPoll, RoomView
+from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck
 
 TERMINAL = frozenset({KVPoll.Success, KVPoll.Failed})
 
@@ -50,6 +51,11 @@ class Stats:
     ``oldest`` lists the non-terminal rooms (some entry neither Success nor
     Failed) with the least TTL left: every write refreshes the TTL, so they are
     the ones that went longest without progress. ``ttl_ms`` values are milliseconds.
+
+    ``stuck_rooms`` counts the rooms :func:`kvstatus.stuck.stuck` judges stuck for ``stuck_older_than_s``
+    seconds or more at the pass's start (Redis' clock), ``stuck_by_holder`` by the participant (or
+    ``"<role> (no entry)"``) holding each back; ``rooms_without_timeline`` the open rooms it cannot judge
+    (no entry records a timeline). ``stuck_older_than_s`` is None when the pass did not judge (no clock given).
     """
 
     rooms: int = 0
@@ -64,6 +70,10 @@ class Stats:
     corrupted_sample: list[str] = field(default_factory=list)
     lost_participants: list[str] = field(default_factory=list)
     rooms_on_lost_participants: int = 0
+    stuck_older_than_s: Optional[float] = None
+    stuck_rooms: int = 0
+    stuck_by_holder: Counter = field(default_factory=Counter)
+    rooms_without_timeline: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +90,10 @@ class Stats:
             "corrupted_sample": self.corrupted_sample,
             "lost_participants": self.lost_participants,
             "rooms_on_lost_participants": self.rooms_on_lost_participants,
+            "stuck_older_than_s": self.stuck_older_than_s,
+            "stuck_rooms": self.stuck_rooms,
+            "stuck_by_holder": dict(sorted(self.stuck_by_holder.items())),
+            "rooms_without_timeline": self.rooms_without_timeline,
             "oldest_non_terminal": [
                 {
                     "room": v.room,
@@ -95,12 +109,33 @@ def is_terminal(view: RoomView) -> bool:
     return all(entry.status in TERMINAL for entry in view.participants.values())
 
 
+def without_timeline(view: RoomView) -> bool:
+    """True for a room :func:`kvstatus.stuck.stuck` cannot judge: an open entry, no first failure, and no entry
+    recording a timeline (its writers run without ``timeline=True``)."""
+    return (
+        view.failure is None
+        and any(entry.status in OPEN for entry in view.participants.values())
+        and not any(view.timelines.values())
+    )
+
+
 class StatsBuilder:
     """Builds a :class:`Stats` one room at a time; :func:`collect_stats` and incremental passes share it."""
 
-    def __init__(self, *, oldest: int = 5, sample: int = 10, lost: frozenset[str] = frozenset()) -> None:
-        self.stats = Stats(lost_participants=sorted(lost))
+    def __init__(
+        self,
+        *,
+        oldest: int = 5,
+        sample: int = 10,
+        lost: frozenset[str] = frozenset(),
+        now_ms: Optional[int] = None,
+        older_than: float = DEFAULT_OLDER_THAN_SECONDS,
+    ) -> None:
+        """``now_ms``: Redis' clock (Unix ms) at the pass's start, to judge stuck rooms; None judges none."""
+        self.stats = Stats(lost_participants=sorted(lost), stuck_older_than_s=None if now_ms is None else older_than)
         self._lost = lost
+        self._now_ms = now_ms
+        self._older_than = older_than
         self._oldest = oldest
         self._sample = sample
         self._heap: list[tuple[int, int, RoomView]] = []  # (-ttl_ms, room, view): the `oldest` smallest TTLs
@@ -126,6 +161,13 @@ class StatsBuilder:
             for name, entry in view.participants.items()
         ):
             stats.rooms_on_lost_participants += 1  # stuck: an open entry whose participant is gone
+        if self._now_ms is not None:
+            found = stuck(view, self._now_ms, self._older_than)
+            if found is not None:
+                stats.stuck_rooms += 1
+                stats.stuck_by_holder[found.holder] += 1
+            elif without_timeline(view):
+                stats.rooms_without_timeline += 1
         stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
         if view.ttl_ms is None:
             stats.keys_without_ttl += 1
@@ -152,15 +194,19 @@ def collect_stats(
     sample: int = 10,
     batch: int = DEFAULT_BATCH,
     progress: Optional[Progress] = None,
+    older_than: float = DEFAULT_OLDER_THAN_SECONDS,
 ) -> Stats:
     """Count rooms by status and participant and audit TTLs in one SCAN pass.
 
     Rooms holding values kvstatus does not write are counted as corrupted
     (with up to ``sample`` messages) instead of stopping the audit. Rooms with
     an open entry of a participant whose lease is lost are counted as stuck
-    (``rooms_on_lost_participants``; the lease records are read first).
+    (``rooms_on_lost_participants``; the lease records are read first). Rooms whose timelines have not moved
+    for ``older_than`` seconds are counted by holder (``stuck_by_holder``), judged at Redis' clock read once
+    before the scan.
     """
-    builder = StatsBuilder(oldest=oldest, sample=sample, lost=lost_participants(client, schema))
+    lost = lost_participants(client, schema)
+    builder = StatsBuilder(oldest=oldest, sample=sample, lost=lost, now_ms=server_ms(client), older_than=older_than)
     for view in iter_rooms(client, schema, batch, progress, builder.corrupt):
         builder.add(view)
     return builder.finish()

@@ -3,7 +3,8 @@
 Exit codes: 0 ok, 1 not found or operational error (unreachable, ACL denied,
 corrupted value, a failed doctor check), 2 usage error (bad argument, option,
 room, status, name, URL), 3 ``stats`` found keys without TTL or corrupted values,
-4 ``stats`` found rooms stuck on participants whose lease is lost (and no finding of 3).
+4 ``stats`` found rooms stuck on participants whose lease is lost (and no finding of 3),
+5 ``health`` found an unhealthy prefill-decode pair.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, ttl_to_ms
 from kvstatus.redact import mask_url
 from kvstatus.rule import KVPoll, parse_status
+from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_STUCK = 0, 1, 2, 3, 4
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
     "3 stats found keys without TTL or corrupted values, "
-    "4 stats found rooms stuck on participants whose lease is lost."
+    "4 stats found rooms stuck on participants whose lease is lost, "
+    "5 health found an unhealthy prefill-decode pair."
 )
 
 
@@ -172,7 +175,8 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
 
     Exit codes: 0 ok, 1 not found or operational error, 2 usage error,
     3 stats found keys without TTL or corrupted values, 4 stats found rooms
-    stuck on participants whose lease is lost.
+    stuck on participants whose lease is lost, 5 health found an unhealthy
+    prefill-decode pair.
 
     Without --url / KVSTATUS_URL it uses redis://localhost:6379/0 and says so
     on stderr. Shell completion: eval "$(_KVSTATUS_COMPLETE=bash_source kvstatus)"
@@ -239,6 +243,49 @@ class TTLType(click.ParamType):
 def ttl_option(help: str) -> Callable[[Any], Any]:
     """``--ttl SECONDS``, the same check for every command that takes one."""
     return click.option("--ttl", type=TTLType(), default=DEFAULT_TTL_SECONDS, show_default=True, help=help)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?", re.IGNORECASE)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_DURATION_SECONDS = 30 * 86400
+
+
+class DurationType(click.ParamType):
+    """A span of time: seconds (``45``, ``2.5``) or a number with a unit (``500ms``, ``30s``, ``5m``, ``1h``),
+    above 0 and at most 30 days. Converts to seconds (float)."""
+
+    name = "DURATION"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            match = _DURATION.fullmatch(str(value).strip())
+            if match is None:
+                self.fail(
+                    f"invalid duration {value!r}: expected seconds, or a number with a unit: 500ms, 30s, 5m, 1h",
+                    param,
+                    ctx,
+                )
+            seconds = float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "s").lower()]
+        if not 0 < seconds <= MAX_DURATION_SECONDS:
+            self.fail(f"invalid duration {value!r}: expected more than 0 and at most 30 days", param, ctx)
+        return seconds
+
+
+DURATION = DurationType()
+
+
+older_than_option = click.option(
+    "--older-than",
+    type=DURATION,
+    default=f"{DEFAULT_OLDER_THAN_SECONDS:g}s",
+    show_default=True,
+    help="A room counts as stuck when it has an open entry and none of its entries' timelines moved for this "
+    "long: seconds, or a number with a unit (500ms, 30s, 5m, 1h), at most 30 days. Only rooms whose writers "
+    "record timelines (timeline=True, ?timeline=yes) can be judged.",
+)
+"""``--older-than DURATION``: the one bound of :func:`kvstatus.stuck.stuck` for every command that judges stuck rooms."""
 
 
 class RoomType(click.ParamType):

@@ -4,7 +4,6 @@ rule, the Lua library."""
 from __future__ import annotations
 
 import sys
-import time
 from datetime import datetime, timezone
 from typing import Any, Optional
 
@@ -14,7 +13,7 @@ from kvstatus.admin.acl import acl_rules, acl_setuser_line
 from kvstatus.admin.doctor import run_checks
 from kvstatus.admin.functions import load_functions, loaded_libraries
 from kvstatus.admin.stats import bucket_labels, collect_stats
-from kvstatus.admin.watch import KINDS, Snapshot, watch_changes
+from kvstatus.admin.watch import KINDS, Snapshot, entry_events, room_hash, watch_changes
 from kvstatus.cli.app import (
     EXIT_FINDINGS,
     EXIT_STUCK,
@@ -26,6 +25,7 @@ from kvstatus.cli.app import (
     json_option,
     main,
     note_empty_namespace,
+    older_than_option,
     pass_env,
     status_text,
     stderr_is_tty,
@@ -65,10 +65,11 @@ def _end_progress(progress: Any) -> None:
     show_default=True,
     help="How many of the oldest non-terminal rooms to list.",
 )
+@older_than_option
 @batch_option
 @json_option
 @pass_env
-def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
+def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool) -> None:
     """Count entries by status and participant, and audit leaks: keys without TTL, TTL left, oldest rooms.
 
     A room holds one entry per participant, so the counts by status are
@@ -78,11 +79,13 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
     values kvstatus does not write (for cron and alerting); else 4 if rooms
     are stuck on a participant whose lease is lost (`kvstatus sweep` fails
     them); 0 if clean. An empty namespace (often a mistyped name) exits 0 and
-    says so on stderr.
+    says so on stderr. Rooms stuck for --older-than by their timelines are
+    counted by the participant holding each back (`kvstatus ls --stuck` lists
+    them); they do not change the exit code.
     """
     schema = env.schema()
     progress = _progress("stats")
-    result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress)
+    result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress, older_than=older_than)
     _end_progress(progress)
     findings = result.keys_without_ttl > 0 or result.corrupted_rooms > 0
     stuck = result.rooms_on_lost_participants > 0
@@ -128,6 +131,10 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
         )
     else:
         click.echo("rooms stuck on lost participants: 0")
+    click.echo(_stuck_line(result.stuck_rooms, older_than, result.rooms_without_timeline))
+    if result.stuck_by_holder:
+        rows = [[holder, count] for holder, count in sorted(result.stuck_by_holder.items())]
+        click.echo(table(["HOLDER", "STUCK ROOMS"], rows))
     if result.corrupted_rooms:
         click.secho(
             f"CORRUPTED: {result.corrupted_rooms} rooms hold values kvstatus does not write "
@@ -149,7 +156,21 @@ def stats(env: CliEnv, oldest: int, batch: int, as_json: bool) -> None:
         raise click.exceptions.Exit(code)
 
 
-def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> str:
+def _stuck_line(rooms: int, older_than: float, without_timeline: int) -> str:
+    """E.g. "rooms stuck for 30 s or more (by their timelines): 2, by holder below; 5 open rooms have no timeline
+    and cannot be judged"."""
+    line = f"rooms stuck for {older_than:g} s or more (by their timelines): {rooms}"
+    if rooms:
+        line += ", by holder below (`kvstatus ls --stuck` lists them)"
+    if without_timeline:
+        line += (
+            f"; {without_timeline} open {'room has' if without_timeline == 1 else 'rooms have'} no timeline "
+            "and cannot be judged"
+        )
+    return line
+
+
+def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float, hash_rooms: bool = False) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [
         f"kvstatus watch  namespace {schema_ns}  {now}  every {interval:g}s  (Ctrl-C to stop)",
@@ -163,7 +184,8 @@ def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> s
     lines.append("since last refresh: " + "  ".join(f"{k} {counts[k]}" for k in KINDS))
     for change in changes[:MAX_CHANGES_SHOWN]:
         after = ", ".join(f"{n}={s}" for n, s in change.after.items()) or "-"
-        lines.append(f"  {change.kind:<9} room {change.room}  {after}")
+        room = room_hash(change.room) if hash_rooms else change.room
+        lines.append(f"  {change.kind:<9} room {room}  {after}")
     if len(changes) > MAX_CHANGES_SHOWN:
         lines.append(f"  ... and {len(changes) - MAX_CHANGES_SHOWN} more")
     return "\n".join(lines)
@@ -175,36 +197,47 @@ def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float) -> s
 )
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes (default: until Ctrl-C).")
 @batch_option
+@click.option(
+    "--hash-rooms",
+    is_flag=True,
+    help="Show each room as a stable hash instead of its id (the first 16 hex digits of SHA-256 of the decimal "
+    "id), e.g. for logs shared outside the deployment.",
+)
 @json_option
 @pass_env
-def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, as_json: bool) -> None:
+def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_rooms: bool, as_json: bool) -> None:
     """A live view: rooms, entries by status, and the rooms that changed (new, advanced, failed, cleared) since the last refresh.
 
-    With --json, streams JSON lines: a "snapshot" line per refresh with the
-    counts ("by_status" counts entries, one per participant), then one line
-    per changed room. Exits cleanly on Ctrl-C.
+    With --json, streams JSON lines, one event each: a "snapshot" line per
+    refresh with the counts ("by_status" counts entries, one per participant),
+    then one "status" or "cleared" line per entry that changed since the
+    previous refresh: room (a decimal string), participant, status,
+    previous_status, at_ms (Redis' clock), and for a Failed entry its reason
+    and the room's first failure (docs/cli.md has the schema). Exits cleanly on Ctrl-C.
     """
     schema = env.schema()
     terminal = sys.stdout.isatty() and not as_json
+    previous: Optional[Snapshot] = None
     try:
-        for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch):
+        for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch, detail=as_json):
             if as_json:
                 emit_json(
                     {
                         "event": "snapshot",
-                        "time": time.time(),
+                        "at_ms": snap.at_ms,
                         "rooms": len(snap.rooms),
                         "corrupted": snap.corrupted,
                         "entries": sum(snap.by_status.values()),
                         "by_status": {s.name: snap.by_status.get(s, 0) for s in KVPoll},
                     }
                 )
-                for change in changes:
-                    emit_json(change.to_json())
+                for event in entry_events(previous, snap) if previous is not None else ():
+                    emit_json(event.to_json(hash_rooms))
+                previous = snap
                 continue
             if terminal:
                 click.clear()
-            click.echo(_render(schema.namespace, snap, changes, interval))
+            click.echo(_render(schema.namespace, snap, changes, interval, hash_rooms))
             if not terminal:
                 click.echo("")
     except KeyboardInterrupt:

@@ -14,8 +14,10 @@ from kvstatus.admin.scan import (
     iter_rooms,
     read_rooms,
     room_matches,
+    server_ms,
     without_probe,
 )
+from kvstatus.admin.stats import without_timeline
 from kvstatus.cli.app import (
     ROOM,
     STATUS,
@@ -27,6 +29,7 @@ from kvstatus.cli.app import (
     json_option,
     main,
     note_empty_namespace,
+    older_than_option,
     participant_filter_option,
     participant_option,
     pass_env,
@@ -35,12 +38,22 @@ from kvstatus.cli.app import (
     ttl_option,
     ttl_text,
 )
+from kvstatus.cli.timing import (
+    STUCK_HEADER,
+    no_timeline_note,
+    stuck_json,
+    stuck_line,
+    timeline_table,
+    timelines_json,
+)
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.fate import shared_status
 from kvstatus.keys import validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
 from kvstatus.rule import OPEN, CancelOutcome, CancelResult, FailureRecord, KVPoll, Policy, RoomView, elapsed_text
 from kvstatus.store import StatusStore
+from kvstatus.stuck import stuck as stuck_room
+from kvstatus.url import url_timeline
 
 
 def store_for(
@@ -55,6 +68,7 @@ def store_for(
         ttl=ttl,
         policy=policy,
         scripts=env.scripts,
+        timeline=url_timeline(env.url_or_default),
     )
 
 
@@ -83,6 +97,8 @@ def room_json(view: RoomView) -> dict[str, Any]:
         }
     if view.failure is not None:
         document["failure"] = view.failure.to_json()
+    if any(view.timelines.values()):
+        document["timelines"] = timelines_json(view)
     return document
 
 
@@ -120,8 +136,11 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
     """Show the full view of each ROOM: every participant's status, failure reason and TTL left.
 
     Also the room's first failure (when, at which stage, by whom, why) and the
-    open entries that read Failed because of it (shared fate), and who cleared
-    the room recently. Exits 1 if any room does not exist.
+    open entries that read Failed because of it (shared fate), who cleared
+    the room recently, and, when its writers record timelines, when each
+    participant first reached each status, since the room's first step (by
+    Redis' clock; in --json "timelines", each step's Unix ms). Exits 1 if any
+    room does not exist.
     """
     store = store_for(env)
     views = [without_probe(store.room(room)) for room in rooms]
@@ -139,6 +158,10 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
             if view.exists and view.tombstone is not None:
                 for line in view.tombstone.describe(now):
                     click.echo(f"room {view.room}: {line}")
+            shown = timeline_table(view) if view.exists else None
+            if shown is not None:
+                click.echo(f"room {view.room}: timeline, since the room's first step (Redis' clock):")
+                click.echo(shown)
     if missing:
         raise NotFound("; ".join(_not_found(view, store.namespace) for view in missing))
 
@@ -334,15 +357,24 @@ def _cancel_json(room: int, result: CancelResult, earlier: dict[int, Optional[Fa
     is_flag=True,
     help="Only rooms with an open entry of a participant whose lease is lost (what `kvstatus sweep` fails).",
 )
+@click.option(
+    "--stuck",
+    is_flag=True,
+    help="Only stuck rooms, one line each: the room, the participant holding it back (or '<role> (no entry)'), "
+    "its status, and the seconds since any entry of the room moved (judged from the timelines, at Redis' clock).",
+)
+@older_than_option
 @json_option
-@pass_env
+@click.pass_context
 def ls(
-    env: CliEnv,
+    ctx: click.Context,
     status: Optional[KVPoll],
     participant: Optional[str],
     limit: Optional[int],
     batch: int,
     lost: bool,
+    stuck: bool,
+    older_than: float,
     as_json: bool,
 ) -> None:
     """Stream the rooms of the namespace (SCAN in bounded batches, constant memory), in no particular order.
@@ -350,19 +382,38 @@ def ls(
     With --json, one JSON object per room (JSON lines). A room holding a value
     kvstatus does not write is skipped with a warning on stderr, and the exit code is 1.
     An empty namespace (often a mistyped name) exits 0 and says so on stderr.
+
+    --stuck lists the rooms with an open entry whose timelines have not moved
+    for --older-than (with --json: room, holder, status, seconds); open rooms
+    without timelines cannot be judged and are counted on stderr. It exits 0
+    whether or not it finds any, as every ls does: count the lines to alert.
+    The other filters (--status, --participant, --lost) pick the rooms first.
     """
+    if not stuck and ctx.get_parameter_source("older_than") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--older-than goes with --stuck (or with `kvstatus stats`)", ctx)
+    env = ctx.find_object(CliEnv)
+    assert env is not None
     schema = env.schema()
     client = env.client()
     shown = 0
-    header = f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON"
+    header = STUCK_HEADER if stuck else f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON"
     corrupted: list[int] = []
     gone = lost_participants(client, schema) if lost else frozenset()
+    now_ms = server_ms(client) if stuck else 0
+    unjudged = 0
 
     def warn(room: int, message: str) -> None:
         corrupted.append(room)
         click.echo(f"warning: skipped room {room}: {message}", err=True)
 
     def lines(view: RoomView) -> list[str]:
+        nonlocal unjudged
+        if stuck:
+            found = stuck_room(view, now_ms, older_than)
+            if found is None:
+                unjudged += without_timeline(view)
+                return []
+            return [json.dumps(stuck_json(found)) if as_json else stuck_line(found)]
         if as_json:
             return [json.dumps(room_json(view))]
         rows = room_rows(view, participant)
@@ -395,6 +446,8 @@ def ls(
         click.echo(header)
     if seen == 0 and not corrupted:
         note_empty_namespace(schema)
+    if unjudged:
+        click.echo(no_timeline_note(unjudged), err=True)
     if corrupted:
         raise click.ClickException(
             f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped and left as they are"

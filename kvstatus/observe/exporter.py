@@ -6,6 +6,12 @@ reads the last completed pass, so scraping never touches Redis. While Redis
 does not answer, ``kvstatus_up`` is 0 and the room gauges are left out (a gap
 in the graphs, not stale numbers); the exporter keeps running and recovers by
 itself.
+
+Each pass also reads the rooms' tombstones and Redis' clock (:mod:`kvstatus.admin.health`): the open rooms'
+waiting times (:mod:`kvstatus.observe.timings`), the health of each prefill-decode pair in the window (at
+most ``max_pairs`` pairs keep their own labels, the rest are summed under ``(other)``), and ``/ready`` on
+the same HTTP server: 200 when every pair is healthy, else 503 naming the unhealthy ones;
+``/ready?pair=<prefill>,<decode>`` for one pair (404 when no room of it is in the window).
 """
 
 from __future__ import annotations
@@ -15,22 +21,37 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvstatus.admin.health import HealthSettings, PairHealth
 from kvstatus.admin.stats import bucket_labels
 from kvstatus.keys import KeySchema
 from kvstatus.observe.scanner import LostParticipants, PassLoop
+from kvstatus.observe.timings import OPEN_STATUSES
 from kvstatus.operations import DEFAULT_TTL_SECONDS
 from kvstatus.rule import KVPoll, Stage
 
 DEFAULT_PORT = 9808
 DEFAULT_MAX_PARTICIPANTS = 50
+DEFAULT_MAX_PAIRS = 50
 OTHER_PARTICIPANTS = "(other)"
 """The ``participant`` label of the entries of every participant past the cap (no participant name has
-parentheses, so it cannot collide with one)."""
+parentheses, so it cannot collide with one); also the ``prefill`` and ``decode`` labels of the pairs past theirs."""
+FIXED_SERIES = 23 + len(OPEN_STATUSES) * (1 + 12) + 1
+"""Series per namespace that depend on no participant or pair: 23, the 3 oldest-open gauges, the histogram's
+12 series (10 buckets, sum, count) per open status, and ``kvstatus_unhealthy_pairs``: 63."""
+PAIR_SERIES = 4
+"""Series per pair (succeeded, failed, stuck, unhealthy)."""
+
+
+def series_bound(max_participants: int = DEFAULT_MAX_PARTICIPANTS, max_pairs: int = DEFAULT_MAX_PAIRS) -> int:
+    """The most series one namespace has (without the process metrics): 522 with the defaults."""
+    return FIXED_SERIES + 5 * (max_participants + 1) + PAIR_SERIES * (max_pairs + 1)
+
 
 METRICS: dict[str, str] = {
     "kvstatus_up": "1 if Redis answered the exporter's last read of this namespace, else 0.",
@@ -53,6 +74,18 @@ METRICS: dict[str, str] = {
     "kvstatus_exporter_scanned_keys": "Keys the last completed pass read.",
     "kvstatus_exporter_last_success_timestamp_seconds": "Unix time the last pass completed (0: none yet).",
     "kvstatus_exporter_scan_errors": "Passes that ended because Redis failed.",
+    "kvstatus_oldest_open_room_age_seconds": "Seconds since the first timeline step of the oldest open room "
+    "(an open entry, no failure) with an entry in this status; 0 if there is none. Rooms without timelines "
+    "are not seen.",
+    "kvstatus_open_entry_status_seconds": "Seconds each open entry of an open room has sat in its current status "
+    "(since its last timeline step), at the last pass.",
+    "kvstatus_pair_succeeded_rooms": "Rooms of the prefill-decode pair that succeeded in the window (both sides "
+    'cleared at Success). Past --max-pairs pairs (unhealthy ones first, then the busiest) the rest are summed under "(other)".',
+    "kvstatus_pair_failed_rooms": "Rooms of the pair whose first failure (or a side's Failed clear) is in the window.",
+    "kvstatus_pair_stuck_rooms": "Rooms of the pair open and not moving for --older-than.",
+    "kvstatus_pair_unhealthy": "1 if the pair is unhealthy (failed + stuck >= threshold, nothing succeeded in the "
+    'window); for "(other)", the number of unhealthy pairs summed in it.',
+    "kvstatus_unhealthy_pairs": "Prefill-decode pairs that are unhealthy, all of them (not capped).",
 }
 """Every metric the exporter serves (names without a counter's ``_total``), with its help text."""
 
@@ -65,12 +98,15 @@ class NamespaceCollector(Collector):
         loops: Sequence[PassLoop],
         ttl: float = DEFAULT_TTL_SECONDS,
         max_participants: int = DEFAULT_MAX_PARTICIPANTS,
+        max_pairs: int = DEFAULT_MAX_PAIRS,
     ) -> None:
-        if isinstance(max_participants, bool) or not isinstance(max_participants, int) or max_participants < 0:
-            raise ValueError(f"invalid max_participants {max_participants!r}: expected an int >= 0")
+        for name, value in (("max_participants", max_participants), ("max_pairs", max_pairs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"invalid {name} {value!r}: expected an int >= 0")
         self.loops = list(loops)
         self.ttl = ttl
         self.max_participants = max_participants
+        self.max_pairs = max_pairs
 
     def collect(self) -> Iterable[Metric]:
         def gauge(name: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
@@ -88,6 +124,18 @@ class NamespaceCollector(Collector):
         errors = CounterMetricFamily(
             "kvstatus_exporter_scan_errors", METRICS["kvstatus_exporter_scan_errors"], labels=["namespace"]
         )
+        open_age = gauge("kvstatus_oldest_open_room_age_seconds", ["status"])
+        in_status = HistogramMetricFamily(
+            "kvstatus_open_entry_status_seconds",
+            METRICS["kvstatus_open_entry_status_seconds"],
+            labels=["namespace", "status"],
+        )
+        pair_labels = ["prefill", "decode"]
+        pair_gauges = [
+            gauge(f"kvstatus_pair_{what}", pair_labels)
+            for what in ("succeeded_rooms", "failed_rooms", "stuck_rooms", "unhealthy")
+        ]
+        unhealthy = gauge("kvstatus_unhealthy_pairs")
         for loop in self.loops:
             state = loop.state
             ns = state.namespace
@@ -118,6 +166,16 @@ class NamespaceCollector(Collector):
             oldest.add_metric([ns], age)
             lost.add_metric([ns], latest.rooms_on_lost_participants)
             leases.add_metric([ns], 1.0 if latest.lease_tracking else 0.0)
+            if latest.open_times is not None:
+                for status in OPEN_STATUSES:
+                    open_age.add_metric([ns, status.name], latest.open_times.oldest[status])
+                    buckets = latest.open_times.cumulative(status)
+                    in_status.add_metric([ns, status.name], buckets, latest.open_times.sums[status])
+            if latest.health is not None:
+                unhealthy.add_metric([ns], len(latest.health.unhealthy))
+                for prefill, decode, values in capped_pairs(latest.health.pairs, self.max_pairs):
+                    for family, value in zip(pair_gauges, values):
+                        family.add_metric([ns, prefill, decode], value)
         return [
             up,
             rooms,
@@ -133,7 +191,82 @@ class NamespaceCollector(Collector):
             scanned,
             success,
             errors,
+            open_age,
+            in_status,
+            *pair_gauges,
+            unhealthy,
         ]
+
+
+def capped_pairs(pairs: Sequence[PairHealth], most: int) -> list[tuple[str, str, tuple[int, int, int, int]]]:
+    """(prefill, decode, (succeeded, failed, stuck, unhealthy)) of the ``most`` pairs that matter most
+    (unhealthy first, then the most rooms, ties by name), sorted by name, then the rest summed under
+    (``(other)``, ``(other)``), only if there is a rest; the rest's ``unhealthy`` counts its unhealthy pairs."""
+    ranked = sorted(
+        pairs, key=lambda p: (not p.unhealthy, -(p.succeeded + p.failed_total + p.stuck + p.open), p.prefill, p.decode)
+    )
+
+    def values(p: PairHealth) -> tuple[int, int, int, int]:
+        return (p.succeeded, p.failed_total, p.stuck, int(p.unhealthy))
+
+    kept = sorted((p.prefill, p.decode, values(p)) for p in ranked[:most])
+    if len(ranked) > most:
+        rest = [values(p) for p in ranked[most:]]
+        summed = tuple(sum(column) for column in zip(*rest))
+        kept.append((OTHER_PARTICIPANTS, OTHER_PARTICIPANTS, summed))  # type: ignore[arg-type]
+    return kept
+
+
+def readiness(loops: Sequence[PassLoop], pair: Optional[str] = None) -> tuple[int, str]:
+    """The ``/ready`` answer (HTTP status, text): 200 when every pair (or ``pair``, ``<prefill>,<decode>``) is
+    healthy at the last completed pass of every namespace; 503 naming the unhealthy pairs, or when a namespace
+    has no completed pass or Redis did not answer its last read; 404 for a pair with no room in the window;
+    400 for a ``pair`` that is not ``<prefill>,<decode>``."""
+    wanted: Optional[tuple[str, str]] = None
+    if pair is not None:
+        prefill, comma, decode = pair.partition(",")
+        if not comma or not prefill or not decode or "," in decode:
+            return 400, f"bad pair {pair[:100]!r}: expected pair=<prefill instance>,<decode instance>\n"
+        wanted = (prefill, decode)
+    blocked, bad, known = [], [], False
+    for loop in loops:
+        state = loop.state
+        health = state.latest.health if state.latest is not None else None
+        if health is None:
+            blocked.append(f"namespace {state.namespace}: no completed pass yet")
+            continue
+        if not state.up:
+            blocked.append(f"namespace {state.namespace}: Redis did not answer the last read")
+        for found in health.pairs:
+            if wanted is None or (found.prefill, found.decode) == wanted:
+                known = True
+                if found.unhealthy:
+                    bad.append(f"{found.name} ({state.namespace})")
+    if blocked:
+        return 503, "not ready: " + "; ".join(blocked) + "\n"
+    if wanted is not None and not known:
+        return 404, f"unknown pair {','.join(wanted)[:100]!r}: no room of it in the window\n"
+    if bad:
+        shown = ", ".join(bad[:20]) + (f" and {len(bad) - 20} more" if len(bad) > 20 else "")
+        return 503, f"unhealthy: {shown}\n"
+    return 200, "ready\n"
+
+
+_REASONS = {200: "200 OK", 400: "400 Bad Request", 404: "404 Not Found", 503: "503 Service Unavailable"}
+
+
+def with_ready(app: Callable[..., Any], loops: Sequence[PassLoop]) -> Callable[..., Any]:
+    """The WSGI ``app`` (prometheus_client's) with ``/ready`` (see :func:`readiness`) in front of it."""
+
+    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/ready":
+            return app(environ, start_response)  # type: ignore[no-any-return]
+        pair = parse_qs(environ.get("QUERY_STRING", "")).get("pair", [None])[0]
+        code, text = readiness(loops, pair)
+        start_response(_REASONS[code], [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")])
+        return [text.encode()]
+
+    return serve
 
 
 def capped(by_participant: Mapping[str, Counter], most: int) -> list[tuple[str, Counter]]:
@@ -150,11 +283,14 @@ def capped(by_participant: Mapping[str, Counter], most: int) -> list[tuple[str, 
 
 
 def build_registry(
-    loops: Sequence[PassLoop], ttl: float = DEFAULT_TTL_SECONDS, max_participants: int = DEFAULT_MAX_PARTICIPANTS
+    loops: Sequence[PassLoop],
+    ttl: float = DEFAULT_TTL_SECONDS,
+    max_participants: int = DEFAULT_MAX_PARTICIPANTS,
+    max_pairs: int = DEFAULT_MAX_PAIRS,
 ) -> CollectorRegistry:
     """A registry with the namespaces' collector and the exporter's own process metrics."""
     registry = CollectorRegistry()
-    registry.register(NamespaceCollector(loops, ttl, max_participants))
+    registry.register(NamespaceCollector(loops, ttl, max_participants, max_pairs))
     ProcessCollector(registry=registry)
     return registry
 
@@ -167,9 +303,20 @@ def make_loops(
     batch: int,
     pause: float,
     lost_participants: Optional[LostParticipants] = None,
+    health: Optional[HealthSettings] = None,
 ) -> list[PassLoop]:
+    """A pass loop per namespace; ``health`` (default :class:`HealthSettings`'s defaults) judges the pairs."""
+    settings = health or HealthSettings()
     return [
-        PassLoop(client, schema, interval=interval, batch=batch, pause=pause, lost_participants=lost_participants)
+        PassLoop(
+            client,
+            schema,
+            interval=interval,
+            batch=batch,
+            pause=pause,
+            lost_participants=lost_participants,
+            health=settings,
+        )
         for schema in schemas
     ]
 
@@ -185,22 +332,30 @@ def run_exporter(
     pause: float = 0.0,
     ttl: float = DEFAULT_TTL_SECONDS,
     max_participants: int = DEFAULT_MAX_PARTICIPANTS,
+    max_pairs: int = DEFAULT_MAX_PAIRS,
+    health: Optional[HealthSettings] = None,
     lost_participants: Optional[LostParticipants] = None,
     ready: Optional[Callable[[str, int], None]] = None,
     stop: Optional[threading.Event] = None,
 ) -> int:
-    """Serve ``/metrics`` until SIGTERM or SIGINT (or ``stop`` is set); returns 0 (the exit code).
+    """Serve ``/metrics`` and ``/ready`` until SIGTERM or SIGINT (or ``stop`` is set); returns 0 (the exit code).
 
-    ``max_participants`` caps the ``participant`` label of ``kvstatus_entries`` (see :data:`METRICS`).
+    ``max_participants`` caps the ``participant`` label of ``kvstatus_entries``, ``max_pairs`` the pairs of the
+    ``kvstatus_pair_*`` gauges (see :data:`METRICS`, :func:`series_bound`); ``health`` sets the pairs' window,
+    stuck bound and threshold (default :class:`HealthSettings`: 60 s, 30 s, 1).
 
     ``ready(host, port)`` is called once the port is bound (``port=0`` picks a free one).
     Signal handlers are installed only when called from the main thread.
     """
     stop = stop or threading.Event()
     loops = make_loops(
-        client, schemas, interval=interval, batch=batch, pause=pause, lost_participants=lost_participants
+        client, schemas, interval=interval, batch=batch, pause=pause, lost_participants=lost_participants, health=health
     )
-    server, thread = start_http_server(port, addr=host, registry=build_registry(loops, ttl, max_participants))
+    registry = build_registry(loops, ttl, max_participants, max_pairs)
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    metrics_app = server.get_app()
+    assert metrics_app is not None
+    server.set_app(with_ready(metrics_app, loops))
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

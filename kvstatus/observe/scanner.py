@@ -11,6 +11,11 @@ Counting is :class:`kvstatus.admin.stats.StatsBuilder`, the code behind
 ``kvstatus stats``, plus the rooms whose first failure is recorded, by stage
 (:attr:`PassResult.failures_by_stage`); the optional per-room snapshot is
 :class:`kvstatus.admin.watch.Snapshot`, the state ``kvstatus watch`` diffs.
+
+With ``health`` settings (the exporter's passes), the SCAN also matches the rooms' tombstones and each batch
+reads them beside the rooms in the same round trip, plus one ``TIME``: the pass then also counts the health
+of each prefill-decode pair (:mod:`kvstatus.admin.health`) and the open rooms' waiting times
+(:mod:`kvstatus.observe.timings`), at Redis' clock.
 """
 
 from __future__ import annotations
@@ -23,11 +28,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from kvstatus.admin.scan import DEFAULT_BATCH, iter_room_keys, read_rooms
+from kvstatus.admin import health as pair_health
+from kvstatus.admin.health import Health, HealthBuilder, HealthSettings
+from kvstatus.admin.scan import DEFAULT_BATCH, iter_room_keys, read_rooms, server_ms
 from kvstatus.admin.stats import TERMINAL, Stats, StatsBuilder
 from kvstatus.admin.watch import RoomState, Snapshot
 from kvstatus.errors import KVStatusError
 from kvstatus.keys import KeySchema
+from kvstatus.observe.timings import OpenTimes
 from kvstatus.redact import mask_url
 from kvstatus.rule import KVPoll, RoomView, Stage
 
@@ -50,7 +58,8 @@ class PassResult:
 
     ``failures_by_stage``: the rooms whose first failure is recorded, by its stage (stages without one are
     left out). A room whose record kvstatus cannot read is counted in ``stats.corrupted_rooms`` instead, as
-    every room holding a value kvstatus does not write."""
+    every room holding a value kvstatus does not write. ``health`` and ``open_times``: None unless the pass
+    was given health settings."""
 
     namespace: str
     stats: Stats
@@ -61,6 +70,8 @@ class PassResult:
     finished_at: float
     duration: float
     failures_by_stage: Mapping[Stage, int] = field(default_factory=dict)
+    health: Optional[Health] = None
+    open_times: Optional[OpenTimes] = None
 
 
 class NamespacePass:
@@ -75,10 +86,16 @@ class NamespacePass:
         oldest: int = 1,
         keep_rooms: bool = False,
         lost_participants: Optional[LostParticipants] = None,
+        health: Optional[HealthSettings] = None,
     ) -> None:
         self.client = client
         self.schema = schema
-        self._keys: Iterator[list[str]] = iter_room_keys(client, schema, batch)
+        self._health = None if health is None else HealthBuilder(health)
+        self._times = None if health is None else OpenTimes()
+        self._now_ms = 0
+        self._keys: Iterator[list[str]] = (
+            iter_room_keys(client, schema, batch) if health is None else pair_health.iter_keys(client, schema, batch)
+        )
         self._builder = StatsBuilder(oldest=oldest)
         self._rooms: Optional[dict[int, RoomState]] = {} if keep_rooms else None
         self._by_status: Counter = Counter()
@@ -99,9 +116,23 @@ class NamespacePass:
             self._finish()
             return True
         self._scanned += len(keys)
-        for view in read_rooms(self.client, self.schema, keys, self._builder.corrupt):
-            self._add(view)
+        if self._health is None:
+            for view in read_rooms(self.client, self.schema, keys, self._builder.corrupt):
+                self._add(view)
+            return False
+        self._now_ms = server_ms(self.client)
+        for view in pair_health.read_views(self.client, self.schema, keys, self._corrupt):
+            if view.exists:
+                self._add(view)
+                assert self._times is not None
+                self._times.add(view, self._now_ms)
+            self._health.add(view, self._now_ms)
         return False
+
+    def _corrupt(self, room: int, message: str) -> None:
+        self._builder.corrupt(room, message)
+        if self._health is not None:
+            self._health.corrupt(room, message)
 
     def _add(self, view: RoomView) -> None:
         self._builder.add(view)
@@ -135,6 +166,10 @@ class NamespacePass:
             time.time(),
             time.monotonic() - self._started,
             dict(self._failures),
+            None
+            if self._health is None
+            else self._health.finish(self.schema.namespace, self._now_ms or server_ms(self.client)),
+            self._times,
         )
 
 
@@ -171,8 +206,10 @@ class PassLoop:
         oldest: int = 1,
         lost_participants: Optional[LostParticipants] = None,
         on_result: Optional[Callable[[PassResult], None]] = None,
+        health: Optional[HealthSettings] = None,
     ) -> None:
         self.client = client
+        self.health = health
         self.schema = schema
         self.interval = interval
         self.batch = batch
@@ -210,6 +247,7 @@ class PassLoop:
                 oldest=self.oldest,
                 keep_rooms=self.keep_rooms,
                 lost_participants=self.lost_participants,
+                health=self.health,
             )
             while not current.step():
                 self._set(up=True)

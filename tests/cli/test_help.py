@@ -35,6 +35,7 @@ def test_there_are_the_commands_of_the_issue() -> None:
         "exporter",
         "functions",
         "get",
+        "health",
         "ls",
         "participants",
         "serve",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from kvstatus.cli.app import (
     table,
 )
 from kvstatus.demo.faults import FAULTS, UPSTREAM, Trial, run_trial
+from kvstatus.demo.stuck import LEASE_TTL, run_stuck_scenario
 from kvstatus.demo.workload import (
     FAKEREDIS_DEFAULT_REQUESTS,
     DemoConfig,
@@ -203,11 +205,19 @@ class _Board:
     "third, once each, and show how long the survivor took to read Failed, the cause it saw, and what SGLang "
     "alone does (leases of 3 s; about 30 s).",
 )
+@click.option(
+    "--stuck",
+    is_flag=True,
+    help="Instead of the workload: a pair that serves beside a slow decode and a dead prefill, then what "
+    "`kvstatus ls --stuck` and `kvstatus health` say about them (rooms count as stuck after 2 s here; about "
+    "10 s). With --serve, the board shows them until Ctrl-C.",
+)
 @json_option
 @pass_env
 def demo(
     env: CliEnv,
     faults: bool,
+    stuck: bool,
     prefill: int,
     decode: int,
     requests: Optional[int],
@@ -234,9 +244,15 @@ def demo(
                 f"--serve needs the optional 'web' extra ({exc.name} is not installed): "
                 "in a kvstatus checkout, pip install '.[web]'"
             ) from None
+    if faults and stuck:
+        raise click.UsageError("--faults and --stuck are two demos: choose one")
     if faults:
         with _redis_for(env) as (url, _):
             _fault_demo(url, namespace, as_json)
+        return
+    if stuck:
+        with _redis_for(env) as (url, _):
+            _stuck_demo(url, namespace, as_json, serve_port)
         return
     bar = _Bar()
     board: Optional[_Board] = None
@@ -332,3 +348,69 @@ def _fault_demo(url: str, namespace: str, as_json: bool) -> None:
     click.echo("")
     rows = [[t.fault, took(t), t.cause, UPSTREAM[t.fault]] for t in trials]
     click.echo(table(["FAULT", "KVSTATUS: FAILED AFTER", "CAUSE THE SURVIVOR SEES", "SGLANG ALONE"], rows))
+
+
+STUCK_OLDER_THAN = "2s"
+
+
+def _stuck_demo(url: str, namespace: str, as_json: bool, serve_port: Optional[int]) -> None:
+    """:mod:`kvstatus.demo.stuck`, then ``ls --stuck`` and ``health`` on it, run as an operator runs them."""
+    click.echo("demo: a serving pair, a slow decode and a dead prefill ...", err=True)
+    try:
+        scenario = run_stuck_scenario(url, f"{namespace}-stuck-{os.getpid()}")
+    except (RuntimeError, KVStatusError) as exc:
+        raise click.ClickException(f"the stuck scenario could not run: {exc}") from None
+    board: Optional[_Board] = None
+    try:
+        runs = []
+        for args in (["ls", "--stuck", "--older-than", STUCK_OLDER_THAN], ["health", "--older-than", STUCK_OLDER_THAN]):
+            command = ["--namespace", scenario.namespace, *args, *(["--json"] if as_json else [])]
+            done = subprocess.run(
+                [sys.executable, "-m", "kvstatus.cli", *command],
+                env={**os.environ, "KVSTATUS_URL": url},  # the URL, password and all, stays out of argv
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            runs.append((command, done))
+        if as_json:
+            emit_json(
+                {
+                    "namespace": scenario.namespace,
+                    "older_than": STUCK_OLDER_THAN,
+                    "stuck": _json_or_text(runs[0][1].stdout),
+                    "health": _json_or_text(runs[1][1].stdout),
+                    "health_exit_code": runs[1][1].returncode,
+                }
+            )
+        else:
+            click.echo(
+                f"prefill-a serves decode-a; decode-b is slow (its rooms sit in Bootstrapping); prefill-b was SIGKILLed "
+                f"(a {LEASE_TTL:g} s lease: decode-a's watch failed its rooms), and one more request was sent to it. "
+                f"Rooms count as stuck after {STUCK_OLDER_THAN} here (the default is 30s)."
+            )
+            for command, done in runs:
+                click.echo("")
+                click.echo("$ kvstatus " + " ".join(command))
+                click.echo((done.stdout + done.stderr).rstrip())
+                if done.returncode:
+                    click.echo(f"(exit code {done.returncode})")
+        if serve_port is not None:
+            board = _Board(url, scenario.namespace, serve_port)
+            board.wait_for_ctrl_c()
+    finally:
+        if board is not None:
+            board.stop()
+        scenario.close()
+
+
+def _json_or_text(text: str) -> object:
+    """A command's ``--json`` output: one document, or a list of its JSON lines (``ls``); as text if neither."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError:
+        return text

@@ -19,6 +19,7 @@ import pytest
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
 from kvstatus.fate import FATE_FIELD
+from kvstatus.keys import KeySchema
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import real_redis_required
 from tests.observe.support import ServerProcess, wait_until
@@ -193,7 +194,13 @@ def _render_and_check(browser: Any, redis_server: RedisServer, tmp_path: Path, B
 
 def _check_timeline_and_stuck(browser: Any, redis_server: RedisServer, namespace: str, text: Any, By: Any) -> None:
     """The room detail draws one bar per participant from its timeline; the stuck view lists the stuck rooms."""
-    walk_room(redis_server.url, namespace, TIMED_ROOM, pause=0.2)
+    walk_room(redis_server.url, namespace, TIMED_ROOM, pause=0)
+    # Times written by hand, so that the widths below do not depend on how fast a loaded box ran the walk.
+    key, now = KeySchema(namespace).room_key(TIMED_ROOM), int(redis_server.client().time()[0]) * 1000
+    redis_server.client().hset(
+        key,
+        mapping={"t:prefill-0": f"1@{now - 1000} 2+200 3+600 4+800", "t:decode-tp0-pp0": f"1@{now - 900} 2+500 3+700"},
+    )
     with StatusStore.from_url(redis_server.url, namespace=namespace) as store:
         timelines = store.room(TIMED_ROOM).timelines
     start = min(steps[0].at_ms for steps in timelines.values())

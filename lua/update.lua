@@ -197,13 +197,8 @@ for i = 1, n do
     leaves_failed[i] = true
   end
   if tl_field and outcome < UNCHANGED then
-    if not now then
-      denied = denied or acl_refusal("time", key)
-      if denied then
-        return denied
-      end
-      now = now_ms()
-    end
+    -- Redis' clock, read in this first pass: an ACL that refuses TIME stops the script before any write.
+    now = now or now_ms()
     local after_tl = timeline_after(outcome ~= CREATED and timeline or nil, after, now)
     if not after_tl then
       return timeline_corrupt(key, tl_field, timeline)

@@ -16,17 +16,13 @@ local function timeline_after(prev, status, now)
   if not prev then
     return status .. "@" .. now
   end
+  -- Anchored patterns only: an unanchored one is tried at every position of the value.
   local base = string.match(prev, "^[0-4]@(%d+)")
-  if not base then
+  local last = string.match(prev, "^.*%+(%d+)$")  -- the last step's offset; none: one step so far
+  if not base or not (last or string.match(prev, "^[0-4]@%d+$")) then
     return nil
   end
-  local last = 0
-  if string.find(prev, " ", 1, true) then
-    last = tonumber(string.match(prev, " [0-4]%+(%d+)$"))
-    if not last then
-      return nil
-    end
-  end
+  last = tonumber(last) or 0
   local offset = now - tonumber(base)
   if offset < last then
     offset = last

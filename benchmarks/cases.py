@@ -230,7 +230,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         ),
         _lat(
             "single key",
-            "`update.lua` fenced (a store with a lease, the SGLang default), raw `EVALSHA`",
+            "`update.lua` fenced (a store with a lease), raw `EVALSHA`",
             s["fenced"],
             f"server {t_fenced:.2f} µs/call, {t_fenced / t_unfenced:.2f}× the same script unfenced "
             f"({t_unfenced:.2f} µs/call)",

@@ -103,7 +103,8 @@ def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: floa
     if isinstance(fields, list):
         pairs = iter(fields)
         fields = dict(zip(pairs, pairs))
-    view = decode_room(room, key, fields, pttl)  # validates every field: a corrupted value raises here
+    # Validates every field a poll reads (a corrupted value raises here); timelines are not cached, nor parsed.
+    view = decode_room(room, key, fields, pttl, timelines=False)
     # The key expires pttl ms after Redis read it, which is after sent_at: expiring the copy at
     # sent_at + pttl is never late.
     deadline = sent_at + pttl / 1000 if pttl >= 0 else None

@@ -139,12 +139,18 @@ def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone
 
 
 def decode_room(
-    room: int, key: str, fields: Mapping[Any, Any], pttl: int, tombstone: Optional[Tombstone] = None
+    room: int,
+    key: str,
+    fields: Mapping[Any, Any],
+    pttl: int,
+    tombstone: Optional[Tombstone] = None,
+    timelines: bool = True,
 ) -> RoomView:
-    """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read)."""
+    """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read).
+    ``timelines`` False skips the timeline fields (neither parsed nor checked: the near cache's polls need none)."""
     statuses: dict[str, Optional[KVPoll]] = {}
     reasons: dict[str, str] = {}
-    timelines: dict[str, tuple[Step, ...]] = {}
+    steps: dict[str, tuple[Step, ...]] = {}
     failure = None
     for raw_field, value in fields.items():
         field = _text(raw_field)
@@ -155,7 +161,8 @@ def decode_room(
         elif field.startswith(INCARNATION_FIELD_PREFIX):
             continue  # the fence of the entry's writer (lua/update.lua): not part of the view
         elif field.startswith(TIMELINE_FIELD_PREFIX):
-            timelines[field[len(TIMELINE_FIELD_PREFIX) :]] = parse_timeline(value, key, field)
+            if timelines:
+                steps[field[len(TIMELINE_FIELD_PREFIX) :]] = parse_timeline(value, key, field)
         elif ":" in field:
             raise CorruptedValueError(f"key {key} has a field {field[:60]!r} that kvstatus does not write")
         else:
@@ -164,5 +171,5 @@ def decode_room(
         name: ParticipantEntry(statuses.get(name), reasons.get(name))
         for name in sorted(statuses.keys() | reasons.keys())
     }
-    steps = {name: timelines[name] for name in participants if name in timelines}
-    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure, steps)
+    kept = {name: steps[name] for name in participants if name in steps}
+    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure, kept)

@@ -198,3 +198,11 @@ def test_stages_and_time_in_the_current_status() -> None:
     assert stage_seconds(()) == {} and since_current((), 0) is None
     assert since_current(steps, 1700000002300) == 1.0
     assert since_current(steps, 1700000000000) == 0  # a clock behind the last step reads 0
+
+
+def test_a_malformed_timeline_does_not_stop_a_near_cached_poll(redis_server: Any) -> None:
+    """The near cache keeps no timeline, so it does not read one: a poll answers whatever the field holds."""
+    with StatusStore.from_url(redis_server.url, namespace="tl-near", participant="p", near_cache=True) as store:
+        store.update_status(12, B)
+        redis_server.client().hset(store.schema.room_key(12), "t:p", "garbage")
+        assert store.get(12) is B and store.check_status(12) is B

@@ -1,6 +1,12 @@
-"""``kvstatus health``: per prefill-decode pair, what the last WINDOW served, failed and left stuck, and a verdict."""
+"""``kvstatus health``: per prefill-decode pair, what the last WINDOW served, failed and left stuck, and a verdict.
+
+Its options that set the judgement (``--window``, ``--older-than``, ``--threshold``, ``--tombstone-ttl``) are
+defined here once, as :data:`health_options`, and shared with ``kvstatus exporter`` (its pair gauges and
+``/ready``); :func:`health_settings` turns them into :class:`~kvstatus.admin.health.HealthSettings`."""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import click
 
@@ -56,8 +62,7 @@ def _render(health: Health) -> str:
     return "\n".join(lines)
 
 
-@main.command()
-@click.option(
+window_option = click.option(
     "--window",
     type=DURATION,
     default=DEFAULT_WINDOW_SECONDS,
@@ -65,15 +70,14 @@ def _render(health: Health) -> str:
     help="Count the rooms that succeeded or failed this recently: seconds, or a number with a unit (500ms, 30s, "
     "5m, 1h); at most --tombstone-ttl, since successes are seen through tombstones only.",
 )
-@older_than_option
-@click.option(
+threshold_option = click.option(
     "--threshold",
     type=click.IntRange(min=1, max=1_000_000),
     default=DEFAULT_THRESHOLD,
     show_default=True,
     help="A pair is UNHEALTHY when its failed + stuck rooms reach this and nothing succeeded in the window.",
 )
-@click.option(
+tombstone_ttl_option = click.option(
     "--tombstone-ttl",
     type=DURATION,
     default=DEFAULT_TOMBSTONE_TTL_SECONDS,
@@ -81,6 +85,27 @@ def _render(health: Health) -> str:
     help="The tombstone_ttl your stores use: how long a cleared room's tombstone says it succeeded, the bound "
     "of --window.",
 )
+health_options: list[Callable[[Any], Any]] = [window_option, older_than_option, threshold_option, tombstone_ttl_option]
+"""``--window``, ``--older-than``, ``--threshold``, ``--tombstone-ttl``: the judgement of ``health`` and ``exporter``."""
+
+
+def with_health_options(command: Any) -> Any:
+    """The decorator adding :data:`health_options` to a command, in that order."""
+    for option in reversed(health_options):
+        command = option(command)
+    return command
+
+
+def health_settings(window: float, older_than: float, threshold: int, tombstone_ttl: float) -> HealthSettings:
+    """The options as :class:`HealthSettings`; a window above the tombstone TTL is a usage error (exit 2)."""
+    try:
+        return HealthSettings(window, older_than, threshold, tombstone_ttl)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--window'") from None
+
+
+@main.command()
+@with_health_options
 @batch_option
 @json_option
 @pass_env
@@ -99,10 +124,7 @@ def health(
     Exits 5 when a pair is unhealthy, 0 when every pair is healthy (or there
     is none), 1 if Redis cannot be read, 2 for bad options.
     """
-    try:
-        settings = HealthSettings(window, older_than, threshold, tombstone_ttl)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--window'") from None
+    settings = health_settings(window, older_than, threshold, tombstone_ttl)
     found = read_health(env.client(), env.schema(), settings, batch=batch)
     if as_json:
         emit_json({**found.to_json(), "unhealthy": [pair.name for pair in found.unhealthy]})

@@ -10,6 +10,7 @@ import click
 
 from kvstatus.admin.leases import lost_participants
 from kvstatus.cli.app import CliEnv, batch_option, main, pass_env, ttl_option
+from kvstatus.cli.health import health_settings, with_health_options
 from kvstatus.keys import KeySchema
 
 
@@ -83,6 +84,15 @@ def _with_scan_options(interval: float = 15.0) -> Callable[[Any], Any]:
     help="Participants with their own kvstatus_entries series (those with the most entries); the rest "
     'are summed under participant="(other)".',
 )
+@click.option(
+    "--max-pairs",
+    type=click.IntRange(min=0, max=10_000),
+    default=50,
+    show_default=True,
+    help="Prefill-decode pairs with their own kvstatus_pair_* series (the unhealthy ones first, then those with "
+    'the most rooms); the rest are summed under prefill="(other)",decode="(other)".',
+)
+@with_health_options
 @pass_env
 def exporter(
     env: CliEnv,
@@ -94,6 +104,11 @@ def exporter(
     pause: float,
     ttl: float,
     max_participants: int,
+    max_pairs: int,
+    window: float,
+    older_than: float,
+    threshold: int,
+    tombstone_ttl: float,
 ) -> None:
     """Serve Prometheus metrics of one or more namespaces on http://HOST:PORT/metrics (needs kvstatus[metrics]).
 
@@ -102,11 +117,19 @@ def exporter(
     never touches Redis. Redis down: kvstatus_up 0, and the exporter keeps
     trying. Stops cleanly (exit 0) on SIGTERM or Ctrl-C.
 
-    Series are bounded whatever the number of participants: per namespace 23,
+    Each pass also judges every prefill-decode pair as kvstatus health does
+    (--window, --older-than, --threshold, --tombstone-ttl): the
+    kvstatus_pair_* gauges, kvstatus_unhealthy_pairs, and /ready (200 when
+    every pair is healthy, else 503) on the same port.
+
+    Series are bounded whatever the number of participants: per namespace 63,
     plus 5 kvstatus_entries series (one per status) for each of at most
-    --max-participants participants and one more participant "(other)"
-    (with the default 50: at most 278), plus the exporter's process metrics.
+    --max-participants participants and one more participant "(other)", plus
+    4 kvstatus_pair_* series for each of at most --max-pairs pairs and one
+    more pair "(other)" (with the defaults, 50 and 50: at most 522), plus the
+    exporter's process metrics.
     """
+    settings = health_settings(window, older_than, threshold, tombstone_ttl)
     try:
         from kvstatus.observe.exporter import run_exporter
     except ImportError as exc:
@@ -133,6 +156,8 @@ def exporter(
             pause=pause,
             ttl=ttl,
             max_participants=max_participants,
+            max_pairs=max_pairs,
+            health=settings,
             ready=ready,
             lost_participants=lost_participants,
         )

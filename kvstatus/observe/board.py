@@ -17,6 +17,8 @@ One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
   the entries' timelines (``timelines``: steps relative to the room's first step, Redis' ``now_ms``)
 - ``/api/stuck?older_than=&cursor=&limit=``  one page of stuck rooms (:func:`kvstatus.stuck.stuck` at
   Redis' ``TIME``: holder, status, seconds), within the same budget as ``/api/rooms``
+- ``/api/pairs?window=&older_than=&threshold=&tombstone_ttl=&cursor=``  one page of the health pass per
+  prefill-decode pair (:func:`kvstatus.observe.boardpages.pairs_page`), within the same budget (the board's page sums the pages of a walk and judges the sums)
 - ``/api/changes?after=SEQ``  rooms that changed between passes (the change
   detection of ``kvstatus watch``), newest last
 
@@ -27,8 +29,8 @@ to this board would otherwise read it), and with a token set it must carry it
 
 Counts and changes come from a :class:`~kvstatus.observe.scanner.PassLoop` in
 the background (bounded, incremental SCAN); the board only ever reads Redis
-(SCAN, HGETALL, PTTL, TIME), so the read-only ACL user of :mod:`kvstatus.admin.acl` is enough.
-The room pages are read by :mod:`kvstatus.observe.boardpages`.
+(SCAN, HGETALL, PTTL, EXISTS, TIME), so the read-only ACL user of :mod:`kvstatus.admin.acl` is enough.
+The room and pair pages are read by :mod:`kvstatus.observe.boardpages`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from kvstatus.admin.health import HealthSettings
 from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
@@ -58,6 +61,8 @@ from kvstatus.observe.boardpages import MAX_PAGE as MAX_PAGE
 from kvstatus.observe.boardpages import MAX_PAGE_READS as MAX_PAGE_READS
 from kvstatus.observe.boardpages import MAX_SCAN_STEPS as MAX_SCAN_STEPS
 from kvstatus.observe.boardpages import (
+    pairs_page,
+    parse_health_settings,
     parse_older_than,
     redis_now_ms,
     room_json,
@@ -174,6 +179,10 @@ class Board:
     def stuck(self, cursor: str, limit: int, older_than: float) -> dict[str, Any]:
         """One page of stuck rooms from ``cursor`` (see :func:`~kvstatus.observe.boardpages.stuck_page`)."""
         return stuck_page(self.client, self.schema, cursor, limit, older_than)
+
+    def pairs(self, cursor: str, settings: HealthSettings) -> dict[str, Any]:
+        """One page of the health per pair from ``cursor`` (see :func:`~kvstatus.observe.boardpages.pairs_page`)."""
+        return pairs_page(self.client, self.schema, cursor, settings)
 
     def room(self, room: int) -> Optional[dict[str, Any]]:
         """A room's entries, its first failure, its tombstone (who cleared it, when, at which status) and its
@@ -348,6 +357,10 @@ def create_app(
         older_than = parse_older_than(query.get("older_than"))
         return JSONResponse(board.stuck(query.get("cursor") or "0-0", _limit(query.get("limit")), older_than))
 
+    def pairs(request: Request) -> JSONResponse:
+        settings = parse_health_settings(request.query_params)
+        return JSONResponse(board.pairs(request.query_params.get("cursor") or "0-0", settings))
+
     def room(request: Request) -> JSONResponse:
         found = board.room(parse_room(request.path_params["room"]))
         if found is None:
@@ -376,6 +389,7 @@ def create_app(
         Route("/api/rooms", guarded(rooms), methods=["GET"]),
         Route("/api/rooms/{room}", guarded(room), methods=["GET"]),
         Route("/api/stuck", guarded(stuck), methods=["GET"]),
+        Route("/api/pairs", guarded(pairs), methods=["GET"]),
         Route("/api/changes", guarded(changes), methods=["GET"]),
     ]
     return Starlette(

@@ -1,12 +1,23 @@
-"""What the board's room endpoints read and answer: bounded pages over SCAN, a room as JSON, stuck rooms.
+"""What the board's room endpoints read and answer: bounded pages over SCAN, a room as JSON, stuck rooms, pairs.
 
-Every read here is one the read-only ACL user of :mod:`kvstatus.admin.acl` may send: SCAN, HGETALL, PTTL and
-TIME (Redis' clock, the one the timelines are written by).
+Every read here is one the read-only ACL user of :mod:`kvstatus.admin.acl` may send: SCAN, HGETALL, PTTL,
+EXISTS (in the recipe for ``wait_for``) and TIME (Redis' clock, the one the timelines are written by).
 
 - :func:`scan_page` walks the namespace from a cursor and keeps what a picker makes of each room, within a
   budget: at most :data:`MAX_SCAN_STEPS` SCAN calls and about :data:`MAX_PAGE_READS` rooms read per page.
 - :func:`stuck_page` is such a page of :func:`kvstatus.stuck.stuck` rooms, judged at Redis' ``TIME``.
 - :func:`room_json` and :func:`timelines_json` are a room as the board's JSON shows it.
+- :func:`pairs_page` is such a page of the health pass of :mod:`kvstatus.admin.health` (the pair matrix).
+
+**The pair matrix** (``/api/pairs``). A full health pass (:func:`kvstatus.admin.health.read_health`) reads every
+room and tombstone of the namespace: unbounded (about 200k keys at 100k rooms). A board request must cost the same
+at 100 or 100k rooms, as ``/api/rooms`` and ``/api/stuck`` do, so :func:`pairs_page` runs the same pass over at
+most :data:`MAX_SCAN_STEPS` SCAN calls and about :data:`MAX_PAGE_READS` keys (rooms and tombstones; the SCAN reply
+that reaches the bound is read whole) and hands back a cursor. Each page counts its rooms per pair with
+:class:`~kvstatus.admin.health.HealthBuilder`: the counts of the pages of one walk add up to those of ``kvstatus
+health`` (a room is counted by its room key, or by its tombstone when the room is gone, whichever page reads it),
+and the verdict is judged on the sums. A page that covers the whole namespace (``0-0`` to the end) carries the
+verdicts itself. A tombstone read without its room costs an EXISTS, as in ``kvstatus health``.
 """
 
 from __future__ import annotations
@@ -14,10 +25,20 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, TypeVar
 
+from kvstatus.admin.health import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW_SECONDS,
+    HealthBuilder,
+    HealthSettings,
+    key_pattern,
+    read_views,
+    room_of_key,
+)
 from kvstatus.admin.leases import redis_ms
-from kvstatus.admin.scan import read_rooms, scan_clients
+from kvstatus.admin.scan import read_rooms, scan_clients, server_ms
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import KeySchema
+from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.rule import OPEN, RoomView, Step
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, Stuck, stuck
 from kvstatus.translate import REDIS_ERRORS, translate_error
@@ -179,3 +200,88 @@ def _open(view: RoomView, name: str) -> bool:
 
 def _step(step: Step, start: int) -> dict[str, Any]:
     return {"status": step.status.name, "at_ms": step.at_ms - start}
+
+
+PAIRS_SCAN_COUNT = 200
+"""COUNT of each SCAN of a pairs page: about 5 SCAN calls and 5 pipelined round trips per page."""
+MAX_HEALTH_SECONDS = 30 * 86_400.0
+MAX_THRESHOLD = 1_000_000
+
+
+def _seconds(name: str, text: Optional[str], default: float) -> float:
+    if text is None or text == "":
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_HEALTH_SECONDS:  # NaN fails too
+        raise InvalidArgumentError(
+            f"invalid {name} {text!r}: expected seconds above 0 and at most {MAX_HEALTH_SECONDS:.0f}"
+        )
+    return seconds
+
+
+def parse_health_settings(query: Any) -> HealthSettings:
+    """:class:`HealthSettings` from the query parameters ``window``, ``older_than``, ``tombstone_ttl`` (seconds)
+    and ``threshold``; each defaults as ``kvstatus health`` does. Bad values raise InvalidArgumentError (a 400)."""
+    threshold_text = query.get("threshold") or str(DEFAULT_THRESHOLD)
+    if not threshold_text.isdigit() or not 1 <= int(threshold_text) <= MAX_THRESHOLD:
+        raise InvalidArgumentError(f"invalid threshold {threshold_text!r}: expected an integer 1..{MAX_THRESHOLD}")
+    try:
+        return HealthSettings(
+            window=_seconds("window", query.get("window"), DEFAULT_WINDOW_SECONDS),
+            older_than=_seconds("older_than", query.get("older_than"), DEFAULT_OLDER_THAN_SECONDS),
+            threshold=int(threshold_text),
+            tombstone_ttl=_seconds("tombstone_ttl", query.get("tombstone_ttl"), DEFAULT_TOMBSTONE_TTL_SECONDS),
+        )
+    except ValueError as exc:  # window above the tombstone TTL
+        raise InvalidArgumentError(str(exc)) from None
+
+
+def pairs_page(client: Any, schema: KeySchema, cursor: str, settings: HealthSettings) -> dict[str, Any]:
+    """One bounded page of the health pass from ``cursor`` ("<node>-<scan cursor>", "0-0" to start): the pairs
+    of the rooms it read with their counts, the rooms, unpaired and corrupted rooms it read, and the paging
+    fields ``scanned`` (keys read), ``cursor`` (None at the end), ``done`` and ``complete`` (the page covered the
+    whole namespace: then each pair carries its ``verdict``, else ``verdict`` is null and the caller judges the
+    sums: unhealthy when failed + stuck >= threshold and nothing succeeded)."""
+    nodes = scan_clients(client)
+    node_index, scan_cursor = parse_cursor(cursor, len(nodes))
+    from_start = (node_index, scan_cursor) == (0, 0)
+    builder = HealthBuilder(settings)
+    now_ms = server_ms(client)
+    steps = scanned = 0
+    while node_index < len(nodes) and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
+        try:
+            scan_cursor, keys = nodes[node_index].scan(
+                cursor=scan_cursor, match=key_pattern(schema), count=PAIRS_SCAN_COUNT
+            )
+        except REDIS_ERRORS as exc:
+            raise translate_error(exc) from exc
+        steps += 1
+        texts = [k.decode() if isinstance(k, bytes) else k for k in keys]
+        texts = [k for k in texts if room_of_key(schema, k)[0] is not None]
+        scanned += len(texts)
+        if texts:
+            for view in read_views(client, schema, texts, builder.corrupt):
+                builder.add(view, now_ms)
+        if int(scan_cursor) == 0:
+            node_index, scan_cursor = node_index + 1, 0
+    done = node_index >= len(nodes)
+    complete = done and from_start
+    health = builder.finish(schema.namespace, now_ms)
+    document = health.to_json()
+    if not complete:
+        document["healthy"] = None
+        for pair in document["pairs"]:
+            pair["verdict"] = None
+    return {
+        **document,
+        "now_ms": now_ms,
+        "tombstone_ttl_seconds": settings.tombstone_ttl,
+        "complete": complete,
+        "unhealthy": [pair.name for pair in health.unhealthy] if complete else None,
+        "scanned": scanned,
+        "cursor": None if done else f"{node_index}-{scan_cursor}",
+        "done": done,
+    }

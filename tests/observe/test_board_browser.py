@@ -246,3 +246,102 @@ def _check_timeline_and_stuck(browser: Any, redis_server: RedisServer, namespace
     listed[0].click()  # a stuck room opens its detail, bars included
     wait_until(lambda: text("detail").startswith("room 9101"), 10, "the stuck room's detail")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#detail-timeline .tl-row")) == 2
+
+
+def _rgb(css: str) -> tuple[int, ...]:
+    return tuple(int(float(part)) for part in css[css.index("(") + 1 : css.index(")")].split(",")[:3])
+
+
+def test_pair_matrix_in_chromium(browser: Any, redis_server: RedisServer) -> None:
+    """Rows are prefill instances, columns decode instances; each cell shows the pair's counts, coloured from
+    green (only successes) to red (failures or stuck rooms, no success); no room: an empty cell."""
+    from selenium.webdriver.common.by import By
+
+    from tests.admin.test_health import build, stores, succeed
+    from tests.helpers.backends import Backend
+
+    backend = Backend("real", redis_server.client(), redis_server.client, False)
+    try:
+        build(backend)  # a-b: 2 succeeded, 1 failed; c-d: 2 failed, 1 stuck; e-(none): 1 stuck
+        succeed(50, *stores(backend, "prefill-a-tp0-pp0", "decode-d-tp0-pp0"))  # a-d: only successes
+        with ServerProcess(
+            "--url", redis_server.url, "--namespace", backend.namespace, "serve", "--port", "0", "--interval", "0.5"
+        ) as server:
+            browser.get(server.base + "/")
+            wait_until(lambda: "whole namespace" in browser.find_element(By.ID, "pairs-note").text, 30, "the pairs")
+            heads = browser.find_elements(By.CSS_SELECTOR, "#pairs-matrix thead th[data-decode]")
+            assert [h.get_attribute("data-decode") for h in heads] == ["decode-b", "decode-d", "(none)"]
+            rows = browser.find_elements(By.CSS_SELECTOR, "#pairs-matrix tbody tr")
+            assert [r.get_attribute("data-prefill") for r in rows] == ["prefill-a", "prefill-c", "prefill-e"]
+            cells = {
+                (c.get_attribute("data-prefill"), c.get_attribute("data-decode")): c
+                for c in browser.find_elements(By.CSS_SELECTOR, "#pairs-matrix td")
+            }
+            assert len(cells) == 9
+            filled = {key for key, c in cells.items() if "pair-empty" not in (c.get_attribute("class") or "")}
+            assert filled == {
+                ("prefill-a", "decode-b"),
+                ("prefill-a", "decode-d"),
+                ("prefill-c", "decode-d"),
+                ("prefill-e", "(none)"),
+            }
+            for key in set(cells) - filled:
+                assert cells[key].text == "", key  # no room: an empty cell
+            counts = {
+                key: tuple(int(cells[key].get_attribute(f"data-{n}")) for n in ("succeeded", "failed", "stuck"))
+                for key in filled
+            }
+            assert counts == {
+                ("prefill-a", "decode-b"): (2, 1, 0),
+                ("prefill-a", "decode-d"): (1, 0, 0),
+                ("prefill-c", "decode-d"): (0, 2, 1),
+                ("prefill-e", "(none)"): (0, 0, 1),
+            }
+            assert (
+                "2 ok" in cells[("prefill-a", "decode-b")].text and "1 failed" in cells[("prefill-a", "decode-b")].text
+            )
+            assert (
+                "2 failed" in cells[("prefill-c", "decode-d")].text
+                and "1 stuck" in cells[("prefill-c", "decode-d")].text
+            )
+            assert "UNHEALTHY" in cells[("prefill-c", "decode-d")].text
+            verdicts = {key: cells[key].get_attribute("data-verdict") for key in filled}
+            assert {k for k, v in verdicts.items() if v == "UNHEALTHY"} == {
+                ("prefill-c", "decode-d"),
+                ("prefill-e", "(none)"),
+            }
+            colour = {key: _rgb(cells[key].value_of_css_property("background-color")) for key in filled}
+            green, mixed, red = (
+                colour[("prefill-a", "decode-d")],
+                colour[("prefill-a", "decode-b")],
+                colour[("prefill-c", "decode-d")],
+            )
+            assert green[1] > 150 and green[0] < 60 and green[2] < 60, green  # only successes: green
+            assert red[0] > 150 and red[1] < 60 and red[2] < 60, red  # failures and stuck, no success: red
+            assert colour[("prefill-e", "(none)")] == red
+            assert green[0] < mixed[0] < red[0] and mixed[1] > red[1], mixed  # 2 of 3 succeeded: in between
+            assert (
+                "unhealthy: prefill-c,decode-d; prefill-e,(none)" in browser.find_element(By.ID, "pairs-unhealthy").text
+            )
+            legend = browser.find_element(By.ID, "pairs-legend").text
+            assert "only successes" in legend and "no room" in legend and "UNHEALTHY" in legend
+            note = browser.find_element(By.ID, "pairs-note").text
+            assert note.startswith("4 pairs, 2 unhealthy") and "9 rooms read" in note, note
+
+            browser.execute_script("document.getElementById('pairs-threshold').value = '4'")
+            browser.find_element(By.ID, "pairs-judge").click()  # a higher threshold: no pair is unhealthy
+            wait_until(
+                lambda: (
+                    not browser.find_elements(By.CSS_SELECTOR, "#pairs-matrix td.unhealthy")
+                    and browser.find_element(By.ID, "pairs-note").text.startswith("4 pairs, 0 unhealthy")
+                ),
+                30,
+                "the matrix judged again",
+            )
+            browser.execute_script("document.getElementById('pairs-window').value = '90'")
+            browser.find_element(By.ID, "pairs-judge").click()  # above the tombstone TTL: the board says why
+            wait_until(lambda: "at most the tombstone TTL" in browser.find_element(By.ID, "pairs-note").text, 30, "400")
+            assert server.terminate() == 0
+            assert "Traceback" not in server.output
+    finally:
+        backend.close()

@@ -108,8 +108,13 @@ def test_the_exporter_process_caps_2000_participants(redis_server: Any) -> None:
 
 
 def test_the_help_states_the_bound() -> None:
+    from kvstatus.observe.exporter import FIXED_SERIES, series_bound
     from tests.helpers.cli import invoke
 
     text = " ".join(invoke(lambda url: None, "exporter", "--help").output.split())
-    assert f"per namespace {PER_NAMESPACE}," in text and f"at most {PER_NAMESPACE + 5 * (50 + 1)})" in text
-    assert "--max-participants" in text and '"(other)"' in text
+    assert (
+        f"per namespace {FIXED_SERIES}," in text and f"(with the defaults, 50 and 50: at most {series_bound()})" in text
+    )
+    assert series_bound(50, 50) == series_bound() == 522  # the help's numbers are the defaults'
+    assert "--max-participants" in text and "--max-pairs" in text and 'participant "(other)"' in text
+    assert '4 kvstatus_pair_* series for each of at most --max-pairs pairs and one more pair "(other)"' in text

@@ -109,3 +109,40 @@ def test_every_query_names_a_metric_the_exporter_serves(redis_server: RedisServe
     )
     assert used & library and not names & {"kvstatus_stage_duration_seconds_bucket"}
     assert used <= names | library, sorted(used - names - library)
+
+
+def test_pair_health_and_open_room_panels() -> None:
+    """Issue 20 item 4: the pair gauges (unhealthy pairs, per pair succeeded/failed/stuck) and the open rooms'
+    ages (oldest by status, time in status p99 from the snapshot histogram: no rate()) have panels."""
+    board = dashboard()
+    by_metric: dict[str, list[dict[str, Any]]] = {}
+    for panel in board["panels"]:
+        for name in sorted({m for target in panel["targets"] for m in METRIC.findall(target["expr"])}):
+            by_metric.setdefault(name, []).append(panel)
+    for name in (
+        "kvstatus_unhealthy_pairs",
+        "kvstatus_pair_succeeded_rooms",
+        "kvstatus_pair_failed_rooms",
+        "kvstatus_pair_stuck_rooms",
+        "kvstatus_pair_unhealthy",
+        "kvstatus_oldest_open_room_age_seconds",
+        "kvstatus_open_entry_status_seconds_bucket",
+    ):
+        assert by_metric.get(name), name
+    assert any(p["type"] == "stat" for p in by_metric["kvstatus_unhealthy_pairs"])
+    table = next(p for p in by_metric["kvstatus_pair_unhealthy"] if p["type"] == "table")
+    assert all(t.get("instant") and t.get("format") == "table" for t in table["targets"])
+    assert {m for t in table["targets"] for m in METRIC.findall(t["expr"])} >= {
+        "kvstatus_pair_succeeded_rooms",
+        "kvstatus_pair_failed_rooms",
+        "kvstatus_pair_stuck_rooms",
+    }
+    (quantiles,) = by_metric["kvstatus_open_entry_status_seconds_bucket"]
+    exprs = [t["expr"] for t in quantiles["targets"]]
+    assert any(e.startswith("histogram_quantile(0.99, sum by (status, le) (") for e in exprs), exprs
+    assert not any("rate(" in e for e in exprs)  # a snapshot of the open entries, not a counter
+    assert quantiles["fieldConfig"]["defaults"]["unit"] == "s"
+    for panel in (*by_metric["kvstatus_pair_failed_rooms"], *by_metric["kvstatus_oldest_open_room_age_seconds"]):
+        assert all('namespace=~"$namespace"' in t["expr"] for t in panel["targets"]), panel["title"]
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)) and max(ids) == 30

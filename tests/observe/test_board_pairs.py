@@ -45,9 +45,17 @@ PAGE_FIELDS = {
 }
 
 
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[RedisServer]:
+    """A server of this module's own: a page's read budget counts every key SCAN walks, so the session server's
+    keys from other tests would spread a small namespace over several pages."""
+    with RedisServer() as server:
+        yield server
+
+
 @pytest.fixture
-def pd(redis_server: RedisServer) -> Iterator[Backend]:
-    backend = Backend("real", redis_server.client(), redis_server.client, False)
+def pd(own_server: RedisServer) -> Iterator[Backend]:
+    backend = Backend("real", own_server.client(), own_server.client, False)
     build(backend)
     yield backend
     backend.close()
@@ -139,10 +147,8 @@ def test_pairs_of_a_cluster_walk_every_primary(redis_cluster: Any) -> None:
         backend.close()
 
 
-def test_pairs_over_http_as_the_read_only_user_and_bad_parameters_are_400(
-    pd: Backend, redis_server: RedisServer
-) -> None:
-    namespace = pd.namespace
+def test_pairs_over_http_as_the_read_only_user_and_bad_parameters_are_400(pd: Backend, own_server: RedisServer) -> None:
+    namespace, redis_server = pd.namespace, own_server
     admin = redis_server.client()
     user, password = f"reader-{namespace}", "reader-pw-for-pairs"
     admin.execute_command("ACL", "SETUSER", user, *acl_rules(namespace, read_only=True, password=password))

@@ -100,7 +100,13 @@ def test_room_detail_carries_the_timelines_relative_to_the_first_step(redis_serv
     assert untimed is not None and untimed["timelines"]["participants"] == []
 
 
-def test_stuck_page_lists_what_kvstatus_stuck_finds_at_redis_time(redis_server: RedisServer) -> None:
+def test_stuck_page_lists_what_kvstatus_stuck_finds_at_redis_time() -> None:
+    # A server of its own: a page's read budget counts every key SCAN walks, the session server's too.
+    with RedisServer() as redis_server:
+        _stuck_page_lists_what_kvstatus_stuck_finds(redis_server)
+
+
+def _stuck_page_lists_what_kvstatus_stuck_finds(redis_server: RedisServer) -> None:
     namespace = fresh_namespace("stuck")
     raw = redis_server.client()
     expected = write_stuck_rooms(raw, namespace)
@@ -123,7 +129,12 @@ def test_stuck_page_lists_what_kvstatus_stuck_finds_at_redis_time(redis_server: 
     assert {s["room"] for s in board.stuck("0-0", 50, 0.0)["stuck"]} >= {"9100", "9101", "9103", "7"}
 
 
-def test_stuck_and_timelines_over_http_as_the_read_only_user(redis_server: RedisServer) -> None:
+def test_stuck_and_timelines_over_http_as_the_read_only_user() -> None:
+    with RedisServer() as redis_server:  # its own (see above): the first page holds the whole namespace
+        _stuck_and_timelines_over_http(redis_server)
+
+
+def _stuck_and_timelines_over_http(redis_server: RedisServer) -> None:
     namespace = fresh_namespace("stuck")
     admin = redis_server.client()
     write_stuck_rooms(admin, namespace)

@@ -55,6 +55,7 @@ class Backend:
         self._asynchronous = asynchronous
         self._runner: Optional[asyncio.AbstractEventLoop] = asyncio.new_event_loop() if asynchronous else None
         self._clients: list[Any] = []
+        self._stores: list[Any] = []
 
     @property
     def asynchronous(self) -> bool:
@@ -65,9 +66,13 @@ class Backend:
         settings.setdefault("namespace", self.namespace)
         client = self._make_client()
         self._clients.append(client)
-        if self._runner is None:
-            return StatusStore(client, **settings)
-        return SyncAdapter(AsyncStatusStore(client, **settings), self._runner)
+        store: Any = (
+            StatusStore(client, **settings)
+            if self._runner is None
+            else SyncAdapter(AsyncStatusStore(client, **settings), self._runner)
+        )
+        self._stores.append(store)
+        return store
 
     def keys(self, namespace: Optional[str] = None) -> list[str]:
         """Every key of ``namespace`` (default: this test's), via SCAN on the raw client."""
@@ -82,6 +87,13 @@ class Backend:
         return [k for k in self.keys(namespace) if self.raw.pttl(k) < 0]
 
     def close(self) -> None:
+        # The stores first: a lease keeper left running would renew and watch on the session's server for the
+        # rest of the run, and its commands would show in other tests' INFO commandstats.
+        for store in self._stores:
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001  (a test may have closed it, or broken its server on purpose)
+                pass
         for client in dict.fromkeys(self._clients):  # a shared client is closed once
             if self._runner is not None:
                 self._runner.run_until_complete(client.aclose())

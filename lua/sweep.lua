@@ -68,7 +68,7 @@ for i = 1, #KEYS do
     result[i] = IGNORED_MISSING
   elseif (stored == "1" or stored == "2" or stored == "3") and not (stamp and stamp >= below) then
     local denied = acl_refusal("hset", KEYS[i]) or acl_refusal("hsetnx", KEYS[i])
-    if timeline and not now then
+    if timeline and not now and not denied then
       denied = acl_refusal("time", KEYS[i])
       now = not denied and now_ms()
     end

@@ -9,8 +9,9 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
-from kvstatus import KVPoll, Outcome, RoomConsensus, StatusStore
+from kvstatus import KVPoll, Outcome, PermissionDeniedError, RoomConsensus, StatusStore
 from kvstatus.admin.stats import collect_stats
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
@@ -194,3 +195,27 @@ def test_leases_consensus_tombstones_and_sweep_work_under_the_readme_acl_users(r
         assert sweep(operator, KeySchema(namespace)).swept == 1
     rw.client.close()
     ro.client.close()
+
+
+@pytest.mark.real
+def test_a_sweep_the_acl_half_allows_writes_nothing_even_with_timelines(redis_server: Any) -> None:
+    """A user allowed HSET and TIME but refused HSETNX: the sweep is refused before its first write (the timeline's
+    TIME check must not hide the HSETNX refusal), so no entry is left Failed without its reason."""
+    namespace = fresh_namespace("sweep-acl")
+    user = f"{namespace}-half"
+    with redis_server.client() as admin:
+        admin.execute_command(
+            "ACL", "SETUSER", user, "on", ">pw", f"~kvstatus:{namespace}:*", "+@read", "+scan", "+time", "+eval",
+            "+evalsha", "+script|load", "+hset", "-hsetnx",
+        )  # fmt: skip
+    with StatusStore.from_url(
+        redis_server.url, namespace=namespace, participant="dead-0", lease_ttl=3, timeline=True
+    ) as dead:
+        dead.update_status(1, B)
+        _expire(dead.client, namespace, "dead-0")
+        half = redis.Redis(host=redis_server.host, port=redis_server.port, username=user, password="pw")
+        with pytest.raises(PermissionDeniedError, match="hsetnx"):
+            sweep(half, KeySchema(namespace))
+        half.close()
+        with redis_server.client() as admin:
+            assert admin.hget(f"kvstatus:{namespace}:{{1}}", "dead-0") == b"1"  # untouched

@@ -191,6 +191,16 @@ class FailureNotes:
         elif storable(room) and self._claim(room):
             self._put(room, reason)
 
+    def first_failure(self, room: int) -> Optional[str]:
+        """The room's first failure as ``failure_exception`` reports it, or None (no record, or unreadable)."""
+        if not storable(room) or self.down() is not None:
+            return None
+        try:
+            record = self.store.failure(room)
+        except KVStatusError:
+            return None
+        return None if record is None else failure_text(record)
+
     def _claim(self, room: int) -> bool:
         """True when nobody noted ``room`` and the manager holds no reason for it: this caller records one."""
         with self.lock:
@@ -255,8 +265,13 @@ def _status_methods(
         return status
 
     def record_failure(bootstrap_room: int, failure_reason: str) -> None:
+        shown = failure_reason
+        if notes is not None and failure_reason in _placeholders(self):
+            # Upstream's words for "the prefill said Failed and gave no reason": the room's first failure, when it
+            # has one (a cancel, a peer's failure), is the cause the client should see. One round trip, here only.
+            shown = notes.first_failure(bootstrap_room) or failure_reason
         with self.failure_lock:
-            self.failure_records[bootstrap_room] = failure_reason
+            self.failure_records[bootstrap_room] = shown
         # The room's other participants report it too (the room's first failure names it): one round trip,
         # on the failure path; best effort, never an error into the engine for a reason that could not be kept.
         try:
@@ -272,6 +287,16 @@ def _status_methods(
         "check_status_pp_consensus": check_status_pp_consensus,
         "record_failure": record_failure,
     }
+
+
+PLACEHOLDER_REASONS: tuple[str, ...] = ("Failed to get kvcache from prefill instance, it might be dead",)
+"""Reasons upstream records when it knows none (``CommonKVManager.DEFAULT_PREFILL_FAILURE_REASON``: a decode told
+by the prefill's status message that a room failed, without a reason frame)."""
+
+
+def _placeholders(kv_manager: Any) -> tuple[str, ...]:
+    own = getattr(kv_manager, "DEFAULT_PREFILL_FAILURE_REASON", None)
+    return PLACEHOLDER_REASONS + ((own,) if isinstance(own, str) else ())
 
 
 def _record_invalid_room(kv_manager: Any, room: Any, status: KVPoll | int) -> None:

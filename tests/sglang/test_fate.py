@@ -300,3 +300,20 @@ def test_the_plugins_defaults_record_each_rooms_timeline(redis_server: Any) -> N
     plain.close()
     for status_map in maps:
         status_map.close()
+
+
+@pytest.mark.real
+def test_upstreams_no_reason_placeholder_gives_way_to_the_rooms_first_failure(pd: Any) -> None:
+    """Seen in the e2e tier: a cancel fails the prefill's entry by shared fate, its sender tells the decode "Failed"
+    over ZMQ without a reason, and the decode records upstream's placeholder before its own read of the room. The
+    client must see the cancel, not "it might be dead"."""
+    sender, receiver = _open(pd.prefill, pd.decode)
+    StatusStore.from_url(pd.url, namespace=pd.namespace, participant="router-1").cancel(ROOM, "client went away")
+    pd.decode.record_failure(ROOM, "Failed to get kvcache from prefill instance, it might be dead")
+    pd.decode.update_status(ROOM, KVPoll.Failed)
+    error = _failure(receiver.failure_exception)
+    assert "cancelled by router-1: client went away" in error.failure_reason
+    # A reason of the manager's own is kept as it is, placeholder or not when the room has no first failure.
+    _, other = _open(pd.prefill, pd.decode, ROOM + 1)
+    pd.decode.record_failure(ROOM + 1, "Failed to get kvcache from prefill instance, it might be dead")
+    assert _failure(other.failure_exception).failure_reason.endswith("it might be dead")

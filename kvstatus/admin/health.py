@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any, Optional
 
-from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, scan_clients, server_ms, without_probe
+from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, server_ms, without_probe
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
 from kvstatus.naming import naming
@@ -261,27 +261,7 @@ def room_of_key(schema: KeySchema, key: str) -> tuple[Optional[int], bool]:
 
 def iter_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> Iterator[list[str]]:
     """Room and tombstone keys of the namespace, in lists of at most ``batch`` (one SCAN per primary)."""
-    if batch < 1:
-        raise ValueError("batch must be at least 1")
-    try:
-        for node in scan_clients(client):
-            cursor: Any = 0
-            pending: list[str] = []
-            while True:
-                cursor, keys = node.scan(cursor=cursor, match=key_pattern(schema), count=batch)
-                for key in keys:
-                    text = key.decode() if isinstance(key, bytes) else key
-                    if room_of_key(schema, text)[0] is not None:
-                        pending.append(text)
-                while len(pending) >= batch:
-                    yield pending[:batch]
-                    pending = pending[batch:]
-                if int(cursor) == 0:
-                    break
-            if pending:
-                yield pending
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc) from exc
+    return iter_matching(client, key_pattern(schema), lambda key: room_of_key(schema, key)[0] is not None, batch)
 
 
 def read_views(

@@ -55,9 +55,16 @@ def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -
     SCAN may return a key twice while the keyspace is rehashed; callers that
     count should expect that rare duplicate, as every SCAN user must.
     """
+    return iter_matching(client, schema.scan_pattern, lambda key: schema.room_of(key) is not None, batch)
+
+
+def iter_matching(
+    client: Any, pattern: str, accept: Callable[[str], bool], batch: int = DEFAULT_BATCH
+) -> Iterator[list[str]]:
+    """Yield the keys SCAN ``MATCH pattern`` finds (every primary of a cluster in turn) that ``accept`` takes, in
+    lists of at most ``batch`` keys; Redis errors raise as kvstatus errors."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
-    pattern = schema.scan_pattern
     try:
         for node in scan_clients(client):
             cursor: Any = 0
@@ -66,7 +73,7 @@ def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -
                 cursor, keys = node.scan(cursor=cursor, match=pattern, count=batch)
                 for key in keys:
                     text = key.decode() if isinstance(key, bytes) else key
-                    if schema.room_of(text) is not None:
+                    if accept(text):
                         pending.append(text)
                 while len(pending) >= batch:
                     yield pending[:batch]

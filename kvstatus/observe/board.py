@@ -53,7 +53,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
-from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches
+from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, server_ms
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
@@ -64,7 +64,6 @@ from kvstatus.observe.boardpages import (
     pairs_page,
     parse_health_settings,
     parse_older_than,
-    redis_now_ms,
     room_json,
     scan_page,
     stuck_page,
@@ -197,7 +196,7 @@ class Board:
         failure = views[0].failure if views else None
         document["failure"] = None if failure is None else failure.to_json()
         document["tombstone"] = None if tombstone is None else tombstone.describe()
-        now_ms = redis_now_ms(self.client)
+        now_ms = server_ms(self.client)
         document["timelines"] = (
             timelines_json(views[0], now_ms) if views else {"start_ms": None, "now_ms": now_ms, "participants": []}
         )

@@ -34,7 +34,6 @@ from kvstatus.admin.health import (
     read_views,
     room_of_key,
 )
-from kvstatus.admin.leases import redis_ms
 from kvstatus.admin.scan import read_rooms, scan_clients, server_ms
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import KeySchema
@@ -99,26 +98,23 @@ def scan_page(
     return found, paging
 
 
-def redis_now_ms(client: Any) -> int:
-    """Redis' clock (``TIME``) in whole Unix ms, as the scripts stamp the timelines; a cluster's first primary."""
-    try:
-        return redis_ms(*scan_clients(client)[0].time())
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc) from exc
-
-
 def parse_older_than(text: Optional[str]) -> float:
     """The ``older_than`` query parameter in seconds (default :data:`~kvstatus.stuck.DEFAULT_OLDER_THAN_SECONDS`)."""
+    return query_seconds("older_than", text, DEFAULT_OLDER_THAN_SECONDS, MAX_OLDER_THAN_SECONDS, zero=True)
+
+
+def query_seconds(name: str, text: Optional[str], default: float, most: float, zero: bool = False) -> float:
+    """A query parameter of seconds: ``default`` when absent, else a number above 0 (from 0 with ``zero``) and at
+    most ``most``; anything else (NaN, inf, text) raises InvalidArgumentError naming it (a 400)."""
     if text is None or text == "":
-        return DEFAULT_OLDER_THAN_SECONDS
+        return default
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not 0 <= seconds <= MAX_OLDER_THAN_SECONDS:
-        raise InvalidArgumentError(
-            f"invalid older_than {text!r}: expected seconds from 0 to {MAX_OLDER_THAN_SECONDS:.0f}"
-        )
+    if not ((seconds >= 0 if zero else seconds > 0) and seconds <= most):  # NaN fails both
+        bound = f"from 0 to {most:.0f}" if zero else f"above 0 and at most {most:.0f}"
+        raise InvalidArgumentError(f"invalid {name} {text!r}: expected seconds {bound}")
     return seconds
 
 
@@ -135,7 +131,7 @@ def stuck_page(client: Any, schema: KeySchema, cursor: str, limit: int, older_th
     """One page of the stuck rooms (:func:`kvstatus.stuck.stuck` at Redis' ``TIME``, read once per page), the
     longest stuck first, with ``judged``: how many of the rooms read carry a timeline at all (the others cannot
     be judged: their writers record none)."""
-    now_ms = redis_now_ms(client)
+    now_ms = server_ms(client)
     judged = 0
 
     def pick(view: RoomView) -> Optional[Stuck]:
@@ -209,17 +205,7 @@ MAX_THRESHOLD = 1_000_000
 
 
 def _seconds(name: str, text: Optional[str], default: float) -> float:
-    if text is None or text == "":
-        return default
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds <= MAX_HEALTH_SECONDS:  # NaN fails too
-        raise InvalidArgumentError(
-            f"invalid {name} {text!r}: expected seconds above 0 and at most {MAX_HEALTH_SECONDS:.0f}"
-        )
-    return seconds
+    return query_seconds(name, text, default, MAX_HEALTH_SECONDS)
 
 
 def parse_health_settings(query: Any) -> HealthSettings:

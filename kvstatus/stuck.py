@@ -10,7 +10,7 @@ do not record one (``timeline=True``; on by default for the SGLang plugin).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from kvstatus.naming import ROLES, naming
 from kvstatus.rule import OPEN, KVPoll, RoomView
@@ -28,6 +28,12 @@ class Stuck(NamedTuple):
     holder: str
     status: Optional[KVPoll]
     seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"room", "holder", "status"}`` (the status' name, None when the holder has no entry) and ``"seconds"``
+        (whole ms): what ``ls --stuck --json`` prints and the board serves (the board's room as a string)."""
+        status = None if self.status is None else self.status.name
+        return {"room": self.room, "holder": self.holder, "status": status, "seconds": round(self.seconds, 3)}
 
 
 def missing_holder(role: str) -> str:

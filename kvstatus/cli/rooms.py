@@ -41,7 +41,6 @@ from kvstatus.cli.app import (
 from kvstatus.cli.timing import (
     STUCK_HEADER,
     no_timeline_note,
-    stuck_json,
     stuck_line,
     timeline_table,
     timelines_json,
@@ -413,7 +412,7 @@ def ls(
             if found is None:
                 unjudged += without_timeline(view)
                 return []
-            return [json.dumps(stuck_json(found)) if as_json else stuck_line(found)]
+            return [json.dumps(found.to_json()) if as_json else stuck_line(found)]
         if as_json:
             return [json.dumps(room_json(view))]
         rows = room_rows(view, participant)

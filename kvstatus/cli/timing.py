@@ -59,17 +59,6 @@ def stuck_line(found: Stuck) -> str:
     return f"{found.room:<19}  {found.holder:<24}  {status:<18}  {found.seconds:.1f} s"
 
 
-def stuck_json(found: Stuck) -> dict[str, Any]:
-    """One line of ``ls --stuck --json``: the room, who holds it back and in which status (None: no entry), and
-    the seconds since any of its entries last moved."""
-    return {
-        "room": found.room,
-        "holder": found.holder,
-        "status": None if found.status is None else found.status.name,
-        "seconds": round(found.seconds, 3),
-    }
-
-
 def no_timeline_note(rooms: int) -> str:
     """On stderr after ``ls --stuck``: how many open rooms could not be judged."""
     return (

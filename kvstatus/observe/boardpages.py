@@ -119,12 +119,8 @@ def query_seconds(name: str, text: Optional[str], default: float, most: float, z
 
 
 def stuck_json(found: Stuck) -> dict[str, Any]:
-    return {
-        "room": str(found.room),  # 63-bit ids do not fit a JavaScript number
-        "holder": found.holder,
-        "status": None if found.status is None else found.status.name,
-        "seconds": found.seconds,
-    }
+    """:meth:`Stuck.to_json` with the room as a string: 63-bit ids do not fit a JavaScript number."""
+    return {**found.to_json(), "room": str(found.room)}
 
 
 def stuck_page(client: Any, schema: KeySchema, cursor: str, limit: int, older_than: float) -> dict[str, Any]:

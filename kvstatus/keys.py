@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from kvstatus.errors import InvalidNameError, InvalidRoomError
+from kvstatus.errors import InvalidArgumentError, InvalidNameError, InvalidRoomError
 from kvstatus.redact import mask_url
 
 MAX_ROOM = 2**63 - 1
@@ -57,6 +57,17 @@ def validate_name(value: object, what: str) -> str:
             f"invalid {what} {shown}: use 1..{MAX_NAME_LENGTH} characters from A-Z a-z 0-9 _ . - "
             "(no braces, glob characters, colons or whitespace)"
         )
+    return value
+
+
+_ADDRESS = re.compile(r"[A-Za-z0-9_.\-\[\]:]{1,253}:[0-9]{1,5}")
+
+
+def validate_address(value: object) -> str:
+    """Return ``value`` if it is a ``host:port`` address (a host name, an IPv4 address or a bracketed IPv6 one);
+    raise :class:`~kvstatus.errors.InvalidArgumentError` naming it otherwise."""
+    if not isinstance(value, str) or not _ADDRESS.fullmatch(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
+        raise InvalidArgumentError(f"invalid address {value!r}: expected host:port, e.g. 10.0.0.7:8998")
     return value
 
 

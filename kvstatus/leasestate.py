@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from kvstatus import scripts
 from kvstatus.errors import BackendError, InvalidArgumentError, LeaseLostError
-from kvstatus.keys import KeySchema
+from kvstatus.keys import KeySchema, validate_address
 from kvstatus.requests import Request, script_call
 from kvstatus.rule import LeaseOutcome
 
@@ -46,6 +46,8 @@ log = logging.getLogger("kvstatus.leases")
 MIN_LEASE_TTL = 3.0
 MAX_LEASE_TTL = 3600.0
 RENEWALS_PER_TTL = 3
+ADDRESS_FIELD = "addr"
+"""The lease record's field of the holder's address (``host:port``; lua/lease.lua writes it at the acquire)."""
 # The write path renews synchronously once this share of the TTL went by since the last renewal was sent.
 STALE_SHARE = 2 / 3
 
@@ -75,11 +77,15 @@ class LeaseCore:
     ``generation`` (how many incarnations the name has had, this one
     included); ``epoch`` (the incarnation's fence, Unix ms at its acquire by Redis' clock and above
     every earlier incarnation's: the store stamps its entries with it); ``lost`` (True once Redis answered
-    LOST, or a write was refused as superseded); ``released``.
+    LOST, or a write was refused as superseded); ``released``; ``address`` (``host:port`` by which peers
+    reach the holder, or None: written into the record at each acquire, see :mod:`kvstatus.peerwatch`).
     """
 
-    def __init__(self, schema: KeySchema, participant: str, ttl: float, keep_ms: int) -> None:
+    def __init__(
+        self, schema: KeySchema, participant: str, ttl: float, keep_ms: int, address: Optional[str] = None
+    ) -> None:
         self.participant = participant
+        self.address = None if address is None else validate_address(address)
         self.ttl = validate_lease_ttl(ttl)
         self.key = schema.lease_key(participant)
         self._ttl_ms = str(round(self.ttl * 1000))
@@ -115,7 +121,10 @@ class LeaseCore:
             self.incarnation = secrets.token_hex(8)
             self.acquired = self.lost = self.released = self.taken_over = self.record_gone = False
         assert self.incarnation is not None
-        call = script_call(scripts.LEASE, [self.key], (op, self.incarnation, self._ttl_ms, self._keep_ms))
+        args: tuple[str, ...] = (op, self.incarnation, self._ttl_ms, self._keep_ms)
+        if op == "acquire" and self.address is not None:
+            args += (self.address,)
+        call = script_call(scripts.LEASE, [self.key], args)
 
         def decode(replies: list[Any]) -> tuple[int, int, int]:
             reply = replies[0]

@@ -21,6 +21,13 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    them; they are failed at once (stage ``superseded``), not at their TTL. A room opened less than one watch
    before the restart was seen is left alone (it may already hold the new incarnation's entry).
 
+5. A peer that never wrote a room this store waits on it for: a store that knows the address a room awaits
+   (:meth:`PeerWatch.awaits`; SGLang's decode knows its prefill's bootstrap address) judges the peers whose
+   lease carries that address (the ``address`` option of their store). When such a peer is lost or restarted
+   and holds no entry in the room, this store fails its own entry there, naming the peer and the address.
+   Addresses match exactly (``10.0.0.7:8998`` is not ``prefill-0:8998``): a room whose address no lease
+   carries is left to the engine's own checks, never failed by a guess.
+
 Only rooms this store has an open entry in are looked at (:meth:`PeerWatch.wrote` keeps them, without I/O):
 a peer dying in a room nobody waits on changes nothing. Entries that reached Success or Failed are never
 touched. A lost peer stays watched in the rooms this store opens later, until its name holds a lease again.
@@ -38,6 +45,7 @@ from typing import Any, Optional
 from kvstatus import scripts
 from kvstatus.consensus import LeaseState
 from kvstatus.keys import incarnation_field, reason_field
+from kvstatus.leasestate import ADDRESS_FIELD
 from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
@@ -57,6 +65,14 @@ def restart_reason(participant: str) -> str:
     return f"participant {participant} restarted; this entry was its previous incarnation's"
 
 
+def awaited_reason(participant: str, address: str, stage: Stage) -> str:
+    """The failure reason of this store's entry in a room that waits on ``participant`` at ``address``, which
+    lost its lease (stage ``lease-lost``) or restarted (``superseded``) before it wrote the room."""
+    if stage is Stage.SUPERSEDED:
+        return f"participant {participant} restarted; this room waited on its previous incarnation at {address}"
+    return f"participant {participant} lost its lease; this room waits on it at {address}"
+
+
 @dataclass
 class WatchPlan:
     """What one look at the marks asks for. ``suspects``: peers whose lease to check, with the rooms to check
@@ -68,11 +84,12 @@ class WatchPlan:
 
 
 class _Peer:
-    __slots__ = ("mark", "changed_at", "incarnation", "lost")
+    __slots__ = ("mark", "changed_at", "incarnation", "lost", "address")
 
     def __init__(self, mark: str, now: float) -> None:
         self.mark, self.changed_at, self.lost = mark, now, False
         self.incarnation = _incarnation(mark)
+        self.address: Optional[str] = None  # its lease's address, once read (a lost or restarted peer's)
 
 
 def _incarnation(mark: str) -> str:
@@ -94,6 +111,7 @@ class PeerWatch:
         self.lease_ttl, self.keep, self.interval = lease_ttl, keep, interval
         self.stale_after = min(lease_ttl, STALE_LOOKS * interval)
         self._open: dict[int, float] = {}  # room -> monotonic time this store first wrote it open
+        self._awaits: dict[int, str] = {}  # room -> the address of the peer it waits on (awaits())
         self._peers: dict[str, _Peer] = {}
         self._looked_at = -float("inf")
         self._previous_look = -float("inf")
@@ -104,11 +122,32 @@ class PeerWatch:
         if status in OPEN:
             self._open.setdefault(room, time.monotonic())
         else:
-            self._open.pop(room, None)
+            self.closed(room)
 
     def closed(self, room: int) -> None:
         """This store's entry in ``room`` was cleared, popped or cancelled."""
         self._open.pop(room, None)
+        self._awaits.pop(room, None)
+
+    def awaits(self, room: int, address: str) -> None:
+        """``room`` waits on the peer at ``address`` (host:port, as the peer's lease carries it), which may never
+        write it: if that peer is lost or restarts first, this store's open entry in the room fails."""
+        self._awaits[room] = address
+
+    def awaiting(self, rooms: list[int], address: str) -> list[int]:
+        """Those of ``rooms`` that wait on ``address``."""
+        awaits = self._awaits
+        return [room for room in rooms if awaits.get(room) == address]
+
+    def awaits_any(self, rooms: list[int]) -> bool:
+        """True when one of ``rooms`` waits on an address."""
+        awaits = self._awaits
+        return bool(awaits) and any(room in awaits for room in rooms)
+
+    def peer_address(self, name: str) -> Optional[str]:
+        """The address read from ``name``'s lease record, if read before (:meth:`identity_request`)."""
+        peer = self._peers.get(name)
+        return None if peer is None else peer.address
 
     def next_delay(self) -> float:
         """Seconds until the next look is due."""
@@ -182,19 +221,24 @@ class PeerWatch:
         if peer is not None:
             peer.lost = state is LeaseState.LOST
 
-    def epoch_request(self, name: str) -> Request[Optional[int]]:
-        """The epoch of the incarnation that holds ``name``'s lease record now (None: no record), the fence of a
-        sweep of its previous incarnation's entries."""
+    def identity_request(self, name: str) -> Request[tuple[Optional[int], Optional[str]]]:
+        """What ``name``'s lease record says now: the epoch of the incarnation that holds it (None: no record), the
+        fence of a sweep of its previous incarnation's entries, and its address (None: none, or not one)."""
         key = self.core.schema.lease_key(name)
 
-        def decode(replies: list[Any]) -> Optional[int]:
+        def decode(replies: list[Any]) -> tuple[Optional[int], Optional[str]]:
+            raw_epoch, raw_address = replies[0]
             try:
-                epoch = int(replies[0])
+                epoch: Optional[int] = int(raw_epoch)
             except (TypeError, ValueError):
-                return None  # no record, or not one lua/lease.lua wrote: no fence
-            return epoch if epoch > 0 else None
+                epoch = None  # no record, or not one lua/lease.lua wrote: no fence
+            address = None if raw_address is None else _text(raw_address)
+            peer = self._peers.get(name)
+            if peer is not None:
+                peer.address = address
+            return (epoch if epoch and epoch > 0 else None), address
 
-        return Request([Call(("HGET", key, "epoch"))], decode)
+        return Request([Call(("HMGET", key, "epoch", ADDRESS_FIELD))], decode)
 
     def forget_request(self, names: list[str]) -> Request[Any]:
         """Drop the marks of peers whose lease records are gone."""
@@ -204,7 +248,7 @@ class PeerWatch:
         """Forget open rooms older than the room TTL: their keys are gone (a caller that never concluded them)."""
         horizon = now - self.core.ttl_ms / 1000
         for room in [room for room, at in self._open.copy().items() if at < horizon]:
-            self._open.pop(room, None)
+            self.closed(room)
 
 
 def fail_entries_request(
@@ -212,15 +256,21 @@ def fail_entries_request(
 ) -> Request[list[Outcome]]:
     """The calls failing ``participant``'s open entries in ``rooms`` with ``reason`` and the room's first failure
     at ``stage`` (``lua/sweep.lua``: one call per chunk of rooms, per slot on a cluster). ``below``: the fence,
-    an incarnation epoch; entries stamped with it or a later one are left alone (None: no fence)."""
+    an incarnation epoch; entries stamped with it or a later one are left alone (None: no fence). Decodes to
+    the outcome in each room, in the order of ``rooms``."""
     keys = core.schema.room_keys(rooms)
     args: tuple[str, ...] = (participant, reason_field(participant), reason, stage.value)
     if below is not None:
         args += (incarnation_field(participant), str(below))
-    calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in core._chunks(keys)]
+    groups = core._chunks(keys)
+    calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in groups]
 
     def decode(replies: list[Any]) -> list[Outcome]:
-        return [Outcome(code) for reply in replies for code in reply]
+        outcomes = [Outcome.UNCHANGED] * len(keys)
+        for group, reply in zip(groups, replies):
+            for i, code in zip(group, reply):
+                outcomes[i] = Outcome(code)
+        return outcomes
 
     return Request(calls, decode)
 

@@ -18,7 +18,8 @@ from kvstatus.cachestate import (
     writes_sent,
 )
 from kvstatus.clients import is_cluster_client
-from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_name
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_address, validate_name, validate_room
 from kvstatus.leasestate import LeaseCore, validate_lease_ttl
 from kvstatus.observer import StoreObserver, check_observer
 from kvstatus.operations import (
@@ -70,6 +71,7 @@ class StoreBase:
         tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
         shared_fate: bool = True,
         timeline: bool = False,
+        address: Optional[str] = None,
     ) -> None:
         """``shared_fate``: reads answer Failed for an open entry of a room that failed for another participant
         or was cancelled (:mod:`kvstatus.fate`); False reads each entry alone, as upstream's dict does.
@@ -78,7 +80,10 @@ class StoreBase:
         ``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
         library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows).
         ``near_cache``: True or :class:`NearCacheOptions` for a new near cache, another store's cache to
-        share, or None/False for none. ``metrics``: an observer (:class:`~kvstatus.observer.StoreObserver`)."""
+        share, or None/False for none. ``metrics``: an observer (:class:`~kvstatus.observer.StoreObserver`).
+        ``address``: ``host:port`` by which peers reach this participant (needs ``lease_ttl``); the lease carries
+        it, so a peer waiting on that address in a room this participant never wrote fails the room when the
+        lease is lost (:meth:`awaits`, :mod:`kvstatus.peerwatch`)."""
         self.client = client
         self.options = options or ConnectionOptions()
         self._core = (FunctionsCore if validate_script_mode(scripts) == "functions" else StoreCore)(
@@ -101,11 +106,13 @@ class StoreBase:
         self._near = make_near_cache(near_cache, self._near_class, client, self._core.schema, self._sender)
         self._keeper = None
         self._watch: Optional[PeerWatch] = None
+        if address is not None and lease_ttl is None:
+            raise InvalidArgumentError(f"address {address!r} needs a lease: build the store with lease_ttl=SECONDS too")
         if lease_ttl is not None:
             # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
             lease_ttl = validate_lease_ttl(lease_ttl)
             keep_ms = self._core.ttl_ms + round(lease_ttl * 1000)
-            lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl, keep_ms=keep_ms)
+            lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl, keep_ms=keep_ms, address=address)
             lease.on_epoch = self._core.fence
             self._watch = PeerWatch(self._core, lease_ttl, keep=keep_ms / 1000)
             self._keeper = self._keeper_class(lease, self._sender.send, self._watch)
@@ -228,6 +235,15 @@ class StoreBase:
             return None
         reader = self._reader if participant is None else (validate_name(participant, "participant"), self._reader[1])
         return self._near.state, self._near.status_map(reader)
+
+    def awaits(self, room: int, address: str) -> None:
+        """``room`` waits on the peer reached at ``address`` (``host:port``, as that peer's store was given it), which
+        may never write the room: if the peer holding that address loses its lease or restarts before it writes,
+        this store's open entry in the room fails within the peer's lease TTL plus a second, naming it. No I/O;
+        forgotten when this store's entry leaves the open statuses. Needs a lease (``lease_ttl``)."""
+        if self._watch is None:
+            raise InvalidArgumentError("this store has no lease, so no peer watch: build it with lease_ttl=SECONDS")
+        self._watch.awaits(validate_room(room), validate_address(address))
 
     def _lose_to_successor(self) -> None:
         """A write was refused as superseded: the lease is lost for good (a later incarnation holds the name)."""

@@ -7,11 +7,13 @@
 -- ARGV[3]  lease TTL in milliseconds, a positive integer
 -- ARGV[4]  how long the record is kept after its last renewal, in milliseconds (>= the lease TTL):
 --          an expired lease stays visible as "lost" that long, so its rooms can be found and swept
+-- ARGV[5]  optional, acquire only: the address by which peers reach the holder ("host:port", no whitespace;
+--          kvstatus/peerwatch.py matches it against the address a room waits on). Absent: the record has none
 --
 -- Record fields: inc (incarnation), gen (how many incarnations so far), epoch (the incarnation's fence:
 -- Unix ms at its acquire by the server's clock, and always above the previous incarnation's, so an epoch
 -- orders the incarnations of a name even after a lost record restarted gen), since, seen and deadline
--- (Unix ms, server clock), ttl (ms), state ("held" or "released"). The lease is alive while
+-- (Unix ms, server clock), ttl (ms), state ("held" or "released"), addr (the incarnation's address, if any). The lease is alive while
 -- state is "held" and the server's time is <= deadline; once that is false it is lost for good:
 -- renewing it again answers LOST, and only a new incarnation (acquire) holds the name again.
 --
@@ -28,9 +30,12 @@ local SCRIPT = "lease"
 -- @include acl
 -- @include time
 
-local key, op, inc, ttl, keep = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local key, op, inc, ttl, keep, address = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if #KEYS ~= 1 or (op ~= "acquire" and op ~= "renew" and op ~= "release") then
   return redis.error_reply("KVSTATUS_BADARG expected one key and an operation acquire, renew or release")
+end
+if #ARGV > 5 or (address and (op ~= "acquire" or not string.match(address, "^[^%s]+:[0-9]+$") or #address > 300)) then
+  return redis.error_reply("KVSTATUS_BADARG the address (acquire only) must be host:port, without whitespace")
 end
 if type(inc) ~= "string" or not string.match(inc, "^[0-9a-f]+$") or #inc > 64 then
   return redis.error_reply("KVSTATUS_BADARG the incarnation must be 1..64 hex digits")
@@ -40,7 +45,7 @@ if not positive_ms(ttl) or not positive_ms(keep) or tonumber(keep) < tonumber(tt
 end
 
 local denied = acl_refusal("hset", key) or acl_refusal("pexpire", key) or acl_refusal("time", key)
-  or (op == "acquire" and (acl_refusal("hincrby", key) or acl_refusal("hget", key)))
+  or (op == "acquire" and (acl_refusal("hincrby", key) or acl_refusal("hget", key) or acl_refusal("hdel", key)))
 if denied then
   return denied
 end
@@ -53,6 +58,11 @@ if op == "acquire" then
   local epoch = math.max(now, (tonumber(redis.call("HGET", key, "epoch")) or 0) + 1)
   redis.call("HSET", key, "inc", inc, "epoch", epoch, "state", "held", "since", now, "seen", now,
     "deadline", deadline, "ttl", ttl)
+  if address then
+    redis.call("HSET", key, "addr", address)
+  else
+    redis.call("HDEL", key, "addr")
+  end
   redis.call("PEXPIRE", key, keep)
   return {HELD, gen, epoch}
 end

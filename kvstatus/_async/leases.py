@@ -12,7 +12,7 @@ from kvstatus.cachestate import writes_sent
 from kvstatus.concurrency import AsyncBackground, AsyncLock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.leasestate import LeaseCore, log
-from kvstatus.peerwatch import PeerWatch, WatchPlan, fail_entries_request, restart_reason
+from kvstatus.peerwatch import PeerWatch, WatchPlan, awaited_reason, fail_entries_request, restart_reason
 from kvstatus.rule import OPEN, Outcome, Stage
 
 
@@ -131,37 +131,63 @@ class AsyncLeaseKeeper:
                 if entries.leases[0] is LeaseState.LOST:
                     open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
                     below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
-                    failed += await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
+                    outcomes = await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
+                    failed += outcomes.count(Outcome.FAILED)
+                    absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] is None]
+                    if watch.awaits_any(absent):
+                        address = watch.peer_address(name)
+                        if address is None:
+                            address = (await self._send(watch.identity_request(name), "watch"))[1]
+                        failed += await self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST)
         for name, rooms in plan.restarted.items():
             # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
-            below = await self._send(watch.epoch_request(name), "watch")
-            failed += await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
+            below, address = await self._send(watch.identity_request(name), "watch")
+            outcomes = await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
+            failed += outcomes.count(Outcome.FAILED)
+            absent = [room for room, outcome in zip(rooms, outcomes) if outcome is Outcome.IGNORED_MISSING]
+            failed += await self._fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
         if plan.forget:
             await self._send(watch.forget_request(plan.forget), "watch")
         return failed
 
+    async def _fail_awaiting(
+        self, watch: PeerWatch, rooms: list[int], name: str, address: Optional[str], stage: Stage
+    ) -> int:
+        """Fail this store's own open entries in those of ``rooms`` (where ``name`` has no entry) that wait on
+        ``name`` at its ``address`` (None: it has none, nothing to do); returns how many were failed."""
+        awaiting = [] if address is None else watch.awaiting(rooms, address)
+        if address is None or not awaiting:
+            return 0
+        reason = awaited_reason(name, address, stage)
+        outcomes = await self._fail(watch, awaiting, watch.participant, stage, reason, None)
+        for room, outcome in zip(awaiting, outcomes):
+            if outcome is Outcome.FAILED:
+                watch.closed(room)
+        return outcomes.count(Outcome.FAILED)
+
     async def _fail(
         self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str, below: Optional[int]
-    ) -> int:
+    ) -> list[Outcome]:
         """Fail ``name``'s open entries in ``rooms`` (logged), but those stamped ``below`` or later (an incarnation
-        epoch; None: no fence); returns how many were failed."""
+        epoch; None: no fence); returns the outcome in each room, in order."""
         if not rooms:
-            return 0
+            return []
         try:
             request = fail_entries_request(watch.core, rooms, name, stage, reason, below)
-            outcomes = await self._send(request, "watch")
+            outcomes: list[Outcome] = await self._send(request, "watch")
         finally:
             writes_sent(watch.core.schema, rooms)  # this process's reads of those rooms see the failure at once
-        failed = sum(outcome is Outcome.FAILED for outcome in outcomes)
+        failed = outcomes.count(Outcome.FAILED)
         if failed:
             log.warning(
-                "participant %s: %s; failed its open entries in %d of this participant's rooms (stage %s)",
+                "participant %s: %s; failed %s's open entries in %d of this participant's rooms (stage %s)",
                 watch.participant,
                 reason,
+                name,
                 failed,
                 stage.value,
             )
-        return failed
+        return outcomes
 
     async def close(self) -> None:
         """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the

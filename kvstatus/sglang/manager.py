@@ -14,6 +14,7 @@ from kvstatus.connection import parse_url
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import validate_name
 from kvstatus.rule import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
+from kvstatus.sglang.addresses import await_address, bootstrap_address, mode_of
 from kvstatus.sglang.mapping import (
     DEFAULT_MEMO_SECONDS,
     INVALID_ROOM_RESULT,
@@ -23,7 +24,7 @@ from kvstatus.sglang.mapping import (
 )
 from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
 from kvstatus.store import StatusStore
-from kvstatus.url import url_near_cache
+from kvstatus.url import url_lease_ttl, url_near_cache
 
 # Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
 OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
@@ -78,8 +79,7 @@ def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
     gives a ``PPConsensusStore``. Rank names differ only in their ``-pp<rank>`` suffix.
     """
     pp_size, pp_rank = _rank(kv_manager, "pp_size") or 1, _rank(kv_manager, "pp_rank")
-    mode = getattr(kv_manager, "disaggregation_mode", None)
-    if pp_size <= 1 or str(getattr(mode, "value", mode)) != "prefill":
+    if pp_size <= 1 or mode_of(kv_manager) != "prefill":
         return None
     suffix = f"-pp{pp_rank}"
     if not participant.endswith(suffix):
@@ -233,11 +233,15 @@ def _status_methods(
     """The methods install() sets on ``kv_manager`` (instance attributes, called without ``self``): upstream's
     bodies, with one atomic store call. ``check_status`` is the map's own lookup, one call deep like upstream's."""
     self = kv_manager
+    store = status_map.store
+    awaits = store.lease is not None and mode_of(kv_manager) == "decode"
 
     def update_status(bootstrap_room: int, status: KVPoll | int) -> UpdateResult:
         result = status_map.update_status(bootstrap_room, status)
         if result.outcome is Outcome.CREATED:
             if status in OPENING:
+                if awaits:  # the prefill it waits on is judged by its lease even if it never writes the room
+                    await_address(self, store, bootstrap_room)
                 # A new room lifecycle drops the deferred-ACK state of the previous request on this room.
                 self._deferred_ack_targets.pop(bootstrap_room, None)
                 self._deferred_ack_poisoned_rooms.discard(bootstrap_room)
@@ -394,6 +398,13 @@ def install(
         if namespace is None:
             raise InvalidArgumentError("install() with a URL needs namespace=")
         server = parse_url(store_or_url).masked
+        address = bootstrap_address(kv_manager)
+        if (
+            address is not None
+            and "address" not in store_options
+            and (store_options.get("lease_ttl") or url_lease_ttl(store_or_url))
+        ):
+            store_options["address"] = address  # its lease names it to the decodes that wait on it
         store = open_store(
             store_or_url,
             namespace=namespace,

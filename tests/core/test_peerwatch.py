@@ -143,3 +143,125 @@ def test_a_dead_peers_mark_is_dropped_once_its_record_would_be_gone(
     shift_watch_clock(monkeypatch, 600 + 3 + 1)  # the room TTL plus the lease TTL: the record is gone
     assert decode.look_at_peers() == 0
     assert not backend.raw.hexists(index, "prefill-0") and backend.raw.hexists(index, "decode-0")
+
+
+# -- a room waiting on a peer that never wrote it (issue 16 item 2: the peer judged by its address) -----------
+
+ADDRESS = "127.0.0.1:8998"
+
+
+def _waiting(backend: Backend):  # type: ignore[no-untyped-def]
+    """A decode with three rooms the prefill never wrote: one waits on the prefill's address, one on another
+    address, one on none; the watch has seen both leases."""
+    decode = backend.store(participant="decode-0", lease_ttl=3)
+    prefill = backend.store(participant="prefill-0", lease_ttl=3, address=ADDRESS)
+    prefill.acquire_lease()
+    for room in ROOMS[:3]:
+        decode.update_status(room, B)
+    decode.awaits(ROOMS[0], ADDRESS)
+    decode.awaits(ROOMS[1], "10.0.0.9:8998")
+    assert decode.look_at_peers() == 0
+    return decode, prefill
+
+
+def _check_awaited_failed(decode, stage: Stage, reason: str) -> None:  # type: ignore[no-untyped-def]
+    assert decode.get(ROOMS[0]) is F
+    failure = decode.failure(ROOMS[0])
+    assert (failure.stage, failure.origin, failure.reason) == (stage, "decode-0", reason)
+    assert decode.room(ROOMS[0]).participants["decode-0"].status is F  # durable: its own entry
+    assert "prefill-0" not in decode.room(ROOMS[0]).participants  # nothing written for the peer
+    for room in ROOMS[1:3]:  # another address, or none: left alone
+        assert decode.get(room) is B and decode.failure(room) is None
+
+
+def test_a_room_waiting_on_a_peer_that_never_wrote_it_fails_when_its_lease_is_lost(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decode, prefill = _waiting(backend)
+    backend.raw.hset(f"kvstatus:{backend.namespace}:lease:prefill-0", "deadline", 1)  # Redis' clock passed it
+    assert decode.look_at_peers() == 0  # not a suspect yet
+    shift_watch_clock(monkeypatch, 3.5)
+    assert decode.look_at_peers() == 1
+    _check_awaited_failed(
+        decode, Stage.LEASE_LOST, f"participant prefill-0 lost its lease; this room waits on it at {ADDRESS}"
+    )
+    assert decode.look_at_peers() == 0  # idempotent
+    # Watched on: a room opened later that waits on the dead address fails at the next look.
+    later = 31_337
+    decode.update_status(later, B)
+    decode.awaits(later, ADDRESS)
+    assert decode.get(later) is B
+    assert decode.look_at_peers() == 1 and decode.get(later) is F
+
+
+def test_a_room_waiting_on_a_live_or_paused_peer_is_not_failed(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decode, prefill = _waiting(backend)
+    shift_watch_clock(monkeypatch, 3.5)  # every mark looks stale, but Redis says the lease is alive
+    assert decode.look_at_peers() == 0
+    assert [decode.get(room) for room in ROOMS[:3]] == [B, B, B]
+
+
+def test_a_room_waiting_on_a_peer_that_restarted_before_writing_it_fails(backend: Backend) -> None:
+    decode, prefill = _waiting(backend)
+    again = backend.store(participant="prefill-0", lease_ttl=3, address=ADDRESS)
+    again.acquire_lease()
+    assert decode.look_at_peers() == 1
+    reason = f"participant prefill-0 restarted; this room waited on its previous incarnation at {ADDRESS}"
+    _check_awaited_failed(decode, Stage.SUPERSEDED, reason)
+
+
+def test_a_room_that_concluded_or_was_written_by_the_peer_is_judged_as_before(backend: Backend) -> None:
+    decode, prefill = _waiting(backend)
+    prefill.update_status(ROOMS[1], B)  # the peer wrote this one: its own entry is what fails
+    decode.awaits(ROOMS[1], ADDRESS)
+    decode.update_status(ROOMS[2], S)  # the decode's part is done: it waits on nobody any more
+    decode.awaits(ROOMS[2], ADDRESS)
+    _release(backend, prefill)
+    assert decode.look_at_peers() == 2
+    assert decode.failure(ROOMS[1]).origin == "prefill-0"  # the peer's entry, failed as before
+    assert decode.failure(ROOMS[1]).reason == "participant prefill-0 lost its lease"
+    assert decode.get(ROOMS[0]) is F and decode.failure(ROOMS[0]).origin == "decode-0"
+    assert decode.get(ROOMS[2]) is S
+
+
+def test_the_lease_record_carries_the_address_of_its_incarnation(backend: Backend) -> None:
+    decode, prefill = _waiting(backend)
+    key = f"kvstatus:{backend.namespace}:lease:prefill-0"
+    assert backend.raw.hget(key, "addr") == ADDRESS.encode()
+    assert backend.raw.hget(f"kvstatus:{backend.namespace}:lease:decode-0", "addr") is None
+    again = backend.store(participant="prefill-0", lease_ttl=3)  # a new incarnation without one drops it
+    again.acquire_lease()
+    assert backend.raw.hget(key, "addr") is None
+
+
+@pytest.mark.parametrize("address", ["8998", "127.0.0.1", "127.0.0.1:0", "a b:1", "127.0.0.1:99999", 8998])
+def test_a_bad_address_is_refused_naming_it(backend: Backend, address: object) -> None:
+    store = backend.store(participant="decode-0", lease_ttl=3)
+    with pytest.raises(InvalidArgumentError, match=r"invalid address .*expected host:port"):
+        store.awaits(1, address)
+    with pytest.raises(InvalidArgumentError, match=r"invalid address .*expected host:port"):
+        backend.store(participant="prefill-0", lease_ttl=3, address=address)
+
+
+def test_an_address_needs_a_lease(backend: Backend) -> None:
+    with pytest.raises(InvalidArgumentError, match="needs a lease: build the store with lease_ttl"):
+        backend.store(participant="prefill-0", address=ADDRESS)
+    with pytest.raises(InvalidArgumentError, match="no lease, so no peer watch"):
+        backend.store(participant="decode-0").awaits(1, ADDRESS)
+
+
+@pytest.mark.parametrize("op, address", [("acquire", "a b:1"), ("acquire", "nohost"), ("renew", ADDRESS)])
+def test_the_lease_script_refuses_a_malformed_address_or_one_outside_an_acquire(
+    backend: Backend, op: str, address: str
+) -> None:
+    import redis
+
+    from kvstatus import scripts
+
+    key = f"kvstatus:{backend.namespace}:lease:p"
+    lease = backend.raw.register_script(scripts.LEASE.source)
+    with pytest.raises(redis.ResponseError, match="KVSTATUS_BADARG the address"):
+        lease(keys=[key], args=[op, "ab", "3000", "60000", address])
+    assert not backend.raw.exists(key)  # nothing written

@@ -5,18 +5,20 @@ bound that says "not SGLang's 300 s timeout"."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from collections import defaultdict
+from typing import Any, Iterator
 
 import pytest
 
 from kvstatus.sglang.plugin import ENV_LEASE_TTL, ENV_NAMESPACE, ENV_URL, install_from_env
 from tests.helpers.backends import fresh_namespace
-from tests.sglang.test_real_sglang import plugin_child, real_manager
+from tests.sglang.test_real_sglang import BOOTSTRAP_PORT, plugin_child, real_manager
 from tests.sglang.test_real_startup import _with_failure_records
 
 pytestmark = [pytest.mark.sglang, pytest.mark.real]
@@ -38,17 +40,24 @@ PREFILL_CHILD = plugin_child(
 )
 
 
-def test_a_sigkilled_prefill_fails_the_decodes_room_naming_it(sg: Any, redis_server: Any) -> None:
-    namespace = fresh_namespace("sgdeath")
-    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: namespace, ENV_LEASE_TTL: str(LEASE_TTL)}
-    decode = _with_failure_records(real_manager(sg, mode=sg.Mode.DECODE))
-    install_from_env(decode, env)
-    decode.update_status(ROOM, sg.KVPoll.Bootstrapping)
-    decode.update_status(ROOM, sg.KVPoll.WaitingForInput)
+IDLE_PREFILL_CHILD = plugin_child(
+    "PREFILL",
+    0,
+    """
+    m = conn.CommonKVManager()  # installed: it holds its lease, carrying its bootstrap address, and writes nothing
+    print("transferring", flush=True)
+    time.sleep(600)
+    """,
+)
+ADDRESS = f"127.0.0.1:{BOOTSTRAP_PORT}"
+
+
+@contextlib.contextmanager
+def _prefill(script: str, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
     child_env = {**os.environ, **env}
     child_env.pop("SGLANG_PLUGINS", None)
     prefill = subprocess.Popen(
-        [sys.executable, "-W", "ignore", "-c", PREFILL_CHILD, str(ROOM)],
+        [sys.executable, "-W", "ignore", "-c", script, str(ROOM)],
         env=child_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -59,19 +68,61 @@ def test_a_sigkilled_prefill_fails_the_decodes_room_naming_it(sg: Any, redis_ser
         assert prefill.stdout is not None
         line = prefill.stdout.readline()
         assert line == "transferring\n", prefill.stderr.read() if prefill.stderr else ""
-        time.sleep(1.5)  # the decode's watch has seen the prefill's lease
-        assert decode.check_status(ROOM) == sg.KVPoll.WaitingForInput  # a live prefill fails nothing
-        prefill.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        while decode.check_status(ROOM) != sg.KVPoll.Failed and time.monotonic() - killed < BOUND_SECONDS:
-            time.sleep(0.01)  # the receiver's poll of a WaitingForInput room: check_status
-        took = time.monotonic() - killed
-        assert decode.check_status(ROOM) == sg.KVPoll.Failed, f"the room did not fail within {BOUND_SECONDS} s"
-        print(f"failed {took:.2f} s after the SIGKILL (lease TTL {LEASE_TTL} s)")
-        # What the receiver's failure_exception() pops and raises as its KVTransferError's reason.
-        reason = decode.failure_records[ROOM]
-        assert "participant prefill-tp0-pp0 lost its lease" in reason and "unknown reason" not in reason
+        yield prefill
     finally:
         prefill.kill()
         prefill.wait()
+
+
+def _failed_after_sigkill(sg: Any, decode: Any, prefill: subprocess.Popen[str], waiting: Any) -> str:
+    """SIGKILL ``prefill`` once the decode's watch has seen it; returns the reason failure_exception() reports."""
+    time.sleep(1.5)  # the decode's watch has seen the prefill's lease
+    assert decode.check_status(ROOM) == waiting  # a live prefill fails nothing
+    prefill.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    while decode.check_status(ROOM) != sg.KVPoll.Failed and time.monotonic() - killed < BOUND_SECONDS:
+        time.sleep(0.01)  # the receiver's poll of the room: check_status
+    took = time.monotonic() - killed
+    assert decode.check_status(ROOM) == sg.KVPoll.Failed, f"the room did not fail within {BOUND_SECONDS} s"
+    print(f"failed {took:.2f} s after the SIGKILL (lease TTL {LEASE_TTL} s)")
+    # What the receiver's failure_exception() pops and raises as its KVTransferError's reason.
+    reason: str = decode.failure_records[ROOM]
+    assert "unknown reason" not in reason
+    return reason
+
+
+def _decode(sg: Any, env: dict[str, str]) -> Any:
+    decode = _with_failure_records(real_manager(sg, mode=sg.Mode.DECODE))
+    decode.addr_to_rooms_tracker = defaultdict(set)  # upstream's decode manager has one
+    install_from_env(decode, env)
+    return decode
+
+
+def test_a_sigkilled_prefill_fails_the_decodes_room_naming_it(sg: Any, redis_server: Any) -> None:
+    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: fresh_namespace("sgdeath"), ENV_LEASE_TTL: str(LEASE_TTL)}
+    decode = _decode(sg, env)
+    try:
+        decode.update_status(ROOM, sg.KVPoll.Bootstrapping)
+        decode.update_status(ROOM, sg.KVPoll.WaitingForInput)
+        with _prefill(PREFILL_CHILD, env) as prefill:
+            reason = _failed_after_sigkill(sg, decode, prefill, sg.KVPoll.WaitingForInput)
+        assert "participant prefill-tp0-pp0 lost its lease" in reason
+    finally:
+        decode.request_status.close()
+
+
+def test_a_room_sent_to_a_prefill_that_never_wrote_it_fails_when_the_prefill_dies(sg: Any, redis_server: Any) -> None:
+    """Issue 16 item 2's last part: the room holds only the decode's entry. The decode's receiver files it under
+    the prefill's bootstrap address (upstream's CommonKVReceiver.__init__: ``addr_to_rooms_tracker[addr].add(room)``,
+    then ``update_status(room, Bootstrapping)``), the prefill's lease carries that address, and the decode's watch
+    fails the room when the lease is lost, naming the prefill and the address."""
+    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: fresh_namespace("sgaddr"), ENV_LEASE_TTL: str(LEASE_TTL)}
+    decode = _decode(sg, env)
+    try:
+        with _prefill(IDLE_PREFILL_CHILD, env) as prefill:
+            decode.addr_to_rooms_tracker[ADDRESS].add(ROOM)  # what upstream's receiver does, in its order
+            decode.update_status(ROOM, sg.KVPoll.Bootstrapping)
+            reason = _failed_after_sigkill(sg, decode, prefill, sg.KVPoll.Bootstrapping)
+        assert f"participant prefill-tp0-pp0 lost its lease; this room waits on it at {ADDRESS}" in reason, reason
+    finally:
         decode.request_status.close()

@@ -390,6 +390,10 @@ def test_pp_consensus_over_four_ranks_matches_pp_consensus_store(sg: Any, redis_
 # -- the process-wide switch: sglang's own plugin loader finds and applies the entry point
 
 
+BOOTSTRAP_PORT = 8998
+"""The bootstrap port of the children's managers (nothing listens on it: their address is only matched)."""
+
+
 def plugin_child(mode: str, engine_rank: int, body: str) -> str:
     """A child process' script: a fake ``CommonKVManager.__init__`` (a ``mode`` manager of ``engine_rank``),
     sglang's own plugin loader, then ``body`` (dedented), which builds managers and uses them."""
@@ -406,6 +410,7 @@ def plugin_child(mode: str, engine_rank: int, body: str) -> str:
             self.disaggregation_mode = DisaggregationMode.{mode}
             self.kv_args = type("A", (), {{"engine_rank": {engine_rank}}})()
             self.pp_rank, self.pp_size = 0, 1
+            self.bootstrap_host, self.bootstrap_port = "127.0.0.1", {BOOTSTRAP_PORT}  # the server's, as upstream's
 
         conn.CommonKVManager.__init__ = fake_init
         from sglang.srt.plugins import load_plugins

@@ -16,6 +16,7 @@ import redis.connection
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.keywatch import KeyWatch
+from kvstatus.storebase import StoreBase
 from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
@@ -66,11 +67,12 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 def _public_calls() -> list[str]:
-    """The store's public methods that talk to Redis (all but building, closing and the near cache's map)."""
+    """The store's public methods (its own and StoreBase's), but building, closing and the near cache's map."""
     local = {"close", "from_url", "for_participant", "cached_statuses"}
     return [
         name
-        for name, value in vars(StatusStore).items()
+        for cls in (StatusStore, StoreBase)
+        for name, value in vars(cls).items()
         if not name.startswith("_") and callable(value) and name not in local
     ]
 
@@ -93,6 +95,7 @@ def _calls(store: StatusStore) -> dict[str, Callable[[], object]]:
         "room_statuses": lambda: store.room_statuses([1, 2], [store.participant, "decode-0"]),
         "acquire_lease": lambda: store.acquire_lease(),
         "look_at_peers": lambda: store.look_at_peers(),
+        "awaits": lambda: store.awaits(1, "127.0.0.1:8998"),
         "wait_for": lambda: store.wait_for(1, KVPoll.Bootstrapping, 5),
     }
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from kvstatus import BackendError, KVPoll, Outcome, PermissionDeniedError, StatusStore
+from kvstatus import BackendError, CorruptedValueError, KVPoll, Outcome, PermissionDeniedError, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.doctor import run_checks
 from kvstatus.admin.functions import load_functions
@@ -228,3 +228,37 @@ def test_the_tenant_recipe_on_a_cluster(redis_cluster: RedisClusterServers) -> N
         assert ro.get_many([5, 6]) == {5: KVPoll.Failed, 6: KVPoll.Bootstrapping}
         with pytest.raises(PermissionDeniedError):
             ro.update_status(6, KVPoll.Success)
+
+
+def test_what_a_hostile_tenant_can_forge_in_its_own_namespace_is_named_or_fails_nothing(server: RedisServer) -> None:
+    """The fields the fencing, the timelines and the peer watch read, forged by a tenant with the worker recipe
+    (a raw HSET, which its recipe grants): a malformed value is named by the first call that needs it, never a
+    Lua error or a guess; a forged lease address fails no room while Redis says the lease is held; and none of it
+    reaches another namespace (tenant-b is refused). docs/security.md lists what a forged well-formed value does
+    (a future stamp supersedes the worker: write access to a namespace is no boundary inside it)."""
+    with _store(server, "tenant-a", participant="prefill-7", lease_ttl=3, timeline=True, address="10.0.0.7:8998") as p:
+        decode = _store(server, "tenant-a", participant="decode-7", lease_ttl=3)
+        try:
+            p.update_status(71, KVPoll.Bootstrapping)
+            decode.update_status(72, KVPoll.Bootstrapping)
+            decode.awaits(72, "10.0.0.7:8998")
+            key, lease = KeySchema("ns-a").room_key(71), KeySchema("ns-a").lease_key("prefill-7")
+            with _raw(server, "tenant-a") as tenant:
+                tenant.hset(key, "inc:prefill-7", "garbage")
+                with pytest.raises(
+                    CorruptedValueError, match=r"field inc:prefill-7 holds .garbage., not an incarnation epoch"
+                ):
+                    p.update_status(71, KVPoll.Transferring)
+                tenant.hset(key, mapping={"inc:prefill-7": str(p.lease.epoch), "t:prefill-7": "garbage"})
+                assert p.get(71) is KVPoll.Bootstrapping  # the poll reads the entry only
+                with pytest.raises(CorruptedValueError, match=r"field t:prefill-7 holds 'garbage', not a timeline"):
+                    p.room(71)
+                for forged in ("10.0.0.7:8998 evil", "10.0.0.8:8998"):
+                    tenant.hset(lease, "addr", forged)
+                    assert decode.look_at_peers() == 0  # the lease is held: nothing fails, whatever it says
+                assert decode.get(72) is KVPoll.Bootstrapping
+            with _raw(server, "tenant-b") as other:
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    other.hset(lease, "addr", "10.0.0.7:8998")
+        finally:
+            decode.close()

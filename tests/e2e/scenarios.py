@@ -19,14 +19,15 @@ from typing import Callable, Optional
 
 from tests.e2e import deploy
 
-FAULT_WAIT = 45.0
+FAULT_WAIT = 30.0
 """Seconds a client waits for an answer during a prefill fault or a cancel. Issue 21 once saw the decode's
-handshake fail at 63 s; since the plugin's leases, kvstatus' errors come within about 15 s of a kill, and
-upstream's either by its heartbeat (5–15 s) or not before its 300 s timeouts (a restart: nothing within 75 s
-in two runs), so a longer wait only costs the tier's 10 min budget."""
-DECODE_FAULT_WAIT = 45.0
+handshake fail at 63 s; since the plugin's leases, kvstatus' errors come within about 15 s of a kill (the 10 s
+lease, a look, a poll), and upstream's either by its heartbeat (5–15 s) or not before its 300 s timeouts (a
+restart: nothing within 45 s or 75 s in earlier runs), so a longer wait only costs the tier's 10 min budget."""
+DECODE_FAULT_WAIT = 30.0
 """Seconds a client waits after the decode dies: upstream answers only at the prefill's 300 s bootstrap timeout
-(measured: nothing within 75 s), so a longer wait would only cost the tier's 10 min budget."""
+(measured: nothing within 75 s), kvstatus' within about 15 s of the kill (14.0 s at most in the runs of
+2026-12-02) or never (a room the decode never wrote), so a longer wait would only cost the tier's budget."""
 SERVE_WAIT = 120.0
 """Seconds a client waits for an answer without a fault (a busy 2-core box; about 1 s measured)."""
 IN_FLIGHT_DELAY = 0.5

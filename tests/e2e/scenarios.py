@@ -85,13 +85,13 @@ class Answer:
 
     def cause(self) -> str:
         """:meth:`message` without what differs per run (request and room ids, addresses, times) or names no
-        cause (which request of which rank), cut at 200 characters."""
+        cause (which request of which rank), cut at 240 characters (a room's first failure, with its time, fits)."""
         text = re.sub(r" for request rank=\d+ \S*rid='[0-9a-f]+' \S*bootstrap_room=\d+", "", self.message())
         text = re.sub(r"\b\d{6,}\b", "<room>", text)
         text = re.sub(r"\b[0-9a-f]{16,}\b", "<rid>", text)
         text = re.sub(r"127\.0\.0\.1:\d+", "<addr>", text)
         text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+Z", "<time>", text)
-        return text[:200]
+        return text[:240]
 
 
 def send_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: int = 16) -> list[Answer]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any, Optional
 
-from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, server_ms, without_probe
+from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, round_trip, server_ms, without_probe
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
 from kvstatus.naming import naming
@@ -282,7 +282,7 @@ def read_views(
             (orphans if tomb else rooms)[room] = key
     orphans = {room: key for room, key in orphans.items() if room not in rooms}
     try:
-        with client.pipeline(transaction=False) as pipe:
+        with round_trip(client), client.pipeline(transaction=False) as pipe:
             for key in rooms.values():
                 pipe.hgetall(key)
                 pipe.pttl(key)

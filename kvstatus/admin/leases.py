@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from kvstatus.admin.scan import DEFAULT_BATCH, scan_clients
+from kvstatus.admin.scan import DEFAULT_BATCH, round_trip, scan_clients
 from kvstatus.consensus import LeaseState
 from kvstatus.keys import KeySchema
 from kvstatus.translate import REDIS_ERRORS, translate_error
@@ -99,11 +99,12 @@ def iter_leases(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> I
         for node in scan_clients(client):
             cursor: Any = 0
             while True:
-                cursor, keys = node.scan(cursor=cursor, match=schema.lease_pattern, count=batch)
+                with round_trip(client):
+                    cursor, keys = node.scan(cursor=cursor, match=schema.lease_pattern, count=batch)
                 names = [(key, schema.participant_of_lease(key)) for key in keys]
                 names = [(key, name) for key, name in names if name is not None]
                 if names:
-                    with node.pipeline(transaction=False) as pipe:
+                    with round_trip(client), node.pipeline(transaction=False) as pipe:
                         pipe.time()
                         for key, _ in names:
                             pipe.hgetall(key)

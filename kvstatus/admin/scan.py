@@ -7,21 +7,38 @@ of HGETALL + PTTL per batch, so memory stays bounded at any number of rooms.
 
 The entries of :data:`PROBE_PARTICIPANT` (written by ``kvstatus doctor``) are
 left out of every view, and a room holding nothing else is skipped.
+
+Each round trip here and in the other admin reads (a SCAN step, a pipelined
+read, a ``TIME``; the board's pages too) runs under :func:`round_trip`: it gives
+up at a deadline, as a store call does (:mod:`kvstatus.deadline`). Against a hung
+server (SIGSTOP, a frozen VM) a SCAN used to wait for 6 sends x the 5 s socket
+timeout plus the backoff, 33 s, whatever the URL's ``?deadline=`` said, and
+``ls``, ``stats`` and ``health`` send several. The deadline is the one
+:func:`bound` gave the client (the CLI gives the client of ``--url`` its URL's
+``?deadline=``), else ``ConnectionOptions().deadline``, as for a store built on
+a client without options; it bounds each round trip, not a whole walk of a
+namespace. Clients :mod:`kvstatus.connection` did not build (fakeredis, a plain
+redis-py client) ignore it, as in store calls.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from redis.cluster import RedisCluster
 
+from kvstatus.deadline import DEADLINE
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
 from kvstatus.replies import decode_room
 from kvstatus.requests import Call
 from kvstatus.rule import ParticipantEntry, RoomView
 from kvstatus.translate import REDIS_ERRORS, translate_error
+from kvstatus.url import ConnectionOptions
 
 DEFAULT_BATCH = 500
 PROBE_PARTICIPANT = "kvstatus-doctor-probe"
@@ -30,6 +47,40 @@ Progress = Callable[[int], None]
 """Called after each batch with the number of keys scanned so far."""
 OnCorrupt = Callable[[int, str], None]
 """Called with (room, message) for a room holding a value kvstatus does not write."""
+
+DEFAULT_DEADLINE = ConnectionOptions().deadline
+_DEADLINES: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def bound(client: Any, deadline: float) -> Any:
+    """Give ``client``'s admin round trips ``deadline`` seconds each (see the module); returns ``client``. A
+    client that cannot be weakly referenced (a test's stand-in) keeps the default."""
+    try:
+        _DEADLINES[client] = deadline
+    except TypeError:
+        pass
+    return client
+
+
+def deadline_of(client: Any) -> float:
+    """Seconds each admin round trip on ``client`` may take (see the module)."""
+    try:
+        return _DEADLINES.get(client, DEFAULT_DEADLINE)
+    except TypeError:
+        return DEFAULT_DEADLINE
+
+
+@contextlib.contextmanager
+def round_trip(client: Any) -> Iterator[None]:
+    """Run the block, one round trip on ``client`` (or on one of its cluster nodes), under the client's deadline;
+    an outer deadline that ends earlier (a store call's) is kept."""
+    ends = time.monotonic() + deadline_of(client)
+    outer = DEADLINE.get()
+    token = DEADLINE.set(ends if outer is None or ends < outer else outer)
+    try:
+        yield
+    finally:
+        DEADLINE.reset(token)
 
 
 def scan_clients(client: Any) -> list[Any]:
@@ -43,7 +94,8 @@ def server_ms(client: Any) -> int:
     """Redis' clock in whole Unix ms (``TIME`` of the server, or of the first primary of a cluster), truncated as
     the Lua scripts compute ``now``: what timelines and failure records are written in, never the local clock."""
     try:
-        seconds, micros = scan_clients(client)[0].time()
+        with round_trip(client):
+            seconds, micros = scan_clients(client)[0].time()
     except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
     return int(seconds) * 1000 + int(micros) // 1000
@@ -70,7 +122,8 @@ def iter_matching(
             cursor: Any = 0
             pending: list[str] = []
             while True:
-                cursor, keys = node.scan(cursor=cursor, match=pattern, count=batch)
+                with round_trip(client):
+                    cursor, keys = node.scan(cursor=cursor, match=pattern, count=batch)
                 for key in keys:
                     text = key.decode() if isinstance(key, bytes) else key
                     if accept(text):
@@ -98,7 +151,7 @@ def read_rooms(
     passed to it (room, message) and skipped.
     """
     try:
-        with client.pipeline(transaction=False) as pipe:
+        with round_trip(client), client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(key)
                 if with_ttl:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import click
 
 from kvstatus import connection
-from kvstatus.admin.scan import DEFAULT_BATCH
+from kvstatus.admin.scan import DEFAULT_BATCH, bound
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, ttl_to_ms
@@ -69,8 +69,14 @@ class CliEnv:
                     "(set KVSTATUS_URL to silence this)",
                     err=True,
                 )
-            self._client = self.connect(self.url_or_default)
+            # The admin reads' round trips give up at the URL's ?deadline=, as store calls do (kvstatus.admin.scan).
+            self._client = bound(self.connect(self.url_or_default), self.options.deadline)
         return self._client
+
+    @property
+    def options(self) -> connection.ConnectionOptions:
+        """The connection options of the URL (its ``?deadline=``, ``?retries=`` ...), for stores on its client."""
+        return connection.options_for(self.url_or_default)
 
     @property
     def scripts(self) -> str:

@@ -64,6 +64,7 @@ def store_for(
         namespace=schema.namespace,
         prefix=schema.prefix,
         participant=participant,
+        options=env.options,
         ttl=ttl,
         policy=policy,
         scripts=env.scripts,

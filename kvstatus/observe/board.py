@@ -53,7 +53,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
-from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, server_ms
+from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, round_trip, server_ms
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
@@ -206,7 +206,7 @@ class Board:
         """The room's tombstone, read with plain HGETALL + PTTL (what the read-only ACL user has; same slot)."""
         tomb = key + TOMBSTONE_SUFFIX
         try:
-            with self.client.pipeline(transaction=False) as pipe:
+            with round_trip(self.client), self.client.pipeline(transaction=False) as pipe:
                 fields, pttl = pipe.hgetall(tomb).pttl(tomb).execute()
         except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc

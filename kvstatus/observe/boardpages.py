@@ -34,7 +34,7 @@ from kvstatus.admin.health import (
     read_views,
     room_of_key,
 )
-from kvstatus.admin.scan import read_rooms, scan_clients, server_ms
+from kvstatus.admin.scan import read_rooms, round_trip, scan_clients, server_ms
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import KeySchema
 from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS
@@ -74,9 +74,10 @@ def scan_page(
     steps = scanned = 0
     while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
         try:
-            scan_cursor, keys = nodes[node_index].scan(
-                cursor=scan_cursor, match=schema.scan_pattern, count=max(limit, 100)
-            )
+            with round_trip(client):
+                scan_cursor, keys = nodes[node_index].scan(
+                    cursor=scan_cursor, match=schema.scan_pattern, count=max(limit, 100)
+                )
         except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
         steps += 1
@@ -235,9 +236,10 @@ def pairs_page(client: Any, schema: KeySchema, cursor: str, settings: HealthSett
     steps = scanned = 0
     while node_index < len(nodes) and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
         try:
-            scan_cursor, keys = nodes[node_index].scan(
-                cursor=scan_cursor, match=key_pattern(schema), count=PAIRS_SCAN_COUNT
-            )
+            with round_trip(client):
+                scan_cursor, keys = nodes[node_index].scan(
+                    cursor=scan_cursor, match=key_pattern(schema), count=PAIRS_SCAN_COUNT
+                )
         except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
         steps += 1

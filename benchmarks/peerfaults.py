@@ -1,7 +1,8 @@
 """Time to fail, participants in separate processes: ``./dev python -m benchmarks.peerfaults [--trials N]``.
 
 Issue 16's fault matrix (:mod:`kvstatus.demo.faults` has the trials: kill a prefill mid-transfer, kill a
-decode while it waits, restart a prefill under the same name, cancel from a third process with the near
+decode while it waits, kill a prefill that never wrote the room the decode waits on it for, restart a prefill
+under the same name, cancel from a third process with the near
 cache off and on, SIGSTOP a peer for 2/3 of its lease TTL), ``--trials`` of each (default 20) on a throwaway
 redis-server and, with ``--cluster``, on a 3-master cluster. For each: p50 and p99 of the time until the
 survivor's poll answers Failed, the causes it saw, and what SGLang alone does. Markdown on stdout.

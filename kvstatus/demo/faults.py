@@ -6,6 +6,8 @@ polls ``get`` every 5 ms; its *peer* is a child process holding its own lease an
 
 - ``kill``: SIGKILL the peer, a prefill mid-transfer (the survivor is the decode waiting for it);
 - ``kill-decode``: SIGKILL the peer, a decode waiting (the survivor is the prefill mid-transfer);
+- ``kill-unwritten``: SIGKILL the peer, a prefill that holds a lease carrying its address but never wrote the
+  room (a request sent to it as it died); the survivor, a decode, waits on that address (``store.awaits``);
 - ``restart``: SIGKILL the peer and start it again under the same name; timed from the new incarnation's
   acquire;
 - ``cancel``: a third process cancels the room (``cancel-near``: the survivor reads through a near cache);
@@ -24,13 +26,16 @@ from typing import NamedTuple, Optional
 
 from kvstatus import KVPoll, StatusStore
 
-FAULTS = ("kill", "kill-decode", "restart", "cancel", "cancel-near", "pause")
+FAULTS = ("kill", "kill-decode", "kill-unwritten", "restart", "cancel", "cancel-near", "pause")
+PEER_ADDRESS = "10.0.0.7:8998"
+"""The address the peer's lease carries in ``kill-unwritten`` (nothing listens there: it is only matched)."""
 POLL_SECONDS = 0.005
 LIMIT_SECONDS = 60.0
 
 UPSTREAM = {
     "kill": "the decode waits out its 300 s waiting timeout",
     "kill-decode": "the prefill waits out its 300 s bootstrap timeout",
+    "kill-unwritten": "the decode's heartbeat of the prefill (5 s, 2 misses), else its 300 s waiting timeout",
     "restart": "the new prefill knows none of the old rooms: 300 s timeouts",
     "cancel": "no cancel: a router's abort reaches only the server it calls",
     "cancel-near": "(as above)",
@@ -41,10 +46,15 @@ UPSTREAM = {
 _PEER = """
 import sys, time
 from kvstatus import KVPoll, StatusStore
-url, namespace, participant, room, status, ttl = sys.argv[1:7]
-store = StatusStore.from_url(url, namespace=namespace, participant=participant, lease_ttl=float(ttl))
-store.update_status(int(room), KVPoll.Bootstrapping)
-store.update_status(int(room), KVPoll(int(status)))
+url, namespace, participant, room, status, ttl, address = sys.argv[1:8]
+store = StatusStore.from_url(
+    url, namespace=namespace, participant=participant, lease_ttl=float(ttl), address=address or None
+)
+if status == "-":
+    store.acquire_lease()  # holds its lease, writes nothing to the room
+else:
+    store.update_status(int(room), KVPoll.Bootstrapping)
+    store.update_status(int(room), KVPoll(int(status)))
 print("ready", flush=True)
 time.sleep(3600)
 """
@@ -107,19 +117,23 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
     own, theirs = KVPoll.WaitingForInput, KVPoll.Transferring
     if fault == "kill-decode":
         own, theirs = theirs, own
+    unwritten = fault == "kill-unwritten"
     survivor = StatusStore.from_url(
         url, namespace=namespace, participant=survivor_name, lease_ttl=lease_ttl, near_cache=fault == "cancel-near"
     )
     children: list[_Child] = []
     try:
         survivor.update_status(room, KVPoll.Bootstrapping)
-        survivor.update_status(room, own)
+        if unwritten:
+            survivor.awaits(room, PEER_ADDRESS)
+        else:
+            survivor.update_status(room, own)
         args = (url, namespace, peer_name, str(room))
-        peer = _Child(_PEER, *args, str(int(theirs)), str(lease_ttl))
+        peer = _Child(_PEER, *args, "-" if unwritten else str(int(theirs)), str(lease_ttl), PEER_ADDRESS)
         children.append(peer)
         time.sleep(1.2)  # the survivor's watch has seen the peer's lease
         seconds: Optional[float]
-        if fault in ("kill", "kill-decode"):
+        if fault in ("kill", "kill-decode", "kill-unwritten"):
             started = time.monotonic()
             peer.signal(signal.SIGKILL)
             seconds = _until_failed(survivor, room, started)
@@ -127,7 +141,7 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
             peer.stop()
             # The new process knows none of the old rooms (its dict is empty): it opens a room of its own.
             fresh = (url, namespace, peer_name, str(room + 1))
-            children.append(_Child(_PEER, *fresh, str(int(KVPoll.Bootstrapping)), str(lease_ttl)))
+            children.append(_Child(_PEER, *fresh, str(int(KVPoll.Bootstrapping)), str(lease_ttl), ""))
             seconds = _until_failed(survivor, room, time.monotonic())
         elif fault.startswith("cancel"):
             survivor.get(room)  # a near cache holds the room from here on

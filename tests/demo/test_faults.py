@@ -21,11 +21,14 @@ def test_every_fault_fails_the_room_for_the_survivor_with_its_cause_and_a_pause_
     assert doc["lease_ttl_s"] == 3.0
     trials = {t["fault"]: t for t in doc["trials"]}
     assert list(trials) == list(FAULTS)
-    for fault in ("kill", "kill-decode", "restart", "cancel", "cancel-near"):
+    for fault in ("kill", "kill-decode", "kill-unwritten", "restart", "cancel", "cancel-near"):
         assert trials[fault]["seconds_to_failed"] is not None, trials[fault]
         assert trials[fault]["sglang_alone"] == UPSTREAM[fault]
     assert trials["kill"]["cause"] == "failed: participant prefill-0 lost its lease"
     assert trials["kill-decode"]["cause"] == "failed: participant decode-0 lost its lease"
+    assert trials["kill-unwritten"]["cause"] == (
+        "failed: participant prefill-0 lost its lease; this room waits on it at 10.0.0.7:8998"
+    )
     assert trials["restart"]["cause"] == (
         "failed: participant prefill-0 restarted; this entry was its previous incarnation's"
     )

@@ -92,6 +92,13 @@ class _Peer:
         self.address: Optional[str] = None  # its lease's address, once read (a lost or restarted peer's)
 
 
+def _merge(planned: dict[str, list[int]], more: dict[str, list[int]], known: Optional[dict[str, _Peer]] = None) -> None:
+    """Add ``more``'s rooms to ``planned``, peer by peer (only the peers in ``known``, if given), without repeats."""
+    for name, rooms in more.items():
+        if known is None or name in known:
+            planned[name] = list(dict.fromkeys([*planned.get(name, []), *rooms]))
+
+
 def _incarnation(mark: str) -> str:
     return mark.split(":", 1)[0]
 
@@ -113,6 +120,7 @@ class PeerWatch:
         self._open: dict[int, float] = {}  # room -> monotonic time this store first wrote it open
         self._awaits: dict[int, str] = {}  # room -> the address of the peer it waits on (awaits())
         self._peers: dict[str, _Peer] = {}
+        self._unfinished = WatchPlan()  # what a look could not carry out (Redis failed it): planned again next time
         self._looked_at = -float("inf")
         self._previous_look = -float("inf")
         self._looks = 0
@@ -213,7 +221,16 @@ class PeerWatch:
             del self._peers[name]
         for name in plan.forget:
             del self._peers[name]
+        redo, self._unfinished = self._unfinished, WatchPlan()
+        _merge(plan.suspects, redo.suspects, self._peers)
+        _merge(plan.restarted, redo.restarted, self._peers)
         return plan
+
+    def unfinished(self, plan: WatchPlan) -> None:
+        """Carrying out ``plan`` failed (Redis unreachable or hung): its suspects and restarts are planned again
+        at the next look, so a peer judged lost or restarted during an outage still has its entries failed."""
+        _merge(self._unfinished.suspects, plan.suspects)
+        _merge(self._unfinished.restarted, plan.restarted)
 
     def confirmed(self, name: str, state: LeaseState) -> None:
         """The lease record of suspect ``name`` was read: LOST marks it lost (watched in rooms opened later)."""

@@ -119,7 +119,12 @@ class AsyncLeaseKeeper:
         if incarnation is None or not self.core.held:
             return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         async with self._watch_lock:
-            return await self._act(watch, watch.plan(await self._send(watch.look_request(incarnation), "watch")))
+            plan = watch.plan(await self._send(watch.look_request(incarnation), "watch"))
+            try:
+                return await self._act(watch, plan)
+            except BaseException:
+                watch.unfinished(plan)
+                raise
 
     async def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
         """Carry out ``plan``; returns how many peers' entries were failed."""

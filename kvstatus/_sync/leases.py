@@ -120,7 +120,12 @@ class LeaseKeeper:
         if incarnation is None or not self.core.held:
             return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         with self._watch_lock:
-            return self._act(watch, watch.plan(self._send(watch.look_request(incarnation), "watch")))
+            plan = watch.plan(self._send(watch.look_request(incarnation), "watch"))
+            try:
+                return self._act(watch, plan)
+            except BaseException:
+                watch.unfinished(plan)
+                raise
 
     def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
         """Carry out ``plan``; returns how many peers' entries were failed."""

@@ -265,3 +265,34 @@ def test_the_lease_script_refuses_a_malformed_address_or_one_outside_an_acquire(
     with pytest.raises(redis.ResponseError, match="KVSTATUS_BADARG the address"):
         lease(keys=[key], args=[op, "ab", "3000", "60000", address])
     assert not backend.raw.exists(key)  # nothing written
+
+
+@pytest.mark.parametrize("fault", ["released", "restarted"])
+def test_a_sweep_that_redis_failed_is_planned_again_at_the_next_look(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Redis fails the sweep of a look that judged a peer lost or restarted (an outage at that moment): the look
+    raises, and the next one sweeps the same rooms. Before, the watch had already taken the peer's new mark in,
+    so the lost peer's older rooms, or the restarted peer's, were never failed."""
+    from kvstatus import BackendUnavailableError
+    from kvstatus._async import leases as async_leases
+    from kvstatus._sync import leases as sync_leases
+
+    decode, prefill = _pair(backend)
+    if fault == "released":
+        _release(backend, prefill)
+    else:
+        backend.store(participant="prefill-0", lease_ttl=3).acquire_lease()
+    module = async_leases if backend.asynchronous else sync_leases
+    sweep = module.fail_entries_request
+
+    def unreachable(*args: object, **kwargs: object) -> object:
+        raise BackendUnavailableError("Redis unavailable (injected: the sweep's connection broke)")
+
+    monkeypatch.setattr(module, "fail_entries_request", unreachable)
+    with pytest.raises(BackendUnavailableError, match="injected"):
+        decode.look_at_peers()
+    assert decode.get(ROOMS[0]) is W  # nothing was failed
+    monkeypatch.setattr(module, "fail_entries_request", sweep)
+    assert decode.look_at_peers() == 3
+    assert [decode.get(room) for room in (ROOMS[0], ROOMS[3], ROOMS[4])] == [F, F, F]

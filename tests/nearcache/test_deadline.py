@@ -188,3 +188,52 @@ def test_wait_for_keeps_its_timeout_on_an_already_hung_server(
         run(store.close())
         if loop is not None:
             loop.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fault", ["lost", "restarted"])
+def test_the_peer_watchs_sweep_keeps_the_deadline(
+    server: RedisServer, asynchronous: bool, fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look that found a lost or restarted peer sends more requests (its lease record, then the sweep of its
+    entries): the server hangs right before the sweep, which gives up within the deadline; once the server is
+    back, the next look carries the sweep out (the peer's entry fails, the survivor reads Failed)."""
+    from kvstatus._async import leases as async_leases
+    from kvstatus._sync import leases as sync_leases
+
+    with runner(server.url, asynchronous, lease_ttl=10) as run:
+        namespace = run.store.namespace
+        peer = StatusStore.from_url(server.url, namespace=namespace, participant="q", lease_ttl=3)
+        again = None
+        try:
+            peer.update_status(1, KVPoll.Bootstrapping)  # the survivor "p" has room 1 open too
+            assert run(lambda store: store.look_at_peers()) == 0  # it knows q
+            if fault == "lost":
+                peer.close()  # released: a suspect at the next look, lost by Redis' word
+            else:
+                again = StatusStore.from_url(server.url, namespace=namespace, participant="q", lease_ttl=3)
+                again.acquire_lease()
+            module = async_leases if asynchronous else sync_leases
+            sweep = module.fail_entries_request
+
+            def hang_then_sweep(*args: Any, **kwargs: Any) -> Any:
+                os.kill(server.pid, signal.SIGSTOP)
+                return sweep(*args, **kwargs)
+
+            monkeypatch.setattr(module, "fail_entries_request", hang_then_sweep)
+            started = time.monotonic()
+            try:
+                with pytest.raises(BackendUnavailableError):
+                    run(lambda store: store.look_at_peers())
+                took = time.monotonic() - started
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            assert took < DEADLINE + SLACK, f"the look raised after {took:.1f} s (deadline {DEADLINE} s)"
+            monkeypatch.setattr(module, "fail_entries_request", sweep)
+            run(lambda store: store.look_at_peers())  # the unfinished sweep, planned again
+            assert run(lambda store: store.room(1)).participants["q"].status is KVPoll.Failed
+            assert run(lambda store: store.get(1)) is KVPoll.Failed
+        finally:
+            peer.close()
+            if again is not None:
+                again.close()

@@ -22,7 +22,7 @@ import asyncio
 import collections
 import threading
 import time
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any, Callable, Optional
 
 import redis
@@ -48,6 +48,14 @@ def time_left() -> Optional[float]:
     """Seconds left before the running store call's deadline (may be <= 0), or None outside a store call."""
     at = DEADLINE.get()
     return None if at is None else at - time.monotonic()
+
+
+def enter_deadline(seconds: float) -> Token[Optional[float]]:
+    """Give the running call ``seconds`` from now, or keep an earlier deadline already set (a wait's, a store
+    call's); returns the token that ``DEADLINE.reset`` takes when the call ends."""
+    ends = _monotonic() + seconds
+    outer = _get_deadline()
+    return DEADLINE.set(ends if outer is None or ends < outer else outer)
 
 
 def may_wait(seconds: float) -> bool:

@@ -28,7 +28,7 @@ import time
 from typing import Any, Optional, Protocol, TypeVar
 
 from kvstatus.concurrency import AsyncGate, async_pipeline_route, async_sleep
-from kvstatus.deadline import DEADLINE, time_left
+from kvstatus.deadline import DEADLINE, enter_deadline, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.observer import StoreObserver
 from kvstatus.operations import as_functions
@@ -115,9 +115,7 @@ class AsyncSender:
             request = as_functions(request)
         elif self.evalsha_only:
             request = as_evalsha(request)
-        ends = time.monotonic() + self.deadline + request.extra_seconds
-        outer = DEADLINE.get()  # set by wait_for: a read never outlasts the wait
-        token = DEADLINE.set(ends if outer is None or ends < outer else outer)
+        token = enter_deadline(self.deadline + request.extra_seconds)  # a wait_for's read never outlasts the wait
         try:
             if via is not None:
                 return request.decode(await self._replies(request.calls, None, via))

@@ -24,14 +24,13 @@ redis-py client) ignore it, as in store calls.
 from __future__ import annotations
 
 import contextlib
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from redis.cluster import RedisCluster
 
-from kvstatus.deadline import DEADLINE
+from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
 from kvstatus.replies import decode_room
@@ -74,9 +73,7 @@ def deadline_of(client: Any) -> float:
 def round_trip(client: Any) -> Iterator[None]:
     """Run the block, one round trip on ``client`` (or on one of its cluster nodes), under the client's deadline;
     an outer deadline that ends earlier (a store call's) is kept."""
-    ends = time.monotonic() + deadline_of(client)
-    outer = DEADLINE.get()
-    token = DEADLINE.set(ends if outer is None or ends < outer else outer)
+    token = enter_deadline(deadline_of(client))
     try:
         yield
     finally:

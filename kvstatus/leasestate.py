@@ -166,6 +166,14 @@ class LeaseCore:
         """Seconds until the next background renewal is due."""
         return max(max(self._renewed_at + self.interval, self._retry_at) - time.monotonic(), 0.0)
 
+    def lateness(self) -> float:
+        """Seconds by which the background renewal due now is late (0.0 when on time or not due). More than one
+        renewal interval late means this process did not run its keeper: it stalled (SIGSTOP, a native call
+        holding the GIL, CPU starvation), and the lease lapses once the stall reaches its TTL."""
+        if self._renewed_at == -math.inf or self._retry_at > self._renewed_at:
+            return 0.0
+        return max(time.monotonic() - (self._renewed_at + self.interval), 0.0)
+
     def postpone(self) -> None:
         """A background renewal failed: try again in one renewal interval."""
         self._retry_at = time.monotonic() + self.interval

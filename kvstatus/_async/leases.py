@@ -76,6 +76,15 @@ class AsyncLeaseKeeper:
         core = self.core
         while not await self._background.wait(self._next_delay()):
             if core.next_delay() <= 0:
+                late = core.lateness()
+                if late > core.interval:
+                    log.warning(
+                        "participant %s: lease renewal %.1f s late: this process stalled (SIGSTOP, a native call "
+                        "holding the GIL, CPU starvation); its lease lapses after %g s without a renewal",
+                        core.participant,
+                        late,
+                        core.ttl,
+                    )
                 try:
                     async with self._lock:
                         if core.lost or core.released:

@@ -77,6 +77,15 @@ class LeaseKeeper:
         core = self.core
         while not self._background.wait(self._next_delay()):
             if core.next_delay() <= 0:
+                late = core.lateness()
+                if late > core.interval:
+                    log.warning(
+                        "participant %s: lease renewal %.1f s late: this process stalled (SIGSTOP, a native call "
+                        "holding the GIL, CPU starvation); its lease lapses after %g s without a renewal",
+                        core.participant,
+                        late,
+                        core.ttl,
+                    )
                 try:
                     with self._lock:
                         if core.lost or core.released:

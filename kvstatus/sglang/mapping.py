@@ -17,6 +17,7 @@ from kvstatus.consensus import RoomConsensus
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
 from kvstatus.fate import shared_status
 from kvstatus.rule import STRICT_CREATORS, KVPoll, RoomView, UpdateResult
+from kvstatus.sglang.failedhere import FailedHere
 from kvstatus.sglang.outage import STORE_DOWN, UNANSWERED_RESULT, Outage
 from kvstatus.sglang.removals import Removals
 from kvstatus.sglang.roomids import INVALID_ROOM_RESULT, invalid_room_reason, storable
@@ -165,8 +166,7 @@ class RoomStatusMap:
         self._local = threading.local()
         self._rank_stores: Optional[list[Any]] = None
         self.outage = Outage(self.participant)
-        self._defects: set[str] = set()  # the exception types _defect has logged
-        self._superseded = False  # another process took this participant name over (logged once)
+        self._failed_here = FailedHere()  # rooms answered Failed because Redis failed a call: they stay Failed
         # The dict-speed path: the near cache's status maps, served while its state says they are fresh.
         self._near = store.near_cache
         self._state: Any = _NEVER_FRESH
@@ -181,8 +181,10 @@ class RoomStatusMap:
         self._removals = Removals()
         self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
 
-    def _call(self, call: Callable[[], T]) -> T:
-        """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on."""
+    def _call(self, call: Callable[[], T], reopen: bool = False) -> T:
+        """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on. ``reopen``: a
+        write that opens a room, so none of a lost lease's rooms: when the lease was lost and the name is held
+        again, it is sent once more, as the new incarnation's."""
         reason = self.outage.reason()
         if reason is not None:
             raise _Unanswered(reason)
@@ -191,7 +193,10 @@ class RoomStatusMap:
         except LeaseLostError as exc:
             self._fresh = _NEVER_FRESH
             reason = self.outage.failed(exc)
-            self._hold_again()
+            if self.outage.hold_again(self.store):
+                self._fresh_again()
+                if reopen:
+                    return self._call(call)
             raise _Unanswered(reason) from None
         except STORE_DOWN as exc:
             self._fresh = _NEVER_FRESH
@@ -201,56 +206,25 @@ class RoomStatusMap:
         except KVStatusError:
             raise  # a room id or an argument the store refuses: the caller's answer (see the methods)
         except Exception as exc:  # noqa: BLE001 - a defect below the map fails the room, never SGLang's thread
-            raise _Unanswered(self._defect(exc)) from None
+            raise _Unanswered(self.outage.defect(exc)) from None
         self.outage.answered()
-        self._fresh = self._state
+        self._fresh_again()
         return result
 
-    def _defect(self, error: Exception) -> str:
-        """A store call raised what no store call should (a defect in kvstatus or below it): log it with its
-        traceback, once per exception type, and return the failure reason of its room."""
-        kind = type(error).__name__
-        if kind not in self._defects:
-            self._defects.add(kind)
-            log.error(
-                "participant %s: a status call raised %s, a defect (please report it); the room fails, the "
-                "engine goes on (logged once per kind)",
-                self.participant,
-                kind,
-                exc_info=error,
-            )
-        return f"kvstatus: internal error ({kind}: {error}); the room fails"
+    def _fresh_again(self) -> None:
+        """Redis answers: the dict-speed path is on again, unless a room is failed here (:mod:`.failedhere`)."""
+        self._fresh = _NEVER_FRESH if self._failed_here.rooms else self._state
 
-    def _hold_again(self) -> None:
-        """The lease was lost (this process stalled past its TTL, or Redis lost the record): hold the name again
-        as a new incarnation, so the engine goes on. The rooms in flight fail: the peers' watches fail the lost
-        incarnation's open entries (:mod:`kvstatus.peerwatch`). Failing here, the next call after the outage
-        window tries again. Not when another process took the name over (a newer incarnation holds it): taking
-        it back would fence that one off in turn, so this manager's rooms fail until it stops."""
-        lease = self.store.lease
-        if lease is not None and lease.taken_over:
-            if not self._superseded:
-                self._superseded = True
-                log.error(
-                    "participant %s: another process holds this participant name now (a newer incarnation); this "
-                    "manager does not take it back and its rooms fail. Stop this process, or give each instance "
-                    "its own name (KVSTATUS_SGLANG_INSTANCE)",
-                    self.participant,
-                )
-            return
-        try:
-            self.store.acquire_lease(again=True)
-        except KVStatusError:
-            return
-        log.warning(
-            "participant %s: holding its name again as lease incarnation %s; the rooms it had in flight fail",
-            self.participant,
-            self.store.lease.generation,
-        )
-        self.outage.answered()
-        self._fresh = self._state
+    def _fail_here(self, room: object, reason: str) -> None:
+        """The map answers Failed for ``room`` because Redis failed a call: it stays Failed until removed."""
+        self._failed_here.add(room, reason)
+        self._fresh = _NEVER_FRESH
 
     def _failed(self, room: int, reason: Optional[str] = None) -> None:
+        """``room`` reads Failed: ``reason`` when Redis failed the call (kept, see :meth:`_fail_here`), None when
+        the room itself reads Failed."""
+        if reason is not None:
+            self._fail_here(room, reason)
         if self.on_failed is not None:
             self.on_failed(room, reason)
 
@@ -298,6 +272,11 @@ class RoomStatusMap:
                 return KVPoll.Failed
         if status == KVPoll.Failed:
             self._failed(room)
+        elif self._failed_here.rooms:
+            reason = self._failed_here.reason(room)
+            if reason is not None:
+                self._failed(room, reason)
+                return KVPoll.Failed
         return status
 
     # The dict-speed path, at the top of the four poll methods: a room the near cache holds, looked up in its
@@ -324,11 +303,12 @@ class RoomStatusMap:
             )
         except InvalidRoomError:
             return True  # a room that failed from the start (see the class docstring)
-        except _Unanswered:
+        except _Unanswered as unanswered:
+            self._fail_here(room, unanswered.reason)
             return True  # the read that follows answers Failed, with the reason
         if self.memo_seconds > 0 and uncached:
             self._local.memo = (room, time.monotonic(), value)
-        return self._own(value) is not None
+        return self._own(value) is not None or self._failed_here.reason(room) is not None
 
     def __getitem__(self, room: int) -> KVPoll:
         if type(room) is int and _monotonic() < self._fresh.fresh_until:
@@ -379,7 +359,10 @@ class RoomStatusMap:
             except _Unanswered as unanswered:
                 self._failed(room, unanswered.reason)
                 return [KVPoll.Failed] * len(ranks)
-        return [self._status_in(view, name) for name in ranks]
+        statuses = [self._status_in(view, name) for name in ranks]
+        if self._failed_here.reason(room) is not None and self.participant in ranks:
+            statuses[ranks.index(self.participant)] = KVPoll.Failed
+        return statuses
 
     def consensus(self, room: int) -> RoomConsensus:
         """The room's consensus over the PP ranks, leases included (one round trip, no memo)."""
@@ -392,6 +375,7 @@ class RoomStatusMap:
         except InvalidRoomError:
             return RoomConsensus(KVPoll.Failed, reason=invalid_room_reason(room))
         except _Unanswered as unanswered:
+            self._fail_here(room, unanswered.reason)
             return RoomConsensus(KVPoll.Failed, reason=unanswered.reason)
 
     def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
@@ -413,13 +397,20 @@ class RoomStatusMap:
             except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
                 valid = [room for room in rooms if storable(room)]
                 per_rank = self._call(lambda: [store.get_many(valid) for store in stores]) if valid else []
-                return {
-                    room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
-                    for room in dict.fromkeys(rooms)
-                }
-        except _Unanswered:
+        except _Unanswered as unanswered:
+            for room in rooms:
+                self._fail_here(room, unanswered.reason)
             return {room: [KVPoll.Failed] * ranks for room in dict.fromkeys(rooms)}
-        return {room: [statuses[room] for statuses in per_rank] for room in dict.fromkeys(rooms)}
+        collected: dict[int, list[Optional[KVPoll]]] = {
+            room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
+            for room in dict.fromkeys(rooms)
+        }
+        if self._failed_here.rooms and self.participant in self.pp_participants:
+            own = self.pp_participants.index(self.participant)
+            for room, statuses in collected.items():
+                if self._failed_here.reason(room) is not None:
+                    statuses[own] = KVPoll.Failed
+        return collected
 
     # -- writes
 
@@ -429,7 +420,7 @@ class RoomStatusMap:
         if storable(room):
             self._removals.reopened(room)
         try:
-            return self._call(lambda: self.store.update_status(room, status))
+            return self._call(lambda: self.store.update_status(room, status), reopen=status in STRICT_CREATORS)
         except InvalidRoomError:
             if status in STRICT_CREATORS:
                 log.warning("participant %s: %s", self.participant, invalid_room_reason(room))
@@ -455,6 +446,7 @@ class RoomStatusMap:
         :mod:`kvstatus.sglang.removals` for the ``m[room]`` of another thread that races it. Raises what
         ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
+        self._failed_here.discard(room)
         if not storable(room):
             return self._call(lambda: self.store.pop(room))  # raises InvalidRoomError: nothing to remember
         started, status = self._removals.begin(room), None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from kvstatus.errors import BackendError, KVStatusError, LeaseLostError
 from kvstatus.rule import KVPoll, Outcome, UpdateResult
@@ -49,6 +49,8 @@ class Outage:
         self.error: Optional[KVStatusError] = None
         """The error of the outage under way (None between outages; read without the lock by the dict-speed path)."""
         self._lock = threading.Lock()
+        self._defects: set[str] = set()  # the exception types defect() has logged
+        self._superseded = False  # another process took this participant name over (logged once)
 
     def reason(self) -> Optional[str]:
         """The reason to fail a room with while an outage lasts, or None when calls should try Redis."""
@@ -90,3 +92,48 @@ class Outage:
             ended, self.error = self.error is not None, None
         if ended:
             log.warning("participant %s: Redis answers status calls again", self.participant)
+
+    def defect(self, error: Exception) -> str:
+        """A store call raised what no store call should (a defect in kvstatus or below it): log it with its
+        traceback, once per exception type, and return the failure reason of its room."""
+        kind = type(error).__name__
+        if kind not in self._defects:
+            self._defects.add(kind)
+            log.error(
+                "participant %s: a status call raised %s, a defect (please report it); the room fails, the "
+                "engine goes on (logged once per kind)",
+                self.participant,
+                kind,
+                exc_info=error,
+            )
+        return f"kvstatus: internal error ({kind}: {error}); the room fails"
+
+    def hold_again(self, store: Any) -> bool:
+        """``store``'s lease was lost (this process stalled past its TTL, or Redis lost the record): hold the
+        name again as a new incarnation, so the engine goes on, and end the outage; True if it did. The rooms in
+        flight fail: the peers' watches fail the lost incarnation's open entries (:mod:`kvstatus.peerwatch`).
+        False when Redis fails the acquire (the next call after the outage window tries again), or when
+        another process took the name over: taking it back would fence that one off in turn, so this manager's
+        rooms fail until it stops."""
+        lease = store.lease
+        if lease is not None and lease.taken_over:
+            if not self._superseded:
+                self._superseded = True
+                log.error(
+                    "participant %s: another process holds this participant name now (a newer incarnation); this "
+                    "manager does not take it back and its rooms fail. Stop this process, or give each instance "
+                    "its own name (KVSTATUS_SGLANG_INSTANCE)",
+                    self.participant,
+                )
+            return False
+        try:
+            store.acquire_lease(again=True)
+        except KVStatusError:
+            return False
+        log.warning(
+            "participant %s: holding its name again as lease incarnation %s; the rooms it had in flight fail",
+            self.participant,
+            store.lease.generation,
+        )
+        self.answered()
+        return True

@@ -98,10 +98,29 @@ def test_a_manager_that_lost_its_lease_holds_its_name_again_and_goes_on(caplog: 
     raw.hset(f"kvstatus:{namespace}:lease:prefill-tp0-pp1", "deadline", 1)  # Redis' clock passed it ...
     store.lease._renewed_at = float("-inf")  # ... while the process stalled: its next write renews first
     with caplog.at_level(logging.WARNING, logger="kvstatus.sglang"):
-        assert manager.update_status(ROOM + 1, KVPoll.Bootstrapping) is UNANSWERED_RESULT  # this request fails
+        # A request opening its room after the stall: the write fails on the lost lease, the name is held again,
+        # and the write goes once more as the new incarnation's (the room holds nothing of the lost one).
+        assert manager.update_status(ROOM + 1, KVPoll.Bootstrapping).outcome is Outcome.CREATED
     assert store.lease.held and store.lease.generation == 2
     assert any("holding its name again as lease incarnation 2" in r.getMessage() for r in caplog.records)
+    assert manager.check_status(ROOM + 1) == KVPoll.Bootstrapping
     assert manager.update_status(ROOM + 2, KVPoll.Bootstrapping).outcome is Outcome.CREATED  # and it serves on
+
+
+def test_a_write_of_a_room_from_before_the_lost_lease_fails_that_room(caplog: pytest.LogCaptureFixture) -> None:
+    """Only a write that opens a room is sent again after the name is held again: one of a room opened before
+    the stall fails it (its peers' watches fail the lost incarnation's entry there too), and it reads Failed
+    from then on, with the lease's loss as its cause."""
+    managers, raw, namespace = _ranks(3)
+    manager = managers[1]
+    assert manager.update_status(ROOM, KVPoll.Bootstrapping).outcome is Outcome.CREATED
+    raw.hset(f"kvstatus:{namespace}:lease:prefill-tp0-pp1", "deadline", 1)
+    manager.request_status.store.lease._renewed_at = float("-inf")
+    with caplog.at_level(logging.WARNING, logger="kvstatus.sglang"):
+        assert manager.update_status(ROOM, KVPoll.Transferring) is UNANSWERED_RESULT
+    assert manager.request_status.store.lease.generation == 2
+    assert manager.check_status(ROOM) == KVPoll.Failed
+    assert "lease is lost" in manager.failure_records[ROOM]
     for each in managers:
         each.request_status.close()
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any, Iterator
 
 import pytest
 
-from kvstatus import KVPoll
+from kvstatus import KVPoll, Outcome
 from kvstatus.sglang import install
 from kvstatus.sglang.outage import OUTAGE_SECONDS
 from tests.helpers.backends import fresh_namespace
@@ -119,8 +120,51 @@ def test_a_hung_redis_costs_one_deadline_then_no_call(server: RedisServer) -> No
     reasons = {prefill.failure_records.get(room, "")[: len(DOWN)] for room in rooms}
     assert reasons == {DOWN}
     time.sleep(OUTAGE_SECONDS)
-    assert prefill.check_status(rooms[0]) == KVPoll.Bootstrapping and len(gets) == 2
+    # Redis answers again (a second get), but a room the engine was told had failed stays Failed until removed.
+    assert prefill.check_status(rooms[0]) == KVPoll.Failed and len(gets) == 2
+    assert prefill.request_status.pop(rooms[0]) == KVPoll.Bootstrapping  # the entry Redis kept, removed
+    prefill.update_status(rooms[0], KVPoll.Bootstrapping)  # the room's next request
+    assert prefill.check_status(rooms[0]) == KVPoll.Bootstrapping
     prefill.request_status.close()
+
+
+def test_a_room_failed_during_an_outage_stays_failed_for_every_thread(server: RedisServer) -> None:
+    """What the e2e tier hit: during an outage a transfer thread reads Failed and drops its part (here: the
+    decode's Success); once Redis answers, the scheduler must not find the room open and wait out SGLang's 300 s
+    timeout. Every read of the room, on any thread and by any method, answers Failed with the outage's reason
+    until the room is removed; the rooms the outage did not touch read Redis, and the fast path comes back
+    once the failed room is gone."""
+    prefill, decode = _pair(server.url + "?retries=0&deadline=0.5")
+    untouched = ROOM + 1
+    receiver = CommonKVReceiver(decode, ROOM)  # the scheduler's side of the room
+    for room in (ROOM, untouched):
+        decode.update_status(room, KVPoll.WaitingForInput)
+    statuses = decode.request_status
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        seen: list[KVPoll] = []
+        thread = threading.Thread(target=lambda: seen.append(statuses.get(ROOM)))  # a transfer thread
+        thread.start()
+        thread.join()
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert seen == [KVPoll.Failed]
+    time.sleep(OUTAGE_SECONDS)
+    assert decode.update_status(ROOM, KVPoll.Transferring).outcome is Outcome.ADVANCED  # Redis answers again
+    assert ROOM in statuses and statuses[ROOM] == KVPoll.Failed and statuses.get(ROOM) == KVPoll.Failed
+    assert statuses._fresh is not statuses._state  # the dict-speed path is off while a room is failed here
+    assert receiver.poll() == KVPoll.Failed
+    with pytest.raises(KVTransferError) as info:
+        receiver.failure_exception()
+    assert info.value.failure_reason.startswith(DOWN)  # the outage's reason, not "unknown"
+    assert statuses[untouched] == KVPoll.WaitingForInput
+    assert ROOM not in statuses  # the receiver's clear() removed it: the room's lifecycle is over
+    assert statuses._fresh is statuses._state  # and the dict-speed path is on again
+    decode.update_status(ROOM, KVPoll.Bootstrapping)  # a new request in the room reads Redis again
+    assert statuses[ROOM] == KVPoll.Bootstrapping
+    for manager in (prefill, decode):
+        manager.request_status.close()
 
 
 def test_the_pp_consensus_fails_with_the_cause(server: RedisServer) -> None:
@@ -172,6 +216,10 @@ def test_a_frozen_server_ends_the_polls_served_from_memory_within_their_bounds(s
     assert slowest <= deadline + SLACK
     assert len(sends) == 1  # the read that met the deadline; memory and then the outage answered the rest
     time.sleep(OUTAGE_SECONDS)
+    assert prefill.check_status(rooms[0]) == KVPoll.Failed  # the engine was told so: it stays until removed
+    for room in rooms:
+        status_map.pop(room)
+    prefill.update_status(rooms[0], KVPoll.Bootstrapping)  # the room's next request
     assert eventually(lambda: prefill.check_status(rooms[0]) == KVPoll.Bootstrapping, what="the recovery")
     status_map.close()
 

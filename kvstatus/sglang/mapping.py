@@ -212,8 +212,11 @@ class RoomStatusMap:
         return result
 
     def _fresh_again(self) -> None:
-        """Redis answers: the dict-speed path is on again, unless a room is failed here (:mod:`.failedhere`)."""
-        self._fresh = _NEVER_FRESH if self._failed_here.rooms else self._state
+        """Redis answers: the dict-speed path is on again, unless a room is failed here (:mod:`.failedhere`).
+        In this order: a room another thread keeps meanwhile turns it off after this (:meth:`_fail_here`)."""
+        self._fresh = self._state
+        if self._failed_here.rooms:
+            self._fresh = _NEVER_FRESH
 
     def _fail_here(self, room: object, reason: str) -> None:
         """The map answers Failed for ``room`` because Redis failed a call: it stays Failed until removed."""

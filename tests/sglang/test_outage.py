@@ -184,6 +184,29 @@ def test_the_pp_consensus_fails_with_the_cause(server: RedisServer) -> None:
         manager.request_status.close()
 
 
+def test_a_pp_rank_failed_during_an_outage_stays_failed_in_the_consensus(server: RedisServer) -> None:
+    """The PP reads keep the outage's answer too: once Redis answers, ``collect`` and ``collect_many`` on rank 0
+    still show its own entry Failed in the room it failed, the other rank's as Redis holds it."""
+    namespace = fresh_namespace("outage")
+    ranks = [make_manager(pp_rank=rank, pp_size=2) for rank in range(2)]
+    for manager in ranks:
+        install(manager, server.url + "?retries=0&deadline=0.5", namespace=namespace)
+        manager.update_status(ROOM, KVPoll.Bootstrapping)
+    statuses = ranks[0].request_status
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        assert ranks[0].check_status_pp_consensus(ROOM) == KVPoll.Failed
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    time.sleep(OUTAGE_SECONDS)
+    assert statuses.collect(ROOM) == [KVPoll.Failed, KVPoll.Bootstrapping]
+    assert statuses.collect_many([ROOM]) == {ROOM: [KVPoll.Failed, KVPoll.Bootstrapping]}
+    assert ranks[1].request_status.collect(ROOM) == [KVPoll.Bootstrapping, KVPoll.Bootstrapping]  # rank 1 was not told
+    for manager in ranks:
+        manager.request_status.close()
+
+
 def test_a_frozen_server_ends_the_polls_served_from_memory_within_their_bounds(server: RedisServer) -> None:
     """SIGSTOP under a manager whose rooms are in its near cache (the default): polls are answered from memory
     only while the cache's links are proven live (``max_staleness``), then one read waits out the deadline and

@@ -25,6 +25,9 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    (:meth:`PeerWatch.awaits`; SGLang's decode knows its prefill's bootstrap address) judges the peers whose
    lease carries that address (the ``address`` option of their store). When such a peer is lost or restarted
    and holds no entry in the room, this store fails its own entry there, naming the peer and the address.
+   So it does when such a peer's lease expired (not released) after its entry reached Success while this
+   store's is still open: the peer died before it told this side (SGLang's prefill writes Success, then sends
+   the decode its completion message), and nothing more will come from it.
    Addresses match exactly (``10.0.0.7:8998`` is not ``prefill-0:8998``): a room whose address no lease
    carries is left to the engine's own checks, never failed by a guess.
 
@@ -151,6 +154,11 @@ class PeerWatch:
         """True when one of ``rooms`` waits on an address."""
         awaits = self._awaits
         return bool(awaits) and any(room in awaits for room in rooms)
+
+    def released(self, name: str) -> bool:
+        """True when ``name``'s last mark says it released its lease (an orderly exit, not a death)."""
+        peer = self._peers.get(name)
+        return peer is not None and peer.mark.endswith(RELEASED_MARK)
 
     def peer_address(self, name: str) -> Optional[str]:
         """The address read from ``name``'s lease record, if read before (:meth:`identity_request`)."""

@@ -14,7 +14,7 @@ from kvstatus.concurrency import Background, Lock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.leasestate import LeaseCore, log
 from kvstatus.peerwatch import PeerWatch, WatchPlan, awaited_reason, fail_entries_request, restart_reason
-from kvstatus.rule import OPEN, Outcome, Stage
+from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
 
 
 class LeaseKeeper:
@@ -148,7 +148,11 @@ class LeaseKeeper:
                     below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
                     outcomes = self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
                     failed += outcomes.count(Outcome.FAILED)
-                    absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] is None]
+                    # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
+                    # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
+                    # side after that (SGLang's decode waits for the prefill's completion message) will not come.
+                    done = None if watch.released(name) else KVPoll.Success
+                    absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
                     if watch.awaits_any(absent):
                         address = watch.peer_address(name)
                         if address is None:

@@ -226,6 +226,38 @@ def test_a_room_that_concluded_or_was_written_by_the_peer_is_judged_as_before(ba
     assert decode.get(ROOMS[2]) is S
 
 
+def test_a_room_still_open_here_after_the_peer_it_waits_on_died_at_success_fails(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefill wrote Success, then died before it told the decode (SGLang: its completion message); the
+    decode's entry is still open and nothing more will come. Once the prefill's lease expires, the decode's own
+    entry fails there; the prefill's Success stays."""
+    decode, prefill = _waiting(backend)
+    prefill.update_status(ROOMS[0], B)
+    prefill.update_status(ROOMS[0], S)
+    backend.raw.hset(f"kvstatus:{backend.namespace}:lease:prefill-0", "deadline", 1)
+    shift_watch_clock(monkeypatch, 3.5)
+    assert decode.look_at_peers() == 1
+    failure = decode.failure(ROOMS[0])
+    reason = f"participant prefill-0 lost its lease; this room waits on it at {ADDRESS}"
+    assert (failure.stage, failure.origin, failure.reason) == (Stage.LEASE_LOST, "decode-0", reason)
+    assert decode.get(ROOMS[0]) is F
+    assert decode.room(ROOMS[0]).participants["prefill-0"].status is S  # its part stays done
+    for room in ROOMS[1:3]:  # another address, or none: left alone
+        assert decode.get(room) is B and decode.failure(room) is None
+
+
+def test_a_peer_that_released_its_lease_after_success_fails_nothing_here(backend: Backend) -> None:
+    """An orderly exit (the lease released) sends what it owes first: a room where the peer reached Success is
+    left to finish."""
+    decode, prefill = _waiting(backend)
+    prefill.update_status(ROOMS[0], B)
+    prefill.update_status(ROOMS[0], S)
+    _release(backend, prefill)
+    assert decode.look_at_peers() == 0
+    assert decode.get(ROOMS[0]) is B and decode.failure(ROOMS[0]) is None
+
+
 def test_the_lease_record_carries_the_address_of_its_incarnation(backend: Backend) -> None:
     decode, prefill = _waiting(backend)
     key = f"kvstatus:{backend.namespace}:lease:prefill-0"

@@ -49,6 +49,18 @@ IDLE_PREFILL_CHILD = plugin_child(
     time.sleep(600)
     """,
 )
+DONE_PREFILL_CHILD = plugin_child(
+    "PREFILL",
+    0,
+    """
+    m = conn.CommonKVManager()
+    room = int(sys.argv[1])
+    m.update_status(room, conn.KVPoll.Bootstrapping)
+    m.update_status(room, conn.KVPoll.Success)  # its part done; killed before its completion message is sent
+    print("transferring", flush=True)
+    time.sleep(600)
+    """,
+)
 ADDRESS = f"127.0.0.1:{BOOTSTRAP_PORT}"
 
 
@@ -124,5 +136,25 @@ def test_a_room_sent_to_a_prefill_that_never_wrote_it_fails_when_the_prefill_die
             decode.update_status(ROOM, sg.KVPoll.Bootstrapping)
             reason = _failed_after_sigkill(sg, decode, prefill, sg.KVPoll.Bootstrapping)
         assert f"participant prefill-tp0-pp0 lost its lease; this room waits on it at {ADDRESS}" in reason, reason
+    finally:
+        decode.request_status.close()
+
+
+def test_a_room_whose_prefill_died_after_its_success_fails_when_its_message_never_came(
+    sg: Any, redis_server: Any
+) -> None:
+    """Upstream's prefill writes Success (conclude_transfer), then sends the decode its completion message; killed
+    in between, its decode waited out SGLang's 300 s timeout. The decode's room waits on the prefill's address,
+    and its own entry is still open when the prefill's lease expires: the watch fails it, naming the prefill."""
+    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: fresh_namespace("sgdone"), ENV_LEASE_TTL: str(LEASE_TTL)}
+    decode = _decode(sg, env)
+    try:
+        decode.addr_to_rooms_tracker[ADDRESS].add(ROOM)
+        decode.update_status(ROOM, sg.KVPoll.Bootstrapping)
+        decode.update_status(ROOM, sg.KVPoll.WaitingForInput)
+        with _prefill(DONE_PREFILL_CHILD, env) as prefill:
+            reason = _failed_after_sigkill(sg, decode, prefill, sg.KVPoll.WaitingForInput)
+        assert f"participant prefill-tp0-pp0 lost its lease; this room waits on it at {ADDRESS}" in reason, reason
+        assert decode.request_status.store.room(ROOM).participants["prefill-tp0-pp0"].status == sg.KVPoll.Success
     finally:
         decode.request_status.close()

@@ -8,6 +8,8 @@ polls ``get`` every 5 ms; its *peer* is a child process holding its own lease an
 - ``kill-decode``: SIGKILL the peer, a decode waiting (the survivor is the prefill mid-transfer);
 - ``kill-unwritten``: SIGKILL the peer, a prefill that holds a lease carrying its address but never wrote the
   room (a request sent to it as it died); the survivor, a decode, waits on that address (``store.awaits``);
+- ``kill-done``: SIGKILL the peer, a prefill whose entry reached Success but which died before it told the decode
+  (SGLang's completion message); the survivor, a decode still open, waits on its address;
 - ``restart``: SIGKILL the peer and start it again under the same name; timed from the new incarnation's
   acquire;
 - ``cancel``: a third process cancels the room (``cancel-near``: the survivor reads through a near cache);
@@ -26,9 +28,9 @@ from typing import NamedTuple, Optional
 
 from kvstatus import KVPoll, StatusStore
 
-FAULTS = ("kill", "kill-decode", "kill-unwritten", "restart", "cancel", "cancel-near", "pause")
+FAULTS = ("kill", "kill-decode", "kill-unwritten", "kill-done", "restart", "cancel", "cancel-near", "pause")
 PEER_ADDRESS = "10.0.0.7:8998"
-"""The address the peer's lease carries in ``kill-unwritten`` (nothing listens there: it is only matched)."""
+"""The address the peer's lease carries (nothing listens there: ``kill-unwritten`` and ``kill-done`` match it)."""
 POLL_SECONDS = 0.005
 LIMIT_SECONDS = 60.0
 
@@ -36,6 +38,7 @@ UPSTREAM = {
     "kill": "the decode waits out its 300 s waiting timeout",
     "kill-decode": "the prefill waits out its 300 s bootstrap timeout",
     "kill-unwritten": "the decode's heartbeat of the prefill (5 s, 2 misses), else its 300 s waiting timeout",
+    "kill-done": "the decode waits out its 300 s waiting timeout (the completion message never comes)",
     "restart": "the new prefill knows none of the old rooms: 300 s timeouts",
     "cancel": "no cancel: a router's abort reaches only the server it calls",
     "cancel-near": "(as above)",
@@ -118,22 +121,24 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
     if fault == "kill-decode":
         own, theirs = theirs, own
     unwritten = fault == "kill-unwritten"
+    if fault == "kill-done":
+        theirs = KVPoll.Success
     survivor = StatusStore.from_url(
         url, namespace=namespace, participant=survivor_name, lease_ttl=lease_ttl, near_cache=fault == "cancel-near"
     )
     children: list[_Child] = []
     try:
         survivor.update_status(room, KVPoll.Bootstrapping)
-        if unwritten:
+        if unwritten or fault == "kill-done":
             survivor.awaits(room, PEER_ADDRESS)
-        else:
+        if not unwritten:
             survivor.update_status(room, own)
         args = (url, namespace, peer_name, str(room))
         peer = _Child(_PEER, *args, "-" if unwritten else str(int(theirs)), str(lease_ttl), PEER_ADDRESS)
         children.append(peer)
         time.sleep(1.2)  # the survivor's watch has seen the peer's lease
         seconds: Optional[float]
-        if fault in ("kill", "kill-decode", "kill-unwritten"):
+        if fault.startswith("kill"):
             started = time.monotonic()
             peer.signal(signal.SIGKILL)
             seconds = _until_failed(survivor, room, started)

@@ -94,7 +94,7 @@ class Answer:
         return text[:240]
 
 
-def send_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: int = 16) -> list[Answer]:
+def send_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: Optional[int] = None) -> list[Answer]:
     """POST every body to ``url`` + /generate concurrently; each ends by ``timeout`` seconds at most."""
     return collect(start_all(url, bodies, timeout, workers), timeout)
 
@@ -115,9 +115,10 @@ def _one(url: str, index: int, body: dict[str, object], timeout: float) -> Answe
     return Answer(index, status, answer, sent, ended, timed_out)
 
 
-def start_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: int = 16) -> InFlight:
-    """Submit every request without waiting for any answer."""
-    flight = InFlight(concurrent.futures.ThreadPoolExecutor(max_workers=workers))
+def start_all(url: str, bodies: list[dict[str, object]], timeout: float, workers: Optional[int] = None) -> InFlight:
+    """Submit every request without waiting for any answer; ``workers`` at a time (default: all of them, so
+    that a fault finds every request in flight, none queued behind the ones that hang to the bound)."""
+    flight = InFlight(concurrent.futures.ThreadPoolExecutor(max_workers=workers or len(bodies)))
     flight.futures = [flight.pool.submit(_one, url, i, body, timeout) for i, body in enumerate(bodies)]
     return flight
 
@@ -261,7 +262,7 @@ def kill_in_flight(
     """
     router = dep.router(*PLAIN_ROUTER)
     try:
-        flight = start_all(router.url, fault_bodies(), bound, workers=24)
+        flight = start_all(router.url, fault_bodies(), bound)
         time.sleep(delay)
         victim = dep.prefill if role == "prefill" else dep.decode
         assert victim is not None
@@ -318,7 +319,7 @@ def cancel_in_flight(
     cancel's failures count against the prefill's circuit breaker."""
     router = dep.router() if retries else dep.router(*PLAIN_ROUTER)
     try:
-        flight = start_all(router.url, fault_bodies(), bound, workers=24)
+        flight = start_all(router.url, fault_bodies(), bound)
         time.sleep(delay)
         deadline = time.monotonic() + bound / 2
         rooms = open_rooms(dep.settings)

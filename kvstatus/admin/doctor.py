@@ -19,7 +19,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from kvstatus import scripts as lua
 from kvstatus import waiting
-from kvstatus.admin.scan import PROBE_PARTICIPANT, iter_room_keys, scan_clients
+from kvstatus.admin.scan import PROBE_PARTICIPANT, iter_room_keys, round_trip, scan_clients
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, KeySchema
 from kvstatus.operations import DEFAULT_TTL_SECONDS
@@ -81,10 +81,12 @@ def topology(client: Any) -> str:
     return "standalone"
 
 
-def _attempt(action: Callable[[], Any]) -> tuple[bool, str]:
-    """Run ``action``; (True, "") or (False, why) with ACL denials named by command."""
+def _attempt(client: Any, action: Callable[[], Any]) -> tuple[bool, str]:
+    """Run ``action`` on ``client`` under its admin deadline (:func:`kvstatus.admin.scan.round_trip`: a hung server
+    fails the check, it does not hang the doctor); (True, "") or (False, why) with ACL denials named by command."""
     try:
-        action()
+        with round_trip(client):
+            action()
         return True, ""
     except (KVStatusError, *REDIS_ERRORS) as exc:
         error = translate_error(exc)
@@ -130,9 +132,9 @@ def probe_operations(client: Any, schema: KeySchema, scripts: str = "eval") -> d
             # Without an entry the script writes nothing, so it would pass without testing the write.
             results[name] = (None, "not tested: needs the entry update_status could not write")
             continue
-        results[name] = _attempt(actions[name])
+        results[name] = _attempt(client, actions[name])
     if not results["clear"][0]:
-        _attempt(lambda: store.clear(PROBE_ROOM))
+        _attempt(client, lambda: store.clear(PROBE_ROOM))
     return results
 
 
@@ -198,7 +200,8 @@ def isolation_check(client: Any) -> Check:
     allowed = []
     for name, command in _OWN_LUA_PROBES:
         try:
-            scan_clients(client)[0].execute_command(*command)
+            with round_trip(client):
+                scan_clients(client)[0].execute_command(*command)
             allowed.append(name)
         except (KVStatusError, *REDIS_ERRORS) as exc:
             if denied_command(translate_error(exc)) is None and "NOPERM" not in str(exc):
@@ -219,7 +222,7 @@ def isolation_check(client: Any) -> Check:
 
 
 def _fcall_probe(client: Any) -> tuple[bool, str]:
-    return _attempt(lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT))
+    return _attempt(client, lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT))
 
 
 def may_call_functions(client: Any) -> bool:
@@ -242,7 +245,7 @@ def tracking_check(client: Any, schema: KeySchema) -> Check:
     closed afterwards, so no tracking is left on.
     """
     node = scan_clients(client)[0]
-    confined, _ = _attempt(lambda: node.execute_command("HGET", _outside(schema) + "{0}", PROBE_PARTICIPANT))
+    confined, _ = _attempt(client, lambda: node.execute_command("HGET", _outside(schema) + "{0}", PROBE_PARTICIPANT))
     confined = not confined
     pool = node.connection_pool
     try:
@@ -306,14 +309,14 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True, sc
             return Check("ttl", False, detail + f"; below SGLang's {SGLANG_TIMEOUT_SECONDS:g} s timeouts")
         return Check("ttl", True, detail)
     store = probe_store(client, schema, scripts=scripts)
-    ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
+    ok, why = _attempt(client, lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
     if not ok:
         return Check("ttl", False, f"store TTL {ttl:g} s; could not write the probe entry: {why}")
     views: list[RoomView] = []
     try:
-        ok, why = _attempt(lambda: views.append(store.room(PROBE_ROOM)))
+        ok, why = _attempt(client, lambda: views.append(store.room(PROBE_ROOM)))
     finally:
-        _attempt(lambda: store.clear(PROBE_ROOM))
+        _attempt(client, lambda: store.clear(PROBE_ROOM))
     if not ok:
         return Check("ttl", False, f"store TTL {ttl:g} s; could not read the probe entry back: {why}")
     view = views[0]
@@ -338,9 +341,9 @@ def _hello_version(node: Any) -> str:
 def version_check(node: Any) -> Check:
     """The server's version from INFO, or HELLO where the ACL refuses INFO (the recipes do); Redis 6.0 or later."""
     version: list[str] = []
-    ok, why = _attempt(lambda: version.append(str(node.info("server").get("redis_version"))))
+    ok, why = _attempt(node, lambda: version.append(str(node.info("server").get("redis_version"))))
     if not ok and why.startswith("NOPERM"):
-        ok, why = _attempt(lambda: version.append(_hello_version(node)))
+        ok, why = _attempt(node, lambda: version.append(_hello_version(node)))
     if not ok:
         if "unknown command" in why:
             return Check("server version", True, "unknown: the server does not implement INFO (fakeredis?)")
@@ -360,7 +363,7 @@ def run_checks(
 
     ``scripts`` is the store's mode: "eval" checks SCRIPT LOAD, "functions" that the library is loaded.
     """
-    ok, why = _attempt(lambda: [node.ping() for node in scan_clients(client)])
+    ok, why = _attempt(client, lambda: [node.ping() for node in scan_clients(client)])
     checks = [Check("connectivity", ok, f"PONG from {where}" if ok else why)]
     if not ok:
         return checks
@@ -369,7 +372,7 @@ def run_checks(
     if scripts == "functions":
         checks.append(functions_check(client))
     else:
-        ok, why = _attempt(lambda: [client.script_load(s.source) for s in lua.ALL])
+        ok, why = _attempt(client, lambda: [client.script_load(s.source) for s in lua.ALL])
         names = ", ".join(s.name for s in lua.ALL)
         if not ok and why.startswith("NOPERM") and may_call_functions(client):
             # A tenant of the functions recipe on an eval URL: say so once, then check what would work.
@@ -404,7 +407,7 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
     Never a failure: the cache is opt-in, and the detail says what a user without it lacks."""
     store = probe_store(client, schema, near_cache=True)
     try:
-        ok, why = _attempt(lambda: store.get(PROBE_ROOM))
+        ok, why = _attempt(client, lambda: store.get(PROBE_ROOM))
         refused = store.near_cache.refused  # the cache runs uncached when the server refuses tracking
         if refused:
             ok, why = False, refused
@@ -439,7 +442,7 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
             )
         if not write:
             return Check("wait_for push", True, "waiters can watch rooms (read-only user)")
-        ok, why = _attempt(lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
+        ok, why = _attempt(client, lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
         if not ok:
             return Check("wait_for push", False, f"could not write the probe entry: {why}")
         if not watch.changed(DOCTOR_STEP_SECONDS):
@@ -448,4 +451,4 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     finally:
         watch.close()
         if write:
-            _attempt(lambda: store.clear(PROBE_ROOM))
+            _attempt(client, lambda: store.clear(PROBE_ROOM))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstatus import scripts
-from kvstatus.admin.scan import scan_clients
+from kvstatus.admin.scan import round_trip, scan_clients
 
 
 def _where(node: Any) -> str:
@@ -28,7 +28,8 @@ def load_functions(client: Any) -> list[str]:
     """
     nodes = scan_clients(client)
     for node in nodes:
-        node.function_load(scripts.LIBRARY, replace=True)
+        with round_trip(client):  # a hung node fails the load at the admin deadline (kvstatus.admin.scan)
+            node.function_load(scripts.LIBRARY, replace=True)
     return [_where(node) for node in nodes]
 
 
@@ -37,7 +38,9 @@ def loaded_libraries(client: Any) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for node in scan_clients(client):
         names = []
-        for library in node.function_list(library="kvstatus_*"):
+        with round_trip(client):
+            libraries = node.function_list(library="kvstatus_*")
+        for library in libraries:
             if isinstance(library, dict):
                 name = library.get(b"library_name", library.get("library_name"))
             else:  # RESP2: a flat list of names and values

@@ -2,7 +2,8 @@
 
 With ``?deadline=1`` in the URL, against a server stopped after rooms were written (stuck ones, timelines):
 
-1. the CLI's ``ls --stuck`` (with ``--older-than``), ``stats``, ``health`` and ``get ROOM`` exit 1 (what
+1. the CLI's ``ls --stuck`` (with ``--older-than``), ``stats``, ``health``, ``get ROOM``, ``sweep``,
+   ``participants``, ``cancel``, ``doctor`` and ``functions list|load`` exit 1 (what
    docs/cli.md documents for an unreachable server) with the one-line "Redis unavailable" error and its hint,
    no traceback, within the deadline plus :data:`SLACK`, in-process and as the subprocess an operator runs;
 2. the board's ``/api/stuck`` and ``/api/pairs`` answer 503 within as long, and the exporter's health pass
@@ -128,6 +129,9 @@ CLI_READS = {  # name: (arguments, what it prints while Redis answers)
     "stats": (("stats",), "rooms stuck for 30 s or more (by their timelines): 1"),
     "health": (("health", "--json"), '"stuck": 1'),
     "get with timelines": (("get", "1", "2"), "room 2: timeline, since the room's first step"),
+    "sweep": (("sweep",), "nothing to sweep"),
+    "participants": (("participants",), "no participant holds or held a lease"),
+    "cancel": (("cancel", "2", "--reason", "the client went away"), "room 2: cancelled"),
 }
 
 
@@ -158,6 +162,31 @@ def test_the_cli_as_an_operator_runs_it_against_a_hung_server(hung: Hung, name: 
     assert isinstance(done, subprocess.CompletedProcess), done  # TimeoutExpired: it hung
     assert_clean_failure(done.stdout + done.stderr, done.returncode, 1, f"Error: {UNAVAILABLE}", HINT)
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 2, done.stderr
+    assert took < DEADLINE + STARTUP, took
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (("doctor",), "fail  connectivity         Redis unavailable"),
+        (("doctor", "--json"), '"check": "connectivity", "ok": false, "detail": "Redis unavailable'),
+        (("functions", "list"), f"Error: {UNAVAILABLE}"),
+        (("functions", "load"), f"Error: {UNAVAILABLE}"),
+    ],
+    ids=["doctor", "doctor --json", "functions list", "functions load"],
+)
+def test_the_doctor_and_the_function_tools_against_a_hung_server_exit_1_at_the_deadline(
+    hung: Hung, args: tuple[str, ...], shown: str
+) -> None:
+    """Measured 1.34-1.44 s as subprocesses (before: still running when killed at 60 s; the doctor's ping and
+    the FUNCTION calls ran outside the admin deadline)."""
+    env = {"KVSTATUS_URL": hung.url, "KVSTATUS_NAMESPACE": hung.namespace}
+    with hung.stopped():
+        took, done = _timed(lambda: run_cli(*args, env=env, timeout=DEADLINE + STARTUP + 30))
+    assert isinstance(done, subprocess.CompletedProcess), done  # TimeoutExpired: it hung
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert shown in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
     assert took < DEADLINE + STARTUP, took
 
 

@@ -222,7 +222,9 @@ def isolation_check(client: Any) -> Check:
 
 
 def _fcall_probe(client: Any) -> tuple[bool, str]:
-    return _attempt(client, lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT))
+    return _attempt(
+        client, lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT)
+    )
 
 
 def may_call_functions(client: Any) -> bool:

@@ -35,9 +35,8 @@ class FailedHere:
     def add(self, room: object, reason: str) -> None:
         """The map answered Failed for ``room`` with ``reason``; the first reason stays (ids the store cannot
         hold are failed from the start anyway: not kept)."""
-        if not storable(room):
+        if not storable(room) or not isinstance(room, int):  # the second test only tells mypy
             return
-        assert isinstance(room, int)
         with self._lock:
             self.rooms.setdefault(room, reason)
             while len(self.rooms) > self._limit:
@@ -45,10 +44,10 @@ class FailedHere:
 
     def reason(self, room: object) -> Optional[str]:
         """The reason ``room`` was failed with, or None when it is not kept."""
-        return self.rooms.get(room) if self.rooms and type(room) is int else None  # type: ignore[call-overload]
+        return self.rooms.get(room) if self.rooms and isinstance(room, int) else None
 
     def discard(self, room: object) -> None:
         """The engine removed ``room``: its lifecycle, and this failure with it, is over."""
-        if self.rooms:
+        if self.rooms and isinstance(room, int):
             with self._lock:
-                self.rooms.pop(room, None)  # type: ignore[call-overload]
+                self.rooms.pop(room, None)

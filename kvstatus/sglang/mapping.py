@@ -36,7 +36,6 @@ _LEN_ITER_MESSAGE = (
 
 _Memo = tuple[int, float, Union[Optional[KVPoll], RoomView]]
 T = TypeVar("T")
-
 OnFailed = Callable[[int, Optional[str]], None]
 """``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
 when the room itself reads Failed (its first failure is then looked up)."""
@@ -103,16 +102,12 @@ class RoomStatusMap:
     the manager's ``failure_records``); a read that answers anything else
     costs nothing more.
 
-    **When Redis fails a call** (down, hung past the deadline, a refused
-    ACL, a lost lease, a corrupted value), the map does not raise into the
-    engine: the room reads Failed (``in`` True), a write returns
-    :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the error as the
-    reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` after such an
-    error every call answers so at once, without I/O
-    (:mod:`kvstatus.sglang.outage`). A store call that raises what none should
-    (a defect in kvstatus or below it) fails its room the same way, with the
-    error as the reason, and is logged once per exception type with its
-    traceback: it never stops the scheduler or a transfer thread.
+    **When Redis fails a call** (down, hung past the deadline, a refused ACL, a lost lease, a corrupted value),
+    the map does not raise into the engine: the room reads Failed (``in`` True) until the engine removes it
+    (:mod:`kvstatus.sglang.failedhere`), a write returns :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the
+    error as the reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` every call answers so at once,
+    without I/O (:mod:`kvstatus.sglang.outage`). A store call that raises what none should (a defect below the
+    map) fails its room the same way, logged once per exception type with its traceback.
 
     **At the price of a dict.** With the store's near cache (install()'s
     default), ``in``, ``m[room]``, ``get`` and ``collect`` first look the
@@ -182,17 +177,16 @@ class RoomStatusMap:
         self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
 
     def _call(self, call: Callable[[], T], reopen: bool = False) -> T:
-        """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on. ``reopen``: a
-        write that opens a room, so none of a lost lease's rooms: when the lease was lost and the name is held
-        again, it is sent once more, as the new incarnation's."""
+        """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on. ``reopen``: a write
+        of an opening status, sent once more as the new incarnation's when the lease was lost and the name is held
+        again (a room of the lost one that its peers' watches failed meanwhile stays Failed, by the rule)."""
         reason = self.outage.reason()
         if reason is not None:
             raise _Unanswered(reason)
         try:
             result = call()
         except LeaseLostError as exc:
-            self._fresh = _NEVER_FRESH
-            reason = self.outage.failed(exc)
+            self._fresh, reason = _NEVER_FRESH, self.outage.failed(exc)
             if self.outage.hold_again(self.store):
                 self._fresh_again()
                 if reopen:
@@ -224,8 +218,7 @@ class RoomStatusMap:
         self._fresh = _NEVER_FRESH
 
     def _failed(self, room: int, reason: Optional[str] = None) -> None:
-        """``room`` reads Failed: ``reason`` when Redis failed the call (kept, see :meth:`_fail_here`), None when
-        the room itself reads Failed."""
+        """``room`` reads Failed: ``reason`` when Redis failed the call (kept: :meth:`_fail_here`), else None."""
         if reason is not None:
             self._fail_here(room, reason)
         if self.on_failed is not None:
@@ -374,12 +367,14 @@ class RoomStatusMap:
         self._local.memo = None
         ranks = self.pp_participants
         try:
-            return self._call(lambda: self.store.room_status(room, ranks))
+            consensus = self._call(lambda: self.store.room_status(room, ranks))
         except InvalidRoomError:
             return RoomConsensus(KVPoll.Failed, reason=invalid_room_reason(room))
         except _Unanswered as unanswered:
             self._fail_here(room, unanswered.reason)
             return RoomConsensus(KVPoll.Failed, reason=unanswered.reason)
+        kept = self._failed_here.reason(room) if self.participant in ranks else None
+        return consensus if kept is None else RoomConsensus(KVPoll.Failed, reason=kept)
 
     def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
         """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""
@@ -410,9 +405,8 @@ class RoomStatusMap:
         }
         if self._failed_here.rooms and self.participant in self.pp_participants:
             own = self.pp_participants.index(self.participant)
-            for room, statuses in collected.items():
-                if self._failed_here.reason(room) is not None:
-                    statuses[own] = KVPoll.Failed
+            for room in filter(self._failed_here.reason, collected):
+                collected[room][own] = KVPoll.Failed
         return collected
 
     # -- writes

@@ -202,6 +202,8 @@ def test_a_pp_rank_failed_during_an_outage_stays_failed_in_the_consensus(server:
     time.sleep(OUTAGE_SECONDS)
     assert statuses.collect(ROOM) == [KVPoll.Failed, KVPoll.Bootstrapping]
     assert statuses.collect_many([ROOM]) == {ROOM: [KVPoll.Failed, KVPoll.Bootstrapping]}
+    consensus = statuses.consensus(ROOM)
+    assert consensus.status == KVPoll.Failed and consensus.reason is not None and consensus.reason.startswith(DOWN)
     assert ranks[1].request_status.collect(ROOM) == [KVPoll.Bootstrapping, KVPoll.Bootstrapping]  # rank 1 was not told
     for manager in ranks:
         manager.request_status.close()

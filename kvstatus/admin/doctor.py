@@ -251,12 +251,14 @@ def tracking_check(client: Any, schema: KeySchema) -> Check:
     confined = not confined
     pool = node.connection_pool
     try:
-        conn = pool.get_connection()
+        with round_trip(client):
+            conn = pool.get_connection()
     except REDIS_ERRORS as exc:
         return Check("tracking", True, f"not checked: {translate_error(exc)}")
     try:
-        conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", _outside(schema))
-        conn.read_response()
+        with round_trip(client):
+            conn.send_command("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", _outside(schema))
+            conn.read_response()
         tracks = True
     except rx.ResponseError:
         tracks = False

@@ -52,4 +52,5 @@ def test_the_fault_table_is_one_screen() -> None:
     rows = lines[lines.index(header) + 1 :]
     assert [row.split()[0] for row in rows] == list(FAULTS)
     assert "nothing failed" in rows[-1] and "300 s" in rows[0]
+    assert "docs/e2e.md" in result.stdout  # where the same faults are timed on real SGLang servers
     assert len(lines) <= 24

@@ -303,7 +303,8 @@ def _report(results: list[DemoResult], config: DemoConfig, as_json: bool) -> Non
     click.echo(
         "resurrected rooms: abort writes that re-created an entry its owner had cleared\n"
         "stale-status requests: requests whose first poll saw a status left by an earlier request on the room\n"
-        "leaked keys, keys without TTL: left in the namespace after every worker finished"
+        "leaked keys, keys without TTL: left in the namespace after every worker finished\n"
+        "a peer's death, restart or a cancel: kvstatus demo --faults; on real SGLang servers: docs/e2e.md"
     )
 
 

@@ -122,6 +122,13 @@ EPOCH = 1_796_206_714_867
 """An incarnation epoch of today's size (Unix ms): what a store with a lease stamps its entries with."""
 
 MINIMAL_RULE = (Path(__file__).resolve().parent / "minimal_rule.lua").read_text()
+CHECKED_RULE = (
+    scripts.splice(
+        "required_checks", (Path(__file__).resolve().parent / "required_checks.lua").read_text(), scripts.read_lib
+    )
+    + MINIMAL_RULE
+)
+"""The minimal rule behind the checks DESIGN requires of every update script (benchmarks/required_checks.lua)."""
 _ACL_CHECK = re.compile(r"^  if redis\.acl_check_cmd and not redis\.acl_check_cmd\(command, key\) then$", re.M)
 
 
@@ -169,6 +176,7 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     run = client.execute_command
     minimal_sha = client.script_load(MINIMAL_RULE)
     bare_sha = client.script_load(update_without_acl_check())
+    checked_sha = client.script_load(CHECKED_RULE)
     client.script_load(scripts.UPDATE.source)
     head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "", "")
     fenced_head = (*head[:-2], str(EPOCH), "")  # a store with a lease
@@ -177,16 +185,19 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
         str(EPOCH),
         f"t:{PARTICIPANT}",
     )  # with a lease and timelines: the SGLang plugin's default
-    names = ("update", "minimal", "no acl", "fenced", "unfenced", "sglang")
+    names = ("update", "minimal", "checked", "no acl", "fenced", "unfenced", "sglang")
     server = {name: ServerTime(client, "evalsha") for name in names}
 
     def update_block() -> list[int]:
         fresh = rooms.take(n)
         return time_calls(lambda i: store.update_status(fresh[i], KVPoll.Bootstrapping), n)
 
-    def minimal_block() -> list[int]:
-        keys = store.schema.room_keys(rooms.take(n))
-        return time_calls(lambda i: run("EVALSHA", minimal_sha, 1, keys[i], str(TTL_MS), PARTICIPANT, "1"), n)
+    def rule_block(sha: str) -> Block:
+        def block() -> list[int]:
+            keys = store.schema.room_keys(rooms.take(n))
+            return time_calls(lambda i: run("EVALSHA", sha, 1, keys[i], str(TTL_MS), PARTICIPANT, "1"), n)
+
+        return block
 
     def no_acl_block() -> list[int]:
         keys = store.schema.room_keys(rooms.take(n))
@@ -206,7 +217,8 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     s = interleave(
         {
             "update": server["update"].around(update_block),
-            "minimal": server["minimal"].around(minimal_block),
+            "minimal": server["minimal"].around(rule_block(minimal_sha)),
+            "checked": server["checked"].around(rule_block(checked_sha)),
             "no acl": server["no acl"].around(no_acl_block),
             "fenced": server["fenced"].around(raw_update_block(fenced_head)),
             "unfenced": server["unfenced"].around(raw_update_block(head)),
@@ -218,10 +230,17 @@ def single_key(client: Any, plan: Plan, rooms: RoomSource) -> Results:
     up, floor, raw_set = s["update"].p50_us, s["minimal"].p50_us, s["set"].p50_us
     t_update, t_minimal, t_no_acl = (server[k].per_call() for k in ("update", "minimal", "no acl"))
     t_fenced, t_unfenced = server["fenced"].per_call(), server["unfenced"].per_call()
-    t_sglang = server["sglang"].per_call()
+    t_sglang, t_checked = server["sglang"].per_call(), server["checked"].per_call()
     out.rows += [
         _lat("single key", "`store.update_status` (CREATED)", s["update"], f"server {t_update:.2f} µs/call"),
         _lat("single key", "minimal rule script, raw `EVALSHA`", s["minimal"], f"server {t_minimal:.2f} µs/call"),
+        _lat(
+            "single key",
+            "minimal rule script behind the checks DESIGN requires (argument validation, ACL pre-check), raw `EVALSHA`",
+            s["checked"],
+            f"server {t_checked:.2f} µs/call, {t_checked / t_minimal:.2f}× the minimal rule: the floor of a script "
+            f"that keeps DESIGN §3 and §6; `update_status` {t_update / t_checked:.2f}× it",
+        ),
         _lat(
             "single key",
             "`update.lua` without its ACL check, raw `EVALSHA`",

@@ -97,14 +97,15 @@ def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> st
     return _INCLUDE.sub(replace, text)
 
 
-def _read_lib(lib: str) -> Optional[str]:
+def read_lib(lib: str) -> Optional[str]:
+    """The text of ``lua/lib/<lib>.lua``, or None when there is no such file (the ``read_lib`` of :func:`splice`)."""
     path = _lua_dir().joinpath("lib").joinpath(f"{lib}.lua")
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 def _load(name: str) -> LuaScript:
     path = _lua_dir().joinpath(f"{name}.lua")
-    source = splice(name, path.read_text(encoding="utf-8"), _read_lib)
+    source = splice(name, path.read_text(encoding="utf-8"), read_lib)
     return LuaScript(
         name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), source.startswith(READ_ONLY_SHEBANG + "\n")
     )

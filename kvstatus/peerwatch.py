@@ -25,9 +25,10 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    (:meth:`PeerWatch.awaits`; SGLang's decode knows its prefill's bootstrap address) judges the peers whose
    lease carries that address (the ``address`` option of their store). When such a peer is lost or restarted
    and holds no entry in the room, this store fails its own entry there, naming the peer and the address.
-   So it does when such a peer's lease expired (not released) after its entry reached Success while this
-   store's is still open: the peer died before it told this side (SGLang's prefill writes Success, then sends
-   the decode its completion message), and nothing more will come from it.
+   So it does when such a peer's lease expired (not released), or its name was taken by a new incarnation
+   (not after a release), after its entry reached Success while this store's is still open: the peer died
+   before it told this side (SGLang's prefill writes Success, then sends the decode its completion message),
+   and nothing more will come from it. A release is an orderly exit, which sends what it owes first.
    Addresses match exactly (``10.0.0.7:8998`` is not ``prefill-0:8998``): a room whose address no lease
    carries is left to the engine's own checks, never failed by a guess.
 
@@ -79,10 +80,12 @@ def awaited_reason(participant: str, address: str, stage: Stage) -> str:
 @dataclass
 class WatchPlan:
     """What one look at the marks asks for. ``suspects``: peers whose lease to check, with the rooms to check
-    them in; ``restarted``: peer -> the rooms whose entry to fail."""
+    them in; ``restarted``: peer -> the rooms whose entry to fail; ``orderly``: the restarted peers whose
+    previous incarnation released its lease (an orderly exit: it sent what it owed first)."""
 
     suspects: dict[str, list[int]] = field(default_factory=dict)
     restarted: dict[str, list[int]] = field(default_factory=dict)
+    orderly: set[str] = field(default_factory=set)
     forget: list[str] = field(default_factory=list)
 
 
@@ -214,6 +217,8 @@ class PeerWatch:
                     before = [room for room, at in opened.items() if at < self._previous_look]
                     if before:
                         plan.restarted[name] = before
+                        if peer.mark.endswith(RELEASED_MARK):
+                            plan.orderly.add(name)
                 peer.mark, peer.changed_at, peer.incarnation, peer.lost = mark, now, incarnation, False
                 if mark.endswith(RELEASED_MARK):
                     plan.suspects[name] = rooms
@@ -232,6 +237,7 @@ class PeerWatch:
         redo, self._unfinished = self._unfinished, WatchPlan()
         _merge(plan.suspects, redo.suspects, self._peers)
         _merge(plan.restarted, redo.restarted, self._peers)
+        plan.orderly |= redo.orderly & redo.restarted.keys() & self._peers.keys()
         return plan
 
     def unfinished(self, plan: WatchPlan) -> None:
@@ -239,6 +245,7 @@ class PeerWatch:
         at the next look, so a peer judged lost or restarted during an outage still has its entries failed."""
         _merge(self._unfinished.suspects, plan.suspects)
         _merge(self._unfinished.restarted, plan.restarted)
+        self._unfinished.orderly |= plan.orderly
 
     def confirmed(self, name: str, state: LeaseState) -> None:
         """The lease record of suspect ``name`` was read: LOST marks it lost (watched in rooms opened later)."""

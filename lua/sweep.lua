@@ -19,12 +19,13 @@
 --          one belongs to an incarnation that took the name over after the caller's read, and is left as it
 --          is (UNCHANGED); unstamped entries and older stamps are swept.
 --
--- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), UNCHANGED (terminal, fenced off, or a
--- value kvstatus does not write: left as it is), IGNORED_MISSING (no entry).
+-- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), REFUSED_TERMINAL (a Success of the swept
+-- incarnation, left as it is: its part was done), UNCHANGED (Failed, fenced off, or a value kvstatus does not
+-- write: left as it is), IGNORED_MISSING (no entry).
 -- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, or keys that
 -- do not belong together), "NOPERM <what>".
 
-local FAILED, UNCHANGED, IGNORED_MISSING = 3, 4, 5
+local FAILED, UNCHANGED, IGNORED_MISSING, REFUSED_TERMINAL = 3, 4, 5, 6
 local SCRIPT = "sweep"
 
 -- @include acl
@@ -77,6 +78,8 @@ for i = 1, #KEYS do
     end
     result[i] = FAILED
     timelines[i] = timeline and timeline_after(timeline, 0, now)
+  elseif stored == "4" and not (stamp and stamp >= below) then
+    result[i] = REFUSED_TERMINAL
   else
     result[i] = UNCHANGED
   end

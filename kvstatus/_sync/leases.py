@@ -163,7 +163,14 @@ class LeaseKeeper:
             below, address = self._send(watch.identity_request(name), "watch")
             outcomes = self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
             failed += outcomes.count(Outcome.FAILED)
-            absent = [room for room, outcome in zip(rooms, outcomes) if outcome is Outcome.IGNORED_MISSING]
+            # Rooms it never wrote, or (unless its previous incarnation released its lease) in which that incarnation
+            # reached Success (REFUSED_TERMINAL): what it owed this side after that went with it, as for a loss above.
+            owed = (
+                (Outcome.IGNORED_MISSING,)
+                if name in plan.orderly
+                else (Outcome.IGNORED_MISSING, Outcome.REFUSED_TERMINAL)
+            )
+            absent = [room for room, outcome in zip(rooms, outcomes) if outcome in owed]
             failed += self._fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
         if plan.forget:
             self._send(watch.forget_request(plan.forget), "watch")

@@ -12,6 +12,8 @@ polls ``get`` every 5 ms; its *peer* is a child process holding its own lease an
   (SGLang's completion message); the survivor, a decode still open, waits on its address;
 - ``restart``: SIGKILL the peer and start it again under the same name; timed from the new incarnation's
   acquire;
+- ``restart-done``: as ``kill-done``, but the prefill is started again under the same name and address; timed
+  from the new incarnation's acquire;
 - ``cancel``: a third process cancels the room (``cancel-near``: the survivor reads through a near cache);
 - ``pause``: SIGSTOP the peer for 2/3 of its lease TTL, then SIGCONT: it must fail nothing.
 
@@ -28,9 +30,20 @@ from typing import NamedTuple, Optional
 
 from kvstatus import KVPoll, StatusStore
 
-FAULTS = ("kill", "kill-decode", "kill-unwritten", "kill-done", "restart", "cancel", "cancel-near", "pause")
+FAULTS = (
+    "kill",
+    "kill-decode",
+    "kill-unwritten",
+    "kill-done",
+    "restart",
+    "restart-done",
+    "cancel",
+    "cancel-near",
+    "pause",
+)
 PEER_ADDRESS = "10.0.0.7:8998"
-"""The address the peer's lease carries (nothing listens there: ``kill-unwritten`` and ``kill-done`` match it)."""
+"""The address the peer's lease carries (nothing listens there: the survivor of ``kill-unwritten``, ``kill-done``
+and ``restart-done`` waits on it)."""
 POLL_SECONDS = 0.005
 LIMIT_SECONDS = 60.0
 
@@ -40,6 +53,7 @@ UPSTREAM = {
     "kill-unwritten": "the decode's heartbeat of the prefill (5 s, 2 misses), else its 300 s waiting timeout",
     "kill-done": "the decode waits out its 300 s waiting timeout (the completion message never comes)",
     "restart": "the new prefill knows none of the old rooms: 300 s timeouts",
+    "restart-done": "the decode waits out its 300 s waiting timeout (the completion message never comes)",
     "cancel": "no cancel: a router's abort reaches only the server it calls",
     "cancel-near": "(as above)",
     "pause": "nothing fails",
@@ -121,7 +135,8 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
     if fault == "kill-decode":
         own, theirs = theirs, own
     unwritten = fault == "kill-unwritten"
-    if fault == "kill-done":
+    done = fault.endswith("-done")
+    if done:
         theirs = KVPoll.Success
     survivor = StatusStore.from_url(
         url, namespace=namespace, participant=survivor_name, lease_ttl=lease_ttl, near_cache=fault == "cancel-near"
@@ -129,7 +144,7 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
     children: list[_Child] = []
     try:
         survivor.update_status(room, KVPoll.Bootstrapping)
-        if unwritten or fault == "kill-done":
+        if unwritten or done:
             survivor.awaits(room, PEER_ADDRESS)
         if not unwritten:
             survivor.update_status(room, own)
@@ -142,11 +157,11 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
             started = time.monotonic()
             peer.signal(signal.SIGKILL)
             seconds = _until_failed(survivor, room, started)
-        elif fault == "restart":
+        elif fault.startswith("restart"):
             peer.stop()
             # The new process knows none of the old rooms (its dict is empty): it opens a room of its own.
-            fresh = (url, namespace, peer_name, str(room + 1))
-            children.append(_Child(_PEER, *fresh, str(int(KVPoll.Bootstrapping)), str(lease_ttl), ""))
+            fresh = (url, namespace, peer_name, str(room + 1), str(int(KVPoll.Bootstrapping)), str(lease_ttl))
+            children.append(_Child(_PEER, *fresh, PEER_ADDRESS if done else ""))
             seconds = _until_failed(survivor, room, time.monotonic())
         elif fault.startswith("cancel"):
             survivor.get(room)  # a near cache holds the room from here on

@@ -247,6 +247,40 @@ def test_a_room_still_open_here_after_the_peer_it_waits_on_died_at_success_fails
         assert decode.get(room) is B and decode.failure(room) is None
 
 
+def test_a_room_still_open_here_after_the_peer_it_waits_on_restarted_at_success_fails(backend: Backend) -> None:
+    """As above, but the prefill restarted under its name: the room fails at the look that sees the new
+    incarnation, not at a lease TTL; a room where the new incarnation reached Success itself is left alone."""
+    decode, prefill = _waiting(backend)
+    prefill.update_status(ROOMS[0], B)
+    prefill.update_status(ROOMS[0], S)
+    decode.update_status(ROOMS[1], W)
+    decode.awaits(ROOMS[1], ADDRESS)
+    again = backend.store(participant="prefill-0", lease_ttl=3, address=ADDRESS)
+    again.acquire_lease()
+    again.update_status(ROOMS[1], B)
+    again.update_status(ROOMS[1], S)
+    assert decode.look_at_peers() == 1
+    failure = decode.failure(ROOMS[0])
+    reason = f"participant prefill-0 restarted; this room waited on its previous incarnation at {ADDRESS}"
+    assert (failure.stage, failure.origin, failure.reason) == (Stage.SUPERSEDED, "decode-0", reason)
+    assert decode.get(ROOMS[0]) is F
+    assert decode.room(ROOMS[0]).participants["prefill-0"].status is S  # its part stays done
+    assert decode.get(ROOMS[1]) is W and decode.failure(ROOMS[1]) is None  # the new incarnation's own Success
+    assert decode.get(ROOMS[2]) is B and decode.failure(ROOMS[2]) is None  # waits on no address
+
+
+def test_a_peer_that_released_its_lease_at_success_then_restarted_fails_nothing_here(backend: Backend) -> None:
+    decode, prefill = _waiting(backend)
+    prefill.update_status(ROOMS[0], B)
+    prefill.update_status(ROOMS[0], S)
+    _release(backend, prefill)
+    assert decode.look_at_peers() == 0  # the released mark is seen
+    again = backend.store(participant="prefill-0", lease_ttl=3, address=ADDRESS)
+    again.acquire_lease()
+    assert decode.look_at_peers() == 0
+    assert decode.get(ROOMS[0]) is B and decode.failure(ROOMS[0]) is None
+
+
 def test_a_peer_that_released_its_lease_after_success_fails_nothing_here(backend: Backend) -> None:
     """An orderly exit (the lease released) sends what it owes first: a room where the peer reached Success is
     left to finish."""

@@ -365,17 +365,20 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     head = ("seed", str(TTL_MS), PARTICIPANT, f"reason:{PARTICIPANT}", f"inc:{PARTICIPANT}", "", "")
     section = f"batch{label}"
     run = client.execute_command
-    server = {name: ServerTime(client, "evalsha") for name in ("update_many", "minimal", "no acl")}
+    server = {name: ServerTime(client, "evalsha") for name in ("update_many", "minimal", "checked", "no acl")}
 
     def update_many_block() -> list[int]:
         work = [dict.fromkeys(rooms.take(size), KVPoll.Bootstrapping) for _ in range(calls)]
         return time_calls(lambda i: store.update_many(work[i]), calls)
 
-    def minimal_block() -> list[int]:
-        work = [store.schema.room_keys(rooms.take(size)) for _ in range(calls)]
-        sha = client.script_load(MINIMAL_RULE)
-        args = ("1",) * size
-        return time_calls(lambda i: run("EVALSHA", sha, size, *work[i], str(TTL_MS), PARTICIPANT, *args), calls)
+    def floor_block(source: str) -> Block:
+        def block() -> list[int]:
+            work = [store.schema.room_keys(rooms.take(size)) for _ in range(calls)]
+            sha = client.script_load(source)
+            args = ("1",) * size
+            return time_calls(lambda i: run("EVALSHA", sha, size, *work[i], str(TTL_MS), PARTICIPANT, *args), calls)
+
+        return block
 
     def no_acl_block() -> list[int]:
         work = [store.schema.room_keys(rooms.take(size)) for _ in range(calls)]
@@ -398,7 +401,8 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
     if not cluster:  # one EVALSHA over 1000 keys cannot cross cluster slots
         blocks = {
             "update_many": server["update_many"].around(update_many_block),
-            "minimal": server["minimal"].around(minimal_block),
+            "minimal": server["minimal"].around(floor_block(MINIMAL_RULE)),
+            "checked": server["checked"].around(floor_block(CHECKED_RULE)),
             "no acl": server["no acl"].around(no_acl_block),
             "set": pipelined_set_block,
         }
@@ -408,9 +412,11 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
         per_key = {k: v.per_call() / size for k, v in server.items()}
         out.rows += [
             _tput(section, "minimal rule script over 1000 keys, raw `EVALSHA`", s["minimal"], size),
+            _tput(section, "minimal rule script behind DESIGN's required checks over 1000 keys", s["checked"], size),
             _tput(section, "`update.lua` without its ACL check over 1000 keys, raw `EVALSHA`", s["no acl"], size),
             Measurement(section, "Redis time per key: `update_many(1000)`", per_key["update_many"], "µs"),
             Measurement(section, "Redis time per key: minimal rule script", per_key["minimal"], "µs"),
+            Measurement(section, "Redis time per key: minimal rule script behind the checks", per_key["checked"], "µs"),
             Measurement(section, "Redis time per key: `update.lua` without ACL check", per_key["no acl"], "µs"),
         ]
         out.budgets.append(
@@ -432,6 +438,12 @@ def batches(client: Any, plan: Plan, rooms: RoomSource, *, label: str = "", clus
             f"(validation and the ACL pre-check; the check alone "
             f"{per_key['update_many'] - per_key['no acl']:+.2f} µs per key); kvstatus' own Python (validation, "
             f"keys, decoding, no I/O) {client_us:,.0f} µs per call."
+        )
+        out.notes.append(
+            f"The minimal rule behind the checks DESIGN requires (benchmarks/required_checks.lua) runs at "
+            f"{ratio(s['minimal'], s['checked']):.2f}× the minimal rule's throughput over 1000 keys, "
+            f"{per_key['checked'] / per_key['minimal']:.2f}× its Redis time per key; `update_many(1000)` at "
+            f"{ratio(s['checked'], s['update_many']):.2f}× the checked floor's throughput."
         )
     out.rows.append(_tput(section, "raw pipelined `SET PX` × 1000", s["set"], size))
 

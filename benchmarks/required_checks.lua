@@ -9,9 +9,10 @@
 local SCRIPT = "required checks"
 
 -- @include acl
+-- @include time
 
 local ttl, field = ARGV[1], ARGV[2]
-if type(ttl) ~= "string" or not string.match(ttl, "^[1-9][0-9]*$") or #ttl > 15 then
+if not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
 if not field or field == "" then

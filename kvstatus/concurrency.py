@@ -164,6 +164,16 @@ def readable(source: Any, seconds: float) -> bool:
     return bool(poller.poll(math.ceil(max(seconds, 0.0) * 1000)))
 
 
+async def async_pending(connection: Any) -> bool:
+    """Whether a connected redis.asyncio connection has a reply or a push to read now (raises once it closed)."""
+    check = getattr(connection, "can_read", None) or connection.can_read_destructive  # redis-py < 8
+    return bool(await check())
+
+
+def pending(connection: Any) -> bool:
+    return bool(connection.can_read(timeout=0))
+
+
 def async_close_link(connection: Any) -> None:
     """Close an asyncio connection without awaiting (from the synchronous read path of the near cache)."""
     writer = getattr(connection, "_writer", None)

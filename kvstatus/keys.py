@@ -153,6 +153,16 @@ class KeySchema:
         """Key of the namespace's lease index (:mod:`kvstatus.peerwatch`): participant -> its lease mark."""
         return f"{self.base}leases"
 
+    def presence_channel(self, participant: str) -> str:
+        """Channel a lease holder of ``participant`` stays subscribed to (:mod:`kvstatus._async.presence`). The
+        namespace is its hash tag: every presence of a namespace is on one shard, counted in one command."""
+        return f"{self.base}presence:{{{self.namespace}}}:{participant}"
+
+    @property
+    def presence_pattern(self) -> str:
+        """ACL channel pattern of the namespace's presence channels."""
+        return f"{self.base}presence:*"
+
     @property
     def lease_pattern(self) -> str:
         """SCAN MATCH pattern for every lease record of this namespace."""

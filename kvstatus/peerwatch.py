@@ -32,6 +32,19 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    Addresses match exactly (``10.0.0.7:8998`` is not ``prefill-0:8998``): a room whose address no lease
    carries is left to the engine's own checks, never failed by a guess.
 
+6. A peer that died (SIGKILL, an OOM kill, a crash) is seen by its **presence**, not its lease: every lease
+   holder keeps a connection subscribed to its participant's channel (:mod:`kvstatus._async.presence`), which
+   Redis drops the moment the process dies and keeps through a pause. Every :data:`PRESENCE_SECONDS` one
+   ``PUBSUB NUMSUB`` (``SHARDNUMSUB`` on a cluster: a namespace's channels share a slot) counts this store's
+   own presence and its peers'. A peer seen present and then absent for :data:`PRESENCE_GRACE` is dead: its
+   open entries in this store's rooms fail (stage ``lease-lost``, "participant P died"), as for a lost lease,
+   without waiting for the lease TTL. Only a presence seen on the server this store's own subscription is on
+   counts: when this store's own presence is absent from a count, or was subscribed again since (a Redis
+   restart, a failover, a dropped connection), every peer must be seen again first, so a restart, a failover
+   or ``CLIENT KILL`` fails nothing. A peer whose presence was never seen (an ACL without the subscribe
+   commands, an older kvstatus) is judged by its lease alone, as is a death that closes no socket (a lost host,
+   a partition, a hung process).
+
 Only rooms this store has an open entry in are looked at (:meth:`PeerWatch.wrote` keeps them, without I/O):
 a peer dying in a room nobody waits on changes nothing. Entries that reached Success or Failed are never
 touched. A lost peer stays watched in the rooms this store opens later, until its name holds a lease again.
@@ -57,6 +70,12 @@ from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
 WATCH_SECONDS = 1.0
 """Seconds between two looks at the peers' marks: a dead peer's rooms fail within its lease TTL plus this."""
 
+PRESENCE_SECONDS = 0.25
+"""Seconds between two counts of the presences (one ``PUBSUB NUMSUB`` each: 4 commands a second)."""
+PRESENCE_GRACE = 0.5
+"""Seconds a peer's presence must stay absent before it counts as dead: a reconnecting peer subscribes again
+well within it (its presence connection notices a dropped socket at its keeper's next tick)."""
+
 RELEASED_MARK = "released"
 STALE_LOOKS = 2.5
 """A live peer's mark changes at each of its looks (every :data:`WATCH_SECONDS`): one unchanged for this many
@@ -67,6 +86,11 @@ which fails nothing while Redis says its lease is alive."""
 def restart_reason(participant: str) -> str:
     """The failure reason of an entry whose participant restarted under the same name."""
     return f"participant {participant} restarted; this entry was its previous incarnation's"
+
+
+def died_reason(participant: str) -> str:
+    """The failure reason of an entry whose participant's process died (its presence left Redis)."""
+    return f"participant {participant} died: its connection to Redis closed"
 
 
 def awaited_reason(participant: str, address: str, stage: Stage) -> str:
@@ -80,22 +104,27 @@ def awaited_reason(participant: str, address: str, stage: Stage) -> str:
 @dataclass
 class WatchPlan:
     """What one look at the marks asks for. ``suspects``: peers whose lease to check, with the rooms to check
-    them in; ``restarted``: peer -> the rooms whose entry to fail; ``orderly``: the restarted peers whose
+    them in; ``dead``: peers whose presence says they died, with the rooms to fail them in (no lease check);
+    ``restarted``: peer -> the rooms whose entry to fail; ``orderly``: the restarted peers whose
     previous incarnation released its lease (an orderly exit: it sent what it owed first)."""
 
     suspects: dict[str, list[int]] = field(default_factory=dict)
+    dead: dict[str, list[int]] = field(default_factory=dict)
     restarted: dict[str, list[int]] = field(default_factory=dict)
     orderly: set[str] = field(default_factory=set)
     forget: list[str] = field(default_factory=list)
 
 
 class _Peer:
-    __slots__ = ("mark", "changed_at", "incarnation", "lost", "address")
+    __slots__ = ("mark", "changed_at", "incarnation", "lost", "address", "seen", "absent_since", "dead")
 
     def __init__(self, mark: str, now: float) -> None:
         self.mark, self.changed_at, self.lost = mark, now, False
         self.incarnation = _incarnation(mark)
         self.address: Optional[str] = None  # its lease's address, once read (a lost or restarted peer's)
+        self.seen = False  # its presence was counted since this store's own subscription took
+        self.absent_since: Optional[float] = None  # monotonic time its presence was first counted absent
+        self.dead = False  # its presence says it died: watched in rooms opened later too
 
 
 def _merge(planned: dict[str, list[int]], more: dict[str, list[int]], known: Optional[dict[str, _Peer]] = None) -> None:
@@ -130,6 +159,10 @@ class PeerWatch:
         self._looked_at = -float("inf")
         self._previous_look = -float("inf")
         self._looks = 0
+        self.channel = core.schema.presence_channel(self.participant)
+        self._numsub = "SHARDNUMSUB" if core.cluster else "NUMSUB"
+        self._counted_at = -float("inf")
+        self._generation = 0  # of this store's own presence when its peers' were last counted
 
     def wrote(self, room: int, status: Optional[KVPoll]) -> None:
         """This store's entry in ``room`` is now ``status`` (None: none)."""
@@ -172,6 +205,51 @@ class PeerWatch:
         """Seconds until the next look is due."""
         return max(self._looked_at + self.interval - time.monotonic(), 0.0)
 
+    def next_count_delay(self) -> float:
+        """Seconds until the next count of the presences is due."""
+        return max(self._counted_at + PRESENCE_SECONDS - time.monotonic(), 0.0)
+
+    def count_request(self) -> Request[dict[str, int]]:
+        """Count this store's own presence and every known peer's in one command; decodes to
+        ``{participant: subscribers}``, this store's own included."""
+        self._counted_at = time.monotonic()
+        names = [self.participant, *self._peers]
+        schema = self.core.schema
+        channels = {schema.presence_channel(name): name for name in names}
+        call = Call(("PUBSUB", self._numsub, *channels), route=self.channel)
+
+        def decode(replies: list[Any]) -> dict[str, int]:
+            flat = replies[0]
+            pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2])
+            return {channels[_text(channel)]: int(count) for channel, count in pairs if _text(channel) in channels}
+
+        return Request([call], decode)
+
+    def judge(self, counts: dict[str, int], generation: int) -> list[str]:
+        """The peers that died by ``counts`` (just read by :meth:`count_request`) while this store's own presence
+        is its subscription number ``generation``: seen present, then absent for :data:`PRESENCE_GRACE`."""
+        now = time.monotonic()
+        if counts.get(self.participant, 0) < 1 or generation != self._generation:
+            # Not counted where this store's own subscription stands (a restart, a failover, a reconnect):
+            # nothing seen before is known to be on this server.
+            self._generation = generation
+            for peer in self._peers.values():
+                peer.seen, peer.absent_since = False, None
+            if counts.get(self.participant, 0) < 1:
+                return []
+        dead = []
+        for name, peer in self._peers.items():
+            count = counts.get(name, 0)
+            if count > 0:
+                peer.seen, peer.absent_since, peer.dead = True, None, False
+            elif peer.seen and not peer.mark.endswith(RELEASED_MARK):
+                if peer.absent_since is None:
+                    peer.absent_since = now
+                elif now - peer.absent_since >= PRESENCE_GRACE:
+                    peer.seen, peer.absent_since, peer.dead = False, None, True
+                    dead.append(name)
+        return dead
+
     def mark_calls(self, incarnation: str, looks: int, released: bool = False) -> list[Call]:
         """The calls writing this store's mark: its lease ``incarnation`` and a counter that changes each time."""
         mark = f"{incarnation}:{RELEASED_MARK if released else looks}"
@@ -196,8 +274,9 @@ class PeerWatch:
 
         return Request(calls, decode)
 
-    def plan(self, marks: dict[str, str]) -> WatchPlan:
-        """Judge the peers' ``marks`` (just read): who to check, who restarted, which marks are stale."""
+    def plan(self, marks: dict[str, str], dead: tuple[str, ...] = ()) -> WatchPlan:
+        """Judge the peers' ``marks`` (just read): who to check, who restarted, which marks are stale; ``dead``:
+        the peers :meth:`judge` found dead just before, whose open entries fail in every open room."""
         now = time.monotonic()
         self._previous_look, self._looked_at = self._looked_at, now
         plan = WatchPlan()
@@ -219,11 +298,20 @@ class PeerWatch:
                         plan.restarted[name] = before
                         if peer.mark.endswith(RELEASED_MARK):
                             plan.orderly.add(name)
+                    peer.dead = False  # a new incarnation's presence is its own
                 peer.mark, peer.changed_at, peer.incarnation, peer.lost = mark, now, incarnation, False
                 if mark.endswith(RELEASED_MARK):
                     plan.suspects[name] = rooms
+                elif name in dead:
+                    plan.dead[name] = rooms
             elif now - peer.changed_at > self.keep:
                 plan.forget.append(name)  # its lease record is gone by now (kept as long as the rooms)
+            elif name in dead:
+                plan.dead[name] = rooms
+            elif peer.dead:
+                fresh = [room for room, at in opened.items() if at >= self._previous_look]
+                if fresh:
+                    plan.dead[name] = fresh
             elif peer.lost:
                 fresh = [room for room, at in opened.items() if at >= self._previous_look]
                 if fresh:
@@ -236,6 +324,7 @@ class PeerWatch:
             del self._peers[name]
         redo, self._unfinished = self._unfinished, WatchPlan()
         _merge(plan.suspects, redo.suspects, self._peers)
+        _merge(plan.dead, redo.dead, self._peers)
         _merge(plan.restarted, redo.restarted, self._peers)
         plan.orderly |= redo.orderly & redo.restarted.keys() & self._peers.keys()
         return plan
@@ -244,6 +333,7 @@ class PeerWatch:
         """Carrying out ``plan`` failed (Redis unreachable or hung): its suspects and restarts are planned again
         at the next look, so a peer judged lost or restarted during an outage still has its entries failed."""
         _merge(self._unfinished.suspects, plan.suspects)
+        _merge(self._unfinished.dead, plan.dead)
         _merge(self._unfinished.restarted, plan.restarted)
         self._unfinished.orderly |= plan.orderly
 

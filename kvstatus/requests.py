@@ -16,10 +16,12 @@ T = TypeVar("T")
 
 class Call(NamedTuple):
     """One Redis command; ``script`` is set when ``args`` runs that script (EVALSHA, EVALSHA_RO for a read-only
-    script, or FCALL / FCALL_RO of its function)."""
+    script, or FCALL / FCALL_RO of its function). ``route``: on a cluster, the key or shard channel whose node
+    gets a command that names none (``PUBSUB SHARDNUMSUB``)."""
 
     args: tuple[Any, ...]
     script: Optional[LuaScript] = None
+    route: Optional[str] = None
 
     def as_eval(self) -> Call:
         """The same script call sent with its source (``EVAL``; ``EVAL_RO`` for an ``EVALSHA_RO``), which a

@@ -53,6 +53,7 @@ class StoreBase:
     _sender_class: ClassVar[Callable[..., Any]]
     _near_class: ClassVar[Callable[..., Any]]
     _keeper_class: ClassVar[Callable[..., Any]]
+    _presence_class: ClassVar[Callable[..., Any]]
 
     def __init__(
         self,
@@ -115,7 +116,10 @@ class StoreBase:
             lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl, keep_ms=keep_ms, address=address)
             lease.on_epoch = self._core.fence
             self._watch = PeerWatch(self._core, lease_ttl, keep=keep_ms / 1000)
-            self._keeper = self._keeper_class(lease, self._sender.send, self._watch)
+            presence = self._presence_class(
+                client, self._watch.channel, cluster=self._core.cluster, deadline=self.options.deadline
+            )
+            self._keeper = self._keeper_class(lease, self._sender.send, self._watch, presence)
 
     @classmethod
     def from_url(

@@ -40,6 +40,8 @@ SUBS = {
     "async_pipeline_route": "pipeline_route",
     "async_close_link": "close_link",
     "async_data_fd": "data_fd",
+    "async_pending": "pending",
+    "AsyncPresence": "Presence",
     "connect_async": "connect",
     "aclose": "close",
     "__aenter__": "__enter__",

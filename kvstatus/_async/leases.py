@@ -8,21 +8,38 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional
 
+from kvstatus._async.presence import AsyncPresence
 from kvstatus.cachestate import writes_sent
 from kvstatus.concurrency import AsyncBackground, AsyncLock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
+from kvstatus.errors import PermissionDeniedError
 from kvstatus.leasestate import LeaseCore, log
-from kvstatus.peerwatch import PeerWatch, WatchPlan, awaited_reason, fail_entries_request, restart_reason
+from kvstatus.peerwatch import (
+    PeerWatch,
+    WatchPlan,
+    awaited_reason,
+    died_reason,
+    fail_entries_request,
+    restart_reason,
+)
 from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
 
 
 class AsyncLeaseKeeper:
     """Keeps ``core`` held; ``send`` is the store's send (the deadline, the observer and the error
-    translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s."""
+    translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s;
+    ``presence``, if given, stands while the lease is held, and the peers' are counted with it."""
 
-    def __init__(self, core: LeaseCore, send: Callable[..., Awaitable[Any]], watch: Optional[PeerWatch] = None) -> None:
+    def __init__(
+        self,
+        core: LeaseCore,
+        send: Callable[..., Awaitable[Any]],
+        watch: Optional[PeerWatch] = None,
+        presence: Optional[AsyncPresence] = None,
+    ) -> None:
         self.core = core
         self.watch = watch
+        self.presence = presence
         self._send = send
         self._lock = AsyncLock()
         self._watch_lock = AsyncLock()  # one look at a time: the background's and look()'s
@@ -65,16 +82,29 @@ class AsyncLeaseKeeper:
             request.calls += self.watch.mark_calls(self.core.incarnation, 0, released=op == "release")
         reply = await self._send(request, "lease")
         self.core.settle(op, sent_at, reply)
+        if self.presence is not None:
+            if self.core.held and op == "acquire":
+                await self.presence.start()
+            elif not self.core.held:
+                await self.presence.stop()
         if op == "acquire" and not self._background.started:
             self._background.start(self._run, f"kvstatus-lease-{self.core.participant}")
 
     def _next_delay(self) -> float:
         delay = self.core.next_delay()
-        return delay if self.watch is None else min(delay, self.watch.next_delay())
+        if self.watch is not None:
+            delay = min(delay, self.watch.next_delay())
+            if self.presence is not None:
+                delay = min(delay, self.watch.next_count_delay())
+        return delay
 
     async def _run(self) -> None:
         core = self.core
         while not await self._background.wait(self._next_delay()):
+            if self.presence is not None:
+                if not core.held:
+                    await self.presence.stop()
+                await self.presence.check()
             if core.next_delay() <= 0:
                 late = core.lateness()
                 if late > core.interval:
@@ -95,6 +125,8 @@ class AsyncLeaseKeeper:
                     core.postpone()
                 if core.lost:
                     return
+            if self.watch is not None and self.presence is not None and self.watch.next_count_delay() <= 0:
+                await self._look(self.watch, count=True)
             if self.watch is not None and self.watch.next_delay() <= 0:
                 await self._look(self.watch)
 
@@ -104,10 +136,14 @@ class AsyncLeaseKeeper:
         assert self.watch is not None
         return await self._look_once(self.watch)
 
-    async def _look(self, watch: PeerWatch) -> None:
-        """:meth:`look`, in the background: an error is logged once (and its end), then tried again."""
+    async def _look(self, watch: PeerWatch, count: bool = False) -> None:
+        """:meth:`look` (``count``: a count of the presences, and a look only when it finds a death), in the
+        background: an error is logged once (and its end), then tried again."""
         try:
-            await self._look_once(watch)
+            if count:
+                await self._count(watch)
+            else:
+                await self._look_once(watch)
         except Exception as exc:  # noqa: BLE001 - the watch outlives Redis errors; it looks again next time
             if not self._watch_failing:
                 log.warning(
@@ -123,12 +159,27 @@ class AsyncLeaseKeeper:
             log.warning("participant %s: the peer watch works again", watch.participant)
             self._watch_failing = False
 
-    async def _look_once(self, watch: PeerWatch) -> int:
+    async def _count(self, watch: PeerWatch) -> int:
+        """Count the presences; look at once when a peer's is gone for good. Returns how many entries failed."""
+        presence = self.presence
+        if presence is None or presence.refused is not None or not self.core.held:
+            return 0
+        try:
+            counts = await self._send(watch.count_request(), "watch")
+        except PermissionDeniedError as exc:
+            await presence.refuse(str(exc))
+            return 0
+        if counts.get(watch.participant, 0) < 1:
+            await presence.renew()  # the server the peers are counted on does not have it (a failover)
+        dead = watch.judge(counts, presence.generation)
+        return await self._look_once(watch, tuple(dead)) if dead else 0
+
+    async def _look_once(self, watch: PeerWatch, dead: tuple[str, ...] = ()) -> int:
         incarnation = self.core.incarnation
         if incarnation is None or not self.core.held:
             return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         async with self._watch_lock:
-            plan = watch.plan(await self._send(watch.look_request(incarnation), "watch"))
+            plan = watch.plan(await self._send(watch.look_request(incarnation), "watch"), dead)
             try:
                 return await self._act(watch, plan)
             except BaseException:
@@ -143,20 +194,11 @@ class AsyncLeaseKeeper:
                 entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
                 watch.confirmed(name, entries.leases[0])
                 if entries.leases[0] is LeaseState.LOST:
-                    open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
-                    below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
-                    outcomes = await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
-                    failed += outcomes.count(Outcome.FAILED)
-                    # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
-                    # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
-                    # side after that (SGLang's decode waits for the prefill's completion message) will not come.
-                    done = None if watch.released(name) else KVPoll.Success
-                    absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
-                    if watch.awaits_any(absent):
-                        address = watch.peer_address(name)
-                        if address is None:
-                            address = (await self._send(watch.identity_request(name), "watch"))[1]
-                        failed += await self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST)
+                    failed += await self._fail_gone(watch, entries, name, lost_reason(name))
+        for name, rooms in plan.dead.items():
+            if rooms:
+                entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
+                failed += await self._fail_gone(watch, entries, name, died_reason(name))
         for name, rooms in plan.restarted.items():
             # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
             below, address = await self._send(watch.identity_request(name), "watch")
@@ -173,6 +215,25 @@ class AsyncLeaseKeeper:
             failed += await self._fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
         if plan.forget:
             await self._send(watch.forget_request(plan.forget), "watch")
+        return failed
+
+    async def _fail_gone(self, watch: PeerWatch, entries: Any, name: str, reason: str) -> int:
+        """Fail the open entries (in ``entries``, just read) of ``name``, which lost its lease or died; returns how
+        many entries were failed."""
+        open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
+        below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
+        outcomes = await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, reason, below)
+        failed = outcomes.count(Outcome.FAILED)
+        # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
+        # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
+        # side after that (SGLang's decode waits for the prefill's completion message) will not come.
+        done = None if watch.released(name) else KVPoll.Success
+        absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
+        if watch.awaits_any(absent):
+            address = watch.peer_address(name)
+            if address is None:
+                address = (await self._send(watch.identity_request(name), "watch"))[1]
+            failed += await self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST)
         return failed
 
     async def _fail_awaiting(
@@ -216,7 +277,7 @@ class AsyncLeaseKeeper:
 
     async def close(self) -> None:
         """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the
-        release's mark tells the peers' watches at once."""
+        release's mark tells the peers' watches at once, then the presence goes."""
         await self._background.stop()
         async with self._lock:
             if self.core.held:
@@ -224,3 +285,5 @@ class AsyncLeaseKeeper:
                     await self._call("release")
                 except Exception as exc:  # noqa: BLE001
                     log.warning("participant %s: lease release failed (it will expire): %s", self.core.participant, exc)
+        if self.presence is not None:
+            await self.presence.stop()

@@ -135,7 +135,7 @@ class AsyncSender:
         calls = request.calls
         if len(calls) == 1:  # the fast path: one command, straight to redis-py
             try:
-                reply = await self.client.execute_command(*calls[0].args)
+                reply = await self.client.execute_command(*calls[0].args, **self._routed(calls[0]))
             except Exception as exc:  # noqa: BLE001 - NOSCRIPT, a failover, an error: the full path, from this reply on
                 return request.decode(await self._replies(calls, [exc], self))
             return request.decode([reply])
@@ -181,18 +181,24 @@ class AsyncSender:
     async def io(self, calls: list[Call]) -> list[Any]:
         try:
             if len(calls) == 1:
-                return [await self.client.execute_command(*calls[0].args)]
+                return [await self.client.execute_command(*calls[0].args, **self._routed(calls[0]))]
             route = self.cluster
             async with self.client.pipeline(transaction=False) as pipe:
                 for call in calls:
                     if route and call.script is not None:
                         pipe.execute_command(*call.args, **async_pipeline_route(self.client, call.args[3]))
                     else:
-                        pipe.execute_command(*call.args)
+                        pipe.execute_command(*call.args, **self._routed(call))
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
                 return replies
         except REDIS_ERRORS as exc:
             return [exc] * len(calls)
+
+    def _routed(self, call: Call) -> dict[str, Any]:
+        """redis-py's keyword arguments sending ``call`` to the node of its ``route`` (a cluster only)."""
+        if call.route is None or not self.cluster:
+            return {}
+        return {"target_nodes": self.client.get_node_from_key(call.route)}
 
     async def reset(self) -> None:
         """Before a resend: a cluster client reloads its slot map."""

@@ -11,6 +11,7 @@ from typing import Any, Optional, TypeVar
 
 from kvstatus._async.leases import AsyncLeaseKeeper
 from kvstatus._async.nearcache import AsyncNearCache
+from kvstatus._async.presence import AsyncPresence
 from kvstatus._async.sender import AsyncSender
 from kvstatus._async.waiting import async_wait_for
 from kvstatus.connection import connect_async
@@ -41,6 +42,7 @@ class AsyncStatusStore(StoreBase):
     _sender_class = AsyncSender
     _near_class = AsyncNearCache
     _keeper_class = AsyncLeaseKeeper
+    _presence_class = AsyncPresence
     _sender: AsyncSender
     _near: Optional[AsyncNearCache]
     _keeper: Optional[AsyncLeaseKeeper]

@@ -9,21 +9,38 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
+from kvstatus._sync.presence import Presence
 from kvstatus.cachestate import writes_sent
 from kvstatus.concurrency import Background, Lock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
+from kvstatus.errors import PermissionDeniedError
 from kvstatus.leasestate import LeaseCore, log
-from kvstatus.peerwatch import PeerWatch, WatchPlan, awaited_reason, fail_entries_request, restart_reason
+from kvstatus.peerwatch import (
+    PeerWatch,
+    WatchPlan,
+    awaited_reason,
+    died_reason,
+    fail_entries_request,
+    restart_reason,
+)
 from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
 
 
 class LeaseKeeper:
     """Keeps ``core`` held; ``send`` is the store's send (the deadline, the observer and the error
-    translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s."""
+    translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s;
+    ``presence``, if given, stands while the lease is held, and the peers' are counted with it."""
 
-    def __init__(self, core: LeaseCore, send: Callable[..., Any], watch: Optional[PeerWatch] = None) -> None:
+    def __init__(
+        self,
+        core: LeaseCore,
+        send: Callable[..., Any],
+        watch: Optional[PeerWatch] = None,
+        presence: Optional[Presence] = None,
+    ) -> None:
         self.core = core
         self.watch = watch
+        self.presence = presence
         self._send = send
         self._lock = Lock()
         self._watch_lock = Lock()  # one look at a time: the background's and look()'s
@@ -66,16 +83,29 @@ class LeaseKeeper:
             request.calls += self.watch.mark_calls(self.core.incarnation, 0, released=op == "release")
         reply = self._send(request, "lease")
         self.core.settle(op, sent_at, reply)
+        if self.presence is not None:
+            if self.core.held and op == "acquire":
+                self.presence.start()
+            elif not self.core.held:
+                self.presence.stop()
         if op == "acquire" and not self._background.started:
             self._background.start(self._run, f"kvstatus-lease-{self.core.participant}")
 
     def _next_delay(self) -> float:
         delay = self.core.next_delay()
-        return delay if self.watch is None else min(delay, self.watch.next_delay())
+        if self.watch is not None:
+            delay = min(delay, self.watch.next_delay())
+            if self.presence is not None:
+                delay = min(delay, self.watch.next_count_delay())
+        return delay
 
     def _run(self) -> None:
         core = self.core
         while not self._background.wait(self._next_delay()):
+            if self.presence is not None:
+                if not core.held:
+                    self.presence.stop()
+                self.presence.check()
             if core.next_delay() <= 0:
                 late = core.lateness()
                 if late > core.interval:
@@ -96,6 +126,8 @@ class LeaseKeeper:
                     core.postpone()
                 if core.lost:
                     return
+            if self.watch is not None and self.presence is not None and self.watch.next_count_delay() <= 0:
+                self._look(self.watch, count=True)
             if self.watch is not None and self.watch.next_delay() <= 0:
                 self._look(self.watch)
 
@@ -105,10 +137,14 @@ class LeaseKeeper:
         assert self.watch is not None
         return self._look_once(self.watch)
 
-    def _look(self, watch: PeerWatch) -> None:
-        """:meth:`look`, in the background: an error is logged once (and its end), then tried again."""
+    def _look(self, watch: PeerWatch, count: bool = False) -> None:
+        """:meth:`look` (``count``: a count of the presences, and a look only when it finds a death), in the
+        background: an error is logged once (and its end), then tried again."""
         try:
-            self._look_once(watch)
+            if count:
+                self._count(watch)
+            else:
+                self._look_once(watch)
         except Exception as exc:  # noqa: BLE001 - the watch outlives Redis errors; it looks again next time
             if not self._watch_failing:
                 log.warning(
@@ -124,12 +160,27 @@ class LeaseKeeper:
             log.warning("participant %s: the peer watch works again", watch.participant)
             self._watch_failing = False
 
-    def _look_once(self, watch: PeerWatch) -> int:
+    def _count(self, watch: PeerWatch) -> int:
+        """Count the presences; look at once when a peer's is gone for good. Returns how many entries failed."""
+        presence = self.presence
+        if presence is None or presence.refused is not None or not self.core.held:
+            return 0
+        try:
+            counts = self._send(watch.count_request(), "watch")
+        except PermissionDeniedError as exc:
+            presence.refuse(str(exc))
+            return 0
+        if counts.get(watch.participant, 0) < 1:
+            presence.renew()  # the server the peers are counted on does not have it (a failover)
+        dead = watch.judge(counts, presence.generation)
+        return self._look_once(watch, tuple(dead)) if dead else 0
+
+    def _look_once(self, watch: PeerWatch, dead: tuple[str, ...] = ()) -> int:
         incarnation = self.core.incarnation
         if incarnation is None or not self.core.held:
             return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         with self._watch_lock:
-            plan = watch.plan(self._send(watch.look_request(incarnation), "watch"))
+            plan = watch.plan(self._send(watch.look_request(incarnation), "watch"), dead)
             try:
                 return self._act(watch, plan)
             except BaseException:
@@ -144,20 +195,11 @@ class LeaseKeeper:
                 entries = self._send(entries_request(watch.core, rooms, [name]), "watch")
                 watch.confirmed(name, entries.leases[0])
                 if entries.leases[0] is LeaseState.LOST:
-                    open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
-                    below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
-                    outcomes = self._fail(watch, open_rooms, name, Stage.LEASE_LOST, lost_reason(name), below)
-                    failed += outcomes.count(Outcome.FAILED)
-                    # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
-                    # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
-                    # side after that (SGLang's decode waits for the prefill's completion message) will not come.
-                    done = None if watch.released(name) else KVPoll.Success
-                    absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
-                    if watch.awaits_any(absent):
-                        address = watch.peer_address(name)
-                        if address is None:
-                            address = (self._send(watch.identity_request(name), "watch"))[1]
-                        failed += self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST)
+                    failed += self._fail_gone(watch, entries, name, lost_reason(name))
+        for name, rooms in plan.dead.items():
+            if rooms:
+                entries = self._send(entries_request(watch.core, rooms, [name]), "watch")
+                failed += self._fail_gone(watch, entries, name, died_reason(name))
         for name, rooms in plan.restarted.items():
             # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
             below, address = self._send(watch.identity_request(name), "watch")
@@ -174,6 +216,25 @@ class LeaseKeeper:
             failed += self._fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
         if plan.forget:
             self._send(watch.forget_request(plan.forget), "watch")
+        return failed
+
+    def _fail_gone(self, watch: PeerWatch, entries: Any, name: str, reason: str) -> int:
+        """Fail the open entries (in ``entries``, just read) of ``name``, which lost its lease or died; returns how
+        many entries were failed."""
+        open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
+        below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
+        outcomes = self._fail(watch, open_rooms, name, Stage.LEASE_LOST, reason, below)
+        failed = outcomes.count(Outcome.FAILED)
+        # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
+        # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
+        # side after that (SGLang's decode waits for the prefill's completion message) will not come.
+        done = None if watch.released(name) else KVPoll.Success
+        absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
+        if watch.awaits_any(absent):
+            address = watch.peer_address(name)
+            if address is None:
+                address = (self._send(watch.identity_request(name), "watch"))[1]
+            failed += self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST)
         return failed
 
     def _fail_awaiting(
@@ -217,7 +278,7 @@ class LeaseKeeper:
 
     def close(self) -> None:
         """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the
-        release's mark tells the peers' watches at once."""
+        release's mark tells the peers' watches at once, then the presence goes."""
         self._background.stop()
         with self._lock:
             if self.core.held:
@@ -225,3 +286,5 @@ class LeaseKeeper:
                     self._call("release")
                 except Exception as exc:  # noqa: BLE001
                     log.warning("participant %s: lease release failed (it will expire): %s", self.core.participant, exc)
+        if self.presence is not None:
+            self.presence.stop()

@@ -12,6 +12,7 @@ from typing import Any, Optional, TypeVar
 
 from kvstatus._sync.leases import LeaseKeeper
 from kvstatus._sync.nearcache import NearCache
+from kvstatus._sync.presence import Presence
 from kvstatus._sync.sender import Sender
 from kvstatus._sync.waiting import wait_for
 from kvstatus.connection import connect
@@ -42,6 +43,7 @@ class StatusStore(StoreBase):
     _sender_class = Sender
     _near_class = NearCache
     _keeper_class = LeaseKeeper
+    _presence_class = Presence
     _sender: Sender
     _near: Optional[NearCache]
     _keeper: Optional[LeaseKeeper]

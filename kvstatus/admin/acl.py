@@ -42,7 +42,10 @@ reads the server version from ``HELLO``.
   store of such a user runs without its near cache, and its ``wait_for`` polls.
 - :data:`WAIT`  ``wait_for``'s arm: the tracked read of the room key
 
-No recipe grants a channel: nothing kvstatus does publishes or subscribes, so a tenant can publish nowhere.
+- :data:`PRESENCE`  a lease holder's presence (:mod:`kvstatus._async.presence`): it subscribes to its own
+  channel under ``<prefix>:<namespace>:presence:``, and counts its peers' with ``PUBSUB NUMSUB``; the worker
+  recipe grants that channel pattern alone. No recipe grants ``PUBLISH`` or ``SPUBLISH``: a tenant can fill no
+  subscriber's output buffer, its own namespace's included.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ SCAN: tuple[str, ...] = ("scan",)
 # The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE), and wait_for's watch gets
 # its pushes in-band: neither subscribes to anything, so nothing a tenant publishes reaches another's cache.
 NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "role")  # ROLE: a Sentinel master's demotion
+PRESENCE: tuple[str, ...] = ("subscribe", "ssubscribe", "pubsub|numsub", "pubsub|shardnumsub")
 WAIT: tuple[str, ...] = ("exists",)  # wait_for arms its CLIENT TRACKING watch by reading the room key
 SENTINEL_COMMANDS: tuple[str, ...] = (
     "ping",
@@ -94,7 +98,7 @@ def read_write_commands(scripts: str = "functions", near_cache: bool = True) -> 
         lua: tuple[str, ...] = FUNCTIONS
     else:
         lua = EVAL_SCRIPTS + SCAN
-    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + WAIT)
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + WAIT + PRESENCE)
 
 
 def router_commands(scripts: str = "functions", near_cache: bool = False) -> tuple[str, ...]:
@@ -138,7 +142,7 @@ def acl_rules(
     ``scripts="functions"``; an admin runs ``kvstatus functions load``);
     "eval" the recipe for Redis 6 or a server of one tenant. ``password``
     None leaves the password out (add ``>secret`` yourself); keys are limited
-    to ``<prefix>:<namespace>:*``, and no channel is granted (``resetchannels``).
+    to ``<prefix>:<namespace>:*``, and channels to the worker's presence channels (``&<prefix>:<namespace>:presence:*``).
     ``near_cache`` False leaves out what only the near cache and ``wait_for``'s watch need (``client|tracking``,
     ``client|id``, ``role``): no key names of other namespaces through tracking, no near cache, and a
     ``wait_for`` that polls every 50 ms; None (the default) means
@@ -153,6 +157,7 @@ def acl_rules(
     rules += [
         f"~{schema.base}*",
         "resetchannels",
+        *([] if read_only or router else [f"&{schema.presence_pattern}"]),
         "-@all",
         *(f"+{command}" for command in commands),
     ]

@@ -9,6 +9,7 @@ within the prefill's lease TTL plus a second of its death or restart, naming it.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 from kvstatus.errors import InvalidArgumentError
@@ -28,18 +29,60 @@ def bootstrap_address(kv_manager: Any) -> Optional[str]:
     wrote fails the room when this prefill dies or restarts (:mod:`kvstatus.peerwatch`). A server bound to every
     interface (``--host 0.0.0.0``) is named by its node's IP, as upstream's ``local_ip``; a decode that names
     it otherwise (a DNS name) matches nothing and is left to upstream's heartbeat."""
-    port = getattr(kv_manager, "bootstrap_port", None)
-    if mode_of(kv_manager) != "prefill" or not port:
+    if mode_of(kv_manager) != "prefill":
         return None
-    host = str(getattr(kv_manager, "bootstrap_host", None) or "")
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        host = str(getattr(kv_manager, "local_ip", None) or "")
+    found = _host_port(
+        getattr(kv_manager, "bootstrap_host", None),
+        getattr(kv_manager, "bootstrap_port", None),
+        getattr(kv_manager, "local_ip", None),
+    )
+    if found is None:
+        return None
+    host = found[0]
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     try:
-        return validate_address(f"{host}:{port}")
+        return validate_address(f"{host}:{found[1]}")
     except InvalidArgumentError:
         return None
+
+
+def _host_port(host: object, port: object, local_ip: object) -> Optional[tuple[str, int]]:
+    """(host, port) of a server, a host bound to every interface named by the node's IP; None when unknown."""
+    try:
+        number = int(port)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+    text = str(host or "")
+    if text in ("", "0.0.0.0", "::", "[::]"):
+        text = str(local_ip or "")
+    if not text or not 0 < number < 65536:
+        return None
+    return text, number
+
+
+def server_tag(kv_manager: Any) -> Optional[str]:
+    """What tells this manager's server apart from every other server of its role: a prefill's bootstrap address,
+    a decode's HTTP address (``server_args.host:port``), as a name part (``10.0.0.7-8998``; an IPv6 address's colons
+    become dots). None when the manager carries neither (not an sglang manager: its name then has no such part)."""
+    mode = mode_of(kv_manager)
+    if mode == "prefill":
+        found = _host_port(
+            getattr(kv_manager, "bootstrap_host", None),
+            getattr(kv_manager, "bootstrap_port", None),
+            getattr(kv_manager, "local_ip", None),
+        )
+    elif mode == "decode":
+        args = getattr(kv_manager, "server_args", None)
+        found = _host_port(
+            getattr(args, "host", None), getattr(args, "port", None), getattr(kv_manager, "local_ip", None)
+        )
+    else:
+        found = None
+    if found is None:
+        return None
+    host = re.sub(r"[^A-Za-z0-9_.-]", ".", found[0].strip("[]"))
+    return f"{host}-{found[1]}"
 
 
 def awaited_address(kv_manager: Any, room: int) -> Optional[str]:

@@ -14,7 +14,7 @@ from kvstatus.connection import parse_url
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import validate_name
 from kvstatus.rule import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
-from kvstatus.sglang.addresses import await_address, bootstrap_address, mode_of
+from kvstatus.sglang.addresses import await_address, bootstrap_address, mode_of, server_tag
 from kvstatus.sglang.mapping import (
     DEFAULT_MEMO_SECONDS,
     INVALID_ROOM_RESULT,
@@ -43,14 +43,17 @@ def _rank(kv_manager: Any, name: str) -> int:
 
 
 def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
-    """The participant name of a KV manager: ``<mode>[-<instance>][-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>``.
+    """The participant name of a KV manager: ``<mode>-<instance>[-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>``.
 
     ``mode`` is ``disaggregation_mode`` (prefill/decode), ``t`` the manager's
     TP rank (``kv_args.engine_rank``), ``p`` its ``pp_rank``. The data-parallel
     (``system_dp_rank``), attention-DP (``attn_dp_rank``) and context-parallel
     (``attn_cp_rank``) parts appear only when their size is above 1.
-    ``instance`` tells apart two servers of the same role sharing a namespace
-    (the same room id in flight on both would otherwise share a field).
+    ``instance`` (``KVSTATUS_SGLANG_INSTANCE``) tells this server apart from the other servers of its role in
+    the namespace; None derives it from the server's address (:func:`~kvstatus.sglang.addresses.server_tag`:
+    a prefill's bootstrap address, a decode's HTTP address), so two servers of one role never share a name and
+    a server restarted on the same address takes its name back. A manager that carries no address (not an
+    sglang one) gets no instance part.
     """
     mode = getattr(kv_manager, "disaggregation_mode", None)
     mode = str(getattr(mode, "value", mode) or "kv")
@@ -59,8 +62,9 @@ def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
     if tp is None:
         tp = _rank(kv_manager, "attn_tp_rank")
     parts = [mode]
-    if instance:
-        parts.append(instance)
+    server = instance or server_tag(kv_manager)
+    if server:
+        parts.append(server)
     for size, rank, tag in (
         ("system_dp_size", "system_dp_rank", "dp"),
         ("attn_dp_size", "attn_dp_rank", "adp"),

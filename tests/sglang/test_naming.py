@@ -1,0 +1,88 @@
+"""Issue 33 item 1: every SGLang server gets its own participant name on the defaults, so two servers of one
+role never look like a restart of each other (which failed the first one's rooms as "superseded")."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+
+from kvstatus import KVPoll
+from kvstatus.sglang.manager import participant_name
+from kvstatus.sglang.plugin import ENV_LEASE_TTL, ENV_NAMESPACE, ENV_URL, install_from_env
+from tests.helpers.backends import fresh_namespace
+from tests.sglang.standin import DisaggregationMode, make_manager
+
+PREFILL, DECODE = DisaggregationMode.PREFILL, DisaggregationMode.DECODE
+
+
+def server(mode: DisaggregationMode, host: str, port: int, tp_rank: int = 0, local_ip: str = "10.0.0.9") -> Any:
+    """A stand-in manager with what sglang 0.5.23's carries: a prefill's bootstrap address, a decode's
+    server_args, and the node's IP."""
+    manager = make_manager(mode=mode, tp_rank=tp_rank)
+    manager.local_ip = local_ip
+    if mode is PREFILL:
+        manager.bootstrap_host, manager.bootstrap_port = host, port
+    else:
+        manager.server_args = types.SimpleNamespace(host=host, port=port)
+    return manager
+
+
+@pytest.mark.parametrize(
+    "manager, name",
+    [
+        (lambda: server(PREFILL, "10.0.0.7", 8998), "prefill-10.0.0.7-8998-tp0-pp0"),
+        (lambda: server(PREFILL, "10.0.0.7", 8999, tp_rank=3), "prefill-10.0.0.7-8999-tp3-pp0"),
+        (lambda: server(DECODE, "10.0.0.8", 30000), "decode-10.0.0.8-30000-tp0-pp0"),
+        (lambda: server(PREFILL, "0.0.0.0", 8998), "prefill-10.0.0.9-8998-tp0-pp0"),  # bound to every interface
+        (lambda: server(DECODE, "::", 30000, local_ip="fd00::7"), "decode-fd00..7-30000-tp0-pp0"),
+        (lambda: server(DECODE, "node-3.example", 30000), "decode-node-3.example-30000-tp0-pp0"),
+        (lambda: make_manager(), "prefill-tp0-pp0"),  # no address: not an sglang manager, no server part
+    ],
+)
+def test_a_name_carries_the_servers_address(manager: Any, name: str) -> None:
+    assert participant_name(manager()) == name
+
+
+def test_the_instance_setting_overrides_the_address() -> None:
+    assert participant_name(server(PREFILL, "10.0.0.7", 8998), "blue") == "prefill-blue-tp0-pp0"
+
+
+def test_two_servers_of_one_role_never_share_a_name() -> None:
+    names = {
+        participant_name(server(mode, "10.0.0.7", port, tp_rank=rank))
+        for mode in (PREFILL, DECODE)
+        for port in (8998, 8999)
+        for rank in (0, 1)
+    }
+    assert len(names) == 8
+
+
+@pytest.mark.real
+def test_two_prefills_and_two_decodes_on_the_defaults_fail_none_of_each_others_rooms(redis_server: Any) -> None:
+    """The plugin's settings alone (no instance): each server writes its rooms, every watch looks, and no room of
+    any server is failed by another's start (the second prefill used to fail the first one's as superseded)."""
+    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: fresh_namespace("sgn"), ENV_LEASE_TTL: "10"}
+    managers = [
+        server(PREFILL, "127.0.0.1", 8998),
+        server(PREFILL, "127.0.0.1", 8999),
+        server(DECODE, "127.0.0.1", 30000),
+        server(DECODE, "127.0.0.1", 30001),
+    ]
+    maps = []
+    try:
+        for i, manager in enumerate(managers):
+            maps.append(install_from_env(manager, env))
+            manager.update_status(100 + i, KVPoll.Bootstrapping)  # its own room, open before the next one starts
+        assert len({m.store.participant for m in maps}) == 4
+        for status_map in maps:
+            status_map.store.look_at_peers()
+        for status_map in maps:
+            status_map.store.look_at_peers()  # every mark read twice: a restart would show now
+        for i, manager in enumerate(managers):
+            assert manager.check_status(100 + i) == KVPoll.Bootstrapping
+            assert maps[i].store.failure(100 + i) is None
+    finally:
+        for status_map in maps:
+            status_map.close()

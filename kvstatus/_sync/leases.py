@@ -234,18 +234,25 @@ class LeaseKeeper:
             address = watch.peer_address(name)
             if address is None:
                 address = (self._send(watch.identity_request(name), "watch"))[1]
-            failed += self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST)
+            failed += self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST, reason)
         return failed
 
     def _fail_awaiting(
-        self, watch: PeerWatch, rooms: list[int], name: str, address: Optional[str], stage: Stage
+        self,
+        watch: PeerWatch,
+        rooms: list[int],
+        name: str,
+        address: Optional[str],
+        stage: Stage,
+        cause: Optional[str] = None,
     ) -> int:
         """Fail this store's own open entries in those of ``rooms`` (where ``name`` has no entry) that wait on
-        ``name`` at its ``address`` (None: it has none, nothing to do); returns how many were failed."""
+        ``name`` at its ``address`` (None: it has none, nothing to do), naming ``cause`` (what happened to ``name``;
+        None: the stage says); returns how many were failed."""
         awaiting = [] if address is None else watch.awaiting(rooms, address)
         if address is None or not awaiting:
             return 0
-        reason = awaited_reason(name, address, stage)
+        reason = awaited_reason(name, address, stage) if cause is None else f"{cause}; this room waits on it at {address}"
         outcomes = self._fail(watch, awaiting, watch.participant, stage, reason, None)
         for room, outcome in zip(awaiting, outcomes):
             if outcome is Outcome.FAILED:

@@ -279,3 +279,43 @@ def test_a_defect_below_the_map_fails_the_room_not_the_engine(
     assert decode.check_status(ROOM) == KVPoll.WaitingForInput
     for manager in (prefill, decode):
         manager.request_status.close()
+
+
+def test_a_hung_redis_holds_the_poll_thread_for_one_call_over_many_windows(server: RedisServer) -> None:
+    """Issue 36 (Medium 9): a SIGSTOPped Redis, polled for several outage windows. Only the call that started the
+    outage reaches Redis from the poll thread (one deadline); every window after it ends in a probe on another
+    thread, never in a call on the poll thread that waits out the deadline again."""
+    prefill, _ = _pair(server.url + "?retries=0&deadline=0.5")
+    status_map = prefill.request_status
+    rooms = range(300, 316)
+    for room in rooms:
+        prefill.update_status(room, KVPoll.Bootstrapping)
+    poll_thread, on_poll_thread = threading.get_ident(), []
+    sender = status_map.store._sender
+    send = sender.send
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == poll_thread:
+            on_poll_thread.append(1)
+        return send(*args, **kwargs)
+
+    sender.send = counting
+    deadline = status_map.store.options.deadline
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        # Poll for four windows after the first failure (a loop bound, not an assert on time).
+        failed_at = None
+        while failed_at is None or time.monotonic() - failed_at < 4 * (OUTAGE_SECONDS + deadline):
+            statuses = {prefill.check_status(room) for room in rooms}
+            assert statuses <= {KVPoll.Bootstrapping, KVPoll.Failed}
+            if failed_at is None and KVPoll.Failed in statuses:
+                failed_at = time.monotonic()
+            time.sleep(0.01)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert len(on_poll_thread) == 1  # the call that met the deadline and started the outage
+    assert status_map.outage.probes >= 2  # the windows after it were ended by probes, off the poll thread
+    assert eventually(lambda: status_map.outage.error is None, what="the probe's answer")
+    assert len(on_poll_thread) == 1
+    status_map.close()

@@ -10,8 +10,8 @@ lost during start-up, three requests without an answer after 120 s.
 So each such room is kept in :class:`FailedHere`, and the map's reads of it answer Failed, with the reason,
 until the engine removes the room (``pop``, ``del``, ``clear_room``): the end of its lifecycle. None is ever
 forgotten before that, however many there are: a forgotten room would read its stale status again. The rooms
-of one outage share its reason (one string), so a kept room costs a dict slot and its int, about 100 bytes
-(BENCHMARKS.md, "Rooms failed here"). The map's dict-speed path stays on: it skips the rooms kept here (one
+of one outage share its reason (one string), so a kept room costs a dict slot and its int (BENCHMARKS.md,
+"Rooms failed here"). The map's dict-speed path stays on: it skips the rooms kept here (one
 dict lookup).
 """
 

@@ -99,7 +99,7 @@ class LeaseCore:
         self.released = False
         self.taken_over = False
         self.record_gone = False
-        self._lost_generation = 0
+        self._lost_generation: Optional[int] = 0  # the record's generation when it was lost; None: not read
         self._renewed_at = -math.inf  # monotonic time the last successful acquire/renew was *sent*
         self._retry_at = -math.inf  # after a failed renewal: monotonic time of the next try
         self._stale_after = self.ttl * STALE_SHARE
@@ -153,13 +153,20 @@ class LeaseCore:
             # gen 0: no record at all (the script reads a missing hash as generation 0).
             self.record_gone = generation == 0
             self._lost_generation = generation
-            self.taken_over = self.generation is not None and generation not in (0, self.generation)
+            # Another incarnation's record: a later generation, or the same one under another epoch (the server
+            # lost the record, and another store's acquires brought the count back to this one's).
+            self.taken_over = (
+                self.generation is not None
+                and generation != 0
+                and (generation != self.generation or epoch != self.epoch)
+            )
             log.warning("participant %s: lease lost (%s)", self.participant, self._why())
 
     def superseded(self) -> None:
         """A write found an entry stamped by a later incarnation: the name was taken over, the lease is lost."""
         if not self.lost:
             self.lost = self.taken_over = True
+            self._lost_generation = None  # the record was not read: nothing says the server lost it
             log.warning("participant %s: lease lost (%s)", self.participant, self._why())
 
     def next_delay(self) -> float:
@@ -186,8 +193,11 @@ class LeaseCore:
                 "after its last renewal; no other store holds the name"
             )
         if self.taken_over:
-            older = self.generation is not None and self._lost_generation < self.generation
+            lost_gen = self._lost_generation
+            older = self.generation is not None and lost_gen is not None and lost_gen <= self.generation
             after = " after the server lost this store's lease record" if older else ""
+            if lost_gen is None:
+                after = ": a room this store wrote holds that incarnation's entry"
             return (
                 f"another store took the name over with a new incarnation{after} (a restart under the same "
                 "participant name)"

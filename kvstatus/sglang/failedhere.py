@@ -8,8 +8,11 @@ polls the room's real entry, still open, until SGLang's 300 s timeout. The e2e t
 lost during start-up, three requests without an answer after 120 s.
 
 So each such room is kept in :class:`FailedHere`, and the map's reads of it answer Failed, with the reason,
-until the engine removes the room (``pop``, ``del``, ``clear_room``): the end of its lifecycle. While any room
-is kept, the map's dict-speed path is off (it reads the near cache's maps, which know nothing of these rooms).
+until the engine removes the room (``pop``, ``del``, ``clear_room``): the end of its lifecycle. None is ever
+forgotten before that, however many there are: a forgotten room would read its stale status again. The rooms
+of one outage share its reason (one string), so a kept room costs a dict slot and its int (BENCHMARKS.md,
+"Rooms failed here"). The map's dict-speed path stays on: it skips the rooms kept here (one
+dict lookup).
 """
 
 from __future__ import annotations
@@ -19,17 +22,13 @@ from typing import Optional
 
 from kvstatus.sglang.roomids import storable
 
-MAX_ROOMS = 65536
-"""Rooms kept at most (the oldest go first): far more than a server has in flight; a few MB at worst."""
-
 
 class FailedHere:
-    """Room -> the reason the map failed it with, oldest first. Thread-safe; :attr:`rooms` is read without
-    the lock (a dict's ``get`` and truth value are atomic)."""
+    """Room -> the reason the map failed it with. Thread-safe; :attr:`rooms` is read without the lock (a dict's
+    ``get``, ``in`` and truth value are atomic)."""
 
-    def __init__(self, limit: int = MAX_ROOMS) -> None:
+    def __init__(self) -> None:
         self.rooms: dict[int, str] = {}
-        self._limit = limit
         self._lock = threading.Lock()
 
     def add(self, room: object, reason: str) -> None:
@@ -39,8 +38,6 @@ class FailedHere:
             return
         with self._lock:
             self.rooms.setdefault(room, reason)
-            while len(self.rooms) > self._limit:
-                del self.rooms[next(iter(self.rooms))]
 
     def reason(self, room: object) -> Optional[str]:
         """The reason ``room`` was failed with, or None when it is not kept."""

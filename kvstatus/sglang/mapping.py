@@ -16,9 +16,12 @@ from kvstatus.cachestate import MISS
 from kvstatus.consensus import RoomConsensus
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
 from kvstatus.fate import shared_status
-from kvstatus.rule import STRICT_CREATORS, KVPoll, RoomView, UpdateResult
+from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
 from kvstatus.sglang.failedhere import FailedHere
-from kvstatus.sglang.outage import STORE_DOWN, UNANSWERED_RESULT, Outage
+from kvstatus.sglang.openrooms import LOST_RESULT, OpenRooms
+from kvstatus.sglang.outage import STORE_DOWN, UNANSWERED_RESULT, Outage, probe_of
+from kvstatus.sglang.outage import Unanswered as _Unanswered
+from kvstatus.sglang.ppreads import collect_many
 from kvstatus.sglang.removals import Removals
 from kvstatus.sglang.roomids import INVALID_ROOM_RESULT, invalid_room_reason, storable
 
@@ -48,14 +51,6 @@ class _NeverFresh:
 
 
 _NEVER_FRESH = _NeverFresh()
-
-
-class _Unanswered(Exception):
-    """A store call that Redis failed (or that an outage skipped): the room fails with ``reason``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class RoomStatusMap:
@@ -93,43 +88,35 @@ class RoomStatusMap:
     start, without touching Redis: ``in`` is True, reads answer Failed, a write returns
     :data:`~kvstatus.sglang.roomids.INVALID_ROOM_RESULT` (:mod:`kvstatus.sglang.roomids` says why).
 
-    **Shared fate.** With the store's ``shared_fate`` on (its default), every
-    read answers as ``store.get`` does (:mod:`kvstatus.fate`): an open entry
-    of a room that another participant failed, or that was cancelled, reads
-    Failed; ``collect`` judges each rank's entry the same way. ``on_failed``,
-    when given, is called with the room each time ``m[room]`` or ``m.get``
-    answers Failed (``install()`` uses it to put the room's first failure in
-    the manager's ``failure_records``); a read that answers anything else
-    costs nothing more.
+    **Shared fate.** With the store's ``shared_fate`` on (its default), every read answers as ``store.get`` does
+    (:mod:`kvstatus.fate`): an open entry of a room that another participant failed, or that was cancelled, reads
+    Failed; ``collect`` judges each rank's entry the same way. ``on_failed``, when given, is called with the room
+    each time ``m[room]`` or ``m.get`` answers Failed (``install()`` uses it to put the room's first failure in the
+    manager's ``failure_records``); a read that answers anything else costs nothing more.
 
-    **When Redis fails a call** (down, hung past the deadline, a refused ACL, a lost lease, a corrupted value),
-    the map does not raise into the engine: the room reads Failed (``in`` True) until the engine removes it
+    **When Redis fails a call** (down, hung past the deadline, a refused ACL, a lost lease, a corrupted value), the
+    map does not raise into the engine: the room reads Failed (``in`` True) until the engine removes it
     (:mod:`kvstatus.sglang.failedhere`), a write returns :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the
-    error as the reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` every call answers so at once,
-    without I/O (:mod:`kvstatus.sglang.outage`). A store call that raises what none should (a defect below the
-    map) fails its room the same way, logged once per exception type with its traceback.
+    error as the reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` every call answers so at once, without
+    I/O, and a background probe finds when Redis answers again (:mod:`kvstatus.sglang.outage`). A store call that
+    raises what none should (a defect below the map) fails its room the same way, logged once per exception type
+    with its traceback. An open room whose entry Redis lost (a restart without persistence) reads Failed with that
+    cause, and is never written again (:mod:`kvstatus.sglang.openrooms`).
 
-    **At the price of a dict.** With the store's near cache (install()'s
-    default), ``in``, ``m[room]``, ``get`` and ``collect`` first look the
-    room up in the cache's status maps, with no lock and no I/O, while the
-    cache's state says they are fresh (:attr:`~kvstatus.cachestate.CacheState.fresh_until`:
-    its links were checked at most :data:`~kvstatus.cachestate.POLL_GATE`
-    ago and are live); a room not cached, Failed, or read when the maps are
-    not fresh takes the full path above. Another process's change reaches
-    these reads once Redis' invalidation arrives, and at most ``POLL_GATE``
-    later; this process's own writes at once. The memo is then off: the
-    cache answers the ``check_status`` after ``in`` without a round trip.
-    ``m[room]`` that finds no entry within
-    :data:`~kvstatus.sglang.removals.REMOVAL_RACE_SECONDS` of
-    *another thread's* ``pop``/``del``/``clear_room`` of it answers the
-    removed status (see :meth:`_remove`): SGLang's transfer threads test
-    ``room in m`` then read ``m[room]`` while the scheduler pops concluded
-    rooms.
+    **At the price of a dict.** With the store's near cache (install()'s default), ``in``, ``m[room]``, ``get`` and
+    ``collect`` first look the room up in the cache's status maps, with no lock and no I/O, while the cache's state
+    says they are fresh (:attr:`~kvstatus.cachestate.CacheState.fresh_until`: its links were checked at most
+    :data:`~kvstatus.cachestate.POLL_GATE` ago and are live); a room not cached, Failed, or read when the maps are
+    not fresh takes the full path above. Another process's change reaches these reads once Redis' invalidation
+    arrives, and at most ``POLL_GATE`` later; this process's own writes at once. The memo is then off: the cache
+    answers the ``check_status`` after ``in`` without a round trip. ``m[room]`` that finds no entry within
+    :data:`~kvstatus.sglang.removals.REMOVAL_RACE_SECONDS` of *another thread's* ``pop``/``del``/``clear_room`` of
+    it answers the removed status (see :meth:`_remove`): SGLang's transfer threads test ``room in m`` then read
+    ``m[room]`` while the scheduler pops concluded rooms.
 
-    Without the near cache, on PP rank 0 (``pp_participants`` given and the
-    store's participant is the first of them) ``in`` reads the whole room in
-    its one round trip, so the consensus poll (``in`` then ``collect``) is
-    one round trip as well.
+    Without the near cache, on PP rank 0 (``pp_participants`` given and the store's participant is the first of
+    them) ``in`` reads the whole room in its one round trip, so the consensus poll (``in`` then ``collect``) is one
+    round trip as well.
     """
 
     def __init__(
@@ -161,7 +148,11 @@ class RoomStatusMap:
         self._local = threading.local()
         self._rank_stores: Optional[list[Any]] = None
         self.outage = Outage(self.participant)
+        self.outage.probe, self.outage.on_answered = probe_of(store), self._fresh_again
         self._failed_here = FailedHere()  # rooms answered Failed because Redis failed a call: they stay Failed
+        self._kept = self._failed_here.rooms
+        self._open = OpenRooms(self.participant, float(store.ttl))  # a Redis that lost them: kvstatus.sglang.openrooms
+        self._open_rooms = self._open.rooms
         # The dict-speed path: the near cache's status maps, served while its state says they are fresh.
         self._near = store.near_cache
         self._state: Any = _NEVER_FRESH
@@ -206,16 +197,21 @@ class RoomStatusMap:
         return result
 
     def _fresh_again(self) -> None:
-        """Redis answers: the dict-speed path is on again, unless a room is failed here (:mod:`.failedhere`).
-        In this order: a room another thread keeps meanwhile turns it off after this (:meth:`_fail_here`)."""
+        """Redis answers: the dict-speed path is on again (it skips the rooms failed here, :mod:`.failedhere`)."""
         self._fresh = self._state
-        if self._failed_here.rooms:
-            self._fresh = _NEVER_FRESH
 
     def _fail_here(self, room: object, reason: str) -> None:
         """The map answers Failed for ``room`` because Redis failed a call: it stays Failed until removed."""
         self._failed_here.add(room, reason)
-        self._fresh = _NEVER_FRESH
+
+    def _vanished(self, room: object) -> bool:
+        """A read found no entry of this participant in ``room``: True when the room was open here, so Redis lost
+        it (:mod:`kvstatus.sglang.openrooms`), and the room now fails with that cause."""
+        reason = self._open.vanished(room) if type(room) is int else None
+        if reason is None:
+            return False
+        self._failed(room, reason)  # type: ignore[arg-type]
+        return True
 
     def _failed(self, room: int, reason: Optional[str] = None) -> None:
         """``room`` reads Failed: ``reason`` when Redis failed the call (kept: :meth:`_fail_here`), else None."""
@@ -268,7 +264,9 @@ class RoomStatusMap:
                 return KVPoll.Failed
         if status == KVPoll.Failed:
             self._failed(room)
-        elif self._failed_here.rooms:
+        elif status is None and self._open_rooms and self._vanished(room):
+            return KVPoll.Failed
+        elif self._kept:
             reason = self._failed_here.reason(room)
             if reason is not None:
                 self._failed(room, reason)
@@ -283,7 +281,7 @@ class RoomStatusMap:
     def __contains__(self, room: object) -> bool:
         if type(room) is int and _monotonic() < self._fresh.fresh_until:
             status = self._flat.get(room, MISS)
-            if status is not MISS:
+            if status is not MISS and (status is not None or (room not in self._kept and room not in self._open_rooms)):
                 if self._counting:
                     self._fresh.fast_hits += 1
                 return status is not None
@@ -304,12 +302,14 @@ class RoomStatusMap:
             return True  # the read that follows answers Failed, with the reason
         if self.memo_seconds > 0 and uncached:
             self._local.memo = (room, time.monotonic(), value)
+        if self._own(value) is None and self._open_rooms and self._vanished(room):
+            return True
         return self._own(value) is not None or self._failed_here.reason(room) is not None
 
     def __getitem__(self, room: int) -> KVPoll:
         if type(room) is int and _monotonic() < self._fresh.fresh_until:
             status = self._flat.get(room)
-            if status:  # cached, with an entry, not Failed
+            if status and room not in self._kept:  # cached, with an entry, not Failed, not failed here
                 if self._counting:
                     self._fresh.fast_hits += 1
                 return status
@@ -325,7 +325,7 @@ class RoomStatusMap:
         """The participant's status in ``room``, or ``default`` when it has no entry."""
         if type(room) is int and _monotonic() < self._fresh.fresh_until:
             status = self._flat.get(room)
-            if status:
+            if status and room not in self._kept:
                 if self._counting:
                     self._fresh.fast_hits += 1
                 return status
@@ -338,7 +338,12 @@ class RoomStatusMap:
             raise InvalidArgumentError("collect() needs pp_participants: this map was built without pipeline ranks")
         if type(room) is int and _monotonic() < self._fresh.fresh_until:
             statuses = [flat.get(room, MISS) for flat in self._rank_flats]
-            if MISS not in statuses:  # a fill or invalidation under way leaves some rank's map without the room
+            # A fill or invalidation under way leaves some rank's map without the room (MISS).
+            if (
+                MISS not in statuses
+                and room not in self._kept
+                and (None not in statuses or room not in self._open_rooms)
+            ):
                 if self._counting:
                     self._fresh.fast_hits += 1
                 return statuses
@@ -356,6 +361,8 @@ class RoomStatusMap:
                 self._failed(room, unanswered.reason)
                 return [KVPoll.Failed] * len(ranks)
         statuses = [self._status_in(view, name) for name in ranks]
+        if self.participant in ranks and statuses[ranks.index(self.participant)] is None:
+            self._vanished(room)
         if self._failed_here.reason(room) is not None and self.participant in ranks:
             statuses[ranks.index(self.participant)] = KVPoll.Failed
         return statuses
@@ -378,36 +385,7 @@ class RoomStatusMap:
 
     def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
         """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""
-        if self.pp_participants is None:
-            raise InvalidArgumentError(
-                "collect_many() needs pp_participants: this map was built without pipeline ranks"
-            )
-        self._local.memo = None
-        if self._rank_stores is None:
-            self._rank_stores = [
-                self.store if name == self.participant else self.store.for_participant(name)
-                for name in self.pp_participants
-            ]
-        stores, ranks = self._rank_stores, len(self._rank_stores)
-        try:
-            try:
-                per_rank = self._call(lambda: [store.get_many(rooms) for store in stores])
-            except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
-                valid = [room for room in rooms if storable(room)]
-                per_rank = self._call(lambda: [store.get_many(valid) for store in stores]) if valid else []
-        except _Unanswered as unanswered:
-            for room in rooms:
-                self._fail_here(room, unanswered.reason)
-            return {room: [KVPoll.Failed] * ranks for room in dict.fromkeys(rooms)}
-        collected: dict[int, list[Optional[KVPoll]]] = {
-            room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
-            for room in dict.fromkeys(rooms)
-        }
-        if self._failed_here.rooms and self.participant in self.pp_participants:
-            own = self.pp_participants.index(self.participant)
-            for room in filter(self._failed_here.reason, collected):
-                collected[room][own] = KVPoll.Failed
-        return collected
+        return collect_many(self, rooms)
 
     # -- writes
 
@@ -416,8 +394,10 @@ class RoomStatusMap:
         self._local.memo = None
         if storable(room):
             self._removals.reopened(room)
+            if room in self._open.lost:  # Redis lost the room: nothing is written into it again
+                return LOST_RESULT
         try:
-            return self._call(lambda: self.store.update_status(room, status), reopen=status in STRICT_CREATORS)
+            result = self._call(lambda: self.store.update_status(room, status), reopen=status in STRICT_CREATORS)
         except InvalidRoomError:
             if status in STRICT_CREATORS:
                 log.warning("participant %s: %s", self.participant, invalid_room_reason(room))
@@ -425,6 +405,16 @@ class RoomStatusMap:
         except _Unanswered as unanswered:
             self._failed(room, unanswered.reason)
             return UNANSWERED_RESULT
+        lost = self._open.wrote(room, result)
+        if lost is None:
+            return result
+        if result.outcome is Outcome.CREATED:  # the write found no entry and made one: it is not kept
+            try:
+                self._call(lambda: self.store.pop(room))
+            except (_Unanswered, KVStatusError):
+                pass  # the entry expires with the room's TTL
+        self._failed(room, lost)
+        return LOST_RESULT
 
     def record_failure(self, room: int, reason: str) -> bool:
         """Keep ``reason`` with the participant's Failed entry (``store.record_failure``: first reason wins, needs
@@ -443,7 +433,9 @@ class RoomStatusMap:
         :mod:`kvstatus.sglang.removals` for the ``m[room]`` of another thread that races it. Raises what
         ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
+        lost = type(room) is int and room in self._open.lost
         self._failed_here.discard(room)
+        self._open.removed(room)
         if not storable(room):
             return self._call(lambda: self.store.pop(room))  # raises InvalidRoomError: nothing to remember
         started, status = self._removals.begin(room), None
@@ -451,7 +443,7 @@ class RoomStatusMap:
             status = self._call(lambda: self.store.pop(room))
         finally:
             self._removals.end(room, started, status)
-        return status
+        return KVPoll.Failed if status is None and lost else status  # what its reads answered
 
     def __delitem__(self, room: int) -> None:
         try:
@@ -492,7 +484,8 @@ class RoomStatusMap:
         return True
 
     def close(self) -> None:
-        """Close the store's client (``PPConsensusStore.close`` stops its thread; here there is none)."""
+        """Close the store's client and stop probing an outage (``PPConsensusStore.close`` stops its thread)."""
+        self.outage.close()
         self.store.close()
 
     def __repr__(self) -> str:

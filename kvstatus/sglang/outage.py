@@ -6,8 +6,11 @@ refused ACL, a lost lease) stops the scheduler, and SGLang shuts the whole serve
 :class:`~kvstatus.sglang.RoomStatusMap` turns such an error into Failed for the room it was about (the request
 fails, with the error as its reason), and :class:`Outage` remembers it for :data:`OUTAGE_SECONDS`: meanwhile
 every call answers at once, without I/O, so a scheduler polling 256 rooms waits out one deadline, not 256.
-The next call after the window tries Redis again. One ERROR line is logged when an outage starts, one
-WARNING when Redis answers again; nothing per call.
+Once the window has passed, a background thread (one at a time) probes Redis with one call, within the
+deadline, and again one window after each failure; the engine's calls go on answering without I/O until a
+probe is answered. So a hung Redis holds an engine thread for one deadline when the outage starts, never
+again (a lost lease is held again by the next call instead: Redis answered). One ERROR line is logged when an
+outage starts, one WARNING when Redis answers again; nothing per call.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from kvstatus.errors import BackendError, KVStatusError, LeaseLostError
 from kvstatus.rule import KVPoll, Outcome, UpdateResult
@@ -28,6 +31,15 @@ OUTAGE_SECONDS = 1.0
 UNANSWERED_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
 """What a write that Redis failed returns: nothing is known to be written, and reads answer Failed. Equal to
 :data:`~kvstatus.sglang.roomids.INVALID_ROOM_RESULT`, not the same object (the manager tells them apart)."""
+
+
+class Unanswered(Exception):
+    """A store call that Redis failed (or that an outage skipped): the room fails with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
 
 STORE_DOWN = (BackendError, LeaseLostError)
 """Errors that say the store, not the room, is at fault: they start an outage."""
@@ -48,22 +60,68 @@ class Outage:
         self._until = 0.0
         self.error: Optional[KVStatusError] = None
         """The error of the outage under way (None between outages; read without the lock by the dict-speed path)."""
+        self._reason = ""  # the failure reason of the outage's error: one string, shared by the rooms it fails
         self._lock = threading.Lock()
         self._defects: set[str] = set()  # the exception types defect() has logged
         self._superseded = False  # another process took this participant name over (logged once)
+        self.probe: Optional[Callable[[], object]] = None
+        """One call to Redis within the deadline, raising what the store raises; None: the engine's next call
+        after the window tries Redis itself (the map sets it)."""
+        self.on_answered: Callable[[], None] = lambda: None  # a probe was answered (the map's fast path is on again)
+        self.probes = 0  # probes sent so far
+        self._probing = False
+        self._closed = threading.Event()
 
     def reason(self) -> Optional[str]:
         """The reason to fail a room with while an outage lasts, or None when calls should try Redis."""
         error = self.error
-        if error is None or time.monotonic() >= self._until:
+        if error is None:
             return None
-        return outage_reason(error)
+        if time.monotonic() < self._until:
+            return self._reason
+        if self.probe is None or not isinstance(error, BackendError):
+            return None
+        self._start_probe()
+        return self._reason
+
+    def _start_probe(self) -> None:
+        with self._lock:
+            if self._probing or self._closed.is_set():
+                return
+            self._probing = True
+        threading.Thread(target=self._probe_loop, name=f"kvstatus-probe-{self.participant}", daemon=True).start()
+
+    def _probe_loop(self) -> None:
+        """Probe Redis once each window has passed, until it answers (then end the outage) or the map is closed."""
+        try:
+            while not self._closed.wait(max(self._until - time.monotonic(), 0.0)):
+                if self.error is None or self.probe is None:
+                    return
+                self.probes += 1
+                try:
+                    self.probe()
+                except STORE_DOWN as exc:
+                    self.failed(exc)
+                    continue
+                except Exception:  # noqa: BLE001 - Redis answered, with an error about the probe itself
+                    pass
+                self.answered()
+                self.on_answered()
+                return
+        finally:
+            with self._lock:
+                self._probing = False
+
+    def close(self) -> None:
+        """Stop probing (the map is closed)."""
+        self._closed.set()
 
     def failed(self, error: KVStatusError) -> str:
         """A store call failed with ``error``: start (or extend) the outage; returns the room's failure reason."""
+        reason = outage_reason(error)
         with self._lock:
             started = self.error is None
-            self.error, self._until = error, time.monotonic() + self.seconds
+            self.error, self._until, self._reason = error, time.monotonic() + self.seconds, reason
         if started and isinstance(error, LeaseLostError):
             log.error(
                 "participant %s: its lease is lost (%s: %s); the rooms it reads or writes fail, and calls answer "
@@ -76,13 +134,15 @@ class Outage:
         elif started:
             log.error(
                 "participant %s: Redis failed a status call (%s: %s); the rooms it reads or writes fail, and calls "
-                "answer Failed without trying Redis for %g s at a time until it answers again",
+                "answer Failed without trying Redis until it answers again (a probe in the background every %g s)",
                 self.participant,
                 type(error).__name__,
                 error,
                 self.seconds,
             )
-        return outage_reason(error)
+        if started and self.probe is not None and isinstance(error, BackendError):
+            self._start_probe()
+        return reason
 
     def answered(self) -> None:
         """A store call succeeded: the outage, if any, is over."""
@@ -137,3 +197,31 @@ class Outage:
         )
         self.answered()
         return True
+
+
+PROBE_ROOM = 0
+"""The room a probe reads (any room: the probe asks whether Redis answers, not what it holds)."""
+
+
+def probe_of(store: Any) -> Callable[[], object]:
+    """The probe of ``store``'s outages: one read of :data:`PROBE_ROOM` on the store's client and settings, without
+    its near cache (which could answer from memory), lease or peer watch; raises what the store raises."""
+    readers: list[Any] = []
+
+    def probe() -> object:
+        if not readers:
+            from kvstatus.store import StatusStore
+
+            readers.append(
+                StatusStore(
+                    store.client,
+                    namespace=store.namespace,
+                    prefix=store.prefix,
+                    participant=store.participant,
+                    scripts=store.scripts,
+                    options=store.options,
+                )
+            )
+        return readers[0].get(PROBE_ROOM)
+
+    return probe

@@ -73,3 +73,33 @@ def test_a_redis_restart_without_persistence_says_the_record_is_gone() -> None:
         store.close()
     finally:
         server.stop()
+
+
+def test_a_plain_restart_found_by_a_write_is_not_called_a_lost_record(backend: Backend) -> None:
+    """Issue 36 (Medium 10): the old incarnation learns of a restart under its name from a refused write; nothing
+    was lost on the server, and the text does not say so."""
+    old = backend.store(participant="prefill-7", lease_ttl=3)
+    old.update_status(9, T)
+    new = backend.store(participant="prefill-7", lease_ttl=3)  # the restarted process, generation 2
+    new.update_status(9, KVPoll.WaitingForInput)
+    with pytest.raises(LeaseLostError):  # SupersededError: the entry is the new incarnation's
+        old.update_status(9, KVPoll.Success)
+    with pytest.raises(LeaseLostError) as lost:
+        old.update_status(10, T)
+    text = str(lost.value)
+    assert "took the name over with a new incarnation" in text and "a restart under the same" in text
+    assert "lost this store's lease record" not in text and "record is gone" not in text
+
+
+def test_a_takeover_under_the_same_generation_is_still_a_takeover(backend: Backend) -> None:
+    """The server lost the record, and another store's acquire brought the count back to this store's own
+    generation: the epoch tells the incarnations apart, so it is a takeover after a lost record."""
+    old = backend.store(participant="decode-7", lease_ttl=3)
+    old.acquire_lease()  # generation 1
+    backend.raw.delete(_lease_key(backend, "decode-7"))
+    backend.store(participant="decode-7", lease_ttl=3).acquire_lease()  # generation 1 again, another incarnation
+    with pytest.raises(LeaseLostError) as lost:
+        old.acquire_lease()
+    assert "took the name over with a new incarnation after the server lost this store's lease record" in str(
+        lost.value
+    )

@@ -94,11 +94,13 @@ def test_redis_down_fails_the_rooms_not_the_engine(server: RedisServer, caplog: 
     assert _messages(caplog, "Redis failed a status call") == ["ERROR", "ERROR"]  # one per manager, not per call
 
     server.start()  # the same port, no data
-    time.sleep(OUTAGE_SECONDS)
-    assert ROOM not in prefill.request_status  # tried again after the window: Redis answers
+    # After the window a background probe tries Redis; the engine's calls answer without I/O until it answers.
+    assert eventually(lambda: prefill.request_status.outage.error is None, what="the probe's answer")
+    assert ROOM not in prefill.request_status
     prefill.update_status(ROOM, KVPoll.Bootstrapping)
     assert prefill.check_status(ROOM) == KVPoll.Bootstrapping
-    assert _messages(caplog, "Redis answers status calls again") == ["WARNING"]
+    assert eventually(lambda: decode.request_status.outage.error is None, what="the decode's probe")
+    assert _messages(caplog, "Redis answers status calls again") == ["WARNING", "WARNING"]  # each manager's probe
     for manager in (prefill, decode):
         manager.request_status.close()
 
@@ -119,7 +121,7 @@ def test_a_hung_redis_costs_one_deadline_then_no_call(server: RedisServer) -> No
     assert len(gets) == 1  # the one that met the deadline; the outage answered the other 49 without I/O
     reasons = {prefill.failure_records.get(room, "")[: len(DOWN)] for room in rooms}
     assert reasons == {DOWN}
-    time.sleep(OUTAGE_SECONDS)
+    assert eventually(lambda: prefill.request_status.outage.error is None, what="the probe's answer")
     # Redis answers again (a second get), but a room the engine was told had failed stays Failed until removed.
     assert prefill.check_status(rooms[0]) == KVPoll.Failed and len(gets) == 2
     assert prefill.request_status.pop(rooms[0]) == KVPoll.Bootstrapping  # the entry Redis kept, removed
@@ -150,10 +152,10 @@ def test_a_room_failed_during_an_outage_stays_failed_for_every_thread(server: Re
     finally:
         os.kill(server.pid, signal.SIGCONT)
     assert seen == [KVPoll.Failed]
-    time.sleep(OUTAGE_SECONDS)
+    assert eventually(lambda: statuses.outage.error is None, what="the probe's answer")
     assert decode.update_status(ROOM, KVPoll.Transferring).outcome is Outcome.ADVANCED  # Redis answers again
     assert ROOM in statuses and statuses[ROOM] == KVPoll.Failed and statuses.get(ROOM) == KVPoll.Failed
-    assert statuses._fresh is not statuses._state  # the dict-speed path is off while a room is failed here
+    assert statuses._fresh is statuses._state  # the dict-speed path is on: it skips the room failed here
     assert receiver.poll() == KVPoll.Failed
     with pytest.raises(KVTransferError) as info:
         receiver.failure_exception()
@@ -199,7 +201,7 @@ def test_a_pp_rank_failed_during_an_outage_stays_failed_in_the_consensus(server:
         assert ranks[0].check_status_pp_consensus(ROOM) == KVPoll.Failed
     finally:
         os.kill(server.pid, signal.SIGCONT)
-    time.sleep(OUTAGE_SECONDS)
+    assert eventually(lambda: statuses.outage.error is None, what="the probe's answer")
     assert statuses.collect(ROOM) == [KVPoll.Failed, KVPoll.Bootstrapping]
     assert statuses.collect_many([ROOM]) == {ROOM: [KVPoll.Failed, KVPoll.Bootstrapping]}
     consensus = statuses.consensus(ROOM)
@@ -277,3 +279,43 @@ def test_a_defect_below_the_map_fails_the_room_not_the_engine(
     assert decode.check_status(ROOM) == KVPoll.WaitingForInput
     for manager in (prefill, decode):
         manager.request_status.close()
+
+
+def test_a_hung_redis_holds_the_poll_thread_for_one_call_over_many_windows(server: RedisServer) -> None:
+    """Issue 36 (Medium 9): a SIGSTOPped Redis, polled for several outage windows. Only the call that started the
+    outage reaches Redis from the poll thread (one deadline); every window after it ends in a probe on another
+    thread, never in a call on the poll thread that waits out the deadline again."""
+    prefill, _ = _pair(server.url + "?retries=0&deadline=0.5")
+    status_map = prefill.request_status
+    rooms = range(300, 316)
+    for room in rooms:
+        prefill.update_status(room, KVPoll.Bootstrapping)
+    poll_thread, on_poll_thread = threading.get_ident(), []
+    sender = status_map.store._sender
+    send = sender.send
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == poll_thread:
+            on_poll_thread.append(1)
+        return send(*args, **kwargs)
+
+    sender.send = counting
+    deadline = status_map.store.options.deadline
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        # Poll for four windows after the first failure (a loop bound, not an assert on time).
+        failed_at = None
+        while failed_at is None or time.monotonic() - failed_at < 4 * (OUTAGE_SECONDS + deadline):
+            statuses = {prefill.check_status(room) for room in rooms}
+            assert statuses <= {KVPoll.Bootstrapping, KVPoll.Failed}
+            if failed_at is None and KVPoll.Failed in statuses:
+                failed_at = time.monotonic()
+            time.sleep(0.01)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert len(on_poll_thread) == 1  # the call that met the deadline and started the outage
+    assert status_map.outage.probes >= 2  # the windows after it were ended by probes, off the poll thread
+    assert eventually(lambda: status_map.outage.error is None, what="the probe's answer")
+    assert len(on_poll_thread) == 1
+    status_map.close()

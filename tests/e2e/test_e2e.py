@@ -29,6 +29,7 @@ import redis
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
+from kvstatus.naming import naming
 from tests.e2e import deploy, scenarios, table
 from tests.helpers.tiers import require_redis_server
 
@@ -39,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("KVSTATUS_E2E_OUT", ROOT / "build" / "e2e"))
 MODEL_CACHE = Path(os.environ.get("KVSTATUS_E2E_MODEL", Path.home() / ".cache" / "kvstatus" / "e2e-model"))
 NAMESPACE = "sglang"
-PARTICIPANTS = ("prefill-tp0-pp0", "decode-tp0-pp0")
+ROLES = ("prefill", "decode")
+"""One server of each role; each named by its address on the plugin's defaults (prefill-<host>-<port>-tp0-pp0)."""
 SERVE_REQUESTS = 50
 CANCELLED = f"cancelled by {scenarios.CANCEL_ORIGIN}: {scenarios.CANCEL_REASON}"
 """What the client's error says of a cancelled room (kvstatus.sglang's failure_exception text)."""
@@ -146,9 +148,11 @@ def test_serve_with_the_plugin_on(with_plugin: scenarios.Deployment, redis_url: 
     for room in rooms:
         tombstone = store.room(room).tombstone
         assert tombstone is not None, room
-        assert {name: entry.status for name, entry in tombstone.cleared.items()} == {
-            name: KVPoll.Success for name in PARTICIPANTS
-        }, (room, tombstone)
+        cleared = {naming(name).role: entry.status for name, entry in tombstone.cleared.items()}
+        assert len(tombstone.cleared) == len(ROLES) and cleared == {role: KVPoll.Success for role in ROLES}, (
+            room,
+            tombstone,
+        )
 
 
 def test_a_cancel_fails_the_rooms_in_flight_with_its_cause(with_plugin: scenarios.Deployment) -> None:

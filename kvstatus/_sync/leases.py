@@ -252,7 +252,9 @@ class LeaseKeeper:
         awaiting = [] if address is None else watch.awaiting(rooms, address)
         if address is None or not awaiting:
             return 0
-        reason = awaited_reason(name, address, stage) if cause is None else f"{cause}; this room waits on it at {address}"
+        reason = (
+            awaited_reason(name, address, stage) if cause is None else f"{cause}; this room waits on it at {address}"
+        )
         outcomes = self._fail(watch, awaiting, watch.participant, stage, reason, None)
         for room, outcome in zip(awaiting, outcomes):
             if outcome is Outcome.FAILED:

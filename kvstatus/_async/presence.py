@@ -61,7 +61,9 @@ class AsyncPresence:
                     if not isinstance(reply, list) or not reply or reply[0] not in _MESSAGES:
                         raise rx.ConnectionError(f"the subscription ended ({reply!r})")  # e.g. sunsubscribe
                 return
-            except Exception:  # noqa: BLE001 - any failure of this connection: subscribe again
+            except rx.TimeoutError:
+                return  # nothing to read within a capped wait: the subscription stands (only a closed one is lost)
+            except Exception:  # noqa: BLE001 - the connection failed or closed: subscribe again
                 await self.drop()
         if time.monotonic() >= self._retry_at:
             await self._subscribe()

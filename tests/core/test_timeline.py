@@ -90,16 +90,19 @@ def test_the_script_appends_as_the_reference_does(backend: Backend) -> None:
     assert _raw_timeline(backend, 5, "p") == cases[5]
 
 
-def test_a_malformed_timeline_is_named_and_nothing_is_written(backend: Backend) -> None:
+def test_a_malformed_timeline_is_ignored_by_reads_and_replaced_by_the_next_step(backend: Backend) -> None:
+    """A timeline kvstatus does not write only informs: reads leave it out and name it, and the next status change
+    starts a new one (issue 36; it made the update raise, and room() hide the room's statuses)."""
     key = KeySchema(backend.namespace).room_key(9)
     backend.raw.hset(key, mapping={"p": "1", "t:p": "yesterday"})
     store = backend.store(participant="p", timeline=True)
-    with pytest.raises(CorruptedValueError, match=r"field t:p holds .*yesterday.*not a timeline"):
-        store.update_status(9, W)
-    assert backend.raw.hget(key, "p") == b"1"
-    with pytest.raises(CorruptedValueError, match=r"t:p.*not a timeline"):
-        store.room(9)
-    assert store.clear(9) is True  # the entry goes, and its malformed timeline with it
+    view = store.room(9)
+    assert view.participants["p"].status is B and "p" not in view.timelines
+    assert [m for m in view.ignored if "field t:p holds 'yesterday', not a timeline" in m], view.ignored
+    assert store.update_status(9, W).outcome is Outcome.ADVANCED
+    view = store.room(9)
+    assert [step.status for step in view.timelines["p"]] == [W] and view.ignored == ()
+    assert store.clear(9) is True
     assert backend.raw.exists(key) == 0
 
 

@@ -68,6 +68,11 @@ def stored_int(value: Any) -> Optional[int]:
     return int(data) if _INT.fullmatch(data) else None
 
 
+def stored_name(value: Any) -> bool:
+    """Whether ``value`` is a participant or origin name: 1..128 of ``A-Z a-z 0-9 _ . -`` (``stored_name``)."""
+    return _NAME.fullmatch(raw(value)) is not None
+
+
 def stored_text(value: Any) -> bool:
     """Whether ``value`` is a reason kvstatus stores: UTF-8 text of at most :data:`MAX_TEXT_BYTES` bytes."""
     data = raw(value)
@@ -102,7 +107,7 @@ def parse_failure(value: Any, key: str, field: str) -> FailureRecord:
     origin a name, reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored.lua)."""
     data = raw(value)
     parts = data.split(b":", 3)
-    if len(parts) == 4 and len(parts[3]) <= MAX_TEXT_BYTES and _NAME.fullmatch(parts[2]) and parts[1] in _STAGES:
+    if len(parts) == 4 and len(parts[3]) <= MAX_TEXT_BYTES and stored_name(parts[2]) and parts[1] in _STAGES:
         ms = stored_int(parts[0])
         if ms is not None and ms <= MAX_TIME_MS:
             reason = parts[3].decode("utf-8", "replace")

@@ -15,7 +15,6 @@ from typing import Any, Optional
 import pytest
 
 from kvstatus import (
-    CorruptedValueError,
     InvalidArgumentError,
     KVPoll,
     LeaseLostError,

@@ -76,6 +76,14 @@ def stage_seconds(steps: tuple[Step, ...]) -> dict[str, float]:
     return found
 
 
+def current_steps(steps: tuple[Step, ...], status: Optional[KVPoll]) -> tuple[Step, ...]:
+    """``steps`` if their last step is the entry's ``status``, else (): a timeline that stopped at
+    :data:`MAX_BYTES` (a seed-policy entry flipping between Failed and another status), or a store without
+    timelines wrote the entry since, so its last step says nothing of when the entry reached its status. The
+    judgements (stuck, health, the exporter's time in status) then go by the status alone, as without a timeline."""
+    return steps if steps and steps[-1].status is status else ()
+
+
 def since_current(steps: tuple[Step, ...], now_ms: int) -> Optional[float]:
     """Seconds the entry has sat in its current status (since its last step) at ``now_ms``, or None without steps."""
     return max(0, now_ms - steps[-1].at_ms) / 1000 if steps else None

@@ -44,6 +44,7 @@ from kvstatus.replies import decode_room, decode_tombstone
 from kvstatus.requests import Call
 from kvstatus.rule import KVPoll, RoomView, Stage, Tombstone
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck
+from kvstatus.timeline import current_steps
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 DEFAULT_WINDOW_SECONDS = 60.0
@@ -204,7 +205,9 @@ def classify(view: RoomView, now_ms: int, settings: HealthSettings) -> Optional[
 
 
 def _last_ms(view: RoomView, name: str) -> Optional[float]:
-    steps = view.timelines.get(name)
+    """When ``name``'s entry reached its status, or None: no timeline, or one out of step with it (capped)."""
+    entry = view.participants.get(name)
+    steps = current_steps(view.timelines.get(name, ()), None if entry is None else entry.status)
     return float(steps[-1].at_ms) if steps else None
 
 

@@ -14,9 +14,11 @@ from typing import Any, Optional
 import pytest
 
 from kvstatus import CorruptedValueError, KVPoll, Outcome, StatusStore
+from kvstatus.admin.health import HealthSettings, classify
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
 from kvstatus.rule import Policy, Step, apply_rule
+from kvstatus.stuck import stuck
 from kvstatus.timeline import MAX_BYTES, parse_timeline, since_current, stage_seconds, timeline_after
 from tests.helpers.backends import Backend
 
@@ -209,3 +211,28 @@ def test_a_malformed_timeline_does_not_stop_a_near_cached_poll(redis_server: Any
         store.update_status(12, B)
         redis_server.client().hset(store.schema.room_key(12), "t:p", "garbage")
         assert store.get(12) is B and store.check_status(12) is B
+
+
+def test_an_entry_past_its_capped_timeline_is_judged_by_its_status(sync_backend: Backend) -> None:
+    """A seed entry that flips often fills its 160 bytes; its last step then disagrees with its status, and stuck
+    and health judged from that stale step (issue 36): a room that just moved read as stuck since the cap."""
+    store = sync_backend.store(participant="prefill-0", timeline=True)
+    store.update_status(12, B)
+    while len(_raw_timeline(sync_backend, 12, "prefill-0") or "") < MAX_BYTES - 20:
+        store.update_status(12, F)
+        store.update_status(12, B)
+    for _ in range(4):  # to the cap: the steps are dropped from here on
+        store.update_status(12, F)
+        store.update_status(12, B)
+    store.update_status(12, W)  # the entry moves on; its timeline cannot say so
+    # The first failure the flips recorded (a user the ACL denies HSETNX or TIME writes none) would decide alone.
+    sync_backend.raw.hdel(KeySchema(sync_backend.namespace).room_key(12), "room:fate")
+    view = store.room(12)
+    steps = view.timelines["prefill-0"]
+    assert view.participants["prefill-0"].status is W and steps[-1].status is not W
+    later = steps[-1].at_ms + 3_600_000
+    assert stuck(view, later, older_than=30) is None
+    assert classify(view, later, HealthSettings(window=60, tombstone_ttl=60, older_than=30)) == ("open", None)
+    in_step = sync_backend.store(participant="prefill-1", timeline=True)
+    in_step.update_status(13, W)
+    assert stuck(in_step.room(13), later, older_than=30) is not None  # a timeline in step still judges

@@ -121,7 +121,7 @@ def iter_leases(
                     now_ms = redis_ms(*replies[0])
                     for (key, name), fields in zip(names, replies[1:]):
                         bad = isinstance(fields, Exception)
-                        info = None if bad or not fields else _decode(name, fields, now_ms)
+                        info = None if bad or not fields else _decode(name, fields, now_ms)  # type: ignore[arg-type]
                         if info is not None:
                             yield info
                         elif (bad or fields) and on_corrupt is not None:

@@ -104,14 +104,20 @@ def next_epoch(stored: Any, now_ms: int) -> int:
 
 def parse_failure(value: Any, key: str, field: str) -> FailureRecord:
     """A room's first failure ``<ms>:<stage>:<origin>:<reason>``: ms at most :data:`MAX_TIME_MS`, a known stage,
-    origin a name, reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored.lua)."""
+    origin 1..:data:`MAX_NAME_BYTES` bytes without a colon (kvstatus writes a name; readers escape what they show),
+    reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored.lua)."""
     data = raw(value)
     parts = data.split(b":", 3)
-    if len(parts) == 4 and len(parts[3]) <= MAX_TEXT_BYTES and stored_name(parts[2]) and parts[1] in _STAGES:
+    if (
+        len(parts) == 4
+        and len(parts[3]) <= MAX_TEXT_BYTES
+        and 0 < len(parts[2]) <= MAX_NAME_BYTES
+        and parts[1] in _STAGES
+    ):
         ms = stored_int(parts[0])
         if ms is not None and ms <= MAX_TIME_MS:
             reason = parts[3].decode("utf-8", "replace")
-            return FailureRecord(ms, _STAGES[parts[1]], parts[2].decode("ascii"), reason)
+            return FailureRecord(ms, _STAGES[parts[1]], parts[2].decode("utf-8", "replace"), reason)
     raise _corrupt(key, field, value, "a failure record")
 
 

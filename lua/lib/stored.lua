@@ -79,13 +79,14 @@ local function stored_text(value)
 end
 
 -- The stage and origin of a room's failure record "<ms>:<stage>:<origin>:<reason>" (lua/lib/fate.lua), or nil
--- when `value` is not one: ms a stored_time, a known stage, origin a name, reason at most 2048 bytes.
+-- when `value` is not one: ms a stored_time, a known stage, origin 1..128 bytes (no colon: the split ends it;
+-- kvstatus writes a name there, readers escape what they show), reason at most 2048 bytes.
 local function stored_fate(value)
   if type(value) ~= "string" or #value > 2400 then  -- longer than any record: 15 + 10 + 128 + 2048 + 3
     return nil
   end
   local ms, stage, origin, reason = string.match(value, "^([^:]*):([^:]*):([^:]*):(.*)$")
-  if not ms or not stored_time(ms) or not STORED_STAGES[stage] or not stored_name(origin)
+  if not ms or not stored_time(ms) or not STORED_STAGES[stage] or #origin < 1 or #origin > STORED_MAX_NAME
       or #reason > STORED_MAX_TEXT then
     return nil
   end

@@ -94,26 +94,30 @@ local function stored_fate(value)
 end
 
 -- The base (Unix ms) and the last offset of a timeline (lua/lib/timeline.lua's format), or nil when `value`
--- is not one: at most `max_bytes`, each number 1..15 digits, offsets that never go back.
+-- is not one: at most `max_bytes`, each number 1..15 digits, offsets that never go back. (The update's hot
+-- path: one anchored find, then one gmatch step per step; the steps found must tile the rest of the value.)
 local function stored_timeline(value, max_bytes)
   if type(value) ~= "string" or #value > max_bytes then
     return nil
   end
-  local base, rest = string.match(value, "^[0-4]@([1-9][0-9]*)(.*)$")
-  if not base or #base > 15 then
+  local _, head = string.find(value, "^[0-4]@[1-9][0-9]*")
+  if not head or head > 17 then  -- 2 + 15 digits
     return nil
   end
-  local find, last, pos, n = string.find, 0, 1, #rest
-  while pos <= n do
-    local _, stop, offset = find(rest, "^ [0-4]%+([0-9]+)", pos)
-    if not stop or #offset > 15 or (#offset > 1 and string.byte(offset) == 48) then  -- 48: a leading "0"
+  local last, covered, byte = 0, head, string.byte
+  for offset in string.gmatch(value, " [0-4]%+([0-9]+)") do
+    local digits = #offset
+    if digits > 15 or (digits > 1 and byte(offset) == 48) then  -- 48: a leading "0"
       return nil
     end
     local at = tonumber(offset)
     if at < last then
       return nil
     end
-    last, pos = at, stop + 1
+    last, covered = at, covered + 3 + digits
   end
-  return tonumber(base), last
+  if covered ~= #value then  -- something between or after the steps that is not one
+    return nil
+  end
+  return tonumber(string.sub(value, 3, head)), last
 end

@@ -18,13 +18,13 @@ def _expire(raw: Any, namespace: str, participant: str) -> None:
     raw.hset(f"kvstatus:{namespace}:lease:{participant}", "deadline", 1)
 
 
-def test_a_sweep_skips_and_counts_junk_keys_and_sweeps_every_other_lost_participant(sync_backend: Backend) -> None:
+def test_a_sweep_skips_and_counts_junk_keys_and_sweeps_every_other_lost_participant(backend: Backend) -> None:
     """A string among the rooms aborted the sweep without naming it; a lease record with epoch=1e300 (a router
     recipe's HSET) stopped the sweep of every other lost participant; a string at a lease record's name too."""
-    raw, ns = sync_backend.raw, sync_backend.namespace
+    raw, ns = backend.raw, backend.namespace
     schema = KeySchema(ns)
-    forged = sync_backend.store(participant="decode-1", lease_ttl=3)
-    dead = sync_backend.store(participant="decode-2", lease_ttl=3)
+    forged = backend.store(participant="decode-1", lease_ttl=3)
+    dead = backend.store(participant="decode-2", lease_ttl=3)
     for room in range(1, 6):
         forged.update_status(room, W)
         dead.update_status(room, T)
@@ -47,12 +47,12 @@ def test_a_sweep_skips_and_counts_junk_keys_and_sweeps_every_other_lost_particip
     assert result.to_json()["skipped_keys"] == 3
 
 
-def test_health_reads_a_namespace_with_a_string_at_a_tombstone_name(sync_backend: Backend) -> None:
+def test_health_reads_a_namespace_with_a_string_at_a_tombstone_name(backend: Backend) -> None:
     """A string at a tombstone name made `kvstatus health` exit 1 with no output, emptied the exporter and made the
     board's /api/pairs answer 503: now the key is counted, named, and every room is still judged."""
-    raw, schema = sync_backend.raw, KeySchema(sync_backend.namespace)
-    prefill = sync_backend.store(participant="prefill-0", timeline=True)
-    decode = sync_backend.store(participant="decode-0", timeline=True)
+    raw, schema = backend.raw, KeySchema(backend.namespace)
+    prefill = backend.store(participant="prefill-0", timeline=True)
+    decode = backend.store(participant="decode-0", timeline=True)
     for room in (1, 2):
         prefill.update_status(room, S)
         decode.update_status(room, S)

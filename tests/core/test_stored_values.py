@@ -13,6 +13,7 @@ import redis
 from kvstatus import CorruptedValueError, scripts, stored
 from kvstatus.keys import KeySchema
 from kvstatus.leasestate import LeaseCore
+from kvstatus.replies import decode_room, decode_tombstone
 from tests.servers import RedisServer
 
 PROBE = scripts.splice(
@@ -137,3 +138,19 @@ def _acquire(client: Any, core: LeaseCore) -> tuple[int, int, int]:
     call = core.request("acquire").calls[0]
     reply = client.eval(scripts.LEASE.source, *call.args[2:])
     return int(reply[0]), int(reply[1]), int(reply[2])
+
+
+def test_a_room_of_junk_reads_as_a_view_or_a_corrupted_value_error_never_another_exception() -> None:
+    """Every junk value of the tables above, in every field kind a room hash holds, through the read the engine
+    path uses (check_status, get, room and the near cache decode a room's fields with decode_room)."""
+    junk = [value for _, values in CASES for value in values] + [None, 7, 1e300, b"", b"\x00" * 10]
+    for value in junk:
+        for field in ("p", "reason:p", "inc:p", "t:p", "room:fate", "x:y", b"\xff"):
+            try:
+                view = decode_room(5, "kvstatus:ns:{5}", {field: value, "q": "1"}, 1000, timelines=True)
+            except CorruptedValueError as exc:
+                assert "kvstatus:ns:{5}" in str(exc)
+            else:
+                assert view.participants["q"].status is not None
+        tombstone = decode_tombstone({"p": value, "late:p": value}, 1000)
+        assert tombstone is None or set(tombstone.cleared) <= {"p"}

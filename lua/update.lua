@@ -34,7 +34,8 @@
 -- record_failure after the update fills it in). A user the ACL denies HSETNX or TIME gets the Failed
 -- stored without the record.
 -- With a timeline field, CREATED starts the entry's timeline (replacing any left there) and ADVANCED and
--- FAILED append a step to it (or start it anew over a value that is not a timeline), at Redis' clock (TIME), in the HSET that stores the status.
+-- FAILED append a step to it (or start it anew over a value that is not a timeline), at Redis' clock
+-- (TIME), in the HSET that stores the status.
 -- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/keywatch.py).
 --
 -- Fencing (a writer with an epoch): an entry carries the epoch of the incarnation that last wrote or touched

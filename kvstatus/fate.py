@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from kvstatus.errors import CorruptedValueError
+from kvstatus import stored
 from kvstatus.rule import FailureRecord, KVPoll, Stage
 
 FATE_FIELD = "room:fate"
@@ -43,7 +43,6 @@ FATE_FIELD = "room:fate"
 apart from participant names, which cannot hold one."""
 
 
-_STAGES = {stage.value: stage for stage in Stage}
 STAGE_OF_STATUS = {
     KVPoll.Bootstrapping: Stage.BOOTSTRAP,
     KVPoll.WaitingForInput: Stage.WAITING,
@@ -55,14 +54,9 @@ STAGE_OF_STATUS = {
 
 def parse_failure(value: Any, key: str) -> Optional[FailureRecord]:
     """Decode the :data:`FATE_FIELD` value read from ``key`` (None stays None); raise
-    :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything kvstatus does not write."""
-    if value is None:
-        return None
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    parts = text.split(":", 3)
-    if len(parts) == 4 and parts[0].isdigit() and parts[0].isascii() and parts[1] in _STAGES and parts[2]:
-        return FailureRecord(int(parts[0]), _STAGES[parts[1]], parts[2], parts[3])
-    raise CorruptedValueError(f"key {key} field {FATE_FIELD} holds {text[:60]!r}, not a failure record; left as it is")
+    :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything kvstatus does not write
+    (:func:`kvstatus.stored.parse_failure`: its time is one a reader can show, up to the year 9999)."""
+    return None if value is None else stored.parse_failure(value, key, FATE_FIELD)
 
 
 def shared_status(own: Optional[KVPoll], failure: Optional[FailureRecord], participant: str) -> Optional[KVPoll]:

@@ -132,7 +132,9 @@ class LeaseCore:
                 raise BackendError(f"the lease script replied {reply!r}, expected [code 10..12, generation, epoch]")
             return int(reply[0]), int(reply[1]), int(reply[2])
 
-        return Request([call], decode)
+        # Only the lease script's error fails the request: a peer-watch mark sent with it (kvstatus._async.leases)
+        # meets a tenant's string at the lease index, and the lease must still be held (issue 36).
+        return Request([call], decode, strict=1)
 
     def settle(self, op: str, sent_at: float, reply: tuple[int, int, int]) -> None:
         """Take in the reply of ``op`` sent at monotonic time ``sent_at``."""

@@ -41,6 +41,7 @@ from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, up
     _pairs,
     _text,
     decode_room,
+    decode_room_reply,
     decode_status,
     decode_statuses,
     decode_tombstone,
@@ -489,11 +490,9 @@ class StoreCore:
         room = validate_room(room)
         key = self.schema.room_key(room)
 
-        def decode(replies: list[Any]) -> RoomView:
-            fields, pttl, tomb_fields, tomb_pttl = replies[0]
-            return decode_room(room, key, _pairs(fields), pttl, decode_tombstone(_pairs(tomb_fields), tomb_pttl))
-
-        return Request([script_call(scripts.ROOM, [key, tomb(key)], ())], decode)
+        return Request(
+            [script_call(scripts.ROOM, [key, tomb(key)], ())], lambda replies: decode_room_reply(room, key, replies[0])
+        )
 
 
 SCRIPT_MODES = ("eval", "functions")

@@ -66,6 +66,7 @@ from kvstatus.leasestate import ADDRESS_FIELD
 from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
+from kvstatus.stored import stored_int
 
 WATCH_SECONDS = 1.0
 """Seconds between two looks at the peers' marks: a dead peer's rooms fail within its lease TTL plus this."""
@@ -350,10 +351,7 @@ class PeerWatch:
 
         def decode(replies: list[Any]) -> tuple[Optional[int], Optional[str]]:
             raw_epoch, raw_address = replies[0]
-            try:
-                epoch: Optional[int] = int(raw_epoch)
-            except (TypeError, ValueError):
-                epoch = None  # no record, or not one lua/lease.lua wrote: no fence
+            epoch = stored_int(raw_epoch)  # None: no record, or not one lua/lease.lua wrote (" 7", "1e300"): no fence
             address = None if raw_address is None else _text(raw_address)
             peer = self._peers.get(name)
             if peer is not None:

@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from kvstatus import stored
 from kvstatus.errors import BackendError, CorruptedValueError
 from kvstatus.fate import FATE_FIELD, parse_failure
-from kvstatus.keys import INCARNATION_FIELD_PREFIX, LATE_FIELD_PREFIX, REASON_FIELD_PREFIX, TIMELINE_FIELD_PREFIX
+from kvstatus.keys import (
+    INCARNATION_FIELD_PREFIX,
+    LATE_FIELD_PREFIX,
+    REASON_FIELD_PREFIX,
+    TIMELINE_FIELD_PREFIX,
+    TOMBSTONE_SUFFIX,
+)
 from kvstatus.rule import (
     ClearedEntry,
     KVPoll,
@@ -46,8 +53,10 @@ _RECORDED = {
 }
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+_text = stored.text
+
+NOT_A_TOMBSTONE = -3
+"""The tombstone PTTL lua/room.lua answers when the tombstone's name holds a key that is not a hash."""
 
 
 def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
@@ -119,8 +128,9 @@ def _pairs(flat: list[Any]) -> dict[Any, Any]:
 
 
 def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone]:
-    """A :class:`Tombstone` from its hash fields (None when there are none); malformed notes are skipped."""
-    if not fields:
+    """A :class:`Tombstone` from its hash fields (None when there are none, or ``fields`` is not a hash's
+    reply); notes kvstatus does not write (:func:`kvstatus.stored.parse_time`) are skipped: it only informs."""
+    if not fields or not isinstance(fields, Mapping):
         return None
     cleared: dict[str, tuple[float, Optional[KVPoll]]] = {}
     late: dict[str, float] = {}
@@ -128,14 +138,23 @@ def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone
         field, value = _text(raw_field), _text(raw_value)
         try:
             if field.startswith(LATE_FIELD_PREFIX):
-                late[field[len(LATE_FIELD_PREFIX) :]] = int(value) / 1000
+                late[field[len(LATE_FIELD_PREFIX) :]] = stored.parse_time(value, "", field) / 1000
             else:
                 at, _, status = value.partition(" ")
-                cleared[field] = (int(at) / 1000, _STATUS_BY_VALUE.get(status))
-        except ValueError:
+                cleared[field] = (stored.parse_time(at, "", field) / 1000, _STATUS_BY_VALUE.get(status))
+        except CorruptedValueError:
             continue  # not a note kvstatus writes: the tombstone only informs, so it is not fatal
     entries = {name: ClearedEntry(at, status, late.get(name)) for name, (at, status) in sorted(cleared.items())}
     return Tombstone(entries, pttl if pttl >= 0 else None) if entries else None
+
+
+def decode_room_reply(room: int, key: str, reply: list[Any]) -> RoomView:
+    """The :class:`RoomView` of lua/room.lua's reply ``{fields, pttl, tombstone fields, tombstone pttl}`` for ``key``."""
+    fields, pttl, tomb_fields, tomb_pttl = reply
+    view = decode_room(room, key, _pairs(fields), pttl, decode_tombstone(_pairs(tomb_fields), tomb_pttl))
+    if tomb_pttl != NOT_A_TOMBSTONE:
+        return view
+    return view._replace(ignored=(*view.ignored, f"key {key}{TOMBSTONE_SUFFIX} is not a tombstone hash; ignored"))
 
 
 def decode_room(
@@ -147,10 +166,15 @@ def decode_room(
     timelines: bool = True,
 ) -> RoomView:
     """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read).
-    ``timelines`` False skips the timeline fields (neither parsed nor checked: the near cache's polls need none)."""
+    ``timelines`` False skips the timeline fields (neither parsed nor checked: the near cache's polls need none).
+
+    A status or a first failure kvstatus does not write raises :class:`CorruptedValueError` naming the key (the
+    room cannot be judged without them); a timeline it does not write is left out and named in
+    ``RoomView.ignored`` (it only informs)."""
     statuses: dict[str, Optional[KVPoll]] = {}
     reasons: dict[str, str] = {}
     steps: dict[str, tuple[Step, ...]] = {}
+    ignored: list[str] = []
     failure = None
     for raw_field, value in fields.items():
         field = _text(raw_field)
@@ -162,7 +186,10 @@ def decode_room(
             continue  # the fence of the entry's writer (lua/update.lua): not part of the view
         elif field.startswith(TIMELINE_FIELD_PREFIX):
             if timelines:
-                steps[field[len(TIMELINE_FIELD_PREFIX) :]] = parse_timeline(value, key, field)
+                try:
+                    steps[field[len(TIMELINE_FIELD_PREFIX) :]] = parse_timeline(value, key, field)
+                except CorruptedValueError as exc:
+                    ignored.append(str(exc))
         elif ":" in field:
             raise CorruptedValueError(f"key {key} has a field {field[:60]!r} that kvstatus does not write")
         else:
@@ -172,4 +199,4 @@ def decode_room(
         for name in sorted(statuses.keys() | reasons.keys())
     }
     kept = {name: steps[name] for name in participants if name in steps}
-    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure, kept)
+    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure, kept, tuple(ignored))

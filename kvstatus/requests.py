@@ -41,14 +41,23 @@ class Request(Generic[T]):
     """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order).
 
     ``extra_seconds`` is added to the call's deadline: a batch of many chunks gets more time than one command.
+    ``strict``: how many leading calls fail the request with their error (None: all); the errors of the calls
+    after them reach ``decode`` in place (a lease acquire must not fail for the peer-watch mark sent with it).
     """
 
-    __slots__ = ("calls", "decode", "extra_seconds")
+    __slots__ = ("calls", "decode", "extra_seconds", "strict")
 
-    def __init__(self, calls: list[Call], decode: Callable[[list[Any]], T], extra_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        calls: list[Call],
+        decode: Callable[[list[Any]], T],
+        extra_seconds: float = 0.0,
+        strict: Optional[int] = None,
+    ) -> None:
         self.calls = calls
         self.decode = decode
         self.extra_seconds = extra_seconds
+        self.strict = strict
 
 
 def script_call(script: LuaScript, keys: list[str], args: Iterable[Any]) -> Call:

@@ -309,6 +309,8 @@ class RoomView(NamedTuple):
     ``timelines`` maps each participant whose writer records timelines (:mod:`kvstatus.timeline`) to the
     :class:`Step` of each status its entry reached, in order (empty in a near cache's views, which keep only
     what polls read).
+    ``ignored`` names each stored value the view left out because kvstatus does not write it (a timeline, a
+    tombstone): the message names the key and field (docs/security.md says what each reader does with junk).
     """
 
     room: int
@@ -317,6 +319,7 @@ class RoomView(NamedTuple):
     tombstone: Optional[Tombstone] = None
     failure: Optional[FailureRecord] = None
     timelines: dict[str, tuple[Step, ...]] = {}
+    ignored: tuple[str, ...] = ()
 
     @property
     def exists(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Optional
 
 from kvstatus.naming import ROLES, naming
 from kvstatus.rule import OPEN, KVPoll, RoomView
+from kvstatus.timeline import current_steps
 
 DEFAULT_OLDER_THAN_SECONDS = 30.0
 """The bound ``kvstatus ls --stuck`` and the fleet views use unless told: well above a healthy room's whole life
@@ -43,11 +44,18 @@ def missing_holder(role: str) -> str:
 
 def stuck(view: RoomView, now_ms: int, older_than: float = DEFAULT_OLDER_THAN_SECONDS) -> Optional[Stuck]:
     """``view`` as a :class:`Stuck` room at ``now_ms`` (Unix ms, Redis' clock), or None: done, failed, moving,
-    or without timelines. ``older_than`` in seconds."""
+    or without timelines. ``older_than`` in seconds. An entry whose timeline's last step is not its status
+    (:func:`~kvstatus.timeline.current_steps`: capped at 160 bytes) moved at a time no timeline says: the room
+    is not judged stuck."""
     entries = {name: entry.status for name, entry in view.participants.items() if entry.status is not None}
     if not any(status in OPEN for status in entries.values()) or view.failure is not None:
         return None
-    last_steps = {name: steps[-1].at_ms for name, steps in view.timelines.items() if steps}
+    last_steps = {}
+    for name, steps in view.timelines.items():
+        if steps and name in entries:
+            if not current_steps(steps, entries[name]):
+                return None
+            last_steps[name] = steps[-1].at_ms
     if not last_steps:
         return None
     seconds = max(0, now_ms - max(last_steps.values())) / 1000

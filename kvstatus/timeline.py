@@ -15,24 +15,21 @@ append; :func:`parse_timeline` reads it; :func:`stage_seconds` turns it into the
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional
 
-from kvstatus.errors import CorruptedValueError
+from kvstatus import stored
 from kvstatus.rule import KVPoll, Step
 
-MAX_BYTES = 160
+MAX_BYTES = stored.TIMELINE_MAX_BYTES
 """The longest stored timeline in bytes (lua/lib/timeline.lua's TIMELINE_MAX_BYTES): about 14 steps."""
-
-_FIRST = re.compile(r"([0-4])@([1-9][0-9]{0,14})")
-_LATER = re.compile(r"([0-4])\+(0|[1-9][0-9]{0,14})")
 
 
 def timeline_after(prev: Optional[str], status: int, now_ms: int) -> str:
     """The stored timeline ``prev`` (None: none yet) with ``status`` reached at ``now_ms`` appended.
 
     The reference of ``timeline_after`` in lua/lib/timeline.lua: the tests hold the two together. Raises
-    :class:`ValueError` for a ``prev`` that is not a timeline (the script answers KVSTATUS_CORRUPT).
+    :class:`~kvstatus.errors.CorruptedValueError` for a ``prev`` that is not a timeline (the script answers
+    KVSTATUS_CORRUPT).
     """
     if prev is None:
         return f"{status}@{now_ms}"
@@ -45,22 +42,9 @@ def timeline_after(prev: Optional[str], status: int, now_ms: int) -> str:
 
 def parse_timeline(value: Any, key: str, field: str) -> tuple[Step, ...]:
     """The steps of a stored timeline (bytes or str), in order; raises
-    :class:`~kvstatus.errors.CorruptedValueError` naming ``key`` and ``field`` for a value kvstatus does not write."""
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    parts = text.split(" ")
-    first = _FIRST.fullmatch(parts[0])
-    later = [_LATER.fullmatch(part) for part in parts[1:]]
-    if first is None or None in later or len(text) > MAX_BYTES:
-        raise CorruptedValueError(f"key {key} field {field} holds {text[:40]!r}, not a timeline")
-    base = int(first.group(2))
-    steps = [Step(KVPoll(int(first.group(1))), base)]
-    for match in later:
-        assert match is not None
-        at = base + int(match.group(2))
-        if at < steps[-1].at_ms:
-            raise CorruptedValueError(f"key {key} field {field} holds {text[:40]!r}, a timeline that goes back")
-        steps.append(Step(KVPoll(int(match.group(1))), at))
-    return tuple(steps)
+    :class:`~kvstatus.errors.CorruptedValueError` naming ``key`` and ``field`` for a value kvstatus does not write
+    (:func:`kvstatus.stored.parse_timeline`, the rule lua/lib/stored.lua applies before the script appends)."""
+    return stored.parse_timeline(value, key, field)
 
 
 STAGES: tuple[str, ...] = ("bootstrap", "waiting", "transfer", "total")
@@ -90,6 +74,14 @@ def stage_seconds(steps: tuple[Step, ...]) -> dict[str, float]:
     }
     found["total"] = (steps[-1].at_ms - steps[0].at_ms) / 1000
     return found
+
+
+def current_steps(steps: tuple[Step, ...], status: Optional[KVPoll]) -> tuple[Step, ...]:
+    """``steps`` if their last step is the entry's ``status``, else (): a timeline that stopped at
+    :data:`MAX_BYTES` (a seed-policy entry flipping between Failed and another status), or a store without
+    timelines wrote the entry since, so its last step says nothing of when the entry reached its status. The
+    judgements (stuck, health, the exporter's time in status) then go by the status alone, as without a timeline."""
+    return steps if steps and steps[-1].status is status else ()
 
 
 def since_current(steps: tuple[Step, ...], now_ms: int) -> Optional[float]:

@@ -146,9 +146,17 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
             f"it succeeds once the script ends or an admin runs SCRIPT KILL ({text})"
         )
     if text.startswith("WRONGTYPE"):
-        where = f"key {_first_key(call)}" if call and _first_key(call) else "a room key"
-        return CorruptedValueError(f"{where} holds a value that is not a kvstatus room hash; left as it is")
+        return CorruptedValueError(f"{_where(call)} holds a value that is not a kvstatus room hash; left as it is")
     return BackendError(f"Redis error: {text}")
+
+
+def _where(call: Optional[Call]) -> str:
+    """The key a WRONGTYPE reply of ``call`` is about: "key K", or for a script of several keys the first few."""
+    if call is not None and call.args[0] in _EVAL_COMMANDS and str(call.args[2]).isdigit() and int(call.args[2]) > 1:
+        keys = [str(key) for key in call.args[3 : 3 + int(call.args[2])]]
+        return f"one of the keys {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+    first = None if call is None else _first_key(call)
+    return f"key {first}" if first else "a room key"
 
 
 def _first_key(call: Call) -> Optional[str]:

@@ -14,7 +14,7 @@
 -- KEYS[i]  room hash, all of one namespace (checked, see lua/lib/keys.lua)
 -- ARGV[1]  TTL in milliseconds, a positive integer
 -- ARGV[2]  origin: who cancels (a name: letters, digits, "_", ".", "-")
--- ARGV[3]  the reason text
+-- ARGV[3]  the reason text: UTF-8, at most 2048 bytes (the Python API's bound, lua/lib/stored.lua)
 --
 -- Returns {outcome_1, failed_1, outcome_2, failed_2, ...}, integers: outcome kvstatus.rule.CancelOutcome,
 -- CANCELLED (this cancel is the room's first failure) or ALREADY_FAILED (the room had failed before: its
@@ -29,6 +29,7 @@ local SCRIPT = "cancel"
 -- @include time
 -- @include keys
 -- @include fate
+-- @include stored
 -- @include timeline
 
 local ttl, origin, reason = ARGV[1], ARGV[2], ARGV[3]
@@ -38,8 +39,12 @@ end
 if not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be a positive integer of milliseconds")
 end
-if not string.match(origin, "^[%w_.%-]+$") then
-  return redis.error_reply("KVSTATUS_BADARG origin must be a name of letters, digits, _ . -")
+if not stored_name(origin) then
+  return redis.error_reply("KVSTATUS_BADARG origin must be a name of 1..128 letters, digits, _ . -")
+end
+if not stored_text(reason) then
+  return redis.error_reply("KVSTATUS_BADARG the reason must be UTF-8 text of at most 2048 bytes (kvstatus cuts"
+    .. " longer ones before sending)")
 end
 local refused = room_keys_refusal(1, #KEYS)
 if refused then

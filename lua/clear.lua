@@ -32,6 +32,7 @@ local SCRIPT = "clear"
 -- @include time
 -- @include keys
 -- @include fate
+-- @include stored
 
 local room, tomb = KEYS[1], KEYS[2]
 local field, reason_field, late_field, ttl, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -44,7 +45,7 @@ end
 if ttl ~= "0" and not positive_ms(ttl) then
   return redis.error_reply("KVSTATUS_BADARG TTL must be 0 or a positive integer of milliseconds")
 end
-if epoch ~= "" and not positive_ms(epoch) then
+if epoch ~= "" and not stored_int(epoch) then
   return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
 end
 local tombstone = ttl ~= "0"
@@ -60,8 +61,9 @@ if stored then
   local code = #stored == 1 and string.byte(stored) - string.byte("0")
   status = (code and code >= 0 and code <= 4) and code or -2
 end
-if epoch ~= "" and both[2] and both[2] ~= epoch then
-  local stamp, mine = tonumber(both[2]) or 0, tonumber(epoch)
+local stamp = epoch ~= "" and both[2] ~= epoch and stored_int(both[2])  -- junk: no stamp (lua/update.lua)
+if stamp then
+  local mine = tonumber(epoch)
   if stamp > mine then
     return {-1, status, ""}
   elseif stamp < mine then

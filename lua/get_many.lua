@@ -18,6 +18,7 @@
 local SCRIPT = "get_many"
 
 -- @include acl
+-- @include stored
 
 -- Only to name a refused HGET: a read-only script cannot leave anything half-written.
 local denied = #KEYS > 0 and acl_refusal(ARGV[2] and "hmget" or "hget", KEYS[1])
@@ -32,12 +33,11 @@ if not fate_field then
   end
   return values
 end
-local match = string.match
 for i = 1, #KEYS do
   local read = call("HMGET", KEYS[i], field, fate_field)
   local own, fate = read[1], read[2]
   if fate and (own == "1" or own == "2" or own == "3") then
-    local stage, origin = match(fate, "^%d+:([%a-]+):([^:]+):")
+    local stage, origin = stored_fate(fate)
     if not stage then
       return redis.error_reply("KVSTATUS_CORRUPT key " .. KEYS[i] .. " field " .. fate_field .. " holds "
         .. string.format("%q", string.sub(fate, 1, 40)) .. ", not a failure record")

@@ -29,6 +29,7 @@ local SCRIPT = "lease"
 
 -- @include acl
 -- @include time
+-- @include stored
 
 local key, op, inc, ttl, keep, address = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if #KEYS ~= 1 or (op ~= "acquire" and op ~= "renew" and op ~= "release") then
@@ -55,7 +56,11 @@ local deadline = now + tonumber(ttl)
 
 if op == "acquire" then
   local gen = redis.call("HINCRBY", key, "gen", 1)
-  local epoch = math.max(now, (tonumber(redis.call("HGET", key, "epoch")) or 0) + 1)
+  -- The previous epoch counts only if it is one lua/update.lua takes (lua/lib/stored.lua) and has a successor that
+  -- is one too: a forged "1e300" or 999999999999999 would otherwise make every later acquire take an epoch
+  -- that every write refuses. Such a value is read as none, and this acquire takes Redis' clock.
+  local previous = stored_int(redis.call("HGET", key, "epoch"))
+  local epoch = (previous and previous < STORED_MAX_INT) and math.max(now, previous + 1) or now
   redis.call("HSET", key, "inc", inc, "epoch", epoch, "state", "held", "since", now, "seen", now,
     "deadline", deadline, "ttl", ttl)
   if address then
@@ -68,7 +73,7 @@ if op == "acquire" then
 end
 
 local record = redis.call("HMGET", key, "inc", "state", "deadline", "gen", "epoch")
-local gen, epoch = tonumber(record[4]) or 0, tonumber(record[5]) or 0
+local gen, epoch = tonumber(record[4]) or 0, stored_int(record[5]) or 0
 if record[1] ~= inc or record[2] ~= "held" then
   return {LOST, gen, epoch}
 end

@@ -5,7 +5,7 @@
 -- KEYS[1]  room hash
 -- ARGV[1]  the participant's status field
 -- ARGV[2]  the participant's failure-reason field
--- ARGV[3]  the reason text
+-- ARGV[3]  the reason text: UTF-8, at most 2048 bytes (the Python API's bound, lua/lib/stored.lua)
 -- ARGV[4]  TTL in milliseconds, a positive integer
 -- ARGV[5]  optional, with ARGV[6]: the participant's incarnation field ("inc:<participant>")
 -- ARGV[6]  the writer's incarnation epoch (lua/lease.lua): an entry stamped by a later incarnation
@@ -32,6 +32,7 @@ local SCRIPT = "record_failure"
 -- @include acl
 -- @include time
 -- @include fate
+-- @include stored
 
 local field, reason_field, reason, ttl, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
@@ -42,8 +43,12 @@ if #KEYS ~= 1 or not reason or field == "" or reason_field == "" or #ARGV == 5 o
   return redis.error_reply("KVSTATUS_BADARG expected one key, status field, reason field and reason"
     .. " (and optionally an incarnation field and an epoch)")
 end
-if epoch and not positive_ms(epoch) then
-  return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be a positive integer")
+if epoch and not stored_int(epoch) then
+  return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be a positive integer of 1..15 digits")
+end
+if not stored_text(reason) then
+  return redis.error_reply("KVSTATUS_BADARG the reason must be UTF-8 text of at most 2048 bytes (kvstatus cuts"
+    .. " longer ones before sending)")
 end
 
 local denied = acl_refusal("hexists", KEYS[1]) or acl_refusal("hsetnx", KEYS[1]) or acl_refusal("pexpire", KEYS[1])
@@ -54,7 +59,7 @@ end
 if redis.call("HEXISTS", KEYS[1], field) == 0 then
   return IGNORED_MISSING
 end
-local stamp = epoch and tonumber(redis.call("HGET", KEYS[1], inc_field) or "")
+local stamp = epoch and stored_int(redis.call("HGET", KEYS[1], inc_field))  -- junk: no stamp (lua/update.lua)
 if stamp and stamp > tonumber(epoch) then
   return REFUSED_SUPERSEDED
 elseif stamp and stamp < tonumber(epoch) then

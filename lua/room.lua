@@ -5,7 +5,8 @@
 -- KEYS[2]  the room's tombstone hash (lua/clear.lua): KEYS[1]..":t" (checked, see lua/lib/keys.lua)
 --
 -- Returns {room_fields, room_pttl, tombstone_fields, tombstone_pttl}: the fields as flat
--- {name, value, ...} lists (HGETALL), the PTTLs as PTTL answers them (-2 no key, -1 no TTL).
+-- {name, value, ...} lists (HGETALL), the PTTLs as PTTL answers them (-2 no key, -1 no TTL); -3 and no
+-- fields when the tombstone's name holds a key that is not a hash.
 -- Errors: "NOPERM <what>" when the ACL refuses HGETALL on the room key (see acl_refusal);
 -- "KVSTATUS_BADARG <what>" for keys that are not a room key and its tombstone.
 
@@ -21,5 +22,11 @@ local denied = room_keys_refusal(1, 1) or tombstone_refusal(KEYS[1], KEYS[2]) or
 if denied then
   return denied
 end
-return {redis.call("HGETALL", KEYS[1]), redis.call("PTTL", KEYS[1]),
-        redis.call("HGETALL", KEYS[2]), redis.call("PTTL", KEYS[2])}
+local fields, pttl = redis.call("HGETALL", KEYS[1]), redis.call("PTTL", KEYS[1])
+-- A key at the tombstone's name that is not a hash (a tenant's SET) does not hide the room: its PTTL is
+-- answered as -3 (kvstatus.replies.NOT_A_TOMBSTONE) and the reader names it in RoomView.ignored.
+local tomb = redis.pcall("HGETALL", KEYS[2])
+if tomb.err then
+  return {fields, pttl, {}, -3}
+end
+return {fields, pttl, tomb, redis.call("PTTL", KEYS[2])}

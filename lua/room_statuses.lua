@@ -27,6 +27,7 @@ local SCRIPT = "room_statuses"
 -- @include acl
 -- @include time
 -- @include keys
+-- @include stored
 
 local n = tonumber(ARGV[1])
 local p = #ARGV - 1
@@ -56,10 +57,10 @@ local leases, epochs = {}, {}
 local now = now_ms()
 for j = 1, p do
   local record = redis.call("HMGET", KEYS[n + j], "state", "deadline", "epoch")
-  epochs[j] = tonumber(record[3]) or 0
+  epochs[j] = stored_int(record[3]) or 0  -- an epoch kvstatus does not write fences nothing (lua/lib/stored.lua)
   if not record[1] then
     leases[j] = 0
-  elseif record[1] == "held" and now <= (tonumber(record[2]) or 0) then
+  elseif record[1] == "held" and now <= (stored_int(record[2]) or 0) then  -- a junk deadline: lost
     leases[j] = 1
   else
     leases[j] = 2

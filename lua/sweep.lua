@@ -17,7 +17,8 @@
 -- ARGV[5]  optional, with ARGV[6]: the participant's incarnation field ("inc:<participant>")
 -- ARGV[6]  the fence: a positive integer epoch (lua/lease.lua). An entry stamped with this epoch or a later
 --          one belongs to an incarnation that took the name over after the caller's read, and is left as it
---          is (UNCHANGED); unstamped entries and older stamps are swept.
+--          is (UNCHANGED); unstamped entries, older stamps and stamps kvstatus does not write
+--          (lua/lib/stored.lua) are swept.
 --
 -- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), REFUSED_TERMINAL (a Success of the swept
 -- incarnation, left as it is: its part was done), UNCHANGED (Failed, fenced off, or a value kvstatus does not
@@ -32,6 +33,7 @@ local SCRIPT = "sweep"
 -- @include keys
 -- @include time
 -- @include fate
+-- @include stored
 -- @include timeline
 
 local field, reason_field, reason, stage = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or "lease-lost"
@@ -41,13 +43,16 @@ if #KEYS == 0 or #ARGV < 3 or #ARGV > 6 or #ARGV == 5 or field == "" or reason_f
     .. " and optionally an incarnation field and a fence epoch")
 end
 if below then
-  if not positive_ms(below) then
-    return redis.error_reply("KVSTATUS_BADARG the fence epoch must be a positive integer")
+  below = stored_int(below)
+  if not below then
+    return redis.error_reply("KVSTATUS_BADARG the fence epoch must be a positive integer of 1..15 digits")
   end
-  below = tonumber(below)
 end
 if stage ~= "lease-lost" and stage ~= "superseded" then
   return redis.error_reply("KVSTATUS_BADARG the stage must be lease-lost or superseded")
+end
+if not stored_text(reason) then
+  return redis.error_reply("KVSTATUS_BADARG the reason must be UTF-8 text of at most 2048 bytes")
 end
 local refused = #KEYS > 1 and room_keys_refusal(1, #KEYS)
 if refused then
@@ -60,7 +65,7 @@ for i = 1, #KEYS do
   local stored, stamp, timeline
   if below then
     local all = redis.call("HMGET", KEYS[i], field, tl_field, inc_field)
-    stored, timeline, stamp = all[1], all[2], tonumber(all[3] or "")
+    stored, timeline, stamp = all[1], all[2], stored_int(all[3])  -- junk: no stamp
   else
     local both = redis.call("HMGET", KEYS[i], field, tl_field)
     stored, timeline = both[1], both[2]

@@ -23,8 +23,9 @@
 --   status   the entry's status afterwards, 0..4, or -1 when there is no entry (REFUSED_SUPERSEDED: as it is)
 -- Errors, raised before the first write, so nothing is half-written:
 --   "KVSTATUS_BADARG <what>"   malformed arguments, or keys that do not belong together
---   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4" (or a stamp, a timeline is malformed); it is
---                              left as it is
+--   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is. A stamp or a timeline
+--                              kvstatus does not write (lua/lib/stored.lua's rule, kvstatus.stored's) is
+--                              read as none: the write replaces it with its own
 --   "NOPERM <what>"            the ACL refuses a write this call would make (see acl_refusal)
 -- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL to at least ARGV[2] (never shorter than
 -- what another writer left, see EXPIRE_FLAGS in lua/lib/time.lua); the others write nothing.
@@ -33,7 +34,8 @@
 -- record_failure after the update fills it in). A user the ACL denies HSETNX or TIME gets the Failed
 -- stored without the record.
 -- With a timeline field, CREATED starts the entry's timeline (replacing any left there) and ADVANCED and
--- FAILED append a step to it, at Redis' clock (TIME), in the HSET that stores the status.
+-- FAILED append a step to it (or start it anew over a value that is not a timeline), at Redis' clock
+-- (TIME), in the HSET that stores the status.
 -- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/keywatch.py).
 --
 -- Fencing (a writer with an epoch): an entry carries the epoch of the incarnation that last wrote or touched
@@ -53,6 +55,7 @@ local SCRIPT = "update"
 -- @include acl
 -- @include time
 -- @include fate
+-- @include stored
 -- @include timeline
 
 local policy, ttl, field, reason_field, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -75,12 +78,11 @@ local stamp_arg = epoch  -- written as sent: a number would be formatted by Lua
 if epoch == "" then
   epoch = nil
 else
-  -- Cheaper than a pattern match (or tostring, ~1 us): a number tonumber reads, an integer, starting 1-9 ("0x10",
-  -- " 1" do not pass). Stamps are only ever compared as numbers, so "1e3" passes as 1000.
-  epoch = tonumber(epoch)
-  local first = string.byte(stamp_arg)
-  if not epoch or epoch < 1 or epoch % 1 ~= 0 or #stamp_arg > 15 or first < 49 or first > 57 then
-    return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
+  -- The rule every reader of a stamp applies (lua/lib/stored.lua), so a stamp written is a stamp read back.
+  epoch = stored_int(epoch)
+  if not epoch then
+    return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer of"
+      .. " 1..15 digits")
   end
 end
 local n = #ARGV - 7
@@ -131,12 +133,12 @@ for i = 1, n do
   end
   if epoch then
     if stamp and stamp ~= stamp_arg then  -- strings are interned: equal stamps (the common case) cost no parse
-      local value = tonumber(stamp)
-      if not value then
-        return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. inc_field
-          .. " holds " .. string.format("%q", string.sub(stamp, 1, 40)) .. ", not an incarnation epoch")
+      -- A stamp kvstatus does not write ("inf", "1e400", "-5", " 7", a 16-digit number) fences nothing: it is
+      -- read as no stamp, and this write replaces it with its own.
+      local value = stored_int(stamp)
+      if value then
+        newer, older = value > epoch, value < epoch
       end
-      newer, older = value > epoch, value < epoch
     end
   end
   local cur = false
@@ -199,10 +201,10 @@ for i = 1, n do
   if tl_field and outcome < UNCHANGED then
     -- Redis' clock, read in this first pass: an ACL that refuses TIME stops the script before any write.
     now = now or now_ms()
+    -- A timeline kvstatus does not write (lua/lib/stored.lua: steps that go back, 16-digit times, over 160
+    -- bytes) is replaced by a new one from this step: it only informs, so it never stops a write.
     local after_tl = timeline_after(outcome ~= CREATED and timeline or nil, after, now)
-    if not after_tl then
-      return timeline_corrupt(key, tl_field, timeline)
-    end
+      or timeline_after(nil, after, now)
     timeline_of = timeline_of or {}
     timeline_of[i] = after_tl
   end

@@ -118,7 +118,7 @@ class AsyncSender:
         token = enter_deadline(self.deadline + request.extra_seconds)  # a wait_for's read never outlasts the wait
         try:
             if via is not None:
-                return request.decode(await self._replies(request.calls, None, via))
+                return request.decode(await self._replies(request.calls, None, via, request.strict))
             gate = self.gate
             if gate is None:
                 return await self._send_now(request)
@@ -137,17 +137,20 @@ class AsyncSender:
             try:
                 reply = await self.client.execute_command(*calls[0].args, **self._routed(calls[0]))
             except Exception as exc:  # noqa: BLE001 - NOSCRIPT, a failover, an error: the full path, from this reply on
-                return request.decode(await self._replies(calls, [exc], self))
+                return request.decode(await self._replies(calls, [exc], self, request.strict))
             return request.decode([reply])
-        return request.decode(await self._replies(calls, None, self) if calls else [])
+        return request.decode(await self._replies(calls, None, self, request.strict) if calls else [])
 
-    async def _replies(self, calls: list[Call], first: Optional[list[Any]], via: AsyncTransport) -> list[Any]:
+    async def _replies(
+        self, calls: list[Call], first: Optional[list[Any]], via: AsyncTransport, strict: Optional[int] = None
+    ) -> list[Any]:
+        """The replies of ``calls``; the errors of the first ``strict`` (None: all) raise, the others stay in place."""
         attempt = 0
         while attempt < len(via.resend_delays):  # read each time: a transport may give up (a refused server)
             delay = via.resend_delays[attempt]
             attempt += 1
             try:
-                return await self._round_trip(calls, first, via)
+                return await self._round_trip(calls, first, via, strict)
             except BackendUnavailableError:
                 if not may_resend(delay) or attempt > len(via.resend_delays):
                     raise
@@ -155,9 +158,11 @@ class AsyncSender:
                 await async_sleep(delay)
                 await via.reset()
                 self._resent()
-        return await self._round_trip(calls, first, via)
+        return await self._round_trip(calls, first, via, strict)
 
-    async def _round_trip(self, calls: list[Call], replies: Optional[list[Any]], via: AsyncTransport) -> list[Any]:
+    async def _round_trip(
+        self, calls: list[Call], replies: Optional[list[Any]], via: AsyncTransport, strict: Optional[int] = None
+    ) -> list[Any]:
         replies = await via.io(calls) if replies is None else replies
         indices, calls = evalsha_fallback(calls, replies)
         if indices:  # EVALSHA_RO refused: resent as EVALSHA, and sent so from now on (a probe, not a resend)
@@ -170,7 +175,8 @@ class AsyncSender:
                     await via.load(script.source)
                 self._resent()
                 merge(replies, indices, await via.io(resend))
-        return checked(calls, replies)
+        checked(calls[:strict], replies[:strict])
+        return replies
 
     def _resent(self) -> None:
         if self.metrics is not None:

@@ -119,7 +119,7 @@ class Sender:
         token = enter_deadline(self.deadline + request.extra_seconds)  # a wait_for's read never outlasts the wait
         try:
             if via is not None:
-                return request.decode(self._replies(request.calls, None, via))
+                return request.decode(self._replies(request.calls, None, via, request.strict))
             gate = self.gate
             if gate is None:
                 return self._send_now(request)
@@ -138,17 +138,20 @@ class Sender:
             try:
                 reply = self.client.execute_command(*calls[0].args, **self._routed(calls[0]))
             except Exception as exc:  # noqa: BLE001 - NOSCRIPT, a failover, an error: the full path, from this reply on
-                return request.decode(self._replies(calls, [exc], self))
+                return request.decode(self._replies(calls, [exc], self, request.strict))
             return request.decode([reply])
-        return request.decode(self._replies(calls, None, self) if calls else [])
+        return request.decode(self._replies(calls, None, self, request.strict) if calls else [])
 
-    def _replies(self, calls: list[Call], first: Optional[list[Any]], via: Transport) -> list[Any]:
+    def _replies(
+        self, calls: list[Call], first: Optional[list[Any]], via: Transport, strict: Optional[int] = None
+    ) -> list[Any]:
+        """The replies of ``calls``; the errors of the first ``strict`` (None: all) raise, the others stay in place."""
         attempt = 0
         while attempt < len(via.resend_delays):  # read each time: a transport may give up (a refused server)
             delay = via.resend_delays[attempt]
             attempt += 1
             try:
-                return self._round_trip(calls, first, via)
+                return self._round_trip(calls, first, via, strict)
             except BackendUnavailableError:
                 if not may_resend(delay) or attempt > len(via.resend_delays):
                     raise
@@ -156,9 +159,11 @@ class Sender:
                 sleep(delay)
                 via.reset()
                 self._resent()
-        return self._round_trip(calls, first, via)
+        return self._round_trip(calls, first, via, strict)
 
-    def _round_trip(self, calls: list[Call], replies: Optional[list[Any]], via: Transport) -> list[Any]:
+    def _round_trip(
+        self, calls: list[Call], replies: Optional[list[Any]], via: Transport, strict: Optional[int] = None
+    ) -> list[Any]:
         replies = via.io(calls) if replies is None else replies
         indices, calls = evalsha_fallback(calls, replies)
         if indices:  # EVALSHA_RO refused: resent as EVALSHA, and sent so from now on (a probe, not a resend)
@@ -171,7 +176,8 @@ class Sender:
                     via.load(script.source)
                 self._resent()
                 merge(replies, indices, via.io(resend))
-        return checked(calls, replies)
+        checked(calls[:strict], replies[:strict])
+        return replies
 
     def _resent(self) -> None:
         if self.metrics is not None:

@@ -42,8 +42,9 @@ from kvstatus.naming import naming
 from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.replies import decode_room, decode_tombstone
 from kvstatus.requests import Call
-from kvstatus.rule import KVPoll, RoomView, Stage
+from kvstatus.rule import KVPoll, RoomView, Stage, Tombstone
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck
+from kvstatus.timeline import current_steps
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 DEFAULT_WINDOW_SECONDS = 60.0
@@ -54,6 +55,8 @@ UNKNOWN_STAGE = "unknown"
 """The stage of a failure without a record: a Failed entry, or a room cleared at Failed or before Success."""
 FAILURE_STAGES: tuple[str, ...] = (*(stage.value for stage in Stage), UNKNOWN_STAGE)
 OUTCOMES: tuple[str, ...] = ("succeeded", "failed", "stuck", "open")
+SAMPLE = 5
+"""How many skipped keys a pass names (``corrupted_sample``)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class Health:
     rooms: int
     unpaired: int
     corrupted: int
+    corrupted_sample: tuple[str, ...] = ()
+    """Up to :data:`SAMPLE` messages, each naming a key the pass skipped (docs/security.md)."""
 
     @property
     def unhealthy(self) -> list[PairHealth]:
@@ -152,6 +157,7 @@ class Health:
             "rooms": self.rooms,
             "unpaired_rooms": self.unpaired,
             "corrupted_rooms": self.corrupted,
+            "corrupted_sample": list(self.corrupted_sample),
             "pairs": [pair.to_json() for pair in self.pairs],
         }
 
@@ -199,7 +205,9 @@ def classify(view: RoomView, now_ms: int, settings: HealthSettings) -> Optional[
 
 
 def _last_ms(view: RoomView, name: str) -> Optional[float]:
-    steps = view.timelines.get(name)
+    """When ``name``'s entry reached its status, or None: no timeline, or one out of step with it (capped)."""
+    entry = view.participants.get(name)
+    steps = current_steps(view.timelines.get(name, ()), None if entry is None else entry.status)
     return float(steps[-1].at_ms) if steps else None
 
 
@@ -212,6 +220,7 @@ class HealthBuilder:
         self.rooms = 0
         self.unpaired = 0
         self.corrupted = 0
+        self.corrupted_sample: list[str] = []
 
     def add(self, view: RoomView, now_ms: int) -> None:
         self.rooms += 1
@@ -237,14 +246,25 @@ class HealthBuilder:
                 pair.open += 1
 
     def corrupt(self, room: int, message: str) -> None:
-        """An :data:`~kvstatus.admin.scan.OnCorrupt` hook: the room is skipped, and counted."""
+        """An :data:`~kvstatus.admin.scan.OnCorrupt` hook: the key is skipped, and counted (a sample named)."""
         self.corrupted += 1
+        if len(self.corrupted_sample) < SAMPLE:
+            self.corrupted_sample.append(message)
 
     def finish(self, namespace: str, now_ms: int) -> Health:
         for pair in self._pairs.values():
             pair.unhealthy = pair.judge(self.settings.threshold)
         pairs = tuple(self._pairs[key] for key in sorted(self._pairs))
-        return Health(namespace, self.settings, now_ms, pairs, self.rooms, self.unpaired, self.corrupted)
+        return Health(
+            namespace,
+            self.settings,
+            now_ms,
+            pairs,
+            self.rooms,
+            self.unpaired,
+            self.corrupted,
+            tuple(self.corrupted_sample),
+        )
 
 
 def key_pattern(schema: KeySchema) -> str:
@@ -272,7 +292,9 @@ def read_views(
     A room key is read with HGETALL + PTTL and its tombstone's HGETALL; a tombstone key whose room key is not
     in ``keys`` only when its room hash does not exist (EXISTS), as a view that does not exist (``exists``
     False) holding the tombstone, so that a room is counted by its room key, or by its tombstone when the
-    room is gone. A room holding a value kvstatus does not write raises, or goes to ``on_corrupt``.
+    room is gone. A room holding a value kvstatus does not write raises, or goes to ``on_corrupt`` and is
+    skipped; a key at a tombstone's name that is not a tombstone hash goes to ``on_corrupt`` too, and its room
+    is read without it (a tenant's string there stopped ``health``, the exporter and the board: issue 36).
     """
     rooms: dict[int, str] = {}
     orphans: dict[int, str] = {}
@@ -297,10 +319,10 @@ def read_views(
     for i, (room, key) in enumerate(rooms.items()):
         fields, pttl, tomb = replies[3 * i : 3 * i + 3]
         try:
-            for reply in (fields, pttl, tomb):
+            tombstone = _tombstone(tomb, key + TOMBSTONE_SUFFIX, room, on_corrupt)
+            for reply in (fields, pttl):
                 if isinstance(reply, Exception):
                     raise translate_error(reply, Call(("HGETALL", key))) from reply
-            tombstone = decode_tombstone(tomb, -1)
             if not fields and tombstone is None:
                 continue
             views.append(without_probe(decode_room(room, key, fields, pttl, tombstone)))
@@ -311,13 +333,30 @@ def read_views(
     base = 3 * len(rooms)
     for i, (room, key) in enumerate(orphans.items()):
         exists, tomb = replies[base + 2 * i : base + 2 * i + 2]
-        for reply in (exists, tomb):
-            if isinstance(reply, Exception):
-                raise translate_error(reply, Call(("HGETALL", key))) from reply
-        tombstone = decode_tombstone(tomb, -1)
+        try:
+            if isinstance(exists, Exception):
+                raise translate_error(exists, Call(("EXISTS", key[: -len(TOMBSTONE_SUFFIX)]))) from exists
+            tombstone = _tombstone(tomb, key, room, on_corrupt)
+        except CorruptedValueError as exc:
+            if on_corrupt is None:
+                raise
+            on_corrupt(room, str(exc))
+            continue
         if not exists and tombstone is not None:
             views.append(RoomView(room, {}, None, tombstone))
     return views
+
+
+def _tombstone(reply: Any, key: str, room: int, on_corrupt: Optional[OnCorrupt]) -> Optional[Tombstone]:
+    """The tombstone of an HGETALL ``reply`` of ``key``. A key there that is not a hash raises
+    :class:`CorruptedValueError` naming it; with ``on_corrupt``, it is passed to it and read as none."""
+    if not isinstance(reply, Exception):
+        return decode_tombstone(reply, -1)
+    error = translate_error(reply, Call(("HGETALL", key)))
+    if on_corrupt is None or not isinstance(error, CorruptedValueError):
+        raise error from reply
+    on_corrupt(room, f"key {key} is not a tombstone hash; ignored")
+    return None
 
 
 def read_health(

@@ -9,13 +9,14 @@ judged by the clock of the Redis that holds the record, as the scripts do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from kvstatus.admin.scan import DEFAULT_BATCH, round_trip, scan_clients
 from kvstatus.consensus import LeaseState
 from kvstatus.keys import KeySchema
+from kvstatus.stored import stored_int
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 
@@ -75,9 +76,10 @@ def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[L
     record = {_text(k): _text(v) for k, v in fields.items()}
     now = now_ms / 1000
     try:
-        deadline = int(record["deadline"]) / 1000
+        deadline_ms = stored_int(record["deadline"]) or 0  # as lua/room_statuses.lua: a junk deadline is past
+        deadline = deadline_ms / 1000
         held = record.get("state") == "held"
-        state = "alive" if held and now_ms <= int(record["deadline"]) else "expired" if held else "released"
+        state = "alive" if held and now_ms <= deadline_ms else "expired" if held else "released"
         return LeaseInfo(
             participant,
             state,
@@ -93,8 +95,13 @@ def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[L
         return None  # not a record kvstatus writes (or half-expired): not a lease
 
 
-def iter_leases(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> Iterator[LeaseInfo]:
-    """Yield every lease record of the namespace (alive, expired or released), one SCAN pass per primary."""
+def iter_leases(
+    client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH, on_corrupt: Optional[Callable[[str], None]] = None
+) -> Iterator[LeaseInfo]:
+    """Yield every lease record of the namespace (alive, expired or released), one SCAN pass per primary.
+
+    A key at a lease record's name that is not a hash, or a record kvstatus does not write, is skipped, and
+    ``on_corrupt`` (if given) is called with a message naming it."""
     try:
         for node in scan_clients(client):
             cursor: Any = 0
@@ -108,21 +115,26 @@ def iter_leases(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> I
                         pipe.time()
                         for key, _ in names:
                             pipe.hgetall(key)
-                        replies = pipe.execute()
+                        replies = pipe.execute(raise_on_error=False)
+                    if isinstance(replies[0], Exception):
+                        raise replies[0]
                     now_ms = redis_ms(*replies[0])
-                    for (_, name), fields in zip(names, replies[1:]):
-                        info = _decode(name, fields, now_ms) if fields else None  # type: ignore[arg-type]
+                    for (key, name), fields in zip(names, replies[1:]):
+                        bad = isinstance(fields, Exception)
+                        info = None if bad or not fields else _decode(name, fields, now_ms)  # type: ignore[arg-type]
                         if info is not None:
                             yield info
+                        elif (bad or fields) and on_corrupt is not None:
+                            on_corrupt(f"key {_text(key)} is not a lease record kvstatus writes; skipped")
                 if int(cursor) == 0:
                     break
     except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
 
 
-def list_leases(client: Any, schema: KeySchema) -> list[LeaseInfo]:
-    """Every lease record of the namespace, sorted by participant."""
-    return sorted(iter_leases(client, schema), key=lambda info: info.participant)
+def list_leases(client: Any, schema: KeySchema, on_corrupt: Optional[Callable[[str], None]] = None) -> list[LeaseInfo]:
+    """Every lease record of the namespace, sorted by participant (``on_corrupt``: see :func:`iter_leases`)."""
+    return sorted(iter_leases(client, schema, on_corrupt=on_corrupt), key=lambda info: info.participant)
 
 
 def lost_participants(client: Any, schema: KeySchema) -> frozenset[str]:

@@ -45,7 +45,7 @@ from kvstatus.cli.timing import (
     timeline_table,
     timelines_json,
 )
-from kvstatus.errors import InvalidArgumentError
+from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.fate import shared_status
 from kvstatus.keys import validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
@@ -140,10 +140,15 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
     the room recently, and, when its writers record timelines, when each
     participant first reached each status, since the room's first step (by
     Redis' clock; in --json "timelines", each step's Unix ms). Exits 1 if any
-    room does not exist.
+    room does not exist, or holds a value kvstatus does not write (the other rooms are shown first).
     """
     store = store_for(env)
-    views = [without_probe(store.room(room)) for room in rooms]
+    views, corrupt = [], []
+    for room in rooms:
+        try:
+            views.append(without_probe(store.room(room)))
+        except CorruptedValueError as exc:  # one junk room must not hide the others (issue 36)
+            corrupt.append(str(exc))
     missing = [v for v in views if not v.exists]
     if as_json:
         emit_json({"namespace": store.namespace, "rooms": [room_json(v) for v in views]})
@@ -162,6 +167,8 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
             if shown is not None:
                 click.echo(f"room {view.room}: timeline, since the room's first step (Redis' clock):")
                 click.echo(shown)
+    if corrupt:
+        raise CorruptedValueError("; ".join(corrupt + [_not_found(view, store.namespace) for view in missing]))
     if missing:
         raise NotFound("; ".join(_not_found(view, store.namespace) for view in missing))
 

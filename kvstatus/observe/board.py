@@ -207,10 +207,10 @@ class Board:
         tomb = key + TOMBSTONE_SUFFIX
         try:
             with round_trip(self.client), self.client.pipeline(transaction=False) as pipe:
-                fields, pttl = pipe.hgetall(tomb).pttl(tomb).execute()
+                fields, pttl = pipe.hgetall(tomb).pttl(tomb).execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
-        return decode_tombstone(fields, pttl)
+        return None if isinstance(fields, Exception) else decode_tombstone(fields, pttl)  # not a hash: ignored
 
     def changes_after(self, seq: int) -> dict[str, Any]:
         with self._lock:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvstatus.rule import OPEN, KVPoll, RoomView
-from kvstatus.timeline import since_current
+from kvstatus.timeline import current_steps, since_current
 
 OPEN_STATUSES: tuple[KVPoll, ...] = tuple(sorted(OPEN))
 BUCKETS: tuple[float, ...] = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, math.inf)
@@ -40,7 +40,7 @@ class OpenTimes:
             if status is None or status not in OPEN:
                 continue
             self.oldest[status] = max(self.oldest[status], age)
-            seconds = since_current(view.timelines.get(name, ()), now_ms)
+            seconds = since_current(current_steps(view.timelines.get(name, ()), status), now_ms)
             if seconds is not None:
                 self.counts[status][bisect.bisect_left(BUCKETS, seconds)] += 1
                 self.sums[status] += seconds

@@ -1,4 +1,4 @@
--- Each entry's timeline ("-- @include timeline"; needs "-- @include time" above it).
+-- Each entry's timeline ("-- @include timeline"; needs "-- @include time" and "-- @include stored" above it).
 -- The room field "t:<participant>" holds the server time at which the participant's entry reached each
 -- status. The script that changes the status writes it in the same HSET, so no crash can separate the two.
 -- Format (kvstatus/timeline.py reads it and is the Python reference of timeline_after):
@@ -11,19 +11,18 @@
 local TIMELINE_MAX_BYTES = 160
 
 -- `prev` (a timeline, or nil for none) with the step `status` (0..4) at `now` (unix ms) appended.
--- Returns the new value, or nil when `prev` is not a timeline (the caller raises KVSTATUS_CORRUPT).
+-- Returns the new value, or nil when `prev` is not a timeline by lua/lib/stored.lua's rule (which this file
+-- needs above it), the same rule kvstatus/timeline.py reads with: the caller raises KVSTATUS_CORRUPT, or
+-- leaves the value as it is.
 local function timeline_after(prev, status, now)
   if not prev then
     return status .. "@" .. now
   end
-  -- Anchored patterns only: an unanchored one is tried at every position of the value.
-  local base = string.match(prev, "^[0-4]@(%d+)")
-  local last = string.match(prev, "^.*%+(%d+)$")  -- the last step's offset; none: one step so far
-  if not base or not (last or string.match(prev, "^[0-4]@%d+$")) then
+  local base, last = stored_timeline(prev, TIMELINE_MAX_BYTES)
+  if not base then
     return nil
   end
-  last = tonumber(last) or 0
-  local offset = now - tonumber(base)
+  local offset = now - base
   if offset < last then
     offset = last
   end
@@ -34,8 +33,3 @@ local function timeline_after(prev, status, now)
   return prev .. step
 end
 
--- The KVSTATUS_CORRUPT error for `key`'s timeline field `name` holding `value`.
-local function timeline_corrupt(key, name, value)
-  return redis.error_reply("KVSTATUS_CORRUPT key " .. key .. " field " .. name .. " holds "
-    .. string.format("%q", string.sub(value, 1, 40)) .. ", not a timeline")
-end

@@ -15,7 +15,6 @@ from typing import Any, Optional
 import pytest
 
 from kvstatus import (
-    CorruptedValueError,
     InvalidArgumentError,
     KVPoll,
     LeaseLostError,
@@ -211,15 +210,29 @@ def test_the_script_applies_the_fenced_rule_as_the_reference_does(sync_backend: 
         assert (None if status is None else KVPoll(int(status))) == stored, case
 
 
-def test_a_corrupted_stamp_or_a_bad_epoch_is_named_and_nothing_is_written(sync_backend: Backend) -> None:
+JUNK_STAMPS = ("not-an-epoch", "inf", "1e400", "nan", "-5", "0x10", " 7", "1e3", "0", "1" * 16, "9" * 5000)
+
+
+def test_a_stamp_kvstatus_does_not_write_is_read_as_none_and_replaced(sync_backend: Backend) -> None:
+    """Issue 36: "inf" and "1e400" were taken as later incarnations (every write refused, the lease lost), "-5",
+    "0x10" and " 7" as earlier ones (the entry dropped), "nan" as this one. Each now fences nothing: the write
+    applies the rule to the entry as it is, and stamps it with its own epoch."""
     store = sync_backend.store(participant="p")
     key = KeySchema(sync_backend.namespace).room_key(3)
-    sync_backend.raw.hset(key, mapping={"p": "1", "inc:p": "not-an-epoch"})
     store._core.fence(10)
-    with pytest.raises(CorruptedValueError, match=r"field inc:p holds .*not-an-epoch.*not an incarnation epoch"):
-        store.update_status(3, T)
-    assert sync_backend.raw.hget(key, "p") == b"1"
-    for bad in ("0", "1.5", "-3", "x", "0x10", " 12", "1" * 16):
+    for junk in JUNK_STAMPS:
+        sync_backend.raw.hset(key, mapping={"p": "1", "inc:p": junk})
+        assert store.update_status(3, W) == UpdateResult(Outcome.ADVANCED, W), junk
+        assert _stamp(sync_backend, 3, "p") == 10, junk
+        sync_backend.raw.hset(key, mapping={"p": "1", "inc:p": junk})
+        assert store.update_status(3, KVPoll.Failed).outcome is Outcome.FAILED, junk
+
+
+def test_a_bad_epoch_argument_is_refused_and_nothing_is_written(sync_backend: Backend) -> None:
+    store = sync_backend.store(participant="p")
+    key = KeySchema(sync_backend.namespace).room_key(3)
+    sync_backend.raw.hset(key, mapping={"p": "1"})
+    for bad in ("0", "1.5", "-3", "x", "0x10", " 12", "1" * 16, "1e3", "inf"):
         head = ("seed", "1000", "p", "reason:p", "inc:p", bad, "", "2")
         with pytest.raises(InvalidArgumentError, match="the incarnation epoch must be empty or a positive integer"):
             store._send(Request([script_call(scripts.UPDATE, [key], head)], lambda replies: replies[0]))

@@ -14,9 +14,11 @@ from typing import Any, Optional
 import pytest
 
 from kvstatus import CorruptedValueError, KVPoll, Outcome, StatusStore
+from kvstatus.admin.health import HealthSettings, classify
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
 from kvstatus.rule import Policy, Step, apply_rule
+from kvstatus.stuck import stuck
 from kvstatus.timeline import MAX_BYTES, parse_timeline, since_current, stage_seconds, timeline_after
 from tests.helpers.backends import Backend
 
@@ -90,16 +92,19 @@ def test_the_script_appends_as_the_reference_does(backend: Backend) -> None:
     assert _raw_timeline(backend, 5, "p") == cases[5]
 
 
-def test_a_malformed_timeline_is_named_and_nothing_is_written(backend: Backend) -> None:
+def test_a_malformed_timeline_is_ignored_by_reads_and_replaced_by_the_next_step(backend: Backend) -> None:
+    """A timeline kvstatus does not write only informs: reads leave it out and name it, and the next status change
+    starts a new one (issue 36; it made the update raise, and room() hide the room's statuses)."""
     key = KeySchema(backend.namespace).room_key(9)
     backend.raw.hset(key, mapping={"p": "1", "t:p": "yesterday"})
     store = backend.store(participant="p", timeline=True)
-    with pytest.raises(CorruptedValueError, match=r"field t:p holds .*yesterday.*not a timeline"):
-        store.update_status(9, W)
-    assert backend.raw.hget(key, "p") == b"1"
-    with pytest.raises(CorruptedValueError, match=r"t:p.*not a timeline"):
-        store.room(9)
-    assert store.clear(9) is True  # the entry goes, and its malformed timeline with it
+    view = store.room(9)
+    assert view.participants["p"].status is B and "p" not in view.timelines
+    assert [m for m in view.ignored if "field t:p holds 'yesterday', not a timeline" in m], view.ignored
+    assert store.update_status(9, W).outcome is Outcome.ADVANCED
+    view = store.room(9)
+    assert [step.status for step in view.timelines["p"]] == [W] and view.ignored == ()
+    assert store.clear(9) is True
     assert backend.raw.exists(key) == 0
 
 
@@ -206,3 +211,28 @@ def test_a_malformed_timeline_does_not_stop_a_near_cached_poll(redis_server: Any
         store.update_status(12, B)
         redis_server.client().hset(store.schema.room_key(12), "t:p", "garbage")
         assert store.get(12) is B and store.check_status(12) is B
+
+
+def test_an_entry_past_its_capped_timeline_is_judged_by_its_status(sync_backend: Backend) -> None:
+    """A seed entry that flips often fills its 160 bytes; its last step then disagrees with its status, and stuck
+    and health judged from that stale step (issue 36): a room that just moved read as stuck since the cap."""
+    store = sync_backend.store(participant="prefill-0", timeline=True)
+    store.update_status(12, B)
+    while len(_raw_timeline(sync_backend, 12, "prefill-0") or "") < MAX_BYTES - 20:
+        store.update_status(12, F)
+        store.update_status(12, B)
+    for _ in range(4):  # to the cap: the steps are dropped from here on
+        store.update_status(12, F)
+        store.update_status(12, B)
+    store.update_status(12, W)  # the entry moves on; its timeline cannot say so
+    # The first failure the flips recorded (a user the ACL denies HSETNX or TIME writes none) would decide alone.
+    sync_backend.raw.hdel(KeySchema(sync_backend.namespace).room_key(12), "room:fate")
+    view = store.room(12)
+    steps = view.timelines["prefill-0"]
+    assert view.participants["prefill-0"].status is W and steps[-1].status is not W
+    later = steps[-1].at_ms + 3_600_000
+    assert stuck(view, later, older_than=30) is None
+    assert classify(view, later, HealthSettings(window=60, tombstone_ttl=60, older_than=30)) == ("open", None)
+    in_step = sync_backend.store(participant="prefill-1", timeline=True)
+    in_step.update_status(13, W)
+    assert stuck(in_step.room(13), later, older_than=30) is not None  # a timeline in step still judges

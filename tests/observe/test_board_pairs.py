@@ -36,6 +36,7 @@ PAGE_FIELDS = {
     "rooms",
     "unpaired_rooms",
     "corrupted_rooms",
+    "corrupted_sample",
     "pairs",
     "complete",
     "unhealthy",
@@ -189,3 +190,18 @@ def test_pairs_over_http_as_the_read_only_user_and_bad_parameters_are_400(pd: Ba
             assert "Traceback" not in s.output and password not in s.output
     finally:
         admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_a_string_at_a_tombstone_name_is_counted_and_every_pair_still_judged(pd: Backend) -> None:
+    """Issue 36: a tenant's SET at a tombstone name made /api/pairs answer 503."""
+    schema = KeySchema(pd.namespace)
+    board = Board(pd.raw, schema, shown_url="redis://localhost")
+    before = board.pairs("0-0", HealthSettings())
+    room_keys = sorted(k.decode() for k in pd.raw.scan_iter(match=f"kvstatus:{pd.namespace}:{{*}}"))
+    live = next(k for k in room_keys if k.endswith("}") and not pd.raw.exists(k + ":t"))
+    pd.raw.set(live + ":t", "junk")
+    pd.raw.set(schema.tombstone_key(10**12), "junk")
+    page = board.pairs("0-0", HealthSettings())
+    assert page["pairs"] == before["pairs"] and page["rooms"] == before["rooms"]
+    assert page["corrupted_rooms"] == before["corrupted_rooms"] + 2
+    assert any(live + ":t" in message for message in page["corrupted_sample"]), page["corrupted_sample"]

@@ -202,3 +202,25 @@ def test_exporter_usage_errors_are_one_line() -> None:
         [sys.executable, "-m", "kvstatus.cli", "exporter"], capture_output=True, text=True, timeout=60, env=env
     )
     assert done.returncode == 2 and "no namespace" in done.stderr
+
+
+def test_a_string_at_a_tombstone_name_leaves_the_exporter_up_and_is_counted(redis_server: RedisServer) -> None:
+    """Issue 36: a tenant's SET at a tombstone name emptied the exporter (kvstatus_up 0, every series gone)."""
+    namespace = fresh_namespace("exp")
+    populate(redis_server.url, namespace, 20)
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(KeySchema(namespace).tombstone_key(10**12), "junk")  # no room of that id
+    client.set(KeySchema(namespace).tombstone_key(1), "junk")  # beside a live room
+    client.close()
+    with ServerProcess(
+        "--url", redis_server.url, "exporter", namespace, "--port", "0", "--interval", "0.5", "--ttl", "600"
+    ) as exporter:
+        metrics = exporter.base + "/metrics"
+        got = wait_until(
+            lambda: (s := scrape(metrics)) and sample(s, "kvstatus_rooms", namespace=namespace) is not None and s,
+            30,
+            "a completed pass",
+        )
+        assert sample(got, "kvstatus_up", namespace=namespace) == 1
+        assert sample(got, "kvstatus_rooms", namespace=namespace) == stats_json(redis_server.url, namespace)["rooms"]
+        assert sample(got, "kvstatus_corrupted_rooms", namespace=namespace) >= 2  # populate's own, and the strings

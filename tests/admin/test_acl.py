@@ -17,6 +17,7 @@ from kvstatus.admin.acl import (
     sentinel_acl_rules,
 )
 from tests.helpers import ROOT
+from tests.helpers.clock import hold_background_watch
 from tests.servers import RedisClusterServers, RedisSentinelServers, RedisServer
 
 ADMIN_SECRET = "admin-Secr3t"
@@ -197,7 +198,10 @@ def test_record_failure_is_refused_before_writing_when_pexpire_is_denied(acl_ser
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_the_worker_recipe_holds_a_lease_and_watches_its_peers(request: pytest.FixtureRequest, topology: str) -> None:
+def test_the_worker_recipe_holds_a_lease_and_watches_its_peers(
+    request: pytest.FixtureRequest, topology: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold_background_watch(monkeypatch)  # the looks below are the test's own
     url = _urls(request, topology, "ns-a")
     with StatusStore.from_url(url, namespace="ns-a", participant="decode-w", lease_ttl=3) as decode:
         prefill = StatusStore.from_url(url, namespace="ns-a", participant="prefill-w", lease_ttl=3)

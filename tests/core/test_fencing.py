@@ -29,8 +29,15 @@ from kvstatus.keys import KeySchema
 from kvstatus.requests import Request, script_call
 from kvstatus.rule import Policy, apply_fenced
 from tests.helpers.backends import Backend
+from tests.helpers.clock import hold_background_watch
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
+
+
+@pytest.fixture(autouse=True)
+def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests call the looks themselves and count what each one failed."""
+    hold_background_watch(monkeypatch)
 
 
 def _stamp(backend: Backend, room: int, participant: str) -> Optional[int]:

@@ -13,11 +13,17 @@ import pytest
 from kvstatus import InvalidArgumentError, KVPoll, LeaseLostError
 from kvstatus.rule import Stage
 from tests.helpers.backends import Backend
-from tests.helpers.clock import shift_watch_clock
+from tests.helpers.clock import hold_background_watch, shift_watch_clock
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 # Rooms over many slots (a cluster spreads them over its three masters).
 ROOMS = [11, 2**40 + 3, 987_654_321_012, 5, 77_777]
+
+
+@pytest.fixture(autouse=True)
+def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests call the looks themselves and count what each one failed."""
+    hold_background_watch(monkeypatch)
 
 
 def _release(backend: Backend, store) -> None:  # type: ignore[no-untyped-def]

@@ -16,10 +16,16 @@ from kvstatus import KVPoll, Outcome, StatusStore
 from kvstatus.sglang import install
 from kvstatus.sglang.mapping import UNANSWERED_RESULT
 from tests.helpers.backends import fresh_namespace
-from tests.helpers.clock import shift_watch_clock
+from tests.helpers.clock import hold_background_watch, shift_watch_clock
 from tests.sglang.standin import make_manager
 
 ROOM = 4242
+
+
+@pytest.fixture(autouse=True)
+def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests call the looks themselves and count what each one failed."""
+    hold_background_watch(monkeypatch)
 
 
 def _ranks(lease_ttl: object) -> tuple[list[Any], fakeredis.FakeRedis, str]:

@@ -19,6 +19,7 @@ import click
 
 from kvstatus import connection
 from kvstatus.admin.scan import DEFAULT_BATCH, bound
+from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, ttl_to_ms
@@ -117,7 +118,7 @@ class KvstatusCommand(click.Command):
         try:
             return super().invoke(ctx)
         except InvalidArgumentError as exc:
-            raise click.UsageError(str(exc), ctx) from None
+            raise click.UsageError(safe(exc), ctx) from None
 
 
 class KvstatusGroup(click.Group):
@@ -129,10 +130,10 @@ class KvstatusGroup(click.Group):
         try:
             return super().invoke(ctx)
         except InvalidArgumentError as exc:
-            raise click.UsageError(str(exc), ctx) from None
+            raise click.UsageError(safe(exc), ctx) from None
         except (KVStatusError, *REDIS_ERRORS) as exc:
             error = translate_error(exc)
-            raise click.ClickException(f"{error}{_hint(error)}") from None
+            raise click.ClickException(f"{safe(error)}{_hint(error)}") from None
         finally:
             env = ctx.find_object(CliEnv)
             if env is not None:
@@ -328,15 +329,6 @@ STATUS = StatusType()
 
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, sort_keys=False))
-
-
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A plain left-aligned text table."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
 
 
 def status_text(status: Optional[KVPoll]) -> str:

@@ -33,15 +33,18 @@ from kvstatus.cli.app import (
     participant_filter_option,
     participant_option,
     pass_env,
+    plural,
+    safe,
     status_text,
     table,
     ttl_option,
     ttl_text,
 )
+from kvstatus.cli.text import StreamTable
 from kvstatus.cli.timing import (
-    STUCK_HEADER,
+    STUCK_HEADERS,
     no_timeline_note,
-    stuck_line,
+    stuck_row,
     timeline_table,
     timelines_json,
 )
@@ -106,7 +109,7 @@ def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
     """E.g. "first failure 3.0 s ago: cancelled by router-1: client went away; decode-0 reads Failed (shared fate)".
 
     ``now``: Unix seconds (the local clock, as for tombstones). Names the open entries that read Failed because
-    of the record, though their own status is still open (kvstatus.fate.shared_status)."""
+    of the record, though their own status is still open (kvstatus.fate.shared_status). Escaped (:func:`safe`)."""
     line = f"first failure {elapsed_text(now - failure.at)} ago: {failure.describe()}"
     shared = [
         name
@@ -115,7 +118,7 @@ def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
     ]
     if shared:
         line += f"; {', '.join(shared)} {'reads' if len(shared) == 1 else 'read'} Failed (shared fate)"
-    return line
+    return safe(line)
 
 
 def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
@@ -157,13 +160,13 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
                 click.echo(f"room {view.room}: {failure_line(view, view.failure, now)}")
             if view.exists and view.tombstone is not None:
                 for line in view.tombstone.describe(now):
-                    click.echo(f"room {view.room}: {line}")
+                    click.echo(safe(f"room {view.room}: {line}"))
             shown = timeline_table(view) if view.exists else None
             if shown is not None:
                 click.echo(f"room {view.room}: timeline, since the room's first step (Redis' clock):")
                 click.echo(shown)
     if missing:
-        raise NotFound("; ".join(_not_found(view, store.namespace) for view in missing))
+        raise NotFound(safe("; ".join(_not_found(view, store.namespace) for view in missing)))
 
 
 def _not_found(view: RoomView, namespace: str) -> str:
@@ -314,7 +317,7 @@ def _first_failures(env: CliEnv, rooms: list[int]) -> dict[int, Optional[Failure
     schema = env.schema()
 
     def warn(room: int, message: str) -> None:
-        click.echo(f"warning: room {room}: {message}", err=True)
+        click.echo(safe(f"warning: room {room}: {message}"), err=True)
 
     found: dict[int, Optional[FailureRecord]] = dict.fromkeys(rooms)
     for view in read_rooms(env.client(), schema, schema.room_keys(rooms), on_corrupt=warn, with_ttl=False):
@@ -323,7 +326,7 @@ def _first_failures(env: CliEnv, rooms: list[int]) -> dict[int, Optional[Failure
 
 
 def _entries(count: int) -> str:
-    return f"{count} open {'entry' if count == 1 else 'entries'} failed"
+    return f"{plural(count, 'open entry', 'open entries')} failed"
 
 
 def _cancel_text(room: int, result: CancelResult, earlier: dict[int, Optional[FailureRecord]]) -> str:
@@ -331,7 +334,7 @@ def _cancel_text(room: int, result: CancelResult, earlier: dict[int, Optional[Fa
         return f"room {room}: cancelled, {_entries(result.failed)}"
     failure = earlier.get(room)
     first = f"first failure: {failure.describe()}" if failure is not None else "its first failure could not be read"
-    return f"room {room}: had already failed ({first}), {_entries(result.failed)}"
+    return safe(f"room {room}: had already failed ({first}), {_entries(result.failed)}")
 
 
 def _cancel_json(room: int, result: CancelResult, earlier: dict[int, Optional[FailureRecord]]) -> dict[str, Any]:
@@ -396,7 +399,7 @@ def ls(
     schema = env.schema()
     client = env.client()
     shown = 0
-    header = STUCK_HEADER if stuck else f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON"
+    text = StreamTable(STUCK_HEADERS if stuck else ROOM_HEADERS, block=batch)
     corrupted: list[int] = []
     gone = lost_participants(client, schema) if lost else frozenset()
     now_ms = server_ms(client) if stuck else 0
@@ -404,51 +407,53 @@ def ls(
 
     def warn(room: int, message: str) -> None:
         corrupted.append(room)
-        click.echo(f"warning: skipped room {room}: {message}", err=True)
+        click.echo(safe(f"warning: skipped room {room}: {message}"), err=True)
 
-    def lines(view: RoomView) -> list[str]:
+    def rows_of(view: RoomView) -> list[Any]:
+        """JSON lines (str), or table rows (lists)."""
         nonlocal unjudged
         if stuck:
             found = stuck_room(view, now_ms, older_than)
             if found is None:
                 unjudged += without_timeline(view)
                 return []
-            return [json.dumps(found.to_json()) if as_json else stuck_line(found)]
+            return [json.dumps(found.to_json()) if as_json else stuck_row(found)]
         if as_json:
             return [json.dumps(room_json(view))]
         rows = room_rows(view, participant)
         if not view.participants and view.failure is not None:  # cancelled before anyone wrote it
             rows = [[view.room, "-", "-", ttl_text(view.ttl_ms), view.failure.describe()]]
-        return [
-            f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip()
-            for row in rows
-            if status is None or row[2] == status_text(status)
-        ]
+        return [row for row in rows if status is None or row[2] == status_text(status)]
 
     seen = 0
-    # The header is printed with the first row (or at the end): never before an error from Redis.
-    for view in iter_rooms(client, schema, batch, on_corrupt=warn):
-        seen += 1
-        if not room_matches(view, status, participant):
-            continue
-        if lost and not any(name in gone and entry.status in OPEN for name, entry in view.participants.items()):
-            continue
-        for line in lines(view):
-            if shown == 0 and not as_json:
-                click.echo(header)
-            click.echo(line)
-            shown += 1
+    # Rows print in blocks of --batch, each sized to its content: never a header before an error from Redis.
+    try:
+        for view in iter_rooms(client, schema, batch, on_corrupt=warn):
+            seen += 1
+            if not room_matches(view, status, participant):
+                continue
+            if lost and not any(name in gone and entry.status in OPEN for name, entry in view.participants.items()):
+                continue
+            for row in rows_of(view):
+                if as_json:
+                    click.echo(row)
+                else:
+                    text.add(row)
+                shown += 1
+                if limit is not None and shown >= limit:
+                    break
             if limit is not None and shown >= limit:
                 break
-        if limit is not None and shown >= limit:
-            break
-    if shown == 0 and not as_json:
-        click.echo(header)
+    finally:
+        text.flush()  # the rows read before an error from Redis are shown
+    if not as_json:
+        text.close()
     if seen == 0 and not corrupted:
         note_empty_namespace(schema)
     if unjudged:
         click.echo(no_timeline_note(unjudged), err=True)
     if corrupted:
+        held = "rooms hold" if len(corrupted) != 1 else "room holds"
         raise click.ClickException(
-            f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped and left as they are"
+            f"{len(corrupted)} {held} values kvstatus does not write; skipped and left as they are"
         )

@@ -49,7 +49,7 @@ class Check:
 
     @property
     def verdict(self) -> str:
-        """"ok", "warn" (passed, with something to look at) or "fail"."""
+        """ "ok", "warn" (passed, with something to look at) or "fail"."""
         return "fail" if not self.ok else "warn" if self.warning else "ok"
 
     def to_json(self) -> dict[str, Any]:

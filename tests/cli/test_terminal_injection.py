@@ -65,7 +65,9 @@ def hostile(redis_server: RedisServer) -> Iterator[dict[str, str]]:
     client.hset(schema.room_key(3), mapping={"decode-9": "1", "prefill-9": "1"})
     client.pexpire(schema.room_key(3), 600_000)
     stuck = schema.room_key(4)  # open, no step for five minutes: stuck on EVIL_PREFILL
-    client.hset(stuck, mapping={EVIL_PREFILL: "1", f"t:{EVIL_PREFILL}": f"1@{old}", "decode-4": "2", "t:decode-4": f"2@{old}"})
+    client.hset(
+        stuck, mapping={EVIL_PREFILL: "1", f"t:{EVIL_PREFILL}": f"1@{old}", "decode-4": "2", "t:decode-4": f"2@{old}"}
+    )
     client.pexpire(stuck, 600_000)
     lease = schema.base + "lease:decode-9"
     client.hset(
@@ -116,8 +118,9 @@ def test_no_control_character_from_redis_reaches_the_terminal(hostile: dict[str,
         assert result.returncode in code, (args, result.stdout, result.stderr)
         _assert_escaped(args, result.stdout, result.stderr)
         outputs[args[0] if args[0] != "ls" else " ".join(args)] = result.stdout + result.stderr
-    assert "\\x1b[2J\\x1b[H\\x1b]0;owned\\x07\\x1b]52;c;cHduZWQ=\\x07\\rhidden\\x9b31m\\x85\\x00\\u202e\\ttail" in (
-        outputs["get"]
+    assert (
+        "\\x1b[2J\\x1b[H\\x1b]0;owned\\x07\\x1b]52;c;cHduZWQ=\\x07\\rhidden\\x9b31m\\x85\\x00\\u202e\\ttail"
+        in (outputs["get"])
     )
     assert "\\nFORGED-ROW" in outputs["get"] and "decode-\\x1b[2Jx\\x9b1m\\x00" in outputs["get"]
     assert "router\\x1b]0;t\\x07\\r" in outputs["cancel"]  # the first failure's origin

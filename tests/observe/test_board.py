@@ -111,7 +111,7 @@ def test_rooms_are_paged_over_scan_and_filtered(board) -> None:
 def test_room_detail_and_errors(board, redis_server: RedisServer) -> None:
     server, namespace, written = board
     status, room = request(server.base + "/api/rooms/27")
-    assert status == 200 and room["room"] == "27" and 590_000 < room["ttl_ms"] <= 600_000
+    assert status == 200 and room["room"] == 27 and room["room_text"] == "27" and 590_000 < room["ttl_ms"] <= 600_000
     entries = {p["name"]: p for p in room["participants"]}
     assert set(entries) == {"prefill-0", "prefill-1", "decode-0"}
     for name, entry in entries.items():
@@ -150,7 +150,8 @@ def test_recent_changes_come_from_watch_change_detection(board, redis_server: Re
         "two changes",
     )
     kinds = {c["room"]: c["event"] for c in changes["changes"]}
-    assert kinds["5000"] == "new" and kinds["40"] == "failed"
+    assert kinds[5000] == "new" and kinds[40] == "failed"
+    assert all(type(c["room"]) is int and c["room_text"] == str(c["room"]) for c in changes["changes"])
     assert all(c["seq"] > last for c in changes["changes"])
 
 

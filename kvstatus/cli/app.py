@@ -4,7 +4,9 @@ Exit codes: 0 ok, 1 not found or operational error (unreachable, ACL denied,
 corrupted value, a failed doctor check), 2 usage error (bad argument, option,
 room, status, name, URL), 3 ``stats`` found keys without TTL or corrupted values,
 4 ``stats`` found rooms stuck on participants whose lease is lost (and no finding of 3),
-5 ``health`` found an unhealthy prefill-decode pair.
+5 ``health`` found an unhealthy prefill-decode pair, 6 ``set``'s write was refused by the update rule
+(REFUSED_CREATE, REFUSED_TERMINAL, REFUSED_SUPERSEDED: nothing written), 7 ``cancel`` found a room already
+fully served (every entry Success: left as it is).
 """
 
 from __future__ import annotations
@@ -29,11 +31,17 @@ from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_STUCK = 0, 1, 2, 3, 4
+EXIT_REFUSED = 6
+"""``set``: the update rule refused the write (an outcome REFUSED_*): nothing was written."""
+EXIT_SERVED = 7
+"""``cancel``: a room was already fully served (every entry Success): nothing was failed or recorded."""
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
     "3 stats found keys without TTL or corrupted values, "
     "4 stats found rooms stuck on participants whose lease is lost, "
-    "5 health found an unhealthy prefill-decode pair."
+    "5 health found an unhealthy prefill-decode pair, "
+    "6 set was refused by the update rule, "
+    "7 cancel found a room already fully served."
 )
 
 
@@ -183,7 +191,8 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
     Exit codes: 0 ok, 1 not found or operational error, 2 usage error,
     3 stats found keys without TTL or corrupted values, 4 stats found rooms
     stuck on participants whose lease is lost, 5 health found an unhealthy
-    prefill-decode pair.
+    prefill-decode pair, 6 set was refused by the update rule (nothing
+    written), 7 cancel found a room already fully served (left as it is).
 
     Without --url / KVSTATUS_URL it uses redis://localhost:6379/0 and says so
     on stderr. Shell completion: eval "$(_KVSTATUS_COMPLETE=bash_source kvstatus)"

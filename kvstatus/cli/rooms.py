@@ -19,6 +19,8 @@ from kvstatus.admin.scan import (
 )
 from kvstatus.admin.stats import without_timeline
 from kvstatus.cli.app import (
+    EXIT_REFUSED,
+    EXIT_SERVED,
     ROOM,
     STATUS,
     CliEnv,
@@ -52,7 +54,17 @@ from kvstatus.errors import InvalidArgumentError
 from kvstatus.fate import shared_status
 from kvstatus.keys import validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
-from kvstatus.rule import OPEN, CancelOutcome, CancelResult, FailureRecord, KVPoll, Policy, RoomView, elapsed_text
+from kvstatus.rule import (
+    OPEN,
+    CancelOutcome,
+    CancelResult,
+    FailureRecord,
+    KVPoll,
+    Outcome,
+    Policy,
+    RoomView,
+    elapsed_text,
+)
 from kvstatus.store import StatusStore
 from kvstatus.stuck import stuck as stuck_room
 from kvstatus.url import url_timeline
@@ -207,7 +219,10 @@ def set_(
     """Apply STATUS to ROOM through the same Lua update rule as the library, and print the outcome.
 
     STATUS is a name (case-insensitive) or a number: Failed=0, Bootstrapping=1,
-    WaitingForInput=2, Transferring=3, Success=4.
+    WaitingForInput=2, Transferring=3, Success=4. A write the rule refuses
+    (REFUSED_CREATE, REFUSED_TERMINAL under --policy strict; REFUSED_SUPERSEDED)
+    writes nothing: the outcome is printed all the same, the rule and the fix
+    on stderr, and it exits 6.
     """
     if reason is not None and status != KVPoll.Failed:
         raise InvalidArgumentError("--reason goes with status Failed only")
@@ -226,11 +241,38 @@ def set_(
                 "reason_recorded": recorded,
             }
         )
-        return
-    line = f"room {room} {store.participant}: {result.outcome.name} -> {status_text(result.status)}"
-    if recorded is not None:
-        line += "; reason recorded" if recorded else "; reason not recorded (an earlier one is kept, or no entry)"
-    click.echo(line)
+    else:
+        line = f"room {room} {store.participant}: {result.outcome.name} -> {status_text(result.status)}"
+        if recorded is not None:
+            line += "; reason recorded" if recorded else "; reason not recorded (an earlier one is kept, or no entry)"
+        click.echo(line)
+    refused = _refusal(result.outcome, room, store.participant, status)
+    if refused is not None:
+        click.echo(f"kvstatus: {result.outcome.name}: {refused}", err=True)
+        raise click.exceptions.Exit(EXIT_REFUSED)
+
+
+def _refusal(outcome: Outcome, room: int, participant: str, status: KVPoll) -> Optional[str]:
+    """Why the update rule refused a write, and what to do instead (one line), or None if it did not."""
+    if outcome is Outcome.REFUSED_CREATE:
+        return (
+            f"under --policy strict only Bootstrapping or WaitingForInput may create an entry, and room {room} "
+            f"has none for {participant} (never written, cleared or expired): nothing written. Write "
+            f"Bootstrapping first, or --policy seed to create it as {status.name}"
+        )
+    if outcome is Outcome.REFUSED_TERMINAL:
+        return (
+            f"under --policy strict Failed is terminal, and room {room}'s entry for {participant} is Failed: "
+            f"nothing written. `kvstatus clear {room} -p {participant}` removes the entry (then write it anew), "
+            "or --policy seed lets it leave Failed"
+        )
+    if outcome is Outcome.REFUSED_SUPERSEDED:
+        return (
+            f"room {room}'s entry for {participant} is stamped by a later lease incarnation of {participant} (it "
+            "restarted under that name): nothing written. Its running process owns the entry; `kvstatus clear "
+            f"{room} -p {participant}` removes it if that process is gone"
+        )
+    return None
 
 
 @main.command()
@@ -287,6 +329,9 @@ def cancel(env: CliEnv, rooms: tuple[int, ...], reason: str, origin: str, batch:
     is checked before the first write. Exits 0 when every room is failed,
     whether by this cancel or before (a room that had already failed is said
     so, with its first failure); a cancel Redis interrupted is safe to run again.
+    A room already fully served (every entry Success, no failure) is left as
+    it is, nothing failed or recorded, and said so (ALREADY_SERVED); then it
+    exits 7, once every room is done.
     """
     if not reason.strip():
         raise InvalidArgumentError("--reason must not be empty: say why the rooms are cancelled (it is recorded)")
@@ -295,8 +340,10 @@ def cancel(env: CliEnv, rooms: tuple[int, ...], reason: str, origin: str, batch:
     store = store_for(env)
     unique = list(dict.fromkeys(rooms))  # a room named twice is cancelled once
     documents: list[dict[str, Any]] = []
+    served = 0
     for start in range(0, len(unique), batch):
         results = store.cancel_many(unique[start : start + batch], reason, origin=origin)
+        served += sum(1 for r in results.values() if r.outcome is CancelOutcome.ALREADY_SERVED)
         earlier = _first_failures(
             env, [room for room, r in results.items() if r.outcome is CancelOutcome.ALREADY_FAILED]
         )
@@ -307,6 +354,13 @@ def cancel(env: CliEnv, rooms: tuple[int, ...], reason: str, origin: str, batch:
                 click.echo(_cancel_text(room, result, earlier))
     if as_json:
         emit_json({"namespace": store.namespace, "origin": origin, "reason": reason, "rooms": documents})
+    if served:
+        click.echo(
+            f"kvstatus: {plural(served, 'room was', 'rooms were')} already fully served (every entry Success): "
+            "left as they are, nothing failed or recorded",
+            err=True,
+        )
+        raise click.exceptions.Exit(EXIT_SERVED)
 
 
 def _first_failures(env: CliEnv, rooms: list[int]) -> dict[int, Optional[FailureRecord]]:
@@ -332,6 +386,8 @@ def _entries(count: int) -> str:
 def _cancel_text(room: int, result: CancelResult, earlier: dict[int, Optional[FailureRecord]]) -> str:
     if result.outcome is CancelOutcome.CANCELLED:
         return f"room {room}: cancelled, {_entries(result.failed)}"
+    if result.outcome is CancelOutcome.ALREADY_SERVED:
+        return f"room {room}: already served (every entry is Success): nothing failed, no failure recorded"
     failure = earlier.get(room)
     first = f"first failure: {failure.describe()}" if failure is not None else "its first failure could not be read"
     return safe(f"room {room}: had already failed ({first}), {_entries(result.failed)}")

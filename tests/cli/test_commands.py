@@ -24,7 +24,7 @@ def test_set_goes_through_the_rule_and_prints_the_outcome(connect, store):
     assert late.exit_code == 0 and "IGNORED_MISSING -> -" in late.output
     assert store.room(43).exists is False
     strict = cli(connect, "set", "44", "success", "--policy", "strict", "--json")
-    assert json.loads(strict.output)["outcome"] == "REFUSED_CREATE"
+    assert json.loads(strict.stdout)["outcome"] == "REFUSED_CREATE" and strict.exit_code == 6
 
 
 def test_set_failed_with_reason_records_it_and_reason_needs_failed(connect, store):

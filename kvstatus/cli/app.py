@@ -152,6 +152,9 @@ _CHECK_URL = "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus 
 
 
 def _hint(error: BaseException) -> str:
+    """A second line with what to check, for a message that does not say it itself."""
+    if "check the" in str(error):
+        return ""
     name = type(error).__name__
     return {
         "BackendUnavailableError": _CHECK_URL,

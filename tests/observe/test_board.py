@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import redis
 
+import kvstatus.observe
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.stats import collect_stats
@@ -289,3 +292,10 @@ def test_a_corrupted_first_failure_is_a_503_naming_the_key_as_a_corrupted_status
         lambda: (b := request(server.base + "/api/summary")[1])["corrupted_rooms"] == 2 and b, 30, "a pass"
     )
     assert summary["rooms"] == ROOMS  # both are counted as corrupted, not as rooms
+
+
+def test_the_page_shows_room_ids_from_room_text() -> None:
+    """The API's ``room`` is a JSON integer, which JavaScript rounds past 2^53: the page reads ``room_text``."""
+    page = (Path(kvstatus.observe.__file__).parent / "board.html").read_text(encoding="utf-8")
+    assert re.search(r"\b(r|s|ch)\.room\b(?!_)", page) is None
+    assert page.count(".room_text") >= 6

@@ -137,10 +137,12 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
         found = _CONNECTING_TO.search(text)
         host, _, port = found.group(1).rpartition(":") if found else ("", "", "")
         name = f"{host} (port {port})" if host else "in the URL"
+        not_sent = bool(getattr(exc, NOT_SENT, True))  # False: an earlier attempt reached Redis before
+        sent = "so nothing was sent" if not_sent else f"after an earlier attempt was sent ({_applied(call)})"
         return BackendRefusedError(
-            f"Redis unavailable: the host name {name} does not resolve ({dns}), so nothing was sent: check the "
-            "host in the URL (--url / KVSTATUS_URL)",
-            not_sent=True,
+            f"Redis unavailable: the host name {name} does not resolve ({dns}), {sent}: check the host in the URL "
+            "(--url / KVSTATUS_URL)",
+            not_sent=not_sent,
         )
     if isinstance(exc, rx.InvalidResponse) or text.startswith("Protocol error"):
         where = getattr(exc, SERVER_ATTR, None) or "the URL's address"

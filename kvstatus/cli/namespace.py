@@ -218,7 +218,7 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_r
     With --json, streams JSON lines, one event each: a "snapshot" line per
     refresh with the counts ("by_status" counts entries, one per participant),
     then one "status" or "cleared" line per entry that changed since the
-    previous refresh: room (a decimal string), participant, status,
+    previous refresh: room (a JSON integer), participant, status,
     previous_status, at_ms (Redis' clock), and for a Failed entry its reason
     and the room's first failure (docs/cli.md has the schema). Exits cleanly on Ctrl-C.
     """

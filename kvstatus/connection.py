@@ -35,7 +35,8 @@ from kvstatus.deadline import (
     WaitingPool,
 )
 from kvstatus.errors import InvalidURLError
-from kvstatus.translate import NOT_SENT, REDIS_ERRORS, connection_refused, translate_error
+from kvstatus.misconfig import AsyncNamedServerConnection, NamedServerConnection
+from kvstatus.translate import NOT_SENT, REDIS_ERRORS, connection_refused, translate_error, unresolved_host
 from kvstatus.url import (  # noqa: F401  re-exported: kvstatus.connection was the URL grammar's home
     _QUERY_OPTIONS,
     CLUSTER_SCHEMES,
@@ -182,7 +183,8 @@ def connection_class(base: Any, tls: bool) -> Any:
 
 def _with_mixins(base: Any, tls: bool) -> Any:
     asynchronous = base.__module__.startswith("redis.asyncio")
-    mixins: tuple[type, ...] = (AsyncDeadlineConnection if asynchronous else DeadlineConnection,)
+    named = AsyncNamedServerConnection if asynchronous else NamedServerConnection  # errors name the server
+    mixins: tuple[type, ...] = (named, AsyncDeadlineConnection if asynchronous else DeadlineConnection)
     if tls:
         mixins += (_AsyncTLSHandshake if asynchronous else _TLSHandshake,)
     return type(f"KVStatus{base.__name__}", (*mixins, base), {})
@@ -199,7 +201,7 @@ def _is_final_standalone(error: Exception, failures: int) -> bool:
     """:func:`_is_final`, and a refused connection: on one server nobody else could answer, so the call fails
     at once. The error records whether an earlier attempt may have reached Redis (``failures`` at any level
     of redis-py's nested retries: the command's and its connect's)."""
-    if connection_refused(error):
+    if connection_refused(error) or unresolved_host(error) is not None:  # nobody there, or no such host name
         setattr(error, NOT_SENT, getattr(error, NOT_SENT, True) and failures == 0)
         return True
     return _is_final(error)

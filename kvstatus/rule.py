@@ -8,7 +8,7 @@ and by the demo's baselines. Change one and the tests force you to change the ot
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from kvstatus.errors import InvalidArgumentError, InvalidStatusError
 
@@ -65,6 +65,20 @@ class CancelOutcome(enum.IntEnum):
 
     CANCELLED = 13  # the cancel is the room's first failure
     ALREADY_FAILED = 14  # the room had failed before: its first failure stays (open entries are failed all the same)
+    ALREADY_SERVED = 16  # every entry of the room is Success (and it never failed): nothing was written
+
+
+def cancel_outcome(statuses: Iterable[Optional[KVPoll]], failed_before: bool) -> CancelOutcome:
+    """What ``lua/cancel.lua`` does to one room (the reference the tests hold the script to).
+
+    ``statuses``: the room's entries (None for a value kvstatus does not write); ``failed_before``: the room has
+    a first failure. ALREADY_SERVED when it has entries, all Success, and never failed: nothing is written (no
+    entry failed, no first failure, TTL untouched), so health still counts it as served. Else its open entries
+    become Failed, and the outcome is ALREADY_FAILED if it had failed before, CANCELLED if not."""
+    seen = list(statuses)
+    if seen and all(s is KVPoll.Success for s in seen) and not failed_before:
+        return CancelOutcome.ALREADY_SERVED
+    return CancelOutcome.ALREADY_FAILED if failed_before else CancelOutcome.CANCELLED
 
 
 class CancelResult(NamedTuple):

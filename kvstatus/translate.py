@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 from typing import Optional
 
 from redis import exceptions as rx
@@ -38,6 +40,48 @@ REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
 
 NOT_SENT = "kvstatus_not_sent"
 """Attribute set on a refused connection's error: True if no attempt of the call reached Redis before it."""
+
+SERVER_ATTR = "kvstatus_server"
+"""Attribute :mod:`kvstatus.misconfig` sets on a non-Redis reply's or a SELECT's error: ``host:port`` (or path)."""
+DB_ATTR = "kvstatus_db"
+"""Attribute set on a SELECT's "out of range" error: the database the URL asked for."""
+DATABASES_ATTR = "kvstatus_databases"
+"""Attribute set on a SELECT's "out of range" error: the server's ``databases`` (None: CONFIG GET refused)."""
+OUT_OF_RANGE = "DB index is out of range"
+"""Redis' (and Valkey's) reply to SELECT of a database the server does not have."""
+
+_PERMANENT_DNS = {
+    code
+    for code in (getattr(socket, name, None) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL", "EAI_SERVICE"))
+    if code is not None
+}
+_CONNECTING_TO = re.compile(r"connecting to (\S+?)\.?(?:\s|$)")
+_READ_COMMANDS = frozenset(
+    {"HGET", "HMGET", "HGETALL", "HLEN", "PTTL", "TTL", "EXISTS", "GET", "MGET", "SCAN", "TIME", "PING", "TYPE"}
+)
+
+
+def unresolved_host(error: BaseException) -> Optional[str]:
+    """The DNS error text if ``error`` (a redis-py ConnectionError) comes from a host name that does not resolve
+    (a permanent answer: no such name; a temporary one, EAI_AGAIN, is retried), else None."""
+    seen: set[int] = set()
+    cause: Optional[BaseException] = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, socket.gaierror):
+            return cause.strerror or str(cause) if cause.errno in _PERMANENT_DNS else None
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def is_write(call: Optional[Call]) -> bool:
+    """True if ``call`` may change Redis (a write script, or a command that is no read); False for a read, and
+    for an unknown call (the admin tools' reads)."""
+    if call is None:
+        return False
+    if call.script is not None:
+        return not call.script.read_only
+    return str(call.args[0]).upper() not in _READ_COMMANDS
 
 
 def connection_refused(error: BaseException) -> bool:
@@ -88,6 +132,26 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
             f"client connection pool exhausted (max_connections reached: {text}); "
             "nothing was sent. Give the client a larger pool or a BlockingConnectionPool"
         )
+    dns = unresolved_host(exc) if isinstance(exc, rx.ConnectionError) else None
+    if dns is not None:
+        found = _CONNECTING_TO.search(text)
+        host, _, port = found.group(1).rpartition(":") if found else ("", "", "")
+        name = f"{host} (port {port})" if host else "in the URL"
+        not_sent = bool(getattr(exc, NOT_SENT, True))  # False: an earlier attempt reached Redis before
+        sent = "so nothing was sent" if not_sent else f"after an earlier attempt was sent ({_applied(call)})"
+        return BackendRefusedError(
+            f"Redis unavailable: the host name {name} does not resolve ({dns}), {sent}: check the host in the URL "
+            "(--url / KVSTATUS_URL)",
+            not_sent=not_sent,
+        )
+    if isinstance(exc, rx.InvalidResponse) or text.startswith("Protocol error"):
+        where = getattr(exc, SERVER_ATTR, None) or "the URL's address"
+        return BackendError(
+            f"the server at {where} did not answer as Redis (got an HTTP or other reply: {text}): check the "
+            "URL's host and port"
+        )
+    if OUT_OF_RANGE in text:
+        return BackendError(_out_of_range(exc, text))
     if hasattr(exc, NOT_SENT):  # set only by a standalone client's retry policy, which does not resend these
         if getattr(exc, NOT_SENT):
             return BackendRefusedError(
@@ -96,8 +160,7 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
                 not_sent=True,
             )
         return BackendRefusedError(
-            f"Redis unavailable: it refused the connection after an earlier attempt was sent "
-            f"(the call may or may not have been applied): {text}"
+            f"Redis unavailable: it refused the connection after an earlier attempt was sent ({_applied(call)}): {text}"
         )
     if isinstance(
         exc,
@@ -111,9 +174,7 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
             rx.MasterDownError,
         ),
     ):
-        return BackendUnavailableError(
-            f"Redis unavailable (retries or deadline spent; the call may or may not have been applied): {text}"
-        )
+        return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; {_applied(call)}): {text}")
     if isinstance(exc, rx.NoPermissionError):
         hint = ""
         if call is not None and call.args[0] in _EVAL_COMMANDS and "'eval" in text:
@@ -157,6 +218,30 @@ def _where(call: Optional[Call]) -> str:
         return f"one of the keys {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
     first = None if call is None else _first_key(call)
     return f"key {first}" if first else "a room key"
+
+
+def _applied(call: Optional[Call]) -> str:
+    """What an interrupted call may have done: a write may have run; a read changed nothing."""
+    return "the call may or may not have been applied" if is_write(call) else "a read: nothing was changed"
+
+
+def _out_of_range(exc: BaseException, text: str) -> str:
+    where = getattr(exc, SERVER_ATTR, None)
+    server = f"the server at {where}" if where else "the server"
+    db = getattr(exc, DB_ATTR, None)
+    which = f"database {db}" if db is not None else "the URL's database"
+    if hasattr(exc, DATABASES_ATTR):
+        count = getattr(exc, DATABASES_ATTR)
+        if isinstance(count, int) and count > 0:
+            return (
+                f"{server} has no {which}: it has {count} ({OUT_OF_RANGE}); use /0 to /{count - 1} at the end "
+                "of the URL"
+            )
+        return (
+            f"{server} has no {which} ({OUT_OF_RANGE}); its limit is unknown (CONFIG GET databases was refused; "
+            "Redis' default is 16, /0 to /15): use a database the server has at the end of the URL"
+        )
+    return f"{server} has no {which} ({OUT_OF_RANGE}): use a database the server has at the end of the URL"
 
 
 def _first_key(call: Call) -> Optional[str]:

@@ -1,6 +1,10 @@
 -- Cancel rooms for every participant (store.cancel, kvstatus cancel): a router or an operator that knows
 -- only the room id fails it, with a reason, through the update rule.
 -- For each room hash in KEYS, atomically:
+--   * a room already fully served (it has entries, every one of them Success, and no first failure) is left
+--     exactly as it is: nothing is failed, no first failure is recorded, its TTL is not touched (ALREADY_SERVED),
+--     so health, the exporter's pair gauges and /ready still count it as succeeded. The rule's Python
+--     reference is kvstatus.rule.cancel_outcome. Otherwise:
 --   * every open entry (Bootstrapping, WaitingForInput, Transferring) becomes Failed, exactly the update
 --     rule's FAILED row, with the reason "cancelled by <origin>: <reason>" unless an earlier one is kept;
 --     Success and Failed entries are left alone, and so is a value kvstatus does not write. A failed entry's
@@ -17,12 +21,13 @@
 -- ARGV[3]  the reason text: UTF-8, at most 2048 bytes (the Python API's bound, lua/lib/stored.lua)
 --
 -- Returns {outcome_1, failed_1, outcome_2, failed_2, ...}, integers: outcome kvstatus.rule.CancelOutcome,
--- CANCELLED (this cancel is the room's first failure) or ALREADY_FAILED (the room had failed before: its
--- first failure stays); failed, the number of entries this cancel turned Failed.
+-- CANCELLED (this cancel is the room's first failure), ALREADY_FAILED (the room had failed before: its
+-- first failure stays) or ALREADY_SERVED (every entry is Success: nothing written); failed, the number of
+-- entries this cancel turned Failed (0 for ALREADY_SERVED).
 -- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, keys that do not
 -- belong together), "NOPERM <what>".
 
-local CANCELLED, ALREADY_FAILED = 13, 14
+local CANCELLED, ALREADY_FAILED, ALREADY_SERVED = 13, 14, 16
 local SCRIPT = "cancel"
 
 -- @include acl
@@ -61,29 +66,38 @@ end
 if denied then
   return denied
 end
-local open, timelines = {}, {}
+local open, timelines, served = {}, {}, {}
 for i = 1, #KEYS do
   local fields, names, steps = redis.call("HGETALL", KEYS[i]), {}, {}
+  local entries, successes, failed_before = 0, 0, false
   for j = 1, #fields, 2 do
     local name, value = fields[j], fields[j + 1]
     if not string.find(name, ":", 1, true) then
-      if value == "1" or value == "2" or value == "3" then
+      entries = entries + 1
+      if value == "4" then
+        successes = successes + 1
+      elseif value == "1" or value == "2" or value == "3" then
         names[#names + 1] = name
       end
+    elseif name == FATE_FIELD then
+      failed_before = true
     elseif string.sub(name, 1, 2) == "t:" then
       steps[string.sub(name, 3)] = value
     end
   end
   open[i], timelines[i] = names, steps
+  served[i] = entries > 0 and successes == entries and not failed_before
 end
 
 -- Second pass: write.
 local text = "cancelled by " .. origin .. ": " .. reason
-local result, now = {}, nil
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  for _, name in ipairs(open[i]) do
-    local timeline = timelines[i][name]
+local now = nil
+
+-- Fail the open entries `names` of room `key` (their timelines in `steps`), record its first failure unless it
+-- has one, raise its TTL; returns the outcome and how many entries it failed.
+local function cancel_room(key, names, steps)
+  for _, name in ipairs(names) do
+    local timeline = steps[name]
     if timeline then
       now = now or now_ms()  -- TIME: asked of the ACL by fate_refusal above
       timeline = timeline_after(timeline, 0, now)
@@ -95,14 +109,23 @@ for i = 1, #KEYS do
     end
     redis.call("HSETNX", key, "reason:" .. name, text)
   end
-  result[2 * i - 1] = record_fate(key, "cancelled", origin, reason) == 1 and CANCELLED or ALREADY_FAILED
-  result[2 * i] = #open[i]
+  local outcome = record_fate(key, "cancelled", origin, reason) == 1 and CANCELLED or ALREADY_FAILED
   if EXPIRE_FLAGS then
     if redis.call("PEXPIRE", key, ttl, "GT") == 0 then
       redis.call("PEXPIRE", key, ttl, "NX")
     end
   elseif redis.call("PTTL", key) < tonumber(ttl) then
     redis.call("PEXPIRE", key, ttl)
+  end
+  return outcome, #names
+end
+
+local result = {}
+for i = 1, #KEYS do
+  if served[i] then
+    result[2 * i - 1], result[2 * i] = ALREADY_SERVED, 0
+  else
+    result[2 * i - 1], result[2 * i] = cancel_room(KEYS[i], open[i], timelines[i])
   end
 end
 return result

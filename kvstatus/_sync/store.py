@@ -128,7 +128,8 @@ class StatusStore(StoreBase):
         """Fail ``room`` for every participant, with ``reason``: its open entries become Failed, and its first
         failure, unless it has one, becomes this cancel (stage ``cancelled``, from ``origin``, default this
         store's participant). A room with no entry yet is cancelled all the same: an entry written later
-        reads Failed (shared fate). Refreshes the room's TTL; see :mod:`kvstatus.fate`."""
+        reads Failed (shared fate). Refreshes the room's TTL; see :mod:`kvstatus.fate`. A room already fully
+        served (every entry Success, no first failure) is left as it is: ``ALREADY_SERVED``, nothing written."""
         return (self.cancel_many([room], reason, origin=origin))[validate_room(room)]
 
     def cancel_many(

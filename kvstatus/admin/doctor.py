@@ -39,14 +39,21 @@ _DENIED_COMMAND = re.compile(r"run the '([\w|]+)' command")
 
 @dataclass(frozen=True)
 class Check:
-    """One line of the report: ``ok`` False means the check failed."""
+    """One line of the report: ``ok`` False means the check failed; ``warning`` True (with ``ok``) that it passed
+    but the detail says what to look at. :attr:`verdict` is one word of the three."""
 
     name: str
     ok: bool
     detail: str
+    warning: bool = False
+
+    @property
+    def verdict(self) -> str:
+        """ "ok", "warn" (passed, with something to look at) or "fail"."""
+        return "fail" if not self.ok else "warn" if self.warning else "ok"
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.name, "ok": self.ok, "detail": self.detail}
+        return {"check": self.name, "ok": self.ok, "verdict": self.verdict, "detail": self.detail}
 
 
 def probe_store(client: Any, schema: KeySchema, **settings: Any) -> StatusStore:
@@ -215,9 +222,10 @@ def isolation_check(client: Any) -> Check:
     return Check(
         "isolation",
         True,
-        f"WARNING: this user may run Lua of its own ({', '.join(allowed)} allowed), "
+        f"this user may run Lua of its own ({', '.join(allowed)} allowed), "
         "which can read any key and block the whole server: fine for an admin, not for "
         "a tenant (use the functions recipe, docs/security.md)",
+        warning=True,
     )
 
 
@@ -284,11 +292,12 @@ def tracking_check(client: Any, schema: KeySchema) -> Check:
     return Check(
         "tracking",
         True,
-        "WARNING: this user may run CLIENT TRACKING ... BCAST PREFIX with another "
+        "this user may run CLIENT TRACKING ... BCAST PREFIX with another "
         "namespace's prefix: ACL key patterns do not cover tracking prefixes on this "
         "server, so it receives the room ids (key names, not values) other tenants write. "
         "Where that matters, give it the recipe without the near cache (`kvstatus acl "
         "--no-near-cache`) or one Redis per tenant",
+        warning=True,
     )
 
 
@@ -425,6 +434,7 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
         True,
         f"not available to this user: {why}; its stores and SGLang managers run uncached, a round trip a poll "
         "(grant +client|tracking +client|id for it)",
+        warning=True,
     )
 
 
@@ -443,6 +453,7 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
                 True,
                 f"not available to this user: cannot watch a room ({watch.refused}); wait_for polls "
                 "every 50 ms instead (needs +client|tracking +exists)",
+                warning=True,
             )
         if not write:
             return Check("wait_for push", True, "waiters can watch rooms (read-only user)")

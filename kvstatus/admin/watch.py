@@ -159,7 +159,7 @@ class EntryEvent:
     def to_json(self, hash_rooms: bool = False) -> dict[str, Any]:
         return {
             "event": self.kind,
-            "room": room_hash(self.room) if hash_rooms else str(self.room),
+            "room": room_hash(self.room) if hash_rooms else self.room,
             "participant": self.participant,
             "status": self.status,
             "previous_status": self.previous_status,

@@ -4,7 +4,9 @@ Exit codes: 0 ok, 1 not found or operational error (unreachable, ACL denied,
 corrupted value, a failed doctor check), 2 usage error (bad argument, option,
 room, status, name, URL), 3 ``stats`` found keys without TTL or corrupted values,
 4 ``stats`` found rooms stuck on participants whose lease is lost (and no finding of 3),
-5 ``health`` found an unhealthy prefill-decode pair.
+5 ``health`` found an unhealthy prefill-decode pair, 6 ``set``'s write was refused by the update rule
+(REFUSED_CREATE, REFUSED_TERMINAL, REFUSED_SUPERSEDED: nothing written), 7 ``cancel`` found a room already
+fully served (every entry Success: left as it is).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import click
 
 from kvstatus import connection
 from kvstatus.admin.scan import DEFAULT_BATCH, bound
+from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, ttl_to_ms
@@ -28,11 +31,17 @@ from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_STUCK = 0, 1, 2, 3, 4
+EXIT_REFUSED = 6
+"""``set``: the update rule refused the write (an outcome REFUSED_*): nothing was written."""
+EXIT_SERVED = 7
+"""``cancel``: a room was already fully served (every entry Success): nothing was failed or recorded."""
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
     "3 stats found keys without TTL or corrupted values, "
     "4 stats found rooms stuck on participants whose lease is lost, "
-    "5 health found an unhealthy prefill-decode pair."
+    "5 health found an unhealthy prefill-decode pair, "
+    "6 set was refused by the update rule, "
+    "7 cancel found a room already fully served."
 )
 
 
@@ -117,7 +126,7 @@ class KvstatusCommand(click.Command):
         try:
             return super().invoke(ctx)
         except InvalidArgumentError as exc:
-            raise click.UsageError(str(exc), ctx) from None
+            raise click.UsageError(safe(exc), ctx) from None
 
 
 class KvstatusGroup(click.Group):
@@ -129,10 +138,10 @@ class KvstatusGroup(click.Group):
         try:
             return super().invoke(ctx)
         except InvalidArgumentError as exc:
-            raise click.UsageError(str(exc), ctx) from None
+            raise click.UsageError(safe(exc), ctx) from None
         except (KVStatusError, *REDIS_ERRORS) as exc:
             error = translate_error(exc)
-            raise click.ClickException(f"{error}{_hint(error)}") from None
+            raise click.ClickException(f"{safe(error)}{_hint(error)}") from None
         finally:
             env = ctx.find_object(CliEnv)
             if env is not None:
@@ -143,6 +152,9 @@ _CHECK_URL = "\nCheck --url / KVSTATUS_URL and that Redis is running; `kvstatus 
 
 
 def _hint(error: BaseException) -> str:
+    """A second line with what to check, for a message that does not say it itself."""
+    if "check the" in str(error):
+        return ""
     name = type(error).__name__
     return {
         "BackendUnavailableError": _CHECK_URL,
@@ -182,7 +194,8 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
     Exit codes: 0 ok, 1 not found or operational error, 2 usage error,
     3 stats found keys without TTL or corrupted values, 4 stats found rooms
     stuck on participants whose lease is lost, 5 health found an unhealthy
-    prefill-decode pair.
+    prefill-decode pair, 6 set was refused by the update rule (nothing
+    written), 7 cancel found a room already fully served (left as it is).
 
     Without --url / KVSTATUS_URL it uses redis://localhost:6379/0 and says so
     on stderr. Shell completion: eval "$(_KVSTATUS_COMPLETE=bash_source kvstatus)"
@@ -328,15 +341,6 @@ STATUS = StatusType()
 
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, sort_keys=False))
-
-
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A plain left-aligned text table."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
 
 
 def status_text(status: Optional[KVPoll]) -> str:

@@ -18,7 +18,17 @@ from kvstatus.admin.health import (
     HealthSettings,
     read_health,
 )
-from kvstatus.cli.app import DURATION, CliEnv, batch_option, emit_json, json_option, main, older_than_option, pass_env
+from kvstatus.cli.app import (
+    DURATION,
+    CliEnv,
+    batch_option,
+    emit_json,
+    json_option,
+    main,
+    older_than_option,
+    pass_env,
+    plural,
+)
 from kvstatus.cli.app import table as text_table
 from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS
 
@@ -50,14 +60,16 @@ def _render(health: Health) -> str:
         )
     else:
         lines.append(
-            f"{len(health.pairs)} pairs, {len(health.unhealthy)} unhealthy (failed + stuck >= {settings.threshold} "
+            f"{plural(len(health.pairs), 'pair')}, {len(health.unhealthy)} unhealthy (failed + stuck >= {settings.threshold} "
             f"and nothing succeeded in the last {settings.window:g}s; stuck: no move for {settings.older_than:g}s)"
         )
     if health.unpaired:
-        lines.append(f"{health.unpaired} rooms have no prefill or decode participant: not counted in a pair")
+        have = "room has" if health.unpaired == 1 else "rooms have"
+        lines.append(f"{health.unpaired} {have} no prefill or decode participant: not counted in a pair")
     if health.corrupted:
         lines.append(
-            f"{health.corrupted} rooms hold values kvstatus does not write: skipped (`kvstatus stats` names them)"
+            f"{health.corrupted} {'room holds' if health.corrupted == 1 else 'rooms hold'} values kvstatus does not "
+            "write: skipped (`kvstatus stats` names them)"
         )
     return "\n".join(lines)
 

@@ -8,7 +8,18 @@ import click
 
 from kvstatus.admin.leases import list_leases
 from kvstatus.admin.sweep import sweep as run_sweep
-from kvstatus.cli.app import CliEnv, batch_option, emit_json, json_option, main, pass_env, stderr_is_tty, table
+from kvstatus.cli.app import (
+    CliEnv,
+    batch_option,
+    emit_json,
+    json_option,
+    main,
+    pass_env,
+    plural,
+    safe,
+    stderr_is_tty,
+    table,
+)
 
 
 @main.command()
@@ -79,7 +90,7 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
 
         def progress(scanned: int) -> None:
             rate = scanned / max(time.monotonic() - started, 1e-6)
-            click.echo(f"\rsweep: {scanned} keys scanned ({rate:,.0f} keys/s)", nl=False, err=True)
+            click.echo(f"\rsweep: {plural(scanned, 'key')} scanned ({rate:,.0f} keys/s)", nl=False, err=True)
 
     result = run_sweep(env.client(), schema, batch=batch, progress=progress, participants=list(only) if only else None)
     if progress is not None:
@@ -93,21 +104,24 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
             if state == "alive"
             else ("has no lease record (it never held one, or the record expired one room TTL after its last renewal)")
         )
-        click.echo(f"{name} {why}: not swept")
+        click.echo(safe(f"{name} {why}: not swept"))
     if result.other_lost:
         click.echo(
-            f"not swept, not named by -p: lost participants {', '.join(result.other_lost)} "
-            "(run without -p to sweep them)"
+            safe(
+                f"not swept, not named by -p: lost participants {', '.join(result.other_lost)} "
+                "(run without -p to sweep them)"
+            )
         )
     if not result.lost:
         if not only:
             click.echo(f"no lost lease in namespace {schema.namespace!r}: nothing to sweep")
         return
-    click.echo(f"lost participants: {', '.join(result.lost)}")
+    click.echo(safe(f"lost participants: {', '.join(result.lost)}"))
     rate = result.scanned / result.seconds if result.seconds > 0 else 0.0
     click.echo(
-        f"failed {result.swept} open entries in {result.rooms} rooms ({result.scanned} keys scanned in "
+        f"failed {plural(result.swept, 'open entry', 'open entries')} in {plural(result.rooms, 'room')} "
+        f"({plural(result.scanned, 'key')} scanned in "
         f"{result.seconds:.1f}s, {rate:,.0f} keys/s)"
     )
     for name, count in result.by_participant.items():
-        click.echo(f"  {name}: {count}")
+        click.echo(safe(f"  {name}: {count}"))

@@ -27,6 +27,8 @@ from kvstatus.cli.app import (
     note_empty_namespace,
     older_than_option,
     pass_env,
+    plural,
+    safe,
     status_text,
     stderr_is_tty,
     table,
@@ -47,7 +49,7 @@ def _progress(label: str) -> Any:
         return None
 
     def show(scanned: int) -> None:
-        click.echo(f"\r{label}: {scanned} keys scanned", nl=False, err=True)
+        click.echo(f"\r{label}: {plural(scanned, 'key')} scanned", nl=False, err=True)
 
     return show
 
@@ -98,8 +100,8 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
             raise click.exceptions.Exit(code)
         return
     click.echo(
-        f"namespace {schema.namespace}: {result.rooms} rooms holding {result.entries} entries "
-        "(one per participant); counts below are entries"
+        f"namespace {schema.namespace}: {plural(result.rooms, 'room')} holding "
+        f"{plural(result.entries, 'entry', 'entries')} (one per participant); counts below are entries"
     )
     click.echo("")
     participants = sorted(result.by_participant)
@@ -114,7 +116,8 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
     if result.keys_without_ttl:
         sample = ", ".join(map(str, result.keys_without_ttl_sample))
         click.secho(
-            f"LEAK: {result.keys_without_ttl} room keys have NO TTL and will never expire "
+            f"LEAK: {plural(result.keys_without_ttl, 'room key')} {'has' if result.keys_without_ttl == 1 else 'have'} "
+            "NO TTL and will never expire "
             f"(kvstatus never writes one; something else did): rooms {sample}",
             fg="red",
             bold=True,
@@ -123,9 +126,12 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
         click.echo("keys without TTL: 0 (good: every room will expire if it is abandoned)")
     if result.rooms_on_lost_participants:
         click.secho(
-            f"STUCK: {result.rooms_on_lost_participants} rooms have an open entry of a participant whose lease "
-            f"is lost ({', '.join(result.lost_participants)}): `kvstatus sweep` fails them, "
-            "`kvstatus ls --lost` lists them",
+            safe(
+                f"STUCK: {plural(result.rooms_on_lost_participants, 'room')} "
+                f"{'has' if result.rooms_on_lost_participants == 1 else 'have'} an open entry of a participant "
+                f"whose lease is lost ({', '.join(result.lost_participants)}): `kvstatus sweep` fails them, "
+                "`kvstatus ls --lost` lists them"
+            ),
             fg="yellow",
             bold=True,
         )
@@ -137,13 +143,14 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
         click.echo(table(["HOLDER", "STUCK ROOMS"], rows))
     if result.corrupted_rooms:
         click.secho(
-            f"CORRUPTED: {result.corrupted_rooms} rooms hold values kvstatus does not write "
+            f"CORRUPTED: {plural(result.corrupted_rooms, 'room')} {'holds' if result.corrupted_rooms == 1 else 'hold'} "
+            "values kvstatus does not write "
             f"(left as they are, not counted above):",
             fg="red",
             bold=True,
         )
         for message in result.corrupted_sample:
-            click.echo(f"  {message}")
+            click.echo(safe(f"  {message}"))
     if result.oldest:
         click.echo("")
         click.echo("oldest non-terminal rooms (least TTL left):")
@@ -177,7 +184,7 @@ def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float, hash
         "",
         f"rooms {len(snap.rooms)}  entries: "
         + "  ".join(f"{s.name} {snap.by_status.get(s, 0)}" for s in KVPoll)
-        + (f"  (skipped {snap.corrupted} corrupted rooms)" if snap.corrupted else ""),
+        + (f"  (skipped {plural(snap.corrupted, 'corrupted room')})" if snap.corrupted else ""),
         "",
     ]
     counts = {kind: sum(1 for c in changes if c.kind == kind) for kind in KINDS}
@@ -185,7 +192,7 @@ def _render(schema_ns: str, snap: Snapshot, changes: list, interval: float, hash
     for change in changes[:MAX_CHANGES_SHOWN]:
         after = ", ".join(f"{n}={s}" for n, s in change.after.items()) or "-"
         room = room_hash(change.room) if hash_rooms else change.room
-        lines.append(f"  {change.kind:<9} room {room}  {after}")
+        lines.append(safe(f"  {change.kind:<9} room {room}  {after}"))
     if len(changes) > MAX_CHANGES_SHOWN:
         lines.append(f"  ... and {len(changes) - MAX_CHANGES_SHOWN} more")
     return "\n".join(lines)
@@ -211,7 +218,7 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_r
     With --json, streams JSON lines, one event each: a "snapshot" line per
     refresh with the counts ("by_status" counts entries, one per participant),
     then one "status" or "cleared" line per entry that changed since the
-    previous refresh: room (a decimal string), participant, status,
+    previous refresh: room (a JSON integer), participant, status,
     previous_status, at_ms (Redis' clock), and for a Failed entry its reason
     and the room's first failure (docs/cli.md has the schema). Exits cleanly on Ctrl-C.
     """
@@ -245,6 +252,13 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_r
             click.echo("\nstopped", err=True)
 
 
+_VERDICT_MARKS = {
+    "ok": click.style("ok  ", fg="green"),
+    "warn": click.style("warn", fg="yellow", bold=True),
+    "fail": click.style("fail", fg="red", bold=True),
+}
+
+
 @main.command()
 @ttl_option("The store TTL in seconds your workers use, to check against SGLang's timeouts.")
 @json_option
@@ -255,7 +269,9 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
     Permissions are checked by running the real operations against a probe
     entry in the namespace (30 s TTL, removed afterwards). A read-only user
     (every read works, every write is refused) passes: it is what get, ls,
-    stats and watch need. Exits 1 if any check fails.
+    stats and watch need. Each check prints one line with its verdict: ok,
+    warn (it passed; the detail says what to look at) or fail. Exits 1 if any
+    check fails (a warning does not).
     """
     schema = env.schema()
     checks = run_checks(env.client(), schema, ttl, env.shown_url, scripts=env.scripts)
@@ -263,8 +279,7 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
         emit_json({"url": env.shown_url, "namespace": schema.namespace, "checks": [c.to_json() for c in checks]})
     else:
         for check in checks:
-            mark = click.style("ok  ", fg="green") if check.ok else click.style("fail", fg="red", bold=True)
-            click.echo(f"{mark}  {check.name:<20} {check.detail}")
+            click.echo(f"{_VERDICT_MARKS[check.verdict]}  {check.name:<20} {safe(check.detail)}")
     if not all(c.ok for c in checks):
         raise click.exceptions.Exit(1)
 
@@ -404,7 +419,7 @@ def functions_list(env: CliEnv, as_json: bool) -> None:
     else:
         for node, names in found.items():
             shown = ", ".join(f"{n} (this version)" if n == LIBRARY_NAME else n for n in names) or "none"
-            click.echo(f"{node}: {shown}")
+            click.echo(safe(f"{node}: {shown}"))
     missing = [node for node, names in found.items() if LIBRARY_NAME not in names]
     if missing:
         raise NotFound(f"{LIBRARY_NAME} is not loaded on {', '.join(missing)}: run `kvstatus functions load`")

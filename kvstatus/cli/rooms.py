@@ -12,18 +12,17 @@ from kvstatus.admin.leases import lost_participants
 from kvstatus.admin.scan import (
     entries,
     iter_rooms,
-    read_rooms,
     room_matches,
     server_ms,
     without_probe,
 )
 from kvstatus.admin.stats import without_timeline
 from kvstatus.cli.app import (
+    EXIT_REFUSED,
     ROOM,
     STATUS,
     CliEnv,
     NotFound,
-    batch_of,
     batch_option,
     emit_json,
     json_option,
@@ -33,23 +32,32 @@ from kvstatus.cli.app import (
     participant_filter_option,
     participant_option,
     pass_env,
+    safe,
     status_text,
     table,
     ttl_option,
     ttl_text,
 )
+from kvstatus.cli.text import StreamTable
 from kvstatus.cli.timing import (
-    STUCK_HEADER,
+    STUCK_HEADERS,
     no_timeline_note,
-    stuck_line,
+    stuck_row,
     timeline_table,
     timelines_json,
 )
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.fate import shared_status
-from kvstatus.keys import validate_name
 from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
-from kvstatus.rule import OPEN, CancelOutcome, CancelResult, FailureRecord, KVPoll, Policy, RoomView, elapsed_text
+from kvstatus.rule import (
+    OPEN,
+    FailureRecord,
+    KVPoll,
+    Outcome,
+    Policy,
+    RoomView,
+    elapsed_text,
+)
 from kvstatus.store import StatusStore
 from kvstatus.stuck import stuck as stuck_room
 from kvstatus.url import url_timeline
@@ -106,7 +114,7 @@ def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
     """E.g. "first failure 3.0 s ago: cancelled by router-1: client went away; decode-0 reads Failed (shared fate)".
 
     ``now``: Unix seconds (the local clock, as for tombstones). Names the open entries that read Failed because
-    of the record, though their own status is still open (kvstatus.fate.shared_status)."""
+    of the record, though their own status is still open (kvstatus.fate.shared_status). Escaped (:func:`safe`)."""
     line = f"first failure {elapsed_text(now - failure.at)} ago: {failure.describe()}"
     shared = [
         name
@@ -115,7 +123,7 @@ def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
     ]
     if shared:
         line += f"; {', '.join(shared)} {'reads' if len(shared) == 1 else 'read'} Failed (shared fate)"
-    return line
+    return safe(line)
 
 
 def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
@@ -162,7 +170,7 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
                 click.echo(f"room {view.room}: {failure_line(view, view.failure, now)}")
             if view.exists and view.tombstone is not None:
                 for line in view.tombstone.describe(now):
-                    click.echo(f"room {view.room}: {line}")
+                    click.echo(safe(f"room {view.room}: {line}"))
             shown = timeline_table(view) if view.exists else None
             if shown is not None:
                 click.echo(f"room {view.room}: timeline, since the room's first step (Redis' clock):")
@@ -170,7 +178,7 @@ def get(env: CliEnv, rooms: tuple[int, ...], as_json: bool) -> None:
     if corrupt:
         raise CorruptedValueError("; ".join(corrupt + [_not_found(view, store.namespace) for view in missing]))
     if missing:
-        raise NotFound("; ".join(_not_found(view, store.namespace) for view in missing))
+        raise NotFound(safe("; ".join(_not_found(view, store.namespace) for view in missing)))
 
 
 def _not_found(view: RoomView, namespace: str) -> str:
@@ -211,7 +219,10 @@ def set_(
     """Apply STATUS to ROOM through the same Lua update rule as the library, and print the outcome.
 
     STATUS is a name (case-insensitive) or a number: Failed=0, Bootstrapping=1,
-    WaitingForInput=2, Transferring=3, Success=4.
+    WaitingForInput=2, Transferring=3, Success=4. A write the rule refuses
+    (REFUSED_CREATE, REFUSED_TERMINAL under --policy strict; REFUSED_SUPERSEDED)
+    writes nothing: the outcome is printed all the same, the rule and the fix
+    on stderr, and it exits 6.
     """
     if reason is not None and status != KVPoll.Failed:
         raise InvalidArgumentError("--reason goes with status Failed only")
@@ -230,11 +241,38 @@ def set_(
                 "reason_recorded": recorded,
             }
         )
-        return
-    line = f"room {room} {store.participant}: {result.outcome.name} -> {status_text(result.status)}"
-    if recorded is not None:
-        line += "; reason recorded" if recorded else "; reason not recorded (an earlier one is kept, or no entry)"
-    click.echo(line)
+    else:
+        line = f"room {room} {store.participant}: {result.outcome.name} -> {status_text(result.status)}"
+        if recorded is not None:
+            line += "; reason recorded" if recorded else "; reason not recorded (an earlier one is kept, or no entry)"
+        click.echo(line)
+    refused = _refusal(result.outcome, room, store.participant, status)
+    if refused is not None:
+        click.echo(f"kvstatus: {result.outcome.name}: {refused}", err=True)
+        raise click.exceptions.Exit(EXIT_REFUSED)
+
+
+def _refusal(outcome: Outcome, room: int, participant: str, status: KVPoll) -> Optional[str]:
+    """Why the update rule refused a write, and what to do instead (one line), or None if it did not."""
+    if outcome is Outcome.REFUSED_CREATE:
+        return (
+            f"under --policy strict only Bootstrapping or WaitingForInput may create an entry, and room {room} "
+            f"has none for {participant} (never written, cleared or expired): nothing written. Write "
+            f"Bootstrapping first, or --policy seed to create it as {status.name}"
+        )
+    if outcome is Outcome.REFUSED_TERMINAL:
+        return (
+            f"under --policy strict Failed is terminal, and room {room}'s entry for {participant} is Failed: "
+            f"nothing written. `kvstatus clear {room} -p {participant}` removes the entry (then write it anew), "
+            "or --policy seed lets it leave Failed"
+        )
+    if outcome is Outcome.REFUSED_SUPERSEDED:
+        return (
+            f"room {room}'s entry for {participant} is stamped by a later lease incarnation of {participant} (it "
+            "restarted under that name): nothing written. Its running process owns the entry; `kvstatus clear "
+            f"{room} -p {participant}` removes it if that process is gone"
+        )
+    return None
 
 
 @main.command()
@@ -257,96 +295,6 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
         return
     for room, removed in cleared.items():
         click.echo(f"room {room} {store.participant}: {'cleared' if removed else 'nothing to clear'}")
-
-
-DEFAULT_ORIGIN = "operator"
-
-
-@main.command()
-@click.argument("rooms", nargs=-1, required=True, type=ROOM, metavar="ROOM...")
-@click.option(
-    "--reason",
-    required=True,
-    metavar="TEXT",
-    help="Why (required, not empty): recorded as the room's first failure and in each failed entry's reason.",
-)
-@click.option(
-    "--origin",
-    default=DEFAULT_ORIGIN,
-    show_default=True,
-    metavar="NAME",
-    help="Who cancels, recorded with the failure (letters, digits, _ . -), e.g. router-1.",
-)
-@batch_of("Rooms per round trip (each batch is one cancel_many; the lines of a batch print when it is done).")
-@json_option
-@pass_env
-def cancel(env: CliEnv, rooms: tuple[int, ...], reason: str, origin: str, batch: int, as_json: bool) -> None:
-    """Cancel each ROOM for every participant: its open entries become Failed, and the room's first failure is
-    recorded (stage cancelled, by --origin, with --reason) unless it failed before.
-
-    Open entries (Bootstrapping, WaitingForInput, Transferring) are failed
-    through the update rule's FAILED row with the reason "cancelled by ORIGIN:
-    REASON"; Success and Failed entries stay. A room with no entry yet is
-    cancelled too: a participant that writes it later reads Failed. Every room
-    is checked before the first write. Exits 0 when every room is failed,
-    whether by this cancel or before (a room that had already failed is said
-    so, with its first failure); a cancel Redis interrupted is safe to run again.
-    """
-    if not reason.strip():
-        raise InvalidArgumentError("--reason must not be empty: say why the rooms are cancelled (it is recorded)")
-    truncate_reason(reason)  # not text (a lone surrogate from undecodable bytes): refused before any write
-    validate_name(origin, "origin")
-    store = store_for(env)
-    unique = list(dict.fromkeys(rooms))  # a room named twice is cancelled once
-    documents: list[dict[str, Any]] = []
-    for start in range(0, len(unique), batch):
-        results = store.cancel_many(unique[start : start + batch], reason, origin=origin)
-        earlier = _first_failures(
-            env, [room for room, r in results.items() if r.outcome is CancelOutcome.ALREADY_FAILED]
-        )
-        for room, result in results.items():
-            if as_json:
-                documents.append(_cancel_json(room, result, earlier))
-            else:
-                click.echo(_cancel_text(room, result, earlier))
-    if as_json:
-        emit_json({"namespace": store.namespace, "origin": origin, "reason": reason, "rooms": documents})
-
-
-def _first_failures(env: CliEnv, rooms: list[int]) -> dict[int, Optional[FailureRecord]]:
-    """The first failures of ``rooms`` that had failed before the cancel, in one pipelined read (None: unreadable,
-    warned about on stderr; the cancel itself is done)."""
-    if not rooms:
-        return {}
-    schema = env.schema()
-
-    def warn(room: int, message: str) -> None:
-        click.echo(f"warning: room {room}: {message}", err=True)
-
-    found: dict[int, Optional[FailureRecord]] = dict.fromkeys(rooms)
-    for view in read_rooms(env.client(), schema, schema.room_keys(rooms), on_corrupt=warn, with_ttl=False):
-        found[view.room] = view.failure
-    return found
-
-
-def _entries(count: int) -> str:
-    return f"{count} open {'entry' if count == 1 else 'entries'} failed"
-
-
-def _cancel_text(room: int, result: CancelResult, earlier: dict[int, Optional[FailureRecord]]) -> str:
-    if result.outcome is CancelOutcome.CANCELLED:
-        return f"room {room}: cancelled, {_entries(result.failed)}"
-    failure = earlier.get(room)
-    first = f"first failure: {failure.describe()}" if failure is not None else "its first failure could not be read"
-    return f"room {room}: had already failed ({first}), {_entries(result.failed)}"
-
-
-def _cancel_json(room: int, result: CancelResult, earlier: dict[int, Optional[FailureRecord]]) -> dict[str, Any]:
-    document: dict[str, Any] = {"room": room, "outcome": result.outcome.name, "failed": result.failed}
-    if result.outcome is CancelOutcome.ALREADY_FAILED:
-        failure = earlier.get(room)
-        document["first_failure"] = None if failure is None else failure.to_json()
-    return document
 
 
 @main.command(name="ls")
@@ -403,7 +351,7 @@ def ls(
     schema = env.schema()
     client = env.client()
     shown = 0
-    header = STUCK_HEADER if stuck else f"{'ROOM':<19}  {'PARTICIPANT':<16}  {'STATUS':<18}  {'TTL LEFT':<9}  REASON"
+    text = StreamTable(STUCK_HEADERS if stuck else ROOM_HEADERS, block=batch)
     corrupted: list[int] = []
     gone = lost_participants(client, schema) if lost else frozenset()
     now_ms = server_ms(client) if stuck else 0
@@ -411,51 +359,53 @@ def ls(
 
     def warn(room: int, message: str) -> None:
         corrupted.append(room)
-        click.echo(f"warning: skipped room {room}: {message}", err=True)
+        click.echo(safe(f"warning: skipped room {room}: {message}"), err=True)
 
-    def lines(view: RoomView) -> list[str]:
+    def rows_of(view: RoomView) -> list[Any]:
+        """JSON lines (str), or table rows (lists)."""
         nonlocal unjudged
         if stuck:
             found = stuck_room(view, now_ms, older_than)
             if found is None:
                 unjudged += without_timeline(view)
                 return []
-            return [json.dumps(found.to_json()) if as_json else stuck_line(found)]
+            return [json.dumps(found.to_json()) if as_json else stuck_row(found)]
         if as_json:
             return [json.dumps(room_json(view))]
         rows = room_rows(view, participant)
         if not view.participants and view.failure is not None:  # cancelled before anyone wrote it
             rows = [[view.room, "-", "-", ttl_text(view.ttl_ms), view.failure.describe()]]
-        return [
-            f"{row[0]:<19}  {row[1]:<16}  {row[2]:<18}  {row[3]:<9}  {row[4]}".rstrip()
-            for row in rows
-            if status is None or row[2] == status_text(status)
-        ]
+        return [row for row in rows if status is None or row[2] == status_text(status)]
 
     seen = 0
-    # The header is printed with the first row (or at the end): never before an error from Redis.
-    for view in iter_rooms(client, schema, batch, on_corrupt=warn):
-        seen += 1
-        if not room_matches(view, status, participant):
-            continue
-        if lost and not any(name in gone and entry.status in OPEN for name, entry in view.participants.items()):
-            continue
-        for line in lines(view):
-            if shown == 0 and not as_json:
-                click.echo(header)
-            click.echo(line)
-            shown += 1
+    # Rows print in blocks of --batch, each sized to its content: never a header before an error from Redis.
+    try:
+        for view in iter_rooms(client, schema, batch, on_corrupt=warn):
+            seen += 1
+            if not room_matches(view, status, participant):
+                continue
+            if lost and not any(name in gone and entry.status in OPEN for name, entry in view.participants.items()):
+                continue
+            for row in rows_of(view):
+                if as_json:
+                    click.echo(row)
+                else:
+                    text.add(row)
+                shown += 1
+                if limit is not None and shown >= limit:
+                    break
             if limit is not None and shown >= limit:
                 break
-        if limit is not None and shown >= limit:
-            break
-    if shown == 0 and not as_json:
-        click.echo(header)
+    finally:
+        text.flush()  # the rows read before an error from Redis are shown
+    if not as_json:
+        text.close()
     if seen == 0 and not corrupted:
         note_empty_namespace(schema)
     if unjudged:
         click.echo(no_timeline_note(unjudged), err=True)
     if corrupted:
+        held = "rooms hold" if len(corrupted) != 1 else "room holds"
         raise click.ClickException(
-            f"{len(corrupted)} rooms hold values kvstatus does not write; they were skipped and left as they are"
+            f"{len(corrupted)} {held} values kvstatus does not write; skipped and left as they are"
         )

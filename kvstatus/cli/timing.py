@@ -51,12 +51,13 @@ def timeline_table(view: RoomView) -> Optional[str]:
     return "\n".join("  " + line for line in shown.splitlines())
 
 
-STUCK_HEADER = f"{'ROOM':<19}  {'HOLDER':<24}  {'STATUS':<18}  STUCK FOR"
+STUCK_HEADERS = ["ROOM", "HOLDER", "STATUS", "STUCK FOR"]
 
 
-def stuck_line(found: Stuck) -> str:
+def stuck_row(found: Stuck) -> list[str]:
+    """``ls --stuck``'s row of a stuck room (cells escaped by the table)."""
     status = "-" if found.status is None else f"{found.status.name}({found.status.value})"
-    return f"{found.room:<19}  {found.holder:<24}  {status:<18}  {found.seconds:.1f} s"
+    return [str(found.room), found.holder, status, f"{found.seconds:.1f} s"]
 
 
 def no_timeline_note(rooms: int) -> str:

@@ -126,8 +126,8 @@ class Board:
                 for change in diff(self._previous, snapshot):
                     self._seq += 1
                     self.changes.append(
-                        {"seq": self._seq, "t": result.finished_at, **change.to_json(), "room": str(change.room)}
-                    )  # 63-bit ids overflow JS numbers
+                        {"seq": self._seq, "t": result.finished_at, **change.to_json(), "room_text": str(change.room)}
+                    )  # "room" a JSON integer; "room_text" for JavaScript, whose numbers lose 63-bit ids
             self._previous = snapshot
 
     def summary(self) -> dict[str, Any]:
@@ -192,7 +192,9 @@ class Board:
         tombstone = self._tombstone(key)
         if not views and tombstone is None:
             return None
-        document = room_json(views[0]) if views else {"room": str(room), "ttl_ms": None, "participants": []}
+        document = (
+            room_json(views[0]) if views else {"room": room, "room_text": str(room), "ttl_ms": None, "participants": []}
+        )
         failure = views[0].failure if views else None
         document["failure"] = None if failure is None else failure.to_json()
         document["tombstone"] = None if tombstone is None else tombstone.describe()

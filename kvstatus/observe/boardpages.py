@@ -120,8 +120,9 @@ def query_seconds(name: str, text: Optional[str], default: float, most: float, z
 
 
 def stuck_json(found: Stuck) -> dict[str, Any]:
-    """:meth:`Stuck.to_json` with the room as a string: 63-bit ids do not fit a JavaScript number."""
-    return {**found.to_json(), "room": str(found.room)}
+    """:meth:`Stuck.to_json` (the room a JSON integer) and ``room_text``, the id as a decimal string for
+    JavaScript, whose numbers do not hold 63-bit ids exactly."""
+    return {**found.to_json(), "room_text": str(found.room)}
 
 
 def stuck_page(client: Any, schema: KeySchema, cursor: str, limit: int, older_than: float) -> dict[str, Any]:
@@ -150,7 +151,8 @@ def stuck_page(client: Any, schema: KeySchema, cursor: str, limit: int, older_th
 
 def room_json(view: RoomView) -> dict[str, Any]:
     return {
-        "room": str(view.room),  # 63-bit ids do not fit a JavaScript number
+        "room": view.room,
+        "room_text": str(view.room),  # for JavaScript: its numbers do not hold 63-bit ids exactly
         "ttl_ms": view.ttl_ms,
         "participants": [
             {

@@ -98,7 +98,7 @@ def test_a_router_cancels_and_reads(server: RedisServer, admin: redis.Redis, scr
         assert router.cancel(1, "client went away").outcome is CancelOutcome.CANCELLED
         assert router.cancel_many([1, 2, 3], "again") == {
             1: (CancelOutcome.ALREADY_FAILED, 0),
-            2: (CancelOutcome.CANCELLED, 0),  # Success stays
+            2: (CancelOutcome.ALREADY_SERVED, 0),  # every entry Success: left as it is
             3: (CancelOutcome.CANCELLED, 0),  # no entry yet: the record alone
         }
         failure = router.failure(1)

@@ -146,13 +146,15 @@ def test_doctor_warns_about_a_user_that_may_track(server: RedisServer, user: str
         checks = {c.name: c for c in run_checks(client, KeySchema("ns-a"), 600, "x", scripts="functions")}
     assert all(c.ok for c in checks.values()), checks
     detail = checks["tracking"].detail
-    assert detail.startswith("WARNING") == warned, detail
+    assert checks["tracking"].warning == warned and checks["tracking"].verdict == ("warn" if warned else "ok"), detail
     if warned:
         assert "kvstatus acl --no-near-cache" in detail and "one Redis per tenant" in detail
     else:
         assert "cannot run CLIENT TRACKING" in detail
     doctor = run_cli("--url", _url(server, user), "--namespace", "ns-a", "doctor")
-    assert doctor.returncode == 0 and ("WARNING: this user may run CLIENT TRACKING" in doctor.stdout) == warned
+    tracking = next(line.split() for line in doctor.stdout.splitlines() if " tracking " in line)
+    assert doctor.returncode == 0 and tracking[0] == ("warn" if warned else "ok"), doctor.stdout
+    assert ("this user may run CLIENT TRACKING" in doctor.stdout) == warned
     assert TENANT not in doctor.stdout + doctor.stderr
 
 

@@ -240,7 +240,7 @@ def test_stats_and_watch_say_their_counts_are_entries(connect_fake, store) -> No
     store.update_status(1, KVPoll.Bootstrapping)
     store.for_participant("decode-0").update_status(1, KVPoll.WaitingForInput)
     stats = cli(connect_fake, "stats").stdout
-    assert "1 rooms holding 2 entries" in stats and "ALL ENTRIES" in stats
+    assert "1 room holding 2 entries" in stats and "ALL ENTRIES" in stats
     watch = cli(connect_fake, "watch", "--count", "1").stdout
     assert "rooms 1  entries: Failed 0  Bootstrapping 1  WaitingForInput 1" in watch
     snapshot = json_lines(cli(connect_fake, "watch", "--count", "1", "--json").stdout)[0]

@@ -56,7 +56,7 @@ def test_the_table_names_the_unhealthy_pairs_and_exits_5(pd: Any) -> None:
     ]
     assert lines[3].split() == ["prefill-e", NONE, "0", "0", "-", "1", "0", "UNHEALTHY"]
     assert lines[4].startswith("3 pairs, 2 unhealthy (failed + stuck >= 1 and nothing succeeded in the last 60s")
-    assert lines[5] == "1 rooms have no prefill or decode participant: not counted in a pair"
+    assert lines[5] == "1 room has no prefill or decode participant: not counted in a pair"
 
 
 def test_json(pd: Any) -> None:

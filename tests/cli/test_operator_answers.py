@@ -86,7 +86,7 @@ def test_stats_exits_4_on_stuck_rooms_and_3_wins_over_it(server, connect_fake) -
         assert result.exit_code == 4, result.output
     document = json.loads(cli(connect_fake, "stats", "--json").stdout)
     assert document["stuck"] is True and document["findings"] is False
-    assert "STUCK: 1 rooms" in cli(connect_fake, "stats").stdout
+    assert "STUCK: 1 room has" in cli(connect_fake, "stats").stdout
     fakeredis.FakeRedis(server=server).persist(f"kvstatus:{NS}:{{1}}")  # and a leak
     assert cli(connect_fake, "stats").exit_code == 3
 
@@ -118,7 +118,7 @@ def test_sweep_of_a_named_participant_without_a_lease_says_so_and_names_the_lost
     assert _store(server).room(1).participants["dead-0"].status is T  # left alone
     swept = cli(connect_fake, "sweep", "-p", "dead-0")
     assert swept.exit_code == 0 and "lost participants: dead-0" in swept.stdout
-    assert "failed 1 open entries" in swept.stdout and "not swept" not in swept.stdout
+    assert "failed 1 open entry in 1 room" in swept.stdout and "not swept" not in swept.stdout
 
 
 def test_sweep_with_nothing_lost_still_says_so(server, connect_fake) -> None:

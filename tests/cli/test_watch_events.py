@@ -101,12 +101,13 @@ def test_each_entry_that_changed_is_one_event_with_the_documented_fields(
     assert all(event["at_ms"] == snapshots[1]["at_ms"] for event in events)
     shown = [(e["event"], e["room"], e["participant"], e["status"], e["previous_status"]) for e in events]
     assert shown == [
-        ("cleared", "1", "decode-0", None, "WaitingForInput"),
-        ("status", "1", "prefill-0", "Transferring", "Bootstrapping"),
-        ("status", "2", "prefill-1", "Failed", "Transferring"),
-        ("status", "3", "decode-2", "WaitingForInput", None),
-        ("cleared", "8", "decode-3", None, "WaitingForInput"),
+        ("cleared", 1, "decode-0", None, "WaitingForInput"),
+        ("status", 1, "prefill-0", "Transferring", "Bootstrapping"),
+        ("status", 2, "prefill-1", "Failed", "Transferring"),
+        ("status", 3, "decode-2", "WaitingForInput", None),
+        ("cleared", 8, "decode-3", None, "WaitingForInput"),
     ]
+    assert all(type(event["room"]) is int for event in events)  # a JSON integer, as in ls / get / cancel --json
     cleared, advanced, failed, new, gone = events
     assert snapshots[0]["at_ms"] <= advanced["reached_at_ms"] <= advanced["at_ms"]  # from the timeline: exact
     assert snapshots[0]["at_ms"] <= new["reached_at_ms"] <= new["at_ms"]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import redis
 
+import kvstatus.observe
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.stats import collect_stats
@@ -111,7 +114,7 @@ def test_rooms_are_paged_over_scan_and_filtered(board) -> None:
 def test_room_detail_and_errors(board, redis_server: RedisServer) -> None:
     server, namespace, written = board
     status, room = request(server.base + "/api/rooms/27")
-    assert status == 200 and room["room"] == "27" and 590_000 < room["ttl_ms"] <= 600_000
+    assert status == 200 and room["room"] == 27 and room["room_text"] == "27" and 590_000 < room["ttl_ms"] <= 600_000
     entries = {p["name"]: p for p in room["participants"]}
     assert set(entries) == {"prefill-0", "prefill-1", "decode-0"}
     for name, entry in entries.items():
@@ -150,7 +153,8 @@ def test_recent_changes_come_from_watch_change_detection(board, redis_server: Re
         "two changes",
     )
     kinds = {c["room"]: c["event"] for c in changes["changes"]}
-    assert kinds["5000"] == "new" and kinds["40"] == "failed"
+    assert kinds[5000] == "new" and kinds[40] == "failed"
+    assert all(type(c["room"]) is int and c["room_text"] == str(c["room"]) for c in changes["changes"])
     assert all(c["seq"] > last for c in changes["changes"])
 
 
@@ -288,3 +292,10 @@ def test_a_corrupted_first_failure_is_a_503_naming_the_key_as_a_corrupted_status
         lambda: (b := request(server.base + "/api/summary")[1])["corrupted_rooms"] == 2 and b, 30, "a pass"
     )
     assert summary["rooms"] == ROOMS  # both are counted as corrupted, not as rooms
+
+
+def test_the_page_shows_room_ids_from_room_text() -> None:
+    """The API's ``room`` is a JSON integer, which JavaScript rounds past 2^53: the page reads ``room_text``."""
+    page = (Path(kvstatus.observe.__file__).parent / "board.html").read_text(encoding="utf-8")
+    assert re.search(r"\b(r|s|ch)\.room\b(?!_)", page) is None
+    assert page.count(".room_text") >= 6

@@ -169,7 +169,7 @@ def test_the_cli_as_an_operator_runs_it_against_a_hung_server(hung: Hung, name: 
     ("args", "shown"),
     [
         (("doctor",), "fail  connectivity         Redis unavailable"),
-        (("doctor", "--json"), '"check": "connectivity", "ok": false, "detail": "Redis unavailable'),
+        (("doctor", "--json"), '"check": "connectivity", "ok": false, "verdict": "fail", "detail": "Redis unavailable'),
         (("functions", "list"), f"Error: {UNAVAILABLE}"),
         (("functions", "load"), f"Error: {UNAVAILABLE}"),
     ],
@@ -207,7 +207,7 @@ def test_the_boards_stuck_and_pairs_answer_503_at_the_deadline(hung: Hung) -> No
     with ServerProcess("--url", hung.url, "--namespace", hung.namespace, "serve", "--port", "0") as board:
         stuck, pairs = board.base + "/api/stuck", board.base + "/api/pairs"
         code, text = _http(stuck)
-        assert code == 200 and [r["room"] for r in json.loads(text)["stuck"]] == ["1"], text
+        assert code == 200 and [r["room"] for r in json.loads(text)["stuck"]] == [1], text
         code, text = _http(pairs)
         assert code == 200 and {(p["prefill"], p["decode"]) for p in json.loads(text)["pairs"]} == {
             ("prefill-0", "decode-0")

@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from kvstatus import scripts
+from kvstatus import scripts, stored
 from kvstatus.errors import BackendError, InvalidArgumentError, LeaseLostError
 from kvstatus.keys import KeySchema, validate_address
-from kvstatus.requests import Request, script_call
+from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import LeaseOutcome
 
 log = logging.getLogger("kvstatus.leases")
@@ -46,12 +48,20 @@ log = logging.getLogger("kvstatus.leases")
 MIN_LEASE_TTL = 3.0
 MAX_LEASE_TTL = 3600.0
 RENEWALS_PER_TTL = 3
+HOLDER_FIELD = "holder"
+"""The lease record's field naming the holding process (``host:pid``; lua/lease.lua writes it at the acquire)."""
 ADDRESS_FIELD = "addr"
 """The lease record's field of the holder's address (``host:port``; lua/lease.lua writes it at the acquire)."""
 # The write path renews synchronously once this share of the TTL went by since the last renewal was sent.
 STALE_SHARE = 2 / 3
 
 HELD, LOST, RELEASED = LeaseOutcome.HELD.value, LeaseOutcome.LOST.value, LeaseOutcome.RELEASED.value
+
+
+def this_process() -> str:
+    """``host:pid`` of this process, as a lease record's holder names it."""
+    host = "".join(ch for ch in socket.gethostname() if ch.isprintable() and not ch.isspace())[:200]
+    return f"{host or 'localhost'}:{os.getpid()}"
 
 
 def validate_lease_ttl(ttl: object) -> float:
@@ -122,8 +132,8 @@ class LeaseCore:
             self.acquired = self.lost = self.released = self.taken_over = self.record_gone = False
         assert self.incarnation is not None
         args: tuple[str, ...] = (op, self.incarnation, self._ttl_ms, self._keep_ms)
-        if op == "acquire" and self.address is not None:
-            args += (self.address,)
+        if op == "acquire":
+            args += (self.address or "", this_process())
         call = script_call(scripts.LEASE, [self.key], args)
 
         def decode(replies: list[Any]) -> tuple[int, int, int]:
@@ -135,6 +145,28 @@ class LeaseCore:
         # Only the lease script's error fails the request: a peer-watch mark sent with it (kvstatus._async.leases)
         # meets a tenant's string at the lease index, and the lease must still be held (issue 36).
         return Request([call], decode, strict=1)
+
+    def holder_request(self, channel: str, numsub: str) -> Request[Optional[str]]:
+        """Who holds this participant's name alive, as another process: its record's ``holder`` (or "a process
+        that did not say which") while the lease is alive by Redis' clock and a presence is subscribed on
+        ``channel`` (counted with ``PUBSUB <numsub>``); None when nobody does (free, lost, released, or a
+        crashed holder whose presence is gone: a restart takes the name over)."""
+        calls = [
+            Call(("HMGET", self.key, "state", "deadline", HOLDER_FIELD)),
+            Call(("TIME",)),
+            Call(("PUBSUB", numsub, channel), route=channel),
+        ]
+
+        def decode(replies: list[Any]) -> Optional[str]:
+            (state, deadline, holder), (seconds, micros), counts = replies
+            flat = list(counts.items())[0] if isinstance(counts, dict) else counts
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            alive = stored.text(state or b"") == "held" and (stored.stored_int(deadline) or 0) >= now_ms
+            if not alive or int(flat[1]) < 1:
+                return None
+            return stored.text(holder)[:300] if holder else "a process that did not say which"
+
+        return Request(calls, decode)
 
     def settle(self, op: str, sent_at: float, reply: tuple[int, int, int]) -> None:
         """Take in the reply of ``op`` sent at monotonic time ``sent_at``."""

@@ -161,7 +161,7 @@ class PeerWatch:
         self._previous_look = -float("inf")
         self._looks = 0
         self.channel = core.schema.presence_channel(self.participant)
-        self._numsub = "SHARDNUMSUB" if core.cluster else "NUMSUB"
+        self.numsub = "SHARDNUMSUB" if core.cluster else "NUMSUB"  # how a presence is counted
         self._counted_at = -float("inf")
         self._generation = 0  # of this store's own presence when its peers' were last counted
 
@@ -217,7 +217,7 @@ class PeerWatch:
         names = [self.participant, *self._peers]
         schema = self.core.schema
         channels = {schema.presence_channel(name): name for name in names}
-        call = Call(("PUBSUB", self._numsub, *channels), route=self.channel)
+        call = Call(("PUBSUB", self.numsub, *channels), route=self.channel)
 
         def decode(replies: list[Any]) -> dict[str, int]:
             flat = replies[0]

@@ -8,12 +8,15 @@
 -- ARGV[4]  how long the record is kept after its last renewal, in milliseconds (>= the lease TTL):
 --          an expired lease stays visible as "lost" that long, so its rooms can be found and swept
 -- ARGV[5]  optional, acquire only: the address by which peers reach the holder ("host:port", no whitespace;
---          kvstatus/peerwatch.py matches it against the address a room waits on). Absent: the record has none
+--          kvstatus/peerwatch.py matches it against the address a room waits on). Absent or "": the record has none
+-- ARGV[6]  optional, acquire only: who holds it, for the operator and a refused twin ("host:pid", 1..300
+--          characters, no whitespace). Absent or "": the record has none
 --
 -- Record fields: inc (incarnation), gen (how many incarnations so far), epoch (the incarnation's fence:
 -- Unix ms at its acquire by the server's clock, and always above the previous incarnation's, so an epoch
 -- orders the incarnations of a name even after a lost record restarted gen), since, seen and deadline
--- (Unix ms, server clock), ttl (ms), state ("held" or "released"), addr (the incarnation's address, if any). The lease is alive while
+-- (Unix ms, server clock), ttl (ms), state ("held" or "released"), addr (the incarnation's address, if any),
+-- holder (host:pid, if given). The lease is alive while
 -- state is "held" and the server's time is <= deadline; once that is false it is lost for good:
 -- renewing it again answers LOST, and only a new incarnation (acquire) holds the name again.
 --
@@ -31,12 +34,21 @@ local SCRIPT = "lease"
 -- @include time
 -- @include stored
 
-local key, op, inc, ttl, keep, address = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local key, op, inc, ttl, keep, address, holder = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if address == "" then
+  address = nil
+end
+if holder == "" then
+  holder = nil
+end
 if #KEYS ~= 1 or (op ~= "acquire" and op ~= "renew" and op ~= "release") then
   return redis.error_reply("KVSTATUS_BADARG expected one key and an operation acquire, renew or release")
 end
-if #ARGV > 5 or (address and (op ~= "acquire" or not string.match(address, "^[^%s]+:[0-9]+$") or #address > 300)) then
+if #ARGV > 6 or (address and (op ~= "acquire" or not string.match(address, "^[^%s]+:[0-9]+$") or #address > 300)) then
   return redis.error_reply("KVSTATUS_BADARG the address (acquire only) must be host:port, without whitespace")
+end
+if holder and (op ~= "acquire" or not string.match(holder, "^[^%s]+$") or #holder > 300) then
+  return redis.error_reply("KVSTATUS_BADARG the holder (acquire only) must be 1..300 characters, without whitespace")
 end
 if type(inc) ~= "string" or not string.match(inc, "^[0-9a-f]+$") or #inc > 64 then
   return redis.error_reply("KVSTATUS_BADARG the incarnation must be 1..64 hex digits")
@@ -67,6 +79,11 @@ if op == "acquire" then
     redis.call("HSET", key, "addr", address)
   else
     redis.call("HDEL", key, "addr")
+  end
+  if holder then
+    redis.call("HSET", key, "holder", holder)
+  else
+    redis.call("HDEL", key, "holder")
   end
   redis.call("PEXPIRE", key, keep)
   return {HELD, gen, epoch}

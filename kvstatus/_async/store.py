@@ -189,6 +189,16 @@ class AsyncStatusStore(StoreBase):
             raise InvalidArgumentError("this store has no lease, so no peer watch: build it with lease_ttl=SECONDS")
         return await self._keeper.look()
 
+    async def live_holder(self) -> Optional[str]:
+        """Another live process that holds this store's participant name: its ``host:pid`` (from its lease record)
+        while its lease is alive and its presence subscribed; None when none does (a crashed holder's presence is
+        gone, so a restart takes the name over). One round trip; needs a lease (``lease_ttl``)."""
+        if self._keeper is None or self._watch is None:
+            raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
+        request = self._keeper.core.holder_request(self._watch.channel, self._watch.numsub)
+        holder: Optional[str] = await self._sender.send(request, "lease")
+        return holder
+
     async def close(self) -> None:
         """Release the lease (if any), close the near cache's and the waits' connections (if any), then the
         client."""

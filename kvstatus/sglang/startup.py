@@ -7,8 +7,8 @@ FCALL_RO of the function library with ``?scripts=functions``), writes and
 clears a probe entry (the doctor's participant, in room 2**63 - 1, TTL 30 s,
 no tombstone), and acquires the participant's lease when the store has one.
 A failure raises :class:`SettingError` naming the setting at fault (``url``,
-``namespace``, ``near_cache``, ``lease_ttl``); the plugin turns that name into
-its ``KVSTATUS_SGLANG_*`` variable.
+``namespace``, ``near_cache``, ``lease_ttl``, ``instance``: a live process holds the name); the plugin turns
+that name into its ``KVSTATUS_SGLANG_*`` variable.
 
 The minimum sglang is :data:`MIN_SGLANG_VERSION`, the release the
 real-sglang tier runs (0 divergences from its ``update_status``, which
@@ -36,6 +36,7 @@ from kvstatus.errors import (
     PermissionDeniedError,
 )
 from kvstatus.keys import MAX_ROOM
+from kvstatus.leasestate import this_process
 from kvstatus.rule import KVPoll
 
 log = logging.getLogger("kvstatus.sglang")
@@ -168,8 +169,9 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
 def check_store(store: Any) -> None:
     """Make the calls a manager will make, once: a script read, a probe write and clear, and the lease.
 
-    Three script calls (four with a lease), after the connection's handshake and, the first time on a
-    server, the SCRIPT LOADs; raises :class:`SettingError` naming the setting at fault.
+    Three script calls (with a lease, one read of who holds its name, then the acquire), after the connection's
+    handshake and, the first time on a server, the SCRIPT LOADs; raises :class:`SettingError` naming the setting
+    at fault.
     """
     from kvstatus.store import StatusStore
 
@@ -191,7 +193,17 @@ def check_store(store: Any) -> None:
         probe.clear(PROBE_ROOM)
         if store.lease is not None:
             step = "lease"
+            holder = None if store.lease.held else store.live_holder()
+            if holder is not None:
+                raise SettingError(
+                    f"participant {store.participant} is held by a live process, {holder} (its lease is alive and "
+                    f"its presence subscribed): this process, {this_process()}, will not take a live server's name; "
+                    "give each server its own instance, or stop the other one",
+                    setting="instance",
+                )
             store.acquire_lease()
+    except SettingError:
+        raise
     except KVStatusError as exc:
         raise _setting_error(exc, step, store) from exc
     # A near cache the server refuses to track has said so once (a WARNING naming the permission) and runs

@@ -339,6 +339,31 @@ def test_the_lease_script_refuses_a_malformed_address_or_one_outside_an_acquire(
     assert not backend.raw.exists(key)  # nothing written
 
 
+def test_the_lease_record_names_its_holding_process(backend: Backend) -> None:
+    import os
+    import socket
+
+    store = backend.store(participant="prefill-0", lease_ttl=3)
+    store.acquire_lease()
+    holder = backend.raw.hget(f"kvstatus:{backend.namespace}:lease:prefill-0", "holder")
+    assert holder == f"{socket.gethostname()}:{os.getpid()}".encode()
+
+
+@pytest.mark.parametrize("op, holder", [("acquire", "a b:1"), ("acquire", "x" * 301), ("renew", "host:1")])
+def test_the_lease_script_refuses_a_malformed_holder_or_one_outside_an_acquire(
+    backend: Backend, op: str, holder: str
+) -> None:
+    import redis
+
+    from kvstatus import scripts
+
+    key = f"kvstatus:{backend.namespace}:lease:p"
+    lease = backend.raw.register_script(scripts.LEASE.source)
+    with pytest.raises(redis.ResponseError, match="KVSTATUS_BADARG the holder"):
+        lease(keys=[key], args=[op, "ab", "3000", "60000", "", holder])
+    assert not backend.raw.exists(key)  # nothing written
+
+
 @pytest.mark.parametrize("fault", ["released", "restarted"])
 def test_a_sweep_that_redis_failed_is_planned_again_at_the_next_look(
     backend: Backend, monkeypatch: pytest.MonkeyPatch, fault: str

@@ -3,6 +3,8 @@ role never look like a restart of each other (which failed the first one's rooms
 
 from __future__ import annotations
 
+import os
+import socket
 import types
 from typing import Any
 
@@ -10,7 +12,8 @@ import pytest
 
 from kvstatus import KVPoll
 from kvstatus.sglang.manager import participant_name
-from kvstatus.sglang.plugin import ENV_LEASE_TTL, ENV_NAMESPACE, ENV_URL, install_from_env
+from kvstatus.sglang.plugin import ENV_INSTANCE, ENV_LEASE_TTL, ENV_NAMESPACE, ENV_URL, install_from_env
+from kvstatus.sglang.startup import SettingError
 from tests.helpers.backends import fresh_namespace
 from tests.sglang.standin import DisaggregationMode, make_manager
 
@@ -86,3 +89,33 @@ def test_two_prefills_and_two_decodes_on_the_defaults_fail_none_of_each_others_r
     finally:
         for status_map in maps:
             status_map.close()
+
+
+@pytest.mark.real
+def test_a_live_twin_is_refused_naming_the_variable_and_both_processes(redis_server: Any) -> None:
+    """Two servers given the same instance: the second one's start is refused while the first one lives; once the
+    first one is gone without a release (its presence dropped, as a SIGKILL does), a restart takes the name over."""
+    env = {
+        ENV_URL: redis_server.url,
+        ENV_NAMESPACE: fresh_namespace("sgtwin"),
+        ENV_LEASE_TTL: "10",
+        ENV_INSTANCE: "blue",
+    }
+    first = install_from_env(server(PREFILL, "127.0.0.1", 8998), env)
+    try:
+        first.store.update_status(100, KVPoll.Bootstrapping)
+        with pytest.raises(SettingError) as info:
+            install_from_env(server(PREFILL, "127.0.0.1", 8999), env)
+        message = str(info.value)
+        assert info.value.setting == "instance" and message.startswith("KVSTATUS_SGLANG_INSTANCE=blue: ")
+        this = f"{socket.gethostname()}:{os.getpid()}"
+        assert f"held by a live process, {this} " in message and f"this process, {this}, will not" in message
+        assert first.store.lease.held and first.store.get(100) is KVPoll.Bootstrapping  # the twin changed nothing
+        keeper = first.store._keeper
+        keeper._background.stop()  # what a SIGKILL leaves: no renewals, and Redis drops its presence
+        keeper.presence.drop()
+        again = install_from_env(server(PREFILL, "127.0.0.1", 8999), env)
+        assert again.store.lease.generation == first.store.lease.generation + 1
+        again.close()
+    finally:
+        first.close()

@@ -260,8 +260,11 @@ class PeerWatch:
         ]
 
     def postpone(self, seconds: float) -> None:
-        """A look failed: the next one in ``seconds`` (not before its interval)."""
-        self._looked_at = time.monotonic() + max(seconds - self.interval, 0.0)
+        """A look or a count failed (Redis unreachable or hung): the next of each in ``seconds`` (not before its
+        interval), so the keeper's renewals come first."""
+        now = time.monotonic()
+        self._looked_at = now + max(seconds - self.interval, 0.0)
+        self._counted_at = now + max(seconds - PRESENCE_SECONDS, 0.0)
 
     def look_request(self, incarnation: str, released: bool = False) -> Request[dict[str, str]]:
         """Write this store's mark and read every peer's, in one round trip; decodes to ``{participant: mark}``

@@ -23,6 +23,9 @@ from kvstatus.topology import Topology
 
 RETRY_SECONDS = 0.2
 """Seconds between two tries to subscribe again while the server cannot be reached."""
+SUBSCRIBE_SECONDS = 2.0
+"""At most this many seconds (or the store's deadline, if shorter) for one subscribe against a hung server: the
+keeper's renewals wait behind it."""
 _MESSAGES = (b"message", b"smessage", "message", "smessage")
 
 
@@ -77,7 +80,7 @@ class Presence:
 
     def _subscribe(self) -> None:
         self._retry_at = time.monotonic() + RETRY_SECONDS
-        token = enter_deadline(self.deadline)
+        token = enter_deadline(min(self.deadline, SUBSCRIBE_SECONDS))
         conn: Any = None
         try:
             conn = self.topology.new_data_connection(self.topology.node_name(self.channel))

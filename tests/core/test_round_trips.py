@@ -95,6 +95,7 @@ def _calls(store: StatusStore) -> dict[str, Callable[[], object]]:
         "room_statuses": lambda: store.room_statuses([1, 2], [store.participant, "decode-0"]),
         "acquire_lease": lambda: store.acquire_lease(),
         "look_at_peers": lambda: store.look_at_peers(),
+        "live_holder": lambda: store.live_holder(),
         "awaits": lambda: store.awaits(1, "127.0.0.1:8998"),
         "wait_for": lambda: store.wait_for(1, KVPoll.Bootstrapping, 5),
     }

@@ -451,11 +451,27 @@ def install(
         if owner is None or owner.__name__ == UPSTREAM_CLASS:
             setattr(kv_manager, method_name, function)
             replaced.append(method_name)
+    if callable(getattr(kv_manager, "teardown", None)):
+        setattr(kv_manager, "teardown", _closing_teardown(kv_manager.teardown, status_map))
+        replaced.append("teardown")
     setattr(kv_manager, _PREVIOUS, previous)
     setattr(kv_manager, _INSTALLED, tuple(replaced))
     kv_manager.request_status = status_map
     log.info(describe(status_map, server))
     return status_map
+
+
+def _closing_teardown(teardown: Callable[[], Any], status_map: RoomStatusMap) -> Callable[[], Any]:
+    """The manager's ``teardown`` (sglang's runtime role switch discards the manager), then the map's close: the
+    lease is released and the presence goes, so the peers fail nothing of a manager that left in order, and the
+    server's next manager (the other role) starts under its own name. A teardown that fails closes nothing."""
+
+    def closing() -> Any:
+        result = teardown()
+        status_map.close()
+        return result
+
+    return closing
 
 
 def is_installed(kv_manager: Any) -> bool:

@@ -119,3 +119,63 @@ def test_a_live_twin_is_refused_naming_the_variable_and_both_processes(redis_ser
         again.close()
     finally:
         first.close()
+
+
+@pytest.mark.real
+def test_a_role_switch_releases_the_lease_and_the_presence_and_fails_nothing(redis_server: Any) -> None:
+    """sglang 0.5.23's runtime role switch (disaggregation/role_switch.py) calls the manager's teardown() and builds
+    a manager of the other role: the torn-down one's lease is released and its presence gone, its peers fail
+    nothing, and the new manager starts under its own name."""
+    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: fresh_namespace("sgswitch"), ENV_LEASE_TTL: "10"}
+    decode = server(DECODE, "127.0.0.1", 30000)
+    decode_map = install_from_env(decode, env)
+    switching = server(PREFILL, "127.0.0.1", 8998)
+    torn_down: list[str] = []
+    switching.teardown = lambda: torn_down.append("upstream")  # mooncake's: stops its threads, closes sockets
+    prefill_map = install_from_env(switching, env)
+    try:
+        switching.update_status(100, KVPoll.Bootstrapping)
+        switching.update_status(100, KVPoll.Success)
+        switching.request_status.pop(100)  # served: the engine removed the room before the switch
+        decode.update_status(100, KVPoll.Bootstrapping)  # a decode room of another request, open meanwhile
+        old = prefill_map.store
+        switching.teardown()
+        assert torn_down == ["upstream"] and old.lease.released
+        channel = f"kvstatus:{env[ENV_NAMESPACE]}:presence:{{{env[ENV_NAMESPACE]}}}:{old.participant}"
+        with redis_server.client() as admin:
+            assert admin.pubsub_numsub(channel) == [(channel.encode(), 0)]
+        rebuilt = server(DECODE, "127.0.0.1", 8998)  # the same server, now a decode
+        rebuilt_map = install_from_env(rebuilt, env)
+        assert rebuilt_map.store.participant == "decode-127.0.0.1-8998-tp0-pp0" != old.participant
+        decode_map.store.look_at_peers()
+        assert decode.check_status(100) == KVPoll.Bootstrapping and decode_map.store.failure(100) is None
+        rebuilt_map.close()
+    finally:
+        decode_map.close()
+        prefill_map.close()
+
+
+@pytest.mark.real
+def test_a_room_id_reused_after_success_and_clear_serves_a_second_lifecycle(redis_server: Any) -> None:
+    """sglang PR#39357: a retracted request comes back under its room id. After Success and the engine's clear,
+    the id opens again on both sides, the strict rule creates it afresh, and nothing of the first lifecycle shows."""
+    env = {ENV_URL: redis_server.url, ENV_NAMESPACE: fresh_namespace("sgreuse"), ENV_LEASE_TTL: "10"}
+    prefill, decode = server(PREFILL, "127.0.0.1", 8998), server(DECODE, "127.0.0.1", 30000)
+    maps = [install_from_env(prefill, env), install_from_env(decode, env)]
+    try:
+        for lifecycle in range(2):
+            for manager in (prefill, decode):
+                manager.update_status(7, KVPoll.Bootstrapping)
+            assert prefill.check_status(7) == decode.check_status(7) == KVPoll.Bootstrapping, lifecycle
+            for manager in (prefill, decode):
+                manager.update_status(7, KVPoll.Transferring)
+                manager.update_status(7, KVPoll.Success)
+            assert prefill.check_status(7) == decode.check_status(7) == KVPoll.Success
+            for manager in (prefill, decode):
+                manager.request_status.pop(7)
+                manager.update_status(7, KVPoll.Failed)  # a late abort of the finished lifecycle: ignored
+            assert 7 not in prefill.request_status and 7 not in decode.request_status
+            assert maps[0].store.failure(7) is None
+    finally:
+        for status_map in maps:
+            status_map.close()

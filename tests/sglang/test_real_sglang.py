@@ -463,3 +463,28 @@ def test_the_plugin_does_nothing_without_its_variable(sg: Any, monkeypatch: pyte
     before = dict(HookRegistry._hooks)
     plugin.register()
     assert plugin.HOOK_TARGET not in HookRegistry._hooks and dict(HookRegistry._hooks) == before
+
+
+def test_a_room_reused_after_success_and_clear_and_a_teardown_on_the_real_class(sg: Any, redis_server: Any) -> None:
+    """sglang 0.5.23's own CommonKVManager: a room id serves a second lifecycle after Success and the engine's
+    pop (PR#39357), a late abort in between is ignored; its base ``teardown`` (no runtime role switch for this
+    backend) still raises, and the manager's store stays open, its lease held."""
+    manager = real_manager(sg)
+    manager.bootstrap_host, manager.bootstrap_port, manager.local_ip = "127.0.0.1", 8998, "127.0.0.1"
+    status_map = install(manager, redis_server.url + "?lease_ttl=10", namespace=fresh_namespace("sgreal"))
+    try:
+        assert status_map.store.participant == "prefill-127.0.0.1-8998-tp0-pp0"
+        for lifecycle in range(2):
+            manager.update_status(7, sg.KVPoll.Bootstrapping)
+            assert manager.check_status(7) == sg.KVPoll.Bootstrapping, lifecycle
+            manager.update_status(7, sg.KVPoll.Transferring)
+            manager.update_status(7, sg.KVPoll.Success)
+            assert manager.check_status(7) == sg.KVPoll.Success
+            manager.request_status.pop(7)
+            manager.update_status(7, sg.KVPoll.Failed)  # a late abort of the finished lifecycle
+            assert 7 not in manager.request_status
+        with pytest.raises(NotImplementedError):
+            manager.teardown()
+        assert status_map.store.lease.held
+    finally:
+        status_map.close()

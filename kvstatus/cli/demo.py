@@ -344,8 +344,9 @@ def _fault_demo(url: str, namespace: str, as_json: bool) -> None:
 
     click.echo(
         f"A survivor in this process polls its room every 5 ms while a peer in another process holds a "
-        f"{FAULT_LEASE_TTL:g} s lease (the SGLang plugin's default is 10 s: add 7 s to the kill rows). The same "
-        "faults on real SGLang servers behind the router, as a client sees them: docs/e2e.md."
+        f"{FAULT_LEASE_TTL:g} s lease (the SGLang plugin's default is 10 s). A killed peer's presence goes with its "
+        "process, so the kill rows do not wait for the lease. The same faults on real SGLang servers behind the "
+        "router, as a client sees them: docs/e2e.md."
     )
     click.echo("")
     rows = [[t.fault, took(t), t.cause, UPSTREAM[t.fault]] for t in trials]

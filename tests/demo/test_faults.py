@@ -24,10 +24,11 @@ def test_every_fault_fails_the_room_for_the_survivor_with_its_cause_and_a_pause_
     for fault in (f for f in FAULTS if f != "pause"):
         assert trials[fault]["seconds_to_failed"] is not None, trials[fault]
         assert trials[fault]["sglang_alone"] == UPSTREAM[fault]
-    assert trials["kill"]["cause"] == "failed: participant prefill-0 lost its lease"
-    assert trials["kill-decode"]["cause"] == "failed: participant decode-0 lost its lease"
+    # A SIGKILL closes the process's presence: the survivor's watch names the death, without the lease's TTL.
+    assert trials["kill"]["cause"] == "failed: participant prefill-0 died: its connection to Redis closed"
+    assert trials["kill-decode"]["cause"] == "failed: participant decode-0 died: its connection to Redis closed"
     assert trials["kill-unwritten"]["cause"] == (
-        "failed: participant prefill-0 lost its lease; this room waits on it at 10.0.0.7:8998"
+        "failed: participant prefill-0 died: its connection to Redis closed; this room waits on it at 10.0.0.7:8998"
     )
     assert trials["kill-done"]["cause"] == trials["kill-unwritten"]["cause"]  # the prefill's Success stays
     assert trials["restart"]["cause"] == (

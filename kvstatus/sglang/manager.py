@@ -452,7 +452,7 @@ def install(
             setattr(kv_manager, method_name, function)
             replaced.append(method_name)
     if callable(getattr(kv_manager, "teardown", None)):
-        setattr(kv_manager, "teardown", _closing_teardown(kv_manager.teardown, status_map))
+        kv_manager.teardown = _closing_teardown(kv_manager.teardown, status_map)
         replaced.append("teardown")
     setattr(kv_manager, _PREVIOUS, previous)
     setattr(kv_manager, _INSTALLED, tuple(replaced))

@@ -38,3 +38,8 @@ def naming(participant: str) -> Naming:
 def role_of(participant: str) -> str:
     """``prefill``, ``decode`` or ``other``."""
     return naming(participant).role
+
+
+def is_decode(participant: str) -> bool:
+    """True when ``participant`` is a decode by the naming (a room's other fields, ``reason:...``, never are)."""
+    return naming(participant).role == "decode"

@@ -45,6 +45,14 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    commands, an older kvstatus) is judged by its lease alone, as is a death that closes no socket (a lost host,
    a partition, a hung process).
 
+7. A prefill's room that no decode joins (SGLang's "orphan": the decode it was sent to is dead, or never got the
+   request) fails this store's own entry, still Bootstrapping, with a cause that says so: after
+   :data:`ORPHAN_SECONDS`, or :data:`ORPHAN_AFTER_DEATH_SECONDS` while a decode of the namespace is dead (a
+   router may still be sending it requests). Only a store whose participant is a prefill by the naming
+   (:mod:`kvstatus.naming`: SGLang's managers) judges orphans. A decode joins a room when its scheduler takes
+   the request in (upstream's receiver opens its entry then, before any allocation), so a live decode is
+   "slow" here only if it takes a request in more than that many seconds after the prefill did.
+
 Only rooms this store has an open entry in are looked at (:meth:`PeerWatch.wrote` keeps them, without I/O):
 a peer dying in a room nobody waits on changes nothing. Entries that reached Success or Failed are never
 touched. A lost peer stays watched in the rooms this store opens later, until its name holds a lease again.
@@ -63,6 +71,7 @@ from kvstatus import scripts
 from kvstatus.consensus import LeaseState
 from kvstatus.keys import incarnation_field, reason_field
 from kvstatus.leasestate import ADDRESS_FIELD
+from kvstatus.naming import role_of
 from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
@@ -77,6 +86,15 @@ PRESENCE_GRACE = 0.5
 """Seconds a peer's presence must stay absent before it counts as dead: a reconnecting peer subscribes again
 well within it (its presence connection notices a dropped socket at its keeper's next tick)."""
 
+ORPHAN_SECONDS = 30.0
+"""Seconds a prefill's Bootstrapping entry waits for any decode to join its room before it fails (upstream's
+bootstrap timeout is 300 s)."""
+ORPHAN_AFTER_DEATH_SECONDS = 3.0
+"""The same, while a decode of the namespace is dead: its requests in flight, and those a router still sends it,
+fail in seconds."""
+MAX_ORPHANS_A_LOOK = 64
+"""Rooms a look reads for orphans at most (one read each): the rest wait for the next look."""
+
 RELEASED_MARK = "released"
 STALE_LOOKS = 2.5
 """A live peer's mark changes at each of its looks (every :data:`WATCH_SECONDS`): one unchanged for this many
@@ -87,6 +105,13 @@ which fails nothing while Redis says its lease is alive."""
 def restart_reason(participant: str) -> str:
     """The failure reason of an entry whose participant restarted under the same name."""
     return f"participant {participant} restarted; this entry was its previous incarnation's"
+
+
+def orphan_reason(room: int, seconds: float) -> str:
+    """The failure reason of a prefill's entry in a room that no decode joined within ``seconds``."""
+    return (
+        f"no decode joined room {room} within {seconds:g} s: the decode it was sent to is dead or never got the request"
+    )
 
 
 def died_reason(participant: str) -> str:
@@ -111,6 +136,8 @@ class WatchPlan:
 
     suspects: dict[str, list[int]] = field(default_factory=dict)
     dead: dict[str, list[int]] = field(default_factory=dict)
+    orphans: list[int] = field(default_factory=list)
+    orphan_seconds: float = ORPHAN_SECONDS
     restarted: dict[str, list[int]] = field(default_factory=dict)
     orderly: set[str] = field(default_factory=set)
     forget: list[str] = field(default_factory=list)
@@ -155,6 +182,8 @@ class PeerWatch:
         self.stale_after = min(lease_ttl, STALE_LOOKS * interval)
         self._open: dict[int, float] = {}  # room -> monotonic time this store first wrote it open
         self._awaits: dict[int, str] = {}  # room -> the address of the peer it waits on (awaits())
+        self.judges_orphans = role_of(self.participant) == "prefill"
+        self._bootstrapping: dict[int, float] = {}  # room -> monotonic time this store's entry opened Bootstrapping
         self._peers: dict[str, _Peer] = {}
         self._unfinished = WatchPlan()  # what a look could not carry out (Redis failed it): planned again next time
         self._looked_at = -float("inf")
@@ -169,6 +198,10 @@ class PeerWatch:
         """This store's entry in ``room`` is now ``status`` (None: none)."""
         if status in OPEN:
             self._open.setdefault(room, time.monotonic())
+            if status is KVPoll.Bootstrapping and self.judges_orphans:
+                self._bootstrapping.setdefault(room, time.monotonic())
+            else:
+                self._bootstrapping.pop(room, None)
         else:
             self.closed(room)
 
@@ -176,6 +209,11 @@ class PeerWatch:
         """This store's entry in ``room`` was cleared, popped or cancelled."""
         self._open.pop(room, None)
         self._awaits.pop(room, None)
+        self._bootstrapping.pop(room, None)
+
+    def joined(self, room: int) -> None:
+        """A decode has an entry in ``room``, or this store's own entry left Bootstrapping: no orphan to judge."""
+        self._bootstrapping.pop(room, None)
 
     def awaits(self, room: int, address: str) -> None:
         """``room`` waits on the peer at ``address`` (host:port, as the peer's lease carries it), which may never
@@ -326,12 +364,20 @@ class PeerWatch:
             del self._peers[name]
         for name in plan.forget:
             del self._peers[name]
+        if self._bootstrapping:
+            plan.orphan_seconds = ORPHAN_AFTER_DEATH_SECONDS if self._a_decode_is_dead() else ORPHAN_SECONDS
+            waiting = self._bootstrapping.copy()  # one C call: the store's threads may write meanwhile
+            plan.orphans = [room for room, at in waiting.items() if now - at >= plan.orphan_seconds]
+            del plan.orphans[MAX_ORPHANS_A_LOOK:]
         redo, self._unfinished = self._unfinished, WatchPlan()
         _merge(plan.suspects, redo.suspects, self._peers)
         _merge(plan.dead, redo.dead, self._peers)
         _merge(plan.restarted, redo.restarted, self._peers)
         plan.orderly |= redo.orderly & redo.restarted.keys() & self._peers.keys()
         return plan
+
+    def _a_decode_is_dead(self) -> bool:
+        return any((peer.dead or peer.lost) and role_of(name) == "decode" for name, peer in self._peers.items())
 
     def unfinished(self, plan: WatchPlan) -> None:
         """Carrying out ``plan`` failed (Redis unreachable or hung): its suspects and restarts are planned again

@@ -14,12 +14,14 @@ from kvstatus.concurrency import AsyncBackground, AsyncLock
 from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.errors import PermissionDeniedError
 from kvstatus.leasestate import LeaseCore, log
+from kvstatus.naming import is_decode
 from kvstatus.peerwatch import (
     PeerWatch,
     WatchPlan,
     awaited_reason,
     died_reason,
     fail_entries_request,
+    orphan_reason,
     restart_reason,
 )
 from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
@@ -213,8 +215,36 @@ class AsyncLeaseKeeper:
             )
             absent = [room for room, outcome in zip(rooms, outcomes) if outcome in owed]
             failed += await self._fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
+        if plan.orphans:
+            failed += await self._fail_orphans(watch, plan.orphans, plan.orphan_seconds)
         if plan.forget:
             await self._send(watch.forget_request(plan.forget), "watch")
+        return failed
+
+    async def _fail_orphans(self, watch: PeerWatch, rooms: list[int], seconds: float) -> int:
+        """Fail this store's own entry, still Bootstrapping, in those of ``rooms`` that no decode joined within
+        ``seconds`` (one read a room; :mod:`kvstatus.peerwatch` 7); returns how many were failed."""
+        core, failed = watch.core, 0
+        for room in rooms:
+            view = await self._send(core.room(room), "watch")
+            own = view.participants.get(watch.participant)
+            if own is None or own.status is not KVPoll.Bootstrapping or any(map(is_decode, view.participants)):
+                watch.joined(room)
+                continue
+            try:
+                await self._send(core.record_failure(room, orphan_reason(room, seconds)), "watch")
+                result = await self._send(core.update_status(room, KVPoll.Failed), "watch")
+            finally:
+                writes_sent(core.schema, [room])  # this process's reads of the room see the failure at once
+            watch.wrote(room, result.status)
+            failed += result.outcome is Outcome.FAILED
+        if failed:
+            log.warning(
+                "participant %s: %d of its rooms failed: no decode joined them within %g s",
+                watch.participant,
+                failed,
+                seconds,
+            )
         return failed
 
     async def _fail_gone(self, watch: PeerWatch, entries: Any, name: str, reason: str) -> int:

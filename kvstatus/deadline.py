@@ -32,6 +32,8 @@ from redis.backoff import ExponentialBackoff
 from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
 
+from kvstatus.concurrency import async_wait_future
+
 DEADLINE: ContextVar[Optional[float]] = ContextVar("kvstatus_deadline", default=None)
 """``time.monotonic()`` at which the running store call gives up; None outside a store call."""
 _get_deadline = DEADLINE.get
@@ -263,7 +265,7 @@ class AsyncWaitingPool:
 
     def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
         self._wait = timeout
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         super().__init__(*args, **kwargs)
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
@@ -275,14 +277,17 @@ class AsyncWaitingPool:
         wait = _pool_wait(self._wait)
         end = None if wait is None else started + wait
         while True:
-            turn = asyncio.get_running_loop().create_future()
+            turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._waiters.append(turn)
             try:
-                await asyncio.wait_for(turn, _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - _monotonic()))
-            except asyncio.TimeoutError:
-                pass
+                slice_ = _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - _monotonic())
+                await async_wait_future(turn, slice_, False)  # not asyncio.wait_for: it may swallow a cancel
+            except BaseException:
+                if turn.done() and not turn.cancelled() and turn.result():
+                    self._wake_next()  # woken, then cancelled: the release it was told of goes to the next waiter
+                raise
             finally:
-                if not turn.done():
+                if turn in self._waiters:
                     self._waiters.remove(turn)
             try:
                 return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
@@ -292,10 +297,13 @@ class AsyncWaitingPool:
 
     async def release(self, connection: Any) -> None:
         await super().release(connection)  # type: ignore[misc]
+        self._wake_next()
+
+    def _wake_next(self) -> None:
         while self._waiters:
             turn = self._waiters.popleft()
             if not turn.done():
-                turn.set_result(None)
+                turn.set_result(True)
                 break
 
 

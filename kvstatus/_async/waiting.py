@@ -75,8 +75,9 @@ class AsyncRoomWatch:
                 if topology.sentinel:  # its connections learn the master's address by connecting
                     await data.connect()
                     await data.disconnect()
-                watch = self.watch = KeyWatch(sync_twin(data), self.key)
-                await async_run_blocking(watch.open)
+                watch = KeyWatch(sync_twin(data), self.key)
+                await async_run_blocking(watch.open, watch.close)  # cancelled: closed once the open ends
+                self.watch = watch
             if not watch.armed:
                 watch.arm()
                 while watch.answers < watch.asked:
@@ -88,6 +89,9 @@ class AsyncRoomWatch:
             self.refused = str(exc)
         except (*BROKEN, LinkLost, SlotMoved) as exc:
             self.error = str(exc)
+        except BaseException:
+            self._discard()  # a cancel while an arm is unanswered: the connection cannot be given back
+            raise
         self._discard()
         return False
 

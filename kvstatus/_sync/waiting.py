@@ -76,8 +76,9 @@ class RoomWatch:
                 if topology.sentinel:  # its connections learn the master's address by connecting
                     data.connect()
                     data.disconnect()
-                watch = self.watch = KeyWatch(sync_twin(data), self.key)
-                run_blocking(watch.open)
+                watch = KeyWatch(sync_twin(data), self.key)
+                run_blocking(watch.open, watch.close)  # cancelled: closed once the open ends
+                self.watch = watch
             if not watch.armed:
                 watch.arm()
                 while watch.answers < watch.asked:
@@ -89,6 +90,9 @@ class RoomWatch:
             self.refused = str(exc)
         except (*BROKEN, LinkLost, SlotMoved) as exc:
             self.error = str(exc)
+        except BaseException:
+            self._discard()  # a cancel while an arm is unanswered: the connection cannot be given back
+            raise
         self._discard()
         return False
 

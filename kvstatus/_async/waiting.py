@@ -134,11 +134,13 @@ async def async_wait_for(
 ) -> Optional[KVPoll]:
     """Wait until ``participant``'s entry in room ``key`` is one of ``statuses``; return it, or None after
     ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
-    path; ``deadline`` (seconds) bounds each watch attempt as it bounds a store call."""
+    path; ``deadline`` (seconds) bounds each step as it bounds a store call: a watch and the read that follows
+    it share one, so against a hung server the wait raises about ``deadline`` seconds after a step began."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     watch = AsyncRoomWatch(client, key)
     reply: Any = None
+    watched: Optional[float] = None  # the deadline of the watch a read follows: the two are one step
     try:
         while True:
             try:
@@ -148,14 +150,16 @@ async def async_wait_for(
             if kind == CLOCK:
                 reply = time.monotonic()
             elif kind == WATCH:
-                until = step_deadline(ends, deadline)
+                until = watched = step_deadline(ends, deadline)
                 step = DEADLINE.set(until)
                 try:
                     reply = await watch.ready(until)
                 finally:
                     DEADLINE.reset(step)
             elif kind == READ:
-                step = DEADLINE.set(step_deadline(ends, deadline))  # the send path keeps the earlier one
+                until = step_deadline(ends, deadline) if watched is None else watched
+                watched = None
+                step = DEADLINE.set(until)  # the send path keeps the earlier one
                 try:
                     reply = await read()
                 finally:

@@ -249,3 +249,103 @@ def async_closed_links(links: dict[str, Any]) -> list[str]:
 def closed_links(links: dict[str, Any]) -> tuple[str, ...]:
     """Sync data connections are polled through their socket (:func:`data_fd`) instead."""
     return ()
+
+
+class AsyncSignal:
+    """A wake-up a waiting task sleeps on, set from the event loop's own callbacks (asyncio)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: Optional[asyncio.Future[bool]] = None
+
+    def set(self) -> None:
+        self._set = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(True)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self, seconds: float) -> None:
+        """Until set (at once if it is) or ``seconds`` passed; a cancel of the caller always raises."""
+        if self._set:
+            return
+        self._future = asyncio.get_running_loop().create_future()
+        try:
+            await async_wait_future(self._future, seconds, False)
+        finally:
+            self._future = None
+
+
+class Signal:
+    """:class:`AsyncSignal` for threads."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def wait(self, seconds: float) -> None:
+        self._event.wait(None if math.isinf(seconds) else max(seconds, 0.0))
+
+
+def async_start_reader(source: Any) -> None:
+    """Call ``source.on_readable()`` from the running loop whenever ``source`` has something to read, until
+    ``source.on_close`` is called (it is set here)."""
+    loop = asyncio.get_running_loop()
+    fd = source.fileno()
+    loop.add_reader(fd, source.on_readable)
+    source.on_close = _remover(loop, fd)
+
+
+def _remover(loop: asyncio.AbstractEventLoop, fd: int) -> Callable[[], None]:
+    def remove() -> None:
+        if loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.remove_reader(fd)
+        else:  # closed from another thread (a sync caller of the pool's close)
+            loop.call_soon_threadsafe(loop.remove_reader, fd)
+
+    return remove
+
+
+def start_reader(source: Any) -> None:
+    """:func:`async_start_reader` for threads: a daemon thread polls ``source`` until ``on_close``."""
+    stopped = threading.Event()
+    source.on_close = stopped.set
+
+    def run() -> None:
+        while not stopped.is_set():
+            try:
+                if readable(source, 0.5) and not stopped.is_set():
+                    source.on_readable()
+            except (OSError, ValueError):  # closed under the poll
+                return
+
+    threading.Thread(target=run, daemon=True, name="kvstatus-watch").start()
+
+
+def async_checkpoint() -> None:
+    """Raise ``CancelledError`` if the running task was asked to cancel and the cancel did not land.
+
+    redis-py awaits through ``asyncio.wait_for``, which up to Python 3.11 returns a result instead of raising a
+    cancel that meets the result; ``Task.cancelling()`` (3.11+) still counts that cancel. Python 3.10 has no
+    such count: there a cancel swallowed inside redis-py lands at the task's next await instead."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError()
+
+
+def checkpoint() -> None:
+    """Threads cannot be cancelled: nothing to check."""

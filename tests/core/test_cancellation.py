@@ -65,15 +65,18 @@ async def test_thousands_of_cancels_all_land_and_return_their_connections(
     namespace = fresh_namespace("cancel")
     rng = random.Random(36)
     baseline = _connections(own_server)
-    async with AsyncStatusStore.from_url(
-        own_server.url, namespace=namespace, participant="w", max_connections=MAX_CONNECTIONS
-    ) as writer, AsyncStatusStore.from_url(
-        own_server.url,
-        namespace=namespace,
-        participant="w",
-        near_cache=near_cache,
-        max_connections=MAX_CONNECTIONS,
-    ) as store:
+    async with (
+        AsyncStatusStore.from_url(
+            own_server.url, namespace=namespace, participant="w", max_connections=MAX_CONNECTIONS
+        ) as writer,
+        AsyncStatusStore.from_url(
+            own_server.url,
+            namespace=namespace,
+            participant="w",
+            near_cache=near_cache,
+            max_connections=MAX_CONNECTIONS,
+        ) as store,
+    ):
         await writer.update_many({room: KVPoll.Bootstrapping for room in range(ROOMS)})
         stop = asyncio.Event()
         toucher = asyncio.create_task(_touch(writer, stop))

@@ -308,9 +308,7 @@ def test_a_pooled_watch_refused_its_arm_opens_no_other(redis_server: RedisServer
         admin.execute_command("ACL", "DELUSER", "nc-lost")
 
 
-def test_a_watch_and_the_read_after_it_share_one_deadline(
-    writer: StatusStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_watch_and_the_read_after_it_share_one_deadline(writer: StatusStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 36 (Low): ``wait_for(timeout=None)`` on a server hung before the call raised after 2 x the deadline
     (10 s), the watch's connect and the first read each taking a whole one. A watch and the read after it are one
     step now: the read runs under the deadline the watch had, so the wait raises about ``deadline`` after it

@@ -190,18 +190,6 @@ def pipeline_route(client: Any, key: str) -> dict[str, Any]:
     return {"target_nodes": client.get_node_from_key(key)}
 
 
-async def async_readable(source: Any, seconds: float) -> bool:
-    """Whether ``source`` (anything with a ``fileno()``) has something to read within ``seconds``."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[bool] = loop.create_future()
-    fd = source.fileno()
-    loop.add_reader(fd, _settle, ready, True)
-    try:
-        return bool(await async_wait_future(ready, seconds, False))
-    finally:
-        loop.remove_reader(fd)
-
-
 def readable(source: Any, seconds: float) -> bool:
     poller = select.poll()  # not select.select(): a busy process has descriptors above 1024
     poller.register(source.fileno(), select.POLLIN | select.POLLPRI)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import threading
 import time
 from contextvars import ContextVar, Token
@@ -33,6 +34,11 @@ from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
 
 from kvstatus.concurrency import async_wait_future
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _async_timeout
+else:  # redis.asyncio's own dependency on Python 3.10
+    from async_timeout import timeout as _async_timeout
 
 DEADLINE: ContextVar[Optional[float]] = ContextVar("kvstatus_deadline", default=None)
 """``time.monotonic()`` at which the running store call gives up; None outside a store call."""
@@ -188,12 +194,28 @@ class AsyncDeadlineConnection:
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
         timeouts = _Timeouts.lowered(self)
-        if timeouts is None:
-            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
         try:
-            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+            return await self._send_bounded(command, check_health)
         finally:
-            timeouts.restore()
+            if timeouts is not None:
+                timeouts.restore()
+
+    async def _send_bounded(self, command: Any, check_health: bool) -> Any:
+        """redis-py's send, its socket timeout kept by a timeout context instead of its ``asyncio.wait_for`` (which
+        runs the write as a task and, up to Python 3.11, swallows a cancel that meets the write's end)."""
+        conn: Any = self
+        timeout = conn.socket_timeout
+        if not timeout:
+            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        conn.socket_timeout = None
+        try:
+            async with _async_timeout(timeout):
+                return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except asyncio.TimeoutError:
+            await conn.disconnect(nowait=True)
+            raise redis.exceptions.TimeoutError("Timeout writing to socket") from None
+        finally:
+            conn.socket_timeout = timeout
 
     async def read_response(
         self, disable_decoding: bool = False, timeout: Optional[float] = None, **kwargs: Any

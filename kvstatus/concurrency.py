@@ -8,6 +8,7 @@ generates kvstatus/_sync/ by mapping each to its twin here (``AsyncLock`` -> ``L
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import select
 import threading
@@ -27,26 +28,61 @@ BROKEN = (rx.ConnectionError, rx.TimeoutError, OSError, EOFError)
 """What a broken connection raises, sync or async."""
 
 
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+async def async_wait_future(future: asyncio.Future[Any], seconds: float, expired: Any) -> Any:
+    """``future``'s result, or ``expired`` once ``seconds`` (inf: no limit) passed first.
+
+    Not ``asyncio.wait_for``: up to Python 3.11 it swallows a cancel of the caller that meets the future's
+    completion (and returns the result instead). Here a cancel always raises ``CancelledError``; the future is
+    then cancelled unless it was already done, so a caller can tell whether a result arrived (see
+    :meth:`AsyncGate.acquire`)."""
+    timer = None
+    if not math.isinf(seconds):
+        timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), _settle, future, expired)
+    try:
+        return await future
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
 class AsyncGate:
-    """Admits at most ``limit`` calls at a time; the others wait up to their timeout (asyncio)."""
+    """Admits at most ``limit`` calls at a time; the others wait up to their timeout, first come first served
+    (asyncio). A waiter cancelled as it was admitted passes its turn on: no admission is ever lost."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._semaphore = asyncio.Semaphore(limit)
+        self._free = limit
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
 
     async def acquire(self, timeout: float) -> bool:
         """True once admitted; False if ``timeout`` seconds passed first."""
-        if not self._semaphore.locked():
-            await self._semaphore.acquire()
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
             return True
+        turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(turn)
         try:
-            await asyncio.wait_for(self._semaphore.acquire(), max(0.0, timeout))
-        except asyncio.TimeoutError:
-            return False
-        return True
+            return bool(await async_wait_future(turn, timeout, False))
+        except BaseException:
+            if turn.done() and not turn.cancelled() and turn.result():
+                self.release()  # admitted, then cancelled before it ran: the turn goes to the next waiter
+            raise
+        finally:
+            if turn in self._waiters:
+                self._waiters.remove(turn)
 
     def release(self) -> None:
-        self._semaphore.release()
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():  # not timed out, not cancelled
+                turn.set_result(True)
+                return
+        self._free += 1
 
 
 class Gate:
@@ -87,10 +123,11 @@ class AsyncBackground:
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - its errors were logged by the work
-                pass
+            # asyncio.wait, not ``await task``: the work's own end (cancelled, or an error the work logged) is not
+            # raised here, so a CancelledError out of this await is always a cancel of the caller, and propagates.
+            await asyncio.wait((task,))
+            if not task.cancelled():
+                task.exception()  # retrieved: its errors were logged by the work
 
 
 class Background:
@@ -118,12 +155,27 @@ class Background:
             thread.join(5.0)
 
 
-async def async_run_blocking(work: Callable[[], Any]) -> Any:
-    """Run a short blocking call (a bounded handshake) off the event loop, in the caller's context."""
-    return await asyncio.to_thread(work)
+async def async_run_blocking(work: Callable[[], Any], undo: Optional[Callable[[], None]] = None) -> Any:
+    """Run a short blocking call (a bounded handshake) off the event loop, in the caller's context.
+
+    A cancel of the caller raises at once; the thread cannot be stopped, so ``undo`` (closing what ``work``
+    opens) runs once it has ended, whatever it did."""
+    running = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        running.add_done_callback(lambda ended: _undo(ended, undo))
+        raise
 
 
-def run_blocking(work: Callable[[], Any]) -> Any:
+def _undo(ended: asyncio.Future[Any], undo: Optional[Callable[[], None]]) -> None:
+    if not ended.cancelled():
+        ended.exception()  # retrieved: the caller is gone
+    if undo is not None:
+        undo()
+
+
+def run_blocking(work: Callable[[], Any], undo: Optional[Callable[[], None]] = None) -> Any:
     return work()
 
 
@@ -136,26 +188,6 @@ def async_pipeline_route(client: Any, key: str) -> dict[str, Any]:
 def pipeline_route(client: Any, key: str) -> dict[str, Any]:
     """redis-py's sync cluster pipeline would ask a node COMMAND GETKEYS for every script call."""
     return {"target_nodes": client.get_node_from_key(key)}
-
-
-async def async_readable(source: Any, seconds: float) -> bool:
-    """Whether ``source`` (anything with a ``fileno()``) has something to read within ``seconds``."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-    fd = source.fileno()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(fd, wake)
-    try:
-        await asyncio.wait_for(ready, max(seconds, 0.0))
-        return True
-    except asyncio.TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(fd)
 
 
 def readable(source: Any, seconds: float) -> bool:
@@ -215,3 +247,103 @@ def async_closed_links(links: dict[str, Any]) -> list[str]:
 def closed_links(links: dict[str, Any]) -> tuple[str, ...]:
     """Sync data connections are polled through their socket (:func:`data_fd`) instead."""
     return ()
+
+
+class AsyncSignal:
+    """A wake-up a waiting task sleeps on, set from the event loop's own callbacks (asyncio)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: Optional[asyncio.Future[bool]] = None
+
+    def set(self) -> None:
+        self._set = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(True)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self, seconds: float) -> None:
+        """Until set (at once if it is) or ``seconds`` passed; a cancel of the caller always raises."""
+        if self._set:
+            return
+        self._future = asyncio.get_running_loop().create_future()
+        try:
+            await async_wait_future(self._future, seconds, False)
+        finally:
+            self._future = None
+
+
+class Signal:
+    """:class:`AsyncSignal` for threads."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def wait(self, seconds: float) -> None:
+        self._event.wait(None if math.isinf(seconds) else max(seconds, 0.0))
+
+
+def async_start_reader(source: Any) -> None:
+    """Call ``source.on_readable()`` from the running loop whenever ``source`` has something to read, until
+    ``source.on_close`` is called (it is set here)."""
+    loop = asyncio.get_running_loop()
+    fd = source.fileno()
+    loop.add_reader(fd, source.on_readable)
+    source.on_close = _remover(loop, fd)
+
+
+def _remover(loop: asyncio.AbstractEventLoop, fd: int) -> Callable[[], None]:
+    def remove() -> None:
+        if loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.remove_reader(fd)
+        else:  # closed from another thread (a sync caller of the pool's close)
+            loop.call_soon_threadsafe(loop.remove_reader, fd)
+
+    return remove
+
+
+def start_reader(source: Any) -> None:
+    """:func:`async_start_reader` for threads: a daemon thread polls ``source`` until ``on_close``."""
+    stopped = threading.Event()
+    source.on_close = stopped.set
+
+    def run() -> None:
+        while not stopped.is_set():
+            try:
+                if readable(source, 0.5) and not stopped.is_set():
+                    source.on_readable()
+            except (OSError, ValueError):  # closed under the poll
+                return
+
+    threading.Thread(target=run, daemon=True, name="kvstatus-watch").start()
+
+
+def async_checkpoint() -> None:
+    """Raise ``CancelledError`` if the running task was asked to cancel and the cancel did not land.
+
+    redis-py awaits through ``asyncio.wait_for``, which up to Python 3.11 returns a result instead of raising a
+    cancel that meets the result; ``Task.cancelling()`` (3.11+) still counts that cancel. Python 3.10 has no
+    such count: there a cancel swallowed inside redis-py lands at the task's next await instead."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError()
+
+
+def checkpoint() -> None:
+    """Threads cannot be cancelled: nothing to check."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import threading
 import time
 from contextvars import ContextVar, Token
@@ -31,6 +32,13 @@ import redis.asyncio.retry
 from redis.backoff import ExponentialBackoff
 from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
+
+from kvstatus.concurrency import async_wait_future
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _async_timeout
+else:  # redis.asyncio's own dependency on Python 3.10
+    from async_timeout import timeout as _async_timeout
 
 DEADLINE: ContextVar[Optional[float]] = ContextVar("kvstatus_deadline", default=None)
 """``time.monotonic()`` at which the running store call gives up; None outside a store call."""
@@ -186,12 +194,28 @@ class AsyncDeadlineConnection:
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
         timeouts = _Timeouts.lowered(self)
-        if timeouts is None:
-            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
         try:
-            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+            return await self._send_bounded(command, check_health)
         finally:
-            timeouts.restore()
+            if timeouts is not None:
+                timeouts.restore()
+
+    async def _send_bounded(self, command: Any, check_health: bool) -> Any:
+        """redis-py's send, its socket timeout kept by a timeout context instead of its ``asyncio.wait_for`` (which
+        runs the write as a task and, up to Python 3.11, swallows a cancel that meets the write's end)."""
+        conn: Any = self
+        timeout = conn.socket_timeout
+        if not timeout:
+            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        conn.socket_timeout = None
+        try:
+            async with _async_timeout(timeout):
+                return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except asyncio.TimeoutError:
+            await conn.disconnect(nowait=True)
+            raise redis.exceptions.TimeoutError("Timeout writing to socket") from None
+        finally:
+            conn.socket_timeout = timeout
 
     async def read_response(
         self, disable_decoding: bool = False, timeout: Optional[float] = None, **kwargs: Any
@@ -263,7 +287,7 @@ class AsyncWaitingPool:
 
     def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
         self._wait = timeout
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         super().__init__(*args, **kwargs)
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
@@ -275,14 +299,17 @@ class AsyncWaitingPool:
         wait = _pool_wait(self._wait)
         end = None if wait is None else started + wait
         while True:
-            turn = asyncio.get_running_loop().create_future()
+            turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._waiters.append(turn)
             try:
-                await asyncio.wait_for(turn, _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - _monotonic()))
-            except asyncio.TimeoutError:
-                pass
+                slice_ = _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - _monotonic())
+                await async_wait_future(turn, slice_, False)  # not asyncio.wait_for: it may swallow a cancel
+            except BaseException:
+                if turn.done() and not turn.cancelled() and turn.result():
+                    self._wake_next()  # woken, then cancelled: the release it was told of goes to the next waiter
+                raise
             finally:
-                if not turn.done():
+                if turn in self._waiters:
                     self._waiters.remove(turn)
             try:
                 return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
@@ -292,10 +319,13 @@ class AsyncWaitingPool:
 
     async def release(self, connection: Any) -> None:
         await super().release(connection)  # type: ignore[misc]
+        self._wake_next()
+
+    def _wake_next(self) -> None:
         while self._waiters:
             turn = self._waiters.popleft()
             if not turn.done():
-                turn.set_result(None)
+                turn.set_result(True)
                 break
 
 

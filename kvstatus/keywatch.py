@@ -1,26 +1,30 @@
-"""``wait_for``'s wake-up: one room key watched through CLIENT TRACKING, on a connection of its own.
+"""``wait_for``'s wake-up: room keys watched through CLIENT TRACKING, every wait of a client on one connection
+per node (a :class:`WatchHub`).
 
 Redis tracks the keys a ``CLIENT TRACKING ON`` connection reads and pushes an ``invalidate`` message on
 that same connection (RESP3) the first time one of them changes afterwards. So a waiter arms its watch by
-reading the room key (``EXISTS``), then reads the entry through the store: any write to the room after
-the arm (an update, a cancel, a clear, the TTL, ``FLUSHALL``) wakes it, and it re-arms before it reads
+reading the room key (``EXISTS``) on the hub, then reads the entry through the store: any write to the room
+after the arm (an update, a cancel, a clear, the TTL, ``FLUSHALL``) wakes it, and it re-arms before it reads
 again. The writers pay nothing for it: no publish, no channel, nothing in the update script.
 
-Nothing another client sends reaches this connection (there is no channel to publish on), and anything it
-cannot read counts as a change: the waiter re-reads rather than miss one.
+The waits of a client share its hub of each node (500 waiters: one connection, not 500). Each wait holds a
+:class:`Ticket`; replies come back in the order the arms were sent, so each arm's answer goes to its ticket,
+and a push wakes the tickets of its keys whose arm was answered before it (what changed before an arm's
+answer is seen by the read that follows the arm). Nothing another client sends reaches this connection
+(there is no channel to publish on), and anything the hub cannot read counts as a change of every key, or
+breaks the hub: the waiters re-read rather than miss one, and the next arm opens a new hub.
 
-A wait that ends gives its connection back to its client's :class:`WatchPool`, so the next ``wait_for`` on
-that node arms in one round trip instead of opening a connection (redis-py's handshake and ``CLIENT
-TRACKING``, five). Keys a pooled connection watched before may still wake it once: a spurious wake costs a
-read, never a missed change.
+The hub is read by whoever the event loop or a thread appoints (:func:`kvstatus.concurrency.async_start_reader`):
+:meth:`WatchHub.on_readable` runs without blocking and calls the woken tickets' ``wake``.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import hiredis
 
@@ -31,25 +35,44 @@ class WatchRefused(LinkLost):
     """The ACL refused the watch's read of the key (a user without ``+exists``)."""
 
 
-class KeyWatch(InvalidationSocket):
-    """One key, tracked on its own RESP3 connection; the socket is non-blocking once :meth:`open` returned.
+class Ticket:
+    """One wait's watch of one key on a hub. ``changed`` is True once a push for the key (or anything
+    unreadable) arrived after the last arm was answered; ``error`` names an arm the server answered with an
+    error (``refused``: by the ACL); ``wake()`` is called (under the hub's lock) whenever any of these moves."""
 
-    ``changed`` is True once an invalidation (or anything unreadable) arrived after the last arm was
-    answered; ``armed`` while the key is tracked and no change has been seen since.
+    __slots__ = ("key", "wake", "asked", "answers", "changed", "error", "refused")
+
+    def __init__(self, key: bytes, wake: Callable[[], None]) -> None:
+        self.key = key
+        self.wake = wake
+        self.asked = 0
+        self.answers = 0
+        self.changed = True  # not armed yet
+        self.error = ""
+        self.refused = False
+
+    @property
+    def answered(self) -> bool:
+        return self.answers == self.asked
+
+    @property
+    def armed(self) -> bool:
+        return self.asked > 0 and self.answered and not self.changed and not self.error
+
+
+class WatchHub(InvalidationSocket):
+    """One RESP3 connection with tracking on, shared by every wait of one client on one node; thread-safe.
+
+    ``broken`` says why the connection failed (every ticket was woken; the hub takes no more arms).
     """
 
-    def __init__(self, connection: Any, key: str) -> None:
+    def __init__(self, connection: Any) -> None:
         super().__init__(connection)
-        self.answers = 0  # arms answered so far
-        self.asked = 0  # arms sent so far
-        self.retarget(key)
-
-    def retarget(self, key: str) -> None:
-        """Watch ``key`` from the next :meth:`arm` on (a pooled connection's next wait)."""
-        self.key = key
-        self._key = key.encode()
-        self._arm = b"".join(self.connection.pack_command("EXISTS", self._key))
-        self.changed = True  # not armed for this key yet
+        self.lock = threading.Lock()
+        self.tickets: dict[bytes, set[Ticket]] = {}
+        self.pending: collections.deque[Ticket] = collections.deque()  # arms sent, answers not yet read
+        self.broken = ""
+        self.on_close: Optional[Callable[[], None]] = None  # stops whoever reads the hub
 
     def setup(self, conn: Any) -> None:
         """``CLIENT TRACKING ON`` through redis-py, blocking: an ACL refusal raises ``NoPermissionError``."""
@@ -58,75 +81,151 @@ class KeyWatch(InvalidationSocket):
         if reply not in (b"OK", "OK"):
             raise LinkLost(f"CLIENT TRACKING answered {reply!r}")
 
-    @property
-    def armed(self) -> bool:
-        return self.asked > 0 and self.answers == self.asked and not self.changed
+    def join(self, key: str, wake: Callable[[], None]) -> Ticket:
+        ticket = Ticket(key.encode(), wake)
+        with self.lock:
+            self.tickets.setdefault(ticket.key, set()).add(ticket)
+        return ticket
 
-    def arm(self) -> None:
-        """Send the tracked read of the key (its answer arrives later, see :meth:`take`). Raises LinkLost."""
-        if not self.send(self._arm):  # a socket of one small command that would block: a stuck connection
-            raise LinkLost("watch connection send buffer full")
-        self.asked += 1
-        self.changed = False
+    def leave(self, ticket: Ticket) -> None:
+        """The wait ended: its arms still unanswered are read and dropped (the stream stays in step)."""
+        with self.lock:
+            waiting = self.tickets.get(ticket.key)
+            if waiting is not None:
+                waiting.discard(ticket)
+                if not waiting:
+                    del self.tickets[ticket.key]
 
-    def take(self) -> None:
-        """Read what arrived, without blocking: count the arms' answers, note a change. Raises LinkLost (the
-        connection broke, or Redis answered an arm with an error: a MOVED slot), WatchRefused (the ACL)."""
-        self.receive()
+    def arm(self, ticket: Ticket) -> None:
+        """Send the tracked read of the ticket's key; its answer arrives later. Raises LinkLost."""
+        with self.lock:
+            if self.broken:
+                raise LinkLost(self.broken)
+            command = b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%b\r\n" % (len(ticket.key), ticket.key)
+            try:
+                sent = self.send(command)
+            except LinkLost as exc:
+                self._break(str(exc))
+                raise
+            if not sent:  # a socket of small commands that would block: a stuck connection
+                self._break("watch connection send buffer full")
+                raise LinkLost(self.broken)
+            self.pending.append(ticket)
+            ticket.asked += 1
+            ticket.changed = False
+            ticket.error = ""
+
+    def on_readable(self) -> None:
+        """Read what arrived, without blocking, and wake the tickets it concerns."""
+        with self.lock:
+            if self.broken:
+                return
+            try:
+                self.receive()
+                self._dispatch()
+            except LinkLost as exc:
+                self._break(str(exc))
+
+    def _dispatch(self) -> None:
         while True:
             message = self.reader.gets()
             if message is False:
                 return
-            if isinstance(message, hiredis.ReplyError):
-                refused = str(message).startswith("NOPERM")  # the ACL: asking again would not help
-                raise (WatchRefused if refused else LinkLost)(f"watch of {self.key} got an error: {message}")
             if isinstance(message, list):  # a push
                 keys = message[1] if len(message) == 2 and message[0] == b"invalidate" else None
-                # This key, every key (FLUSHALL: no list), or a push not understood; another key is one a pooled
-                # connection watched for an earlier wait.
-                if not isinstance(keys, list) or self._key in keys:
-                    self.changed = True
-            else:  # an arm's answer; what changed before it is seen by the read that follows the arm
-                self.answers += 1
-                self.changed = False
+                if isinstance(keys, list):
+                    for key in keys:
+                        for ticket in self.tickets.get(key, ()):
+                            self._changed(ticket)
+                else:  # every key (FLUSHALL: no list), or a push not understood
+                    for tickets in self.tickets.values():
+                        for ticket in tickets:
+                            self._changed(ticket)
+                continue
+            if not self.pending:
+                raise LinkLost(f"watch connection answered nothing it was asked: {message!r}")
+            ticket = self.pending.popleft()
+            ticket.answers += 1
+            if isinstance(message, hiredis.ReplyError):  # NOPERM (the ACL), MOVED (a cluster's slot moved)
+                ticket.error = f"watch of {ticket.key.decode(errors='replace')} got an error: {message}"
+                ticket.refused = str(message).startswith("NOPERM")
+            elif ticket.answered:
+                ticket.changed = False  # what changed before the answer is seen by the read after the arm
+            ticket.wake()
+
+    @staticmethod
+    def _changed(ticket: Ticket) -> None:
+        if ticket.asked and ticket.answered and not ticket.changed:
+            ticket.changed = True
+            ticket.wake()
+
+    def _break(self, reason: str) -> None:
+        """Under the lock: the connection failed; wake every ticket and close."""
+        self.broken = reason or "watch connection failed"
+        for tickets in self.tickets.values():
+            for ticket in tickets:
+                ticket.wake()
+        self._shut()
+
+    def _shut(self) -> None:
+        stop, self.on_close = self.on_close, None
+        if stop is not None:
+            stop()
+        super().close()
+
+    def close(self) -> None:
+        with self.lock:
+            if not self.broken:
+                self.broken = "the store closed"
+                for tickets in self.tickets.values():
+                    for ticket in tickets:
+                        ticket.wake()
+            self._shut()
 
 
 class WatchPool:
-    """Idle watch connections of one client, by node name; thread-safe. A forked child starts with none (the
-    parent's sockets are left to the parent)."""
-
-    MAX_IDLE_PER_NODE = 4
+    """The hubs of one client, by node name; thread-safe. A forked child starts with none (the parent's
+    sockets are left to the parent)."""
 
     def __init__(self) -> None:
-        self._idle: dict[str, list[KeyWatch]] = {}
+        self._hubs: dict[str, WatchHub] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
+        self._opening: Any = None
 
-    def take(self, node: str) -> Optional[KeyWatch]:
+    def opening(self, make: Callable[[], Any]) -> Any:
+        """The lock one opener holds while it connects a hub (``make()``: a new one, made once)."""
+        with self._lock:
+            if self._opening is None:
+                self._opening = make()
+            return self._opening
+
+    def hub(self, node: str) -> Optional[WatchHub]:
+        """The live hub of ``node``, if any (a broken one is forgotten)."""
         with self._lock:
             if self._pid != os.getpid():
-                self._idle, self._pid = {}, os.getpid()
-            idle = self._idle.get(node)
-            return idle.pop() if idle else None
+                self._hubs, self._pid, self._opening = {}, os.getpid(), None
+            hub = self._hubs.get(node)
+            if hub is not None and hub.broken:
+                del self._hubs[node]
+                hub = None
+            return hub
 
-    def give(self, node: str, watch: KeyWatch) -> None:
-        """Keep ``watch`` for the next wait on ``node``, or close it (a full pool, an arm still unanswered)."""
-        if watch.answers == watch.asked:
-            with self._lock:
-                idle = self._idle.setdefault(node, [])
-                if not self._closed and self._pid == os.getpid() and len(idle) < self.MAX_IDLE_PER_NODE:
-                    idle.append(watch)
-                    return
-        watch.close()
+    def add(self, node: str, hub: WatchHub) -> bool:
+        """Keep ``hub`` for ``node``; False (and the caller closes it) once the pool is closed."""
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                return False
+            self._hubs[node] = hub
+            return True
 
     def close(self) -> None:
-        """Close the idle connections; a watch given back later is closed too."""
+        """Close the hubs; their waits wake and see them broken."""
         with self._lock:
-            idle = [watch for watches in self._idle.values() for watch in watches]
-            self._idle, self._closed = {}, True
-        for watch in idle:
-            watch.close()
+            hubs, self._hubs, self._closed = list(self._hubs.values()), {}, True
+        for hub in hubs:
+            hub.close()
 
 
 _POOLS: weakref.WeakKeyDictionary[Any, WatchPool] = weakref.WeakKeyDictionary()
@@ -134,7 +233,7 @@ _POOLS_LOCK = threading.Lock()
 
 
 def pool_of(client: Any) -> WatchPool:
-    """The watch pool of a redis-py client (made on first use, gone with the client)."""
+    """The watch hubs of a redis-py client (made on first use, gone with the client)."""
     with _POOLS_LOCK:
         pool = _POOLS.get(client)
         if pool is None:
@@ -143,7 +242,7 @@ def pool_of(client: Any) -> WatchPool:
 
 
 def close_pool(client: Any) -> None:
-    """Close the watch connections ``client``'s pool holds (its store is closing the client)."""
+    """Close the watch connections of ``client`` (its store is closing the client)."""
     with _POOLS_LOCK:
         pool = _POOLS.pop(client, None)
     if pool is not None:

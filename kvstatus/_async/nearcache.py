@@ -232,7 +232,7 @@ class AsyncNearCache(NearCacheBase):
         try:
             await data.connect()
             inval = InvalidationSocket(sync_twin(data))
-            await async_run_blocking(inval.open)
+            await async_run_blocking(inval.open, inval.close)  # cancelled: closed once the open ends
             if peer_of(data) != inval.peer:
                 raise LinkLost("the data and invalidation connections reached different servers")
             await data.send_command(*tracking_command(inval.client_id, self.state.schema, self.state.options.bcast))
@@ -385,6 +385,11 @@ class AsyncLinkTransport:
                                 replies[i] = await conn.read_response(disconnect_on_error=True)
                             except rx.ResponseError as exc:
                                 replies[i] = exc
+                except BaseException:
+                    # Cancelled (or failed) between a send and its last reply: an unread reply would answer the
+                    # next fill, so the links go.
+                    cache._reset_links("a read was interrupted")
+                    raise
                 finally:
                     cache.links.busy = False
         except SlotMoved as exc:

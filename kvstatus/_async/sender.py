@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Protocol, TypeVar
 
-from kvstatus.concurrency import AsyncGate, async_pipeline_route, async_sleep
+from kvstatus.concurrency import AsyncGate, async_checkpoint, async_pipeline_route, async_sleep
 from kvstatus.deadline import DEADLINE, enter_deadline, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.observer import StoreObserver
@@ -118,18 +118,21 @@ class AsyncSender:
         token = enter_deadline(self.deadline + request.extra_seconds)  # a wait_for's read never outlasts the wait
         try:
             if via is not None:
-                return request.decode(await self._replies(request.calls, None, via, request.strict))
-            gate = self.gate
-            if gate is None:
-                return await self._send_now(request)
-            if not await gate.acquire(time_left() or 0.0):
-                raise pool_exhausted(gate.limit, self.deadline + request.extra_seconds)
-            try:
-                return await self._send_now(request)
-            finally:
-                gate.release()
+                result = request.decode(await self._replies(request.calls, None, via, request.strict))
+            elif self.gate is None:
+                result = await self._send_now(request)
+            else:
+                gate = self.gate
+                if not await gate.acquire(time_left() or 0.0):
+                    raise pool_exhausted(gate.limit, self.deadline + request.extra_seconds)
+                try:
+                    result = await self._send_now(request)
+                finally:
+                    gate.release()
         finally:
             DEADLINE.reset(token)
+        async_checkpoint()  # a cancel redis-py swallowed (its asyncio.wait_for) is raised, not a result returned
+        return result
 
     async def _send_now(self, request: Request[T]) -> T:
         calls = request.calls

@@ -154,8 +154,10 @@ class AsyncStatusStore(StoreBase):
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
         return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by CLIENT TRACKING
         when the room changes (see :mod:`kvstatus.waiting`), re-reading every second, and polling every 50 ms if
-        the server refuses tracking or the watch breaks. Each step
-        keeps the deadline: against a hung server it raises within ``min(deadline, timeout)`` seconds."""
+        the server refuses tracking or the watch breaks. Each step (a watch and the read after it are one) keeps
+        the deadline: against a server hung before or during the wait it raises
+        :class:`~kvstatus.errors.BackendUnavailableError` within ``min(deadline, timeout)`` seconds of the step's
+        start (``timeout=None``: ``deadline``), each step being given at least 0.5 s."""
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))
         reader = self._uncached(who)

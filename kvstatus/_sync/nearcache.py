@@ -233,7 +233,7 @@ class NearCache(NearCacheBase):
         try:
             data.connect()
             inval = InvalidationSocket(sync_twin(data))
-            run_blocking(inval.open)
+            run_blocking(inval.open, inval.close)  # cancelled: closed once the open ends
             if peer_of(data) != inval.peer:
                 raise LinkLost("the data and invalidation connections reached different servers")
             data.send_command(*tracking_command(inval.client_id, self.state.schema, self.state.options.bcast))
@@ -386,6 +386,11 @@ class LinkTransport:
                                 replies[i] = conn.read_response(disconnect_on_error=True)
                             except rx.ResponseError as exc:
                                 replies[i] = exc
+                except BaseException:
+                    # Cancelled (or failed) between a send and its last reply: an unread reply would answer the
+                    # next fill, so the links go.
+                    cache._reset_links("a read was interrupted")
+                    raise
                 finally:
                     cache.links.busy = False
         except SlotMoved as exc:

@@ -16,10 +16,18 @@ from typing import Any, Optional
 
 from redis import exceptions as rx
 
-from kvstatus.concurrency import BROKEN, readable, run_blocking, sleep
+from kvstatus.concurrency import (
+    BROKEN,
+    Lock,
+    Signal,
+    checkpoint,
+    run_blocking,
+    sleep,
+    start_reader,
+)
 from kvstatus.deadline import DEADLINE
 from kvstatus.invalidation import LinkLost, sync_twin
-from kvstatus.keywatch import KeyWatch, WatchRefused, pool_of
+from kvstatus.keywatch import Ticket, WatchHub, WatchRefused, pool_of
 from kvstatus.rule import KVPoll
 from kvstatus.topology import SlotMoved, Topology
 from kvstatus.waitplan import (
@@ -37,8 +45,8 @@ from kvstatus.waitplan import (
 
 
 class RoomWatch:
-    """A :class:`~kvstatus.keywatch.KeyWatch` on the node of room ``key``, taken from the client's pool or
-    opened, and armed, within deadlines; :meth:`close` gives a healthy one back to the pool.
+    """One wait's :class:`~kvstatus.keywatch.Ticket` for room ``key`` on the client's hub of the key's node
+    (opened by the first wait that needs it), armed within deadlines; :meth:`close` leaves the hub.
 
     ``refused`` says why the server or the ACL refused to track (asked once: the wait then polls);
     ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
@@ -48,74 +56,97 @@ class RoomWatch:
         self.client = client
         self.key = key
         self.pool = pool_of(client)
-        self.watch: Optional[KeyWatch] = None
-        self.node = ""
+        self.hub: Optional[WatchHub] = None
+        self.ticket: Optional[Ticket] = None
+        self.signal = Signal()
         self.refused = ""
         self.error = ""
 
     def ready(self, until: float) -> bool:
-        """Watch the key: connect if needed, and arm unless armed, by monotonic ``until``; False if not now."""
+        """Watch the key: join the node's hub (opening it if needed) and arm unless armed, by monotonic
+        ``until``; False if not now."""
         if self.refused:
             return False
-        if self.watch is None:
-            self.node = Topology(self.client).node_name(self.key)
-            self.watch = self.pool.take(self.node)
-            if self.watch is not None:
-                self.watch.retarget(self.key)
-                if self._arm(until):
-                    return True  # else the idle connection had died (a restart, a timeout): open a new one
-        return False if self.refused else self._arm(until)
-
-    def _arm(self, until: float) -> bool:
         try:
-            watch = self.watch
-            if watch is None:
-                topology = Topology(self.client)
-                self.node = topology.node_name(self.key)
-                data = topology.new_data_connection(self.node)
-                if topology.sentinel:  # its connections learn the master's address by connecting
-                    data.connect()
-                    data.disconnect()
-                watch = self.watch = KeyWatch(sync_twin(data), self.key)
-                run_blocking(watch.open)
-            if not watch.armed:
-                watch.arm()
-                while watch.answers < watch.asked:
-                    if not readable(watch, until - time.monotonic()):
-                        raise LinkLost("the server did not answer the watch in time")
-                    watch.take()
+            ticket = self.ticket
+            if ticket is None or self.hub is None or self.hub.broken:
+                ticket = self._join(until)
+            if not ticket.armed:
+                assert self.hub is not None
+                self.hub.arm(ticket)
+                if not self._until(lambda: ticket.answered, until - time.monotonic()):
+                    raise LinkLost("the server did not answer the watch in time")
+                if ticket.error:
+                    raise (WatchRefused if ticket.refused else LinkLost)(ticket.error)
             return True
         except (rx.ResponseError, WatchRefused) as exc:  # NOPERM on CLIENT TRACKING, HELLO 3 or EXISTS
             self.refused = str(exc)
         except (*BROKEN, LinkLost, SlotMoved) as exc:
             self.error = str(exc)
-        self._discard()
+        self.close()
         return False
+
+    def _join(self, until: float) -> Ticket:
+        self.close()
+        node = Topology(self.client).node_name(self.key)
+        hub = self.pool.hub(node)
+        if hub is None:
+            with self.pool.opening(Lock):  # one connection per node, whatever the number of waits
+                hub = self.pool.hub(node)
+                if hub is None:
+                    hub = self._open(node)
+        if hub.broken:
+            raise LinkLost(hub.broken)
+        self.hub = hub
+        self.ticket = hub.join(self.key, self.signal.set)
+        return self.ticket
+
+    def _open(self, node: str) -> WatchHub:
+        topology = Topology(self.client)
+        data = topology.new_data_connection(node)
+        if topology.sentinel:  # its connections learn the master's address by connecting
+            data.connect()
+            data.disconnect()
+        hub = WatchHub(sync_twin(data))
+        run_blocking(hub.open, hub.close)  # cancelled: closed once the open ends
+        start_reader(hub)
+        if not self.pool.add(node, hub):
+            hub.close()
+            raise LinkLost("the store is closed")
+        return hub
+
+    def _until(self, done: Callable[[], bool], seconds: float) -> bool:
+        """Sleep until ``done()`` or the hub broke, for up to ``seconds``; whether ``done()``."""
+        ends = time.monotonic() + seconds
+        while True:
+            self.signal.clear()
+            if done():
+                return True
+            hub = self.hub
+            if hub is None or hub.broken:
+                raise LinkLost(hub.broken if hub is not None else "the watch was closed")
+            left = ends - time.monotonic()
+            if left <= 0:
+                return False
+            self.signal.wait(left)
 
     def changed(self, seconds: float) -> Optional[bool]:
         """Whether the room changed within ``seconds`` (returns once it did); None if the watch broke."""
-        watch = self.watch
-        if watch is None:
+        ticket = self.ticket
+        if ticket is None:
             return None
         try:
-            if not watch.changed and readable(watch, seconds):
-                watch.take()
-            return watch.changed
+            return self._until(lambda: ticket.changed, seconds)
         except LinkLost as exc:
             self.error = str(exc)
-            self._discard()
+            self.close()
             return None
 
-    def _discard(self) -> None:
-        watch, self.watch = self.watch, None
-        if watch is not None:
-            watch.close()
-
     def close(self) -> None:
-        """End the wait: the connection goes back to the pool (or is closed, see :meth:`WatchPool.give`)."""
-        watch, self.watch = self.watch, None
-        if watch is not None:
-            self.pool.give(self.node, watch)
+        """Leave the hub (its connection stays, for the client's other waits)."""
+        hub, ticket, self.hub, self.ticket = self.hub, self.ticket, None, None
+        if hub is not None and ticket is not None:
+            hub.leave(ticket)
 
 
 def wait_for(
@@ -131,13 +162,16 @@ def wait_for(
 ) -> Optional[KVPoll]:
     """Wait until ``participant``'s entry in room ``key`` is one of ``statuses``; return it, or None after
     ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
-    path; ``deadline`` (seconds) bounds each watch attempt as it bounds a store call."""
+    path; ``deadline`` (seconds) bounds each step as it bounds a store call: a watch and the read that follows
+    it share one, so against a hung server the wait raises about ``deadline`` seconds after a step began."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     watch = RoomWatch(client, key)
     reply: Any = None
+    watched: Optional[float] = None  # the deadline of the watch a read follows: the two are one step
     try:
         while True:
+            checkpoint()  # a cancel that a step swallowed (see there) ends the wait here
             try:
                 kind, argument = plan.send(reply)
             except StopIteration as done:
@@ -145,14 +179,16 @@ def wait_for(
             if kind == CLOCK:
                 reply = time.monotonic()
             elif kind == WATCH:
-                until = step_deadline(ends, deadline)
+                until = watched = step_deadline(ends, deadline)
                 step = DEADLINE.set(until)
                 try:
                     reply = watch.ready(until)
                 finally:
                     DEADLINE.reset(step)
             elif kind == READ:
-                step = DEADLINE.set(step_deadline(ends, deadline))  # the send path keeps the earlier one
+                until = step_deadline(ends, deadline) if watched is None else watched
+                watched = None
+                step = DEADLINE.set(until)  # the send path keeps the earlier one
                 try:
                     reply = read()
                 finally:

@@ -29,7 +29,7 @@ def _expire(raw: Any, namespace: str, participant: str) -> None:
 def _populate(backend: Backend) -> dict[str, Any]:
     """dead-0 (lease, expires), live-0 (lease), plain-0 (no lease, never sweepable) in rooms 1..6."""
     dead = backend.store(participant="dead-0", lease_ttl=3, policy="strict")
-    live = backend.store(participant="live-0", lease_ttl=3)
+    live = backend.store(participant="live-0", lease_ttl=60)  # alive throughout: no lapse under CPU starvation
     plain = backend.store(participant="plain-0")
     for room, status in {1: B, 2: W, 3: T, 4: S, 5: F, 6: T}.items():
         dead.update_status(room, B)  # strict: only Bootstrapping or WaitingForInput create an entry

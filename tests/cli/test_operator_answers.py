@@ -103,7 +103,7 @@ def test_the_exit_codes_are_in_the_help() -> None:
 
 def test_sweep_of_a_named_participant_without_a_lease_says_so_and_names_the_lost_one(server, connect_fake) -> None:
     _store(server, participant="dead-0", lease_ttl=3).update_status(1, T)
-    _store(server, participant="live-0", lease_ttl=3).update_status(1, T)
+    _store(server, participant="live-0", lease_ttl=60).update_status(1, T)  # alive throughout: never lapses
     _store(server, participant="plain-0").update_status(1, T)
     _expire(server, "dead-0")
     result = cli(connect_fake, "sweep", "-p", "plain-0", "-p", "live-0")

@@ -42,6 +42,7 @@ from kvstatus.url import url_timeline
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import assert_clean_failure, invoke, run_cli
 from tests.helpers.tiers import require_redis_server
+from tests.helpers.timing import slack
 from tests.observe.support import ServerProcess, sample, scrape, wait_until
 from tests.servers import RedisServer
 
@@ -149,7 +150,7 @@ def test_a_cli_read_against_a_hung_server_exits_1_at_its_deadline(
     assert not isinstance(done, Exception), done  # an exception out of the CLI would be a traceback
     assert_clean_failure(done.output, done.exit_code, 1, f"Error: {UNAVAILABLE}", HINT)
     assert len(done.output.strip().splitlines()) == 2, done.output  # the error line and its hint
-    assert took < DEADLINE + SLACK, took
+    assert took < DEADLINE + slack(SLACK), took
 
 
 @pytest.mark.parametrize("name", ["ls --stuck --older-than", "health"])
@@ -162,7 +163,7 @@ def test_the_cli_as_an_operator_runs_it_against_a_hung_server(hung: Hung, name: 
     assert isinstance(done, subprocess.CompletedProcess), done  # TimeoutExpired: it hung
     assert_clean_failure(done.stdout + done.stderr, done.returncode, 1, f"Error: {UNAVAILABLE}", HINT)
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 2, done.stderr
-    assert took < DEADLINE + STARTUP, took
+    assert took < DEADLINE + slack(STARTUP), took
 
 
 @pytest.mark.parametrize(
@@ -187,7 +188,7 @@ def test_the_doctor_and_the_function_tools_against_a_hung_server_exit_1_at_the_d
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
     assert shown in done.stdout + done.stderr, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    assert took < DEADLINE + STARTUP, took
+    assert took < DEADLINE + slack(STARTUP), took
 
 
 # -- 2. the board and the exporter ----------------------------------------------------------------------
@@ -216,7 +217,7 @@ def test_the_boards_stuck_and_pairs_answer_503_at_the_deadline(hung: Hung) -> No
             answers = {url: _timed(lambda: _http(url)) for url in (stuck, pairs)}  # noqa: B023 - used at once
         for url, (took, (code, text)) in answers.items():
             assert code == 503 and "BackendUnavailableError" in text and UNAVAILABLE in text, (url, code, text)
-            assert took < DEADLINE + SLACK, (url, took)
+            assert took < DEADLINE + slack(SLACK), (url, took)
         assert _http(stuck)[0] == 200
         assert board.terminate() == 0
         assert "Traceback" not in board.output
@@ -244,7 +245,7 @@ def test_the_exporters_health_pass_gives_up_at_the_deadline(hung: Hung) -> None:
             started = time.monotonic()
             wait_until(down, 60, "the exporter to report Redis down")
             took = time.monotonic() - started
-        assert took < interval + DEADLINE + SLACK, took
+        assert took < interval + DEADLINE + slack(SLACK), took
         wait_until(lambda: sample(scrape(metrics), "kvstatus_up", namespace=hung.namespace) == 1, 30, "up again")
         assert exporter.terminate() == 0
         assert "Traceback" not in exporter.output and "pass failed" in exporter.output
@@ -276,7 +277,7 @@ def test_a_timeline_update_against_a_hung_server_raises_at_its_deadline(hung: Hu
             took, error = _timed(lambda: call(KVPoll.Transferring))
         assert isinstance(error, BackendUnavailableError), error
         assert "may or may not have been applied" in str(error)
-        assert took < DEADLINE + SLACK, took
+        assert took < DEADLINE + slack(SLACK), took
         reader = StatusStore.from_url(hung.server.url, namespace=hung.namespace)
         steps = wait_until(lambda: [s.status for s in reader.room(room).timelines.get("prefill-1", ())][1:], 10)
         assert steps == [KVPoll.Transferring]

@@ -163,13 +163,18 @@ def test_the_consensus_is_one_script_call_on_a_single_redis() -> None:
 
 @pytest.mark.real
 def test_the_sync_keeper_renews_in_the_background_within_the_budget(redis_server: RedisServer) -> None:
-    store = StatusStore.from_url(redis_server.url, namespace=fresh_namespace("lease"), participant="p", lease_ttl=3)
+    # A 6 s TTL, renewed every 2 s: a stall of the renewing thread up to 4 s (two CPU-bound processes beside the
+    # suite on a 2-core box) does not lapse it; with the least TTL (3 s) a 2 s stall did (issue 35 item 4).
+    store = StatusStore.from_url(redis_server.url, namespace=fresh_namespace("lease"), participant="p", lease_ttl=6)
     store.acquire_lease()
     started = time.monotonic()
-    time.sleep(4.2)  # longer than the TTL: only the background renewals keep it alive
+    for _ in range(1200):  # until three renewals (>= the TTL after the acquire), polled for up to 60 s
+        if store.lease.renewals >= 3:
+            break
+        time.sleep(0.05)
     elapsed = time.monotonic() - started
     lease = store.lease
-    assert lease.held and 3 <= lease.renewals <= elapsed / 1.0 + 1  # one renewal per ttl/3 = 1 s, at most 1/s
+    assert lease.held and 3 <= lease.renewals <= elapsed / 2.0 + 1  # one renewal per ttl/3 = 2 s, never more often
     assert store.update_status(1, B).status is B  # no synchronous renewal was needed, nor lost
     store.close()
     assert {

@@ -15,7 +15,7 @@ import pytest
 import redis.connection
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.keywatch import KeyWatch
+from kvstatus.keywatch import Ticket, WatchHub
 from kvstatus.storebase import StoreBase
 from tests.helpers.backends import fresh_namespace
 
@@ -55,14 +55,14 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    arm = KeyWatch.arm  # wait_for's watch sends its arm on its own socket, past redis-py
+    arm = WatchHub.arm  # wait_for's watch sends its arm on its hub's socket, past redis-py
 
-    def counting_arm(self: KeyWatch) -> None:
+    def counting_arm(self: WatchHub, ticket: Ticket) -> None:
         if threading.get_ident() == me:
             counted[0] += 1
-        arm(self)
+        arm(self, ticket)
 
-    monkeypatch.setattr(KeyWatch, "arm", counting_arm)
+    monkeypatch.setattr(WatchHub, "arm", counting_arm)
     yield counted
 
 

@@ -306,3 +306,33 @@ def test_a_pooled_watch_refused_its_arm_opens_no_other(redis_server: RedisServer
             assert int(admin.info("stats")["total_connections_received"]) == opened
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-lost")
+
+
+def test_a_watch_and_the_read_after_it_share_one_deadline(writer: StatusStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36 (Low): ``wait_for(timeout=None)`` on a server hung before the call raised after 2 x the deadline
+    (10 s), the watch's connect and the first read each taking a whole one. A watch and the read after it are one
+    step now: the read runs under the deadline the watch had, so the wait raises about ``deadline`` after it
+    began. Asserted on the deadlines themselves, not on a clock."""
+    from kvstatus._sync import waiting as sync_waiting
+    from kvstatus.deadline import DEADLINE
+
+    watches: list[float] = []
+    ready = sync_waiting.RoomWatch.ready
+
+    def spy(self: Any, until: float) -> bool:
+        watches.append(until)
+        return ready(self, until)
+
+    monkeypatch.setattr(sync_waiting.RoomWatch, "ready", spy)
+    reads: list[Optional[float]] = []
+
+    def read() -> Optional[KVPoll]:
+        reads.append(DEADLINE.get())
+        time.sleep(0.01)  # a step that takes time: the next step's deadline is later than this one's
+        return writer.get(30)
+
+    key = writer._core.schema.room_key(30)
+    assert wait_for(writer.client, key, "w", KVPoll.Success, 0.3, read, 5.0, recheck=0.1, poll_interval=0.1) is None
+    assert len(watches) >= 2 and len(reads) >= len(watches)
+    assert reads[0] == watches[0]  # the first watch and the first read: one step
+    assert set(watches) <= set(reads)  # every read after a watch kept the watch's deadline

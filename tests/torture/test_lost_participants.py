@@ -27,6 +27,7 @@ from kvstatus.connection import connect
 from kvstatus.keys import KeySchema
 from tests.helpers import ROOT
 from tests.helpers.backends import fresh_namespace
+from tests.helpers.timing import slack
 
 LEASE_TTL = 3.0
 SLACK = 2.0  # scheduling on a loaded 2-core box: the bound checked is TTL + this
@@ -111,7 +112,9 @@ def test_a_killed_participant_fails_its_rooms_and_nobody_elses(url: str, workers
 
     workers[1].proc.kill()
     killed_at = time.monotonic()
-    _within(LEASE_TTL + SLACK, lambda: lost_participants(client, schema) == {"decode-0"}, "decode-0's lease lost")
+    _within(
+        LEASE_TTL + slack(SLACK), lambda: lost_participants(client, schema) == {"decode-0"}, "decode-0's lease lost"
+    )
     assert time.monotonic() - killed_at >= LEASE_TTL - 1.0  # not before its last renewal's deadline
     lost = RoomConsensus(KVPoll.Failed, "participant decode-0 lost its lease", ("decode-0",))
     assert reader.room_statuses(ROOMS, names) == {room: lost for room in ROOMS}  # before any sweep
@@ -141,7 +144,7 @@ def test_a_paused_participant_learns_at_its_next_write_that_it_lost_its_lease(ur
     proc = workers[0].proc
     proc.send_signal(signal.SIGSTOP)
     try:
-        _within(LEASE_TTL + SLACK, lambda: lost_participants(client, schema) == {"prefill-3"}, "lease lost")
+        _within(LEASE_TTL + slack(SLACK), lambda: lost_participants(client, schema) == {"prefill-3"}, "lease lost")
         assert sweep(client, schema).swept == 5
     finally:
         proc.send_signal(signal.SIGCONT)

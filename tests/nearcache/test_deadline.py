@@ -25,6 +25,7 @@ from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.waitplan import MIN_STEP_SECONDS
 from tests.helpers.backends import fresh_namespace
+from tests.helpers.clock import hold_background_watch
 from tests.helpers.timing import slack
 from tests.servers import RedisServer
 
@@ -202,6 +203,7 @@ def test_the_peer_watchs_sweep_keeps_the_deadline(
     from kvstatus._async import leases as async_leases
     from kvstatus._sync import leases as sync_leases
 
+    hold_background_watch(monkeypatch)  # the looks below are the test's own: the background must not go first
     with runner(server.url, asynchronous, lease_ttl=10) as run:
         namespace = run.store.namespace
         peer = StatusStore.from_url(server.url, namespace=namespace, participant="q", lease_ttl=3)

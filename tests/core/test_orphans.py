@@ -22,14 +22,6 @@ def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     hold_background_watch(monkeypatch)
 
 
-def _release(backend: Backend, store) -> None:  # type: ignore[no-untyped-def]
-    """What the store's close() does to its lease, without closing the client the backend's stores may share."""
-    if backend.asynchronous:
-        backend._runner.run_until_complete(store._store._keeper.close())
-    else:
-        store._keeper.close()
-
-
 def test_a_room_no_decode_joined_fails_the_prefills_entry_naming_the_cause(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -73,7 +65,7 @@ def test_while_a_decode_is_dead_a_room_no_decode_joined_fails_in_seconds(
     dead.update_status(1, B)
     prefill.update_status(1, B)
     assert prefill.look_at_peers() == 0  # the watch knows the decode
-    _release(backend, dead)  # gone (its release tells the watch at once; a SIGKILL, its presence)
+    backend.release_lease(dead)  # gone (its release tells the watch at once; a SIGKILL, its presence)
     assert prefill.look_at_peers() == 1  # its entry in room 1 failed
     prefill.update_status(2, B)  # a router still sends it requests: nobody joins this room
     shift_watch_clock(monkeypatch, ORPHAN_AFTER_DEATH_SECONDS + 0.5)

@@ -26,14 +26,6 @@ def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     hold_background_watch(monkeypatch)
 
 
-def _release(backend: Backend, store) -> None:  # type: ignore[no-untyped-def]
-    """What the store's close() does to its lease, without closing the client the backend's stores share."""
-    if backend.asynchronous:
-        backend._runner.run_until_complete(store._store._keeper.close())
-    else:
-        store._keeper.close()
-
-
 def _pair(backend: Backend):  # type: ignore[no-untyped-def]
     decode = backend.store(participant="decode-0", lease_ttl=3)
     prefill = backend.store(participant="prefill-0", lease_ttl=3)
@@ -62,7 +54,7 @@ def _check_failed(backend: Backend, decode, stage: Stage, reason: str) -> None: 
 
 def test_a_peer_that_closed_fails_its_open_entries_at_the_next_look(backend: Backend) -> None:
     decode, prefill = _pair(backend)
-    _release(backend, prefill)
+    backend.release_lease(prefill)
     assert decode.look_at_peers() == 3
     _check_failed(backend, decode, Stage.LEASE_LOST, "participant prefill-0 lost its lease")
     assert decode.look_at_peers() == 0  # idempotent: nothing open is left
@@ -142,7 +134,7 @@ def test_a_dead_peers_mark_is_dropped_once_its_record_would_be_gone(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decode, prefill = _pair(backend)
-    _release(backend, prefill)
+    backend.release_lease(prefill)
     assert decode.look_at_peers() == 3
     index = f"kvstatus:{backend.namespace}:leases"
     assert backend.raw.hexists(index, "prefill-0")
@@ -224,7 +216,7 @@ def test_a_room_that_concluded_or_was_written_by_the_peer_is_judged_as_before(ba
     decode.awaits(ROOMS[1], ADDRESS)
     decode.update_status(ROOMS[2], S)  # the decode's part is done: it waits on nobody any more
     decode.awaits(ROOMS[2], ADDRESS)
-    _release(backend, prefill)
+    backend.release_lease(prefill)
     assert decode.look_at_peers() == 2
     assert decode.failure(ROOMS[1]).origin == "prefill-0"  # the peer's entry, failed as before
     assert decode.failure(ROOMS[1]).reason == "participant prefill-0 lost its lease"
@@ -279,7 +271,7 @@ def test_a_peer_that_released_its_lease_at_success_then_restarted_fails_nothing_
     decode, prefill = _waiting(backend)
     prefill.update_status(ROOMS[0], B)
     prefill.update_status(ROOMS[0], S)
-    _release(backend, prefill)
+    backend.release_lease(prefill)
     assert decode.look_at_peers() == 0  # the released mark is seen
     again = backend.store(participant="prefill-0", lease_ttl=3, address=ADDRESS)
     again.acquire_lease()
@@ -293,7 +285,7 @@ def test_a_peer_that_released_its_lease_after_success_fails_nothing_here(backend
     decode, prefill = _waiting(backend)
     prefill.update_status(ROOMS[0], B)
     prefill.update_status(ROOMS[0], S)
-    _release(backend, prefill)
+    backend.release_lease(prefill)
     assert decode.look_at_peers() == 0
     assert decode.get(ROOMS[0]) is B and decode.failure(ROOMS[0]) is None
 
@@ -377,7 +369,7 @@ def test_a_sweep_that_redis_failed_is_planned_again_at_the_next_look(
 
     decode, prefill = _pair(backend)
     if fault == "released":
-        _release(backend, prefill)
+        backend.release_lease(prefill)
     else:
         backend.store(participant="prefill-0", lease_ttl=3).acquire_lease()
     module = async_leases if backend.asynchronous else sync_leases

@@ -74,6 +74,14 @@ class Backend:
         self._stores.append(store)
         return store
 
+    def release_lease(self, store: Any) -> None:
+        """What ``store.close()`` does to its lease (released, its presence gone), without closing the client:
+        a cluster's stores on this backend share its nodes' connections."""
+        if self._runner is not None:
+            self._runner.run_until_complete(store._store._keeper.close())
+        else:
+            store._keeper.close()
+
     def keys(self, namespace: Optional[str] = None) -> list[str]:
         """Every key of ``namespace`` (default: this test's), via SCAN on the raw client."""
         pattern = f"kvstatus:{namespace or self.namespace}:*"

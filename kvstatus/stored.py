@@ -105,7 +105,7 @@ def next_epoch(stored: Any, now_ms: int) -> int:
 def parse_failure(value: Any, key: str, field: str) -> FailureRecord:
     """A room's first failure ``<ms>:<stage>:<origin>:<reason>``: ms at most :data:`MAX_TIME_MS`, a known stage,
     origin 1..:data:`MAX_NAME_BYTES` bytes without a colon (kvstatus writes a name; readers escape what they show),
-    reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored.lua)."""
+    reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored_text.lua)."""
     data = raw(value)
     parts = data.split(b":", 3)
     if (

@@ -35,6 +35,7 @@ local SCRIPT = "cancel"
 -- @include keys
 -- @include fate
 -- @include stored
+-- @include stored_text
 -- @include timeline
 
 local ttl, origin, reason = ARGV[1], ARGV[2], ARGV[3]

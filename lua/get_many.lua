@@ -19,6 +19,7 @@ local SCRIPT = "get_many"
 
 -- @include acl
 -- @include stored
+-- @include stored_text
 
 -- Only to name a refused HGET: a read-only script cannot leave anything half-written.
 local denied = #KEYS > 0 and acl_refusal(ARGV[2] and "hmget" or "hget", KEYS[1])

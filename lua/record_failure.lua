@@ -33,6 +33,7 @@ local SCRIPT = "record_failure"
 -- @include time
 -- @include fate
 -- @include stored
+-- @include stored_text
 
 local field, reason_field, reason, ttl, inc_field, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 

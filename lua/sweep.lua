@@ -34,6 +34,7 @@ local SCRIPT = "sweep"
 -- @include time
 -- @include fate
 -- @include stored
+-- @include stored_text
 -- @include timeline
 
 local field, reason_field, reason, stage = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or "lease-lost"

@@ -3,6 +3,7 @@
 local SCRIPT = "stored_probe"
 
 -- @include stored
+-- @include stored_text
 
 local kind, value = ARGV[1], ARGV[2]
 if kind == "int" then

@@ -28,10 +28,11 @@ from typing import Any, NamedTuple, Optional
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
+from kvstatus.fate import FATE_FIELD, parse_failure, shared_status
 from kvstatus.keys import reason_field, validate_name, validate_rooms
 from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
-from kvstatus.rule import KVPoll
+from kvstatus.rule import FailureRecord, KVPoll
 
 TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})
 MAX_PARTICIPANTS = 64
@@ -72,10 +73,14 @@ def room_consensus(
     statuses: Sequence[Optional[KVPoll]],
     leases: Sequence[LeaseState],
     reasons: Optional[Mapping[str, str]] = None,
+    fate: Optional[FailureRecord] = None,
 ) -> RoomConsensus:
     """The consensus of one room: ``statuses[i]`` and ``leases[i]`` belong to ``participants[i]``.
 
-    ``reasons`` maps a participant to its recorded failure reason (only Failed entries are looked up).
+    ``reasons`` maps a participant to its recorded failure reason (only Failed entries are looked up);
+    ``fate`` is the room's first failure (shared fate: None when the reader has it off). A room that failed reads
+    Failed, naming its first failure, while any expected participant's entry is open or missing (none will serve
+    it), as ``get`` does; once every entry is at Success it reads Success.
     """
     lost = tuple(p for p, lease in zip(participants, leases) if lease == LeaseState.LOST)
     if lost:
@@ -83,6 +88,12 @@ def room_consensus(
             if lease == LeaseState.LOST and status is not None and status not in TERMINAL:
                 missing = tuple(q for q, s in zip(participants, statuses) if s is None)
                 return RoomConsensus(KVPoll.Failed, lost_reason(p), lost, missing)
+    if fate is not None:
+        judged = [shared_status(s, fate, p) for p, s in zip(participants, statuses)]
+        if None in judged or (KVPoll.Failed in judged and KVPoll.Failed not in statuses):
+            missing = tuple(q for q, s in zip(participants, judged) if s is None)
+            return RoomConsensus(KVPoll.Failed, fate.describe(), lost, missing)
+        # An entry that failed itself: the minimum below, with that entry's own reason, as before.
     if None in statuses:
         return RoomConsensus(
             KVPoll.Bootstrapping, None, lost, tuple(p for p, s in zip(participants, statuses) if s is None)
@@ -130,6 +141,7 @@ class Entries(NamedTuple):
     leases: list[LeaseState]
     reasons: dict[int, str]
     epochs: list[int]
+    fates: dict[int, FailureRecord] = {}  # room index -> its first failure (read with shared fate on only)
 
     def statuses(self, i: int) -> list[Optional[KVPoll]]:
         """Room ``rooms[i]``'s statuses, in ``names`` order (None: no entry)."""
@@ -142,9 +154,9 @@ def _statuses(code: Any) -> list[Optional[KVPoll]]:
 
 def consensus_many(entries: Entries) -> dict[int, RoomConsensus]:
     """Apply :func:`room_consensus` to every room of ``entries``."""
-    names, leases, reasons = entries.names, entries.leases, entries.reasons
+    names, leases, reasons, fates = entries.names, entries.leases, entries.reasons, entries.fates
     p = len(names)
-    if LeaseState.LOST not in leases and not reasons:
+    if LeaseState.LOST not in leases and not reasons and not fates:
         # The hot path: nobody is lost and no reason to attach, so a room's result depends on its code alone.
         memo: dict[str, RoomConsensus] = {}
 
@@ -156,7 +168,7 @@ def consensus_many(entries: Entries) -> dict[int, RoomConsensus]:
     result: dict[int, RoomConsensus] = {}
     for i, room in enumerate(entries.rooms):
         own = {names[k - i * p]: reasons[k] for k in range(i * p, (i + 1) * p) if k in reasons} if reasons else None
-        result[room] = room_consensus(names, entries.statuses(i), leases, own)
+        result[room] = room_consensus(names, entries.statuses(i), leases, own, fates.get(i))
     return result
 
 
@@ -176,21 +188,26 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
     keys = schema.room_keys(ids)
     lease_keys = [schema.lease_key(name) for name in names]
     p = len(names)
+    shared = core.shared_fate
 
     if not core.cluster:
-        call = script_call(scripts.ROOM_STATUSES, keys + lease_keys, (str(len(ids)), *names))
+        call = script_call(
+            scripts.ROOM_STATUSES, keys + lease_keys, (str(len(ids)), FATE_FIELD if shared else "", *names)
+        )
 
         def decode_one(replies: list[Any]) -> Entries:
-            leases_raw, codes, flat, epochs = replies[0]
+            leases_raw, codes, flat, epochs, flat_fates = replies[0]
             reasons = {int(flat[j]): _text(flat[j + 1]) for j in range(0, len(flat), 2)}
-            return Entries(ids, names, codes, [LeaseState(int(v)) for v in leases_raw], reasons, list(map(int, epochs)))
+            fates = _fates(flat_fates[::2], flat_fates[1::2], keys)
+            leases = [LeaseState(int(v)) for v in leases_raw]
+            return Entries(ids, names, codes, leases, reasons, list(map(int, epochs)), fates)
 
         return Request([call], decode_one)
 
     reason_fields = [reason_field(name) for name in names]
-    calls = [Call(("HMGET", key, *names, *reason_fields)) for key in keys]
+    calls = [Call(("HMGET", key, *names, *reason_fields, FATE_FIELD)) for key in keys]
     calls += [
-        script_call(scripts.ROOM_STATUSES, [lease_key], ("0", name)) for lease_key, name in zip(lease_keys, names)
+        script_call(scripts.ROOM_STATUSES, [lease_key], ("0", "", name)) for lease_key, name in zip(lease_keys, names)
     ]
 
     def decode_cluster(replies: list[Any]) -> Entries:
@@ -211,9 +228,22 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
                 chars.append(char)
             codes.append("".join(chars))
         leases = [LeaseState(int(reply[0][0])) for reply in replies[n:]]
-        return Entries(ids, names, codes, leases, reasons, [int(reply[3][0]) for reply in replies[n:]])
+        with_fate = [i for i, code in enumerate(codes) if shared and replies[i][2 * p] is not None and code != "4" * p]
+        fates = _fates(with_fate, [replies[i][2 * p] for i in with_fate], keys)
+        return Entries(ids, names, codes, leases, reasons, [int(reply[3][0]) for reply in replies[n:]], fates)
 
     return Request(calls, decode_cluster)
+
+
+def _fates(indices: Sequence[Any], values: Sequence[Any], keys: Sequence[str]) -> dict[int, FailureRecord]:
+    """Room index -> its first failure, parsed (a value kvstatus does not write raises, naming its key)."""
+    found: dict[int, FailureRecord] = {}
+    for index, value in zip(indices, values):
+        i = int(index)
+        record = parse_failure(value, keys[i])
+        if record is not None:
+            found[i] = record
+    return found
 
 
 def consensus_calls(

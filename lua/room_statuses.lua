@@ -1,15 +1,17 @@
 #!lua flags=no-writes
 -- The consensus read of many rooms over expected participants, in one command (single Redis).
 -- kvstatus/consensus.py turns the reply into each room's RoomConsensus; on a cluster it reads the
--- same data with one HMGET per room and this script once per lease key (ARGV[1] = "0").
+-- same data with one HMGET per room and this script once per lease key (ARGV[1] = "0", ARGV[2] = "").
 --
 -- KEYS[1..n]      room hashes
 -- KEYS[n+1..n+p]  lease records of the p participants, in ARGV order (lua/lease.lua), of the rooms'
 --                 namespace (checked with the room keys, see lua/lib/keys.lua)
 -- ARGV[1]         n, the number of rooms
--- ARGV[2..p+1]    participant names (status fields)
+-- ARGV[2]         the room's failure-record field (lua/lib/fate.lua, kvstatus.fate.FATE_FIELD) for shared fate,
+--                 or "": none is read
+-- ARGV[3..p+2]    participant names (status fields)
 --
--- Returns {leases, codes, reasons, epochs}:
+-- Returns {leases, codes, reasons, epochs, fates}:
 --   leases    p integers: 0 the participant never held a lease (no record), 1 alive, 2 lost
 --             (released, or the deadline passed by the server's clock)
 --   epochs    p integers: the epoch of the incarnation the lease record names (0: none), the fence a
@@ -18,6 +20,8 @@
 --             "0".."4", or "-" where it has no entry (compact: the client decodes a room at once)
 --   reasons   {k, reason, ...}: for each Failed entry, k = (i - 1) * p + j (0-based room-major
 --             index of room i, participant j) and its recorded failure reason, when there is one
+--   fates     {i, record, ...}: with ARGV[2], for each room (0-based i) with an entry not at Success or a
+--             participant missing, its first failure, when it has one: the read may answer Failed then
 -- Errors: "KVSTATUS_BADARG <what>" (malformed arguments, keys that do not belong together);
 -- "KVSTATUS_CORRUPT <what>" when a stored status is not "0".."4" (it is left as it is); "NOPERM <what>"
 -- when the ACL refuses HMGET on the first key.
@@ -30,7 +34,8 @@ local SCRIPT = "room_statuses"
 -- @include stored
 
 local n = tonumber(ARGV[1])
-local p = #ARGV - 1
+local fate_field = ARGV[2] ~= "" and ARGV[2] or nil
+local p = #ARGV - 2
 if not n or n < 0 or n % 1 ~= 0 or p < 1 or #KEYS ~= n + p then
   return redis.error_reply("KVSTATUS_BADARG expected n room keys then one lease key per participant")
 end
@@ -40,7 +45,7 @@ if n > 0 then
 end
 for j = 1, p do
   if not denied then
-    denied, base = lease_refusal(base, KEYS[n + j], ARGV[j + 1])
+    denied, base = lease_refusal(base, KEYS[n + j], ARGV[j + 2])
   end
 end
 denied = denied or acl_refusal("hmget", KEYS[1])
@@ -50,7 +55,7 @@ end
 
 local fields = {}
 for j = 1, p do
-  fields[j] = ARGV[j + 1]
+  fields[j] = ARGV[j + 2]
 end
 
 local leases, epochs = {}, {}
@@ -102,7 +107,7 @@ else
   end
 end
 
-local find, codes, reasons = string.find, {}, {}
+local find, codes, reasons, fates = string.find, {}, {}, {}
 for i = 1, n do
   local key = KEYS[i]
   local code = read(key)
@@ -124,5 +129,12 @@ for i = 1, n do
     end
   end
   codes[i] = code
+  if fate_field and find(code, "[0-3-]") then  -- not every entry at Success: the room's first failure counts
+    local fate = call("HGET", key, fate_field)
+    if fate then
+      fates[#fates + 1] = i - 1
+      fates[#fates + 1] = fate
+    end
+  end
 end
-return {leases, codes, reasons, epochs}
+return {leases, codes, reasons, epochs, fates}

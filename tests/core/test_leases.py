@@ -230,7 +230,7 @@ def test_a_lease_the_listing_calls_lost_is_lost_to_the_consensus_read_right_afte
         lease(keys=[key], args=["acquire", "ab", "2", "60000"])  # a 2 ms lease, never renewed
         while "p" not in lost_participants(client, schema):
             pass
-        seen.append(LeaseState(read(keys=[key], args=["0", "p"])[0][0]))
+        seen.append(LeaseState(read(keys=[key], args=["0", "", "p"])[0][0]))
     client.close()
     assert set(seen) == {LeaseState.LOST}
 

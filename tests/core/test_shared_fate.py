@@ -234,3 +234,30 @@ def test_the_url_and_the_constructor_take_the_setting() -> None:
 def test_the_setting_must_be_a_bool(backend: Backend) -> None:
     with pytest.raises(InvalidArgumentError, match="shared_fate must be True or False"):
         backend.store(participant="p", shared_fate="no")
+
+
+def test_the_consensus_read_answers_a_failed_rooms_first_failure_as_get_does(backend: Backend) -> None:
+    """Issue 36 Medium 8: room_status() answered Bootstrapping for a room whose first failure was recorded (a rank
+    still open, or one missing), while get() answered Failed."""
+    prefill = backend.store(participant="prefill-0")
+    decode = backend.store(participant="decode-0")
+    ranks = ["prefill-0", "decode-0"]
+    open_room, missing_room, served_room = 11, 2**40 + 3, 987_654_321_012
+    prefill.update_status(open_room, KVPoll.Transferring)
+    decode.update_status(open_room, KVPoll.WaitingForInput)
+    prefill.update_status(missing_room, KVPoll.Bootstrapping)  # its decode never joined
+    for store in (prefill, decode):
+        store.update_status(served_room, KVPoll.Success)
+    for room in (open_room, missing_room, served_room):
+        prefill.cancel(room, "the client went away", origin="router-0")
+    views = decode.room_statuses([open_room, missing_room, served_room], ranks)
+    assert decode.get(open_room) is KVPoll.Failed and prefill.get(missing_room) is KVPoll.Failed
+    for room in (open_room, missing_room):
+        assert views[room].status is KVPoll.Failed, views[room]
+        assert views[room].reason == "cancelled by router-0: the client went away"
+        assert decode.room_status(room, ranks) == views[room]
+    assert views[missing_room].missing == ("decode-0",)
+    assert views[served_room].status is KVPoll.Success  # every entry served: the cancel changed nothing
+    # Shared fate off: each entry alone, as upstream's dicts (the open room's entries were failed by the cancel).
+    alone = backend.store(participant="reader", shared_fate=False)
+    assert alone.room_status(missing_room, ranks).status is KVPoll.Bootstrapping

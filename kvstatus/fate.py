@@ -73,12 +73,3 @@ def shared_failed(own: KVPoll, failure: FailureRecord, participant: str) -> KVPo
     """:func:`shared_status` of an entry that exists, in a room that has failed (typed for the near cache)."""
     status = shared_status(own, failure, participant)
     return own if status is None else status
-
-
-def failed_room_ranks(statuses: list[Optional[KVPoll]]) -> list[Optional[KVPoll]]:
-    """The PP ranks' statuses of one room as shared fate reads them: once a rank reads Failed the room has failed
-    (every Failed records the room's first failure), so a rank that never opened it reads Failed too: none will
-    come (upstream's minimum would wait on it, answering Bootstrapping)."""
-    if KVPoll.Failed in statuses and None in statuses:
-        return [KVPoll.Failed if status is None else status for status in statuses]
-    return statuses

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 from kvstatus.cachestate import MISS
 from kvstatus.consensus import RoomConsensus
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
-from kvstatus.fate import failed_room_ranks, shared_status
+from kvstatus.fate import shared_status
 from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
 from kvstatus.sglang.failedhere import FailedHere
 from kvstatus.sglang.openrooms import LOST_RESULT, OpenRooms
@@ -346,7 +346,7 @@ class RoomStatusMap:
             ):
                 if self._counting:
                     self._fresh.fast_hits += 1
-                return failed_room_ranks(statuses) if self._shared and None in statuses else statuses
+                return statuses
         return self._collect(room, self.pp_participants)
 
     def _collect(self, room: int, ranks: tuple[str, ...]) -> list[Optional[KVPoll]]:
@@ -365,7 +365,7 @@ class RoomStatusMap:
             self._vanished(room)
         if self._failed_here.reason(room) is not None and self.participant in ranks:
             statuses[ranks.index(self.participant)] = KVPoll.Failed
-        return failed_room_ranks(statuses) if self._shared else statuses
+        return statuses
 
     def consensus(self, room: int) -> RoomConsensus:
         """The room's consensus over the PP ranks, leases included (one round trip, no memo)."""

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from kvstatus.errors import InvalidArgumentError, InvalidRoomError
-from kvstatus.fate import failed_room_ranks
 from kvstatus.rule import KVPoll
 from kvstatus.sglang.outage import Unanswered
 from kvstatus.sglang.roomids import storable
@@ -44,6 +43,4 @@ def collect_many(status_map: Any, rooms: Sequence[int]) -> dict[int, list[Option
             status_map._vanished(room)
         for room in filter(status_map._failed_here.reason, collected):
             collected[room][own] = KVPoll.Failed
-    if status_map.store.shared_fate:
-        collected = {room: failed_room_ranks(statuses) for room, statuses in collected.items()}
     return collected

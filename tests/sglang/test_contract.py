@@ -107,9 +107,8 @@ def test_collect_reads_every_pp_rank_in_rank_order(sync_backend: Backend, shared
     for r, status in ((0, 3), (2, 4), (3, 0)):
         ranks[r].update_status(ROOM, KVPoll.Bootstrapping)
         ranks[r][ROOM] = status
-    # Rank 3 failed: with shared fate, rank 0's open entry reads Failed as rank 0 reads it itself; Success stays,
-    # and rank 1, which never opened the room, reads Failed too (the room failed: no rank will come).
-    expected = [0, 0, 4, 0] if shared_fate else [3, None, 4, 0]
+    # Rank 3 failed: with shared fate, rank 0's open entry reads Failed as rank 0 reads it itself; Success stays.
+    expected = [0, None, 4, 0] if shared_fate else [3, None, 4, 0]
     assert ranks[0].collect(ROOM) == expected
     assert ranks[1].collect(ROOM) == expected  # any rank may ask (upstream: rank 0 only)
     assert ranks[0].collect_many([ROOM, 7, ROOM]) == {ROOM: expected, 7: [None] * 4}

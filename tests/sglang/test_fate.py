@@ -317,18 +317,3 @@ def test_upstreams_no_reason_placeholder_gives_way_to_the_rooms_first_failure(pd
     _, other = _open(pd.prefill, pd.decode, ROOM + 1)
     pd.decode.record_failure(ROOM + 1, "Failed to get kvcache from prefill instance, it might be dead")
     assert _failure(other.failure_exception).failure_reason.endswith("it might be dead")
-
-
-@pytest.mark.real
-def test_a_cancelled_room_that_a_pp_rank_never_opened_reads_failed_in_the_pp_consensus(redis_server: Any) -> None:
-    """Issue 36 Medium 8: rank 1 never opened the room (its request never came), the router cancelled it: upstream's
-    minimum over the ranks saw a missing rank and answered Bootstrapping; the room failed, so none will come."""
-    namespace = fresh_namespace("sgppfate")
-    ranks = [make_manager(pp_rank=rank, pp_size=2) for rank in range(2)]
-    for manager in ranks:
-        install(manager, redis_server.url, namespace=namespace)
-    ranks[0].update_status(ROOM, KVPoll.Bootstrapping)
-    StatusStore.from_url(redis_server.url, namespace=namespace, participant="router-0").cancel(ROOM, "client left")
-    assert ranks[0].check_status_pp_consensus(ROOM) == KVPoll.Failed
-    for manager in ranks:
-        manager.request_status.close()

@@ -13,7 +13,7 @@ import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll
 from kvstatus.demo.server import RedisServer
-from tests.helpers.backends import fresh_namespace
+from tests.helpers.backends import client_count, fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -27,14 +27,6 @@ def own_server() -> Iterator[RedisServer]:
     """A server of this module's own: CLIENT LIST counts only its clients."""
     with RedisServer() as server:
         yield server
-
-
-def _connections(server: RedisServer) -> int:
-    admin = server.client()
-    try:
-        return len(admin.client_list()) - 1  # not this one
-    finally:
-        admin.close()
 
 
 async def _until(condition: Any, seconds: float = 60.0) -> bool:
@@ -64,7 +56,7 @@ async def test_thousands_of_cancels_all_land_and_return_their_connections(
 ) -> None:
     namespace = fresh_namespace("cancel")
     rng = random.Random(36)
-    baseline = _connections(own_server)
+    baseline = client_count(own_server)
     async with (
         AsyncStatusStore.from_url(
             own_server.url, namespace=namespace, participant="w", max_connections=MAX_CONNECTIONS
@@ -105,7 +97,7 @@ async def test_thousands_of_cancels_all_land_and_return_their_connections(
         assert not stuck, f"{len(stuck)} of {ROOMS * ROUNDS} cancelled tasks still ran 30 s later"
         # Each store holds at most its pool, plus its waits' and its near cache's connections.
         held = 2 * MAX_CONNECTIONS + 6
-        assert await _until(lambda: _connections(own_server) - baseline <= held), (
-            f"{_connections(own_server) - baseline} connections held after the cancels (bound {held})"
+        assert await _until(lambda: client_count(own_server) - baseline <= held), (
+            f"{client_count(own_server) - baseline} connections held after the cancels (bound {held})"
         )
-    assert await _until(lambda: _connections(own_server) <= baseline), "connections left open after close"
+    assert await _until(lambda: client_count(own_server) <= baseline), "connections left open after close"

@@ -115,3 +115,12 @@ def all_combinations() -> Iterator[tuple[Optional[int], int]]:
     for current in (None, 0, 1, 2, 3, 4):
         for new in range(5):
             yield current, new
+
+
+def client_count(server: Any) -> int:
+    """How many clients ``server`` (a test's own RedisServer) has, not counting the one that asks."""
+    admin = server.client()
+    try:
+        return len(admin.client_list()) - 1
+    finally:
+        admin.close()

@@ -13,7 +13,7 @@ import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.demo.server import RedisServer
-from tests.helpers.backends import fresh_namespace
+from tests.helpers.backends import client_count, fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -27,14 +27,6 @@ def own_server() -> Iterator[RedisServer]:
         yield server
 
 
-def _connections(server: RedisServer) -> int:
-    admin = server.client()
-    try:
-        return len(admin.client_list()) - 1
-    finally:
-        admin.close()
-
-
 def _poll_until(condition: Any, seconds: float = 60.0) -> bool:
     event = threading.Event()
     for _ in range(int(seconds / 0.05)):
@@ -46,7 +38,7 @@ def _poll_until(condition: Any, seconds: float = 60.0) -> bool:
 
 async def test_300_async_waiters_share_the_stores_connections(own_server: RedisServer) -> None:
     waiters = 300
-    baseline = _connections(own_server)
+    baseline = client_count(own_server)
     namespace = fresh_namespace("wc")
     async with AsyncStatusStore.from_url(
         own_server.url, namespace=namespace, participant="w", max_connections=MAX_CONNECTIONS
@@ -56,19 +48,19 @@ async def test_300_async_waiters_share_the_stores_connections(own_server: RedisS
         most = 0
         for _ in range(40):  # while every waiter is armed and waiting
             await asyncio.sleep(0.05)
-            most = max(most, _connections(own_server) - baseline)
+            most = max(most, client_count(own_server) - baseline)
         assert not any(task.done() for task in tasks)
         assert most <= MAX_CONNECTIONS + SMALL, f"{most} connections for {waiters} waiters"
         writer = store.for_participant("w")
         await writer.update_many({room: KVPoll.Success for room in range(waiters)})
         results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
         assert results == [KVPoll.Success] * waiters
-    assert _poll_until(lambda: _connections(own_server) <= baseline)
+    assert _poll_until(lambda: client_count(own_server) <= baseline)
 
 
 def test_100_threads_waiting_share_the_stores_connections(own_server: RedisServer) -> None:
     waiters = 100
-    baseline = _connections(own_server)
+    baseline = client_count(own_server)
     namespace = fresh_namespace("wc")
     results: list[Optional[KVPoll]] = []
     with StatusStore.from_url(
@@ -85,10 +77,10 @@ def test_100_threads_waiting_share_the_stores_connections(own_server: RedisServe
         most = 0
         for _ in range(40):
             threading.Event().wait(0.05)
-            most = max(most, _connections(own_server) - baseline)
+            most = max(most, client_count(own_server) - baseline)
         assert most <= MAX_CONNECTIONS + SMALL, f"{most} connections for {waiters} waiting threads"
         store.update_many({room: KVPoll.Success for room in range(waiters)})
         for thread in threads:
             thread.join(120)
         assert results == [KVPoll.Success] * waiters
-    assert _poll_until(lambda: _connections(own_server) <= baseline)
+    assert _poll_until(lambda: client_count(own_server) <= baseline)

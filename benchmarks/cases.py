@@ -18,8 +18,8 @@ import redis
 
 from benchmarks.measure import Block, Summary, interleave, ratio, time_calls
 from kvstatus import KVPoll, StatusStore, scripts
+from kvstatus.arguments import DEFAULT_TTL_SECONDS
 from kvstatus.keys import MAX_ROOM
-from kvstatus.operations import DEFAULT_TTL_SECONDS
 
 NAMESPACE = "bench"
 PARTICIPANT = "decode-0"

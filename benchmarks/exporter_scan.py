@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from kvstatus.observe.scanner import NamespacePass
+from tests.servers import RedisServer
 
 NAMESPACE = "bench-exporter"
 

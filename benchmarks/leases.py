@@ -32,9 +32,8 @@ from benchmarks.report import markdown_table
 from kvstatus import KVPoll, StatusStore, scripts
 from kvstatus.admin.sweep import sweep
 from kvstatus.connection import connect
-from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
-from tests.servers import RedisClusterServers
+from tests.servers import RedisClusterServers, RedisServer
 
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
 ROWS: list[list[str]] = []

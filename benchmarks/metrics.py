@@ -26,10 +26,10 @@ from prometheus_client import CollectorRegistry
 
 from benchmarks.measure import Summary, interleave, time_calls
 from kvstatus import StatusStore
-from kvstatus.demo.server import RedisServer
 from kvstatus.errors import BackendUnavailableError
+from kvstatus.model import KVPoll, Outcome, UpdateResult
 from kvstatus.observe.metrics import StoreMetrics
-from kvstatus.rule import KVPoll, Outcome, UpdateResult
+from tests.servers import RedisServer
 
 BUDGET_US = 2.0
 

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.measure import interleave, percentile, time_calls
-from kvstatus import KVPoll, StatusStore
+from kvstatus import KVPoll, NearCacheOptions, StatusStore
 from kvstatus.connection import connect
-from kvstatus.nearcache import NearCacheOptions
 from tests.servers import RedisServer
 
 NAMESPACE = "ncbench"

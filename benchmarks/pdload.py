@@ -20,8 +20,8 @@ from typing import Any, Optional
 
 from benchmarks.report import markdown_table
 from kvstatus import KVPoll
-from kvstatus.demo.server import RedisServer
 from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
+from tests.servers import RedisServer
 from tests.sglang.standin import DisaggregationMode, make_manager
 
 NAMESPACE = "pdload"

@@ -21,8 +21,7 @@ from contextlib import contextmanager
 from benchmarks.measure import percentile
 from benchmarks.report import markdown_table
 from kvstatus.demo.faults import FAULTS, UPSTREAM, run_trial
-from kvstatus.demo.server import RedisServer
-from tests.servers import RedisClusterServers
+from tests.servers import RedisClusterServers, RedisServer
 
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
 

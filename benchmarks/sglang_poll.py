@@ -31,9 +31,9 @@ from typing import Any, Optional
 from benchmarks.report import markdown_table
 from kvstatus import KVPoll
 from kvstatus.connection import connect
-from kvstatus.demo.server import RedisServer
 from kvstatus.sglang import install
 from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
+from tests.servers import RedisServer
 from tests.sglang.standin import make_manager
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks.report import markdown_table
 from kvstatus import KVPoll, LeaseLostError, StatusStore
-from kvstatus.demo.server import RedisServer
+from tests.servers import RedisServer
 
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
 HOG = "while True:\n    pass\n"

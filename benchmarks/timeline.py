@@ -24,7 +24,7 @@ import redis
 
 from benchmarks.report import markdown_table
 from kvstatus import scripts
-from kvstatus.demo.server import RedisServer
+from tests.servers import RedisServer
 
 PARTICIPANT = "decode-tp0-pp0"
 TTL_MS = "600000"

@@ -1,8 +1,8 @@
 """kvstatus: a Redis-backed status store for the rooms of a prefill/decode disaggregated LLM serving cluster."""
 
-from kvstatus.aio import AsyncStatusStore
+from kvstatus._async.store import AsyncStatusStore
+from kvstatus._sync.store import StatusStore
 from kvstatus.cachestate import NearCacheOptions
-from kvstatus.consensus import LeaseState, RoomConsensus
 from kvstatus.errors import (
     AuthenticationError,
     BackendBusyError,
@@ -21,19 +21,20 @@ from kvstatus.errors import (
     PoolExhaustedError,
     SupersededError,
 )
-from kvstatus.observer import StoreObserver
-from kvstatus.rule import (
+from kvstatus.model import (
     ClearedEntry,
     KVPoll,
+    LeaseState,
     Outcome,
     ParticipantEntry,
     Policy,
+    RoomConsensus,
     RoomView,
     Tombstone,
     UpdateResult,
-    apply_rule,
 )
-from kvstatus.store import StatusStore
+from kvstatus.observer import StoreObserver
+from kvstatus.rule import apply_rule
 from kvstatus.url import ConnectionOptions
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 The drivers (:mod:`kvstatus._async.nearcache` and its generated sync twin) read and fill it; the
 invalidation reader (:mod:`kvstatus.invalidation`) drops what Redis reports changed. How the pieces
-keep a cached read coherent is explained in :mod:`kvstatus.nearcache`.
+keep a cached read coherent is explained in docs/design.md ("How the near cache stays coherent").
 """
 
 from __future__ import annotations
@@ -17,22 +17,20 @@ from typing import Any, Callable, Optional, Union
 
 from redis import exceptions as rx
 
+from kvstatus.connection import SlotMoved
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.fate import shared_failed
 from kvstatus.keys import KeySchema, validate_rooms
+from kvstatus.model import KVPoll, ParticipantEntry, RoomView
 from kvstatus.replies import decode_room
-from kvstatus.rule import KVPoll, ParticipantEntry, RoomView
-from kvstatus.topology import SlotMoved
+from kvstatus.rule import shared_failed
 from kvstatus.url import STORE_OPTIONS, ParsedURL, url_near_cache
 
 DEFAULT_MAX_ROOMS = 16_384
 DEFAULT_MAX_STALENESS = 1.0
 MAX_MAX_ROOMS = 10_000_000
-# Upper bound of the client memory per cached room with one participant read through it (DESIGN's budget):
-# tracemalloc measured ~240 bytes for a room with one entry and no failure record (the cache's OrderedDict
-# entry 85, the room's tuple 80, the reader's status map 37, the deadline 24), ~140 more with a failure
-# record. tests/nearcache holds the bound.
 CLIENT_BYTES_PER_ROOM = 300
+"""Bytes: the bound (DESIGN's budget) on the client memory per cached room with one participant read through
+it, which tests/nearcache holds; what a room takes is in BENCHMARKS.md ("Near cache")."""
 _LOG_KEEP = 4096
 NULL_INVALIDATION = "null invalidation (FLUSHDB/FLUSHALL or tracking table full)"
 MISS: Any = object()
@@ -333,8 +331,8 @@ class CacheState:
 
 
 class NearCacheBase:
-    """What both near-cache drivers are (:class:`~kvstatus.nearcache.NearCache`,
-    :class:`~kvstatus.nearcache.AsyncNearCache`): a store given one shares it."""
+    """What both near-cache drivers are (:class:`~kvstatus._sync.nearcache.NearCache`,
+    :class:`~kvstatus._async.nearcache.AsyncNearCache`): a store given one shares it."""
 
     closed: bool
     state: CacheState

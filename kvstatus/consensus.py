@@ -1,110 +1,28 @@
 """The room consensus view: one status for a room over its expected participants.
 
-:func:`room_consensus` is the rule, pure Python; :func:`room_statuses_request`
+:func:`~kvstatus.rule.room_consensus` is the rule, pure Python; :func:`room_statuses_request`
 reads what it needs in one round trip (one ``lua/room_statuses.lua`` call on a
 single Redis; on a cluster one ``HMGET`` per room and one lease read per
 participant, pipelined per node) and applies it to every room.
 
-The rule, for a room and its expected participants (first match wins):
-
-1. **Failed**, reason "participant P lost its lease", if a participant whose
-   lease is lost (it held one, and it expired or was released) has an entry
-   that is not terminal (neither Failed nor Success): that entry can never
-   finish.
-2. **Bootstrapping** if an expected participant has no entry yet (the
-   semantics of SGLang's ``check_status_pp_consensus``).
-3. Otherwise the **minimum** over the entries; when that is Failed, the reason
-   is the first recorded failure reason among the Failed entries.
-
-A participant that never held a lease is never lost: it only counts through
-its entry.
+The rule is :func:`kvstatus.rule.room_consensus`.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
-from kvstatus.fate import FATE_FIELD, parse_failure, shared_status
+from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.keys import reason_field, validate_name, validate_rooms
+from kvstatus.model import FailureRecord, KVPoll, LeaseState, RoomConsensus
 from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
-from kvstatus.rule import FailureRecord, KVPoll
+from kvstatus.rule import room_consensus
 
-TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})
 MAX_PARTICIPANTS = 64
-
-
-class LeaseState(enum.IntEnum):
-    """A participant's lease as a reader sees it; the integer is what ``lua/room_statuses.lua`` returns."""
-
-    NONE = 0  # never held a lease (or its record expired): never "lost"
-    ALIVE = 1
-    LOST = 2  # expired (by Redis' clock) or released
-
-
-class RoomConsensus(NamedTuple):
-    """A room's status over its expected participants.
-
-    ``reason``: why it is Failed (None otherwise, or when no reason was
-    recorded); ``lost``: the expected participants whose lease is lost;
-    ``missing``: those with no entry yet.
-    """
-
-    status: KVPoll
-    reason: Optional[str] = None
-    lost: tuple[str, ...] = ()
-    missing: tuple[str, ...] = ()
-
-
-def lost_reason(participant: str) -> str:
-    """The failure reason of an entry whose participant lost its lease (the consensus view's and the sweeper's)."""
-    return f"participant {participant} lost its lease"
-
-
-_PLAIN = {status: RoomConsensus(status) for status in KVPoll}
-
-
-def room_consensus(
-    participants: Sequence[str],
-    statuses: Sequence[Optional[KVPoll]],
-    leases: Sequence[LeaseState],
-    reasons: Optional[Mapping[str, str]] = None,
-    fate: Optional[FailureRecord] = None,
-) -> RoomConsensus:
-    """The consensus of one room: ``statuses[i]`` and ``leases[i]`` belong to ``participants[i]``.
-
-    ``reasons`` maps a participant to its recorded failure reason (only Failed entries are looked up);
-    ``fate`` is the room's first failure (shared fate: None when the reader has it off). A room that failed reads
-    Failed, naming its first failure, while any expected participant's entry is open or missing (none will serve
-    it), as ``get`` does; once every entry is at Success it reads Success.
-    """
-    lost = tuple(p for p, lease in zip(participants, leases) if lease == LeaseState.LOST)
-    if lost:
-        for p, status, lease in zip(participants, statuses, leases):
-            if lease == LeaseState.LOST and status is not None and status not in TERMINAL:
-                missing = tuple(q for q, s in zip(participants, statuses) if s is None)
-                return RoomConsensus(KVPoll.Failed, lost_reason(p), lost, missing)
-    if fate is not None:
-        judged = [shared_status(s, fate, p) for p, s in zip(participants, statuses)]
-        if None in judged or (KVPoll.Failed in judged and KVPoll.Failed not in statuses):
-            missing = tuple(q for q, s in zip(participants, judged) if s is None)
-            return RoomConsensus(KVPoll.Failed, fate.describe(), lost, missing)
-        # An entry that failed itself: the minimum below, with that entry's own reason, as before.
-    if None in statuses:
-        return RoomConsensus(
-            KVPoll.Bootstrapping, None, lost, tuple(p for p, s in zip(participants, statuses) if s is None)
-        )
-    low: KVPoll = min(statuses)  # type: ignore[type-var,assignment]
-    reason = None
-    if low == KVPoll.Failed and reasons:
-        reason = next((reasons[p] for p, s in zip(participants, statuses) if s == KVPoll.Failed and p in reasons), None)
-    if reason is None and not lost:
-        return _PLAIN[low]
-    return RoomConsensus(low, reason, lost, ())
 
 
 def validate_participants(participants: Iterable[str]) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""One room, one fate: the shared-fate rule, pure Python, and the room's failure record.
+"""One room, one fate: the room's failure record, and what every operator view shows of it.
 
 SGLang keeps one ``request_status`` dict per KV manager. When one side of a room fails, upstream tells
 the other side by a ZMQ message, and loses that message when the peer is gone: the survivor waits out
@@ -7,27 +7,9 @@ entry in one room hash, so a reader can see its peers. With ``shared_fate`` on (
 participant's read of a room answers Failed as soon as the room has failed for anyone, and the room's
 first failure (:class:`FailureRecord`: when, at which stage, raised by whom, why) says why.
 
-The rule, :func:`shared_status`, for this participant's own entry and the room's failure record:
-
-=====================  ==================================  ==================================
-own entry              a peer's entry became Failed        the room was cancelled
-=====================  ==================================  ==================================
-missing                missing (nothing to fail)           missing (nothing to fail)
-Bootstrapping          Failed                              Failed (and stored by the cancel)
-WaitingForInput        Failed                              Failed (and stored by the cancel)
-Transferring           Failed                              Failed (and stored by the cancel)
-Success                Success (its part is done)          Success (its part is done)
-Failed                 Failed                              Failed
-=====================  ==================================  ==================================
-
-A failure this participant raised itself is its own entry's business: under the ``seed`` policy an
-entry may leave Failed, and its reads then follow the entry, exactly as upstream's dict would. So one
-participant alone never reads anything the per-entry rule would not give it: the differential tests
-against SGLang's ``update_status`` hold with shared fate on.
-
-The read derives the answer; it rewrites no entry. The record is written once per room (first root
-cause wins) by the scripts that fail an entry (``lua/lib/fate.lua``): an update to Failed, a sweep, a
-cancel. It lives in the room hash under :data:`FATE_FIELD`, so it shares the room's slot and TTL and
+The rule is :func:`kvstatus.rule.shared_status`, with its table. The read derives the answer; it
+rewrites no entry. The record is written once per room (first root cause wins) by the scripts that fail
+an entry (``lua/lib/fate.lua``): an update to Failed, a sweep, a cancel. It lives in the room hash under :data:`FATE_FIELD`, so it shares the room's slot and TTL and
 costs the read no extra round trip.
 """
 
@@ -36,20 +18,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kvstatus import stored
-from kvstatus.rule import FailureRecord, KVPoll, Stage
+from kvstatus.model import FailureRecord, KVPoll, RoomView
+from kvstatus.rule import shared_status
 
 FATE_FIELD = "room:fate"
 """The room hash field of the room's first failure: ``<ms>:<stage>:<origin>:<reason>``. The colon keeps it
 apart from participant names, which cannot hold one."""
-
-
-STAGE_OF_STATUS = {
-    KVPoll.Bootstrapping: Stage.BOOTSTRAP,
-    KVPoll.WaitingForInput: Stage.WAITING,
-    KVPoll.Transferring: Stage.TRANSFER,
-    KVPoll.Success: Stage.TRANSFER,
-}
-"""The stage of a room that fails when an entry in the given status becomes Failed (lua/lib/fate.lua's table)."""
 
 
 def parse_failure(value: Any, key: str) -> Optional[FailureRecord]:
@@ -59,17 +33,31 @@ def parse_failure(value: Any, key: str) -> Optional[FailureRecord]:
     return None if value is None else stored.parse_failure(value, key, FATE_FIELD)
 
 
-def shared_status(own: Optional[KVPoll], failure: Optional[FailureRecord], participant: str) -> Optional[KVPoll]:
-    """This participant's status under shared fate: ``own`` (its entry's status, or None) judged with the
-    room's ``failure`` (see the table in the module docstring)."""
-    if failure is None or own is None or own is KVPoll.Success or own is KVPoll.Failed:
-        return own
-    if failure.origin == participant and failure.stage is not Stage.CANCELLED:
-        return own  # its own failure, which its entry has since left (seed policy): the entry decides
-    return KVPoll.Failed
+def reads(view: RoomView) -> dict[str, Optional[KVPoll]]:
+    """What each participant's reads of ``view`` answer: its own entry's status judged with the room's first
+    failure (:func:`shared_status`). Every operator view (``get``, ``ls``, ``stats``, ``health``, ``watch``, the
+    board, the exporter) shows and counts these, so none shows an entry open in a room that has failed."""
+    return {name: shared_status(entry.status, view.failure, name) for name, entry in view.participants.items()}
 
 
-def shared_failed(own: KVPoll, failure: FailureRecord, participant: str) -> KVPoll:
-    """:func:`shared_status` of an entry that exists, in a room that has failed (typed for the near cache)."""
-    status = shared_status(own, failure, participant)
-    return own if status is None else status
+def read_names(view: RoomView) -> dict[str, Optional[str]]:
+    """:func:`reads` as KVPoll names (None: no status), as the views' JSON shows them."""
+    return {name: None if status is None else status.name for name, status in reads(view).items()}
+
+
+def failed_by_fate(view: RoomView) -> list[str]:
+    """The participants whose entry is still open but whose reads answer Failed, because the room failed."""
+    return [name for name, status in reads(view).items() if status != view.participants[name].status]
+
+
+def fate_text(view: RoomView) -> Optional[str]:
+    """The room's fate in one line, or None when it has not failed: its first failure, and who reads Failed by
+    it though their own entry is open, e.g. "failed at transfer by prefill-1: NIXL transfer timed out;
+    decode-1 reads Failed (shared fate)". Not escaped: a view shows it through its own escaping."""
+    if view.failure is None:
+        return None
+    line = view.failure.describe()
+    shared = failed_by_fate(view)
+    if shared:
+        line += f"; {', '.join(shared)} {'reads' if len(shared) == 1 else 'read'} Failed (shared fate)"
+    return line

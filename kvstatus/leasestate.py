@@ -22,8 +22,8 @@ answers LOST makes that write, and every later one, raise
 a long GC pause) past its TTL learns so at its next write.
 
 :class:`LeaseCore` (here) is the logic: requests and state, no I/O. The keeper that performs it is
-written once in :mod:`kvstatus._async.leases` (an asyncio task) and generated for threads; both are
-re-exported by :mod:`kvstatus.leases`.
+written once in :mod:`kvstatus._async.leases` (an asyncio task) and generated for threads
+(:mod:`kvstatus._sync.leases`).
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from kvstatus import scripts, stored
-from kvstatus.errors import BackendError, InvalidArgumentError, LeaseLostError
+from kvstatus.arguments import validate_lease_ttl
+from kvstatus.errors import BackendError, LeaseLostError
 from kvstatus.keys import KeySchema, validate_address
+from kvstatus.model import LeaseOutcome
+from kvstatus.replies import subscriber_counts
 from kvstatus.requests import Call, Request, script_call
-from kvstatus.rule import LeaseOutcome
 
 log = logging.getLogger("kvstatus.leases")
 
-MIN_LEASE_TTL = 3.0
-MAX_LEASE_TTL = 3600.0
 RENEWALS_PER_TTL = 3
 HOLDER_FIELD = "holder"
 """The lease record's field naming the holding process (``host:pid``; lua/lease.lua writes it at the acquire)."""
@@ -62,21 +62,6 @@ def this_process() -> str:
     """``host:pid`` of this process, as a lease record's holder names it."""
     host = "".join(ch for ch in socket.gethostname() if ch.isprintable() and not ch.isspace())[:200]
     return f"{host or 'localhost'}:{os.getpid()}"
-
-
-def validate_lease_ttl(ttl: object) -> float:
-    """Return ``ttl`` (seconds) if it is a lease TTL in [3, 3600]; raise :class:`InvalidArgumentError`."""
-    if (
-        isinstance(ttl, bool)
-        or not isinstance(ttl, (int, float))
-        or not math.isfinite(ttl)
-        or not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL
-    ):
-        raise InvalidArgumentError(
-            f"invalid lease_ttl {ttl!r}: expected seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}] (a renewal every "
-            "ttl/3 s keeps the renewals at most one per second; see the README on choosing it)"
-        )
-    return float(ttl)
 
 
 class LeaseCore:
@@ -159,10 +144,9 @@ class LeaseCore:
 
         def decode(replies: list[Any]) -> Optional[str]:
             (state, deadline, holder), (seconds, micros), counts = replies
-            flat = list(counts.items())[0] if isinstance(counts, dict) else counts
             now_ms = int(seconds) * 1000 + int(micros) // 1000
             alive = stored.text(state or b"") == "held" and (stored.stored_int(deadline) or 0) >= now_ms
-            if not alive or int(flat[1]) < 1:
+            if not alive or subscriber_counts(counts).get(channel, 0) < 1:
                 return None
             return stored.text(holder)[:300] if holder else "a process that did not say which"
 
@@ -248,3 +232,34 @@ class LeaseCore:
             "new store (a new incarnation) to go on",
             participant=self.participant,
         )
+
+
+def silence_request(
+    key: str, silent: dict[str, tuple[str, str, float]], name: str, now: Callable[[], float]
+) -> Request[Optional[tuple[str, str]]]:
+    """Read ``name``'s lease record ``key`` (a peer whose lease Redis says is alive, but whose mark went stale):
+    its (incarnation, seen) once that renewal was its last for longer than its lease TTL by ``now`` (a monotonic
+    clock), else None. ``silent`` keeps each peer's last renewal read and when it was first read. A peer watch then
+    expires the lease (:func:`expire_request`): Redis' clock is no judge of that, as a step back keeps a lease
+    alive the step longer (docs/operations.md)."""
+
+    def decode(replies: list[Any]) -> Optional[tuple[str, str]]:
+        inc, seen, ttl = (None if value is None else stored.text(value) for value in replies[0])
+        ttl_ms = stored.stored_int(ttl)
+        if inc is None or seen is None or ttl_ms is None:
+            silent.pop(name, None)
+            return None
+        first = silent.get(name)
+        if first is None or first[:2] != (inc, seen):
+            silent[name] = (inc, seen, now())
+            return None
+        return (inc, seen) if now() - first[2] > ttl_ms / 1000 else None
+
+    return Request([Call(("HMGET", key, "inc", "seen", "ttl"))], decode)
+
+
+def expire_request(key: str, incarnation: str, seen: str) -> Request[bool]:
+    """Expire the lease record ``key`` if it still names ``incarnation``, held, last renewed at ``seen``
+    (lua/lease.lua's "expire"); decodes to True when the lease is lost (now, or before)."""
+    call = script_call(scripts.LEASE, [key], ("expire", incarnation, seen))
+    return Request([call], lambda replies: int(replies[0][0]) == LOST)

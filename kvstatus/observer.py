@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any, Optional, Protocol, runtime_checkable
 
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.rule import Step, UpdateResult
+from kvstatus.model import Step, UpdateResult
 
 
 @runtime_checkable

@@ -17,8 +17,16 @@ from typing import Any, Optional, TypeVar
 from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
+from kvstatus.arguments import (
+    DEFAULT_TOMBSTONE_TTL_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    STATUS_ARG,
+    batch_args,
+    truncate_reason,
+    ttl_to_ms,
+)
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, SupersededError
-from kvstatus.fate import FATE_FIELD, parse_failure, shared_status
+from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
@@ -31,6 +39,20 @@ from kvstatus.keys import (
     validate_name,
     validate_room,
     validate_rooms,
+)
+from kvstatus.model import (
+    OPEN,
+    CancelOutcome,
+    CancelResult,
+    Cleared,
+    FailureRecord,
+    KVPoll,
+    Outcome,
+    Policy,
+    RoomView,
+    UpdateResult,
+    to_policy,
+    to_status,
 )
 from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, update_result: also re-exported)
     _RESULTS,
@@ -48,120 +70,21 @@ from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, up
     update_result,
 )
 from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
-from kvstatus.rule import (
-    OPEN,
-    CancelOutcome,
-    CancelResult,
-    Cleared,
-    FailureRecord,
-    KVPoll,
-    Outcome,
-    Policy,
-    RoomView,
-    UpdateResult,
-    to_policy,
-    to_status,
-)
+from kvstatus.rule import shared_status
 from kvstatus.timeline import parse_timeline
 
 T = TypeVar("T")
 tomb = KeySchema.tombstone_of
 
-DEFAULT_TTL_SECONDS = 600.0
 CHUNK_ROOMS = 1000
 """Rooms per script call of a batch. A script holds Redis for its whole run, so ``update_many`` and
-``get_many`` send a large batch as one pipeline of script calls of at most this many rooms, and other
-clients' commands run between them. Measured with INFO commandstats on Redis 7.0.15 (2-core box, client
-on the same cores), 100 chunks of 1000 rooms each: lua/update.lua 5.1 ms per chunk creating entries and
-4.3 ms advancing them (4-5 us per room; 6-8 us under load), lua/get_many.lua 1.3 ms. So one chunk holds
-Redis for about 4-8 ms, within the ~10 ms goal. The atomicity unit of a batch is one chunk (on a
-cluster: the rooms of one slot within a chunk)."""
+``get_many`` send a large batch as one pipeline of script calls of at most this many rooms, each short
+enough for the other clients' commands that run between them (BENCHMARKS.md, "How long one chunk of a batch
+holds Redis"). The atomicity unit of a batch is one chunk (on a cluster: the rooms of one slot within a
+chunk)."""
 CHUNK_SECONDS = 0.02
 """Seconds added to a call's deadline for each further chunk of a batch (Redis' time, and the client's
 encoding and decoding of 1000 rooms, with a wide margin)."""
-DEFAULT_TOMBSTONE_TTL_SECONDS = 60.0
-MAX_TTL_SECONDS = 30 * 24 * 3600.0
-MAX_REASON_BYTES = 2048
-_TRUNCATED = " [truncated]"
-
-
-_STATUS_ARG = tuple(str(s.value) for s in KVPoll)
-# The exact types whose statuses the batch hot path indexes _STATUS_ARG with directly (bool is not one).
-_PLAIN_STATUS_TYPES = frozenset({KVPoll, int})
-
-
-def ttl_to_ms(ttl: object) -> int:
-    """Validate a TTL in seconds and return it in whole milliseconds (at least 1)."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
-        raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected a number of seconds")
-    if not 0 < ttl <= MAX_TTL_SECONDS:
-        raise InvalidArgumentError(
-            f"invalid ttl {ttl!r}: expected seconds > 0 and at most "
-            f"{MAX_TTL_SECONDS:.0f} ({MAX_TTL_SECONDS / 86400:g} days)"
-        )
-    return max(1, round(ttl * 1000))
-
-
-def status_args(statuses: Iterable[Any]) -> list[str]:
-    """The script argument ("0".."4") of each status; raises :class:`InvalidStatusError` for a bad one."""
-    values = list(statuses)
-    if values and set(map(type, values)) <= _PLAIN_STATUS_TYPES and 0 <= min(values) and max(values) <= 4:
-        return [_STATUS_ARG[s] for s in values]
-    return [_STATUS_ARG[to_status(s)] for s in values]
-
-
-def batch_args(updates: object) -> tuple[list[int], list[str]]:
-    """The validated rooms of an ``update_many`` batch and the script argument of each one's status, pair by pair.
-
-    Raises :class:`InvalidArgumentError` for a room that comes twice (a Mapping
-    whose iteration yields it twice, or equal int subclasses a dict holds as
-    two keys): one script decides every room of a batch from one read, so a
-    second status for a room would be decided without the first; send such
-    updates in order, in separate calls. A plain ``dict`` of ``int`` rooms,
-    the hot path, cannot hold a room twice and pays no check.
-    """
-    if type(updates) is dict:
-        rooms = list(updates)
-        if rooms and set(map(type, rooms)) == {int} and 0 <= min(rooms) and max(rooms) <= MAX_ROOM:
-            return rooms, status_args(updates.values())
-    elif not isinstance(updates, Mapping):
-        raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
-    # Rooms and statuses from one walk over items(), so a Mapping whose __iter__ and values() disagree pairs right.
-    pairs = list(updates.items())
-    rooms = validate_rooms([room for room, _ in pairs])
-    if len(set(rooms)) != len(rooms):
-        first: dict[int, int] = {}
-        for i, room in enumerate(rooms):
-            if room in first:
-                raise InvalidArgumentError(
-                    f"update_many got room {room} twice (batch positions {first[room]} and {i}): a batch holds "
-                    "each room once; send updates of one room in order, in separate calls"
-                )
-            first[room] = i
-    return rooms, status_args([status for _, status in pairs])
-
-
-def truncate_reason(reason: object) -> str:
-    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut.
-
-    Raises :class:`InvalidArgumentError` for a non-string, or a string that is
-    no text (a lone surrogate, which is what Python makes of undecodable bytes
-    in ``sys.argv``): it cannot be sent as UTF-8, and it is refused before any write.
-    """
-    if not isinstance(reason, str):
-        raise InvalidArgumentError(f"invalid reason {reason!r}: expected a string")
-    try:
-        data = reason.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(
-            f"invalid reason {reason[:60]!r}: not valid UTF-8 text (character "
-            f"{exc.start}, {reason[exc.start]!r}, is a lone surrogate, e.g. from bytes "
-            "that were not UTF-8)"
-        ) from None
-    if len(data) <= MAX_REASON_BYTES:
-        return reason
-    keep = MAX_REASON_BYTES - len(_TRUNCATED)
-    return data[:keep].decode("utf-8", "ignore") + _TRUNCATED
 
 
 def _extra_seconds(rooms: int) -> float:
@@ -282,7 +205,7 @@ class StoreCore:
             steps = ()
         return Cleared(removed > 0, None if status < 0 else KVPoll(status), steps)
 
-    def _chunks(self, keys: list[str]) -> list[list[int]]:
+    def chunks(self, keys: list[str]) -> list[list[int]]:
         """Indices of ``keys`` in the groups one script call may take: at most :data:`CHUNK_ROOMS` keys each,
         and on a cluster all of one slot (the keys one script call may share there)."""
         if not self.cluster:
@@ -306,7 +229,7 @@ class StoreCore:
 
     def update_status(self, room: int, status: KVPoll | int) -> Request[UpdateResult]:
         key = self._key(room)
-        arg = _STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
+        arg = STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
         if arg == "0" and self.tombstone_ttl_ms:  # only a Failed can be a late abort: it names the tombstone too
             return Request(
                 [Call(("EVALSHA", scripts.UPDATE.sha, 2, key, tomb(key), *self._update_head, arg), scripts.UPDATE)],
@@ -332,7 +255,7 @@ class StoreCore:
 
             all_keys = keys + [tomb(key) for key in keys] if tombs else keys
             return Request([script_call(scripts.UPDATE, all_keys, (*self._update_head, *args))], decode_one)
-        groups = self._chunks(keys)
+        groups = self.chunks(keys)
         calls = [
             script_call(
                 scripts.UPDATE,
@@ -400,7 +323,7 @@ class StoreCore:
                 [script_call(scripts.GET_MANY, keys, args)],
                 lambda replies: dict(zip(ids, decode_statuses(replies[0], keys, field))),
             )
-        groups = self._chunks(keys)
+        groups = self.chunks(keys)
         # A room alone in its slot (most of them, on a cluster) is a plain read, as get() sends it.
         calls = [
             (
@@ -474,7 +397,7 @@ class StoreCore:
             return _no_calls({})
         args = (str(self.ttl_ms), validate_name(origin, "origin"), truncate_reason(reason))
         keys = self.schema.room_keys(ids)
-        groups = self._chunks(keys)
+        groups = self.chunks(keys)
         calls = [script_call(scripts.CANCEL, [keys[i] for i in group], args) for group in groups]
 
         def decode(replies: list[Any]) -> dict[int, CancelResult]:
@@ -493,18 +416,6 @@ class StoreCore:
         return Request(
             [script_call(scripts.ROOM, [key, tomb(key)], ())], lambda replies: decode_room_reply(room, key, replies[0])
         )
-
-
-SCRIPT_MODES = ("eval", "functions")
-"""How a store runs the Lua of ``lua/``: ``eval`` (EVALSHA, loaded by the client itself on NOSCRIPT) or
-``functions`` (FCALL / FCALL_RO of the function library an admin loaded, see :data:`kvstatus.scripts.LIBRARY`)."""
-
-
-def validate_script_mode(mode: object) -> str:
-    """Return ``mode`` if it is one of :data:`SCRIPT_MODES`; raise :class:`InvalidArgumentError`."""
-    if mode not in SCRIPT_MODES:
-        raise InvalidArgumentError(f"invalid scripts {mode!r}: expected one of {', '.join(SCRIPT_MODES)}")
-    return str(mode)
 
 
 def as_fcall(call: Call) -> Call:

@@ -12,7 +12,9 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    its lease, is a suspect. Its lease record is then read in
    the same round trip as its entries in this store's open rooms (:func:`kvstatus.consensus.entries_request`,
    the sweeper's read): only a lease that Redis' own clock judges lost counts, so a wrong or forged mark
-   costs one read, never a false failure.
+   costs one read, never a false failure. A suspect alive by Redis' clock whose record was not renewed for its
+   lease TTL by this process' monotonic clock is expired in Redis (``lua/lease.lua``'s compare-and-set on its
+   last renewal: its holder cannot renew it after), so a step back of Redis' clock does not keep it alive.
 3. The lost peer's open entries in those rooms are failed by ``lua/sweep.lua`` (stage ``lease-lost``). The
    room's first failure is recorded, and every participant's next read answers Failed by shared fate,
    naming the dead peer. Reads pay nothing for it: the fate field is read with the entry.
@@ -53,6 +55,13 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    the request in (upstream's receiver opens its entry then, before any allocation), so a live decode is
    "slow" here only if it takes a request in more than that many seconds after the prefill did.
 
+8. The index is a tenant's to break (a string at its name, an ACL that refuses it): a look then keeps the peers it
+   knew, learns the others from the entries of this store's newest open rooms (:data:`DISCOVERY_ROOMS`, read in
+   the look's round trip: the peers whose death would fail anything here), and takes a peer counted present for
+   a changed mark. Deaths are then seen by
+   presence alone and every other peer is judged by its lease; restarts are not seen (no mark to compare). The
+   keeper warns once, naming the key (:attr:`PeerWatch.index_refused`), and once more when it works again.
+
 Only rooms this store has an open entry in are looked at (:meth:`PeerWatch.wrote` keeps them, without I/O):
 a peer dying in a room nobody waits on changes nothing. Entries that reached Success or Failed are never
 touched. A lost peer stays watched in the rooms this store opens later, until its name holds a lease again.
@@ -63,19 +72,22 @@ its requests.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from kvstatus import scripts
-from kvstatus.consensus import LeaseState
-from kvstatus.keys import incarnation_field, reason_field
-from kvstatus.leasestate import ADDRESS_FIELD
+from kvstatus.errors import CorruptedValueError, PermissionDeniedError
+from kvstatus.keys import MAX_NAME_LENGTH
+from kvstatus.leasestate import ADDRESS_FIELD, expire_request, silence_request
+from kvstatus.model import OPEN, KVPoll, LeaseState
 from kvstatus.naming import role_of
 from kvstatus.operations import StoreCore
-from kvstatus.requests import Call, Request, script_call
-from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
+from kvstatus.replies import subscriber_counts
+from kvstatus.requests import Call, Request
+from kvstatus.sendrules import checked
 from kvstatus.stored import stored_int
+from kvstatus.translate import translate_error
 
 WATCH_SECONDS = 1.0
 """Seconds between two looks at the peers' marks: a dead peer's rooms fail within its lease TTL plus this."""
@@ -93,38 +105,16 @@ ORPHAN_AFTER_DEATH_SECONDS = 3.0
 """The same, while a decode of the namespace is dead: its requests in flight, and those a router still sends it,
 fail in seconds."""
 MAX_ORPHANS_A_LOOK = 64
+DISCOVERY_ROOMS = 16
+"""Open rooms a look reads for peers while the lease index cannot be used (8): this store's newest."""
 """Rooms a look reads for orphans at most (one read each): the rest wait for the next look."""
 
 RELEASED_MARK = "released"
+_NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAME_LENGTH}}}")  # a participant, as kvstatus.keys validates one
 STALE_LOOKS = 2.5
 """A live peer's mark changes at each of its looks (every :data:`WATCH_SECONDS`): one unchanged for this many
 looks is a suspect, so its death is seen within about a look of its lease's expiry. A suspect costs one read,
 which fails nothing while Redis says its lease is alive."""
-
-
-def restart_reason(participant: str) -> str:
-    """The failure reason of an entry whose participant restarted under the same name."""
-    return f"participant {participant} restarted; this entry was its previous incarnation's"
-
-
-def orphan_reason(room: int, seconds: float) -> str:
-    """The failure reason of a prefill's entry in a room that no decode joined within ``seconds``."""
-    return (
-        f"no decode joined room {room} within {seconds:g} s: the decode it was sent to is dead or never got the request"
-    )
-
-
-def died_reason(participant: str) -> str:
-    """The failure reason of an entry whose participant's process died (its presence left Redis)."""
-    return f"participant {participant} died: its connection to Redis closed"
-
-
-def awaited_reason(participant: str, address: str, stage: Stage) -> str:
-    """The failure reason of this store's entry in a room that waits on ``participant`` at ``address``, which
-    lost its lease (stage ``lease-lost``) or restarted (``superseded``) before it wrote the room."""
-    if stage is Stage.SUPERSEDED:
-        return f"participant {participant} restarted; this room waited on its previous incarnation at {address}"
-    return f"participant {participant} lost its lease; this room waits on it at {address}"
 
 
 @dataclass
@@ -193,6 +183,8 @@ class PeerWatch:
         self.numsub = "SHARDNUMSUB" if core.cluster else "NUMSUB"  # how a presence is counted
         self._counted_at = -float("inf")
         self._generation = 0  # of this store's own presence when its peers' were last counted
+        self.index_refused: Optional[str] = None  # why the lease index could not be used at the last look (8)
+        self._silent: dict[str, tuple[str, str, float]] = {}  # a suspect alive by Redis' clock: its last renewal
 
     def wrote(self, room: int, status: Optional[KVPoll]) -> None:
         """This store's entry in ``room`` is now ``status`` (None: none)."""
@@ -258,9 +250,8 @@ class PeerWatch:
         call = Call(("PUBSUB", self.numsub, *channels), route=self.channel)
 
         def decode(replies: list[Any]) -> dict[str, int]:
-            flat = replies[0]
-            pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2])
-            return {channels[_text(channel)]: int(count) for channel, count in pairs if _text(channel) in channels}
+            counts = subscriber_counts(replies[0])
+            return {name: counts.get(channel, 0) for channel, name in channels.items()}
 
         return Request([call], decode)
 
@@ -281,6 +272,8 @@ class PeerWatch:
             count = counts.get(name, 0)
             if count > 0:
                 peer.seen, peer.absent_since, peer.dead = True, None, False
+                if self.index_refused is not None:
+                    peer.changed_at = now  # no mark changes: a present peer is a live one (8)
             elif peer.seen and not peer.mark.endswith(RELEASED_MARK):
                 if peer.absent_since is None:
                     peer.absent_since = now
@@ -309,12 +302,24 @@ class PeerWatch:
         without this store's own."""
         self._looks += 1
         calls = [*self.mark_calls(incarnation, self._looks, released), Call(("HGETALL", self.key))]
+        if self.index_refused is not None:  # no marks name the peers: the newest open rooms' entries do (8)
+            recent = list(self._open.copy())[-DISCOVERY_ROOMS:]  # one C call: the store's threads may write
+            calls += [Call(("HGETALL", key)) for key in self.core.schema.room_keys(recent)]
 
         def decode(replies: list[Any]) -> dict[str, str]:
-            marks = replies[2] or {}
+            refused = _refusal(calls[:3], replies[:3])
+            if refused is not None:  # a tenant's string at the index, an ACL: the peers as last known (8)
+                self.index_refused = f"the lease index {self.key} could not be used ({refused})"
+                now = time.monotonic()
+                for room in replies[3:]:
+                    for name in map(_text, room if isinstance(room, dict) else ()):
+                        if name != self.participant and name not in self._peers and _NAME.fullmatch(name):
+                            self._peers[name] = _Peer("", now)  # a participant's status field: a peer to watch
+                return {name: peer.mark for name, peer in self._peers.items()}
+            self.index_refused, marks = None, replies[2] or {}
             return {_text(name): _text(value) for name, value in marks.items() if _text(name) != self.participant}
 
-        return Request(calls, decode)
+        return Request(calls, decode, strict=0)
 
     def plan(self, marks: dict[str, str], dead: tuple[str, ...] = ()) -> WatchPlan:
         """Judge the peers' ``marks`` (just read): who to check, who restarted, which marks are stale; ``dead``:
@@ -342,6 +347,7 @@ class PeerWatch:
                             plan.orderly.add(name)
                     peer.dead = False  # a new incarnation's presence is its own
                 peer.mark, peer.changed_at, peer.incarnation, peer.lost = mark, now, incarnation, False
+                self._silent.pop(name, None)
                 if mark.endswith(RELEASED_MARK):
                     plan.suspects[name] = rooms
                 elif name in dead:
@@ -409,9 +415,18 @@ class PeerWatch:
 
         return Request([Call(("HMGET", key, "epoch", ADDRESS_FIELD))], decode)
 
+    def silence_request(self, name: str) -> Request[Optional[tuple[str, str]]]:
+        """:func:`kvstatus.leasestate.silence_request` of suspect ``name``, on this process' monotonic clock."""
+        return silence_request(self.core.schema.lease_key(name), self._silent, name, time.monotonic)
+
+    def expire_request(self, name: str, incarnation: str, seen: str) -> Request[bool]:
+        """Expire ``name``'s silent lease in Redis, if it was not renewed since; True: it is lost."""
+        return expire_request(self.core.schema.lease_key(name), incarnation, seen)
+
     def forget_request(self, names: list[str]) -> Request[Any]:
         """Drop the marks of peers whose lease records are gone."""
-        return Request([Call(("HDEL", self.key, *names))], lambda replies: replies[0])
+        calls = [Call(("HDEL", self.key, *names))]
+        return Request(calls, lambda replies: _refusal(calls, replies) or replies[0], strict=0)  # a refused index: 8
 
     def _prune(self, now: float) -> None:
         """Forget open rooms older than the room TTL: their keys are gone (a caller that never concluded them)."""
@@ -420,28 +435,14 @@ class PeerWatch:
             self.closed(room)
 
 
-def fail_entries_request(
-    core: StoreCore, rooms: list[int], participant: str, stage: Stage, reason: str, below: Optional[int] = None
-) -> Request[list[Outcome]]:
-    """The calls failing ``participant``'s open entries in ``rooms`` with ``reason`` and the room's first failure
-    at ``stage`` (``lua/sweep.lua``: one call per chunk of rooms, per slot on a cluster). ``below``: the fence,
-    an incarnation epoch; entries stamped with it or a later one are left alone (None: no fence). Decodes to
-    the outcome in each room, in the order of ``rooms``."""
-    keys = core.schema.room_keys(rooms)
-    args: tuple[str, ...] = (participant, reason_field(participant), reason, stage.value)
-    if below is not None:
-        args += (incarnation_field(participant), str(below))
-    groups = core._chunks(keys)
-    calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in groups]
-
-    def decode(replies: list[Any]) -> list[Outcome]:
-        outcomes = [Outcome.UNCHANGED] * len(keys)
-        for group, reply in zip(groups, replies):
-            for i, code in zip(group, reply):
-                outcomes[i] = Outcome(code)
-        return outcomes
-
-    return Request(calls, decode)
+def _refusal(calls: list[Call], replies: list[Any]) -> Optional[Exception]:
+    """The first reply of ``calls`` by which Redis refused the lease index (another type, an ACL), or None (8); any
+    other error (a server that did not answer in time) is raised as its kvstatus error."""
+    errors = [(call, reply) for call, reply in zip(calls, replies) if isinstance(reply, Exception)]
+    for call, reply in errors:
+        if not isinstance(translate_error(reply, call), (CorruptedValueError, PermissionDeniedError)):
+            checked([call], [reply])
+    return errors[0][1] if errors else None
 
 
 def _text(value: Any) -> str:

@@ -20,7 +20,7 @@ from kvstatus.keys import (
     TIMELINE_FIELD_PREFIX,
     TOMBSTONE_SUFFIX,
 )
-from kvstatus.rule import (
+from kvstatus.model import (
     ClearedEntry,
     KVPoll,
     Outcome,
@@ -127,6 +127,24 @@ def _pairs(flat: list[Any]) -> dict[Any, Any]:
     return dict(zip(it, it))
 
 
+def subscriber_counts(reply: Any) -> dict[str, int]:
+    """``PUBSUB NUMSUB`` / ``SHARDNUMSUB`` as ``{channel: subscribers}``, in every shape redis-py hands it over:
+    a server's flat reply (channel, count, ...), (channel, count) pairs, or a cluster's ``{node: reply}``
+    (summed over the nodes)."""
+    counts: dict[str, int] = {}
+    if isinstance(reply, Mapping):
+        for node_reply in reply.values():
+            for channel, count in subscriber_counts(node_reply).items():
+                counts[channel] = counts.get(channel, 0) + count
+        return counts
+    items = list(reply or ())
+    pairs = items if all(isinstance(item, (list, tuple)) for item in items) else list(zip(items[::2], items[1::2]))
+    for channel, count in pairs:
+        name = stored.text(channel)
+        counts[name] = counts.get(name, 0) + int(count)
+    return counts
+
+
 def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone]:
     """A :class:`Tombstone` from its hash fields (None when there are none, or ``fields`` is not a hash's
     reply); notes kvstatus does not write (:func:`kvstatus.stored.parse_time`) are skipped: it only informs."""
@@ -175,6 +193,7 @@ def decode_room(
     reasons: dict[str, str] = {}
     steps: dict[str, tuple[Step, ...]] = {}
     ignored: list[str] = []
+    stamps: dict[str, int] = {}
     failure = None
     for raw_field, value in fields.items():
         field = _text(raw_field)
@@ -183,7 +202,9 @@ def decode_room(
         elif field.startswith(REASON_FIELD_PREFIX):
             reasons[field[len(REASON_FIELD_PREFIX) :]] = _text(value)
         elif field.startswith(INCARNATION_FIELD_PREFIX):
-            continue  # the fence of the entry's writer (lua/update.lua): not part of the view
+            stamp = stored.stored_int(value)  # the fence of the entry's writer (lua/update.lua); junk is none
+            if stamp is not None:
+                stamps[field[len(INCARNATION_FIELD_PREFIX) :]] = stamp
         elif field.startswith(TIMELINE_FIELD_PREFIX):
             if timelines:
                 try:
@@ -199,4 +220,7 @@ def decode_room(
         for name in sorted(statuses.keys() | reasons.keys())
     }
     kept = {name: steps[name] for name in participants if name in steps}
-    return RoomView(room, participants, pttl if pttl >= 0 else None, tombstone, failure, kept, tuple(ignored))
+    kept_stamps = {name: stamps[name] for name in participants if name in stamps}
+    return RoomView(
+        room, participants, pttl if pttl >= 0 else None, tombstone, failure, kept, tuple(ignored), kept_stamps
+    )

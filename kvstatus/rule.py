@@ -1,71 +1,30 @@
-"""Statuses, outcomes and the pure-Python reference of the update rule.
+"""The pure-Python reference of the rules the Lua scripts run: the update rule, its fencing, a cancel.
 
 The Lua script ``lua/update.lua`` is the rule that runs; :func:`apply_rule` is
 the same table in Python, used as the oracle in tests, by ``kvstatus explain``
 and by the demo's baselines. Change one and the tests force you to change the other.
+The shared-fate rule, :func:`shared_status`, judges a participant's entry with its room's first failure;
+:func:`room_consensus` gives a room one status over its expected participants.
+The data these rules take and give is :mod:`kvstatus.model`.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Iterable, NamedTuple, Optional
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Optional
 
-from kvstatus.errors import InvalidArgumentError, InvalidStatusError
-
-
-class KVPoll(enum.IntEnum):
-    """Room status, numbered as in SGLang's ``KVPoll``."""
-
-    Failed = 0
-    Bootstrapping = 1
-    WaitingForInput = 2
-    Transferring = 3
-    Success = 4
-
-
-class Outcome(enum.IntEnum):
-    """Which row of the update rule fired; the integer is what the Lua script returns."""
-
-    CREATED = 1
-    ADVANCED = 2
-    FAILED = 3
-    UNCHANGED = 4
-    IGNORED_MISSING = 5
-    REFUSED_TERMINAL = 6
-    REFUSED_CREATE = 7
-    REFUSED_SUPERSEDED = 15  # the entry is stamped by a later incarnation of the participant: nothing written
-
-    @property
-    def refreshes_ttl(self) -> bool:
-        """True for the outcomes after which the entry exists and the room's TTL was refreshed."""
-        return self in _TTL_REFRESHING
-
-
-class ReasonOutcome(enum.IntEnum):
-    """What ``record_failure`` did; the integer is what ``lua/record_failure.lua`` returns.
-
-    Codes continue :class:`Outcome`'s, so one number means one thing in every script.
-    """
-
-    IGNORED_MISSING = 5  # Outcome.IGNORED_MISSING: no entry, nothing written
-    RECORDED = 8  # the reason was stored and the room's TTL refreshed
-    KEPT_EARLIER = 9  # an earlier reason stays; nothing written
-
-
-class LeaseOutcome(enum.IntEnum):
-    """What ``lua/lease.lua`` did; codes continue :class:`ReasonOutcome`'s."""
-
-    HELD = 10  # acquired or renewed: the deadline moved to Redis' time + the lease TTL
-    LOST = 11  # another incarnation holds the record, it was released, or its deadline passed: nothing written
-    RELEASED = 12
-
-
-class CancelOutcome(enum.IntEnum):
-    """What ``lua/cancel.lua`` did to a room; codes continue :class:`LeaseOutcome`'s."""
-
-    CANCELLED = 13  # the cancel is the room's first failure
-    ALREADY_FAILED = 14  # the room had failed before: its first failure stays (open entries are failed all the same)
-    ALREADY_SERVED = 16  # every entry of the room is Success (and it never failed): nothing was written
+from kvstatus.model import (
+    STRICT_CREATORS,
+    CancelOutcome,
+    FailureRecord,
+    KVPoll,
+    LeaseState,
+    Outcome,
+    Policy,
+    RoomConsensus,
+    Stage,
+    UpdateResult,
+)
 
 
 def cancel_outcome(statuses: Iterable[Optional[KVPoll]], failed_before: bool) -> CancelOutcome:
@@ -79,69 +38,6 @@ def cancel_outcome(statuses: Iterable[Optional[KVPoll]], failed_before: bool) ->
     if seen and all(s is KVPoll.Success for s in seen) and not failed_before:
         return CancelOutcome.ALREADY_SERVED
     return CancelOutcome.ALREADY_FAILED if failed_before else CancelOutcome.CANCELLED
-
-
-class CancelResult(NamedTuple):
-    """A cancel of one room: what it did, and how many participants' open entries it turned Failed."""
-
-    outcome: CancelOutcome
-    failed: int
-
-
-_TTL_REFRESHING = frozenset({Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED, Outcome.UNCHANGED})
-
-
-class Policy(str, enum.Enum):
-    """``seed``: the upstream rule (default). ``strict``: Failed is terminal and late creates are refused."""
-
-    SEED = "seed"
-    STRICT = "strict"
-
-
-class UpdateResult(NamedTuple):
-    """What an update did: the rule that fired and the participant's status afterwards (None: no entry)."""
-
-    outcome: Outcome
-    status: Optional[KVPoll]
-
-
-OPEN = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring})
-"""The statuses of an entry that has not concluded: what a peer's failure, a cancel or a sweep fails."""
-
-# Statuses that may create a missing entry under the strict policy.
-STRICT_CREATORS = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput})
-
-
-def to_status(value: object) -> KVPoll:
-    """Return ``value`` as a :class:`KVPoll`; raise :class:`InvalidStatusError` for anything but a member or an int 0..4."""
-    if isinstance(value, KVPoll):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidStatusError(
-            f"invalid status {value!r} ({type(value).__name__}): expected a KVPoll member or an int 0..4"
-        )
-    try:
-        return KVPoll(value)
-    except ValueError:
-        raise InvalidStatusError(f"invalid status {value!r}: expected an int 0..4 (Failed..Success)") from None
-
-
-def parse_status(text: str) -> KVPoll:
-    """Parse a status name (case-insensitive) or number, as typed by a person."""
-    stripped = text.strip().lower()
-    for member in KVPoll:
-        if stripped in (member.name.lower(), str(member.value)):
-            return member
-    names = ", ".join(f"{m.name}={m.value}" for m in KVPoll)
-    raise InvalidStatusError(f"invalid status {text!r}: expected one of {names}")
-
-
-def to_policy(value: object) -> Policy:
-    """Return ``value`` as a :class:`Policy`; raise :class:`InvalidArgumentError` otherwise."""
-    try:
-        return Policy(value)
-    except ValueError:
-        raise InvalidArgumentError(f"invalid policy {value!r}: expected 'seed' or 'strict'") from None
 
 
 def apply_rule(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED) -> UpdateResult:
@@ -205,142 +101,111 @@ def explain(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED
     return f"{cur} + {new.name}({new.value}) under {policy.value}: {result.outcome.name} -> {after}; {why}."
 
 
-class Step(NamedTuple):
-    """An entry reached ``status`` at ``at_ms``: Unix milliseconds, by Redis' clock (:mod:`kvstatus.timeline`)."""
-
-    status: KVPoll
-    at_ms: int
-
-
-class Cleared(NamedTuple):
-    """What a ``clear`` or ``pop`` removed: whether anything, the entry's status (None: no entry, or not a
-    status), and its timeline (empty unless recorded, see :mod:`kvstatus.timeline`)."""
-
-    removed: bool
-    status: Optional[KVPoll]
-    timeline: tuple[Step, ...]
+STAGE_OF_STATUS = {
+    KVPoll.Bootstrapping: Stage.BOOTSTRAP,
+    KVPoll.WaitingForInput: Stage.WAITING,
+    KVPoll.Transferring: Stage.TRANSFER,
+    KVPoll.Success: Stage.TRANSFER,
+}
+"""The stage of a room that fails when an entry in the given status becomes Failed (lua/lib/fate.lua's table)."""
 
 
-class ParticipantEntry(NamedTuple):
-    """One participant's entry in a room: its status (None if only a reason is left) and failure reason."""
+def shared_status(own: Optional[KVPoll], failure: Optional[FailureRecord], participant: str) -> Optional[KVPoll]:
+    """This participant's status under shared fate: ``own`` (its entry's status, or None) judged with the
+    room's ``failure``.
 
-    status: Optional[KVPoll]
-    reason: Optional[str]
+    SGLang keeps one ``request_status`` dict per KV manager; kvstatus holds every participant's entry in one
+    room hash, so with ``shared_fate`` on a read answers Failed as soon as the room failed for anyone
+    (:mod:`kvstatus.fate`):
+
+    =====================  ==================================  ==================================
+    own entry              a peer's entry became Failed        the room was cancelled
+    =====================  ==================================  ==================================
+    missing                missing (nothing to fail)           missing (nothing to fail)
+    Bootstrapping          Failed                              Failed (and stored by the cancel)
+    WaitingForInput        Failed                              Failed (and stored by the cancel)
+    Transferring           Failed                              Failed (and stored by the cancel)
+    Success                Success (its part is done)          Success (its part is done)
+    Failed                 Failed                              Failed
+    =====================  ==================================  ==================================
+
+    A failure this participant raised itself is its own entry's business: under the ``seed`` policy an
+    entry may leave Failed, and its reads then follow the entry, exactly as upstream's dict would. So one
+    participant alone never reads anything the per-entry rule would not give it: the differential tests
+    against SGLang's ``update_status`` hold with shared fate on."""
+    if failure is None or own is None or own is KVPoll.Success or own is KVPoll.Failed:
+        return own
+    if failure.origin == participant and failure.stage is not Stage.CANCELLED:
+        return own  # its own failure, which its entry has since left (seed policy): the entry decides
+    return KVPoll.Failed
 
 
-class ClearedEntry(NamedTuple):
-    """One participant's ``clear()`` as its room's tombstone records it.
+def shared_failed(own: KVPoll, failure: FailureRecord, participant: str) -> KVPoll:
+    """:func:`shared_status` of an entry that exists, in a room that has failed (typed for the near cache)."""
+    status = shared_status(own, failure, participant)
+    return own if status is None else status
 
-    Times are Unix seconds by Redis' clock: ``cleared_at`` when the entry was
-    cleared, ``late_failed_at`` when the first Failed arrived after that clear
-    (it was ignored: IGNORED_MISSING), or None. ``status`` is the entry's last
-    status (None if it was not one kvstatus writes).
+
+TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})
+"""The statuses an entry ends in."""
+
+
+def lost_reason(participant: str) -> str:
+    """The failure reason of an entry whose participant lost its lease (the consensus view's and the sweeper's)."""
+    return f"participant {participant} lost its lease"
+
+
+_PLAIN = {status: RoomConsensus(status) for status in KVPoll}
+
+
+def room_consensus(
+    participants: Sequence[str],
+    statuses: Sequence[Optional[KVPoll]],
+    leases: Sequence[LeaseState],
+    reasons: Optional[Mapping[str, str]] = None,
+    fate: Optional[FailureRecord] = None,
+) -> RoomConsensus:
+    """The consensus of one room: ``statuses[i]`` and ``leases[i]`` belong to ``participants[i]``.
+
+    The rule, for a room and its expected participants (first match wins):
+
+    1. **Failed**, reason "participant P lost its lease", if a participant whose
+       lease is lost (it held one, and it expired or was released) has an entry
+       that is not terminal (neither Failed nor Success): that entry can never
+       finish.
+    2. **Bootstrapping** if an expected participant has no entry yet (the
+       semantics of SGLang's ``check_status_pp_consensus``).
+    3. Otherwise the **minimum** over the entries; when that is Failed, the reason
+       is the first recorded failure reason among the Failed entries.
+
+    A participant that never held a lease is never lost: it only counts through
+    its entry.
+
+    ``reasons`` maps a participant to its recorded failure reason (only Failed entries are looked up);
+    ``fate`` is the room's first failure (shared fate: None when the reader has it off). A room that failed reads
+    Failed, naming its first failure, while any expected participant's entry is open or missing (none will serve
+    it), as ``get`` does; once every entry is at Success it reads Success.
     """
-
-    cleared_at: float
-    status: Optional[KVPoll]
-    late_failed_at: Optional[float] = None
-
-    def describe(self, participant: str, now: float) -> str:
-        """E.g. "cleared 3 s ago by prefill-0 at Success; a late abort arrived 1 s after the clear"."""
-        status = "an unknown status" if self.status is None else self.status.name
-        text = f"cleared {elapsed_text(now - self.cleared_at)} ago by {participant} at {status}"
-        if self.late_failed_at is not None:
-            text += f"; a late abort arrived {elapsed_text(self.late_failed_at - self.cleared_at)} after the clear (ignored)"
-        return text
-
-
-def elapsed_text(delta: float) -> str:
-    """A span in seconds as "3.0 s" (under 10 s) or "42 s"; a negative span (clock skew) reads 0."""
-    return f"{max(delta, 0.0):.0f} s" if delta >= 10 else f"{max(delta, 0.0):.1f} s"
-
-
-class Tombstone(NamedTuple):
-    """A room's short-lived record of its clears: participant -> :class:`ClearedEntry`; ``ttl_ms`` left (ms)."""
-
-    cleared: dict[str, ClearedEntry]
-    ttl_ms: Optional[int]
-
-    def describe(self, now: Optional[float] = None) -> list[str]:
-        """One sentence per cleared participant, latest clear first (``now``: Unix seconds, default the local clock)."""
-        import time
-
-        now = time.time() if now is None else now
-        ordered = sorted(self.cleared.items(), key=lambda item: item[1].cleared_at, reverse=True)
-        return [entry.describe(name, now) for name, entry in ordered]
-
-
-class Stage(str, enum.Enum):
-    """Where a room failed first: the failing entry's status before it failed, or what failed it."""
-
-    BOOTSTRAP = "bootstrap"  # the entry was Bootstrapping
-    WAITING = "waiting"  # WaitingForInput
-    TRANSFER = "transfer"  # Transferring (or Success: failed after its transfer)
-    LEASE_LOST = "lease-lost"  # a sweep or a peer's watch failed the entry of a participant that lost its lease
-    SUPERSEDED = "superseded"  # a peer's watch failed the entry of a participant that restarted under its name
-    CANCELLED = "cancelled"  # a router or an operator cancelled the room (store.cancel, kvstatus cancel)
-
-
-class FailureRecord(NamedTuple):
-    """A room's first failure. ``at_ms``: Redis' clock, Unix milliseconds; ``origin``: the participant whose
-    entry failed, or who cancelled; ``reason``: its recorded failure reason ("" when none was given)."""
-
-    at_ms: int
-    stage: Stage
-    origin: str
-    reason: str
-
-    @property
-    def at(self) -> float:
-        """``at_ms`` in Unix seconds."""
-        return self.at_ms / 1000
-
-    def to_json(self) -> dict[str, object]:
-        """As JSON (``kvstatus get --json``, the board): ``at`` in Unix seconds, as a tombstone's ``cleared_at``."""
-        return {"stage": self.stage.value, "origin": self.origin, "reason": self.reason, "at": self.at}
-
-    def describe(self) -> str:
-        """E.g. "cancelled by router-1: client went away", "failed at transfer by prefill-0 (no reason given)" or
-        "failed: participant prefill-0 lost its lease" (a lost lease or a restart: the reason names the peer)."""
-        if self.stage in (Stage.LEASE_LOST, Stage.SUPERSEDED):
-            what = "lost its lease" if self.stage is Stage.LEASE_LOST else "restarted"
-            return f"failed: {self.reason}" if self.reason else f"failed: participant {self.origin} {what}"
-        what = "cancelled" if self.stage is Stage.CANCELLED else f"failed at {self.stage.value}"
-        return (
-            f"{what} by {self.origin}: {self.reason}" if self.reason else f"{what} by {self.origin} (no reason given)"
+    lost = tuple(p for p, lease in zip(participants, leases) if lease == LeaseState.LOST)
+    if lost:
+        for p, status, lease in zip(participants, statuses, leases):
+            if lease == LeaseState.LOST and status is not None and status not in TERMINAL:
+                missing = tuple(q for q, s in zip(participants, statuses) if s is None)
+                return RoomConsensus(KVPoll.Failed, lost_reason(p), lost, missing)
+    if fate is not None:
+        judged = [shared_status(s, fate, p) for p, s in zip(participants, statuses)]
+        if None in judged or (KVPoll.Failed in judged and KVPoll.Failed not in statuses):
+            missing = tuple(q for q, s in zip(participants, judged) if s is None)
+            return RoomConsensus(KVPoll.Failed, fate.describe(), lost, missing)
+        # An entry that failed itself: the minimum below, with that entry's own reason, as before.
+    if None in statuses:
+        return RoomConsensus(
+            KVPoll.Bootstrapping, None, lost, tuple(p for p, s in zip(participants, statuses) if s is None)
         )
-
-
-class RoomView(NamedTuple):
-    """Everything stored for one room, across participants.
-
-    ``ttl_ms`` is the time left in milliseconds; None when the room does not
-    exist, or when its key has no TTL (a leak: kvstatus never writes one).
-    ``tombstone`` is the room's record of recent clears (see :meth:`StatusStore.clear
-    <kvstatus.StatusStore.clear>`), or None when there is none (never cleared,
-    or longer ago than the tombstone TTL); views built by SCAN leave it None.
-    ``failure`` is the room's first failure (:mod:`kvstatus.fate`), or None.
-    ``timelines`` maps each participant whose writer records timelines (:mod:`kvstatus.timeline`) to the
-    :class:`Step` of each status its entry reached, in order (empty in a near cache's views, which keep only
-    what polls read).
-    ``ignored`` names each stored value the view left out because kvstatus does not write it (a timeline, a
-    tombstone): the message names the key and field (docs/security.md says what each reader does with junk).
-    """
-
-    room: int
-    participants: dict[str, ParticipantEntry]
-    ttl_ms: Optional[int]
-    tombstone: Optional[Tombstone] = None
-    failure: Optional[FailureRecord] = None
-    timelines: dict[str, tuple[Step, ...]] = {}
-    ignored: tuple[str, ...] = ()
-
-    @property
-    def exists(self) -> bool:
-        """True when the room key holds anything: an entry, or a cancel's failure record alone."""
-        return bool(self.participants) or self.failure is not None
-
-    @property
-    def cleared(self) -> bool:
-        """True when the room does not exist but its tombstone says it was cleared (not expired, not never created)."""
-        return not self.participants and self.tombstone is not None and bool(self.tombstone.cleared)
+    low: KVPoll = min(statuses)  # type: ignore[type-var,assignment]
+    reason = None
+    if low == KVPoll.Failed and reasons:
+        reason = next((reasons[p] for p, s in zip(participants, statuses) if s == KVPoll.Failed and p in reasons), None)
+    if reason is None and not lost:
+        return _PLAIN[low]
+    return RoomConsensus(low, reason, lost, ())

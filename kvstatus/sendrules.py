@@ -5,13 +5,15 @@ calls to resend after NOSCRIPT, how replies and errors are reported. :mod:`kvsta
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any, Callable, Optional, TypeVar
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from kvstatus.clients import is_cluster_client, is_sentinel_client
+from kvstatus.connection import is_cluster_client, is_sentinel_client
 from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.observer import StoreObserver
+from kvstatus.replies import subscriber_counts
 from kvstatus.requests import Call, Request
 from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
@@ -33,6 +35,27 @@ def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[
     if not (is_cluster_client(client) or is_sentinel_client(client)):
         return ()
     return (options or ConnectionOptions()).retry_delays()
+
+
+SHARD_NUMSUB = "PUBSUB SHARDNUMSUB"
+
+
+def _shard_subscribers(command: str, res: dict[str, Any], **options: Any) -> list[tuple[str, int]]:
+    """A cluster client's merge of its nodes' ``PUBSUB SHARDNUMSUB`` replies: (channel, subscribers) pairs."""
+    return list(subscriber_counts(res).items())
+
+
+def merge_shard_counts(client: Any) -> None:
+    """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies that the presence counts can read.
+
+    redis-py 8.2 keys its cluster result callbacks by the two-word command and merges SHARDNUMSUB as if each
+    node answered (channel, count) pairs; a node answers a flat list, so every count raised ValueError and no
+    peer's presence was ever seen on a cluster. The merge replaced here is never right, so a client passed in
+    by the caller loses nothing it had. Older redis-py returns the node's reply as it is: both decode the same.
+    """
+    callbacks = getattr(client, "result_callbacks", None)
+    if isinstance(callbacks, MutableMapping):
+        callbacks[SHARD_NUMSUB] = _shard_subscribers
 
 
 def gate_for(client: Any, options: ConnectionOptions, gate_class: Callable[[int], G]) -> Optional[G]:

@@ -9,6 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, ClassVar, Optional, TypeVar, Union
 
+from kvstatus.arguments import (
+    DEFAULT_TOMBSTONE_TTL_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    validate_lease_ttl,
+    validate_script_mode,
+)
 from kvstatus.cachestate import (
     CacheState,
     NearCacheBase,
@@ -17,20 +23,14 @@ from kvstatus.cachestate import (
     near_cache_setting,
     writes_sent,
 )
-from kvstatus.clients import is_cluster_client
+from kvstatus.connection import is_cluster_client
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_address, validate_name, validate_room
-from kvstatus.leasestate import LeaseCore, validate_lease_ttl
+from kvstatus.leasestate import LeaseCore
+from kvstatus.model import KVPoll, Policy, UpdateResult
 from kvstatus.observer import StoreObserver, check_observer
-from kvstatus.operations import (
-    DEFAULT_TOMBSTONE_TTL_SECONDS,
-    DEFAULT_TTL_SECONDS,
-    FunctionsCore,
-    StoreCore,
-    validate_script_mode,
-)
+from kvstatus.operations import FunctionsCore, StoreCore
 from kvstatus.peerwatch import PeerWatch
-from kvstatus.rule import KVPoll, Policy, UpdateResult
 from kvstatus.url import (
     CONNECTION_FIELDS,
     DEFAULT_URL,
@@ -76,8 +76,8 @@ class StoreBase:
     ) -> None:
         """``shared_fate``: reads answer Failed for an open entry of a room that failed for another participant
         or was cancelled (:mod:`kvstatus.fate`); False reads each entry alone, as upstream's dict does.
-        ``timeline``: each write records when the entry reached its status (:mod:`kvstatus.timeline`; about
-        1 µs of Redis time per status change and 30-60 bytes per entry, see BENCHMARKS.md).
+        ``timeline``: each write records when the entry reached its status (:mod:`kvstatus.timeline`; its cost
+        in Redis time and memory is in BENCHMARKS.md, "Timelines").
         ``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
         library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows).
         ``near_cache``: True or :class:`NearCacheOptions` for a new near cache, another store's cache to
@@ -225,7 +225,7 @@ class StoreBase:
 
     @property
     def near_cache(self) -> Any:
-        """The :mod:`kvstatus.nearcache` cache serving this store's reads, or None."""
+        """The near cache (:class:`~kvstatus.cachestate.NearCacheBase`) serving this store's reads, or None."""
         return self._near
 
     def cached_statuses(

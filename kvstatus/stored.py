@@ -17,14 +17,14 @@ import re
 from typing import Any, Optional
 
 from kvstatus.errors import CorruptedValueError
-from kvstatus.rule import FailureRecord, KVPoll, Stage, Step
+from kvstatus.model import FailureRecord, KVPoll, Stage, Step
 
 MAX_INT = 999_999_999_999_999
 """The largest epoch, stamp or lease deadline (15 digits: what ``lua/update.lua`` takes as an epoch)."""
 MAX_TIME_MS = 253_402_300_799_999
 """The latest time a failure record may hold: 9999-12-31T23:59:59.999Z in Unix ms, the last a reader can show."""
 MAX_TEXT_BYTES = 2048
-"""The longest reason in UTF-8 bytes (:data:`kvstatus.operations.MAX_REASON_BYTES`; the scripts refuse longer)."""
+"""The longest reason in UTF-8 bytes (:data:`kvstatus.arguments.MAX_REASON_BYTES`; the scripts refuse longer)."""
 MAX_NAME_BYTES = 128
 """The longest participant or origin name (:data:`kvstatus.keys.MAX_NAME_LENGTH`)."""
 TIMELINE_MAX_BYTES = 160

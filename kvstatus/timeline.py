@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kvstatus import stored
-from kvstatus.rule import KVPoll, Step
+from kvstatus.model import KVPoll, Step
 
 MAX_BYTES = stored.TIMELINE_MAX_BYTES
 """The longest stored timeline in bytes (lua/lib/timeline.lua's TIMELINE_MAX_BYTES): about 14 steps."""

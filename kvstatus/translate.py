@@ -29,8 +29,17 @@ from kvstatus.scripts import LIBRARY_NAME
 # Error prefixes the scripts in lua/ return (redis.error_reply); NOPERM arrives as redis-py's NoPermissionError.
 _BADARG = "KVSTATUS_BADARG "
 _CORRUPT = "KVSTATUS_CORRUPT "
-# Redis' own text when a script's redis.call is denied by ACL; it names the script line, not the command.
-_SCRIPT_NOPERM = "The user executing the script can't run this command"
+# The server's own text when a script's redis.call is denied by ACL; it names the script line, not the command.
+# Redis 7.0: "The user executing the script can't run this command or subcommand" (a command), "... can't access at
+# least one of the keys mentioned in the command arguments" (a key); Redis 7.2+ and Valkey: "ACL failure in script:
+# User u has no permissions to run the 'x' command" or "ACL failure in script: No permissions to access a key".
+_SCRIPT_NOPERM = re.compile(r"The user executing the script can't (?:run this command|access)|ACL failure in script: ")
+# The ACL's refusal of a key, in the server's wordings: Redis 6.2-7.0 "no permissions to access one of the keys used
+# as arguments", Redis 7.2+ and Valkey "No permissions to access a key" (or "... the 'k' key"), a script's line on
+# Redis 7.0 "can't access at least one of the keys mentioned".
+_KEY_DENIAL = re.compile(
+    r"no permissions to access (?:one of the keys|a key|the '.*' key)|can't access at least one of the keys", re.I
+)
 _EVAL_COMMANDS = ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO")
 
 
@@ -72,6 +81,12 @@ def unresolved_host(error: BaseException) -> Optional[str]:
             return cause.strerror or str(cause) if cause.errno in _PERMANENT_DNS else None
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def denies_a_key(error: BaseException) -> bool:
+    """True if ``error`` is the ACL refusing a key (not a command), in Redis' or Valkey's wording: the user's key
+    patterns do not cover the namespace."""
+    return _KEY_DENIAL.search(str(error)) is not None
 
 
 def is_write(call: Optional[Call]) -> bool:
@@ -182,6 +197,8 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
                 " (a user of the tenant ACL recipe runs kvstatus' Lua as functions: give the store "
                 'scripts="functions", or the URL ?scripts=functions)'
             )
+        if denies_a_key(exc):
+            hint = _uncovered(call)
         return PermissionDeniedError(f"Redis ACL denied the request: {text}{hint}")
     if "Function not found" in text and call is not None and call.args[0] in ("FCALL", "FCALL_RO"):
         return BackendError(
@@ -190,12 +207,12 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
             "(FUNCTION LOAD on every primary; replicas, restarts with persistence and failovers "
             'keep it), or the store uses scripts="eval"'
         )
-    if _SCRIPT_NOPERM in text:
+    if _SCRIPT_NOPERM.search(text):
         # The scripts check their writes in advance and name a refused one themselves (NOPERM above);
         # this is a read the ACL refused on a key after the first, which Redis reports by line number only.
         return PermissionDeniedError(
             f"Redis ACL denied the request: a command called inside the kvstatus script "
-            f"{call.script.name if call and call.script else '?'} ({text.split(' script:')[0]})"
+            f"{call.script.name if call and call.script else '?'} ({text.rsplit(' script:', 1)[0]})"
         )
     if text.startswith(_BADARG):
         return InvalidArgumentError(f"the kvstatus script refused its arguments: {text[len(_BADARG) :]}")
@@ -218,6 +235,21 @@ def _where(call: Optional[Call]) -> str:
         return f"one of the keys {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
     first = None if call is None else _first_key(call)
     return f"key {first}" if first else "a room key"
+
+
+def _uncovered(call: Optional[Call]) -> str:
+    """What a key denial of ``call`` is about: " (the user's ACL key patterns do not cover key K, namespace N)";
+    keys are ``<prefix>:<namespace>:...`` and neither part holds a colon."""
+    if call is None or len(call.args) < 2:
+        return " (the user's ACL key patterns do not cover the namespace's keys)"
+    args = call.args
+    scripted = str(args[0]).upper() in (*_EVAL_COMMANDS, "FCALL", "FCALL_RO")
+    if scripted and not (len(args) > 3 and str(args[2]).isdigit() and int(args[2]) > 0):
+        return " (the user's ACL key patterns do not cover the namespace's keys)"
+    key = str(args[3] if scripted else args[1])
+    parts = key.split(":")
+    namespace = f", namespace {parts[1]}" if len(parts) >= 3 else ""
+    return f" (the user's ACL key patterns do not cover key {key}{namespace})"
 
 
 def _applied(call: Optional[Call]) -> str:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from kvstatus.arguments import validate_lease_ttl
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
-from kvstatus.leasestate import validate_lease_ttl
 from kvstatus.redact import mask_url
 
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -66,7 +66,7 @@ class ConnectionOptions:
     Within the deadline, a command that fails with a connection error or a
     timeout is sent again up to ``retries`` times, after
     ``min(backoff_cap, backoff_base * 2**n)`` seconds. The defaults ride out
-    about 3-4 s of outage (a cluster or Sentinel failover), then raise
+    about 3.1 s of outage (a cluster or Sentinel failover), then raise
     :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
     whether applied": the last attempt may have been executed by Redis. A
     refused connection to a standalone server (nothing listens: Redis is down or
@@ -249,7 +249,7 @@ STORE_OPTIONS: dict[str, Callable[[str], Any]] = {
     "shared_fate": lambda v: _BOOL[v.lower()],
     "timeline": lambda v: _BOOL[v.lower()],
 }
-"""Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.nearcache.near_cache_setting`)."""
+"""Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.cachestate.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     **_OPTION_FIELDS,
     "db": int,

@@ -22,7 +22,7 @@ from collections.abc import Generator, Iterable
 from typing import Any, Optional
 
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.rule import KVPoll, to_status
+from kvstatus.model import KVPoll, to_status
 
 RECHECK_SECONDS = 1.0
 POLL_INTERVAL_SECONDS = 0.05

@@ -20,7 +20,7 @@
 -- ARGV[2]  origin: who cancels (a name: letters, digits, "_", ".", "-")
 -- ARGV[3]  the reason text: UTF-8, at most 2048 bytes (the Python API's bound, lua/lib/stored.lua)
 --
--- Returns {outcome_1, failed_1, outcome_2, failed_2, ...}, integers: outcome kvstatus.rule.CancelOutcome,
+-- Returns {outcome_1, failed_1, outcome_2, failed_2, ...}, integers: outcome kvstatus.model.CancelOutcome,
 -- CANCELLED (this cancel is the room's first failure), ALREADY_FAILED (the room had failed before: its
 -- first failure stays) or ALREADY_SERVED (every entry is Success: nothing written); failed, the number of
 -- entries this cancel turned Failed (0 for ALREADY_SERVED).

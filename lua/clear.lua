@@ -10,11 +10,18 @@
 -- ARGV[2]  the participant's failure-reason field
 -- ARGV[3]  the participant's late-abort field in the tombstone ("late:<participant>")
 -- ARGV[4]  tombstone TTL in milliseconds, a positive integer; "0": remove the entry, write no tombstone
--- ARGV[5]  the participant's incarnation field ("inc:<participant>"), removed with the entry
+-- ARGV[5]  the participant's incarnation field ("inc:<participant>"): removed with the entry, but for a clear
+--          with an epoch and a tombstone, which leaves the stamp behind as a fence (below)
 -- ARGV[6]  the clearing incarnation's epoch (lua/lease.lua), or "" for a store without a lease: an entry
 --          stamped by a newer incarnation of the participant (lua/update.lua) is not cleared (refused), and
 --          one stamped by an older one is missing for this incarnation (nothing cleared, as for no entry)
 -- ARGV[7]  the participant's timeline field ("t:<participant>", lua/lib/timeline.lua), removed with the entry
+--
+-- The fence outlives the entry: a clear with an epoch (ARGV[6]) and a tombstone leaves "inc:<participant>" =
+-- the epoch in the room, so a late write of an older incarnation of the participant is still refused
+-- (REFUSED_SUPERSEDED, lua/update.lua) instead of creating the entry again (issue 36, Medium 7). A room left
+-- with nothing but stamps keeps them no longer than the tombstone (its TTL only shortened, PEXPIRE LT); the
+-- views do not count such a room (kvstatus.model.RoomView.exists).
 --
 -- Tombstone fields: <participant> = "<unix ms> <status 0..4>"; late:<participant> = "<unix ms>"
 -- of the first Failed that arrived after the clear (written by lua/update.lua).
@@ -70,22 +77,51 @@ if stamp then
     return {0, -1, ""}  -- a previous incarnation's entry: missing for this one (lua/update.lua), nothing to clear
   end
 end
+local fence = stored and tombstone and epoch ~= ""
 local denied = acl_refusal("hdel", room)
+  or (fence and (acl_refusal("hset", room) or acl_refusal("pexpire", room)))
   or (stored and tombstone and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb)
     or acl_refusal("time", tomb)))
 if denied then
   return denied
 end
 
-local removed = redis.call("HDEL", room, field, reason_field, inc_field, tl_field)
--- A failed room whose last entry this clear removed would keep nothing but its first failure: that goes
--- too, so the room is gone. A cancel's record stays until the TTL, so that a late write finds the room
--- cancelled. (Best effort: a user without HLEN leaves it to the TTL.)
-if removed > 0 then
-  local fate = redis.call("HGET", room, FATE_FIELD)
-  if fate and not string.find(fate, "^%d+:cancelled:") and not acl_refusal("hlen", room)
-      and redis.call("HLEN", room) == 1 then
-    redis.call("HDEL", room, FATE_FIELD)
+local removed
+if fence then
+  removed = redis.call("HDEL", room, field, reason_field, tl_field)
+  redis.call("HSET", room, inc_field, epoch)
+else
+  removed = redis.call("HDEL", room, field, reason_field, inc_field, tl_field)
+end
+-- A room whose last entry this clear removed keeps its stamps as fences and, unless cancelled, nothing else:
+-- a failed room's first failure goes (the room is gone for every view), and the stamps last no longer than
+-- the tombstone. A cancel's record stays until the room's TTL, so that a late write finds the room cancelled.
+-- (Best effort: a user without HGETALL leaves it to the TTL.)
+if removed > 0 and not acl_refusal("hgetall", room) then
+  local fields, fate, left = redis.call("HGETALL", room), nil, false
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if name == FATE_FIELD then
+      fate = fields[i + 1]
+    elseif string.sub(name, 1, 4) ~= "inc:" and string.sub(name, 1, 2) ~= "t:" then
+      left = true  -- a participant's entry or failure reason
+    end
+  end
+  local cancelled = fate and string.find(fate, "^%d+:cancelled:")
+  if not left and not cancelled then
+    if fate then
+      redis.call("HDEL", room, FATE_FIELD)
+    end
+    if fence then
+      if EXPIRE_FLAGS then
+        redis.call("PEXPIRE", room, ttl, "LT")
+      else  -- what LT does, on a server without expire flags: no TTL counts as infinite
+        local left_ms = redis.call("PTTL", room)
+        if left_ms == -1 or left_ms > tonumber(ttl) then
+          redis.call("PEXPIRE", room, ttl)
+        end
+      end
+    end
   end
 end
 if stored and tombstone then

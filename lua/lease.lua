@@ -1,8 +1,8 @@
 -- A participant's lease: acquire, renew or release it, atomically, against Redis' own clock.
--- kvstatus/leases.py keeps it alive; kvstatus/consensus.py and the sweeper read it (lua/room_statuses.lua).
+-- kvstatus/_async/leases.py (the keeper) keeps it alive; kvstatus/consensus.py and the sweeper read it (lua/room_statuses.lua).
 --
 -- KEYS[1]  the lease record, a hash: <prefix>:<namespace>:lease:<participant>
--- ARGV[1]  "acquire", "renew" or "release"
+-- ARGV[1]  "acquire", "renew", "release" or "expire" (a peer watch's, below: then ARGV[2] and ARGV[3] only)
 -- ARGV[2]  the holder's incarnation: a random token, new for every acquire
 -- ARGV[3]  lease TTL in milliseconds, a positive integer
 -- ARGV[4]  how long the record is kept after its last renewal, in milliseconds (>= the lease TTL):
@@ -12,15 +12,21 @@
 -- ARGV[6]  optional, acquire only: who holds it, for the operator and a refused twin ("host:pid", 1..300
 --          characters, no whitespace). Absent or "": the record has none
 --
+-- "expire": ARGV[2] the incarnation and ARGV[3] the "seen" a peer watch read in the record, unchanged since for
+-- longer than the lease TTL by the watch's own monotonic clock (kvstatus/peerwatch.py): the holder stopped renewing.
+-- If the record still names that incarnation, held, with that "seen", its state becomes "expired": lost for good,
+-- whatever Redis' clock says (a clock stepped back would keep it alive the step longer). Returns LOST when the
+-- lease is lost (by this call, or before), HELD when it was renewed since (nothing written).
+--
 -- Record fields: inc (incarnation), gen (how many incarnations so far), epoch (the incarnation's fence:
 -- Unix ms at its acquire by the server's clock, and always above the previous incarnation's, so an epoch
 -- orders the incarnations of a name even after a lost record restarted gen), since, seen and deadline
--- (Unix ms, server clock), ttl (ms), state ("held" or "released"), addr (the incarnation's address, if any),
+-- (Unix ms, server clock), ttl (ms), state ("held", "released" or "expired"), addr (the incarnation's address, if any),
 -- holder (host:pid, if given). The lease is alive while
 -- state is "held" and the server's time is <= deadline; once that is false it is lost for good:
 -- renewing it again answers LOST, and only a new incarnation (acquire) holds the name again.
 --
--- Returns {code, gen, epoch}, integers only. code, kvstatus.rule.LeaseOutcome: HELD (acquired or renewed),
+-- Returns {code, gen, epoch}, integers only. code, kvstatus.model.LeaseOutcome: HELD (acquired or renewed),
 -- LOST (the record names another incarnation, was released, or its deadline passed: nothing
 -- written), RELEASED. gen and epoch are the record's (0 when there is none).
 -- Errors, raised before the first write:
@@ -41,8 +47,8 @@ end
 if holder == "" then
   holder = nil
 end
-if #KEYS ~= 1 or (op ~= "acquire" and op ~= "renew" and op ~= "release") then
-  return redis.error_reply("KVSTATUS_BADARG expected one key and an operation acquire, renew or release")
+if #KEYS ~= 1 or (op ~= "acquire" and op ~= "renew" and op ~= "release" and op ~= "expire") then
+  return redis.error_reply("KVSTATUS_BADARG expected one key and an operation acquire, renew, release or expire")
 end
 if #ARGV > 6 or (address and (op ~= "acquire" or not string.match(address, "^[^%s]+:[0-9]+$") or #address > 300)) then
   return redis.error_reply("KVSTATUS_BADARG the address (acquire only) must be host:port, without whitespace")
@@ -52,6 +58,34 @@ if holder and (op ~= "acquire" or not string.match(holder, "^[^%s]+$") or #holde
 end
 if type(inc) ~= "string" or not string.match(inc, "^[0-9a-f]+$") or #inc > 64 then
   return redis.error_reply("KVSTATUS_BADARG the incarnation must be 1..64 hex digits")
+end
+-- The record's `field`, its generation and epoch, and {LOST, gen, epoch} when this incarnation does not hold it.
+local function held_record(field)
+  local record = redis.call("HMGET", key, "inc", "state", field, "gen", "epoch")
+  local gen, epoch = tonumber(record[4]) or 0, stored_int(record[5]) or 0
+  if record[1] ~= inc or record[2] ~= "held" then
+    return record[3], gen, epoch, {LOST, gen, epoch}
+  end
+  return record[3], gen, epoch, nil
+end
+
+if op == "expire" then
+  if #ARGV ~= 3 or not stored_int(ttl) then
+    return redis.error_reply("KVSTATUS_BADARG expire takes the incarnation and the renewal time (\"seen\") it read")
+  end
+  local denied = acl_refusal("hset", key)
+  if denied then
+    return denied
+  end
+  local seen, gen, epoch, lost = held_record("seen")
+  if lost then
+    return lost
+  end
+  if seen ~= ttl then  -- ARGV[3]: the "seen" it read
+    return {HELD, gen, epoch}
+  end
+  redis.call("HSET", key, "state", "expired")
+  return {LOST, gen, epoch}
 end
 if not positive_ms(ttl) or not positive_ms(keep) or tonumber(keep) < tonumber(ttl) then
   return redis.error_reply("KVSTATUS_BADARG lease TTL and keep time must be positive integers of ms, keep >= TTL")
@@ -89,17 +123,16 @@ if op == "acquire" then
   return {HELD, gen, epoch}
 end
 
-local record = redis.call("HMGET", key, "inc", "state", "deadline", "gen", "epoch")
-local gen, epoch = tonumber(record[4]) or 0, stored_int(record[5]) or 0
-if record[1] ~= inc or record[2] ~= "held" then
-  return {LOST, gen, epoch}
+local held_until, gen, epoch, lost = held_record("deadline")
+if lost then
+  return lost
 end
 if op == "release" then
   redis.call("HSET", key, "state", "released", "seen", now, "deadline", now)
   redis.call("PEXPIRE", key, keep)
   return {RELEASED, gen, epoch}
 end
-if now > (tonumber(record[3]) or 0) then
+if now > (tonumber(held_until) or 0) then
   return {LOST, gen, epoch}
 end
 redis.call("HSET", key, "seen", now, "deadline", deadline)

@@ -14,13 +14,13 @@
 -- A reason recorded after the update to Failed that recorded the room's first failure
 -- (lua/lib/fate.lua) without one fills in that record's reason too.
 --
--- Returns an integer, kvstatus.rule.ReasonOutcome (the constants below; they
--- continue kvstatus.rule.Outcome, so a number means one thing in every script):
+-- Returns an integer, kvstatus.model.ReasonOutcome (the constants below; they
+-- continue kvstatus.model.Outcome, so a number means one thing in every script):
 --   RECORDED         the reason was stored and the room's TTL refreshed (never shortened, see EXPIRE_FLAGS in lua/lib/time.lua)
 --   KEPT_EARLIER     an earlier reason stays; nothing written
 --   IGNORED_MISSING  the participant has no entry (or, for a writer with an epoch, only a previous
 --                    incarnation's); nothing written
---   REFUSED_SUPERSEDED  (kvstatus.rule.Outcome) a later incarnation of the participant wrote the entry;
+--   REFUSED_SUPERSEDED  (kvstatus.model.Outcome) a later incarnation of the participant wrote the entry;
 --                    nothing written
 -- Errors, raised before the first write:
 --   "KVSTATUS_BADARG <what>"  malformed arguments

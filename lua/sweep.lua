@@ -20,7 +20,7 @@
 --          is (UNCHANGED); unstamped entries, older stamps and stamps kvstatus does not write
 --          (lua/lib/stored.lua) are swept.
 --
--- Returns one integer per key, kvstatus.rule.Outcome: FAILED (swept), REFUSED_TERMINAL (a Success of the swept
+-- Returns one integer per key, kvstatus.model.Outcome: FAILED (swept), REFUSED_TERMINAL (a Success of the swept
 -- incarnation, left as it is: its part was done), UNCHANGED (Failed, fenced off, or a value kvstatus does not
 -- write: left as it is), IGNORED_MISSING (no entry).
 -- Errors, raised before the first write: "KVSTATUS_BADARG <what>" (malformed arguments, or keys that

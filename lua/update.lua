@@ -19,7 +19,7 @@
 -- ARGV[7+i]  new status for KEYS[i], "0".."4"
 --
 -- Returns {outcome_1, status_1, outcome_2, status_2, ...}, integers only:
---   outcome  kvstatus.rule.Outcome (the constants below)
+--   outcome  kvstatus.model.Outcome (the constants below)
 --   status   the entry's status afterwards, 0..4, or -1 when there is no entry (REFUSED_SUPERSEDED: as it is)
 -- Errors, raised before the first write, so nothing is half-written:
 --   "KVSTATUS_BADARG <what>"   malformed arguments, or keys that do not belong together

@@ -9,22 +9,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Optional
 
 from kvstatus._async.presence import AsyncPresence
-from kvstatus.cachestate import writes_sent
 from kvstatus.concurrency import AsyncBackground, AsyncLock
-from kvstatus.consensus import LeaseState, entries_request, lost_reason
 from kvstatus.errors import PermissionDeniedError
 from kvstatus.leasestate import LeaseCore, log
-from kvstatus.naming import is_decode
-from kvstatus.peerwatch import (
-    PeerWatch,
-    WatchPlan,
-    awaited_reason,
-    died_reason,
-    fail_entries_request,
-    orphan_reason,
-    restart_reason,
-)
-from kvstatus.rule import OPEN, KVPoll, Outcome, Stage
+from kvstatus.peerwatch import PeerWatch, WatchPlan
+from kvstatus.watchsteps import act
 
 
 class AsyncLeaseKeeper:
@@ -47,6 +36,7 @@ class AsyncLeaseKeeper:
         self._watch_lock = AsyncLock()  # one look at a time: the background's and look()'s
         self._background = AsyncBackground()
         self._watch_failing = False
+        self._index_refused = False  # the peer watch's lease index could not be used at its last look (warned)
 
     async def ensure(self) -> None:
         """Before a write: acquire or renew when due; raise :class:`~kvstatus.errors.LeaseLostError` if lost."""
@@ -182,6 +172,17 @@ class AsyncLeaseKeeper:
             return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         async with self._watch_lock:
             plan = watch.plan(await self._send(watch.look_request(incarnation), "watch"), dead)
+            if (watch.index_refused is not None) != self._index_refused:  # warned once, and once when it ends
+                self._index_refused = watch.index_refused is not None
+                if watch.index_refused is not None:
+                    log.warning(
+                        "participant %s: %s; its peers are judged by their presence and their leases alone, and a "
+                        "restart under a peer's name is not seen, until the key is removed",
+                        watch.participant,
+                        watch.index_refused,
+                    )
+                else:
+                    log.warning("participant %s: the lease index %s works again", watch.participant, watch.key)
             try:
                 return await self._act(watch, plan)
             except BaseException:
@@ -189,130 +190,21 @@ class AsyncLeaseKeeper:
                 raise
 
     async def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
-        """Carry out ``plan``; returns how many peers' entries were failed."""
-        failed = 0
-        for name, rooms in plan.suspects.items():
-            if rooms:
-                entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
-                watch.confirmed(name, entries.leases[0])
-                if entries.leases[0] is LeaseState.LOST:
-                    failed += await self._fail_gone(watch, entries, name, lost_reason(name))
-        for name, rooms in plan.dead.items():
-            if rooms:
-                entries = await self._send(entries_request(watch.core, rooms, [name]), "watch")
-                failed += await self._fail_gone(watch, entries, name, died_reason(name))
-        for name, rooms in plan.restarted.items():
-            # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
-            below, address = await self._send(watch.identity_request(name), "watch")
-            outcomes = await self._fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
-            failed += outcomes.count(Outcome.FAILED)
-            # Rooms it never wrote, or (unless its previous incarnation released its lease) in which that incarnation
-            # reached Success (REFUSED_TERMINAL): what it owed this side after that went with it, as for a loss above.
-            owed = (
-                (Outcome.IGNORED_MISSING,)
-                if name in plan.orderly
-                else (Outcome.IGNORED_MISSING, Outcome.REFUSED_TERMINAL)
-            )
-            absent = [room for room, outcome in zip(rooms, outcomes) if outcome in owed]
-            failed += await self._fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
-        if plan.orphans:
-            failed += await self._fail_orphans(watch, plan.orphans, plan.orphan_seconds)
-        if plan.forget:
-            await self._send(watch.forget_request(plan.forget), "watch")
-        return failed
-
-    async def _fail_orphans(self, watch: PeerWatch, rooms: list[int], seconds: float) -> int:
-        """Fail this store's own entry, still Bootstrapping, in those of ``rooms`` that no decode joined within
-        ``seconds`` (one read a room; :mod:`kvstatus.peerwatch` 7); returns how many were failed."""
-        core, failed = watch.core, 0
-        for room in rooms:
-            view = await self._send(core.room(room), "watch")
-            own = view.participants.get(watch.participant)
-            if own is None or own.status is not KVPoll.Bootstrapping or any(map(is_decode, view.participants)):
-                watch.joined(room)
-                continue
-            try:
-                await self._send(core.record_failure(room, orphan_reason(room, seconds)), "watch")
-                result = await self._send(core.update_status(room, KVPoll.Failed), "watch")
-            finally:
-                writes_sent(core.schema, [room])  # this process's reads of the room see the failure at once
-            watch.wrote(room, result.status)
-            failed += result.outcome is Outcome.FAILED
-        if failed:
-            log.warning(
-                "participant %s: %d of its rooms failed: no decode joined them within %g s",
-                watch.participant,
-                failed,
-                seconds,
-            )
-        return failed
-
-    async def _fail_gone(self, watch: PeerWatch, entries: Any, name: str, reason: str) -> int:
-        """Fail the open entries (in ``entries``, just read) of ``name``, which lost its lease or died; returns how
-        many entries were failed."""
-        open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
-        below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
-        outcomes = await self._fail(watch, open_rooms, name, Stage.LEASE_LOST, reason, below)
-        failed = outcomes.count(Outcome.FAILED)
-        # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
-        # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
-        # side after that (SGLang's decode waits for the prefill's completion message) will not come.
-        done = None if watch.released(name) else KVPoll.Success
-        absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
-        if watch.awaits_any(absent):
-            address = watch.peer_address(name)
-            if address is None:
-                address = (await self._send(watch.identity_request(name), "watch"))[1]
-            failed += await self._fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST, reason)
-        return failed
-
-    async def _fail_awaiting(
-        self,
-        watch: PeerWatch,
-        rooms: list[int],
-        name: str,
-        address: Optional[str],
-        stage: Stage,
-        cause: Optional[str] = None,
-    ) -> int:
-        """Fail this store's own open entries in those of ``rooms`` (where ``name`` has no entry) that wait on
-        ``name`` at its ``address`` (None: it has none, nothing to do), naming ``cause`` (what happened to ``name``;
-        None: the stage says); returns how many were failed."""
-        awaiting = [] if address is None else watch.awaiting(rooms, address)
-        if address is None or not awaiting:
-            return 0
-        reason = (
-            awaited_reason(name, address, stage) if cause is None else f"{cause}; this room waits on it at {address}"
-        )
-        outcomes = await self._fail(watch, awaiting, watch.participant, stage, reason, None)
-        for room, outcome in zip(awaiting, outcomes):
-            if outcome is Outcome.FAILED:
-                watch.closed(room)
-        return outcomes.count(Outcome.FAILED)
-
-    async def _fail(
-        self, watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str, below: Optional[int]
-    ) -> list[Outcome]:
-        """Fail ``name``'s open entries in ``rooms`` (logged), but those stamped ``below`` or later (an incarnation
-        epoch; None: no fence); returns the outcome in each room, in order."""
-        if not rooms:
-            return []
+        """Carry out ``plan`` (:func:`kvstatus.watchsteps.act` plans each step; this sends them); returns how many
+        entries were failed."""
+        steps = act(watch, plan)
         try:
-            request = fail_entries_request(watch.core, rooms, name, stage, reason, below)
-            outcomes: list[Outcome] = await self._send(request, "watch")
-        finally:
-            writes_sent(watch.core.schema, rooms)  # this process's reads of those rooms see the failure at once
-        failed = outcomes.count(Outcome.FAILED)
-        if failed:
-            log.warning(
-                "participant %s: %s; failed %s's open entries in %d of this participant's rooms (stage %s)",
-                watch.participant,
-                reason,
-                name,
-                failed,
-                stage.value,
-            )
-        return outcomes
+            request = next(steps)
+            while True:
+                try:
+                    reply = await self._send(request, "watch")
+                except BaseException as exc:  # noqa: BLE001 - the steps' cleanup runs, then it is raised again
+                    request = steps.throw(exc)
+                else:
+                    request = steps.send(reply)
+        except StopIteration as stop:
+            failed: int = stop.value
+            return failed
 
     async def close(self) -> None:
         """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the

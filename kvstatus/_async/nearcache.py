@@ -1,6 +1,11 @@
 """The near cache's driver: serves reads from :class:`~kvstatus.cachestate.CacheState` and fills misses
-through the store's send path, on links that Redis tracks (see :mod:`kvstatus.nearcache` for how the
-cache stays coherent). Written once; the sync driver is generated from this file.
+through the store's send path, on links that Redis tracks (docs/design.md, "How the near cache stays
+coherent"). Written once; the sync driver is generated from this file.
+
+Observed: given the observer of the store that turned it on (``metrics=``, :mod:`kvstatus.observer`), the
+cache counts rooms answered from memory (hits) and read from Redis (misses), cached rooms dropped by
+Redis' invalidation messages, errors of its reads, and sets its size. Stores made by ``for_participant``
+share the cache, so its series carry the labels of the store that made it.
 """
 
 from __future__ import annotations
@@ -35,12 +40,12 @@ from kvstatus.concurrency import (
     async_data_fd,
     async_run_blocking,
 )
+from kvstatus.connection import SlotMoved, Topology, slot_fingerprint
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.invalidation import InvalidationSocket, LinkLost, Links, LinkState, peer_of, sync_twin, tracking_command
 from kvstatus.keys import KeySchema, validate_room
+from kvstatus.model import KVPoll, RoomView
 from kvstatus.requests import Call, Request
-from kvstatus.rule import KVPoll, RoomView
-from kvstatus.topology import SlotMoved, Topology, slot_fingerprint
 from kvstatus.translate import connection_refused
 
 log = logging.getLogger("kvstatus.nearcache")

@@ -41,6 +41,7 @@ from kvstatus.sendrules import (
     gate_for,
     may_resend,
     merge,
+    merge_shard_counts,
     noscript_resend,
     observe_error,
     observe_result,
@@ -89,6 +90,8 @@ class AsyncSender:
         self.deadline = options.deadline
         self.resend_delays = failover_delays(client, options)
         self.gate: Optional[AsyncGate] = gate_for(client, options, AsyncGate)
+        if cluster:
+            merge_shard_counts(client)
 
     async def send(self, request: Request[T], operation: str = "other", via: Optional[AsyncTransport] = None) -> T:
         """Send ``request`` (from the method ``operation``) on ``via`` (default: the client) and decode it."""

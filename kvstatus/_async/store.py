@@ -15,13 +15,13 @@ from kvstatus._async.presence import AsyncPresence
 from kvstatus._async.sender import AsyncSender
 from kvstatus._async.waiting import async_wait_for
 from kvstatus.connection import connect_async
-from kvstatus.consensus import RoomConsensus, consensus_calls
+from kvstatus.consensus import consensus_calls
 from kvstatus.errors import InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.keywatch import close_pool
+from kvstatus.model import CancelResult, FailureRecord, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
-from kvstatus.rule import CancelResult, FailureRecord, KVPoll, Outcome, RoomView, UpdateResult
 from kvstatus.storebase import StoreBase
 
 T = TypeVar("T")
@@ -34,7 +34,7 @@ class AsyncStatusStore(StoreBase):
     ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in seconds: every write leaves the room key
     at least that TTL, never shortening a longer one another writer left (one TTL per room key). Every
     method is one round trip (a read of an unchanged room none with ``near_cache`` on, see
-    :mod:`kvstatus.nearcache`), and returns or raises within the connection's ``deadline`` (seconds);
+    :mod:`kvstatus.cachestate`), and returns or raises within the connection's ``deadline`` (seconds);
     safe to share between the tasks (threads, for the sync store) of one process.
     """
 
@@ -153,7 +153,7 @@ class AsyncStatusStore(StoreBase):
     ) -> Optional[KVPoll]:
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
         return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by CLIENT TRACKING
-        when the room changes (see :mod:`kvstatus.waiting`), re-reading every second, and polling every 50 ms if
+        when the room changes (see :mod:`kvstatus.waitplan`), re-reading every second, and polling every 50 ms if
         the server refuses tracking or the watch breaks. Each step (a watch and the read after it are one) keeps
         the deadline: against a server hung before or during the wait it raises
         :class:`~kvstatus.errors.BackendUnavailableError` within ``min(deadline, timeout)`` seconds of the step's

@@ -24,11 +24,11 @@ from kvstatus.concurrency import (
     async_sleep,
     async_start_reader,
 )
+from kvstatus.connection import SlotMoved, Topology
 from kvstatus.deadline import DEADLINE
 from kvstatus.invalidation import LinkLost, sync_twin
 from kvstatus.keywatch import Ticket, WatchHub, WatchRefused, pool_of
-from kvstatus.rule import KVPoll
-from kvstatus.topology import SlotMoved, Topology
+from kvstatus.model import KVPoll
 from kvstatus.waitplan import (
     CLOCK,
     POLL_INTERVAL_SECONDS,

@@ -17,9 +17,9 @@ from typing import Any, Optional
 from redis import exceptions as rx
 
 from kvstatus.concurrency import close_link, pending
+from kvstatus.connection import Topology
 from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.leasestate import log
-from kvstatus.topology import Topology
 
 RETRY_SECONDS = 0.2
 """Seconds between two tries to subscribe again while the server cannot be reached."""

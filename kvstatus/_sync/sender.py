@@ -42,6 +42,7 @@ from kvstatus.sendrules import (
     gate_for,
     may_resend,
     merge,
+    merge_shard_counts,
     noscript_resend,
     observe_error,
     observe_result,
@@ -90,6 +91,8 @@ class Sender:
         self.deadline = options.deadline
         self.resend_delays = failover_delays(client, options)
         self.gate: Optional[Gate] = gate_for(client, options, Gate)
+        if cluster:
+            merge_shard_counts(client)
 
     def send(self, request: Request[T], operation: str = "other", via: Optional[Transport] = None) -> T:
         """Send ``request`` (from the method ``operation``) on ``via`` (default: the client) and decode it."""

@@ -27,9 +27,9 @@ reads the server version from ``HELLO``.
 - :data:`READS` / :data:`WRITES`  the commands the store and its scripts run on the namespace's keys:
   rooms, their tombstones (``{<room>}:t``) and the lease records (``lease:<participant>``), all under
   ``<prefix>:<namespace>:``; ``time`` is Redis' clock, which the lease, clear, consensus and failure-record
-  scripts read; ``hlen`` lets ``clear`` drop a failed room's record with its last entry (best effort)
+  scripts read; ``hgetall`` also lets ``clear`` tidy a room it left without entries (best effort)
 - :data:`ROUTER_WRITES`  what ``cancel`` writes: the router user's only writes (no ``hdel``, ``hexists``,
-  ``hincrby``, ``hlen``, so the scripts' own pre-checks refuse it ``clear``, ``record_failure``, leaving
+  ``hincrby``, so the scripts' own pre-checks refuse it ``clear``, ``record_failure``, leaving
   Failed and acquiring a lease). ACL cannot limit ``FCALL`` to one function, nor ``HSET`` to Lua: see
   docs/security.md for what a router can still do inside its namespace
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
@@ -52,9 +52,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from kvstatus.arguments import validate_script_mode
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema
-from kvstatus.operations import validate_script_mode
 
 # CLIENT SETINFO (Redis >= 7.2) is left out on purpose: ACL SETUSER refuses it on older
 # servers, and redis-py ignores a refused SETINFO during its handshake.
@@ -64,7 +64,7 @@ FUNCTIONS: tuple[str, ...] = ("fcall", "fcall_ro")
 FUNCTIONS_READ_ONLY: tuple[str, ...] = ("fcall_ro",)
 EVAL_SCRIPTS: tuple[str, ...] = ("evalsha", "eval", "script|load")
 READS: tuple[str, ...] = ("hget", "hmget", "hgetall", "pttl", "time")
-WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "hlen", "pexpire")
+WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "pexpire")
 ROUTER_WRITES: tuple[str, ...] = ("hset", "hsetnx", "pexpire")  # lua/cancel.lua (and its TIME, in READS)
 SCAN: tuple[str, ...] = ("scan",)
 # The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE), and wait_for's watch gets

@@ -1,7 +1,7 @@
 """Health and permission checks of a Redis for kvstatus (``kvstatus doctor``), without the CLI.
 
 Permissions are checked by behaviour: the library's real operations run
-against a probe entry (participant :data:`~kvstatus.admin.scan.PROBE_PARTICIPANT`
+against a probe entry (participant :data:`~kvstatus.keys.PROBE_PARTICIPANT`
 in room :data:`PROBE_ROOM`) with a short TTL, cleared afterwards. ``ls``,
 ``stats`` and ``watch`` never count that entry.
 """
@@ -18,13 +18,13 @@ from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
 from kvstatus import scripts as lua
-from kvstatus import waiting
-from kvstatus.admin.scan import PROBE_PARTICIPANT, iter_room_keys, round_trip, scan_clients
+from kvstatus._sync.store import StatusStore
+from kvstatus._sync.waiting import RoomWatch
+from kvstatus.admin.scan import iter_room_keys, round_trip, scan_clients
+from kvstatus.arguments import DEFAULT_TTL_SECONDS
 from kvstatus.errors import KVStatusError, PermissionDeniedError
-from kvstatus.keys import MAX_ROOM, KeySchema
-from kvstatus.operations import DEFAULT_TTL_SECONDS
-from kvstatus.rule import KVPoll, RoomView
-from kvstatus.store import StatusStore
+from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT, KeySchema
+from kvstatus.model import KVPoll, RoomView
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 PROBE_ROOM = MAX_ROOM
@@ -344,17 +344,34 @@ def ttl_check(client: Any, schema: KeySchema, ttl: float, write: bool = True, sc
 
 
 def _hello_version(node: Any) -> str:
-    """The server's version from HELLO (no INFO: the ACL recipes do not grant it)."""
+    """The server's name and version from HELLO (no INFO: the ACL recipes do not grant it): "Valkey 9.1.2"."""
     reply = node.execute_command("HELLO")
     fields = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
-    version = fields.get(b"version", fields.get("version"))
-    return version.decode() if isinstance(version, bytes) else str(version)
+    text = {_text(key): _text(value) for key, value in fields.items()}
+    return f"{_server_name(text.get('server', 'redis'))} {text.get('version')}"
+
+
+def _info_version(node: Any) -> str:
+    """The server's name and version from INFO: Valkey reports Redis 7.2.4 as redis_version, its own apart."""
+    info = node.info("server")
+    if str(info.get("server_name", "")).lower() == "valkey":
+        return f"Valkey {info.get('valkey_version')}"
+    return f"Redis {info.get('redis_version')}"
+
+
+def _server_name(name: str) -> str:
+    return "Valkey" if name.lower() == "valkey" else "Redis"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def version_check(node: Any) -> Check:
-    """The server's version from INFO, or HELLO where the ACL refuses INFO (the recipes do); Redis 6.0 or later."""
+    """The server's version from INFO, or HELLO where the ACL refuses INFO (the recipes do); Redis 6.0 or later
+    (Valkey: every release is)."""
     version: list[str] = []
-    ok, why = _attempt(node, lambda: version.append(str(node.info("server").get("redis_version"))))
+    ok, why = _attempt(node, lambda: version.append(_info_version(node)))
     if not ok and why.startswith("NOPERM"):
         ok, why = _attempt(node, lambda: version.append(_hello_version(node)))
     if not ok:
@@ -362,11 +379,11 @@ def version_check(node: Any) -> Check:
             return Check("server version", True, "unknown: the server does not implement INFO (fakeredis?)")
         return Check("server version", False, why)
     parts = tuple(int(p) for p in re.findall(r"\d+", version[0])[:2])
-    if parts < MIN_VERSION:
+    if version[0].startswith("Redis") and parts < MIN_VERSION:
         return Check(
-            "server version", False, f"Redis {version[0]}; kvstatus needs {'.'.join(map(str, MIN_VERSION))} or later"
+            "server version", False, f"{version[0]}; kvstatus needs {'.'.join(map(str, MIN_VERSION))} or later"
         )
-    return Check("server version", True, f"Redis {version[0]}")
+    return Check("server version", True, version[0])
 
 
 def run_checks(
@@ -443,7 +460,7 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     invalidation. ``write`` False (a read-only user): only the watch is checked. Only a failed probe write
     fails: without the watch wait_for still works, by polling every 50 ms, and the detail says so."""
     store = probe_store(client, schema, scripts=scripts)
-    watch = waiting.RoomWatch(client, schema.room_key(PROBE_ROOM))
+    watch = RoomWatch(client, schema.room_key(PROBE_ROOM))
     try:
         if not watch.ready(time.monotonic() + DOCTOR_STEP_SECONDS):
             if not watch.refused:  # the server, not this user: a broken or silent connection

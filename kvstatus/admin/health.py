@@ -30,19 +30,20 @@ Memory: one counter per pair seen, never per room.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any, Optional
 
+from kvstatus.admin.leases import Deaths, read_deaths
 from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, round_trip, server_ms, without_probe
+from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
-from kvstatus.naming import naming
-from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS
+from kvstatus.model import KVPoll, RoomView, Stage, Tombstone
+from kvstatus.naming import ROLES, naming
 from kvstatus.replies import decode_room, decode_tombstone
 from kvstatus.requests import Call
-from kvstatus.rule import KVPoll, RoomView, Stage, Tombstone
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck
 from kvstatus.timeline import current_steps
 from kvstatus.translate import REDIS_ERRORS, translate_error
@@ -55,6 +56,8 @@ UNKNOWN_STAGE = "unknown"
 """The stage of a failure without a record: a Failed entry, or a room cleared at Failed or before Success."""
 FAILURE_STAGES: tuple[str, ...] = (*(stage.value for stage in Stage), UNKNOWN_STAGE)
 OUTCOMES: tuple[str, ...] = ("succeeded", "failed", "stuck", "open")
+DEATHS = frozenset({Stage.LEASE_LOST, Stage.SUPERSEDED})
+"""The stages of a room's first failure that say its origin died (its lease lost) or restarted."""
 SAMPLE = 5
 """How many skipped keys a pass names (``corrupted_sample``)."""
 
@@ -93,6 +96,16 @@ class PairHealth:
     stuck: int = 0
     open: int = 0
     unhealthy: bool = False
+    served_ms: float = 0.0
+    """When its latest room in the window succeeded (Unix ms; 0: none, or at a time no timeline says)."""
+    deaths: dict[str, float] = field(default_factory=dict)
+    """Participant of the pair -> when it died (Unix ms; infinity while its lease is lost): its room failed on its
+    lost lease or restart, or it left an open entry (:meth:`kvstatus.admin.leases.Deaths.left`)."""
+
+    @property
+    def dead(self) -> list[str]:
+        """The participants of the pair that died and after whose death none of its rooms succeeded."""
+        return sorted(name for name, at in self.deaths.items() if at >= self.served_ms)
 
     @property
     def name(self) -> str:
@@ -104,8 +117,9 @@ class PairHealth:
         return sum(self.failed.values())
 
     def judge(self, threshold: int) -> bool:
-        """True (unhealthy) when failures plus stuck rooms reach ``threshold`` and nothing succeeded."""
-        return self.failed_total + self.stuck >= threshold and self.succeeded == 0
+        """True (unhealthy) when failures plus stuck rooms reach ``threshold`` and nothing succeeded, or when a
+        participant of the pair died and no room of the pair succeeded since (:attr:`dead`)."""
+        return bool(self.dead) or (self.failed_total + self.stuck >= threshold and self.succeeded == 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,6 +130,7 @@ class PairHealth:
             "failed_by_stage": {stage: self.failed[stage] for stage in FAILURE_STAGES if self.failed[stage]},
             "stuck": self.stuck,
             "open": self.open,
+            "dead": self.dead,
             "verdict": "UNHEALTHY" if self.unhealthy else "healthy",
         }
 
@@ -177,20 +192,31 @@ def pairs_of(view: RoomView) -> list[tuple[str, str]]:
     return sorted(product(sides["prefill"] or {NONE}, sides["decode"] or {NONE}))
 
 
-def classify(view: RoomView, now_ms: int, settings: HealthSettings) -> Optional[tuple[str, Optional[str]]]:
-    """(outcome, failure stage or None) of one room (see the module), or None: an outcome before the window."""
+def classify(
+    view: RoomView, now_ms: int, settings: HealthSettings, dead: Mapping[str, int] = {}
+) -> Optional[tuple[str, Optional[str]]]:
+    """(outcome, failure stage or None) of one room (see the module), or None: an outcome before the window.
+    ``dead``: the open entries dead participants left (:func:`kvstatus.stuck.stuck`: the room is stuck)."""
+    found = judge_room(view, now_ms, settings, dead)
+    return None if found is None else found[:2]
+
+
+def judge_room(
+    view: RoomView, now_ms: int, settings: HealthSettings, dead: Mapping[str, int] = {}
+) -> Optional[tuple[str, Optional[str], float]]:
+    """:func:`classify`, and when the room succeeded (Unix ms; 0 for any other outcome, or no time known)."""
     since = now_ms - settings.window * 1000
     live = {name: entry.status for name, entry in view.participants.items() if entry.status is not None}
     cleared = {} if view.tombstone is None else view.tombstone.cleared
     gone = {name: note for name, note in cleared.items() if name not in live}
     if view.failure is not None:
-        return ("failed", view.failure.stage.value) if view.failure.at_ms >= since else None
+        return ("failed", view.failure.stage.value, 0.0) if view.failure.at_ms >= since else None
     failed_at = [_last_ms(view, name) for name, status in live.items() if status is KVPoll.Failed]
     if not live:
         failed_at += [note.cleared_at * 1000 for note in gone.values() if note.status is not KVPoll.Success]
     if failed_at:
         known = [at for at in failed_at if at is not None]
-        return ("failed", UNKNOWN_STAGE) if not known or max(known) >= since else None
+        return ("failed", UNKNOWN_STAGE, 0.0) if not known or max(known) >= since else None
     if (
         (live or gone)
         and all(s is KVPoll.Success for s in live.values())
@@ -198,10 +224,12 @@ def classify(view: RoomView, now_ms: int, settings: HealthSettings) -> Optional[
     ):
         times = [note.cleared_at * 1000 for note in gone.values()] + [_last_ms(view, name) for name in live]
         known = [at for at in times if at is not None]
-        return ("succeeded", None) if not known or max(known) >= since else None
+        if known and max(known) < since:
+            return None
+        return ("succeeded", None, max(known, default=0.0))
     if not live:
         return None
-    return ("stuck", None) if stuck(view, now_ms, settings.older_than) is not None else ("open", None)
+    return ("stuck" if stuck(view, now_ms, settings.older_than, dead) is not None else "open", None, 0.0)
 
 
 def _last_ms(view: RoomView, name: str) -> Optional[float]:
@@ -214,8 +242,10 @@ def _last_ms(view: RoomView, name: str) -> Optional[float]:
 class HealthBuilder:
     """Counts rooms per pair, one :meth:`add` per room id; :meth:`finish` judges the pairs."""
 
-    def __init__(self, settings: HealthSettings = HealthSettings()) -> None:
+    def __init__(self, settings: HealthSettings = HealthSettings(), deaths: Deaths = Deaths()) -> None:
+        """``deaths``: the leases, to judge the rooms dead or restarted participants left (none: no lease read)."""
         self.settings = settings
+        self.deaths = deaths
         self._pairs: dict[tuple[str, str], PairHealth] = {}
         self.rooms = 0
         self.unpaired = 0
@@ -228,18 +258,27 @@ class HealthBuilder:
         if not pairs:
             self.unpaired += 1
             return
-        found = classify(view, now_ms, self.settings)
+        left = self.deaths.left(view)
+        found = judge_room(view, now_ms, self.settings, left)
         if found is None:
             return
-        outcome, stage = found
+        outcome, stage, served = found
+        died: dict[str, float] = dict(left)
+        if outcome == "failed" and view.failure is not None and view.failure.stage in DEATHS:
+            died[view.failure.origin] = view.failure.at_ms
         for key in pairs:
             pair = self._pairs.get(key)
             if pair is None:
                 pair = self._pairs[key] = PairHealth(*key)
+            for name, at in died.items():
+                if naming(name).role not in ROLES or naming(name).instance in key:  # the pair's own side died
+                    at = self.deaths.until_served(name, at)
+                    pair.deaths[name] = max(pair.deaths.get(name, 0.0), at)
             if outcome == "failed":
                 pair.failed[stage] += 1
             elif outcome == "succeeded":
                 pair.succeeded += 1
+                pair.served_ms = max(pair.served_ms, served)
             elif outcome == "stuck":
                 pair.stuck += 1
             else:
@@ -323,9 +362,9 @@ def read_views(
             for reply in (fields, pttl):
                 if isinstance(reply, Exception):
                     raise translate_error(reply, Call(("HGETALL", key))) from reply
-            if not fields and tombstone is None:
-                continue
-            views.append(without_probe(decode_room(room, key, fields, pttl, tombstone)))
+            view = decode_room(room, key, fields, pttl, tombstone)
+            if view.exists or tombstone is not None:  # a room left with its stamps alone is gone (lua/clear.lua)
+                views.append(without_probe(view))
         except CorruptedValueError as exc:
             if on_corrupt is None:
                 raise
@@ -367,7 +406,7 @@ def read_health(
     on_corrupt: Optional[OnCorrupt] = None,
 ) -> Health:
     """One pass over ``schema``'s namespace (see the module); corrupted rooms are counted and skipped."""
-    builder = HealthBuilder(settings)
+    builder = HealthBuilder(settings, read_deaths(client, schema))
 
     def corrupt(room: int, message: str) -> None:
         builder.corrupt(room, message)

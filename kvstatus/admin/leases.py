@@ -9,13 +9,14 @@ judged by the clock of the Redis that holds the record, as the scripts do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from kvstatus.admin.scan import DEFAULT_BATCH, round_trip, scan_clients
-from kvstatus.consensus import LeaseState
 from kvstatus.keys import KeySchema
+from kvstatus.model import OPEN, LeaseState, RoomView
 from kvstatus.stored import stored_int
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
@@ -38,6 +39,8 @@ class LeaseInfo:
     deadline: float
     ttl: float
     now: float
+    epoch: int = 0
+    """The incarnation's fence (``lua/lease.lua``): the epoch its writes stamp on its entries (0: none read)."""
 
     @property
     def lost(self) -> bool:
@@ -79,7 +82,14 @@ def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[L
         deadline_ms = stored_int(record["deadline"]) or 0  # as lua/room_statuses.lua: a junk deadline is past
         deadline = deadline_ms / 1000
         held = record.get("state") == "held"
-        state = "alive" if held and now_ms <= deadline_ms else "expired" if held else "released"
+        # "expired" as stored: a peer watch expired a lease that stopped renewing (lua/lease.lua's "expire")
+        state = (
+            "alive"
+            if held and now_ms <= deadline_ms
+            else "expired"
+            if held or record.get("state") == "expired"
+            else "released"
+        )
         return LeaseInfo(
             participant,
             state,
@@ -90,6 +100,7 @@ def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[L
             deadline,
             int(record.get("ttl", 0)) / 1000,
             now,
+            stored_int(record.get("epoch")) or 0,
         )
     except (KeyError, ValueError):
         return None  # not a record kvstatus writes (or half-expired): not a lease
@@ -132,6 +143,23 @@ def iter_leases(
         raise translate_error(exc) from exc
 
 
+def index_problem(client: Any, schema: KeySchema) -> Optional[str]:
+    """A message naming the namespace's lease index (:mod:`kvstatus.peerwatch`) when its key holds something other
+    than a hash (a tenant's string): the peer watches then judge peers by presence and leases alone. None: fine."""
+    key = schema.lease_index_key
+    try:
+        with round_trip(client):
+            client.hget(key, "")  # an HGET, which every recipe grants (TYPE is not): WRONGTYPE for a non-hash
+    except REDIS_ERRORS as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise translate_error(exc) from exc
+        return (
+            f"key {key} holds a value that is not the lease index kvstatus writes (a hash); skipped: the peer "
+            "watches judge peers by their presence and leases alone until it is removed"
+        )
+    return None
+
+
 def list_leases(client: Any, schema: KeySchema, on_corrupt: Optional[Callable[[str], None]] = None) -> list[LeaseInfo]:
     """Every lease record of the namespace, sorted by participant (``on_corrupt``: see :func:`iter_leases`)."""
     return sorted(iter_leases(client, schema, on_corrupt=on_corrupt), key=lambda info: info.participant)
@@ -140,3 +168,61 @@ def list_leases(client: Any, schema: KeySchema, on_corrupt: Optional[Callable[[s
 def lost_participants(client: Any, schema: KeySchema) -> frozenset[str]:
     """The participants whose lease is lost (expired or released); the exporter's hook has this signature."""
     return frozenset(info.participant for info in iter_leases(client, schema) if info.lost)
+
+
+@dataclass(frozen=True)
+class Deaths:
+    """The namespace's lease records by participant: which open entries a dead or restarted participant left.
+
+    An open entry is *left* (its writer is gone, and nothing will move it) when its participant's lease is lost
+    (expired: the process died; or released), or when the entry carries the epoch of an older incarnation than
+    the lease now held under its name (``lua/update.lua`` stamps each entry with its writer's epoch): the
+    process restarted under the same name, and the new one does not serve the old one's rooms. A participant
+    without a lease record (a store built without ``lease_ttl``) is never judged dead.
+
+    As a collection it holds the names of the participants whose lease is lost, as :func:`lost_participants`
+    answers: :func:`read_deaths` serves as the exporter's and the board's hook, one SCAN of the leases a pass."""
+
+    leases: Mapping[str, LeaseInfo] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> list[str]:
+        """The participants whose lease is lost, sorted."""
+        return sorted(name for name, info in self.leases.items() if info.lost)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lost)
+
+    def __len__(self) -> int:
+        return len(self.lost)
+
+    def __contains__(self, name: object) -> bool:
+        info = self.leases.get(name) if isinstance(name, str) else None
+        return info is not None and info.lost
+
+    def left(self, view: RoomView) -> dict[str, int]:
+        """Participant -> when its writer died (Unix ms, Redis' clock) for each open entry of ``view`` that a dead
+        or restarted participant left: its last renewal when its lease is lost, else when the incarnation now
+        holding its name took the lease (the previous one died before it)."""
+        found: dict[str, int] = {}
+        for name, entry in view.participants.items():
+            info = self.leases.get(name)
+            if info is None or entry.status not in OPEN:
+                continue
+            stamp = view.stamps.get(name)
+            if info.lost:
+                found[name] = round(info.last_seen * 1000)
+            elif stamp is not None and stamp < info.epoch:
+                found[name] = round(info.since * 1000)
+        return found
+
+    def until_served(self, participant: str, died_ms: float) -> float:
+        """When ``participant``, which died at ``died_ms``, can have served again: never while its lease is lost
+        (infinity: nothing its pairs serve meanwhile is its own), else from ``died_ms`` (it restarted)."""
+        info = self.leases.get(participant)
+        return math.inf if info is not None and info.lost else died_ms
+
+
+def read_deaths(client: Any, schema: KeySchema, on_corrupt: Optional[Callable[[str], None]] = None) -> Deaths:
+    """The :class:`Deaths` of ``schema``'s namespace: its lease records, one SCAN pass (:func:`iter_leases`)."""
+    return Deaths({info.participant: info for info in iter_leases(client, schema, on_corrupt=on_corrupt)})

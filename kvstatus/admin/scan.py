@@ -5,7 +5,7 @@ On a ``RedisCluster`` client every primary is scanned in turn (SCAN is per
 node). Rooms are read in batches of ``batch`` keys, one pipelined round trip
 of HGETALL + PTTL per batch, so memory stays bounded at any number of rooms.
 
-The entries of :data:`PROBE_PARTICIPANT` (written by ``kvstatus doctor``) are
+The entries of :data:`~kvstatus.keys.PROBE_PARTICIPANT` (written by ``kvstatus doctor``) are
 left out of every view, and a room holding nothing else is skipped.
 
 Each round trip here and in the other admin reads (a SCAN step, a pipelined
@@ -32,15 +32,15 @@ from redis.cluster import RedisCluster
 
 from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.errors import CorruptedValueError
-from kvstatus.keys import KeySchema
+from kvstatus.fate import reads
+from kvstatus.keys import PROBE_PARTICIPANT, KeySchema
+from kvstatus.model import ParticipantEntry, RoomView
 from kvstatus.replies import decode_room
 from kvstatus.requests import Call
-from kvstatus.rule import ParticipantEntry, RoomView
 from kvstatus.translate import REDIS_ERRORS, translate_error
 from kvstatus.url import ConnectionOptions
 
 DEFAULT_BATCH = 500
-PROBE_PARTICIPANT = "kvstatus-doctor-probe"
 
 Progress = Callable[[int], None]
 """Called after each batch with the number of keys scanned so far."""
@@ -205,13 +205,14 @@ def iter_rooms(
 
 
 def room_matches(view: RoomView, status: Any = None, participant: Optional[str] = None) -> bool:
-    """True if some entry of ``view`` has ``participant`` (if given) and ``status`` (if given); with neither,
-    every room, a room cancelled before anyone wrote it (its first failure alone) included."""
+    """True if some entry of ``view`` has ``participant`` (if given) and reads ``status`` (if given: the status
+    :func:`kvstatus.fate.reads` answers, Failed in a room that failed); with neither, every room, a room
+    cancelled before anyone wrote it (its first failure alone) included."""
     if status is None and participant is None:
         return True
     return any(
-        (participant is None or name == participant) and (status is None or entry.status == status)
-        for name, entry in view.participants.items()
+        (participant is None or name == participant) and (status is None or read == status)
+        for name, read in reads(view).items()
     )
 
 

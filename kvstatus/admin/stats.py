@@ -7,14 +7,16 @@ number of distinct participants and the ``oldest`` heap, not by the rooms.
 from __future__ import annotations
 
 import heapq
+from bisect import insort
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from kvstatus.admin.leases import lost_participants
+from kvstatus.admin.leases import Deaths, read_deaths
 from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms, server_ms
+from kvstatus.fate import reads
 from kvstatus.keys import KeySchema
-from kvstatus.rule import OPEN, KVPoll, RoomView
+from kvstatus.model import OPEN, KVPoll, RoomView
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck
 
 TERMINAL = frozenset({KVPoll.Success, KVPoll.Failed})
@@ -73,6 +75,7 @@ class Stats:
     stuck_older_than_s: Optional[float] = None
     stuck_rooms: int = 0
     stuck_by_holder: Counter = field(default_factory=Counter)
+    stuck_dead_holders: list[str] = field(default_factory=list)  # sorted
     rooms_without_timeline: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -93,12 +96,13 @@ class Stats:
             "stuck_older_than_s": self.stuck_older_than_s,
             "stuck_rooms": self.stuck_rooms,
             "stuck_by_holder": dict(sorted(self.stuck_by_holder.items())),
+            "stuck_dead_holders": self.stuck_dead_holders,
             "rooms_without_timeline": self.rooms_without_timeline,
             "oldest_non_terminal": [
                 {
                     "room": v.room,
                     "ttl_ms": v.ttl_ms,
-                    "statuses": {n: e.status.name if e.status is not None else None for n, e in v.participants.items()},
+                    "statuses": {n: None if s is None else s.name for n, s in reads(v).items()},
                 }
                 for v in self.oldest
             ],
@@ -106,7 +110,8 @@ class Stats:
 
 
 def is_terminal(view: RoomView) -> bool:
-    return all(entry.status in TERMINAL for entry in view.participants.values())
+    """True when every entry reads Success or Failed (:func:`kvstatus.fate.reads`: a room that failed is done)."""
+    return all(status in TERMINAL for status in reads(view).values())
 
 
 def without_timeline(view: RoomView) -> bool:
@@ -127,13 +132,14 @@ class StatsBuilder:
         *,
         oldest: int = 5,
         sample: int = 10,
-        lost: frozenset[str] = frozenset(),
+        deaths: Deaths = Deaths(),
         now_ms: Optional[int] = None,
         older_than: float = DEFAULT_OLDER_THAN_SECONDS,
     ) -> None:
-        """``now_ms``: Redis' clock (Unix ms) at the pass's start, to judge stuck rooms; None judges none."""
-        self.stats = Stats(lost_participants=sorted(lost), stuck_older_than_s=None if now_ms is None else older_than)
-        self._lost = lost
+        """``now_ms``: Redis' clock (Unix ms) at the pass's start, to judge stuck rooms; None judges none.
+        ``deaths``: the leases, to count and name the rooms dead or restarted participants left."""
+        self.stats = Stats(lost_participants=deaths.lost, stuck_older_than_s=None if now_ms is None else older_than)
+        self._deaths = deaths
         self._now_ms = now_ms
         self._older_than = older_than
         self._oldest = oldest
@@ -150,22 +156,22 @@ class StatsBuilder:
     def add(self, view: RoomView) -> None:
         stats = self.stats
         stats.rooms += 1
-        for name, entry in view.participants.items():
-            if entry.status is None:
+        for name, status in reads(view).items():
+            if status is None:
                 continue
             stats.entries += 1
-            stats.by_status[entry.status] += 1
-            stats.by_participant.setdefault(name, Counter())[entry.status] += 1
-        if self._lost and any(
-            name in self._lost and entry.status is not None and entry.status not in TERMINAL
-            for name, entry in view.participants.items()
-        ):
+            stats.by_status[status] += 1
+            stats.by_participant.setdefault(name, Counter())[status] += 1
+        left = self._deaths.left(view)
+        if left:
             stats.rooms_on_lost_participants += 1  # stuck: an open entry whose participant is gone
         if self._now_ms is not None:
-            found = stuck(view, self._now_ms, self._older_than)
+            found = stuck(view, self._now_ms, self._older_than, left)
             if found is not None:
                 stats.stuck_rooms += 1
                 stats.stuck_by_holder[found.holder] += 1
+                if found.dead and found.holder not in stats.stuck_dead_holders:
+                    insort(stats.stuck_dead_holders, found.holder)
             elif without_timeline(view):
                 stats.rooms_without_timeline += 1
         stats.ttl_left[ttl_bucket(view.ttl_ms)] += 1
@@ -200,13 +206,14 @@ def collect_stats(
 
     Rooms holding values kvstatus does not write are counted as corrupted
     (with up to ``sample`` messages) instead of stopping the audit. Rooms with
-    an open entry of a participant whose lease is lost are counted as stuck
-    (``rooms_on_lost_participants``; the lease records are read first). Rooms whose timelines have not moved
+    an open entry a dead participant left (its lease is lost, or it restarted under the same name:
+    :meth:`~kvstatus.admin.leases.Deaths.left`) are counted as stuck (``rooms_on_lost_participants``; the
+    lease records are read first), and held by the dead one. Rooms whose timelines have not moved
     for ``older_than`` seconds are counted by holder (``stuck_by_holder``), judged at Redis' clock read once
     before the scan.
     """
-    lost = lost_participants(client, schema)
-    builder = StatsBuilder(oldest=oldest, sample=sample, lost=lost, now_ms=server_ms(client), older_than=older_than)
+    deaths = read_deaths(client, schema)
+    builder = StatsBuilder(oldest=oldest, sample=sample, deaths=deaths, now_ms=server_ms(client), older_than=older_than)
     for view in iter_rooms(client, schema, batch, progress, builder.corrupt):
         builder.add(view)
     return builder.finish()

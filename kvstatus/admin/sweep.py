@@ -34,14 +34,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from kvstatus._sync.store import StatusStore
 from kvstatus.admin.leases import list_leases
 from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_room_keys
-from kvstatus.consensus import MAX_PARTICIPANTS, Entries, LeaseState, entries_request, lost_reason
+from kvstatus.consensus import MAX_PARTICIPANTS, Entries, entries_request
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
-from kvstatus.peerwatch import fail_entries_request
-from kvstatus.rule import OPEN, Outcome, Stage
-from kvstatus.store import StatusStore
+from kvstatus.model import OPEN, LeaseState, Outcome, Stage
+from kvstatus.rule import lost_reason
+from kvstatus.watchsteps import fail_entries_request
 
 SAMPLE = 5
 """How many skipped keys a sweep names (``skipped_sample``)."""

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms, server_ms
+from kvstatus.fate import failed_by_fate, reads
 from kvstatus.keys import KeySchema
-from kvstatus.rule import FailureRecord, KVPoll, RoomView
+from kvstatus.model import FailureRecord, KVPoll, RoomView
 
 RoomState = tuple[tuple[str, Optional[int]], ...]
 
@@ -48,9 +49,17 @@ class RoomDetail(NamedTuple):
     reached: dict[str, int]
 
 
+def room_state(view: RoomView) -> RoomState:
+    """(participant, status) of each entry, the status its reads answer (:func:`kvstatus.fate.reads`): an open
+    entry in a room that failed is Failed, as ``get`` shows it."""
+    return tuple((name, None if s is None else int(s)) for name, s in reads(view).items())
+
+
 def room_detail(view: RoomView) -> Optional[RoomDetail]:
     reasons = {name: e.reason for name, e in view.participants.items() if e.reason is not None}
     reached = {name: steps[-1].at_ms for name, steps in view.timelines.items() if steps}
+    if view.failure is not None:  # who reads Failed by the room's fate reached it at its first failure
+        reached.update(dict.fromkeys(failed_by_fate(view), view.failure.at_ms))
     if view.failure is None and not reasons and not reached:
         return None
     return RoomDetail(view.failure, reasons, reached)
@@ -84,7 +93,7 @@ class Snapshot:
         corrupted: list[int] = []
         details: dict[int, RoomDetail] = {}
         for view in iter_rooms(client, schema, batch, progress, lambda room, _: corrupted.append(room), False):
-            state = tuple((name, None if e.status is None else int(e.status)) for name, e in view.participants.items())
+            state = room_state(view)
             rooms[view.room] = state
             by_status.update(KVPoll(s) for _, s in state if s is not None)
             kept = room_detail(view) if detail else None

@@ -3,7 +3,7 @@
 Exit codes: 0 ok, 1 not found or operational error (unreachable, ACL denied,
 corrupted value, a failed doctor check), 2 usage error (bad argument, option,
 room, status, name, URL), 3 ``stats`` found keys without TTL or corrupted values,
-4 ``stats`` found rooms stuck on participants whose lease is lost (and no finding of 3),
+4 ``stats`` found rooms stuck on participants whose lease is lost or that restarted (and no finding of 3),
 5 ``health`` found an unhealthy prefill-decode pair, 6 ``set``'s write was refused by the update rule
 (REFUSED_CREATE, REFUSED_TERMINAL, REFUSED_SUPERSEDED: nothing written), 7 ``cancel`` found a room already
 fully served (every entry Success: left as it is).
@@ -21,14 +21,15 @@ import click
 
 from kvstatus import connection
 from kvstatus.admin.scan import DEFAULT_BATCH, bound
+from kvstatus.arguments import DEFAULT_TTL_SECONDS, ttl_to_ms
 from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
-from kvstatus.operations import DEFAULT_TTL_SECONDS, ttl_to_ms
+from kvstatus.model import KVPoll, parse_status
 from kvstatus.redact import mask_url
-from kvstatus.rule import KVPoll, parse_status
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
+from kvstatus.url import DEFAULT_URL, ConnectionOptions, options_for, parse_url, url_script_mode
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_STUCK = 0, 1, 2, 3, 4
 EXIT_REFUSED = 6
@@ -38,7 +39,7 @@ EXIT_SERVED = 7
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 not found or operational error, 2 usage error, "
     "3 stats found keys without TTL or corrupted values, "
-    "4 stats found rooms stuck on participants whose lease is lost, "
+    "4 stats found rooms stuck on participants whose lease is lost or that restarted, "
     "5 health found an unhealthy prefill-decode pair, "
     "6 set was refused by the update rule, "
     "7 cancel found a room already fully served."
@@ -63,7 +64,7 @@ class CliEnv:
 
     @property
     def url_or_default(self) -> str:
-        return self.url or connection.DEFAULT_URL
+        return self.url or DEFAULT_URL
 
     @property
     def shown_url(self) -> str:
@@ -74,8 +75,7 @@ class CliEnv:
         if self._client is None:
             if not self.url:
                 click.echo(
-                    f"kvstatus: no --url or KVSTATUS_URL given, using {connection.DEFAULT_URL} "
-                    "(set KVSTATUS_URL to silence this)",
+                    f"kvstatus: no --url or KVSTATUS_URL given, using {DEFAULT_URL} (set KVSTATUS_URL to silence this)",
                     err=True,
                 )
             # The admin reads' round trips give up at the URL's ?deadline=, as store calls do (kvstatus.admin.scan).
@@ -83,14 +83,14 @@ class CliEnv:
         return self._client
 
     @property
-    def options(self) -> connection.ConnectionOptions:
+    def options(self) -> ConnectionOptions:
         """The connection options of the URL (its ``?deadline=``, ``?retries=`` ...), for stores on its client."""
-        return connection.options_for(self.url_or_default)
+        return options_for(self.url_or_default)
 
     @property
     def scripts(self) -> str:
         """How stores on this URL run their Lua: the URL's ``?scripts=`` (eval or functions), else eval."""
-        return connection.url_script_mode(self.url_or_default)
+        return url_script_mode(self.url_or_default)
 
     def schema(self) -> KeySchema:
         if not self.namespace:
@@ -170,7 +170,7 @@ def _hint(error: BaseException) -> str:
     "--url",
     envvar="KVSTATUS_URL",
     metavar="URL",
-    help=f"Redis URL (env KVSTATUS_URL; default {connection.DEFAULT_URL}): redis://, rediss://, unix:// "
+    help=f"Redis URL (env KVSTATUS_URL; default {DEFAULT_URL}): redis://, rediss://, unix:// "
     "and every other form the library accepts. Passwords are masked in all output.",
 )
 @click.option(
@@ -193,7 +193,7 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
 
     Exit codes: 0 ok, 1 not found or operational error, 2 usage error,
     3 stats found keys without TTL or corrupted values, 4 stats found rooms
-    stuck on participants whose lease is lost, 5 health found an unhealthy
+    stuck on participants whose lease is lost or that restarted, 5 health found an unhealthy
     prefill-decode pair, 6 set was refused by the update rule (nothing
     written), 7 cancel found a room already fully served (left as it is).
 
@@ -204,7 +204,7 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
     env = ctx.ensure_object(CliEnv)
     env.url, env.namespace, env.prefix = url, namespace, prefix
     if url:
-        connection.parse_url(url)  # a malformed URL is a usage error before anything runs
+        parse_url(url)  # a malformed URL is a usage error before anything runs
     validate_name(prefix, "prefix")
     if namespace is not None:
         validate_name(namespace, "namespace")
@@ -240,7 +240,7 @@ participant_filter_option = click.option(
 
 
 class TTLType(click.ParamType):
-    """A TTL in seconds, checked by the library's own rule (kvstatus.operations.ttl_to_ms)."""
+    """A TTL in seconds, checked by the library's own rule (kvstatus.arguments.ttl_to_ms)."""
 
     name = "SECONDS"
 

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import click
 
 from kvstatus.admin.scan import read_rooms
+from kvstatus.arguments import truncate_reason
 from kvstatus.cli.app import (
     EXIT_SERVED,
     ROOM,
@@ -22,8 +23,7 @@ from kvstatus.cli.app import (
 from kvstatus.cli.rooms import store_for
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_name
-from kvstatus.operations import truncate_reason
-from kvstatus.rule import CancelOutcome, CancelResult, FailureRecord
+from kvstatus.model import CancelOutcome, CancelResult, FailureRecord
 
 DEFAULT_ORIGIN = "operator"
 

@@ -18,6 +18,7 @@ from kvstatus.admin.health import (
     HealthSettings,
     read_health,
 )
+from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.cli.app import (
     DURATION,
     CliEnv,
@@ -28,9 +29,9 @@ from kvstatus.cli.app import (
     older_than_option,
     pass_env,
     plural,
+    safe,
 )
 from kvstatus.cli.app import table as text_table
-from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS
 
 EXIT_UNHEALTHY = 5
 """``kvstatus health`` found an unhealthy pair (1 stays "could not look": Redis unreachable, ACL denied)."""
@@ -63,6 +64,14 @@ def _render(health: Health) -> str:
             f"{plural(len(health.pairs), 'pair')}, {len(health.unhealthy)} unhealthy (failed + stuck >= {settings.threshold} "
             f"and nothing succeeded in the last {settings.window:g}s; stuck: no move for {settings.older_than:g}s)"
         )
+    for pair in health.pairs:
+        if pair.dead:
+            lines.append(
+                safe(
+                    f"{pair.name}: {', '.join(pair.dead)} died (lease lost, or restarted) and the pair served no "
+                    "room since"
+                )
+            )
     if health.unpaired:
         have = "room has" if health.unpaired == 1 else "rooms have"
         lines.append(f"{health.unpaired} {have} no prefill or decode participant: not counted in a pair")
@@ -131,7 +140,9 @@ def health(
     other side never wrote counts for (prefill-a, (none)). One SCAN pass
     reads every room and its tombstone, judged at Redis' clock. A pair is
     UNHEALTHY when failed + stuck rooms reach --threshold and none succeeded
-    in --window: both sides up, nothing served.
+    in --window: both sides up, nothing served. It is UNHEALTHY too while a
+    participant of it died (its lease lost, or it restarted, leaving rooms
+    open or failing them) and none of its rooms succeeded since.
 
     Exits 5 when a pair is unhealthy, 0 when every pair is healthy (or there
     is none), 1 if Redis cannot be read, 2 for bad options.

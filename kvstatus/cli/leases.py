@@ -6,7 +6,7 @@ import time
 
 import click
 
-from kvstatus.admin.leases import list_leases
+from kvstatus.admin.leases import index_problem, list_leases
 from kvstatus.admin.sweep import sweep as run_sweep
 from kvstatus.cli.app import (
     CliEnv,
@@ -34,7 +34,9 @@ def participants(env: CliEnv, as_json: bool) -> None:
     long as its entries can live.
     """
     schema = env.schema()
-    leases = list_leases(env.client(), schema)
+    skipped: list[str] = []
+    leases = list_leases(env.client(), schema, on_corrupt=skipped.append)
+    _warn_skipped(env, skipped)
     if as_json:
         emit_json({"namespace": schema.namespace, "participants": [info.to_json() for info in leases]})
         return
@@ -95,6 +97,7 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
     result = run_sweep(env.client(), schema, batch=batch, progress=progress, participants=list(only) if only else None)
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
+    _warn_skipped(env, result.skipped_sample, result.skipped)
     if as_json:
         emit_json({"namespace": schema.namespace, **result.to_json()})
         return
@@ -125,3 +128,15 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
     )
     for name, count in result.by_participant.items():
         click.echo(safe(f"  {name}: {count}"))
+
+
+def _warn_skipped(env: CliEnv, sample: list[str], count: int = -1) -> None:
+    """On stderr: the keys a listing skipped (``count``: how many in all; -1: ``sample`` is all of them), and the
+    lease index when a tenant's key stands at its name. The listing itself goes on."""
+    count = len(sample) if count < 0 else count
+    problem = index_problem(env.client(), env.schema())
+    if count:
+        shown = "; ".join(sample) + (f"; and {count - len(sample)} more" if count > len(sample) else "")
+        click.echo(safe(f"warning: skipped {plural(count, 'key')} kvstatus does not write: {shown}"), err=True)
+    if problem is not None:
+        click.echo(safe(f"warning: {problem}"), err=True)

@@ -35,7 +35,9 @@ from kvstatus.cli.app import (
     ttl_option,
     ttl_text,
 )
-from kvstatus.rule import KVPoll, Policy, apply_rule
+from kvstatus.fate import reads
+from kvstatus.model import KVPoll, Policy
+from kvstatus.rule import apply_rule
 from kvstatus.rule import explain as explain_rule
 from kvstatus.scripts import ALL as ALL_SCRIPTS
 from kvstatus.scripts import LIBRARY_NAME
@@ -80,7 +82,7 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
     longest without progress. Exits 3 if it finds room keys without TTL or
     values kvstatus does not write (for cron and alerting); else 4 if rooms
     are stuck on a participant whose lease is lost (`kvstatus sweep` fails
-    them); 0 if clean. An empty namespace (often a mistyped name) exits 0 and
+    them) or that restarted, leaving its entries open; 0 if clean. An empty namespace (often a mistyped name) exits 0 and
     says so on stderr. Rooms stuck for --older-than by their timelines are
     counted by the participant holding each back (`kvstatus ls --stuck` lists
     them); they do not change the exit code.
@@ -128,9 +130,9 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
         click.secho(
             safe(
                 f"STUCK: {plural(result.rooms_on_lost_participants, 'room')} "
-                f"{'has' if result.rooms_on_lost_participants == 1 else 'have'} an open entry of a participant "
-                f"whose lease is lost ({', '.join(result.lost_participants)}): `kvstatus sweep` fails them, "
-                "`kvstatus ls --lost` lists them"
+                f"{'has' if result.rooms_on_lost_participants == 1 else 'have'} an open entry a dead participant "
+                f"left (lease lost: {', '.join(result.lost_participants) or 'none'}; or restarted under its name): "
+                "`kvstatus ls --lost` lists them, `kvstatus sweep` fails those of lost leases"
             ),
             fg="yellow",
             bold=True,
@@ -139,7 +141,10 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
         click.echo("rooms stuck on lost participants: 0")
     click.echo(_stuck_line(result.stuck_rooms, older_than, result.rooms_without_timeline))
     if result.stuck_by_holder:
-        rows = [[holder, count] for holder, count in sorted(result.stuck_by_holder.items())]
+        rows = [
+            [f"{holder} (dead)" if holder in result.stuck_dead_holders else holder, count]
+            for holder, count in sorted(result.stuck_by_holder.items())
+        ]
         click.echo(table(["HOLDER", "STUCK ROOMS"], rows))
     if result.corrupted_rooms:
         click.secho(
@@ -155,7 +160,7 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
         click.echo("")
         click.echo("oldest non-terminal rooms (least TTL left):")
         rows = [
-            [v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(e.status)}" for n, e in v.participants.items())]
+            [v.room, ttl_text(v.ttl_ms), ", ".join(f"{n}={status_text(status)}" for n, status in reads(v).items())]
             for v in result.oldest
         ]
         click.echo(table(["ROOM", "TTL LEFT", "ENTRIES"], rows))

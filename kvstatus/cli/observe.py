@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import click
 
-from kvstatus.admin.leases import lost_participants
+from kvstatus.admin.leases import read_deaths
 from kvstatus.cli.app import CliEnv, batch_option, main, pass_env, ttl_option
 from kvstatus.cli.health import health_settings, with_health_options
 from kvstatus.keys import KeySchema
@@ -159,7 +159,7 @@ def exporter(
             max_pairs=max_pairs,
             health=settings,
             ready=ready,
-            lost_participants=lost_participants,
+            lost_participants=read_deaths,
         )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

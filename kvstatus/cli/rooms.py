@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 import click
 
-from kvstatus.admin.leases import lost_participants
+from kvstatus._sync.store import StatusStore
+from kvstatus.admin.leases import Deaths, read_deaths
 from kvstatus.admin.scan import (
     entries,
     iter_rooms,
@@ -17,6 +18,7 @@ from kvstatus.admin.scan import (
     without_probe,
 )
 from kvstatus.admin.stats import without_timeline
+from kvstatus.arguments import DEFAULT_TTL_SECONDS, truncate_reason
 from kvstatus.cli.app import (
     EXIT_REFUSED,
     ROOM,
@@ -47,18 +49,8 @@ from kvstatus.cli.timing import (
     timelines_json,
 )
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
-from kvstatus.fate import shared_status
-from kvstatus.operations import DEFAULT_TTL_SECONDS, truncate_reason
-from kvstatus.rule import (
-    OPEN,
-    FailureRecord,
-    KVPoll,
-    Outcome,
-    Policy,
-    RoomView,
-    elapsed_text,
-)
-from kvstatus.store import StatusStore
+from kvstatus.fate import fate_text, read_names, reads
+from kvstatus.model import FailureRecord, KVPoll, Outcome, Policy, RoomView, elapsed_text
 from kvstatus.stuck import stuck as stuck_room
 from kvstatus.url import url_timeline
 
@@ -81,6 +73,7 @@ def store_for(
 
 
 def room_json(view: RoomView) -> dict[str, Any]:
+    read = read_names(view)
     document: dict[str, Any] = {
         "room": view.room,
         "exists": view.exists,
@@ -90,6 +83,7 @@ def room_json(view: RoomView) -> dict[str, Any]:
                 "status": None if e.status is None else e.status.name,
                 "value": None if e.status is None else int(e.status),
                 "reason": e.reason,
+                "reads": read[name],
             }
             for name, e in view.participants.items()
         },
@@ -113,24 +107,22 @@ def room_json(view: RoomView) -> dict[str, Any]:
 def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
     """E.g. "first failure 3.0 s ago: cancelled by router-1: client went away; decode-0 reads Failed (shared fate)".
 
-    ``now``: Unix seconds (the local clock, as for tombstones). Names the open entries that read Failed because
-    of the record, though their own status is still open (kvstatus.fate.shared_status). Escaped (:func:`safe`)."""
-    line = f"first failure {elapsed_text(now - failure.at)} ago: {failure.describe()}"
-    shared = [
-        name
-        for name, e in view.participants.items()
-        if e.status is not None and shared_status(e.status, failure, name) != e.status
-    ]
-    if shared:
-        line += f"; {', '.join(shared)} {'reads' if len(shared) == 1 else 'read'} Failed (shared fate)"
-    return safe(line)
+    ``now``: Unix seconds (the local clock, as for tombstones). The rest is the room's fate
+    (:func:`kvstatus.fate.fate_text`), as every view shows it. Escaped (:func:`safe`)."""
+    return safe(f"first failure {elapsed_text(now - failure.at)} ago: {fate_text(view)}")
 
 
 def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
-    return [
-        [view.room, name, status_text(e.status), ttl_text(view.ttl_ms), e.reason or "-"]
-        for name, e in entries(view, participant)
-    ]
+    """One row per entry: its status as its reads answer it (:func:`kvstatus.fate.reads`), and its own reason, or
+    for an open entry that reads Failed because the room failed, the room's first failure (shared fate)."""
+    read = reads(view)
+    rows = []
+    for name, e in entries(view, participant):
+        reason = e.reason or "-"
+        if view.failure is not None and read[name] != e.status:
+            reason = f"shared fate (own entry {status_text(e.status)}): {view.failure.describe()}"
+        rows.append([view.room, name, status_text(read[name]), ttl_text(view.ttl_ms), reason])
+    return rows
 
 
 ROOM_HEADERS = ["ROOM", "PARTICIPANT", "STATUS", "TTL LEFT", "REASON"]
@@ -310,13 +302,15 @@ def clear(env: CliEnv, rooms: tuple[int, ...], participant: Optional[str], as_js
 @click.option(
     "--lost",
     is_flag=True,
-    help="Only rooms with an open entry of a participant whose lease is lost (what `kvstatus sweep` fails).",
+    help="Only rooms with an open entry that a dead participant left: its lease is lost (what `kvstatus sweep` "
+    "fails), or it restarted under the same name (the entry carries the previous incarnation's epoch).",
 )
 @click.option(
     "--stuck",
     is_flag=True,
     help="Only stuck rooms, one line each: the room, the participant holding it back (or '<role> (no entry)'), "
-    "its status, and the seconds since any entry of the room moved (judged from the timelines, at Redis' clock).",
+    "its status, and the seconds since any entry of the room moved (judged from the timelines, at Redis' clock). "
+    "A room with an open entry a dead participant left (see --lost) is stuck at once, held by the dead one.",
 )
 @older_than_option
 @json_option
@@ -334,7 +328,11 @@ def ls(
 ) -> None:
     """Stream the rooms of the namespace (SCAN in bounded batches, constant memory), in no particular order.
 
-    With --json, one JSON object per room (JSON lines). A room holding a value
+    Each entry shows the status its reads answer, as `get` does: an entry still
+    open in a room that failed is Failed, its reason the room's first failure
+    (shared fate); --status matches that status. With --json, one JSON object
+    per room (JSON lines), each participant with "status" (as stored) and
+    "reads". A room holding a value
     kvstatus does not write is skipped with a warning on stderr, and the exit code is 1.
     An empty namespace (often a mistyped name) exits 0 and says so on stderr.
 
@@ -353,7 +351,7 @@ def ls(
     shown = 0
     text = StreamTable(STUCK_HEADERS if stuck else ROOM_HEADERS, block=batch)
     corrupted: list[int] = []
-    gone = lost_participants(client, schema) if lost else frozenset()
+    deaths = read_deaths(client, schema) if lost or stuck else Deaths()
     now_ms = server_ms(client) if stuck else 0
     unjudged = 0
 
@@ -365,7 +363,7 @@ def ls(
         """JSON lines (str), or table rows (lists)."""
         nonlocal unjudged
         if stuck:
-            found = stuck_room(view, now_ms, older_than)
+            found = stuck_room(view, now_ms, older_than, deaths.left(view))
             if found is None:
                 unjudged += without_timeline(view)
                 return []
@@ -384,7 +382,7 @@ def ls(
             seen += 1
             if not room_matches(view, status, participant):
                 continue
-            if lost and not any(name in gone and entry.status in OPEN for name, entry in view.participants.items()):
+            if lost and not deaths.left(view):
                 continue
             for row in rows_of(view):
                 if as_json:

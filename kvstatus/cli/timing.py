@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kvstatus.cli.app import table
-from kvstatus.rule import KVPoll, RoomView
+from kvstatus.model import KVPoll, RoomView
 from kvstatus.stuck import Stuck
 
 TIMELINE_COLUMNS: tuple[KVPoll, ...] = (
@@ -57,7 +57,8 @@ STUCK_HEADERS = ["ROOM", "HOLDER", "STATUS", "STUCK FOR"]
 def stuck_row(found: Stuck) -> list[str]:
     """``ls --stuck``'s row of a stuck room (cells escaped by the table)."""
     status = "-" if found.status is None else f"{found.status.name}({found.status.value})"
-    return [str(found.room), found.holder, status, f"{found.seconds:.1f} s"]
+    holder = f"{found.holder} (dead)" if found.dead else found.holder
+    return [str(found.room), holder, status, f"{found.seconds:.1f} s"]
 
 
 def no_timeline_note(rooms: int) -> str:

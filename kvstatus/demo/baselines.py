@@ -1,6 +1,6 @@
 """The broken stores the demo (and the tests' race and history checks) compare kvstatus against.
 
-Each has the :class:`~kvstatus.store.StatusStore` methods a worker uses
+Each has the :class:`~kvstatus.StatusStore` methods a worker uses
 (``update_status``, ``update_many``, ``get``, ``clear``, ``record_failure``)
 and keeps the same keys (:class:`~kvstatus.keys.KeySchema`), so one workload
 runs unchanged on kvstatus and on a baseline:
@@ -20,10 +20,11 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Optional
 
-from kvstatus.fate import FATE_FIELD, STAGE_OF_STATUS, parse_failure, shared_status
+from kvstatus._sync.store import StatusStore
+from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.keys import DEFAULT_PARTICIPANT, KeySchema, reason_field
-from kvstatus.rule import KVPoll, Outcome, Policy, Stage, UpdateResult, apply_rule, to_status
-from kvstatus.store import StatusStore
+from kvstatus.model import KVPoll, Outcome, Policy, Stage, UpdateResult, to_status
+from kvstatus.rule import STAGE_OF_STATUS, apply_rule, shared_status
 
 BASELINES = ("client-side", "pre-fix")
 

@@ -43,18 +43,19 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import redis
 
 from kvstatus.admin.scan import iter_room_keys
-from kvstatus.connection import CLUSTER_SCHEMES, connect, parse_url
+from kvstatus.connection import connect
 from kvstatus.demo.baselines import BASELINES, make_store
-from kvstatus.demo.server import RedisServer, find_redis_server, free_port
+from kvstatus.demo.server import EmbeddedServer, find_redis_server, free_port
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
-from kvstatus.rule import KVPoll, Outcome
+from kvstatus.model import KVPoll, Outcome
 from kvstatus.sglang.mapping import RoomStatusMap
 from kvstatus.translate import translate_error
+from kvstatus.url import CLUSTER_SCHEMES, parse_url
 
 IMPLEMENTATIONS = ("kvstatus", "client-side", "sglang-map", "pre-fix")
 assert set(IMPLEMENTATIONS) == {"kvstatus", "sglang-map", *BASELINES}
-# fakeredis serves every worker from one Python thread, about 5x slower than redis-server; the default
-# size on it is cut so that a default run still takes well under 30 s.
+# fakeredis serves every worker from one Python thread, far slower than redis-server; the default
+# size on it is cut so that a default run stays short.
 FAKEREDIS_DEFAULT_REQUESTS = 300
 LIFECYCLE = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success)
 ABORT_WAIT_SECONDS = 1.0
@@ -391,7 +392,7 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
     """
     binary = find_redis_server()
     if binary is not None:
-        with RedisServer() as server:
+        with EmbeddedServer() as server:
             yield EmbeddedRedis(server.url, f"embedded redis-server ({binary}) on {server.host}:{server.port}", False)
         return
     try:

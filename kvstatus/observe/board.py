@@ -12,7 +12,8 @@ One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
   with the SCAN reply that reaches ``limit`` (it may hold a few more rooms) or
   a budget (fewer, maybe none: ``"budget_spent": true`` with a cursor to
   continue from)
-- ``/api/rooms/{room}``  every participant's status and reason, the TTL, the room's first failure (stage,
+- ``/api/rooms/{room}``  every participant's status, what its reads answer (``reads``: shared fate) and reason,
+  the TTL, the room's first failure (stage,
   origin, reason, ``at`` in Unix seconds; null when none is recorded), the tombstone of recent clears, and
   the entries' timelines (``timelines``: steps relative to the room's first step, Redis' ``now_ms``)
 - ``/api/stuck?older_than=&cursor=&limit=``  one page of stuck rooms (:func:`kvstatus.stuck.stuck` at
@@ -53,10 +54,12 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
+from kvstatus.admin.leases import Deaths, read_deaths
 from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, round_trip, server_ms
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
+from kvstatus.model import KVPoll, RoomView, Tombstone, parse_status
 from kvstatus.observe.boardpages import MAX_PAGE as MAX_PAGE
 from kvstatus.observe.boardpages import MAX_PAGE_READS as MAX_PAGE_READS
 from kvstatus.observe.boardpages import MAX_SCAN_STEPS as MAX_SCAN_STEPS
@@ -72,7 +75,6 @@ from kvstatus.observe.boardpages import (
 from kvstatus.observe.scanner import PassLoop, PassResult
 from kvstatus.redact import mask_url
 from kvstatus.replies import decode_tombstone
-from kvstatus.rule import KVPoll, Tombstone, parse_status
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 HISTORY_POINTS = 720
@@ -105,6 +107,7 @@ class Board:
             keep_rooms=True,
             oldest=5,
             on_result=self._on_result,
+            lost_participants=read_deaths,  # the leases, read once a pass: who died, for the stuck rooms and pairs
         )
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self.changes: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
@@ -175,13 +178,18 @@ class Board:
         found.sort(key=lambda v: v.room)
         return {"rooms": [room_json(v) for v in found], **paging}
 
+    def deaths(self) -> Deaths:
+        """The leases the last completed pass read (none before the first): who died or restarted."""
+        latest = self.loop.state.latest
+        return Deaths() if latest is None else latest.deaths
+
     def stuck(self, cursor: str, limit: int, older_than: float) -> dict[str, Any]:
         """One page of stuck rooms from ``cursor`` (see :func:`~kvstatus.observe.boardpages.stuck_page`)."""
-        return stuck_page(self.client, self.schema, cursor, limit, older_than)
+        return stuck_page(self.client, self.schema, cursor, limit, older_than, self.deaths())
 
     def pairs(self, cursor: str, settings: HealthSettings) -> dict[str, Any]:
         """One page of the health per pair from ``cursor`` (see :func:`~kvstatus.observe.boardpages.pairs_page`)."""
-        return pairs_page(self.client, self.schema, cursor, settings)
+        return pairs_page(self.client, self.schema, cursor, settings, self.deaths())
 
     def room(self, room: int) -> Optional[dict[str, Any]]:
         """A room's entries, its first failure, its tombstone (who cleared it, when, at which status) and its
@@ -192,11 +200,7 @@ class Board:
         tombstone = self._tombstone(key)
         if not views and tombstone is None:
             return None
-        document = (
-            room_json(views[0]) if views else {"room": room, "room_text": str(room), "ttl_ms": None, "participants": []}
-        )
-        failure = views[0].failure if views else None
-        document["failure"] = None if failure is None else failure.to_json()
+        document = room_json(views[0] if views else RoomView(room, {}, None))
         document["tombstone"] = None if tombstone is None else tombstone.describe()
         now_ms = server_ms(self.client)
         document["timelines"] = (

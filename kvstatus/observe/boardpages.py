@@ -34,21 +34,23 @@ from kvstatus.admin.health import (
     read_views,
     room_of_key,
 )
+from kvstatus.admin.leases import Deaths
 from kvstatus.admin.scan import read_rooms, round_trip, scan_clients, server_ms
+from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import InvalidArgumentError
+from kvstatus.fate import read_names
 from kvstatus.keys import KeySchema
-from kvstatus.operations import DEFAULT_TOMBSTONE_TTL_SECONDS
-from kvstatus.rule import OPEN, RoomView, Step
+from kvstatus.model import OPEN, RoomView, Step
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, Stuck, stuck
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 MAX_PAGE = 500
 MAX_SCAN_STEPS = 200
 """SCAN calls per page (each examines about max(limit, 100) keys, one round trip): enough for a namespace
-that shares its Redis with much larger ones to fill its first page, bounded at about 20 ms."""
+that shares its Redis with much larger ones to fill its first page, and still a bounded cost."""
 MAX_PAGE_READS = 1_000
-"""Rooms a page reads (HGETALL + PTTL) before it stops and hands back a cursor: about 0.1 s on a loaded 2-core
-box (a filter that matched nothing read all of 100k rooms, 6.7-19 s, before this bound)."""
+"""Rooms a page reads (HGETALL + PTTL) before it stops and hands back a cursor, so a page costs the same at 100
+or 100k rooms (docs/observe.md, "A page reads a bounded number of rooms", has the times before and after)."""
 MAX_OLDER_THAN_SECONDS = 7 * 86_400.0
 
 T = TypeVar("T")
@@ -125,10 +127,13 @@ def stuck_json(found: Stuck) -> dict[str, Any]:
     return {**found.to_json(), "room_text": str(found.room)}
 
 
-def stuck_page(client: Any, schema: KeySchema, cursor: str, limit: int, older_than: float) -> dict[str, Any]:
+def stuck_page(
+    client: Any, schema: KeySchema, cursor: str, limit: int, older_than: float, deaths: Deaths = Deaths()
+) -> dict[str, Any]:
     """One page of the stuck rooms (:func:`kvstatus.stuck.stuck` at Redis' ``TIME``, read once per page), the
     longest stuck first, with ``judged``: how many of the rooms read carry a timeline at all (the others cannot
-    be judged: their writers record none)."""
+    be judged: their writers record none). ``deaths``: the leases (the board's last pass read them), so a room
+    a dead participant left is stuck at once, held by it, as in ``kvstatus ls --stuck``."""
     now_ms = server_ms(client)
     judged = 0
 
@@ -136,7 +141,7 @@ def stuck_page(client: Any, schema: KeySchema, cursor: str, limit: int, older_th
         nonlocal judged
         if any(view.timelines.values()):
             judged += 1
-        return stuck(view, now_ms, older_than)
+        return stuck(view, now_ms, older_than, deaths.left(view))
 
     found, paging = scan_page(client, schema, cursor, limit, pick)
     found.sort(key=lambda s: (-s.seconds, s.room))
@@ -150,6 +155,10 @@ def stuck_page(client: Any, schema: KeySchema, cursor: str, limit: int, older_th
 
 
 def room_json(view: RoomView) -> dict[str, Any]:
+    """A room of ``/api/rooms`` (and the base of ``/api/rooms/{room}``): each entry's own ``status`` and what its
+    reads answer, ``reads`` (:func:`kvstatus.fate.reads`: Failed in a room that failed), and the room's
+    ``failure`` (its first failure, null if none), as ``kvstatus get`` shows them."""
+    read = read_names(view)
     return {
         "room": view.room,
         "room_text": str(view.room),  # for JavaScript: its numbers do not hold 63-bit ids exactly
@@ -159,10 +168,12 @@ def room_json(view: RoomView) -> dict[str, Any]:
                 "name": name,
                 "status": None if e.status is None else e.status.name,
                 "status_value": None if e.status is None else int(e.status),
+                "reads": read[name],
                 "reason": e.reason,
             }
             for name, e in sorted(view.participants.items())
         ],
+        "failure": None if view.failure is None else view.failure.to_json(),
     }
 
 
@@ -224,16 +235,20 @@ def parse_health_settings(query: Any) -> HealthSettings:
         raise InvalidArgumentError(str(exc)) from None
 
 
-def pairs_page(client: Any, schema: KeySchema, cursor: str, settings: HealthSettings) -> dict[str, Any]:
+def pairs_page(
+    client: Any, schema: KeySchema, cursor: str, settings: HealthSettings, deaths: Deaths = Deaths()
+) -> dict[str, Any]:
     """One bounded page of the health pass from ``cursor`` ("<node>-<scan cursor>", "0-0" to start): the pairs
     of the rooms it read with their counts, the rooms, unpaired and corrupted rooms it read, and the paging
     fields ``scanned`` (keys read), ``cursor`` (None at the end), ``done`` and ``complete`` (the page covered the
     whole namespace: then each pair carries its ``verdict``, else ``verdict`` is null and the caller judges the
-    sums: unhealthy when failed + stuck >= threshold and nothing succeeded)."""
+    sums: unhealthy when failed + stuck >= threshold and nothing succeeded, or when a participant of the pair
+    died after its latest success). For those sums each pair also carries ``served_ms`` (its latest success in
+    the page, Unix ms; 0: none) and ``died_ms`` (participant -> when it died, null while its lease is lost)."""
     nodes = scan_clients(client)
     node_index, scan_cursor = parse_cursor(cursor, len(nodes))
     from_start = (node_index, scan_cursor) == (0, 0)
-    builder = HealthBuilder(settings)
+    builder = HealthBuilder(settings, deaths)
     now_ms = server_ms(client)
     steps = scanned = 0
     while node_index < len(nodes) and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
@@ -257,6 +272,9 @@ def pairs_page(client: Any, schema: KeySchema, cursor: str, settings: HealthSett
     complete = done and from_start
     health = builder.finish(schema.namespace, now_ms)
     document = health.to_json()
+    for pair, shown in zip(health.pairs, document["pairs"]):  # for the page's sums: who died when, when it served
+        shown["served_ms"] = pair.served_ms
+        shown["died_ms"] = {name: None if math.isinf(at) else at for name, at in sorted(pair.deaths.items())}
     if not complete:
         document["healthy"] = None
         for pair in document["pairs"]:

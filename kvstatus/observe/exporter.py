@@ -29,11 +29,11 @@ from prometheus_client.registry import Collector
 
 from kvstatus.admin.health import HealthSettings, PairHealth
 from kvstatus.admin.stats import bucket_labels
+from kvstatus.arguments import DEFAULT_TTL_SECONDS
 from kvstatus.keys import KeySchema
+from kvstatus.model import KVPoll, Stage
 from kvstatus.observe.scanner import LostParticipants, PassLoop
 from kvstatus.observe.timings import OPEN_STATUSES
-from kvstatus.operations import DEFAULT_TTL_SECONDS
-from kvstatus.rule import KVPoll, Stage
 
 DEFAULT_PORT = 9808
 DEFAULT_MAX_PARTICIPANTS = 50
@@ -56,7 +56,8 @@ def series_bound(max_participants: int = DEFAULT_MAX_PARTICIPANTS, max_pairs: in
 METRICS: dict[str, str] = {
     "kvstatus_up": "1 if Redis answered the exporter's last read of this namespace, else 0.",
     "kvstatus_rooms": "Live rooms in the namespace (last completed pass).",
-    "kvstatus_entries": "Rooms in which a participant has a status: one entry per (room, participant). Only the "
+    "kvstatus_entries": "Rooms in which a participant has a status: one entry per (room, participant), by the "
+    "status its reads answer (an open entry in a room that failed is Failed: shared fate). Only the "
     "participants with the most entries get their own label (--max-participants, default 50); the others are summed "
     'under participant="(other)", so a namespace has at most 5 x (max_participants + 1) of these series.',
     "kvstatus_keys_without_ttl": "Room keys without a TTL: a leak, kvstatus never writes one.",
@@ -67,8 +68,9 @@ METRICS: dict[str, str] = {
     "counted in kvstatus_corrupted_rooms instead.",
     "kvstatus_oldest_non_terminal_age_seconds": "Seconds since the last write of the non-terminal room that went "
     "longest without progress (store TTL minus its TTL left); 0 if there is none.",
-    "kvstatus_rooms_on_lost_participants": "Rooms holding an open entry of a participant whose lease is lost: "
-    "what kvstatus sweep would fail (0 while no lease source is configured: see kvstatus_lease_tracking).",
+    "kvstatus_rooms_on_lost_participants": "Rooms holding an open entry of a participant whose lease is lost "
+    "(what kvstatus sweep would fail), or one a participant that restarted under its name left (kvstatus ls "
+    "--lost lists both; 0 while no lease source is configured: see kvstatus_lease_tracking).",
     "kvstatus_lease_tracking": "1 if rooms on lost participants are computed from participant leases, else 0.",
     "kvstatus_exporter_scan_duration_seconds": "Seconds the last completed pass over the namespace took.",
     "kvstatus_exporter_scanned_keys": "Keys the last completed pass read.",
@@ -84,7 +86,8 @@ METRICS: dict[str, str] = {
     "kvstatus_pair_failed_rooms": "Rooms of the pair whose first failure (or a side's Failed clear) is in the window.",
     "kvstatus_pair_stuck_rooms": "Rooms of the pair open and not moving for --older-than.",
     "kvstatus_pair_unhealthy": "1 if the pair is unhealthy (failed + stuck >= threshold, nothing succeeded in the "
-    'window); for "(other)", the number of unhealthy pairs summed in it.',
+    "window; or, with lease tracking, a participant of it died or restarted and no room of it succeeded since); "
+    'for "(other)", the number of unhealthy pairs summed in it.',
     "kvstatus_unhealthy_pairs": "Prefill-decode pairs that are unhealthy, all of them (not capped).",
 }
 """Every metric the exporter serves (names without a counter's ``_total``), with its help text."""

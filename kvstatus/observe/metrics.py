@@ -36,8 +36,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from kvstatus import errors
 from kvstatus.keys import DEFAULT_PARTICIPANT
+from kvstatus.model import Outcome, Step, UpdateResult
 from kvstatus.naming import role_of
-from kvstatus.rule import Outcome, Step, UpdateResult
 from kvstatus.timeline import STAGES, stage_seconds
 
 OPERATIONS: tuple[str, ...] = (
@@ -53,7 +53,7 @@ OPERATIONS: tuple[str, ...] = (
 )
 """The store operations whose latency is recorded; any other name is recorded as ``other``."""
 
-# Seconds. A loopback update is ~0.1 ms; a batch of 1000 or a failover resend reaches seconds.
+# Seconds: from a loopback update (BENCHMARKS.md) up to a batch of 1000 or a failover resend, which reach seconds.
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.00005,
     0.0001,

@@ -30,24 +30,28 @@ from typing import Any, Callable, Iterator, Optional
 
 from kvstatus.admin import health as pair_health
 from kvstatus.admin.health import Health, HealthBuilder, HealthSettings
+from kvstatus.admin.leases import Deaths
 from kvstatus.admin.scan import DEFAULT_BATCH, iter_room_keys, read_rooms, server_ms
 from kvstatus.admin.stats import TERMINAL, Stats, StatsBuilder
-from kvstatus.admin.watch import RoomState, Snapshot
+from kvstatus.admin.watch import RoomState, Snapshot, room_state
 from kvstatus.errors import KVStatusError
 from kvstatus.keys import KeySchema
+from kvstatus.model import KVPoll, RoomView, Stage
 from kvstatus.observe.timings import OpenTimes
 from kvstatus.redact import mask_url
-from kvstatus.rule import KVPoll, RoomView, Stage
 
 log = logging.getLogger("kvstatus.observe")
 
 LostParticipants = Callable[[Any, KeySchema], Collection[str]]
 """(client, schema) -> the participants whose lease is lost, asked once at the start of each pass.
 
-:func:`kvstatus.admin.leases.lost_participants` is the one kvstatus ships (the
-exporter CLI passes it): rooms holding an open (neither Success nor Failed)
-entry of a returned participant are counted as rooms on lost participants,
-the rooms ``kvstatus sweep`` would fail. Without a hook, that count is
+:func:`kvstatus.admin.leases.read_deaths` is the one the exporter and the board
+pass (a :class:`~kvstatus.admin.leases.Deaths`, a collection of the lost names
+that knows every lease): rooms holding an open (neither Success nor Failed)
+entry of a returned participant, or one a restarted participant left, are
+counted as rooms on lost participants, and the pass's health judges the pairs
+with them (:class:`~kvstatus.admin.health.HealthBuilder`).
+:func:`kvstatus.admin.leases.lost_participants` (names only) still serves. Without a hook, that count is
 reported as 0 and :attr:`PassResult.lease_tracking` is False.
 """
 
@@ -72,6 +76,8 @@ class PassResult:
     failures_by_stage: Mapping[Stage, int] = field(default_factory=dict)
     health: Optional[Health] = None
     open_times: Optional[OpenTimes] = None
+    deaths: Deaths = field(default_factory=Deaths)
+    """The leases read at the pass's start (empty unless its hook was :func:`kvstatus.admin.leases.read_deaths`)."""
 
 
 class NamespacePass:
@@ -90,7 +96,11 @@ class NamespacePass:
     ) -> None:
         self.client = client
         self.schema = schema
-        self._health = None if health is None else HealthBuilder(health)
+        lost = lost_participants(client, schema) if lost_participants is not None else frozenset()
+        # With read_deaths as the hook, the pass knows the leases: the rooms a dead or restarted server left are
+        # counted as on lost participants and keep its pairs unhealthy until they serve again, as in the CLI.
+        self.deaths = lost if isinstance(lost, Deaths) else Deaths()
+        self._health = None if health is None else HealthBuilder(health, self.deaths)
         self._times = None if health is None else OpenTimes()
         self._now_ms = 0
         self._keys: Iterator[list[str]] = (
@@ -99,7 +109,7 @@ class NamespacePass:
         self._builder = StatsBuilder(oldest=oldest)
         self._rooms: Optional[dict[int, RoomState]] = {} if keep_rooms else None
         self._by_status: Counter = Counter()
-        self._lost = frozenset(lost_participants(client, schema)) if lost_participants is not None else frozenset()
+        self._lost = frozenset(lost)
         self._lease_tracking = lost_participants is not None
         self._on_lost = 0
         self._failures: Counter = Counter()
@@ -138,13 +148,13 @@ class NamespacePass:
         self._builder.add(view)
         if view.failure is not None:
             self._failures[view.failure.stage] += 1
-        if self._lost and any(
+        if self.deaths.left(view) or any(
             name in self._lost and entry.status is not None and entry.status not in TERMINAL
             for name, entry in view.participants.items()
         ):
             self._on_lost += 1
         if self._rooms is not None:
-            state = tuple((n, None if e.status is None else int(e.status)) for n, e in view.participants.items())
+            state = room_state(view)
             previous = self._rooms.get(view.room)
             if previous is not None:  # SCAN returned the key twice
                 self._by_status.subtract(KVPoll(s) for _, s in previous if s is not None)
@@ -170,6 +180,7 @@ class NamespacePass:
             if self._health is None
             else self._health.finish(self.schema.namespace, self._now_ms or server_ms(self.client)),
             self._times,
+            self.deaths,
         )
 
 

@@ -12,7 +12,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from kvstatus.rule import OPEN, KVPoll, RoomView
+from kvstatus.model import OPEN, KVPoll, RoomView
 from kvstatus.timeline import current_steps, since_current
 
 OPEN_STATUSES: tuple[KVPoll, ...] = tuple(sorted(OPEN))

@@ -10,10 +10,10 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Union
 
-from kvstatus.connection import parse_url
+from kvstatus._sync.store import StatusStore
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import validate_name
-from kvstatus.rule import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
+from kvstatus.model import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
 from kvstatus.sglang.addresses import await_address, bootstrap_address, mode_of, server_tag
 from kvstatus.sglang.mapping import (
     DEFAULT_MEMO_SECONDS,
@@ -23,8 +23,7 @@ from kvstatus.sglang.mapping import (
     storable,
 )
 from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
-from kvstatus.store import StatusStore
-from kvstatus.url import url_lease_ttl, url_near_cache
+from kvstatus.url import parse_url, url_lease_ttl, url_near_cache
 
 # Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
 OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)

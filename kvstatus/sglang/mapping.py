@@ -13,17 +13,23 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from kvstatus.cachestate import MISS
-from kvstatus.consensus import RoomConsensus
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
-from kvstatus.fate import shared_status
-from kvstatus.rule import STRICT_CREATORS, KVPoll, Outcome, RoomView, UpdateResult
-from kvstatus.sglang.failedhere import FailedHere
+from kvstatus.model import STRICT_CREATORS, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
+from kvstatus.rule import shared_status
 from kvstatus.sglang.openrooms import LOST_RESULT, OpenRooms
-from kvstatus.sglang.outage import STORE_DOWN, UNANSWERED_RESULT, Outage, probe_of
+from kvstatus.sglang.outage import (
+    INVALID_ROOM_RESULT,
+    STORE_DOWN,
+    UNANSWERED_RESULT,
+    FailedHere,
+    Outage,
+    Removals,
+    invalid_room_reason,
+    probe_of,
+    storable,
+)
 from kvstatus.sglang.outage import Unanswered as _Unanswered
 from kvstatus.sglang.ppreads import collect_many
-from kvstatus.sglang.removals import Removals
-from kvstatus.sglang.roomids import INVALID_ROOM_RESULT, invalid_room_reason, storable
 
 log = logging.getLogger("kvstatus.sglang")
 
@@ -37,7 +43,7 @@ _LEN_ITER_MESSAGE = (
     "iterable (that would SCAN Redis). Use `kvstatus ls` or kvstatus.admin.scan to list rooms"
 )
 
-_Memo = tuple[int, float, Union[Optional[KVPoll], RoomView]]
+_Memo = tuple[int, float, Union[Optional[KVPoll], RoomView], float]  # room, read at, value, read sent at
 T = TypeVar("T")
 OnFailed = Callable[[int, Optional[str]], None]
 """``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
@@ -86,7 +92,7 @@ class RoomStatusMap:
 
     **Room ids kvstatus cannot store** (-1, 2**63, "42", None) are answered as rooms that failed from the
     start, without touching Redis: ``in`` is True, reads answer Failed, a write returns
-    :data:`~kvstatus.sglang.roomids.INVALID_ROOM_RESULT` (:mod:`kvstatus.sglang.roomids` says why).
+    :data:`~kvstatus.sglang.outage.INVALID_ROOM_RESULT` (:mod:`kvstatus.sglang.outage` says why).
 
     **Shared fate.** With the store's ``shared_fate`` on (its default), every read answers as ``store.get`` does
     (:mod:`kvstatus.fate`): an open entry of a room that another participant failed, or that was cancelled, reads
@@ -96,7 +102,7 @@ class RoomStatusMap:
 
     **When Redis fails a call** (down, hung past the deadline, a refused ACL, a lost lease, a corrupted value), the
     map does not raise into the engine: the room reads Failed (``in`` True) until the engine removes it
-    (:mod:`kvstatus.sglang.failedhere`), a write returns :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the
+    (:mod:`kvstatus.sglang.outage`), a write returns :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the
     error as the reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` every call answers so at once, without
     I/O, and a background probe finds when Redis answers again (:mod:`kvstatus.sglang.outage`). A store call that
     raises what none should (a defect below the map) fails its room the same way, logged once per exception type
@@ -110,7 +116,7 @@ class RoomStatusMap:
     not fresh takes the full path above. Another process's change reaches these reads once Redis' invalidation
     arrives, and at most ``POLL_GATE`` later; this process's own writes at once. The memo is then off: the cache
     answers the ``check_status`` after ``in`` without a round trip. ``m[room]`` that finds no entry within
-    :data:`~kvstatus.sglang.removals.REMOVAL_RACE_SECONDS` of *another thread's* ``pop``/``del``/``clear_room`` of
+    :data:`~kvstatus.sglang.outage.REMOVAL_RACE_SECONDS` of *another thread's* ``pop``/``del``/``clear_room`` of
     it answers the removed status (see :meth:`_remove`): SGLang's transfer threads test ``room in m`` then read
     ``m[room]`` while the scheduler pops concluded rooms.
 
@@ -204,10 +210,10 @@ class RoomStatusMap:
         """The map answers Failed for ``room`` because Redis failed a call: it stays Failed until removed."""
         self._failed_here.add(room, reason)
 
-    def _vanished(self, room: object) -> bool:
-        """A read found no entry of this participant in ``room``: True when the room was open here, so Redis lost
-        it (:mod:`kvstatus.sglang.openrooms`), and the room now fails with that cause."""
-        reason = self._open.vanished(room) if type(room) is int else None
+    def _vanished(self, room: object, started: float) -> bool:
+        """A read sent at ``started`` found no entry of this participant in ``room``: True when the room was open
+        here, so Redis lost it (:mod:`kvstatus.sglang.openrooms`), and the room now fails with that cause."""
+        reason = self._open.vanished(room, started) if type(room) is int else None
         if reason is None:
             return False
         self._failed(room, reason)  # type: ignore[arg-type]
@@ -222,15 +228,17 @@ class RoomStatusMap:
 
     # -- reads
 
-    def _take(self, room: int) -> Any:
-        """The memo's value for ``room`` if it is fresh, else ``_MISSING``; empties the memo either way."""
+    def _take(self, room: int) -> tuple[Any, float]:
+        """The memo's value for ``room`` if it is fresh, else ``_MISSING``, and when its read was sent (else now);
+        empties the memo either way."""
+        now = _monotonic()
         memo: Optional[_Memo] = getattr(self._local, "memo", None)
         if memo is None:
-            return _MISSING
+            return _MISSING, now
         self._local.memo = None
-        if memo[0] == room and time.monotonic() - memo[1] <= self.memo_seconds:
-            return memo[2]
-        return _MISSING
+        if memo[0] == room and now - memo[1] <= self.memo_seconds:
+            return memo[2], memo[3]
+        return _MISSING, now
 
     def _status_in(self, view: RoomView, participant: str) -> Optional[KVPoll]:
         """``participant``'s status in ``view`` as its own ``store.get`` answers it (shared fate judged)."""
@@ -251,7 +259,7 @@ class RoomStatusMap:
         return self._near is None or self._near.refused is not None
 
     def _read(self, room: int) -> Optional[KVPoll]:
-        value = self._take(room)
+        value, started = self._take(room)
         if value is not _MISSING:
             status = self._own(value)
         else:
@@ -264,7 +272,7 @@ class RoomStatusMap:
                 return KVPoll.Failed
         if status == KVPoll.Failed:
             self._failed(room)
-        elif status is None and self._open_rooms and self._vanished(room):
+        elif status is None and self._open_rooms and self._vanished(room, started):
             return KVPoll.Failed
         elif self._kept:
             reason = self._failed_here.reason(room)
@@ -290,7 +298,7 @@ class RoomStatusMap:
     def _contains(self, room: object) -> bool:
         """``room in m`` by the store (a method of its own: the fast path above must not pay for its closures)."""
         self._local.memo = None
-        uncached = self._uncached()
+        uncached, started = self._uncached(), _monotonic()
         try:
             value: Union[Optional[KVPoll], RoomView] = self._call(
                 lambda: self.store.room(room) if self._reads_rooms and uncached else self.store.get(room)  # type: ignore[arg-type]
@@ -301,8 +309,8 @@ class RoomStatusMap:
             self._fail_here(room, unanswered.reason)
             return True  # the read that follows answers Failed, with the reason
         if self.memo_seconds > 0 and uncached:
-            self._local.memo = (room, time.monotonic(), value)
-        if self._own(value) is None and self._open_rooms and self._vanished(room):
+            self._local.memo = (room, _monotonic(), value, started)
+        if self._own(value) is None and self._open_rooms and self._vanished(room, started):
             return True
         return self._own(value) is not None or self._failed_here.reason(room) is not None
 
@@ -315,7 +323,7 @@ class RoomStatusMap:
                 return status
         status = self._read(room)
         if status is None:
-            # Another thread's pop raced the `in` before this read (kvstatus.sglang.removals).
+            # Another thread's pop raced the `in` before this read (kvstatus.sglang.outage).
             status = self._removals.seen_by_another_thread(room, self.store.options.deadline)
             if status is None:
                 raise KeyError(room)
@@ -351,7 +359,7 @@ class RoomStatusMap:
 
     def _collect(self, room: int, ranks: tuple[str, ...]) -> list[Optional[KVPoll]]:
         """:meth:`collect` from the memo or the store (with the near cache: its room view)."""
-        view = self._take(room)
+        view, started = self._take(room)
         if not isinstance(view, RoomView):
             try:
                 view = self._call(lambda: self.store.room(room))
@@ -362,7 +370,7 @@ class RoomStatusMap:
                 return [KVPoll.Failed] * len(ranks)
         statuses = [self._status_in(view, name) for name in ranks]
         if self.participant in ranks and statuses[ranks.index(self.participant)] is None:
-            self._vanished(room)
+            self._vanished(room, started)
         if self._failed_here.reason(room) is not None and self.participant in ranks:
             statuses[ranks.index(self.participant)] = KVPoll.Failed
         return statuses
@@ -396,6 +404,7 @@ class RoomStatusMap:
             self._removals.reopened(room)
             if room in self._open.lost:  # Redis lost the room: nothing is written into it again
                 return LOST_RESULT
+        started = _monotonic()
         try:
             result = self._call(lambda: self.store.update_status(room, status), reopen=status in STRICT_CREATORS)
         except InvalidRoomError:
@@ -405,7 +414,7 @@ class RoomStatusMap:
         except _Unanswered as unanswered:
             self._failed(room, unanswered.reason)
             return UNANSWERED_RESULT
-        lost = self._open.wrote(room, result)
+        lost = self._open.wrote(room, result, started)
         if lost is None:
             return result
         if result.outcome is Outcome.CREATED:  # the write found no entry and made one: it is not kept
@@ -430,7 +439,7 @@ class RoomStatusMap:
 
     def _remove(self, room: int) -> Optional[KVPoll]:
         """Remove the entry (``store.pop``: one round trip, which answers what it removed), remembered in
-        :mod:`kvstatus.sglang.removals` for the ``m[room]`` of another thread that races it. Raises what
+        :mod:`kvstatus.sglang.outage` for the ``m[room]`` of another thread that races it. Raises what
         ``store.pop`` raises (:meth:`_call`)."""
         self._local.memo = None
         lost = type(room) is int and room in self._open.lost

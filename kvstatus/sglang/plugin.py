@@ -21,7 +21,7 @@ its variable, the URL's password masked):
 - ``KVSTATUS_SGLANG_POLICY``     ``strict`` (sglang 0.5.23's rule) or ``seed`` [default ``strict``].
 - ``KVSTATUS_SGLANG_TTL``        seconds [default: the store's, 600].
 - ``KVSTATUS_SGLANG_NEAR_CACHE`` ``0`` to read every status from Redis; ``1`` or unset: the store's near cache
-  (:mod:`kvstatus.nearcache`: a poll of an unchanged room makes no round trip) [default ``1``]. The URL's
+  (:mod:`kvstatus.cachestate`: a poll of an unchanged room makes no round trip) [default ``1``]. The URL's
   ``?near_cache=`` does the same; when both are set they must agree. A server or ACL that refuses CLIENT
   TRACKING gets one warning line, and the managers run uncached.
 - ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0``: no lease
@@ -68,10 +68,10 @@ ENV_TIMELINE = "KVSTATUS_SGLANG_TIMELINE"
 DEFAULT_NAMESPACE = "sglang"
 DEFAULT_LEASE_TTL = 10.0
 """Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
-renewed every TTL/3 s by a background thread, so a manager survives a stall of up to 2/3 of it (6.7 s);
-a longer one loses the lease, its rooms in flight fail, and the manager holds its name again
-(:mod:`kvstatus.sglang.mapping`). docs/guide.md ("Choosing lease_ttl") weighs pauses and failovers; in the
-e2e tier (docs/e2e.md) no manager lost its lease outside the faults on a busy 2-core box."""
+renewed every TTL/3 s by a background thread, so a manager survives a stall of up to 2/3 of it; a longer
+one loses the lease, its rooms in flight fail, and the manager holds its name again
+(:mod:`kvstatus.sglang.mapping`). docs/guide.md ("Choosing lease_ttl") weighs pauses and failovers;
+docs/e2e.md ("The leases") and BENCHMARKS.md ("Soak") show how the default held up."""
 HOOK_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__"
 
 
@@ -133,7 +133,7 @@ def _flag(env: Mapping[str, str], variable: str) -> Optional[bool]:
 
 
 def _room_ttl(seconds: float) -> float:
-    from kvstatus.operations import ttl_to_ms
+    from kvstatus.arguments import ttl_to_ms
 
     ttl_to_ms(seconds)
     return seconds
@@ -141,8 +141,8 @@ def _room_ttl(seconds: float) -> float:
 
 def _lease_ttl(seconds: float) -> float:
     """0 (no lease) or a lease TTL in [3, 3600] seconds."""
+    from kvstatus.arguments import MAX_LEASE_TTL, MIN_LEASE_TTL, validate_lease_ttl
     from kvstatus.errors import InvalidArgumentError
-    from kvstatus.leases import MAX_LEASE_TTL, MIN_LEASE_TTL, validate_lease_ttl
 
     if seconds == 0:
         return 0.0
@@ -162,7 +162,7 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
     """
     from kvstatus.errors import InvalidArgumentError
     from kvstatus.keys import validate_name
-    from kvstatus.rule import to_policy
+    from kvstatus.model import to_policy
     from kvstatus.url import parse_url, url_lease_ttl, url_near_cache
 
     env = os.environ if environ is None else environ

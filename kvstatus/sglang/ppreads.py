@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
 from kvstatus.errors import InvalidArgumentError, InvalidRoomError
-from kvstatus.rule import KVPoll
-from kvstatus.sglang.outage import Unanswered
-from kvstatus.sglang.roomids import storable
+from kvstatus.model import KVPoll
+from kvstatus.sglang.outage import Unanswered, storable
 
 
 def collect_many(status_map: Any, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
@@ -23,6 +23,7 @@ def collect_many(status_map: Any, rooms: Sequence[int]) -> dict[int, list[Option
             for name in status_map.pp_participants
         ]
     stores, ranks = status_map._rank_stores, len(status_map._rank_stores)
+    started = time.monotonic()
     try:
         try:
             per_rank = status_map._call(lambda: [store.get_many(rooms) for store in stores])
@@ -40,7 +41,7 @@ def collect_many(status_map: Any, rooms: Sequence[int]) -> dict[int, list[Option
     if status_map.participant in status_map.pp_participants:
         own = status_map.pp_participants.index(status_map.participant)
         for room in [room for room, statuses in collected.items() if statuses[own] is None]:
-            status_map._vanished(room)
+            status_map._vanished(room, started)
         for room in filter(status_map._failed_here.reason, collected):
             collected[room][own] = KVPoll.Failed
     return collected

@@ -26,7 +26,6 @@ import logging
 import re
 from typing import Any, Optional
 
-from kvstatus.admin.scan import PROBE_PARTICIPANT
 from kvstatus.errors import (
     AuthenticationError,
     BackendUnavailableError,
@@ -35,9 +34,10 @@ from kvstatus.errors import (
     LeaseLostError,
     PermissionDeniedError,
 )
-from kvstatus.keys import MAX_ROOM
+from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT
 from kvstatus.leasestate import this_process
-from kvstatus.rule import KVPoll
+from kvstatus.model import KVPoll
+from kvstatus.translate import denies_a_key
 
 log = logging.getLogger("kvstatus.sglang")
 
@@ -133,7 +133,7 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
     if isinstance(error, LeaseLostError):
         return SettingError(f"the participant lease could not be held: {error}", setting="lease_ttl")
     if isinstance(error, PermissionDeniedError):
-        command, text = _denied_command(error), str(error)
+        command = _denied_command(error)
         near_cache = store.near_cache is not None and step == "read"
         if near_cache and command.startswith("client"):
             return SettingError(
@@ -148,7 +148,7 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
                 else "a user of the tenant recipe needs ?scripts=functions"
             )
             return SettingError(f"the URL's user may not run {command!r}: {hint} ({error})", setting="url")
-        if step == "read" and "keys" in text:
+        if step == "read" and denies_a_key(error):
             return SettingError(
                 f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "
                 f"must cover its keys ({error})",
@@ -173,7 +173,7 @@ def check_store(store: Any) -> None:
     handshake and, the first time on a server, the SCRIPT LOADs; raises :class:`SettingError` naming the setting
     at fault.
     """
-    from kvstatus.store import StatusStore
+    from kvstatus._sync.store import StatusStore
 
     step = "read"
     try:

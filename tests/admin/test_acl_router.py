@@ -16,7 +16,7 @@ from kvstatus.admin.acl import acl_rules, acl_setuser_line, recipe_commands, rou
 from kvstatus.admin.functions import load_functions
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.fate import FATE_FIELD
-from kvstatus.rule import CancelOutcome, Stage
+from kvstatus.model import CancelOutcome, Stage
 from kvstatus.scripts import LIBRARY_NAME
 from tests.helpers import ROOT
 from tests.helpers.backends import fresh_namespace
@@ -69,8 +69,8 @@ def admin(server: RedisServer) -> Iterator[redis.Redis]:
 def test_the_router_recipe_is_what_cancel_and_the_reads_need_and_no_more() -> None:
     commands = set(router_commands())
     assert {"fcall", "fcall_ro", "hget", "hmget", "hgetall", "pttl", "time", "hset", "hsetnx", "pexpire"} <= commands
-    # Not clear (hdel, hlen), record_failure (hexists), leases (hincrby), SCAN, wait_for, the near cache.
-    assert not {"hdel", "hlen", "hexists", "hincrby", "scan", "exists", "client|tracking"} & commands
+    # Not clear (hdel), record_failure (hexists), leases (hincrby), SCAN, wait_for, the near cache.
+    assert not {"hdel", "hexists", "hincrby", "scan", "exists", "client|tracking"} & commands
     assert set(recipe_commands(router=True, near_cache=True)) - commands == {"client|tracking", "client|id", "role"}
     assert "+scan" not in acl_rules(NS, router=True, scripts="eval")
     with pytest.raises(InvalidArgumentError, match="read_only .* or router"):
@@ -78,8 +78,8 @@ def test_the_router_recipe_is_what_cancel_and_the_reads_need_and_no_more() -> No
 
 
 def test_the_workers_lists_hold_what_shared_fate_runs() -> None:
-    """get's HMGET, the update script's HSETNX and TIME (the first failure), clear's HLEN (the record's cleanup)."""
-    assert {"hmget", "hsetnx", "time", "hlen"} <= set(recipe_commands())
+    """get's HMGET, the update script's HSETNX and TIME (the first failure), clear's HGETALL (the room's tidy-up)."""
+    assert {"hmget", "hsetnx", "time", "hgetall"} <= set(recipe_commands())
     assert {"hmget", "time"} <= set(recipe_commands(read_only=True))
 
 

@@ -19,7 +19,7 @@ from kvstatus.admin.health import (
 )
 from kvstatus.admin.scan import server_ms
 from kvstatus.keys import KeySchema
-from kvstatus.rule import ClearedEntry, RoomView, Tombstone
+from kvstatus.model import ClearedEntry, RoomView, Tombstone
 from tests.helpers.backends import Backend
 
 WALK = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success)
@@ -96,6 +96,7 @@ def test_counts_and_verdicts_per_pair(sync_pd: Backend) -> None:
             "failed_by_stage": {"transfer": 1},
             "stuck": 0,
             "open": 0,
+            "dead": [],
             "verdict": "healthy",
         },
         ("prefill-c", "decode-d"): {
@@ -106,6 +107,7 @@ def test_counts_and_verdicts_per_pair(sync_pd: Backend) -> None:
             "failed_by_stage": {"cancelled": 1, UNKNOWN_STAGE: 1},
             "stuck": 1,
             "open": 0,
+            "dead": [],
             "verdict": "UNHEALTHY",
         },
         ("prefill-e", NONE): {
@@ -116,6 +118,7 @@ def test_counts_and_verdicts_per_pair(sync_pd: Backend) -> None:
             "failed_by_stage": {},
             "stuck": 1,
             "open": 0,
+            "dead": [],
             "verdict": "UNHEALTHY",
         },
     }

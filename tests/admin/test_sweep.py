@@ -122,7 +122,7 @@ def test_the_cli_lists_leases_lost_rooms_and_sweeps() -> None:
     assert [(p["participant"], p["state"]) for p in doc["participants"]] == [("dead-0", "expired"), ("live-0", "alive")]
     assert sorted(r["room"] for r in json_lines(cli("ls", "--lost", "--json").output)) == [1, 2]
     stats = cli("stats")
-    assert "STUCK: 2 rooms have an open entry of a participant whose lease is lost (dead-0)" in stats.output
+    assert "STUCK: 2 rooms have an open entry a dead participant left (lease lost: dead-0;" in stats.output
     out = cli("sweep")
     assert out.exit_code == 0 and "lost participants: dead-0" in out.output and "failed 2 open entries" in out.output
     assert json.loads(cli("sweep", "--json").output)["entries_failed"] == 0

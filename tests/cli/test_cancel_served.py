@@ -12,7 +12,8 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.health import HealthSettings, read_health
-from kvstatus.rule import CancelOutcome, cancel_outcome
+from kvstatus.model import CancelOutcome
+from kvstatus.rule import cancel_outcome
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import run_cli
 from tests.servers import RedisServer

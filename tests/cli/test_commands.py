@@ -8,7 +8,7 @@ import fakeredis
 import pytest
 
 from kvstatus import KVPoll
-from kvstatus.admin.scan import PROBE_PARTICIPANT
+from kvstatus.keys import PROBE_PARTICIPANT
 from tests.helpers.cli import NS, assert_clean_failure, cli, invoke, json_lines
 
 
@@ -58,10 +58,19 @@ def test_get_shows_every_participant_reason_and_ttl(connect, store):
     lines = result.output.splitlines()
     assert lines[0].split() == ["ROOM", "PARTICIPANT", "STATUS", "TTL", "LEFT", "REASON"]
     assert lines[1].split()[:3] == ["42", "decode-0", "Failed(0)"] and lines[1].endswith("decode OOM")
-    assert lines[2].split()[:3] == ["42", "prefill-0", "Transferring(3)"]
+    # prefill-0's own entry is still Transferring, and its reads answer Failed: the room failed (shared fate)
+    assert lines[2].split()[:3] == ["42", "prefill-0", "Failed(0)"]
+    assert "shared fate (own entry Transferring(3)): failed at waiting by decode-0" in lines[2]
     doc = json.loads(cli(connect, "get", "42", "--json").output)
     room = doc["rooms"][0]
-    assert room["participants"]["decode-0"] == {"status": "Failed", "value": 0, "reason": "decode OOM"}
+    assert room["participants"]["decode-0"] == {
+        "status": "Failed",
+        "value": 0,
+        "reason": "decode OOM",
+        "reads": "Failed",
+    }
+    assert room["participants"]["prefill-0"]["status"] == "Transferring"
+    assert room["participants"]["prefill-0"]["reads"] == "Failed"
     assert 0 < room["ttl_ms"] <= 600_000
 
 

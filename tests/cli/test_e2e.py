@@ -8,9 +8,10 @@ from typing import Iterator
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.admin.scan import PROBE_PARTICIPANT
+from kvstatus.keys import PROBE_PARTICIPANT
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import assert_clean_failure, json_lines, run_cli
+from tests.helpers.tiers import server_version
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
@@ -57,7 +58,9 @@ def test_lifecycle_through_the_cli(env: dict[str, str], redis_server: RedisServe
     failed = run_cli("set", "42", "failed", "-p", "decode-0", env=env)
     assert "IGNORED_MISSING" in failed.stdout
     got = json.loads(run_cli("get", "42", "--json", env=env).stdout)["rooms"][0]
-    assert got["participants"] == {"prefill-0": {"status": "Transferring", "value": 3, "reason": None}}
+    assert got["participants"] == {
+        "prefill-0": {"status": "Transferring", "value": 3, "reason": None, "reads": "Transferring"}
+    }
     assert 590_000 < got["ttl_ms"] <= 600_000
     assert [r["room"] for r in json_lines(run_cli("ls", "--json", env=env).stdout)] == [42]
     stats = json.loads(run_cli("stats", "--json", env=env).stdout)
@@ -78,7 +81,7 @@ def test_doctor_passes_on_a_full_user_and_removes_its_probe(env: dict[str, str],
     result = run_cli("doctor", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[1].split()[:4] == ["ok", "server", "version", "Redis"]
+    assert lines[1].split()[:5] == ["ok", "server", "version", *server_version().split()]
     assert lines[2].split() == ["ok", "topology", "standalone"]
     assert all(line.split()[0] in ("ok", "warn") for line in lines), lines  # one verdict a line
     assert "WARNING" not in result.stdout and lines[-1].split()[0] == "ok"

@@ -17,11 +17,12 @@ import click
 import fakeredis
 import pytest
 
-from kvstatus import KVPoll, connection
+from kvstatus import KVPoll
 from kvstatus.admin.acl import acl_rules
 from kvstatus.cli import main
-from kvstatus.connection import DEFAULT_URL, ConnectionOptions, connect
+from kvstatus.connection import connect
 from kvstatus.errors import InvalidURLError
+from kvstatus.url import DEFAULT_URL, ConnectionOptions, options_for
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import NS, cli, invoke, json_lines
 from tests.helpers.tiers import require_redis_server
@@ -268,11 +269,11 @@ def test_every_connection_option_is_a_url_option() -> None:
     for field in fields(ConnectionOptions):
         value = _url_value(field.name)
         scheme = "rediss" if field.name.startswith("ssl_") else "redis"
-        opts = connection.options_for(f"{scheme}://127.0.0.1:1/0?{field.name}={value}")
+        opts = options_for(f"{scheme}://127.0.0.1:1/0?{field.name}={value}")
         assert str(getattr(opts, field.name)).lower() == value.lower(), field.name
-    assert connection.options_for("redis://127.0.0.1:1/0?retries=0").retries == 0
+    assert options_for("redis://127.0.0.1:1/0?retries=0").retries == 0
     assert connect("redis://127.0.0.1:1/0?retries=0").get_retry()._retries == 0
-    assert connection.options_for("redis://h/0?retries=2", retries=7).retries == 2  # the URL wins
+    assert options_for("redis://h/0?retries=2", retries=7).retries == 2  # the URL wins
 
 
 @pytest.mark.parametrize(
@@ -289,7 +290,7 @@ def test_every_connection_option_is_a_url_option() -> None:
 )
 def test_bad_connection_options_in_a_url_are_refused(query: str) -> None:
     with pytest.raises(InvalidURLError):
-        connection.options_for(f"redis://127.0.0.1:1/0?{query}")
+        options_for(f"redis://127.0.0.1:1/0?{query}")
 
 
 def test_readme_and_guides_cite_only_files_in_the_repository() -> None:

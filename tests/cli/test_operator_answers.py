@@ -93,7 +93,7 @@ def test_stats_exits_4_on_stuck_rooms_and_3_wins_over_it(server, connect_fake) -
 
 def test_the_exit_codes_are_in_the_help() -> None:
     main_help = " ".join(invoke(lambda url: None, "--help").output.split())
-    assert "4 stats found rooms stuck on participants whose lease is lost" in main_help
+    assert "4 stats found rooms stuck on participants whose lease is lost or that restarted" in main_help
     stats_help = " ".join(invoke(lambda url: None, "stats", "--help").output.split())
     assert "else 4 if rooms are stuck" in stats_help
 
@@ -183,3 +183,28 @@ def test_doctor_suggests_scripts_functions_once_to_a_tenant_on_an_eval_url(real_
     assert fixed.returncode == 0 and "add ?scripts=functions" not in fixed.stdout, fixed.stdout
     admin = _sh(real_server, "kvstatus doctor", NS)  # an admin on an eval URL needs no hint
     assert admin.returncode == 0 and "scripts=functions" not in admin.stdout
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("user", ["tenant", "tenant-ro"])
+def test_participants_and_sweep_name_a_tenants_junk_at_the_lease_keys_and_go_on(real_server, user: str) -> None:
+    """Issue 36, Medium 4: a string at ``<ns>:leases`` (the peer watch's index) or at a lease record's name was
+    passed over in silence; both tools now name each such key on stderr and go on (exit 0, the listing whole)."""
+    namespace = fresh_namespace("junk")
+    admin = real_server.client()
+    # The worker recipe grants SCAN (the tools') under the eval script mode; a read-only user has it in both.
+    rules = acl_rules(namespace, password=SECRET, read_only=user == "tenant-ro", scripts="eval")
+    admin.execute_command("ACL", "SETUSER", f"{user}-{namespace}", *rules)
+    StatusStore(real_server.client(), namespace=namespace, participant="dead-0", lease_ttl=3).update_status(1, T)
+    admin.hset(f"kvstatus:{namespace}:lease:dead-0", "deadline", 1)
+    admin.set(f"kvstatus:{namespace}:leases", "junk")
+    admin.set(f"kvstatus:{namespace}:lease:bogus-1", "junk")
+    script = "kvstatus participants\nkvstatus participants --json" + ("\nkvstatus sweep" if user == "tenant" else "")
+    done = _sh(real_server, script, namespace, user=f"{user}-{namespace}", query="?scripts=eval")
+    assert done.returncode == 0 and "reached-the-end" in done.stdout, done.stderr
+    assert "dead-0" in done.stdout and "bogus-1" not in done.stdout  # stdout: the listing, as without junk
+    runs = script.count("\n") + 1
+    assert done.stderr.count(f"key kvstatus:{namespace}:leases holds a value that is not the lease index") == runs
+    assert done.stderr.count(f"key kvstatus:{namespace}:lease:bogus-1 is not a lease record") == runs
+    if user == "tenant":
+        assert "failed 1 open entry in 1 room" in done.stdout

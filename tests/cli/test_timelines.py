@@ -129,8 +129,8 @@ def test_ls_stuck_lists_only_the_stuck_rooms_with_their_holders(ns: Namespace) -
     assert "1 open room has no timeline and could not be judged" in done.stderr
     listed = sorted(json_lines(ns.cli("ls", "--stuck", "--json").stdout), key=lambda row: row["room"])
     assert [{k: v for k, v in row.items() if k != "seconds"} for row in listed] == [
-        {"room": 1, "holder": "decode-0", "status": "WaitingForInput"},
-        {"room": 2, "holder": "prefill (no entry)", "status": None},
+        {"room": 1, "holder": "decode-0", "status": "WaitingForInput", "dead": False},
+        {"room": 2, "holder": "prefill (no entry)", "status": None, "dead": False},
     ]
     assert 60 <= listed[0]["seconds"] < 120 and 90 <= listed[1]["seconds"] < 150
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll
-from kvstatus.demo.server import RedisServer
 from tests.helpers.backends import client_count, fresh_namespace
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 

@@ -92,6 +92,7 @@ def test_unix_socket(tmp_path: Path) -> None:
 
 
 @pytest.mark.real
+@pytest.mark.tls
 def test_tls(tmp_path: Path) -> None:
     tls = make_tls_files(tmp_path)
     with RedisServer(tls=tls) as server:

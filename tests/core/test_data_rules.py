@@ -217,7 +217,7 @@ def test_outcome_of_a_valid_reason_is_unchanged() -> None:
     ],
 )
 def test_a_url_string_that_redis_cannot_be_sent_is_refused_when_parsed(url: str) -> None:
-    from kvstatus.connection import parse_url
+    from kvstatus.url import parse_url
 
     with pytest.raises(InvalidArgumentError) as info:
         parse_url(url)
@@ -226,7 +226,7 @@ def test_a_url_string_that_redis_cannot_be_sent_is_refused_when_parsed(url: str)
 
 
 def test_a_client_name_redis_would_refuse_is_refused_by_the_options() -> None:
-    from kvstatus.connection import ConnectionOptions
+    from kvstatus.url import ConnectionOptions
 
     for name in ("two words", "tab\tname", "naïve", "new\nline"):
         with pytest.raises(InvalidArgumentError, match="client_name"):

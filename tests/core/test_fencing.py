@@ -25,9 +25,11 @@ from kvstatus import (
 )
 from kvstatus.admin import sweep as sweep_module
 from kvstatus.admin.sweep import sweep
+from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.keys import KeySchema
+from kvstatus.model import Policy
 from kvstatus.requests import Request, script_call
-from kvstatus.rule import Policy, apply_fenced
+from kvstatus.rule import apply_fenced
 from tests.helpers.backends import Backend
 from tests.helpers.clock import hold_background_watch
 
@@ -95,8 +97,22 @@ def test_a_replaced_incarnations_clear_is_refused(backend: Backend, operation: s
     with pytest.raises(SupersededError, match="room 7"):
         getattr(old, operation)(7)
     assert new.get(7) is B and _stamp(backend, 7, "decode-0") == new.lease.epoch
-    assert new.clear(7) and _stamp(backend, 7, "decode-0") is None  # the owner's clear takes the stamp along
+    assert new.clear(7) and _stamp(backend, 7, "decode-0") == new.lease.epoch  # the fence outlives the entry
     assert backend.keys_without_ttl() == []
+
+
+def test_an_old_incarnation_cannot_write_again_a_room_the_new_one_cleared(backend: Backend) -> None:
+    """Issue 36, Medium 7: ``clear`` dropped the stamp with the entry, so the old process' late WaitingForInput
+    created the entry again, and the new incarnation read it. The stamp stays behind, as long as the tombstone."""
+    old, new = _restarted(backend, "decode-0", [9])
+    new.update_status(9, W)
+    assert new.clear(9)
+    with pytest.raises(SupersededError, match="room 9"):
+        old.update_status(9, W)
+    assert new.get(9) is None and not new.room(9).exists and new.room(9).cleared
+    key = f"kvstatus:{backend.namespace}:{{9}}"
+    assert 0 < backend.raw.pttl(key) <= DEFAULT_TOMBSTONE_TTL_SECONDS * 1000  # the fence lasts as the tombstone
+    assert new.update_status(9, B).outcome is Outcome.CREATED  # the room id serves a second lifecycle (PR#39357)
 
 
 def test_a_replaced_incarnations_failure_reason_is_refused(backend: Backend) -> None:

@@ -62,7 +62,7 @@ def test_the_calls_are_fcall_and_fcall_ro() -> None:
 def test_an_unknown_script_mode_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="scripts"):
         StatusStore(None, namespace="ns", scripts="lua")
-    from kvstatus.connection import parse_url
+    from kvstatus.url import parse_url
 
     with pytest.raises(InvalidArgumentError, match="scripts"):
         parse_url("redis://localhost:6379/0?scripts=lua")

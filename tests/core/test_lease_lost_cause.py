@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvstatus import KVPoll, LeaseLostError, StatusStore
-from kvstatus.demo.server import RedisServer
 from tests.helpers.backends import Backend, fresh_namespace
+from tests.servers import RedisServer
 
 T = KVPoll.Transferring
 

@@ -22,11 +22,11 @@ from kvstatus import (
     StatusStore,
 )
 from kvstatus.admin.leases import list_leases, lost_participants
-from kvstatus.consensus import consensus_calls, room_consensus
-from kvstatus.demo.server import RedisServer
+from kvstatus.consensus import consensus_calls
 from kvstatus.keys import KeySchema
+from kvstatus.rule import room_consensus
 from tests.helpers.backends import Backend, fresh_namespace
-from tests.servers import free_port
+from tests.servers import RedisServer, free_port
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 

@@ -15,10 +15,10 @@ import redis
 
 from kvstatus import KVPoll, StatusStore, scripts
 from kvstatus.admin.functions import load_functions, loaded_libraries
-from kvstatus.demo.server import find_redis_cli
 from kvstatus.scripts import LuaIncludeError
 from tests.helpers.backends import fresh_namespace
 from tests.servers import RedisServer
+from tests.servers.launch import find_redis_cli
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 FILES = {path.stem: path.read_text() for path in sorted(LUA.glob("*.lua"))}

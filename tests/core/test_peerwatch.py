@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll, LeaseLostError
-from kvstatus.rule import Stage
+from kvstatus.model import Stage
 from tests.helpers.backends import Backend
 from tests.helpers.clock import hold_background_watch, shift_watch_clock
 
@@ -359,15 +359,13 @@ def test_a_sweep_that_redis_failed_is_planned_again_at_the_next_look(
     raises, and the next one sweeps the same rooms. Before, the watch had already taken the peer's new mark in,
     so the lost peer's older rooms, or the restarted peer's, were never failed."""
     from kvstatus import BackendUnavailableError
-    from kvstatus._async import leases as async_leases
-    from kvstatus._sync import leases as sync_leases
+    from kvstatus import watchsteps as module
 
     decode, prefill = _pair(backend)
     if fault == "released":
         backend.release_lease(prefill)
     else:
         backend.store(participant="prefill-0", lease_ttl=3).acquire_lease()
-    module = async_leases if backend.asynchronous else sync_leases
     sweep = module.fail_entries_request
 
     def unreachable(*args: object, **kwargs: object) -> object:

@@ -13,8 +13,8 @@ import redis
 
 from kvstatus import KVPoll, Outcome, StatusStore, scripts, timeline
 from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentError, PermissionDeniedError
+from kvstatus.model import CancelOutcome, LeaseOutcome, ReasonOutcome
 from kvstatus.operations import Request, script_call, update_result
-from kvstatus.rule import CancelOutcome, LeaseOutcome, ReasonOutcome
 from kvstatus.translate import translate_error
 from tests.helpers.backends import Backend, fresh_namespace
 from tests.servers import RedisServer
@@ -37,7 +37,7 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
 
 
-def test_every_script_numbers_outcomes_and_statuses_as_rule_py() -> None:
+def test_every_script_numbers_outcomes_and_statuses_as_model_py() -> None:
     known = {o.name: o.value for o in Outcome} | {o.name: o.value for o in ReasonOutcome}
     known |= {o.name: o.value for o in LeaseOutcome} | {o.name: o.value for o in CancelOutcome}
     known |= {f"STATUS_{_snake(s.name)}": s.value for s in KVPoll}
@@ -45,8 +45,8 @@ def test_every_script_numbers_outcomes_and_statuses_as_rule_py() -> None:
     seen = set()
     for name, source in SOURCES.items():
         for constant, value in _constants(source).items():
-            assert constant in known, f"{name}.lua: {constant} is not a kvstatus.rule name"
-            assert value == known[constant], f"{name}.lua: {constant} = {value}, rule.py says {known[constant]}"
+            assert constant in known, f"{name}.lua: {constant} is not a kvstatus.model name"
+            assert value == known[constant], f"{name}.lua: {constant} = {value}, model.py says {known[constant]}"
             seen.add(constant)
     assert {o.name for o in Outcome} <= seen and {o.name for o in ReasonOutcome} <= seen
 

@@ -2,7 +2,7 @@
 
 Two participants share room 7: ``own`` reads, ``peer`` fails its entry (or a third store cancels the room).
 The reads (get, check_status, get_many, and get_many over several slots on a cluster) must answer what
-:func:`kvstatus.fate.shared_status` answers; the stored entries are never rewritten by a read.
+:func:`kvstatus.rule.shared_status` answers; the stored entries are never rewritten by a read.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll
 from kvstatus.errors import CorruptedValueError
-from kvstatus.fate import FATE_FIELD, parse_failure, shared_status
-from kvstatus.rule import CancelOutcome, FailureRecord, Stage
+from kvstatus.fate import FATE_FIELD, parse_failure
+from kvstatus.model import CancelOutcome, FailureRecord, Stage
+from kvstatus.rule import shared_status
 from kvstatus.url import parse_url, url_shared_fate
 from tests.helpers.backends import Backend
 

@@ -1,5 +1,5 @@
 """A hypothesis state machine: the store, on every backend, against a model built on the reference rules: the
-update rule (kvstatus.rule.apply_rule) per entry, and shared fate (kvstatus.fate.shared_status) on every read."""
+update rule (kvstatus.rule.apply_rule) per entry, and shared fate (kvstatus.rule.shared_status) on every read."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis.stateful import (
 )
 
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
-from kvstatus.fate import STAGE_OF_STATUS, shared_status
-from kvstatus.rule import OPEN, CancelOutcome, FailureRecord, Stage, cancel_outcome
+from kvstatus.model import OPEN, CancelOutcome, FailureRecord, Stage
+from kvstatus.rule import STAGE_OF_STATUS, cancel_outcome, shared_status
 from tests.helpers.backends import Backend, fresh_namespace
 from tests.helpers.depth import DEPTHS, examples
 

@@ -17,7 +17,8 @@ from kvstatus import CorruptedValueError, KVPoll, Outcome, StatusStore
 from kvstatus.admin.health import HealthSettings, classify
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
-from kvstatus.rule import Policy, Step, apply_rule
+from kvstatus.model import Policy, Step
+from kvstatus.rule import apply_rule
 from kvstatus.stuck import stuck
 from kvstatus.timeline import MAX_BYTES, parse_timeline, since_current, stage_seconds, timeline_after
 from tests.helpers.backends import Backend

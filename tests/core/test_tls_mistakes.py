@@ -10,8 +10,9 @@ import pytest
 import redis
 
 from kvstatus import AsyncStatusStore, StatusStore
-from kvstatus.connection import _BUILDERS, TLS_SCHEMES, connect, connect_async, parse_url
+from kvstatus.connection import _BUILDERS, connect, connect_async
 from kvstatus.errors import BackendUnavailableError, InvalidURLError
+from kvstatus.url import TLS_SCHEMES, parse_url
 from tests.helpers.tiers import require_redis_server
 from tests.servers import RedisServer
 from tests.servers.tls import make_tls_files
@@ -81,6 +82,7 @@ async def test_rediss_against_plain_text_says_so_async(plain_server: RedisServer
 
 
 @pytest.mark.real
+@pytest.mark.tls
 def test_a_bad_certificate_is_named_and_not_retried(tmp_path: Path) -> None:
     require_redis_server()
     tls = make_tls_files(tmp_path)

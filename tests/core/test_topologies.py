@@ -29,7 +29,7 @@ SECRET = "Top-s3cret-pw"
 SENTINEL_SECRET = "Sentinel-s3cret"
 
 # One xdist worker runs this module, so the TLS cluster and Sentinel group below start once, not on each.
-pytestmark = pytest.mark.xdist_group("tls-topologies")
+pytestmark = [pytest.mark.xdist_group("tls-topologies"), pytest.mark.tls]
 
 
 # ------------------------------------------------------------------ real TLS groups

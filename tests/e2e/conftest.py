@@ -7,11 +7,22 @@ naming what is missing: never a silent skip.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+from tests.e2e.table import OUT, ROOT
+from tests.helpers.tiers import require_redis_server
+from tests.servers import RedisServer
+
+MODEL_CACHE = Path(os.environ.get("KVSTATUS_E2E_MODEL", Path.home() / ".cache" / "kvstatus" / "e2e-model"))
 REQUIRE = "KVSTATUS_REQUIRE_E2E"
 NEEDED = {
     "sglang": "the real sglang package",
@@ -30,3 +41,36 @@ def e2e_ready() -> None:
         if os.environ.get(REQUIRE) == "1":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def model() -> Path:
+    """The tiny random-weight model, built once per version of tinymodel.py (in a subprocess: torch is big)."""
+    digest = hashlib.sha256((Path(__file__).parent / "tinymodel.py").read_bytes()).hexdigest()[:12]
+    directory = MODEL_CACHE / digest
+    if not (directory / "model.safetensors").exists():
+        subprocess.run(
+            [sys.executable, "-m", "tests.e2e.tinymodel", str(directory)],
+            cwd=ROOT,
+            check=True,
+            timeout=600,
+            stdout=subprocess.DEVNULL,
+        )
+    return directory
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A redis-server of the module's own: each module's checks start from an empty server."""
+    require_redis_server()
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def logs(request: pytest.FixtureRequest) -> Path:
+    """The module's log directory: build/e2e/logs/<time>-<module>/<mode>/<role>-<port>.log."""
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    directory = OUT / "logs" / f"{time.strftime('%Y%m%dT%H%M%S')}-{name}"
+    directory.mkdir(parents=True)
+    return directory

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from kvstatus.demo.server import free_port
+from tests.servers.ports import PortRange
 
 HERE = Path(__file__).resolve().parent
 CPU_PATH = HERE / "cpu_path"
@@ -34,6 +34,23 @@ ROUTER_READY_TIMEOUT = 90.0
 """Seconds the router may take to answer /health (under 10 s measured)."""
 STOP_GRACE = 10.0
 """Seconds between SIGTERM and SIGKILL when stopping a process tree."""
+
+
+PORTS = PortRange(first=20000, last=21999, bus=False)
+"""The tier's own ports (servers, bootstrap servers, routers), each handed out once. A server binds its HTTP
+port last, half a minute after it got it, so nothing else on the box may pick from this range meanwhile: it
+lies below the kernel's ephemeral range (32768+), where every bind(0) and outgoing connection takes its port
+(CI once lost a prefill's port there: 'address already in use'), above the test Redis servers (10000-19999)
+and mooncake's transfer-engine RPC ports (MC_MIN_RPC_PORT..MC_MAX_RPC_PORT, 15000-17000), and below
+sglang's own nccl port pick (get_free_port_below_ephemeral, 22000-29999)."""
+
+BIND_FAILED = "error while attempting to bind on address"
+"""What uvicorn logs when a server's HTTP port is taken; the server then hangs instead of exiting."""
+
+
+def free_port() -> int:
+    """A port of :data:`PORTS` that is free now."""
+    return PORTS.take()
 
 
 class DeployError(RuntimeError):
@@ -87,7 +104,18 @@ class Process:
     popen: subprocess.Popen[bytes]
     log: Path
     port: int
+    log_start: int = 0
+    """Where this process's output begins in ``log`` (a restart on the same port appends to the same file)."""
     extra: dict[str, int] = field(default_factory=dict)
+
+    def output(self) -> str:
+        """What this process has written to its log so far."""
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(self.log_start)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     @property
     def pid(self) -> int:
@@ -153,6 +181,7 @@ def start(name: str, argv: list[str], env: dict[str, str], log: Path, port: int)
     """Start ``argv`` in a new session with stdout and stderr to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
+        log_start = out.tell()
         popen = subprocess.Popen(
             argv,
             env=env,
@@ -162,7 +191,7 @@ def start(name: str, argv: list[str], env: dict[str, str], log: Path, port: int)
             start_new_session=True,
             cwd=log.parent,
         )
-    return Process(name, popen, log, port)
+    return Process(name, popen, log, port, log_start)
 
 
 def wait_ready(process: Process, path: str, timeout: float) -> float:
@@ -174,6 +203,10 @@ def wait_ready(process: Process, path: str, timeout: float) -> float:
             raise DeployError(
                 f"{process.name} exited with {process.popen.returncode} before it was ready; "
                 f"log {process.log}:\n{log_tail(process.log)}"
+            )
+        if BIND_FAILED in process.output():
+            raise DeployError(
+                f"{process.name} could not bind port {process.port}; log {process.log}:\n{log_tail(process.log)}"
             )
         try:
             with urllib.request.urlopen(process.url + path, timeout=5) as response:
@@ -289,23 +322,26 @@ def start_server(
     return process
 
 
-def start_router(settings: Settings, prefill: Process, decode: Process, extra: Sequence[str] = ()) -> Process:
-    """A fresh ``sglang_router`` in ``--pd-disaggregation`` mode in front of ``prefill`` and ``decode``.
+def start_router(
+    settings: Settings, prefills: Sequence[Process], decodes: Sequence[Process], extra: Sequence[str] = ()
+) -> Process:
+    """A fresh ``sglang_router`` in ``--pd-disaggregation`` mode in front of ``prefills`` and ``decodes``.
 
     Wait for it with ``/readiness``: its ``/health`` answers 200 before it has registered any worker.
     ``extra``: more of its options, e.g. ``--disable-retries``.
     """
     port = free_port()
+    workers: list[str] = []
+    for prefill in prefills:
+        workers += ["--prefill", prefill.url, str(prefill.extra["bootstrap_port"])]
+    for decode in decodes:
+        workers += ["--decode", decode.url]
     argv = [
         settings.python,
         "-m",
         "sglang_router.launch_router",
         "--pd-disaggregation",
-        "--prefill",
-        prefill.url,
-        str(prefill.extra["bootstrap_port"]),
-        "--decode",
-        decode.url,
+        *workers,
         "--host",
         "127.0.0.1",
         "--port",

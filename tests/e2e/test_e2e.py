@@ -17,9 +17,6 @@ against upstream, measured in the same run.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -28,18 +25,15 @@ import pytest
 import redis
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.demo.server import RedisServer
+from kvstatus.admin.scan import iter_rooms
+from kvstatus.keys import KeySchema
 from kvstatus.naming import naming
 from tests.e2e import deploy, scenarios, table
-from tests.helpers.tiers import require_redis_server
 
 # A test's budget includes starting its deployment (two servers, ~30 s on 2 quiet cores, 5 min on a busy one).
 pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.usefixtures("e2e_ready"), pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[2]
-OUT = Path(os.environ.get("KVSTATUS_E2E_OUT", ROOT / "build" / "e2e"))
-MODEL_CACHE = Path(os.environ.get("KVSTATUS_E2E_MODEL", Path.home() / ".cache" / "kvstatus" / "e2e-model"))
-NAMESPACE = "sglang"
+NAMESPACE = scenarios.NAMESPACE
 ROLES = ("prefill", "decode")
 """One server of each role; each named by its address on the plugin's defaults (prefill-<host>-<port>-tp0-pp0)."""
 SERVE_REQUESTS = 50
@@ -54,65 +48,24 @@ answers: dict[str, list[list[int]]] = {}
 faults: list[scenarios.FaultResult] = []
 
 
-@pytest.fixture(scope="module")
-def model() -> Path:
-    """The tiny random-weight model, built once per version of tinymodel.py (in a subprocess: torch is big)."""
-    import hashlib
-
-    digest = hashlib.sha256((Path(__file__).parent / "tinymodel.py").read_bytes()).hexdigest()[:12]
-    directory = MODEL_CACHE / digest
-    if not (directory / "model.safetensors").exists():
-        subprocess.run(
-            [sys.executable, "-m", "tests.e2e.tinymodel", str(directory)],
-            cwd=ROOT,
-            check=True,
-            timeout=600,
-            stdout=subprocess.DEVNULL,
-        )
-    return directory
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    require_redis_server()
-    with RedisServer() as server:
-        yield server.url
-
-
-@pytest.fixture(scope="module")
-def logs() -> Path:
-    OUT.mkdir(parents=True, exist_ok=True)
-    directory = OUT / "logs" / time.strftime("%Y%m%dT%H%M%S")
-    directory.mkdir(parents=True)
-    return directory
-
-
 @pytest.fixture(scope="module", autouse=True)
 def write_table() -> Iterator[None]:
     """After the module: the measured fault table, whatever was measured (a failed run shows what it got)."""
     began = time.monotonic()
     yield
     if faults:
-        table.write(OUT, [f.row() for f in faults], round(time.monotonic() - began), deploy.plugin_label())
-
-
-def _deployment(mode: str, model: Path, logs: Path, redis_url: str) -> Iterator[scenarios.Deployment]:
-    settings = deploy.Settings(sys.executable, model, logs / mode, redis_url if mode == "kvstatus" else None, NAMESPACE)
-    dep = scenarios.Deployment(settings, mode)
-    try:
-        dep.start()
-        yield dep
-    finally:
-        dep.stop()
+        table.write(table.OUT, [f.row() for f in faults], round(time.monotonic() - began), deploy.plugin_label())
 
 
 @pytest.fixture(scope="module")
 def with_plugin(model: Path, logs: Path, redis_url: str) -> Iterator[scenarios.Deployment]:
-    yield from _deployment("kvstatus", model, logs, redis_url)
+    yield from scenarios.running("kvstatus", model, logs, redis_url)
 
 
-def _room_keys(client: redis.Redis) -> list[str]:
-    return [k.decode() for k in client.scan_iter(match=f"kvstatus:{NAMESPACE}:{{*}}", count=1000)]
+def _rooms_left(client: redis.Redis) -> list[int]:
+    """The rooms that still exist, as ``kvstatus ls`` lists them: a cleared room's key may hold its writers'
+    stamps alone for the tombstone's TTL (the fence of lua/clear.lua), and counts as gone."""
+    return [view.room for view in iter_rooms(client, KeySchema(NAMESPACE))]
 
 
 def _tombstone_rooms(client: redis.Redis) -> list[int]:
@@ -131,7 +84,7 @@ def _serve(dep: scenarios.Deployment) -> list[scenarios.Answer]:
 
 def test_serve_with_the_plugin_on(with_plugin: scenarios.Deployment, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
-    assert _room_keys(client) == [] and _tombstone_rooms(client) == []
+    assert _rooms_left(client) == [] and _tombstone_rooms(client) == []
     served = _serve(with_plugin)
     failed = [(a.index, a.status, a.cause()) for a in served if not a.ok]
     assert failed == [], f"requests failed with the plugin on: {failed}"
@@ -139,9 +92,9 @@ def test_serve_with_the_plugin_on(with_plugin: scenarios.Deployment, redis_url: 
     answers["kvstatus"] = [a.output_ids or [] for a in served]
 
     deadline = time.monotonic() + CLEAR_WAIT
-    while _room_keys(client) and time.monotonic() < deadline:
+    while _rooms_left(client) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _room_keys(client) == [], "room keys left after every request was answered"
+    assert _rooms_left(client) == [], "rooms left after every request was answered"
     rooms = _tombstone_rooms(client)
     assert len(rooms) == SERVE_REQUESTS, f"{len(rooms)} tombstones for {SERVE_REQUESTS} requests"
     store = StatusStore(client, namespace=NAMESPACE, participant="e2e-reader")
@@ -190,7 +143,7 @@ def upstream(
     model: Path, logs: Path, redis_url: str, with_plugin: scenarios.Deployment
 ) -> Iterator[scenarios.Deployment]:
     with_plugin.stop()  # one deployment at a time: the two would not fit the box's cores and memory together
-    yield from _deployment("upstream", model, logs, redis_url)
+    yield from scenarios.running("upstream", model, logs, redis_url)
 
 
 def test_serve_with_the_plugin_off_gives_the_same_answers(upstream: scenarios.Deployment, redis_url: str) -> None:

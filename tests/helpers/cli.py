@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 from click.testing import CliRunner, Result
 
 from kvstatus.cli import CliEnv, main
-from kvstatus.connection import DEFAULT_URL
+from kvstatus.url import DEFAULT_URL
 
 NS = "prod-a"
 """The namespace of the CLI tests' fakeredis rooms (tests/cli/conftest.py)."""

@@ -30,7 +30,7 @@ import redis
 
 from kvstatus import KVPoll, StatusStore, apply_rule
 from kvstatus.demo.baselines import make_store
-from kvstatus.rule import Outcome, Policy
+from kvstatus.model import Outcome, Policy
 
 # An entry's state: (status value or None, reason or None).
 State = tuple[Optional[int], Optional[str]]

@@ -7,8 +7,8 @@ from typing import Iterator
 import pytest
 
 from kvstatus import StatusStore
-from kvstatus.demo.server import RedisServer
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer
 
 
 @pytest.fixture

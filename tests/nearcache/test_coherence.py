@@ -8,12 +8,11 @@ import random
 
 import pytest
 
-from kvstatus import AsyncStatusStore, KVPoll, StatusStore
-from kvstatus.demo.server import RedisServer
+from kvstatus import AsyncStatusStore, KVPoll, NearCacheOptions, StatusStore
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
-from kvstatus.nearcache import NearCacheOptions
 from tests.helpers.backends import fresh_namespace
 from tests.nearcache.helpers import client_ids, eventually
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 
@@ -152,7 +151,7 @@ def test_client_memory_per_room_is_as_documented(url: str, namespace: str, write
     import gc
     import tracemalloc
 
-    from kvstatus.nearcache import CLIENT_BYTES_PER_ROOM
+    from kvstatus.cachestate import CLIENT_BYTES_PER_ROOM
 
     rooms = list(range(10**18, 10**18 + 2000))  # the caller's ids (SGLang's size), made before the measurement
     writer.update_many({r: KVPoll.Transferring for r in rooms})

@@ -200,8 +200,7 @@ def test_the_peer_watchs_sweep_keeps_the_deadline(
     """A look that found a lost or restarted peer sends more requests (its lease record, then the sweep of its
     entries): the server hangs right before the sweep, which gives up within the deadline; once the server is
     back, the next look carries the sweep out (the peer's entry fails, the survivor reads Failed)."""
-    from kvstatus._async import leases as async_leases
-    from kvstatus._sync import leases as sync_leases
+    from kvstatus import watchsteps as module
 
     hold_background_watch(monkeypatch)  # the looks below are the test's own: the background must not go first
     with runner(server.url, asynchronous, lease_ttl=10) as run:
@@ -216,7 +215,6 @@ def test_the_peer_watchs_sweep_keeps_the_deadline(
             else:
                 again = StatusStore.from_url(server.url, namespace=namespace, participant="q", lease_ttl=3)
                 again.acquire_lease()
-            module = async_leases if asynchronous else sync_leases
             sweep = module.fail_entries_request
 
             def hang_then_sweep(*args: Any, **kwargs: Any) -> Any:

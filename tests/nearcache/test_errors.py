@@ -9,8 +9,8 @@ import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
-from kvstatus.demo.server import RedisServer
 from kvstatus.errors import CorruptedValueError
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 

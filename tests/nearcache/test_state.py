@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from kvstatus.cachestate import status_for
+from kvstatus.cachestate import _LOG_KEEP, CacheState, NearCacheOptions, room_from_replies, status_for, view_at
 from kvstatus.keys import KeySchema
-from kvstatus.nearcache import _LOG_KEEP, CacheState, NearCacheOptions, room_from_replies, view_at
-from kvstatus.rule import KVPoll, ParticipantEntry
+from kvstatus.model import KVPoll, ParticipantEntry
 
 
 def _state(max_rooms: int = 100) -> CacheState:

@@ -7,8 +7,7 @@ import time
 import pytest
 from redis.cluster import key_slot
 
-from kvstatus import KVPoll, StatusStore
-from kvstatus.nearcache import NearCacheOptions
+from kvstatus import KVPoll, NearCacheOptions, StatusStore
 from tests.helpers.backends import fresh_namespace
 from tests.nearcache.helpers import eventually
 from tests.servers import RedisClusterServers, RedisSentinelServers
@@ -53,7 +52,7 @@ def _told_by_push(store: StatusStore, room: int) -> None:
     can deliver it (the update comes after the waiter's first read)."""
     import threading
 
-    from kvstatus.waiting import wait_for
+    from kvstatus._sync.waiting import wait_for
 
     read_once = threading.Event()
 

@@ -11,11 +11,11 @@ from typing import Any, Optional
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
+from kvstatus._sync.waiting import wait_for
 from kvstatus.admin.acl import acl_rules
-from kvstatus.demo.server import RedisServer
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.waiting import wait_for
 from tests.nearcache.helpers import eventually
+from tests.servers import RedisServer
 from tests.sglang.support import room_command_counts
 
 pytestmark = pytest.mark.real

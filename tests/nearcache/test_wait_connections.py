@@ -12,8 +12,8 @@ from typing import Any, Optional
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
-from kvstatus.demo.server import RedisServer
 from tests.helpers.backends import client_count, fresh_namespace
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 

@@ -17,11 +17,11 @@ import kvstatus.observe
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.stats import collect_stats
-from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from kvstatus.observe.board import MAX_SCAN_STEPS
 from tests.helpers.backends import fresh_namespace
 from tests.observe.support import ServerProcess, get, wait_until
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 
@@ -102,11 +102,20 @@ def test_rooms_are_paged_over_scan_and_filtered(board) -> None:
     rooms, pages = all_pages(server.base, limit="20")
     ids = [int(r["room"]) for r in rooms]
     assert set(ids) == set(range(ROOMS)) and pages > 1
-    expected = {room for room, s in written["prefill-1"].items() if s == KVPoll.Transferring}
+    failed = {room for statuses in written.values() for room, s in statuses.items() if s == KVPoll.Failed}
+    # the filter matches what the entry reads: an open entry in a room that failed reads Failed (shared fate)
+    expected = {room for room, s in written["prefill-1"].items() if s == KVPoll.Transferring and room not in failed}
     filtered, _ = all_pages(server.base, limit="20", status="Transferring", participant="prefill-1")
     assert expected and {int(r["room"]) for r in filtered} == expected
     for room in filtered:
-        assert any(p["name"] == "prefill-1" and p["status"] == "Transferring" for p in room["participants"])
+        assert any(p["name"] == "prefill-1" and p["reads"] == "Transferring" for p in room["participants"])
+    shared, _ = all_pages(server.base, limit="20", status="Failed", participant="prefill-1")
+    fated = {room for room, s in written["prefill-1"].items() if s == KVPoll.Transferring and room in failed}
+    assert fated and fated <= {int(r["room"]) for r in shared}
+    for room in shared:
+        if int(room["room"]) in fated:
+            (entry,) = [p for p in room["participants"] if p["name"] == "prefill-1"]
+            assert (entry["status"], entry["reads"]) == ("Transferring", "Failed") and room["failure"] is not None
     by_number, _ = all_pages(server.base, status="3", participant="prefill-1")
     assert {int(r["room"]) for r in by_number} == expected
 

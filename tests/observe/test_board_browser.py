@@ -17,13 +17,13 @@ from typing import Any, Iterator
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.demo.server import RedisServer
 from kvstatus.fate import FATE_FIELD
 from kvstatus.keys import KeySchema
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import real_redis_required
 from tests.observe.support import ServerProcess, wait_until
 from tests.observe.test_board_timeline import walk_room, write_stuck_rooms
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 
@@ -92,7 +92,7 @@ def populate(url: str, namespace: str) -> dict[str, int]:
             if participant == "decode-0":
                 store.update_many({room: KVPoll.Failed for room in range(3, 80, 10)})
                 store.record_failure(3, "decode-0: KV transfer timed out after 300 s")
-    with StatusStore.from_url(url, namespace=namespace, shared_fate=False) as store:  # the entries as stored
+    with StatusStore.from_url(url, namespace=namespace) as store:  # the entries as their reads answer (shared fate)
         counts = {s.name: 0 for s in KVPoll}
         for participant in plan:
             for status in store.for_participant(participant).get_many(range(80)).values():

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
+from kvstatus.model import KVPoll
 from kvstatus.observe.board import MAX_PAGE, MAX_PAGE_READS, Board
-from kvstatus.rule import KVPoll
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 

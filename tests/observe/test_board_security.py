@@ -13,11 +13,11 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
-from kvstatus.demo.server import RedisServer
 from kvstatus.observe.board import Guard, basic_or_bearer, default_allowed_hosts, host_name
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import invoke
 from tests.observe.support import ServerProcess, wait_until
+from tests.servers import RedisServer
 
 TOKEN = "board-t0ken-Secr3t"
 REASON = "tenant-b secret failure reason"

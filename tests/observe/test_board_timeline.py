@@ -14,7 +14,6 @@ import pytest
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.leases import redis_ms
-from kvstatus.demo.server import RedisServer
 from kvstatus.keys import KeySchema
 from kvstatus.observe.board import Board
 from kvstatus.observe.boardpages import MAX_OLDER_THAN_SECONDS
@@ -22,6 +21,7 @@ from kvstatus.stuck import stuck
 from tests.helpers.backends import fresh_namespace
 from tests.observe.support import ServerProcess, wait_until
 from tests.observe.test_board import request
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 

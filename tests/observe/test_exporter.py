@@ -13,12 +13,12 @@ import redis
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import iter_rooms
-from kvstatus.demo.server import RedisServer, free_port
 from kvstatus.keys import KeySchema
+from kvstatus.model import Stage
 from kvstatus.observe.exporter import METRICS
-from kvstatus.rule import Stage
 from tests.helpers.backends import fresh_namespace
 from tests.observe.support import ServerProcess, sample, scrape, wait_until
+from tests.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.real
 

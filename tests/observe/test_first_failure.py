@@ -14,15 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import iter_rooms
 from kvstatus.admin.sweep import sweep
-from kvstatus.demo.server import RedisServer
 from kvstatus.errors import CorruptedValueError
 from kvstatus.fate import FATE_FIELD
 from kvstatus.keys import KeySchema
+from kvstatus.model import Stage
 from kvstatus.observe.board import Board
 from kvstatus.observe.exporter import METRICS, build_registry
 from kvstatus.observe.scanner import PassLoop
-from kvstatus.rule import Stage
 from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 

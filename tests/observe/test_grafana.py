@@ -11,11 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.demo.server import RedisServer
 from kvstatus.observe.metrics import StoreMetrics
 from kvstatus.timeline import STAGES
 from tests.helpers.backends import fresh_namespace
 from tests.observe.support import ServerProcess, scrape, wait_until
+from tests.servers import RedisServer
 
 METRIC = re.compile(r"\bkvstatus_[a-z_]+\b")
 

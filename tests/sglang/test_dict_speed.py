@@ -15,7 +15,7 @@ import redis
 
 from kvstatus import KVPoll
 from kvstatus.cachestate import POLL_GATE
-from kvstatus.sglang import removals
+from kvstatus.sglang import outage
 from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_URL, install_from_env
 from tests.helpers.backends import fresh_namespace
 from tests.nearcache.helpers import eventually
@@ -180,7 +180,7 @@ def test_a_room_another_thread_pops_between_in_and_the_read_answers_its_status(
     manager.update_status(room, KVPoll.Bootstrapping)  # a new request in the room ends the grace at once
     assert other_thread_reads() == (KVPoll.Bootstrapping, KVPoll.Bootstrapping)
     assert status_map.pop(room) == KVPoll.Bootstrapping
-    monkeypatch.setattr(removals, "REMOVAL_RACE_SECONDS", 0.05)
+    monkeypatch.setattr(outage, "REMOVAL_RACE_SECONDS", 0.05)
     time.sleep(0.1)
     missing, got = other_thread_reads()
     assert isinstance(missing, KeyError) and got == "gone"  # past the grace, the dict's answers
@@ -216,7 +216,7 @@ def test_a_read_during_another_threads_pop_waits_for_the_removed_status(redis_se
 def test_transfer_threads_racing_the_schedulers_pops_never_see_a_keyerror(redis_server: Any) -> None:
     """SGLang's shape under load: a scheduler thread pops concluded rooms while two transfer threads test
     ``room not in request_status or check_status(room) == Success`` and a CPU-bound thread starves them of the
-    GIL. Before kvstatus.sglang.removals waited for pops under way and kept removals 5 s, 8 s of this raised
+    GIL. Before the map's Removals (kvstatus.sglang.outage) waited for pops under way and kept removals 5 s, 8 s of this raised
     KeyError 1-3 times (the e2e tier's dead transfer thread)."""
     manager = _installed(redis_server.url, fresh_namespace("sgdictstress"))
     status_map = manager.request_status

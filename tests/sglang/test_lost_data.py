@@ -4,6 +4,7 @@ side writes its entry into the lost room again (kvstatus.sglang.openrooms)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -130,4 +131,63 @@ def test_a_room_that_was_never_open_here_is_no_loss(server: RedisServer) -> None
     with pytest.raises(KeyError):
         prefill.request_status[ROOM + 1]  # the dict's own answer for a room that was never there
     assert prefill.failure_records == {}
+    prefill.request_status.close()
+
+
+class _HeldReply:
+    """A stand-in for the map's store whose ``update_status`` to ``held`` waits for :attr:`release` once Redis
+    has answered: the reply of one thread handled after another thread's, as the GIL may order them."""
+
+    def __init__(self, store: Any, held: KVPoll) -> None:
+        self._store, self.held = store, held
+        self.answered, self.release = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def update_status(self, room: int, status: KVPoll) -> Any:
+        result = self._store.update_status(room, status)
+        if status == self.held:
+            self.answered.set()
+            assert self.release.wait(30)
+        return result
+
+
+def _hold(manager: Any, status: KVPoll) -> tuple[_HeldReply, threading.Thread]:
+    """Start ``manager.update_status(ROOM, status)`` in a thread whose reply is held (:class:`_HeldReply`)."""
+    held = _HeldReply(manager.request_status.store, status)
+    manager.request_status.store = held
+    thread = threading.Thread(target=manager.update_status, args=(ROOM, status))
+    thread.start()
+    assert held.answered.wait(30)
+    return held, thread
+
+
+def test_a_first_write_whose_reply_is_handled_after_another_threads_is_no_loss(server: RedisServer) -> None:
+    """The e2e tier's false "Redis lost its data": the scheduler's Bootstrapping (CREATED in Redis) and the
+    bootstrap thread's WaitingForInput, run by Redis in that order, their replies handled the other way round.
+    The CREATED is the room's first write, not a loss: the entry stays, nothing fails."""
+    prefill, _, namespace = _pair(server.url, None)
+    held, thread = _hold(prefill, KVPoll.Bootstrapping)
+    assert prefill.update_status(ROOM, KVPoll.WaitingForInput).status == KVPoll.WaitingForInput
+    held.release.set()
+    thread.join(30)
+    assert prefill.failure_records == {}
+    assert ROOM in prefill.request_status and prefill.check_status(ROOM) == KVPoll.WaitingForInput
+    assert _fields(server, namespace)[b"prefill-tp0-pp0"] == b"2"
+    prefill.request_status.close()
+
+
+def test_a_write_sent_before_the_engine_removed_the_room_does_not_open_it_again(server: RedisServer) -> None:
+    """A transfer thread's write answered after the scheduler's pop: the room is not open again, so the next
+    lifecycle of the same room id (a retracted request) starts with no loss."""
+    prefill, _, namespace = _pair(server.url, None)
+    prefill.update_status(ROOM, KVPoll.Bootstrapping)
+    held, thread = _hold(prefill, KVPoll.WaitingForInput)
+    assert prefill.request_status.pop(ROOM) == KVPoll.WaitingForInput
+    held.release.set()
+    thread.join(30)
+    assert prefill.update_status(ROOM, KVPoll.Bootstrapping).outcome is Outcome.CREATED
+    assert prefill.failure_records == {} and prefill.check_status(ROOM) == KVPoll.Bootstrapping
+    assert _fields(server, namespace)[b"prefill-tp0-pp0"] == b"1"
     prefill.request_status.close()

@@ -24,6 +24,8 @@ import pytest
 import redis
 
 from kvstatus import KVPoll, Outcome, StatusStore
+from kvstatus.admin.scan import iter_rooms
+from kvstatus.keys import KeySchema
 from kvstatus.sglang import install, participant_name
 from tests.helpers.backends import fresh_namespace
 from tests.sglang import differential, standin
@@ -322,8 +324,9 @@ def test_late_abort_race_across_processes(sg: Any, redis_server: Any) -> None:
     assert sum(r[2] for r in reports) == 0, "a new request found its room left over from an earlier one"
     assert sum(r[3] for r in reports) == 0, "an abort re-created a cleared room"
     raw = redis.Redis.from_url(redis_server.url)
-    # every room cleared, nothing leaked (a clear's tombstone, {room}:t, stays for its own short TTL)
-    assert list(raw.scan_iter(match=f"kvstatus:{namespace}:{{*}}")) == []
+    # every room cleared, nothing leaked (a clear's tombstone, {room}:t, and the fence it leaves in the room's key,
+    # the writer's stamp, stay for their own short TTL)
+    assert list(iter_rooms(raw, KeySchema(namespace))) == []
 
 
 # -- PP consensus over 4 ranks: kvstatus against the real PPConsensusStore over ZMQ

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from kvstatus.keys import KeySchema
-from kvstatus.rule import KVPoll, Policy
+from kvstatus.model import KVPoll, Policy
 from kvstatus.timeline import parse_timeline
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.history import find_violations, run_history

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstatus import InvalidArgumentError, KVPoll, LeaseState, RoomConsensus
-from kvstatus.consensus import Entries, consensus_many, room_consensus, validate_participants
+from kvstatus.consensus import Entries, consensus_many, validate_participants
+from kvstatus.rule import room_consensus
 
 F, B, W, T, S = KVPoll.Failed, KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success
 NONE, ALIVE, LOST = LeaseState.NONE, LeaseState.ALIVE, LeaseState.LOST

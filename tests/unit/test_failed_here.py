@@ -6,8 +6,7 @@ from __future__ import annotations
 import tracemalloc
 
 from kvstatus.errors import BackendUnavailableError
-from kvstatus.sglang.failedhere import FailedHere
-from kvstatus.sglang.outage import Outage
+from kvstatus.sglang.outage import FailedHere, Outage
 
 ROOMS = 65_536
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fakeredis
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.rule import Outcome
+from kvstatus.model import Outcome
 from tests.helpers.failover import Workload
 from tests.helpers.history import Call, linearizable
 

@@ -8,11 +8,12 @@ import asyncio
 import pytest
 import redis
 
-from kvstatus.connection import ConnectionOptions, connect, connect_async, options_for
+from kvstatus.connection import connect, connect_async
 from kvstatus.deadline import AsyncWaitingPool, WaitingPool
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.operations import CHUNK_ROOMS, CHUNK_SECONDS, StoreCore
 from kvstatus.translate import translate_error
+from kvstatus.url import ConnectionOptions, options_for
 
 
 def test_max_connections_and_deadline_are_url_and_keyword_options() -> None:

@@ -7,7 +7,8 @@ from typing import Optional
 import pytest
 
 from kvstatus import InvalidStatusError, KVPoll, Outcome, Policy, apply_rule
-from kvstatus.rule import explain, parse_status, to_policy, to_status
+from kvstatus.model import parse_status, to_policy, to_status
+from kvstatus.rule import explain
 
 F, B, W, T, S = KVPoll  # Failed, Bootstrapping, WaitingForInput, Transferring, Success
 

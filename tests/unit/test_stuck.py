@@ -6,8 +6,8 @@ from typing import Optional
 
 import pytest
 
+from kvstatus.model import FailureRecord, KVPoll, ParticipantEntry, RoomView, Stage, Step
 from kvstatus.naming import Naming, naming, role_of
-from kvstatus.rule import FailureRecord, KVPoll, ParticipantEntry, RoomView, Stage, Step
 from kvstatus.stuck import Stuck, stuck
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
@@ -69,3 +69,47 @@ def test_a_failed_room_or_one_without_timelines_is_not_judged() -> None:
     assert stuck(_view({"x": (B, 0)}, failed=True), T0 + 60_000) is None
     bare = _view({"x": (B, 0)})._replace(timelines={})
     assert stuck(bare, T0 + 60_000) is None
+
+
+def test_a_room_a_dead_participant_left_is_stuck_at_once_and_held_by_it() -> None:
+    view = _view({"prefill-tp0-pp0": (T, 0), "decode-tp0-pp0": (W, 1000)})
+    assert stuck(view, T0 + 2000) is None  # moving 1 s ago: not stuck by its timelines
+    found = stuck(view, T0 + 2000, dead={"prefill-tp0-pp0": T0 + 500})
+    assert found == Stuck(7, "prefill-tp0-pp0", T, 1.0, dead=True)
+    assert found.to_json() == {
+        "room": 7,
+        "holder": "prefill-tp0-pp0",
+        "status": "Transferring",
+        "seconds": 1.0,
+        "dead": True,
+    }
+    assert stuck(_view({"prefill-tp0-pp0": (T, 0)}, failed=True), T0 + 2000, dead={"prefill-tp0-pp0": T0}) is None
+    done = _view({"prefill-tp0-pp0": (S, 0), "decode-tp0-pp0": (W, 1000)})
+    assert stuck(done, T0 + 2000, dead={"prefill-tp0-pp0": T0}) is None  # its part was done: it holds nothing
+
+
+def test_deaths_tell_the_entries_a_dead_or_restarted_participant_left() -> None:
+    from kvstatus.admin.leases import Deaths, LeaseInfo
+
+    def lease(name: str, state: str, epoch: int) -> LeaseInfo:
+        return LeaseInfo(
+            name, state, "ab", 1, since=T0 / 1000, last_seen=T0 / 1000 + 1, deadline=0, ttl=3, now=0, epoch=epoch
+        )
+
+    view = RoomView(
+        7,
+        {
+            "prefill-0": ParticipantEntry(T, None),
+            "decode-0": ParticipantEntry(W, None),
+            "decode-1": ParticipantEntry(S, None),
+        },
+        1000,
+        stamps={"prefill-0": 5, "decode-0": 9, "decode-1": 5},
+    )
+    alive = Deaths({"prefill-0": lease("prefill-0", "alive", 5), "decode-0": lease("decode-0", "alive", 9)})
+    assert alive.left(view) == {}  # the incarnations that wrote the entries still hold the leases
+    restarted = Deaths({"prefill-0": lease("prefill-0", "alive", 6), "decode-1": lease("decode-1", "alive", 6)})
+    assert restarted.left(view) == {"prefill-0": T0}  # since the new incarnation took the name; decode-1 is done
+    lost = Deaths({"decode-0": lease("decode-0", "expired", 9)})
+    assert lost.left(view) == {"decode-0": T0 + 1000} and lost.lost == ["decode-0"]
+    assert lost.until_served("decode-0", T0) == float("inf") and restarted.until_served("prefill-0", T0) == T0

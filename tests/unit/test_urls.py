@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from kvstatus.connection import ConnectionOptions, _ssl_kwargs, connect, parse_url
+from kvstatus.connection import _ssl_kwargs, connect
 from kvstatus.errors import InvalidURLError
 from kvstatus.redact import mask_url
+from kvstatus.url import ConnectionOptions, parse_url
 
 SECRET = "s3cr3t-Pa55"
 SENTINEL_SECRET = "Sentinel-s3cret"

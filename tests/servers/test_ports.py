@@ -6,8 +6,9 @@ import socket
 
 import pytest
 
-from kvstatus.demo.server import CLUSTER_BUS_OFFSET, LOOPBACK
+from kvstatus.demo.server import LOOPBACK, RedisServerError
 from tests.servers import RedisServer, ports
+from tests.servers.ports import CLUSTER_BUS_OFFSET
 
 
 def test_the_slices_of_the_workers_are_disjoint_and_cover_the_range() -> None:
@@ -32,6 +33,33 @@ def test_a_port_is_handed_out_once_and_a_taken_one_is_skipped() -> None:
         given = {first} | {taken.take() for _ in range(20)}
     assert len(given) == 21 and busy not in given
     assert all(port in taken for port in given)
+
+
+def test_a_port_whose_cluster_bus_port_is_taken_is_skipped() -> None:
+    slice_ = ports.PortRange(1, 2)
+    first = slice_.take()
+    following = first + 1 if first < slice_.last else slice_.first
+    with socket.socket() as bus:
+        bus.bind((LOOPBACK, following + CLUSTER_BUS_OFFSET))
+        bus.listen()
+        assert slice_.take() != following
+
+
+def test_a_range_without_bus_ports_ignores_them() -> None:
+    """The e2e tier's range (tests/e2e/deploy.py PORTS) has no cluster nodes: a taken port +10000 is no reason
+    to skip a port there. The port comes from this worker's own slice, so no other worker's server holds it or
+    its bus port (a fixed range here once met another worker's cluster bus ports, 20000+)."""
+    port = ports.free_port()
+    without_bus = ports.PortRange(first=port, last=port, bus=False)
+    with_bus = ports.PortRange(first=port, last=port)
+    with socket.socket() as other:
+        other.bind((LOOPBACK, port + CLUSTER_BUS_OFFSET))
+        other.listen()
+        with pytest.raises(RedisServerError, match=f"no free port left in {port}-{port}"):
+            with_bus.take()
+        assert without_bus.take() == port
+    with pytest.raises(RedisServerError, match="no free port left"):
+        without_bus.take()  # each port once
 
 
 @pytest.mark.real

@@ -36,7 +36,7 @@ NULL_INVALIDATION = "null invalidation (FLUSHDB/FLUSHALL or tracking table full)
 MISS: Any = object()
 """What a lookup in a status map returns for a room that is not cached."""
 POLL_GATE = 0.001
-"""Seconds the dict-speed path (:attr:`CacheState.fresh_until`) may serve the status maps without reading the
+"""Seconds the dict-speed path (:class:`Freshness`) may serve the status maps without reading the
 invalidation sockets: a change reaches it at most this long after its invalidation reached the socket."""
 
 
@@ -132,6 +132,37 @@ def view_at(room: int, entry: CachedRoom, now: float) -> RoomView:
 # --------------------------------------------------------------------------- the invalidation socket
 
 
+class Freshness:
+    """The near cache's read door for a reader that holds no lock (the SGLang map's dict-speed path).
+
+    While ``time.monotonic() < until`` (monotonic seconds), such a reader may look a room up in a status map of
+    :meth:`CacheState.flat` itself, with no lock and no I/O, and appends one item to :attr:`hits` for each read
+    it served. ``until`` is written by the driver alone, under its lock: at most :data:`POLL_GATE` ahead, never
+    past the links' liveness, the next topology check or a cached key's expiry; 0 after a flush. ``list.append``
+    is one atomic step in CPython, with or without the GIL, so no thread's hit is lost (a shared ``+= 1`` is
+    three); the driver counts and drops them with :meth:`take_hits`, at least once per :data:`POLL_GATE` of
+    polling, which bounds the list.
+    """
+
+    __slots__ = ("until", "hits")
+
+    def __init__(self) -> None:
+        self.until = 0.0
+        self.hits: list[int] = []
+
+    def take_hits(self) -> int:
+        """The hits since the last call (one caller at a time: the driver, under its lock)."""
+        hits = self.hits
+        count = len(hits)
+        del hits[:count]  # a hit appended meanwhile stays for the next call
+        return count
+
+
+NEVER_FRESH = Freshness()
+"""The door of a reader with no near cache, or one its Redis failed: never fresh, so every read takes the full
+path. Nothing writes its ``until``."""
+
+
 class CacheState:
     """The cached rooms and what keeps them honest, as plain data (no I/O): entries, the per-participant
     status maps, the log of invalidated rooms that racing fills are checked against, and eviction.
@@ -158,12 +189,7 @@ class CacheState:
         self.invalidated = 0  # rooms invalidated since the start (the log's end)
         self._log: list[int] = []
         self.earliest_deadline = float("inf")
-        self.fresh_until = 0.0
-        """Monotonic seconds until which a reader may look its room up in :meth:`flat`'s map directly, with no
-        lock and no I/O (the SGLang map's dict-speed path): set by the driver's last check of the links (at
-        most :data:`POLL_GATE` ahead, never past their liveness, the next topology check or a cached key's
-        expiry), 0 after a flush. Such a reader adds its hits to :attr:`fast_hits`; the driver reports them."""
-        self.fast_hits = 0
+        self.fresh = Freshness()
         self.metrics: Any = None  # a kvstatus.observer.StoreObserver, told of invalidations and the size
 
     # ---- invalidation
@@ -182,7 +208,7 @@ class CacheState:
         self._log.clear()
         self.flushes += 1
         self.earliest_deadline = float("inf")
-        self.fresh_until = 0.0
+        self.fresh.until = 0.0
         self.flush_reasons = (self.flush_reasons + [reason])[-8:]
 
     def invalidate(self, rooms: Iterable[int]) -> int:
@@ -254,7 +280,7 @@ class CacheState:
             deadline = entry[DEADLINE]
             if deadline is not None and deadline < self.earliest_deadline:
                 self.earliest_deadline = deadline
-        self.fresh_until = min(self.fresh_until, self.earliest_deadline)
+        self.fresh.until = min(self.fresh.until, self.earliest_deadline)
         self._evict()
         if self.metrics is not None:
             self.metrics.set_cache_size(len(entries))
@@ -282,8 +308,8 @@ class CacheState:
     def served(self, now: float, live_until: float, next_check: float) -> None:
         """The driver checked the links at ``now`` and they are live until ``live_until``: open the dict-speed
         path until the first of that, ``now + POLL_GATE``, the next topology check and the first expiry."""
-        self.fresh_until = min(now + POLL_GATE, live_until, next_check, self.earliest_deadline)
-        hits, self.fast_hits = self.fast_hits, 0
+        self.fresh.until = min(now + POLL_GATE, live_until, next_check, self.earliest_deadline)
+        hits = self.fresh.take_hits()
         if hits and self.metrics is not None:
             self.metrics.on_cache_hit(hits)
 

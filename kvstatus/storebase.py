@@ -16,7 +16,7 @@ from kvstatus.arguments import (
     validate_script_mode,
 )
 from kvstatus.cachestate import (
-    CacheState,
+    Freshness,
     NearCacheBase,
     NearCacheOptions,
     make_near_cache,
@@ -228,17 +228,15 @@ class StoreBase:
         """The near cache (:class:`~kvstatus.cachestate.NearCacheBase`) serving this store's reads, or None."""
         return self._near
 
-    def cached_statuses(
-        self, participant: Optional[str] = None
-    ) -> Optional[tuple[CacheState, dict[int, Optional[KVPoll]]]]:
-        """The near cache's state and the room -> status map of ``participant`` (default: this store's) in it, as
-        :meth:`get` answers (None: no entry; no key: not cached), for a reader that serves the map itself while
-        ``state.fresh_until`` (monotonic seconds) has not passed, and calls :meth:`get` otherwise (the SGLang
-        map's dict-speed path); None without a near cache."""
+    def fresh_reads(self, participant: Optional[str] = None) -> Optional[tuple[Freshness, dict[int, Optional[KVPoll]]]]:
+        """The near cache's read door (:class:`~kvstatus.cachestate.Freshness`) and the room -> status map of
+        ``participant`` (default: this store's) in it, as :meth:`get` answers (None: no entry; no key: not cached),
+        for a reader that serves the map itself while the door says it is fresh and calls :meth:`get` otherwise
+        (the SGLang map's dict-speed path); None without a near cache."""
         if self._near is None:
             return None
         reader = self._reader if participant is None else (validate_name(participant, "participant"), self._reader[1])
-        return self._near.state, self._near.status_map(reader)
+        return self._near.state.fresh, self._near.status_map(reader)
 
     def awaits(self, room: int, address: str) -> None:
         """``room`` waits on the peer reached at ``address`` (``host:port``, as that peer's store was given it), which

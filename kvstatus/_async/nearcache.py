@@ -95,7 +95,7 @@ class AsyncNearCache(NearCacheBase):
         if now < links.live_until:
             state.served(now, links.live_until, self._next_check)
             return True
-        state.fresh_until = 0.0
+        state.fresh.until = 0.0
         return False
 
     async def status(self, room: int, reader: Reader, operation: str = "get") -> Optional[KVPoll]:
@@ -156,8 +156,8 @@ class AsyncNearCache(NearCacheBase):
         return view_at(room, (await self._fill([room], "room"))[room], time.monotonic())
 
     def status_map(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
-        """``reader``'s room -> status map, for a caller that serves it while ``state.fresh_until`` has not
-        passed (see :attr:`~kvstatus.cachestate.CacheState.fresh_until`) and reads through :meth:`status` else."""
+        """``reader``'s room -> status map, for a caller that serves it while ``state.fresh`` says so (see
+        :class:`~kvstatus.cachestate.Freshness`) and reads through :meth:`status` else."""
         with self._lock:
             return self.state.flat(reader)
 

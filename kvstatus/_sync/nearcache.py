@@ -96,7 +96,7 @@ class NearCache(NearCacheBase):
         if now < links.live_until:
             state.served(now, links.live_until, self._next_check)
             return True
-        state.fresh_until = 0.0
+        state.fresh.until = 0.0
         return False
 
     def status(self, room: int, reader: Reader, operation: str = "get") -> Optional[KVPoll]:
@@ -157,8 +157,8 @@ class NearCache(NearCacheBase):
         return view_at(room, (self._fill([room], "room"))[room], time.monotonic())
 
     def status_map(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
-        """``reader``'s room -> status map, for a caller that serves it while ``state.fresh_until`` has not
-        passed (see :attr:`~kvstatus.cachestate.CacheState.fresh_until`) and reads through :meth:`status` else."""
+        """``reader``'s room -> status map, for a caller that serves it while ``state.fresh`` says so (see
+        :class:`~kvstatus.cachestate.Freshness`) and reads through :meth:`status` else."""
         with self._lock:
             return self.state.flat(reader)
 

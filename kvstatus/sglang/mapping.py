@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from kvstatus.cachestate import MISS
+from kvstatus.cachestate import MISS, NEVER_FRESH, Freshness
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
 from kvstatus.model import STRICT_CREATORS, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.rule import shared_status
@@ -48,15 +48,6 @@ T = TypeVar("T")
 OnFailed = Callable[[int, Optional[str]], None]
 """``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
 when the room itself reads Failed (its first failure is then looked up)."""
-
-
-class _NeverFresh:
-    """The near cache state of a map without one: never fresh, so every read takes the full path."""
-
-    fresh_until = 0.0
-
-
-_NEVER_FRESH = _NeverFresh()
 
 
 class RoomStatusMap:
@@ -111,7 +102,7 @@ class RoomStatusMap:
 
     **At the price of a dict.** With the store's near cache (install()'s default), ``in``, ``m[room]``, ``get`` and
     ``collect`` first look the room up in the cache's status maps, with no lock and no I/O, while the cache's state
-    says they are fresh (:attr:`~kvstatus.cachestate.CacheState.fresh_until`: its links were checked at most
+    says they are fresh (:class:`~kvstatus.cachestate.Freshness`: its links were checked at most
     :data:`~kvstatus.cachestate.POLL_GATE` ago and are live); a room not cached, Failed, or read when the maps are
     not fresh takes the full path above. Another process's change reaches these reads once Redis' invalidation
     arrives, and at most ``POLL_GATE`` later; this process's own writes at once. The memo is then off: the cache
@@ -161,17 +152,17 @@ class RoomStatusMap:
         self._open_rooms = self._open.rooms
         # The dict-speed path: the near cache's status maps, served while its state says they are fresh.
         self._near = store.near_cache
-        self._state: Any = _NEVER_FRESH
+        self._door = NEVER_FRESH
         self._flat: dict[int, Optional[KVPoll]] = {}
         self._rank_flats: list[dict[int, Optional[KVPoll]]] = []
-        cached = store.cached_statuses() if self._near is not None else None
-        if cached is not None:
-            self._state, self._flat = cached
+        reads = store.fresh_reads() if self._near is not None else None
+        if reads is not None:
+            self._door, self._flat = reads
             if self.pp_participants is not None:
-                self._rank_flats = [store.cached_statuses(name)[1] for name in self.pp_participants]
-        self._fresh: Any = self._state  # _NEVER_FRESH during an outage
+                self._rank_flats = [store.fresh_reads(name)[1] for name in self.pp_participants]
+        self._fresh: Freshness = self._door  # NEVER_FRESH during an outage
         self._removals = Removals()
-        self._counting = getattr(self._state, "metrics", None) is not None  # hits are counted for the observer
+        self._counting = getattr(self._near, "metrics", None) is not None  # hits are counted for the observer
 
     def _call(self, call: Callable[[], T], reopen: bool = False) -> T:
         """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on. ``reopen``: a write
@@ -183,14 +174,14 @@ class RoomStatusMap:
         try:
             result = call()
         except LeaseLostError as exc:
-            self._fresh, reason = _NEVER_FRESH, self.outage.failed(exc)
+            self._fresh, reason = NEVER_FRESH, self.outage.failed(exc)
             if self.outage.hold_again(self.store):
                 self._fresh_again()
                 if reopen:
                     return self._call(call)
             raise _Unanswered(reason) from None
         except STORE_DOWN as exc:
-            self._fresh = _NEVER_FRESH
+            self._fresh = NEVER_FRESH
             raise _Unanswered(self.outage.failed(exc)) from None
         except CorruptedValueError as exc:  # this room's value, not the store: no outage
             raise _Unanswered(f"kvstatus: {exc}") from None
@@ -203,8 +194,8 @@ class RoomStatusMap:
         return result
 
     def _fresh_again(self) -> None:
-        """Redis answers: the dict-speed path is on again (it skips the rooms failed here, :mod:`.failedhere`)."""
-        self._fresh = self._state
+        """Redis answers: the dict-speed path is on again (it skips the rooms failed here, :mod:`kvstatus.sglang.outage`)."""
+        self._fresh = self._door
 
     def _fail_here(self, room: object, reason: str) -> None:
         """The map answers Failed for ``room`` because Redis failed a call: it stays Failed until removed."""
@@ -287,11 +278,11 @@ class RoomStatusMap:
     # method's full path.
 
     def __contains__(self, room: object) -> bool:
-        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+        if type(room) is int and _monotonic() < self._fresh.until:
             status = self._flat.get(room, MISS)
             if status is not MISS and (status is not None or (room not in self._kept and room not in self._open_rooms)):
                 if self._counting:
-                    self._fresh.fast_hits += 1
+                    self._fresh.hits.append(1)
                 return status is not None
         return self._contains(room)
 
@@ -315,11 +306,11 @@ class RoomStatusMap:
         return self._own(value) is not None or self._failed_here.reason(room) is not None
 
     def __getitem__(self, room: int) -> KVPoll:
-        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+        if type(room) is int and _monotonic() < self._fresh.until:
             status = self._flat.get(room)
             if status and room not in self._kept:  # cached, with an entry, not Failed, not failed here
                 if self._counting:
-                    self._fresh.fast_hits += 1
+                    self._fresh.hits.append(1)
                 return status
         status = self._read(room)
         if status is None:
@@ -331,11 +322,11 @@ class RoomStatusMap:
 
     def get(self, room: int, default: Any = None) -> Any:
         """The participant's status in ``room``, or ``default`` when it has no entry."""
-        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+        if type(room) is int and _monotonic() < self._fresh.until:
             status = self._flat.get(room)
             if status and room not in self._kept:
                 if self._counting:
-                    self._fresh.fast_hits += 1
+                    self._fresh.hits.append(1)
                 return status
         status = self._read(room)
         return default if status is None else status
@@ -344,7 +335,7 @@ class RoomStatusMap:
         """Every PP rank's status in ``room`` (rank order, None where missing), in one round trip."""
         if self.pp_participants is None:
             raise InvalidArgumentError("collect() needs pp_participants: this map was built without pipeline ranks")
-        if type(room) is int and _monotonic() < self._fresh.fresh_until:
+        if type(room) is int and _monotonic() < self._fresh.until:
             statuses = [flat.get(room, MISS) for flat in self._rank_flats]
             # A fill or invalidation under way leaves some rank's map without the room (MISS).
             if (
@@ -353,7 +344,7 @@ class RoomStatusMap:
                 and (None not in statuses or room not in self._open_rooms)
             ):
                 if self._counting:
-                    self._fresh.fast_hits += 1
+                    self._fresh.hits.append(1)
                 return statuses
         return self._collect(room, self.pp_participants)
 

@@ -261,3 +261,52 @@ def test_transfer_threads_racing_the_schedulers_pops_never_see_a_keyerror(redis_
         thread.join(30)
     status_map.close()
     assert errors == [] and checks[0] > 1000
+
+
+def test_hits_served_by_many_threads_without_a_lock_are_all_counted(redis_server: Any) -> None:
+    """The dict-speed path's hit count (kvstatus.cachestate.Freshness) is written by every polling thread with no
+    lock, and taken by the driver under its lock, while the threads switch as often as the interpreter allows:
+    the observer's hit total equals the reads served, from memory or through the driver."""
+    from prometheus_client import CollectorRegistry
+
+    from kvstatus import StatusStore
+    from kvstatus.observe.metrics import StoreMetrics
+    from kvstatus.sglang.mapping import RoomStatusMap
+
+    namespace, registry = fresh_namespace("sghits"), CollectorRegistry()
+
+    def hits() -> float:
+        found = registry.get_sample_value("kvstatus_nearcache_hits_total", {"namespace": namespace, "participant": "p"})
+        return found or 0.0
+
+    threads_count, polls = 4, 5000
+    with StatusStore.from_url(
+        redis_server.url,
+        namespace=namespace,
+        participant="p",
+        near_cache=True,
+        metrics=StoreMetrics(namespace, "p", registry),
+    ) as store:
+        statuses = RoomStatusMap(store)
+        store.update_status(7, KVPoll.Bootstrapping)
+        assert statuses[7] == KVPoll.Bootstrapping  # the fill: a miss
+        before = hits()
+        start = threading.Barrier(threads_count)
+
+        def poll() -> None:
+            start.wait()
+            for _ in range(polls):
+                assert 7 in statuses and statuses[7] == KVPoll.Bootstrapping
+
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes, mid-increment included
+        try:
+            workers = [threading.Thread(target=poll) for _ in range(threads_count)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        finally:
+            sys.setswitchinterval(switch)
+        assert store.get(7) == KVPoll.Bootstrapping  # a read through the driver, which takes the count
+        assert hits() - before == threads_count * polls * 2 + 1

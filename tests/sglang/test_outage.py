@@ -155,14 +155,14 @@ def test_a_room_failed_during_an_outage_stays_failed_for_every_thread(server: Re
     assert eventually(lambda: statuses.outage.error is None, what="the probe's answer")
     assert decode.update_status(ROOM, KVPoll.Transferring).outcome is Outcome.ADVANCED  # Redis answers again
     assert ROOM in statuses and statuses[ROOM] == KVPoll.Failed and statuses.get(ROOM) == KVPoll.Failed
-    assert statuses._fresh is statuses._state  # the dict-speed path is on: it skips the room failed here
+    assert statuses._fresh is statuses._door  # the dict-speed path is on: it skips the room failed here
     assert receiver.poll() == KVPoll.Failed
     with pytest.raises(KVTransferError) as info:
         receiver.failure_exception()
     assert info.value.failure_reason.startswith(DOWN)  # the outage's reason, not "unknown"
     assert statuses[untouched] == KVPoll.WaitingForInput
     assert ROOM not in statuses  # the receiver's clear() removed it: the room's lifecycle is over
-    assert statuses._fresh is statuses._state  # and the dict-speed path is on again
+    assert statuses._fresh is statuses._door  # and the dict-speed path is on again
     decode.update_status(ROOM, KVPoll.Bootstrapping)  # a new request in the room reads Redis again
     assert statuses[ROOM] == KVPoll.Bootstrapping
     for manager in (prefill, decode):

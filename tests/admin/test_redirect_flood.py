@@ -24,6 +24,7 @@ from kvstatus.admin.scan import iter_rooms
 from kvstatus.arguments import MAX_REASON_BYTES
 from kvstatus.keys import KeySchema
 from kvstatus.operations import CHUNK_ROOMS
+from tests.helpers.resp import resp
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
@@ -38,14 +39,6 @@ largest values, checked below)."""
 KEY_PAD = "x" * 900
 """The attacker's key names are long (its own namespace's, so its ACL allows them): each one is about 1 KB of
 invalidation on the victim's connection."""
-
-
-def resp(*args: Any) -> bytes:
-    out = b"*%d\r\n" % len(args)
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out += b"$%d\r\n%s\r\n" % (len(data), data)
-    return out
 
 
 class Attacker:

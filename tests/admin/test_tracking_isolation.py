@@ -22,20 +22,13 @@ from kvstatus.admin.doctor import run_checks, tracking_check
 from kvstatus.admin.functions import load_functions
 from kvstatus.keys import KeySchema
 from tests.helpers.cli import invoke, run_cli
+from tests.helpers.resp import resp
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
 
 ADMIN = "admin-Tr4ck"
 TENANT = "tenant-Tr4ck"
-
-
-def resp(*args: Any) -> bytes:
-    out = b"*%d\r\n" % len(args)
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out += b"$%d\r\n%s\r\n" % (len(data), data)
-    return out
 
 
 class Hostile:

@@ -70,8 +70,9 @@ REAL_BACKENDS = [p for p in BACKENDS if not isinstance(p, str)]
 real_backends = pytest.mark.parametrize("backend", REAL_BACKENDS, indirect=True)
 
 
-@real_backends
-def test_a_dead_peer_fails_its_open_entries_without_waiting_for_its_lease(backend: Backend) -> None:
+def _prefill_dies_in_every_room(backend: Backend) -> Any:
+    """prefill-0 and decode-0 (30 s leases) open ROOMS; once the decode saw the prefill's presence, the prefill
+    crashes; returns the decode, after it read Failed in every room."""
     decode = backend.store(participant="decode-0", lease_ttl=30)
     prefill = backend.store(participant="prefill-0", lease_ttl=30)
     for room in ROOMS:
@@ -82,6 +83,12 @@ def test_a_dead_peer_fails_its_open_entries_without_waiting_for_its_lease(backen
     _until(
         lambda: all(decode.get(room) is F for room in ROOMS), "the decode read Failed in every room", backend=backend
     )
+    return decode
+
+
+@real_backends
+def test_a_dead_peer_fails_its_open_entries_without_waiting_for_its_lease(backend: Backend) -> None:
+    decode = _prefill_dies_in_every_room(backend)
     for room in ROOMS:
         failure = decode.failure(room)
         assert failure.origin == "prefill-0" and failure.stage is Stage.LEASE_LOST
@@ -119,16 +126,7 @@ def test_a_string_at_the_lease_index_leaves_the_presence_watch_on(
     index = f"kvstatus:{backend.namespace}:leases"
     backend.raw.set(index, "junk")  # before any store: the watch never read a mark
     caplog.set_level(logging.WARNING, logger="kvstatus.leases")
-    decode = backend.store(participant="decode-0", lease_ttl=30)
-    prefill = backend.store(participant="prefill-0", lease_ttl=30)
-    for room in ROOMS:
-        prefill.update_status(room, B)
-        decode.update_status(room, W)
-    _until(lambda: _seen(backend, decode, "prefill-0"), "the decode saw the prefill's presence", backend=backend)
-    _crash(backend, prefill)
-    _until(
-        lambda: all(decode.get(room) is F for room in ROOMS), "the decode read Failed in every room", backend=backend
-    )
+    decode = _prefill_dies_in_every_room(backend)
     assert decode.failure(ROOMS[0]).reason == died_reason("prefill-0")
     warned = [r.getMessage() for r in caplog.records if "decode-0" in r.getMessage() and index in r.getMessage()]
     assert len(warned) == 1 and "could not be used" in warned[0], warned

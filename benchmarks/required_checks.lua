@@ -27,7 +27,7 @@ for i = 1, #KEYS do
   if not s or s < 0 or s > 4 then
     return redis.error_reply("KVSTATUS_BADARG status for key " .. KEYS[i] .. " must be 0..4")
   end
-  local denied = (i == 1 and acl_refusal("hset", KEYS[i])) or acl_refusal("pexpire", KEYS[i])
+  local denied = (i == 1 and acl_refusal(SCRIPT, "hset", KEYS[i])) or acl_refusal(SCRIPT, "pexpire", KEYS[i])
   if denied then
     return denied
   end

@@ -34,6 +34,7 @@ READ_ONLY_SHEBANG = "#!lua flags=no-writes"
 """The first line of a read-only script: EVALSHA_RO (on replicas, under CLIENT PAUSE WRITE), FCALL_RO as a function."""
 
 _INCLUDE = re.compile(r"^([ \t]*)--\s*@include\b(.*)$", re.M)
+_INCLUDE_LINE = re.compile(r"^[ \t]*--\s*@include\b.*\n", re.M)
 _LIB_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -43,12 +44,16 @@ class LuaIncludeError(ValueError):
 
 @dataclass(frozen=True)
 class LuaScript:
-    """A Lua script's name, spliced source and SHA1 (the EVALSHA handle), and whether it writes nothing."""
+    """A Lua script's name, spliced source and SHA1 (the EVALSHA handle), and whether it writes nothing;
+    ``own``, its file's text without its include lines, and ``libs``, the libs it includes: what the function
+    library (:data:`LIBRARY`) is built from."""
 
     name: str
     source: str
     sha: str
     read_only: bool = False
+    own: str = ""
+    libs: tuple[str, ...] = ()
 
 
 def _lua_dir() -> _Source:
@@ -104,10 +109,15 @@ def read_lib(lib: str) -> Optional[str]:
 
 
 def _load(name: str) -> LuaScript:
-    path = _lua_dir().joinpath(f"{name}.lua")
-    source = splice(name, path.read_text(encoding="utf-8"), read_lib)
+    text = _lua_dir().joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    source = splice(name, text, read_lib)
     return LuaScript(
-        name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), source.startswith(READ_ONLY_SHEBANG + "\n")
+        name,
+        source,
+        hashlib.sha1(source.encode("utf-8")).hexdigest(),
+        source.startswith(READ_ONLY_SHEBANG + "\n"),
+        own=_INCLUDE_LINE.sub("", text),
+        libs=tuple(match.group(2).strip() for match in _INCLUDE.finditer(text)),
     )
 
 
@@ -125,16 +135,23 @@ ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEA
 BY_NAME: dict[str, LuaScript] = {script.name: script for script in ALL}
 
 
-# Redis 7 functions: the same spliced scripts, registered as one function library that an admin loads
-# once (FUNCTION LOAD), so that a tenant needs FCALL / FCALL_RO only, never SCRIPT LOAD or EVAL (which
-# run any Lua). The library is built by plain concatenation: each script's text, its first line dropped
-# when it is a "#!lua" shebang (functions declare flags at registration instead), between fixed lines
-# that make it the body of a local function and register that function. No value is interpolated but
-# the version tag: the first 12 hex digits of the SHA-1 over the spliced scripts, a function of the files
-# themselves and never of a caller's value. It names the library and its functions, so each kvstatus
-# version's rule lives under its own names, two versions coexist during a rolling upgrade (as EVALSHA's
-# SHA-named scripts do), and a client never runs another version's rule: it finds its functions
-# missing and says what an admin runs. The state machine stays in lua/*.lua, and only there.
+# Redis 7 functions: the same scripts, registered as one function library that an admin loads once
+# (FUNCTION LOAD), so that a tenant needs FCALL / FCALL_RO only, never SCRIPT LOAD or EVAL (which run any
+# Lua). The library is built by plain concatenation: each lib of lua/lib/ once, at the library's top level,
+# in LIB_ORDER, where its functions are created once when the library loads (an EVALSHA script re-creates
+# every function it includes at each call); then each script's own text, its first line dropped when it is
+# a "#!lua" shebang (functions declare flags at registration instead) and its include lines dropped,
+# between fixed lines that make it the body of a local function and register that function. No value is
+# interpolated but the version tag: the first 12 hex digits of the SHA-1 over the spliced scripts, a
+# function of the files themselves and never of a caller's value. It names the library and its functions,
+# so each kvstatus version's rule lives under its own names, two versions coexist during a rolling upgrade
+# (as EVALSHA's SHA-named scripts do), and a client never runs another version's rule: it finds its
+# functions missing and says what an admin runs. The state machine stays in lua/*.lua, and only there.
+
+LIB_ORDER: tuple[str, ...] = ("acl", "time", "keys", "fate", "stored", "stored_text", "timeline")
+"""The libs in the order the function library defines them: a lib uses only the names of libs above it
+(``stored_text`` uses ``stored``'s). A lib's helpers take what differs per call as arguments (the script's
+``KEYS``, its ``SCRIPT`` name), never a name of the including script."""
 
 _FUNCTION_SCRIPTS: tuple[tuple[LuaScript, bool], ...] = tuple((script, script.read_only) for script in ALL)
 """Each script of the library, and whether it is registered read-only (``no-writes``: FCALL_RO, replicas)."""
@@ -149,12 +166,20 @@ def function_name(script: LuaScript) -> str:
 
 
 def _body(script: LuaScript) -> str:
-    first, _, rest = script.source.partition("\n")
-    return rest if first.startswith("#!") else script.source
+    first, _, rest = script.own.partition("\n")
+    return rest if first.startswith("#!") else script.own
 
 
 def _library() -> str:
+    unordered = {lib for script in ALL for lib in script.libs} - set(LIB_ORDER)
+    if unordered:
+        raise LuaIncludeError(f"lua/lib/{min(unordered)}.lua is included but not in kvstatus.scripts.LIB_ORDER")
     parts = ["#!lua name=" + LIBRARY_NAME + "\n"]
+    for lib in LIB_ORDER:
+        text = read_lib(lib)
+        if text is None:
+            raise LuaIncludeError(f"no such file lua/lib/{lib}.lua (kvstatus.scripts.LIB_ORDER)")
+        parts += ["-- >>> lua/lib/" + lib + ".lua\n", text.rstrip("\n"), "\n-- <<< lua/lib/" + lib + ".lua\n"]
     for script, read_only in _FUNCTION_SCRIPTS:
         parts += [
             "local function " + script.name + "(KEYS, ARGV)\n",

@@ -52,7 +52,7 @@ if not stored_text(reason) then
   return redis.error_reply("KVSTATUS_BADARG the reason must be UTF-8 text of at most 2048 bytes (kvstatus cuts"
     .. " longer ones before sending)")
 end
-local refused = room_keys_refusal(1, #KEYS)
+local refused = room_keys_refusal(KEYS, 1, #KEYS)
 if refused then
   return refused
 end
@@ -60,9 +60,10 @@ end
 -- First pass: read and ask the ACL; nothing is written yet. The key patterns are the same for every
 -- command here (lua/update.lua explains why one check per command is enough), PEXPIRE per key.
 local first = KEYS[1]
-local denied = acl_refusal("hgetall", first) or acl_refusal("hset", first) or fate_refusal(first)
+local denied = acl_refusal(SCRIPT, "hgetall", first) or acl_refusal(SCRIPT, "hset", first)
+  or fate_refusal(SCRIPT, first)
 for i = 1, #KEYS do
-  denied = denied or acl_refusal("pexpire", KEYS[i])
+  denied = denied or acl_refusal(SCRIPT, "pexpire", KEYS[i])
 end
 if denied then
   return denied

@@ -56,7 +56,7 @@ if epoch ~= "" and not stored_int(epoch) then
   return redis.error_reply("KVSTATUS_BADARG the incarnation epoch must be empty or a positive integer")
 end
 local tombstone = ttl ~= "0"
-local refused = room_keys_refusal(1, 1) or tombstone_refusal(room, tomb)
+local refused = room_keys_refusal(KEYS, 1, 1) or tombstone_refusal(room, tomb)
 if refused then
   return refused
 end
@@ -78,10 +78,10 @@ if stamp then
   end
 end
 local fence = stored and tombstone and epoch ~= ""
-local denied = acl_refusal("hdel", room)
-  or (fence and (acl_refusal("hset", room) or acl_refusal("pexpire", room)))
-  or (stored and tombstone and (acl_refusal("hset", tomb) or acl_refusal("pexpire", tomb)
-    or acl_refusal("time", tomb)))
+local denied = acl_refusal(SCRIPT, "hdel", room)
+  or (fence and (acl_refusal(SCRIPT, "hset", room) or acl_refusal(SCRIPT, "pexpire", room)))
+  or (stored and tombstone and (acl_refusal(SCRIPT, "hset", tomb) or acl_refusal(SCRIPT, "pexpire", tomb)
+    or acl_refusal(SCRIPT, "time", tomb)))
 if denied then
   return denied
 end
@@ -97,7 +97,7 @@ end
 -- a failed room's first failure goes (the room is gone for every view), and the stamps last no longer than
 -- the tombstone. A cancel's record stays until the room's TTL, so that a late write finds the room cancelled.
 -- (Best effort: a user without HGETALL leaves it to the TTL.)
-if removed > 0 and not acl_refusal("hgetall", room) then
+if removed > 0 and not acl_refusal(SCRIPT, "hgetall", room) then
   local fields, fate, left = redis.call("HGETALL", room), nil, false
   for i = 1, #fields, 2 do
     local name = fields[i]

@@ -22,7 +22,7 @@ local SCRIPT = "get_many"
 -- @include stored_text
 
 -- Only to name a refused HGET: a read-only script cannot leave anything half-written.
-local denied = #KEYS > 0 and acl_refusal(ARGV[2] and "hmget" or "hget", KEYS[1])
+local denied = #KEYS > 0 and acl_refusal(SCRIPT, ARGV[2] and "hmget" or "hget", KEYS[1])
 if denied then
   return denied
 end

@@ -73,7 +73,7 @@ if op == "expire" then
   if #ARGV ~= 3 or not stored_int(ttl) then
     return redis.error_reply("KVSTATUS_BADARG expire takes the incarnation and the renewal time (\"seen\") it read")
   end
-  local denied = acl_refusal("hset", key)
+  local denied = acl_refusal(SCRIPT, "hset", key)
   if denied then
     return denied
   end
@@ -91,8 +91,10 @@ if not positive_ms(ttl) or not positive_ms(keep) or tonumber(keep) < tonumber(tt
   return redis.error_reply("KVSTATUS_BADARG lease TTL and keep time must be positive integers of ms, keep >= TTL")
 end
 
-local denied = acl_refusal("hset", key) or acl_refusal("pexpire", key) or acl_refusal("time", key)
-  or (op == "acquire" and (acl_refusal("hincrby", key) or acl_refusal("hget", key) or acl_refusal("hdel", key)))
+local denied = acl_refusal(SCRIPT, "hset", key) or acl_refusal(SCRIPT, "pexpire", key)
+  or acl_refusal(SCRIPT, "time", key)
+  or (op == "acquire" and (acl_refusal(SCRIPT, "hincrby", key) or acl_refusal(SCRIPT, "hget", key)
+    or acl_refusal(SCRIPT, "hdel", key)))
 if denied then
   return denied
 end

@@ -52,7 +52,8 @@ if not stored_text(reason) then
     .. " longer ones before sending)")
 end
 
-local denied = acl_refusal("hexists", KEYS[1]) or acl_refusal("hsetnx", KEYS[1]) or acl_refusal("pexpire", KEYS[1])
+local denied = acl_refusal(SCRIPT, "hexists", KEYS[1]) or acl_refusal(SCRIPT, "hsetnx", KEYS[1])
+  or acl_refusal(SCRIPT, "pexpire", KEYS[1])
 if denied then
   return denied
 end
@@ -69,7 +70,8 @@ end
 if redis.call("HSETNX", KEYS[1], reason_field, reason) == 0 then
   return KEPT_EARLIER
 end
-local fate = not acl_refusal("hget", KEYS[1]) and not acl_refusal("hset", KEYS[1])  -- best effort, like the record
+-- best effort, like the record
+local fate = not acl_refusal(SCRIPT, "hget", KEYS[1]) and not acl_refusal(SCRIPT, "hset", KEYS[1])
   and redis.call("HGET", KEYS[1], FATE_FIELD)
 local stage, origin = string.match(fate or "", "^%d+:([%a-]+):([^:]*):$")  -- a record without a reason
 if origin == field and stage ~= "cancelled" then

@@ -18,7 +18,8 @@ local SCRIPT = "room"
 if #KEYS ~= 2 then
   return redis.error_reply("KVSTATUS_BADARG expected a room key and its tombstone key")
 end
-local denied = room_keys_refusal(1, 1) or tombstone_refusal(KEYS[1], KEYS[2]) or acl_refusal("hgetall", KEYS[1])
+local denied = room_keys_refusal(KEYS, 1, 1) or tombstone_refusal(KEYS[1], KEYS[2])
+  or acl_refusal(SCRIPT, "hgetall", KEYS[1])
 if denied then
   return denied
 end

@@ -41,14 +41,14 @@ if not n or n < 0 or n % 1 ~= 0 or p < 1 or #KEYS ~= n + p then
 end
 local denied, base = nil, nil
 if n > 0 then
-  denied, base = room_keys_refusal(1, n)
+  denied, base = room_keys_refusal(KEYS, 1, n)
 end
 for j = 1, p do
   if not denied then
     denied, base = lease_refusal(base, KEYS[n + j], ARGV[j + 2])
   end
 end
-denied = denied or acl_refusal("hmget", KEYS[1])
+denied = denied or acl_refusal(SCRIPT, "hmget", KEYS[1])
 if denied then
   return denied
 end

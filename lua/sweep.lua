@@ -55,7 +55,7 @@ end
 if not stored_text(reason) then
   return redis.error_reply("KVSTATUS_BADARG the reason must be UTF-8 text of at most 2048 bytes")
 end
-local refused = #KEYS > 1 and room_keys_refusal(1, #KEYS)
+local refused = #KEYS > 1 and room_keys_refusal(KEYS, 1, #KEYS)
 if refused then
   return refused
 end
@@ -74,9 +74,9 @@ for i = 1, #KEYS do
   if not stored then
     result[i] = IGNORED_MISSING
   elseif (stored == "1" or stored == "2" or stored == "3") and not (stamp and stamp >= below) then
-    local denied = acl_refusal("hset", KEYS[i]) or acl_refusal("hsetnx", KEYS[i])
+    local denied = acl_refusal(SCRIPT, "hset", KEYS[i]) or acl_refusal(SCRIPT, "hsetnx", KEYS[i])
     if timeline and not now and not denied then
-      denied = acl_refusal("time", KEYS[i])
+      denied = acl_refusal(SCRIPT, "time", KEYS[i])
       now = not denied and now_ms()
     end
     if denied then
@@ -98,7 +98,7 @@ for i = 1, #KEYS do
       redis.call("HSET", KEYS[i], field, "0")
     end
     redis.call("HSETNX", KEYS[i], reason_field, reason)
-    if not fate_refusal(KEYS[i]) then  -- best effort, as in lua/update.lua
+    if not fate_refusal(SCRIPT, KEYS[i]) then  -- best effort, as in lua/update.lua
       record_fate(KEYS[i], stage, field, reason)
     end
   end

@@ -92,7 +92,7 @@ end
 local tombs, late = #KEYS == 2 * n, nil
 if n > 1 or tombs then  -- keys that belong together; a call of one key (the hot path) defines none of this
   -- @include keys
-  local refused = room_keys_refusal(1, n)
+  local refused = room_keys_refusal(KEYS, 1, n)
   for i = 1, tombs and n or 0 do
     refused = refused or tombstone_refusal(KEYS[i], KEYS[n + i])
   end
@@ -160,7 +160,8 @@ for i = 1, n do
       outcome, after = IGNORED_MISSING, -1
       -- The note is best effort: a user the ACL denies any of it gets the outcome without the note.
       local tomb = tombs and KEYS[n + i]
-      if tomb and not (acl_refusal("hexists", tomb) or acl_refusal("hsetnx", tomb) or acl_refusal("time", tomb))
+      if tomb and not (acl_refusal(SCRIPT, "hexists", tomb) or acl_refusal(SCRIPT, "hsetnx", tomb)
+        or acl_refusal(SCRIPT, "time", tomb))
           and redis.call("HEXISTS", tomb, field) == 1 then
         late = late or {}
         late[i] = true
@@ -188,13 +189,13 @@ for i = 1, n do
     stamp_of[i] = true
   end
   if (outcome < UNCHANGED or (stamp_of and stamp_of[i])) and not hset_checked then
-    denied, hset_checked = acl_refusal("hset", key), true
+    denied, hset_checked = acl_refusal(SCRIPT, "hset", key), true
   end
   if (outcome == ADVANCED and cur == STATUS_FAILED) or (outcome == CREATED and older and stored) then
     -- A seed-policy entry leaving Failed drops the reason of the failure it left; so does an entry that
     -- replaces a previous incarnation's.
     if not leaves_failed then
-      leaves_failed, denied = {}, denied or acl_refusal("hdel", key)
+      leaves_failed, denied = {}, denied or acl_refusal(SCRIPT, "hdel", key)
     end
     leaves_failed[i] = true
   end
@@ -210,13 +211,13 @@ for i = 1, n do
   end
   if outcome == FAILED then
     if fate_ok == nil then
-      fate_ok = fate_refusal(key) == nil  -- a refusal only skips the record: the Failed itself is stored
+      fate_ok = fate_refusal(SCRIPT, key) == nil  -- a refusal only skips the record: the Failed itself is stored
     end
     stage_of = stage_of or {}
     stage_of[i] = fate_ok and STAGE_OF_STATUS[cur]
   end
   if outcome <= UNCHANGED then
-    denied = denied or acl_refusal("pexpire", key)
+    denied = denied or acl_refusal(SCRIPT, "pexpire", key)
   end
   if denied then
     return denied

@@ -1,4 +1,4 @@
--- The room's first failure ("-- @include fate"; needs "-- @include time" above it).
+-- The room's first failure ("-- @include fate"; needs "-- @include acl" and "-- @include time" above it).
 -- One field of the room hash, FATE_FIELD, holds "<unix ms>:<stage>:<origin>:<reason>" (kvstatus/fate.py
 -- reads it): written once per room, by the first script that fails an entry or cancels the room; a
 -- later failure keeps it (first root cause wins). Readers with shared fate on answer Failed for every
@@ -14,7 +14,7 @@ local function record_fate(key, stage, origin, reason)
   return redis.call("HSETNX", key, FATE_FIELD, now_ms() .. ":" .. stage .. ":" .. origin .. ":" .. (reason or ""))
 end
 
--- The ACL refusal of what record_fate runs on `key`, or nil.
-local function fate_refusal(key)
-  return acl_refusal("hsetnx", key) or acl_refusal("time", key)
+-- The ACL refusal of what record_fate runs on `key`, or nil (`script`: as acl_refusal's).
+local function fate_refusal(script, key)
+  return acl_refusal(script, "hsetnx", key) or acl_refusal(script, "time", key)
 end

@@ -2,23 +2,68 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll, Policy, StatusStore, apply_rule, scripts
 from kvstatus.admin.functions import load_functions
 from kvstatus.operations import StoreCore, as_fcall, as_functions
 from tests.helpers.backends import Backend, all_combinations
+from tests.servers import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 COMBINATIONS = list(all_combinations())
 
 
-def test_the_library_is_the_files_concatenated() -> None:
+def test_the_library_defines_each_lib_once_then_the_scripts_without_their_includes() -> None:
+    library = scripts.LIBRARY
+    assert library.startswith(f"#!lua name={scripts.LIBRARY_NAME}\n")
+    for lib in scripts.LIB_ORDER:
+        text = scripts.read_lib(lib)
+        assert text is not None and library.count(text.rstrip("\n")) == 1, lib
+    defined = [library.index(f"-- >>> lua/lib/{lib}.lua\n") for lib in scripts.LIB_ORDER]
+    assert defined == sorted(defined) and defined[-1] < library.index("local function update(KEYS, ARGV)")
     for script in scripts.ALL:
-        body = script.source.split("\n", 1)[1] if script.source.startswith("#!") else script.source
-        assert body in scripts.LIBRARY  # each file's text, unchanged
-        assert f"function_name='{scripts.function_name(script)}'" in scripts.LIBRARY
-    assert scripts.LIBRARY.startswith(f"#!lua name={scripts.LIBRARY_NAME}\n")
-    assert "flags={'no-writes'}" in scripts.LIBRARY.split(scripts.function_name(scripts.GET_MANY))[1]
+        own = (ROOT / "lua" / f"{script.name}.lua").read_text()
+        body = own.split("\n", 1)[1] if own.startswith("#!") else own
+        kept = [line for line in body.split("\n") if not re.match(r"\s*--\s*@include\b", line)]
+        assert "\n".join(kept) in library  # each file's own text, its include lines dropped
+        assert set(script.libs) <= set(scripts.LIB_ORDER) and script.libs, script.name
+        assert f"function_name='{scripts.function_name(script)}'" in library
+    assert "flags={'no-writes'}" in library.split(scripts.function_name(scripts.GET_MANY))[1]
+
+
+def _defined(text: str) -> set[str]:
+    return set(re.findall(r"^local (?:function )?(\w+)", text, re.M))
+
+
+def test_each_lib_uses_only_the_names_of_libs_above_it() -> None:
+    """At the library's top level a lib sees the libs above it in LIB_ORDER only, and none of a script's names:
+    a name defined twice would shadow, a name of a lib below would read as a (refused) global."""
+    seen: dict[str, str] = {}
+    for position, lib in enumerate(scripts.LIB_ORDER):
+        text = scripts.read_lib(lib)
+        assert text is not None
+        for name in _defined(text):
+            assert name not in seen, f"{name} is defined by lib/{seen[name]}.lua and lib/{lib}.lua"
+            seen[name] = lib
+        code = re.sub(r"--[^\n]*|\"(?:[^\"\\]|\\.)*\"", "", text)
+        used = set(re.findall(r"\b[A-Za-z_]\w*\b", code))
+        below = {name for name, owner in seen.items() if scripts.LIB_ORDER.index(owner) > position}
+        assert not used & below, f"lib/{lib}.lua uses {sorted(used & below)} of a lib below it"
+        assert not {"KEYS", "ARGV", "SCRIPT"} & used, f"lib/{lib}.lua reads a name of the including script"
+
+
+def test_the_library_loads_and_registers_every_script(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    assert client.function_load(scripts.LIBRARY, replace=True) == scripts.LIBRARY_NAME.encode()
+    (library,) = client.function_list(library=scripts.LIBRARY_NAME)
+    fields = lambda flat: dict(zip(flat[::2], flat[1::2]))  # noqa: E731 - RESP2's flat maps
+    functions = {fields(f)[b"name"].decode(): fields(f)[b"flags"] for f in fields(library)[b"functions"]}
+    assert functions == {scripts.function_name(s): [b"no-writes"] if s.read_only else [] for s in scripts.ALL}
 
 
 @pytest.mark.parametrize("policy", list(Policy))

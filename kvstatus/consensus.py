@@ -11,16 +11,18 @@ The rule is :func:`kvstatus.rule.room_consensus`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.keys import reason_field, validate_name, validate_rooms
 from kvstatus.model import FailureRecord, KVPoll, LeaseState, RoomConsensus
-from kvstatus.operations import StoreCore
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import room_consensus
+
+if TYPE_CHECKING:  # a core is handed in; importing operations would stack this module on top of it
+    from kvstatus.operations import StoreCore
 
 MAX_PARTICIPANTS = 64
 

@@ -281,7 +281,8 @@ class StoreBase:
             pass  # not an iterable of rooms: the operation itself raised about it
 
     def _uncached(self, participant: str) -> Any:
-        """A store on the same client reading ``participant``'s entry without the near cache (for wait_for)."""
+        """A store on the same client and settings reading ``participant``'s entries without the near cache, lease or
+        peer watch (for wait_for, and the SGLang map's outage probe)."""
         return type(self)(
             self.client,
             **{**self._core.settings(), "participant": participant},

@@ -18,11 +18,11 @@ from kvstatus.keys import incarnation_field, reason_field
 from kvstatus.leasestate import log
 from kvstatus.model import OPEN, KVPoll, LeaseState, Outcome, Stage
 from kvstatus.naming import is_decode
-from kvstatus.operations import StoreCore
 from kvstatus.requests import Request, script_call
 from kvstatus.rule import lost_reason
 
 if TYPE_CHECKING:  # the watch is handed in; importing it would stack this module on top of it
+    from kvstatus.operations import StoreCore
     from kvstatus.peerwatch import PeerWatch, WatchPlan
 
 Steps = Generator[Request[Any], Any, Any]

@@ -63,13 +63,23 @@ class AsyncRoomWatch:
 
     async def ready(self, until: float) -> bool:
         """Watch the key: join the node's hub (opening it if needed) and arm unless armed, by monotonic
-        ``until``; False if not now."""
+        ``until``; False if not now. A hub another wait opened that breaks under this arm (its connection was
+        killed while idle, and the hub had not read the close yet) is replaced at once, once."""
+        watched, again = await self._arm(until)
+        if again:
+            watched, _ = await self._arm(until)
+        return watched
+
+    async def _arm(self, until: float) -> tuple[bool, bool]:
+        """One try of :meth:`ready`: whether the key is watched, and whether to try again at once (the hub was
+        open before this try and broke under it, and ``until`` has not passed)."""
         if self.refused:
-            return False
+            return False, False
+        reused = False
         try:
             ticket = self.ticket
             if ticket is None or self.hub is None or self.hub.broken:
-                ticket = await self._join(until)
+                ticket, reused = await self._join(until)
             if not ticket.armed:
                 assert self.hub is not None
                 self.hub.arm(ticket)
@@ -77,28 +87,32 @@ class AsyncRoomWatch:
                     raise LinkLost("the server did not answer the watch in time")
                 if ticket.error:
                     raise (WatchRefused if ticket.refused else LinkLost)(ticket.error)
-            return True
+            return True, False
         except (rx.ResponseError, WatchRefused) as exc:  # NOPERM on CLIENT TRACKING, HELLO 3 or EXISTS
             self.refused = str(exc)
         except (*BROKEN, LinkLost, SlotMoved) as exc:
             self.error = str(exc)
+            reused = reused and self.hub is not None and bool(self.hub.broken) and time.monotonic() < until
         self.close()
-        return False
+        return False, reused
 
-    async def _join(self, until: float) -> Ticket:
+    async def _join(self, until: float) -> tuple[Ticket, bool]:
+        """The ticket of the key on the node's hub, and whether the hub was open before this call."""
         self.close()
         node = Topology(self.client).node_name(self.key)
         hub = self.pool.hub(node)
+        reused = hub is not None
         if hub is None:
             async with self.pool.opening(AsyncLock):  # one connection per node, whatever the number of waits
                 hub = self.pool.hub(node)
+                reused = hub is not None
                 if hub is None:
                     hub = await self._open(node)
         if hub.broken:
             raise LinkLost(hub.broken)
         self.hub = hub
         self.ticket = hub.join(self.key, self.signal.set)
-        return self.ticket
+        return self.ticket, reused
 
     async def _open(self, node: str) -> WatchHub:
         topology = Topology(self.client)

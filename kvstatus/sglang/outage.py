@@ -255,18 +255,7 @@ def probe_of(store: Any) -> Callable[[], object]:
 
     def probe() -> object:
         if not readers:
-            from kvstatus._sync.store import StatusStore
-
-            readers.append(
-                StatusStore(
-                    store.client,
-                    namespace=store.namespace,
-                    prefix=store.prefix,
-                    participant=store.participant,
-                    scripts=store.scripts,
-                    options=store.options,
-                )
-            )
+            readers.append(store._uncached(store.participant))
         return readers[0].get(PROBE_ROOM)
 
     return probe

@@ -71,8 +71,9 @@ def test_returns_at_once_when_already_there_and_watches_another_participant(writ
     decode = writer.for_participant("decode-0")
     assert decode.wait_for(2, KVPoll.Success, timeout=0) is None  # its own entry is missing
     assert decode.wait_for(2, KVPoll.Success, timeout=0, participant="w") == KVPoll.Success
-    _later(0.1, lambda: writer.for_participant("prefill-9").update_status(2, KVPoll.Bootstrapping))
+    later = _later(0.1, lambda: writer.for_participant("prefill-9").update_status(2, KVPoll.Bootstrapping))
     assert decode.wait_for(2, KVPoll.Bootstrapping, timeout=60, participant="prefill-9") == KVPoll.Bootstrapping
+    later.join()
 
 
 def test_times_out_cleanly(writer: StatusStore, redis_server: RedisServer) -> None:
@@ -150,8 +151,9 @@ def test_a_user_without_tracking_still_updates_and_its_waiters_poll(redis_server
         url = f"redis://nc-notrack:pw-nc@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, participant="w") as store:
             assert store.update_status(6, KVPoll.Bootstrapping).status == KVPoll.Bootstrapping
-            _later(0.2, lambda: store.update_status(6, KVPoll.Success))
+            later = _later(0.2, lambda: store.update_status(6, KVPoll.Success))
             assert store.wait_for(6, KVPoll.Success, timeout=60) == KVPoll.Success  # by polling
+            later.join()  # its update_status has returned before the store closes
             assert not [c for c in admin.client_list() if c["user"] == "nc-notrack" and "t" in c["flags"]]
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-notrack")
@@ -165,7 +167,7 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
         with StatusStore.from_url(url, namespace=namespace, participant="w", near_cache=True) as store:
             assert store.get(7) is None
             others = set(_watches(admin))
-            _later(
+            writer = _later(
                 0.1,
                 lambda: (
                     eventually(lambda: set(_watches(admin)) - others),
@@ -174,6 +176,7 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
             )
             assert store.wait_for(7, KVPoll.Bootstrapping, timeout=60) == KVPoll.Bootstrapping
             assert store.get(7) == KVPoll.Bootstrapping
+            writer.join()  # its update_status has returned before the store closes
         from kvstatus.admin.doctor import run_checks
         from kvstatus.connection import connect
         from kvstatus.keys import KeySchema

@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+import redis
+
+from kvstatus.keys import KeySchema, incarnation_field
+from kvstatus.stored import stored_int
 from tests.e2e import deploy
 
 FAULT_WAIT = 30.0
@@ -346,6 +350,34 @@ def open_room_rows(settings: deploy.Settings, by: str = "status") -> list[dict[s
 
 
 OPEN_NAMES = ("Bootstrapping", "WaitingForInput", "Transferring")
+
+
+def waited_room_rows(settings: deploy.Settings) -> list[dict[str, Any]]:
+    """:func:`open_room_rows` by reads, less the rooms whose every open entry was written by an incarnation older
+    than the one that holds its participant's lease now: a server killed and restarted under its name starts with
+    an empty dict, so no engine waits on such a room. The peer watch fails a dead peer's entries in the rooms a
+    live store opened (:mod:`kvstatus.peerwatch`); a room that only the dead one opened ends with its TTL. An
+    entry without a stamp, or a participant without a newer lease, keeps its room here."""
+    assert settings.redis_url is not None
+    client = redis.Redis.from_url(settings.redis_url)
+    schema = KeySchema(settings.namespace)
+    try:
+
+        def waited(room: int, name: str) -> bool:
+            written = stored_int(client.hget(schema.room_key(room), incarnation_field(name)))
+            holder = stored_int(client.hget(schema.lease_key(name), "epoch"))
+            return written is None or holder is None or written >= holder
+
+        return [
+            row
+            for row in open_room_rows(settings, by="reads")
+            if any(
+                entry["reads"] in OPEN_NAMES and waited(row["room"], name)
+                for name, entry in row["participants"].items()
+            )
+        ]
+    finally:
+        client.close()
 
 
 def cancel_in_flight(

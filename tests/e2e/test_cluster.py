@@ -124,11 +124,11 @@ def test_faults_at_cluster_shape_with_the_plugin_on(with_plugin: scenarios.Deplo
     false_failures = [(a.index, a.status, a.cause()) for a in paused.answers if not a.ok]
     assert false_failures == [], f"a {cluster.PAUSE:.0f} s pause failed requests: {false_failures}"
     deadline = time.monotonic() + SETTLE_WAIT
-    while scenarios.open_room_rows(with_plugin.settings, by="reads") and time.monotonic() < deadline:
+    while scenarios.waited_room_rows(with_plugin.settings) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = [
         scenarios.kvstatus(with_plugin.settings, "get", str(row["room"]), "--json").stdout
-        for row in scenarios.open_room_rows(with_plugin.settings, by="reads")
+        for row in scenarios.waited_room_rows(with_plugin.settings)
     ]
     assert left == [], f"rooms some engine still waits on {SETTLE_WAIT:.0f} s after the faults settled: {left}"
 

@@ -43,17 +43,17 @@ def _defined(text: str) -> set[str]:
 def test_each_lib_uses_only_the_names_of_libs_above_it() -> None:
     """At the library's top level a lib sees the libs above it in LIB_ORDER only, and none of a script's names:
     a name defined twice would shadow, a name of a lib below would read as a (refused) global."""
-    seen: dict[str, str] = {}
-    for position, lib in enumerate(scripts.LIB_ORDER):
-        text = scripts.read_lib(lib)
-        assert text is not None
+    texts = {lib: scripts.read_lib(lib) or "" for lib in scripts.LIB_ORDER}
+    owner: dict[str, str] = {}
+    for lib, text in texts.items():
         for name in _defined(text):
-            assert name not in seen, f"{name} is defined by lib/{seen[name]}.lua and lib/{lib}.lua"
-            seen[name] = lib
+            assert name not in owner, f"{name} is defined by lib/{owner[name]}.lua and lib/{lib}.lua"
+            owner[name] = lib
+    for position, (lib, text) in enumerate(texts.items()):
         code = re.sub(r"--[^\n]*|\"(?:[^\"\\]|\\.)*\"", "", text)
         used = set(re.findall(r"\b[A-Za-z_]\w*\b", code))
-        below = {name for name, owner in seen.items() if scripts.LIB_ORDER.index(owner) > position}
-        assert not used & below, f"lib/{lib}.lua uses {sorted(used & below)} of a lib below it"
+        below = {name for name in used if name in owner and scripts.LIB_ORDER.index(owner[name]) > position}
+        assert not below, f"lib/{lib}.lua uses {sorted(below)} of a lib below it in LIB_ORDER"
         assert not {"KEYS", "ARGV", "SCRIPT"} & used, f"lib/{lib}.lua reads a name of the including script"
 
 

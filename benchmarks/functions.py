@@ -17,16 +17,13 @@ with and without the timeline field the SGLang plugin writes.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from typing import Any
 
-import redis
-
+from benchmarks.ownserver import redis_usec, run_on_own_server
 from benchmarks.report import markdown_table
 from kvstatus import scripts
-from tests.servers import RedisServer
 
 PARTICIPANT = "decode-tp0-pp0"
 TTL_MS = "600000"
@@ -67,10 +64,6 @@ def _command(way: str) -> tuple[str, str]:
     return "EVALSHA", scripts.UPDATE.sha
 
 
-def _redis_usec(client: Any, command: str) -> float:
-    return float(client.info("commandstats").get("cmdstat_" + command.lower(), {}).get("usec", 0))
-
-
 def measure(client: Any, rounds: int, calls: int) -> dict[tuple[str, bool, str], float]:
     """Median µs of Redis time per update call, per (phase, timeline on, way)."""
     client.function_load(scripts.LIBRARY, replace=True)
@@ -89,22 +82,15 @@ def measure(client: Any, rounds: int, calls: int) -> dict[tuple[str, bool, str],
                     with client.pipeline(transaction=False) as pipe:
                         for key in keys:
                             pipe.execute_command(command, target, 1, key, *head, status)
-                        before = _redis_usec(client, command)
+                        before = redis_usec(client, command)
                         pipe.execute()
-                        spent = _redis_usec(client, command) - before
+                        spent = redis_usec(client, command) - before
                     per_call.setdefault((phase, timeline, way), []).append(spent / calls)
     return {case: statistics.median(values) for case, values in per_call.items()}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=21)
-    parser.add_argument("--calls", type=int, default=4000)
-    args = parser.parse_args(argv)
-    with RedisServer(extra_args=["--save", "", "--appendonly", "no"]) as server:
-        client = redis.Redis.from_url(server.url)
-        result = measure(client, args.rounds, args.calls)
-        client.close()
+    args, result = run_on_own_server(argv, __doc__.split("\n\n")[0], 21, measure)
     rows = []
     for phase, _ in PHASES:
         for timeline in (False, True):

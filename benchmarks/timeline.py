@@ -14,17 +14,14 @@ Redis' own time for them from INFO commandstats, so the client and the loopback 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
+from benchmarks.ownserver import redis_usec, run_on_own_server
 from benchmarks.report import markdown_table
 from kvstatus import scripts
-from tests.servers import RedisServer
 
 PARTICIPANT = "decode-tp0-pp0"
 TTL_MS = "600000"
@@ -41,11 +38,6 @@ def _update(sha: str, timeline: bool, status: str) -> Callable[[Any, str], None]
 def _clear(pipe: Any, key: str) -> None:
     args = (PARTICIPANT, f"reason:{PARTICIPANT}", f"late:{PARTICIPANT}", "60000", f"inc:{PARTICIPANT}", EPOCH)
     pipe.execute_command("EVALSHA", scripts.CLEAR.sha, 2, key, key + ":t", *args, f"t:{PARTICIPANT}")
-
-
-def _redis_usec(client: Any) -> float:
-    stats = client.info("commandstats")
-    return float(stats.get("cmdstat_evalsha", {}).get("usec", 0))
 
 
 def measure(client: Any, rounds: int, calls: int) -> dict[tuple[str, bool], float]:
@@ -67,21 +59,14 @@ def measure(client: Any, rounds: int, calls: int) -> dict[tuple[str, bool], floa
                 with client.pipeline(transaction=False) as pipe:
                     for key in keys:
                         steps[phase](pipe, key)
-                    before = _redis_usec(client)
+                    before = redis_usec(client, "evalsha")
                     pipe.execute()
-                    per_call.setdefault((phase, timeline), []).append((_redis_usec(client) - before) / calls)
+                    per_call.setdefault((phase, timeline), []).append((redis_usec(client, "evalsha") - before) / calls)
     return {case: statistics.median(values) for case, values in per_call.items()}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=41)
-    parser.add_argument("--calls", type=int, default=4000)
-    args = parser.parse_args(argv)
-    with RedisServer(extra_args=["--save", "", "--appendonly", "no"]) as server:
-        client = redis.Redis.from_url(server.url)
-        result = measure(client, args.rounds, args.calls)
-        client.close()
+    args, result = run_on_own_server(argv, __doc__.split("\n\n")[0], 41, measure)
     rows = []
     for phase in PHASES:
         off, on = result[phase, False], result[phase, True]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import MAX_ROOM, validate_rooms
@@ -36,7 +35,7 @@ def ttl_to_ms(ttl: object) -> int:
     return max(1, round(ttl * 1000))
 
 
-def status_args(statuses: Iterable[Any]) -> list[str]:
+def status_args(statuses: Iterable[KVPoll | int]) -> list[str]:
     """The script argument ("0".."4") of each status; raises :class:`InvalidStatusError` for a bad one."""
     values = list(statuses)
     if values and set(map(type, values)) <= _PLAIN_STATUS_TYPES and 0 <= min(values) and max(values) <= 4:

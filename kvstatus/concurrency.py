@@ -13,9 +13,11 @@ import math
 import select
 import threading
 import time
-from collections.abc import Awaitable
-from typing import Any, Callable, Optional
+from collections.abc import Awaitable, Mapping
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
+import redis.asyncio.connection
+import redis.connection
 import redis.exceptions as rx
 
 AsyncLock = asyncio.Lock
@@ -26,14 +28,44 @@ sleep = time.sleep
 
 BROKEN = (rx.ConnectionError, rx.TimeoutError, OSError, EOFError)
 """What a broken connection raises, sync or async."""
+_T = TypeVar("_T")
 
 
-def _settle(future: asyncio.Future[Any], value: Any) -> None:
+class _Reader(Protocol):
+    """What :func:`start_reader` watches: a socket's owner that reads what arrives (a ``WatchHub``)."""
+
+    on_close: Optional[Callable[[], None]]
+
+    def fileno(self) -> int: ...
+
+    def on_readable(self) -> None: ...
+
+
+class _Link(Protocol):
+    """A near cache link (``kvstatus.invalidation.LinkState``): its data connection."""
+
+    @property
+    def data(self) -> object: ...
+
+
+class _SyncConnection(Protocol):
+    """A redis-py sync connection, for the one (unannotated) method used here."""
+
+    def disconnect(self) -> object: ...
+
+
+class _KeyRouter(Protocol):
+    """redis-py's sync RedisCluster, for the one (unannotated) method used here."""
+
+    def get_node_from_key(self, key: str) -> object: ...
+
+
+def _settle(future: asyncio.Future[_T], value: _T) -> None:
     if not future.done():
         future.set_result(value)
 
 
-async def async_wait_future(future: asyncio.Future[Any], seconds: float, expired: Any) -> Any:
+async def async_wait_future(future: asyncio.Future[_T], seconds: float, expired: _T) -> _T:
     """``future``'s result, or ``expired`` once ``seconds`` (inf: no limit) passed first.
 
     Not ``asyncio.wait_for``: up to Python 3.11 it swallows a cancel of the caller that meets the future's
@@ -67,7 +99,7 @@ class AsyncGate:
         turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(turn)
         try:
-            return bool(await async_wait_future(turn, timeout, False))
+            return await async_wait_future(turn, timeout, False)
         except BaseException:
             if turn.done() and not turn.cancelled() and turn.result():
                 self.release()  # admitted, then cancelled before it ran: the turn goes to the next waiter
@@ -155,7 +187,7 @@ class Background:
             thread.join(5.0)
 
 
-async def async_run_blocking(work: Callable[[], Any], undo: Optional[Callable[[], None]] = None) -> Any:
+async def async_run_blocking(work: Callable[[], _T], undo: Optional[Callable[[], None]] = None) -> _T:
     """Run a short blocking call (a bounded handshake) off the event loop, in the caller's context.
 
     A cancel of the caller raises at once; the thread cannot be stopped, so ``undo`` (closing what ``work``
@@ -168,45 +200,45 @@ async def async_run_blocking(work: Callable[[], Any], undo: Optional[Callable[[]
         raise
 
 
-def _undo(ended: asyncio.Future[Any], undo: Optional[Callable[[], None]]) -> None:
+def _undo(ended: asyncio.Future[_T], undo: Optional[Callable[[], None]]) -> None:
     if not ended.cancelled():
         ended.exception()  # retrieved: the caller is gone
     if undo is not None:
         undo()
 
 
-def run_blocking(work: Callable[[], Any], undo: Optional[Callable[[], None]] = None) -> Any:
+def run_blocking(work: Callable[[], _T], undo: Optional[Callable[[], None]] = None) -> _T:
     return work()
 
 
-def async_pipeline_route(client: Any, key: str) -> dict[str, Any]:
+def async_pipeline_route(client: object, key: str) -> dict[str, object]:
     """Keyword arguments that send a pipelined script call straight to its node: none for redis.asyncio,
     whose cluster pipeline finds an EVALSHA's slot itself."""
     return {}
 
 
-def pipeline_route(client: Any, key: str) -> dict[str, Any]:
+def pipeline_route(client: _KeyRouter, key: str) -> dict[str, object]:
     """redis-py's sync cluster pipeline would ask a node COMMAND GETKEYS for every script call."""
     return {"target_nodes": client.get_node_from_key(key)}
 
 
-def readable(source: Any, seconds: float) -> bool:
+def readable(source: _Reader, seconds: float) -> bool:
     poller = select.poll()  # not select.select(): a busy process has descriptors above 1024
     poller.register(source.fileno(), select.POLLIN | select.POLLPRI)
     return bool(poller.poll(math.ceil(max(seconds, 0.0) * 1000)))
 
 
-async def async_pending(connection: Any) -> bool:
+async def async_pending(connection: redis.asyncio.connection.AbstractConnection) -> bool:
     """Whether a connected redis.asyncio connection has a reply or a push to read now (raises once it closed)."""
     check = getattr(connection, "can_read", None) or connection.can_read_destructive  # redis-py < 8
     return bool(await check())
 
 
-def pending(connection: Any) -> bool:
+def pending(connection: redis.connection.AbstractConnection) -> bool:
     return bool(connection.can_read(timeout=0))
 
 
-def async_close_link(connection: Any) -> None:
+def async_close_link(connection: redis.asyncio.connection.AbstractConnection) -> None:
     """Close an asyncio connection without awaiting (from the synchronous read path of the near cache)."""
     writer = getattr(connection, "_writer", None)
     if writer is not None:
@@ -217,24 +249,24 @@ def async_close_link(connection: Any) -> None:
     connection._reader = connection._writer = None
 
 
-def close_link(connection: Any) -> None:
+def close_link(connection: _SyncConnection) -> None:
     try:
         connection.disconnect()
     except Exception:  # noqa: BLE001
         pass
 
 
-def async_data_fd(connection: Any) -> Optional[int]:
+def async_data_fd(connection: object) -> Optional[int]:
     """The socket the near cache polls to notice a closed data connection: none for asyncio (its reader
     is checked instead, see :func:`async_link_closed`)."""
     return None
 
 
-def data_fd(connection: Any) -> Optional[int]:
+def data_fd(connection: Any) -> Optional[int]:  # redis-py types its connections' _sock as None
     return int(connection._sock.fileno())
 
 
-def async_closed_links(links: dict[str, Any]) -> list[str]:
+def async_closed_links(links: Mapping[str, _Link]) -> list[str]:
     """Names of the near cache's links whose asyncio data connection has ended (checked on every read)."""
     closed = []
     for name, link in links.items():
@@ -244,7 +276,7 @@ def async_closed_links(links: dict[str, Any]) -> list[str]:
     return closed
 
 
-def closed_links(links: dict[str, Any]) -> tuple[str, ...]:
+def closed_links(links: Mapping[str, _Link]) -> tuple[str, ...]:
     """Sync data connections are polled through their socket (:func:`data_fd`) instead."""
     return ()
 
@@ -292,7 +324,7 @@ class Signal:
         self._event.wait(None if math.isinf(seconds) else max(seconds, 0.0))
 
 
-def async_start_reader(source: Any) -> None:
+def async_start_reader(source: _Reader) -> None:
     """Call ``source.on_readable()`` from the running loop whenever ``source`` has something to read, until
     ``source.on_close`` is called (it is set here)."""
     loop = asyncio.get_running_loop()
@@ -317,7 +349,7 @@ def _remover(loop: asyncio.AbstractEventLoop, fd: int) -> Callable[[], None]:
     return remove
 
 
-def start_reader(source: Any) -> None:
+def start_reader(source: _Reader) -> None:
     """:func:`async_start_reader` for threads: a daemon thread polls ``source`` until ``on_close``."""
     stopped = threading.Event()
     source.on_close = stopped.set

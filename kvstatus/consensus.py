@@ -11,7 +11,7 @@ The rule is :func:`kvstatus.rule.room_consensus`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
@@ -39,12 +39,12 @@ def validate_participants(participants: Iterable[str]) -> tuple[str, ...]:
 
 _BY_CHAR: dict[str, Optional[KVPoll]] = {str(status.value): status for status in KVPoll}
 _BY_CHAR["-"] = None
-_VALUE_CHAR: dict[Any, str] = {}
+_VALUE_CHAR: dict[object, str] = {}
 for _s in KVPoll:
     _VALUE_CHAR[str(_s.value)] = _VALUE_CHAR[str(_s.value).encode()] = str(_s.value)
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -57,7 +57,7 @@ class Entries(NamedTuple):
 
     rooms: list[int]
     names: tuple[str, ...]
-    codes: list[Any]  # str, or bytes as the client returned them (decoded only where needed)
+    codes: Sequence[Union[str, bytes]]  # str, or bytes as the client returned them (decoded only where needed)
     leases: list[LeaseState]
     reasons: dict[int, str]
     epochs: list[int]
@@ -68,7 +68,7 @@ class Entries(NamedTuple):
         return _statuses(self.codes[i])
 
 
-def _statuses(code: Any) -> list[Optional[KVPoll]]:
+def _statuses(code: Union[str, bytes]) -> list[Optional[KVPoll]]:
     return [_BY_CHAR[c] for c in (code.decode() if isinstance(code, bytes) else code)]
 
 
@@ -78,9 +78,9 @@ def consensus_many(entries: Entries) -> dict[int, RoomConsensus]:
     p = len(names)
     if LeaseState.LOST not in leases and not reasons and not fates:
         # The hot path: nobody is lost and no reason to attach, so a room's result depends on its code alone.
-        memo: dict[str, RoomConsensus] = {}
+        memo: dict[Union[str, bytes], RoomConsensus] = {}
 
-        def plain(code: Any) -> RoomConsensus:
+        def plain(code: Union[str, bytes]) -> RoomConsensus:
             memo[code] = found = room_consensus(names, _statuses(code), leases)
             return found
 
@@ -155,7 +155,9 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
     return Request(calls, decode_cluster)
 
 
-def _fates(indices: Sequence[Any], values: Sequence[Any], keys: Sequence[str]) -> dict[int, FailureRecord]:
+def _fates(
+    indices: Sequence[Union[int, str, bytes]], values: Sequence[object], keys: Sequence[str]
+) -> dict[int, FailureRecord]:
     """Room index -> its first failure, parsed (a value kvstatus does not write raises, naming its key)."""
     found: dict[int, FailureRecord] = {}
     for index, value in zip(indices, values):

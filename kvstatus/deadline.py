@@ -23,12 +23,14 @@ import collections
 import sys
 import threading
 import time
+from collections.abc import Awaitable
 from contextvars import ContextVar, Token
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
 
 import redis
 import redis.asyncio
 import redis.asyncio.retry
+import redis.connection
 from redis.backoff import ExponentialBackoff
 from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
@@ -50,6 +52,7 @@ TOLERANCE = 0.1
 """Seconds a call may outlast its deadline: a socket wait that would end at most this much past it is left
 as it is (see :func:`_capped`)."""
 _WAIT_SLICE = 0.05  # seconds: a waiter for a connection looks again at least this often
+_T = TypeVar("_T")
 
 
 def time_left() -> Optional[float]:
@@ -78,7 +81,7 @@ class ClientPoolExhausted(redis.exceptions.RedisError):
     Not a ConnectionError, so that nothing resends it: Redis is fine, the client ran out of connections.
     """
 
-    def __init__(self, max_connections: Any, waited: float) -> None:
+    def __init__(self, max_connections: object, waited: float) -> None:
         super().__init__(
             f"client connection pool exhausted (max_connections={max_connections}): no connection "
             f"came free within {waited:.3g} s; nothing was sent. Raise max_connections (a "
@@ -104,12 +107,19 @@ def _capped(timeout: Optional[float], left: float) -> Optional[float]:
     return max(_SHORTEST_WAIT, left)
 
 
+class _SocketTimeouts(Protocol):
+    """What :class:`_Timeouts` changes on a redis-py connection (sync or async)."""
+
+    socket_timeout: Optional[float]
+    socket_connect_timeout: Optional[float]
+
+
 class _Timeouts:
     """Lowers a connection's socket timeouts to the time left, and puts them back (one user per connection)."""
 
     __slots__ = ("connection", "saved")
 
-    def __init__(self, connection: Any, timeout: Optional[float], connect_timeout: Optional[float]) -> None:
+    def __init__(self, connection: _SocketTimeouts, timeout: Optional[float], connect_timeout: Optional[float]) -> None:
         self.connection = connection
         self.saved = (connection.socket_timeout, connection.socket_connect_timeout)
         if timeout is not None:
@@ -119,7 +129,7 @@ class _Timeouts:
         self._apply()
 
     @classmethod
-    def lowered(cls, connection: Any) -> Optional[_Timeouts]:
+    def lowered(cls, connection: _SocketTimeouts) -> Optional[_Timeouts]:
         """The connection's timeouts lowered to the time left (None: nothing to lower); raises once expired.
 
         The hot path of every store call: written for speed (one context lookup, one clock read).
@@ -153,7 +163,10 @@ class _Timeouts:
 class DeadlineConnection:
     """Mixin for redis-py's sync connections: every socket wait ends by the running store call's deadline."""
 
-    def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+    socket_timeout: Optional[float]  # the connection's own (declared here, set by redis-py)
+    socket_connect_timeout: Optional[float]
+
+    def connect_check_health(self, *args: object, **kwargs: object) -> object:
         timeouts = None if self._sock else _Timeouts.lowered(self)  # type: ignore[attr-defined]
         if timeouts is None:
             return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
@@ -162,7 +175,7 @@ class DeadlineConnection:
         finally:
             timeouts.restore()
 
-    def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
+    def send_packed_command(self, command: object, check_health: bool = True) -> object:
         timeouts = _Timeouts.lowered(self)
         if timeouts is None:
             return super().send_packed_command(command, check_health)  # type: ignore[misc]
@@ -171,10 +184,10 @@ class DeadlineConnection:
         finally:
             timeouts.restore()
 
-    def read_response(self, disable_decoding: bool = False, *, timeout: Any = SENTINEL, **kwargs: Any) -> Any:
+    def read_response(self, disable_decoding: bool = False, *, timeout: object = SENTINEL, **kwargs: object) -> object:
         at = _get_deadline()
         if at is not None and timeout is SENTINEL:
-            capped = _capped(self.socket_timeout, at - _monotonic())  # type: ignore[attr-defined]
+            capped = _capped(self.socket_timeout, at - _monotonic())
             if capped is not None:
                 timeout = capped
         return super().read_response(disable_decoding, timeout=timeout, **kwargs)  # type: ignore[misc]
@@ -183,7 +196,13 @@ class DeadlineConnection:
 class AsyncDeadlineConnection:
     """Mixin for redis.asyncio's connections: every socket wait ends by the running store call's deadline."""
 
-    async def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+    socket_timeout: Optional[float]  # the connection's own (declared here, set by redis.asyncio)
+    socket_connect_timeout: Optional[float]
+    if TYPE_CHECKING:  # redis.asyncio's method; declared for the type checker only (a real one would override it)
+
+        async def disconnect(self, nowait: bool = False) -> None: ...
+
+    async def connect_check_health(self, *args: object, **kwargs: object) -> object:
         timeouts = None if self.is_connected else _Timeouts.lowered(self)  # type: ignore[attr-defined]
         if timeouts is None:
             return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
@@ -192,7 +211,7 @@ class AsyncDeadlineConnection:
         finally:
             timeouts.restore()
 
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
+    async def send_packed_command(self, command: object, check_health: bool = True) -> object:
         timeouts = _Timeouts.lowered(self)
         try:
             return await self._send_bounded(command, check_health)
@@ -200,10 +219,10 @@ class AsyncDeadlineConnection:
             if timeouts is not None:
                 timeouts.restore()
 
-    async def _send_bounded(self, command: Any, check_health: bool) -> Any:
+    async def _send_bounded(self, command: object, check_health: bool) -> object:
         """redis-py's send, its socket timeout kept by a timeout context instead of its ``asyncio.wait_for`` (which
         runs the write as a task and, up to Python 3.11, swallows a cancel that meets the write's end)."""
-        conn: Any = self
+        conn = self
         timeout = conn.socket_timeout
         if not timeout:
             return await super().send_packed_command(command, check_health)  # type: ignore[misc]
@@ -218,8 +237,8 @@ class AsyncDeadlineConnection:
             conn.socket_timeout = timeout
 
     async def read_response(
-        self, disable_decoding: bool = False, timeout: Optional[float] = None, **kwargs: Any
-    ) -> Any:
+        self, disable_decoding: bool = False, timeout: Optional[float] = None, **kwargs: object
+    ) -> object:
         # Not the timeout argument: redis.asyncio answers None, not TimeoutError, when that one expires.
         timeouts = _Timeouts.lowered(self) if timeout is None else None
         if timeouts is None:
@@ -247,13 +266,15 @@ class WaitingPool:
     nothing is added to it.
     """
 
-    def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: object, timeout: Optional[float] = None, **kwargs: object) -> None:
         self._wait = timeout
         self._released = threading.Condition(threading.Lock())
         self._waiting = 0
         super().__init__(*args, **kwargs)
 
-    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+    def get_connection(
+        self, *args: object, **kwargs: object
+    ) -> Any:  # the pool's connection (a mixin's super() is untyped)
         try:
             return super().get_connection(*args, **kwargs)  # type: ignore[misc]
         except redis.exceptions.MaxConnectionsError:
@@ -275,7 +296,7 @@ class WaitingPool:
                 if end is not None and _monotonic() >= end:
                     raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
 
-    def release(self, connection: Any) -> None:
+    def release(self, connection: redis.connection.ConnectionInterface) -> None:
         super().release(connection)  # type: ignore[misc]
         if self._waiting:
             with self._released:
@@ -285,12 +306,14 @@ class WaitingPool:
 class AsyncWaitingPool:
     """:class:`WaitingPool` for redis.asyncio's ConnectionPool: waiters queue first come, first served."""
 
-    def __init__(self, *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: object, timeout: Optional[float] = None, **kwargs: object) -> None:
         self._wait = timeout
         self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         super().__init__(*args, **kwargs)
 
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+    async def get_connection(
+        self, *args: object, **kwargs: object
+    ) -> Any:  # the pool's connection (a mixin's super() is untyped)
         try:
             return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
         except redis.exceptions.MaxConnectionsError:
@@ -317,7 +340,7 @@ class AsyncWaitingPool:
                 if end is not None and _monotonic() >= end:
                     raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
 
-    async def release(self, connection: Any) -> None:
+    async def release(self, connection: redis.asyncio.connection.AbstractConnection) -> None:
         await super().release(connection)  # type: ignore[misc]
         self._wake_next()
 
@@ -350,7 +373,13 @@ class DeadlineRetry(Retry):
         super().__init__(backoff, retries)
         self._is_final = is_final
 
-    def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
+    def call_with_retry(
+        self,
+        do: Callable[[], _T],
+        fail: Callable[..., object],  # fail(error), or fail(error, failures) with with_failure_count
+        is_retryable: Optional[Callable[[Exception], bool]] = None,
+        with_failure_count: bool = False,
+    ) -> _T:
         seen = [0]
 
         def failed(error: Exception, failures: int) -> None:
@@ -373,8 +402,12 @@ class AsyncDeadlineRetry(redis.asyncio.retry.Retry):
         self._is_final = is_final
 
     async def call_with_retry(
-        self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False
-    ) -> Any:
+        self,
+        do: Callable[[], Awaitable[_T]],
+        fail: Callable[..., Awaitable[object]],  # as in DeadlineRetry, awaited
+        is_retryable: Optional[Callable[[Exception], bool]] = None,
+        with_failure_count: bool = False,
+    ) -> _T:
         seen = [0]
 
         async def failed(error: Exception, failures: int) -> None:

@@ -6,7 +6,10 @@ Messages name what was wrong and never contain a password.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # kvstatus.model imports this module
+    from kvstatus.model import UpdateResult
 
 
 class KVStatusError(Exception):
@@ -105,6 +108,8 @@ class SupersededError(LeaseLostError):
     other rooms of a batch were written), None for a ``clear`` or ``pop``.
     """
 
-    def __init__(self, message: str, *, participant: str = "", results: Optional[Mapping[int, Any]] = None) -> None:
+    def __init__(
+        self, message: str, *, participant: str = "", results: Optional[Mapping[int, UpdateResult]] = None
+    ) -> None:
         super().__init__(message, participant=participant)
         self.results = results

@@ -15,7 +15,7 @@ costs the read no extra round trip.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from kvstatus import stored
 from kvstatus.model import FailureRecord, KVPoll, RoomView
@@ -26,7 +26,7 @@ FATE_FIELD = "room:fate"
 apart from participant names, which cannot hold one."""
 
 
-def parse_failure(value: Any, key: str) -> Optional[FailureRecord]:
+def parse_failure(value: object, key: str) -> Optional[FailureRecord]:
     """Decode the :data:`FATE_FIELD` value read from ``key`` (None stays None); raise
     :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything kvstatus does not write
     (:func:`kvstatus.stored.parse_failure`: its time is one a reader can show, up to the year 9999)."""

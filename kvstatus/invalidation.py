@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import select
 import ssl
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import hiredis
 import redis
@@ -31,7 +31,7 @@ class LinkLost(Exception):
     """A connection of a link failed or closed; the cache was emptied."""
 
 
-def peer_of(connection: Any) -> Any:
+def peer_of(connection: object) -> object:
     """The address a connected redis-py connection (sync or async) talks to: which server it reached.
 
     Compared instead of INFO's run_id, which the tenant ACL recipe does not grant (INFO shows every
@@ -61,7 +61,7 @@ class InvalidationSocket:
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self.client_id = 0
-        self.peer: Any = None
+        self.peer: object = None
         self.sock: Any = None
         self.reader = hiredis.Reader()
 
@@ -179,9 +179,9 @@ def sync_twin(conn: Any) -> redis.Connection:
     return made
 
 
-def tracking_command(client_id: int, schema: KeySchema, bcast: bool) -> tuple[Any, ...]:
+def tracking_command(client_id: int, schema: KeySchema, bcast: bool) -> tuple[Union[str, int], ...]:
     """``CLIENT TRACKING ON REDIRECT <id>`` (with ``BCAST PREFIX <namespace base>`` when ``bcast``)."""
-    command: tuple[Any, ...] = ("CLIENT", "TRACKING", "ON", "REDIRECT", client_id)
+    command: tuple[Union[str, int], ...] = ("CLIENT", "TRACKING", "ON", "REDIRECT", client_id)
     if bcast:
         command += ("BCAST", "PREFIX", schema.base)
     return command

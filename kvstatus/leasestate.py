@@ -110,7 +110,7 @@ class LeaseCore:
         """True when a write may go ahead without renewing first (the write path's check, no I/O)."""
         return time.monotonic() < self._renewed_at + self._stale_after and not self.lost
 
-    def request(self, op: str) -> Any:
+    def request(self, op: str) -> Request[tuple[int, int, int]]:
         """The :class:`~kvstatus.operations.Request` of ``op`` ("acquire", "renew", "release"); decodes to (code, gen)."""
         if op == "acquire":
             self.incarnation = secrets.token_hex(8)

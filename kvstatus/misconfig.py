@@ -10,19 +10,19 @@ These mixins catch them where the connection is known, and set on the exception 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from redis import exceptions as rx
 
 from kvstatus.translate import DATABASES_ATTR, DB_ATTR, OUT_OF_RANGE, SERVER_ATTR
 
 
-def _server(connection: Any) -> str:
+def _server(connection: object) -> str:
     path = getattr(connection, "path", None)
     return str(path) if path else f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
 
 
-def _databases(reply: Any) -> Optional[int]:
+def _databases(reply: object) -> Optional[int]:
     """``databases`` from a ``CONFIG GET databases`` reply (a flat list in RESP2, a map in RESP3)."""
     if isinstance(reply, dict):
         values = list(reply.values())
@@ -41,14 +41,14 @@ class NamedServerConnection:
 
     _kvstatus_connecting = False
 
-    def on_connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+    def on_connect_check_health(self, *args: object, **kwargs: object) -> object:
         self._kvstatus_connecting = True  # only the connect's SELECT is followed by a CONFIG GET
         try:
             return super().on_connect_check_health(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._kvstatus_connecting = False
 
-    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+    def read_response(self, *args: object, **kwargs: object) -> object:
         try:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
         except rx.InvalidResponse as exc:
@@ -72,14 +72,14 @@ class AsyncNamedServerConnection:
 
     _kvstatus_connecting = False
 
-    async def on_connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+    async def on_connect_check_health(self, *args: object, **kwargs: object) -> object:
         self._kvstatus_connecting = True
         try:
             return await super().on_connect_check_health(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._kvstatus_connecting = False
 
-    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+    async def read_response(self, *args: object, **kwargs: object) -> object:
         try:
             return await super().read_response(*args, **kwargs)  # type: ignore[misc]
         except rx.InvalidResponse as exc:

@@ -17,7 +17,7 @@ into the stage-duration histogram.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Optional, Protocol, TypeGuard, runtime_checkable
 
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.model import Step, UpdateResult
@@ -80,14 +80,21 @@ HOOKS: tuple[str, ...] = (
 )
 
 
-def check_observer(metrics: Any) -> Optional[StoreObserver]:
+def _missing_hooks(metrics: object) -> list[str]:
+    """The hooks of :data:`HOOKS` that ``metrics`` lacks (or holds as something not callable)."""
+    return [name for name in HOOKS if not callable(getattr(metrics, name, None))]
+
+
+def _is_observer(metrics: object) -> TypeGuard[StoreObserver]:
+    """Whether ``metrics`` has every hook of :data:`HOOKS` (the whole :class:`StoreObserver` protocol)."""
+    return not _missing_hooks(metrics)
+
+
+def check_observer(metrics: object) -> Optional[StoreObserver]:
     """``metrics`` if it is None or has every hook; raise :class:`InvalidArgumentError` naming what it lacks."""
-    if metrics is None:
-        return None
-    missing = [name for name in HOOKS if not callable(getattr(metrics, name, None))]
-    if missing:
-        raise InvalidArgumentError(
-            f"invalid metrics {type(metrics).__name__}: an observer needs the methods {', '.join(missing)} "
-            "(kvstatus.observe.metrics.StoreMetrics is one)"
-        )
-    return metrics  # type: ignore[no-any-return]
+    if metrics is None or _is_observer(metrics):
+        return metrics
+    raise InvalidArgumentError(
+        f"invalid metrics {type(metrics).__name__}: an observer needs the methods {', '.join(_missing_hooks(metrics))} "
+        "(kvstatus.observe.metrics.StoreMetrics is one)"
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional, TypeVar
 
 from redis.cluster import key_slot  # type: ignore[attr-defined]
@@ -57,6 +57,7 @@ from kvstatus.model import (
 from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, update_result: also re-exported)
     _RESULTS,
     _STATUS_BY_VALUE,
+    ReplyOrError,
     _clear_reply,
     _decode_record,
     _decode_update,
@@ -99,6 +100,8 @@ def _no_calls(result: T) -> Request[T]:
 class StoreCore:
     """Configuration and operations of a store, shared by the sync and async stores."""
 
+    _update_command: tuple[str, str] = ("EVALSHA", scripts.UPDATE.sha)  # how the update of one key is sent
+
     def __init__(
         self,
         *,
@@ -125,7 +128,7 @@ class StoreCore:
         self._reason_field = reason_field(self.participant)
         self._incarnation_field = incarnation_field(self.participant)
         self._timeline_field = timeline_field(self.participant)
-        self._update_one = ("EVALSHA", scripts.UPDATE.sha, 1)
+        self._update_one = (*self._update_command, 1)
         # tombstone_ttl 0 turns tombstones off: clear() is a plain HDEL and a late Failed notes nothing.
         # A tombstone never outlives the store's TTL: no key kvstatus writes stays longer than one TTL.
         self.tombstone_ttl_ms = 0 if tombstone_ttl == 0 else min(ttl_to_ms(tombstone_ttl), self.ttl_ms)
@@ -168,7 +171,7 @@ class StoreCore:
             "timeline": self.timeline,
         }
 
-    def superseded(self, rooms: str, results: Optional[Mapping[int, Any]] = None) -> SupersededError:
+    def superseded(self, rooms: str, results: Optional[Mapping[int, UpdateResult]] = None) -> SupersededError:
         """The error of a write refused in ``rooms`` (text) because a later incarnation stamped the entry."""
         return SupersededError(
             f"participant {self.participant} (incarnation epoch {self.epoch}) was taken over by a newer incarnation "
@@ -187,7 +190,7 @@ class StoreCore:
         shown = ", ".join(map(str, refused[:5])) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
         return self.superseded(f"room{'s' if len(refused) > 1 else ''} {shown}", results)
 
-    def _cleared(self, reply: Any, room: int, popped: bool) -> Cleared:
+    def _cleared(self, reply: ReplyOrError, room: int, popped: bool) -> Cleared:
         """lua/clear.lua's reply; :class:`SupersededError` when it refused the clear, and for a pop
         :class:`CorruptedValueError` when the entry held what kvstatus does not write (removed all the same).
         A malformed timeline is dropped: the entry is gone, and a clear must not fail for what only counts."""
@@ -280,14 +283,14 @@ class StoreCore:
         if self.shared_fate:  # the entry and the room's first failure, in one HMGET
             return Request([Call(("HMGET", key, field, FATE_FIELD))], lambda replies: self._judge(replies[0], key))
 
-        def decode(replies: list[Any]) -> Optional[KVPoll]:
+        def decode(replies: list[ReplyOrError]) -> Optional[KVPoll]:
             value = replies[0]
             status = _STATUS_BY_VALUE.get(value)
             return decode_status(value, key, field) if status is None else status
 
         return Request([Call(("HGET", key, field))], decode)
 
-    def _judge(self, reply: list[Any], key: str) -> Optional[KVPoll]:
+    def _judge(self, reply: Sequence[object], key: str) -> Optional[KVPoll]:
         """This participant's status under shared fate, from an ``HMGET key <participant> room:fate`` reply."""
         value, fate = reply
         status = _STATUS_BY_VALUE.get(value)
@@ -301,7 +304,7 @@ class StoreCore:
         request = self.get(room)
         decode_get = request.decode
 
-        def decode(replies: list[Any]) -> KVPoll:
+        def decode(replies: list[ReplyOrError]) -> KVPoll:
             status = decode_get(replies)
             if status is None:
                 raise KeyError(room)
@@ -378,7 +381,7 @@ class StoreCore:
             args += (self._incarnation_field, str(self.epoch))
         call = script_call(scripts.RECORD_FAILURE, [key], args)
 
-        def decode(replies: list[Any]) -> bool:
+        def decode(replies: list[ReplyOrError]) -> bool:
             if replies[0] == Outcome.REFUSED_SUPERSEDED:
                 raise self.superseded(f"room {room}")
             return _decode_record(replies)
@@ -437,9 +440,7 @@ class FunctionsCore(StoreCore):
     request through :func:`as_functions`.
     """
 
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(**settings)
-        self._update_one = ("FCALL", scripts.function_name(scripts.UPDATE), 1)
+    _update_command = ("FCALL", scripts.function_name(scripts.UPDATE))
 
 
 def as_functions(request: Request[T]) -> Request[T]:

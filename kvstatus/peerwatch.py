@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -83,7 +84,7 @@ from kvstatus.leasestate import ADDRESS_FIELD, expire_request, silence_request
 from kvstatus.model import OPEN, KVPoll, LeaseState
 from kvstatus.naming import role_of
 from kvstatus.operations import StoreCore
-from kvstatus.replies import subscriber_counts
+from kvstatus.replies import ReplyOrError, subscriber_counts
 from kvstatus.requests import Call, Request
 from kvstatus.sendrules import checked
 from kvstatus.stored import stored_int
@@ -249,7 +250,7 @@ class PeerWatch:
         channels = {schema.presence_channel(name): name for name in names}
         call = Call(("PUBSUB", self.numsub, *channels), route=self.channel)
 
-        def decode(replies: list[Any]) -> dict[str, int]:
+        def decode(replies: list[ReplyOrError]) -> dict[str, int]:
             counts = subscriber_counts(replies[0])
             return {name: counts.get(channel, 0) for channel, name in channels.items()}
 
@@ -423,7 +424,7 @@ class PeerWatch:
         """Expire ``name``'s silent lease in Redis, if it was not renewed since; True: it is lost."""
         return expire_request(self.core.schema.lease_key(name), incarnation, seen)
 
-    def forget_request(self, names: list[str]) -> Request[Any]:
+    def forget_request(self, names: list[str]) -> Request[object]:
         """Drop the marks of peers whose lease records are gone."""
         calls = [Call(("HDEL", self.key, *names))]
         return Request(calls, lambda replies: _refusal(calls, replies) or replies[0], strict=0)  # a refused index: 8
@@ -435,7 +436,7 @@ class PeerWatch:
             self.closed(room)
 
 
-def _refusal(calls: list[Call], replies: list[Any]) -> Optional[Exception]:
+def _refusal(calls: list[Call], replies: Sequence[object]) -> Optional[Exception]:
     """The first reply of ``calls`` by which Redis refused the lease index (another type, an ACL), or None (8); any
     other error (a server that did not answer in time) is raised as its kvstatus error."""
     errors = [(call, reply) for call, reply in zip(calls, replies) if isinstance(reply, Exception)]
@@ -445,5 +446,5 @@ def _refusal(calls: list[Call], replies: list[Any]) -> Optional[Exception]:
     return errors[0][1] if errors else None
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

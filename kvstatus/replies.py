@@ -7,8 +7,8 @@ shape), naming the key. :mod:`kvstatus.operations` pairs each request with its d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Optional
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional, Union
 
 from kvstatus import stored
 from kvstatus.errors import BackendError, CorruptedValueError
@@ -33,20 +33,26 @@ from kvstatus.model import (
 )
 from kvstatus.timeline import parse_timeline
 
-_STATUS_BY_VALUE: dict[Any, KVPoll] = {}
+Reply = Union[None, bytes, str, int, float, list["Reply"], tuple["Reply", ...], dict["Reply", "Reply"]]
+"""A RESP reply as redis-py hands it over (bytes, or str with ``decode_responses``; a script's table as a list; a
+hash as a dict), and :data:`ReplyOrError` one of a round trip's replies: a call whose error does not fail its
+request (:attr:`~kvstatus.requests.Request.strict`) leaves the exception in its place."""
+ReplyOrError = Union[Reply, Exception]
+
+_STATUS_BY_VALUE: dict[object, KVPoll] = {}
 for _s in KVPoll:
     _STATUS_BY_VALUE[str(_s.value)] = _s
     _STATUS_BY_VALUE[str(_s.value).encode()] = _s
 
 
 # Every (outcome, status) pair lua/update.lua may return; status -1 means "no entry".
-_RESULTS = {
+_RESULTS: dict[tuple[object, object], UpdateResult] = {
     (o.value, s): UpdateResult(o, None if s < 0 else KVPoll(s)) for o in Outcome for s in range(-1, len(KVPoll))
 }
 
 
 # lua/record_failure.lua's codes -> record_failure's result (True: the reason was stored).
-_RECORDED = {
+_RECORDED: dict[object, bool] = {
     ReasonOutcome.RECORDED.value: True,
     ReasonOutcome.KEPT_EARLIER.value: False,
     ReasonOutcome.IGNORED_MISSING.value: False,
@@ -59,7 +65,7 @@ NOT_A_TOMBSTONE = -3
 """The tombstone PTTL lua/room.lua answers when the tombstone's name holds a key that is not a hash."""
 
 
-def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Optional[KVPoll]]:
+def decode_statuses(values: Sequence[object], keys: list[str], field: str) -> list[Optional[KVPoll]]:
     """:func:`decode_status` over a batch reply, with one dict lookup per value on the hot path."""
     decoded = list(map(_STATUS_BY_VALUE.get, values))
     if None in decoded and decoded.count(None) != values.count(None):  # a stored value that is not a status
@@ -68,7 +74,7 @@ def decode_statuses(values: list[Any], keys: list[str], field: str) -> list[Opti
     return decoded
 
 
-def decode_status(value: Any, key: str, field: str) -> Optional[KVPoll]:
+def decode_status(value: object, key: str, field: str) -> Optional[KVPoll]:
     """Decode a stored status (None stays None); raise :class:`CorruptedValueError` for anything else."""
     if value is None:
         return None
@@ -80,7 +86,7 @@ def decode_status(value: Any, key: str, field: str) -> Optional[KVPoll]:
     return status
 
 
-def update_result(outcome: Any, status: Any) -> UpdateResult:
+def update_result(outcome: object, status: object) -> UpdateResult:
     """Decode one (outcome, status) pair of lua/update.lua; raise :class:`BackendError` for an unknown pair."""
     result = _RESULTS.get((outcome, status))
     if result is None:
@@ -98,22 +104,23 @@ def _decode_update(replies: list[Any]) -> UpdateResult:
     return update_result(outcome, status) if result is None else result
 
 
-def _clear_reply(reply: Any) -> tuple[int, int, Any]:
+def _clear_reply(reply: ReplyOrError) -> tuple[int, int, str | bytes]:
     """(fields removed, -1: refused as superseded; status before: 0..4, -1 none, -2 not a status; the timeline
     removed, as stored, "" for none) of lua/clear.lua's reply."""
-    if (
-        not isinstance(reply, list)
-        or len(reply) != 3
-        or not all(isinstance(n, int) for n in reply[:2])
-        or not isinstance(reply[2], (str, bytes))
-        or reply[0] < -1
-        or not -2 <= reply[1] <= 4
-    ):
-        raise BackendError(f"the clear script replied {reply!r}, expected [removed -1.., status -2..4, timeline]")
-    return reply[0], reply[1], reply[2]
+    if isinstance(reply, list) and len(reply) == 3:
+        removed, status, timeline = reply
+        if (
+            isinstance(removed, int)
+            and isinstance(status, int)
+            and isinstance(timeline, (str, bytes))
+            and removed >= -1
+            and -2 <= status <= 4
+        ):
+            return removed, status, timeline
+    raise BackendError(f"the clear script replied {reply!r}, expected [removed -1.., status -2..4, timeline]")
 
 
-def _decode_record(replies: list[Any]) -> bool:
+def _decode_record(replies: list[ReplyOrError]) -> bool:
     recorded = _RECORDED.get(replies[0])
     if recorded is None:
         codes = ", ".join(f"{o.value} {o.name}" for o in ReasonOutcome)
@@ -121,7 +128,7 @@ def _decode_record(replies: list[Any]) -> bool:
     return recorded
 
 
-def _pairs(flat: list[Any]) -> dict[Any, Any]:
+def _pairs(flat: Iterable[Reply]) -> dict[Reply, Reply]:
     """A flat HGETALL reply from a script ({name, value, ...}) as a dict."""
     it = iter(flat)
     return dict(zip(it, it))
@@ -145,7 +152,7 @@ def subscriber_counts(reply: Any) -> dict[str, int]:
     return counts
 
 
-def decode_tombstone(fields: Mapping[Any, Any], pttl: int) -> Optional[Tombstone]:
+def decode_tombstone(fields: object, pttl: int) -> Optional[Tombstone]:
     """A :class:`Tombstone` from its hash fields (None when there are none, or ``fields`` is not a hash's
     reply); notes kvstatus does not write (:func:`kvstatus.stored.parse_time`) are skipped: it only informs."""
     if not fields or not isinstance(fields, Mapping):
@@ -178,7 +185,7 @@ def decode_room_reply(room: int, key: str, reply: list[Any]) -> RoomView:
 def decode_room(
     room: int,
     key: str,
-    fields: Mapping[Any, Any],
+    fields: Mapping[Reply, Reply],
     pttl: int,
     tombstone: Optional[Tombstone] = None,
     timelines: bool = True,

@@ -7,11 +7,14 @@ twin) sends them. Nothing here does I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
+from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar, Union
 
 from kvstatus.scripts import LuaScript
 
 T = TypeVar("T")
+
+Arg = Union[str, bytes, int, float]
+"""One argument of a Redis command, as redis-py encodes it (the command's name, a key, a script's argument)."""
 
 
 class Call(NamedTuple):
@@ -19,7 +22,7 @@ class Call(NamedTuple):
     script, or FCALL / FCALL_RO of its function). ``route``: on a cluster, the key or shard channel whose node
     gets a command that names none (``PUBSUB SHARDNUMSUB``)."""
 
-    args: tuple[Any, ...]
+    args: tuple[Any, ...]  # Arg values, but the send paths pass args[3] (a script call's first key) on as a str
     script: Optional[LuaScript] = None
     route: Optional[str] = None
 
@@ -60,6 +63,6 @@ class Request(Generic[T]):
         self.strict = strict
 
 
-def script_call(script: LuaScript, keys: list[str], args: Iterable[Any]) -> Call:
+def script_call(script: LuaScript, keys: list[str], args: Iterable[Arg]) -> Call:
     """``EVALSHA`` of ``script``, ``EVALSHA_RO`` for a read-only one (never held by CLIENT PAUSE WRITE)."""
     return Call(("EVALSHA_RO" if script.read_only else "EVALSHA", script.sha, len(keys), *keys, *args), script)

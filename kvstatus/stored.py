@@ -14,7 +14,7 @@ it as absent, skip and count it) is in docs/security.md.
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Optional
 
 from kvstatus.errors import CorruptedValueError
 from kvstatus.model import FailureRecord, KVPoll, Stage, Step
@@ -37,29 +37,29 @@ _LATER = re.compile(rb"([0-4])\+(0|[1-9][0-9]{0,14})")
 _STAGES = {stage.value.encode(): stage for stage in Stage}
 
 
-def raw(value: Any) -> bytes:
+def raw(value: object) -> bytes:
     """``value`` as Redis holds it (bytes; a str as UTF-8, anything else as its text)."""
     if isinstance(value, bytes):
         return value
     return (value if isinstance(value, str) else str(value)).encode("utf-8", "surrogateescape")
 
 
-def shown(value: Any, limit: int = 40) -> str:
+def shown(value: object, limit: int = 40) -> str:
     """The first ``limit`` characters of ``value``, quoted, for an error message."""
     return repr(raw(value)[: limit * 4].decode("utf-8", "replace")[:limit])
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     """A stored string as text (bytes that are not UTF-8 replaced, never raised)."""
     return raw(value).decode("utf-8", "replace")
 
 
-def _corrupt(key: str, field: str, value: Any, what: str) -> CorruptedValueError:
+def _corrupt(key: str, field: str, value: object, what: str) -> CorruptedValueError:
     where = f"key {key} field {field}" if field else f"key {key}"
     return CorruptedValueError(f"{where} holds {shown(value)}, not {what}; left as it is")
 
 
-def stored_int(value: Any) -> Optional[int]:
+def stored_int(value: object) -> Optional[int]:
     """``value`` as an int if it is a positive integer of 1..15 decimal digits (no sign, space, exponent, hex,
     leading zero, ``inf`` or ``nan``), else None: ``stored_int`` of lua/lib/stored.lua."""
     if value is None:
@@ -68,12 +68,12 @@ def stored_int(value: Any) -> Optional[int]:
     return int(data) if _INT.fullmatch(data) else None
 
 
-def stored_name(value: Any) -> bool:
+def stored_name(value: object) -> bool:
     """Whether ``value`` is a participant or origin name: 1..128 of ``A-Z a-z 0-9 _ . -`` (``stored_name``)."""
     return _NAME.fullmatch(raw(value)) is not None
 
 
-def stored_text(value: Any) -> bool:
+def stored_text(value: object) -> bool:
     """Whether ``value`` is a reason kvstatus stores: UTF-8 text of at most :data:`MAX_TEXT_BYTES` bytes."""
     data = raw(value)
     if len(data) > MAX_TEXT_BYTES:
@@ -85,7 +85,7 @@ def stored_text(value: Any) -> bool:
     return True
 
 
-def parse_epoch(value: Any, key: str, field: str) -> int:
+def parse_epoch(value: object, key: str, field: str) -> int:
     """An epoch, stamp or lease deadline (:func:`stored_int`); raises :class:`CorruptedValueError` for anything else."""
     found = stored_int(value)
     if found is None:
@@ -93,7 +93,7 @@ def parse_epoch(value: Any, key: str, field: str) -> int:
     return found
 
 
-def next_epoch(stored: Any, now_ms: int) -> int:
+def next_epoch(stored: object, now_ms: int) -> int:
     """The epoch an acquire takes (lua/lease.lua) from the record's ``stored`` epoch at Redis' ``now_ms``: above the
     stored one when that is valid and has a valid successor, else ``now_ms`` (a forged one is read as none)."""
     previous = stored_int(stored)
@@ -102,7 +102,7 @@ def next_epoch(stored: Any, now_ms: int) -> int:
     return max(now_ms, previous + 1)
 
 
-def parse_failure(value: Any, key: str, field: str) -> FailureRecord:
+def parse_failure(value: object, key: str, field: str) -> FailureRecord:
     """A room's first failure ``<ms>:<stage>:<origin>:<reason>``: ms at most :data:`MAX_TIME_MS`, a known stage,
     origin 1..:data:`MAX_NAME_BYTES` bytes without a colon (kvstatus writes a name; readers escape what they show),
     reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored_text.lua)."""
@@ -121,7 +121,7 @@ def parse_failure(value: Any, key: str, field: str) -> FailureRecord:
     raise _corrupt(key, field, value, "a failure record")
 
 
-def parse_timeline(value: Any, key: str, field: str) -> tuple[Step, ...]:
+def parse_timeline(value: object, key: str, field: str) -> tuple[Step, ...]:
     """The steps of a stored timeline (:mod:`kvstatus.timeline`), in order: at most :data:`TIMELINE_MAX_BYTES`,
     numbers of 1..15 digits, offsets that never go back (``stored_timeline`` of lua/lib/stored.lua)."""
     data = raw(value)
@@ -143,7 +143,7 @@ def parse_timeline(value: Any, key: str, field: str) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def parse_time(value: Any, key: str, field: str) -> int:
+def parse_time(value: object, key: str, field: str) -> int:
     """A time note (a tombstone's): Unix ms, a :func:`stored_int` no later than :data:`MAX_TIME_MS`."""
     found = stored_int(value)
     if found is None or found > MAX_TIME_MS:

@@ -12,7 +12,7 @@ participant left is stuck at once, held by the dead one (``dead``, read from the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional, TypedDict
 
 from kvstatus.model import OPEN, KVPoll, RoomView
 from kvstatus.naming import ROLES, naming
@@ -21,6 +21,16 @@ from kvstatus.timeline import current_steps
 DEFAULT_OLDER_THAN_SECONDS = 30.0
 """The bound ``kvstatus ls --stuck`` and the fleet views use unless told: well above a healthy room's whole life
 (seconds), well below SGLang's 300 s timeouts."""
+
+
+class StuckJson(TypedDict):
+    """:meth:`Stuck.to_json`: what ``ls --stuck --json`` prints and the board serves."""
+
+    room: int
+    holder: str
+    status: Optional[str]
+    seconds: float
+    dead: bool
 
 
 class Stuck(NamedTuple):
@@ -34,7 +44,7 @@ class Stuck(NamedTuple):
     seconds: float
     dead: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StuckJson:
         """``{"room", "holder", "status"}`` (the status' name, None when the holder has no entry), ``"seconds"``
         (whole ms) and ``"dead"``: what ``ls --stuck --json`` prints and the board serves."""
         status = None if self.status is None else self.status.name

@@ -15,7 +15,7 @@ append; :func:`parse_timeline` reads it; :func:`stage_seconds` turns it into the
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from kvstatus import stored
 from kvstatus.model import KVPoll, Step
@@ -40,7 +40,7 @@ def timeline_after(prev: Optional[str], status: int, now_ms: int) -> str:
     return prev if len(prev) + len(step) > MAX_BYTES else prev + step
 
 
-def parse_timeline(value: Any, key: str, field: str) -> tuple[Step, ...]:
+def parse_timeline(value: object, key: str, field: str) -> tuple[Step, ...]:
     """The steps of a stored timeline (bytes or str), in order; raises
     :class:`~kvstatus.errors.CorruptedValueError` naming ``key`` and ``field`` for a value kvstatus does not write
     (:func:`kvstatus.stored.parse_timeline`, the rule lua/lib/stored.lua applies before the script appends)."""

@@ -149,7 +149,7 @@ class ConnectionOptions:
                 f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of " + ", ".join(_CERT_REQS)
             )
 
-    def tls_options(self) -> dict[str, Any]:
+    def tls_options(self) -> dict[str, Union[str, bool]]:
         """The ``ssl_*`` fields that are set (they need a TLS scheme)."""
         return {
             f.name: getattr(self, f.name)
@@ -187,7 +187,7 @@ class ParsedURL:
         return self.scheme in TLS_SCHEMES
 
     @property
-    def options(self) -> dict[str, Any]:
+    def options(self) -> dict[str, Any]:  # field-typed values, for dataclasses.replace()
         """The :class:`ConnectionOptions` fields this URL sets, parsed."""
         return {name: _QUERY_OPTIONS[name](value) for name, value in self.query.items() if name in _OPTION_FIELDS}
 
@@ -215,15 +215,20 @@ _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0":
 _CERT_REQS = ("required", "optional", "none")
 
 
-def _field_parser(annotation: Any) -> Callable[[str], Any]:
+def _field_parser(annotation: object) -> Callable[[str], object]:
     """How a query value becomes a ConnectionOptions field of type ``annotation`` (Optional[X] -> X)."""
     if typing.get_origin(annotation) in (Union, types.UnionType):
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    parsers: dict[Any, Callable[[str], Any]] = {bool: lambda v: _BOOL[v.lower()], int: int, float: float, str: str}
+    parsers: dict[object, Callable[[str], object]] = {
+        bool: lambda v: _BOOL[v.lower()],
+        int: int,
+        float: float,
+        str: str,
+    }
     return parsers[annotation]
 
 
-_OPTION_FIELDS: dict[str, Callable[[str], Any]] = {
+_OPTION_FIELDS: dict[str, Callable[[str], Any]] = {  # each its field's type (dataclasses.replace() checks them)
     name: _field_parser(annotation) for name, annotation in typing.get_type_hints(ConnectionOptions).items()
 }
 _OPTION_FIELDS["ssl_cert_reqs"] = lambda v: _CERT_REQS[_CERT_REQS.index(v.lower())]
@@ -250,7 +255,7 @@ STORE_OPTIONS: dict[str, Callable[[str], Any]] = {
     "timeline": lambda v: _BOOL[v.lower()],
 }
 """Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.cachestate.near_cache_setting`)."""
-_QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
+_QUERY_OPTIONS: dict[str, Callable[[str], object]] = {
     **_OPTION_FIELDS,
     "db": int,
     "sentinel_username": str,

@@ -2,6 +2,7 @@
 
 from kvstatus._async.store import AsyncStatusStore
 from kvstatus._sync.store import StatusStore
+from kvstatus.backend import Backend
 from kvstatus.cachestate import NearCacheOptions
 from kvstatus.errors import (
     AuthenticationError,
@@ -43,6 +44,7 @@ __all__ = [
     "NearCacheOptions",
     "StoreObserver",
     "AsyncStatusStore",
+    "Backend",
     "AuthenticationError",
     "BackendBusyError",
     "BackendError",

@@ -59,8 +59,8 @@ def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, A
     return kwargs
 
 
-def _ssl_kwargs(query: dict[str, str], options: ConnectionOptions) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"ssl": True}
+def _ssl_kwargs(query: dict[str, str], options: ConnectionOptions) -> dict[str, object]:
+    kwargs: dict[str, object] = {"ssl": True}
     for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "ssl_cert_reqs"):
         value = _QUERY_OPTIONS[name](query[name]) if name in query else getattr(options, name)
         if value is not None:
@@ -97,7 +97,7 @@ class TLSHandshakeError(redis.exceptions.ConnectionError):
     """A TLS connection met a server that does not speak TLS, or a certificate that failed; never resent."""
 
 
-def _speaks_plain_redis(host: str, port: int, timeout: float) -> bool:
+def _speaks_plain_redis(host: str, port: int, timeout: Optional[float]) -> bool:
     """True if ``host:port`` answers a plain-text ``PING`` like Redis does (``+PONG`` or an ``-ERR``)."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as probe:
@@ -107,7 +107,7 @@ def _speaks_plain_redis(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def _handshake_error(exc: BaseException, host: str, port: int, timeout: float) -> Optional[TLSHandshakeError]:
+def _handshake_error(exc: BaseException, host: str, port: int, timeout: Optional[float]) -> Optional[TLSHandshakeError]:
     """The error to raise for a failed TLS handshake, or None to let ``exc`` through (a hung server is retried)."""
     where = f"{host}:{port}"
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -127,27 +127,36 @@ def _handshake_error(exc: BaseException, host: str, port: int, timeout: float) -
 class _TLSHandshake:
     """Mixin for redis-py's sync TLS connections: the handshake runs under ``socket_connect_timeout``."""
 
-    def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
-        sock.settimeout(self.socket_connect_timeout)  # type: ignore[attr-defined]
+    host: str  # the connection's own (declared here, set by redis-py)
+    port: int
+    socket_timeout: Optional[float]
+    socket_connect_timeout: Optional[float]
+
+    def _wrap_socket_with_ssl(self, sock: socket.socket) -> object:
+        sock.settimeout(self.socket_connect_timeout)
         try:
             tls = super()._wrap_socket_with_ssl(sock)  # type: ignore[misc]
         except (TimeoutError, ssl.SSLError) as exc:
-            error = _handshake_error(exc, self.host, self.port, self.socket_connect_timeout)  # type: ignore[attr-defined]
+            error = _handshake_error(exc, self.host, self.port, self.socket_connect_timeout)
             if error is None:
                 raise
             raise error from None
-        tls.settimeout(self.socket_timeout)  # type: ignore[attr-defined]
+        tls.settimeout(self.socket_timeout)
         return tls
 
 
 class _AsyncTLSHandshake:
     """Mixin for redis.asyncio's TLS connections (the handshake already runs under the connect timeout)."""
 
+    host: str  # the connection's own (declared here, set by redis.asyncio)
+    port: int
+    socket_connect_timeout: Optional[float]
+
     async def _connect(self) -> None:
         try:
             await super()._connect()  # type: ignore[misc]
         except (ssl.SSLError, asyncio.TimeoutError) as exc:
-            conn: Any = self  # a redis.asyncio connection: host, port and socket_connect_timeout are its own
+            conn = self  # a redis.asyncio connection: host, port and socket_connect_timeout are its own
             error = await asyncio.get_running_loop().run_in_executor(
                 None, _handshake_error, exc, conn.host, conn.port, conn.socket_connect_timeout
             )
@@ -156,10 +165,10 @@ class _AsyncTLSHandshake:
             raise error from None
 
 
-_CLASSES: dict[tuple[Any, bool], Any] = {}
+_CLASSES: dict[tuple[type, bool], type] = {}
 
 
-def connection_class(base: Any, tls: bool) -> Any:
+def connection_class(base: type, tls: bool) -> type:
     """``base`` (a redis-py connection class) with the deadline of store calls, and the TLS handshake checks
     (one class per base, made once)."""
     made = _CLASSES.get((base, tls))
@@ -168,7 +177,7 @@ def connection_class(base: Any, tls: bool) -> Any:
     return made
 
 
-def _with_mixins(base: Any, tls: bool) -> Any:
+def _with_mixins(base: type, tls: bool) -> type:
     asynchronous = base.__module__.startswith("redis.asyncio")
     named = AsyncNamedServerConnection if asynchronous else NamedServerConnection  # errors name the server
     mixins: tuple[type, ...] = (named, AsyncDeadlineConnection if asynchronous else DeadlineConnection)
@@ -206,7 +215,7 @@ def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) 
     """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node.
 
     redis-py's cluster clients have no blocking pool: the store queues its calls instead
-    (:func:`kvstatus.storebase.gate_for`), at most ``max_connections`` at a time, each holding at most one
+    (:meth:`kvstatus.backend.Backend.gate`), at most ``max_connections`` at a time, each holding at most one
     connection per node, so no node's pool runs out.
     """
     kwargs = _common_kwargs(parsed, options)
@@ -249,7 +258,7 @@ def _deadline_nodes(cluster: Any, tls: bool) -> None:
     manager = cluster.nodes_manager
     make_node = manager.create_redis_node
 
-    def create_redis_node(*args: Any, **kwargs: Any) -> Any:
+    def create_redis_node(*args: object, **kwargs: object) -> object:
         node = make_node(*args, **kwargs)
         pool = node.connection_pool
         pool.connection_class = connection_class(pool.connection_class, tls)
@@ -268,7 +277,7 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
     """A client of the master of ``parsed.service``; each new connection asks the Sentinels where it is."""
     kwargs = _common_kwargs(parsed, options)
     query = parsed.query
-    sentinel_kwargs: dict[str, Any] = {
+    sentinel_kwargs: dict[str, object] = {
         "socket_timeout": kwargs["socket_timeout"],
         "socket_connect_timeout": kwargs["socket_connect_timeout"],
         "username": query.get("sentinel_username"),
@@ -300,7 +309,7 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
     )
 
 
-def _no_retry(asynchronous: bool) -> Any:
+def _no_retry(asynchronous: bool) -> Union[Retry, redis.asyncio.retry.Retry]:
     from redis.backoff import NoBackoff
 
     return (redis.asyncio.retry.Retry if asynchronous else Retry)(NoBackoff(), 0)
@@ -342,14 +351,14 @@ def connect_async(url: Union[str, ParsedURL], options: Optional[ConnectionOption
 # --------------------------------------------------------------------------- what kind of client
 
 
-def is_cluster_client(client: Any) -> bool:
+def is_cluster_client(client: object) -> bool:
     """True for redis-py cluster clients (sync or async), whose batches are split by slot."""
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
-def is_sentinel_client(client: Any) -> bool:
+def is_sentinel_client(client: object) -> bool:
     """True for a redis-py client made by ``Sentinel.master_for`` (sync or async)."""
     from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
     from redis.sentinel import SentinelConnectionPool
@@ -364,7 +373,7 @@ class SlotMoved(Exception):
     """A cluster node answered MOVED/ASK, or left the cluster; the cache was emptied."""
 
 
-def _role(reply: Any) -> str:
+def _role(reply: object) -> str:
     """The first field of a ROLE reply: "master", "slave" or "sentinel"."""
     if not isinstance(reply, (list, tuple)) or not reply:
         raise SlotMoved(f"unexpected ROLE reply {reply!r}")
@@ -372,7 +381,11 @@ def _role(reply: Any) -> str:
     return first.decode() if isinstance(first, bytes) else str(first)
 
 
-def slot_fingerprint(reply: Any) -> tuple[Any, ...]:
+SlotFingerprint = tuple[tuple[int, int, str, int], ...]
+"""(start, end, primary host, primary port) of each slot range, sorted: see :func:`slot_fingerprint`."""
+
+
+def slot_fingerprint(reply: Any) -> SlotFingerprint:
     """Slot ranges and their primaries from a ``CLUSTER SLOTS`` reply, order-independent."""
     ranges = []
     for item in reply or ():
@@ -402,7 +415,9 @@ class Topology:
             return ("ROLE",)
         return None
 
-    def probe_changed(self, reply: Any, previous: Optional[tuple[Any, ...]]) -> tuple[Optional[str], Any]:
+    def probe_changed(
+        self, reply: object, previous: Optional[SlotFingerprint]
+    ) -> tuple[Optional[str], Optional[SlotFingerprint]]:
         """(why the cache must be emptied or None, the fingerprint to remember) for a probe reply."""
         if self.cluster:
             fingerprint = slot_fingerprint(reply)

@@ -7,7 +7,7 @@ reading the room key (``EXISTS``) on the hub, then reads the entry through the s
 after the arm (an update, a cancel, a clear, the TTL, ``FLUSHALL``) wakes it, and it re-arms before it reads
 again. The writers pay nothing for it: no publish, no channel, nothing in the update script.
 
-The waits of a client share its hub of each node (500 waiters: one connection, not 500). Each wait holds a
+The waits of a backend (:class:`kvstatus.backend.Backend`) share its hub of each node (500 waiters: one connection, not 500). Each wait holds a
 :class:`Ticket`; replies come back in the order the arms were sent, so each arm's answer goes to its ticket,
 and a push wakes the tickets of its keys whose arm was answered before it (what changed before an arm's
 answer is seen by the read that follows the arm). Nothing another client sends reaches this connection
@@ -21,9 +21,7 @@ The hub is read by whoever the event loop or a thread appoints (:func:`kvstatus.
 from __future__ import annotations
 
 import collections
-import os
 import threading
-import weakref
 from typing import Any, Callable, Optional
 
 import hiredis
@@ -181,69 +179,3 @@ class WatchHub(InvalidationSocket):
                     for ticket in tickets:
                         ticket.wake()
             self._shut()
-
-
-class WatchPool:
-    """The hubs of one client, by node name; thread-safe. A forked child starts with none (the parent's
-    sockets are left to the parent)."""
-
-    def __init__(self) -> None:
-        self._hubs: dict[str, WatchHub] = {}
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._closed = False
-        self._opening: Any = None
-
-    def opening(self, make: Callable[[], Any]) -> Any:
-        """The lock one opener holds while it connects a hub (``make()``: a new one, made once)."""
-        with self._lock:
-            if self._opening is None:
-                self._opening = make()
-            return self._opening
-
-    def hub(self, node: str) -> Optional[WatchHub]:
-        """The live hub of ``node``, if any (a broken one is forgotten)."""
-        with self._lock:
-            if self._pid != os.getpid():
-                self._hubs, self._pid, self._opening = {}, os.getpid(), None
-            hub = self._hubs.get(node)
-            if hub is not None and hub.broken:
-                del self._hubs[node]
-                hub = None
-            return hub
-
-    def add(self, node: str, hub: WatchHub) -> bool:
-        """Keep ``hub`` for ``node``; False (and the caller closes it) once the pool is closed."""
-        with self._lock:
-            if self._closed or self._pid != os.getpid():
-                return False
-            self._hubs[node] = hub
-            return True
-
-    def close(self) -> None:
-        """Close the hubs; their waits wake and see them broken."""
-        with self._lock:
-            hubs, self._hubs, self._closed = list(self._hubs.values()), {}, True
-        for hub in hubs:
-            hub.close()
-
-
-_POOLS: weakref.WeakKeyDictionary[Any, WatchPool] = weakref.WeakKeyDictionary()
-_POOLS_LOCK = threading.Lock()
-
-
-def pool_of(client: Any) -> WatchPool:
-    """The watch hubs of a redis-py client (made on first use, gone with the client)."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(client)
-        if pool is None:
-            pool = _POOLS[client] = WatchPool()
-        return pool
-
-
-def close_pool(client: Any) -> None:
-    """Close the watch connections of ``client`` (its store is closing the client)."""
-    with _POOLS_LOCK:
-        pool = _POOLS.pop(client, None)
-    if pool is not None:
-        pool.close()

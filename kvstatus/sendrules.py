@@ -6,7 +6,7 @@ calls to resend after NOSCRIPT, how replies and errors are reported. :mod:`kvsta
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -19,7 +19,6 @@ from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
 from kvstatus.url import ConnectionOptions
 
-G = TypeVar("G")
 T = TypeVar("T")
 
 
@@ -56,19 +55,6 @@ def merge_shard_counts(client: Any) -> None:
     callbacks = getattr(client, "result_callbacks", None)
     if isinstance(callbacks, MutableMapping):
         callbacks[SHARD_NUMSUB] = _shard_subscribers
-
-
-def gate_for(client: Any, options: ConnectionOptions, gate_class: Callable[[int], G]) -> Optional[G]:
-    """The semaphore that queues a cluster client's calls, shared by every store on ``client``; None elsewhere.
-
-    redis-py's cluster clients have no blocking pool: a call past a node's ``max_connections`` fails at once.
-    A store call holds at most one connection per node, so admitting ``max_connections`` calls at a time keeps
-    every node's pool within its size.
-    """
-    if not is_cluster_client(client):
-        return None
-    gate: G = client.__dict__.setdefault("_kvstatus_gate", gate_class(options.max_connections))
-    return gate
 
 
 def pool_exhausted(limit: int, waited: float) -> BaseException:

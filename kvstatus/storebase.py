@@ -15,6 +15,7 @@ from kvstatus.arguments import (
     validate_lease_ttl,
     validate_script_mode,
 )
+from kvstatus.backend import Backend
 from kvstatus.cachestate import (
     Freshness,
     NearCacheBase,
@@ -23,7 +24,6 @@ from kvstatus.cachestate import (
     near_cache_setting,
     writes_sent,
 )
-from kvstatus.connection import is_cluster_client
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_address, validate_name, validate_room
 from kvstatus.leasestate import LeaseCore
@@ -51,6 +51,7 @@ class StoreBase:
 
     _connect: ClassVar[Callable[..., Any]]
     _sender_class: ClassVar[Callable[..., Any]]
+    _gate_class: ClassVar[Any]
     _near_class: ClassVar[Callable[..., Any]]
     _keeper_class: ClassVar[Callable[..., Any]]
     _presence_class: ClassVar[Callable[..., Any]]
@@ -84,16 +85,25 @@ class StoreBase:
         share, or None/False for none. ``metrics``: an observer (:class:`~kvstatus.observer.StoreObserver`).
         ``address``: ``host:port`` by which peers reach this participant (needs ``lease_ttl``); the lease carries
         it, so a peer waiting on that address in a room this participant never wrote fails the room when the
-        lease is lost (:meth:`awaits`, :mod:`kvstatus.peerwatch`)."""
-        self.client = client
-        self.options = options or ConnectionOptions()
+        lease is lost (:meth:`awaits`, :mod:`kvstatus.peerwatch`).
+        ``client``: a redis-py client (the store makes its own :class:`~kvstatus.backend.Backend` on it, with
+        ``options``), or the backend of another store to share (its client, options, cluster gate, near caches'
+        read-your-writes and watch connections; ``options`` must then be None)."""
+        if isinstance(client, Backend):
+            if options is not None:
+                raise InvalidArgumentError("options belong to the backend: build the Backend with them instead")
+            self.backend = client
+        else:
+            self.backend = Backend(client, options)
+        self.client = self.backend.client
+        self.options = self.backend.options
         self._core = (FunctionsCore if validate_script_mode(scripts) == "functions" else StoreCore)(
             namespace=namespace,
             participant=participant,
             prefix=prefix,
             ttl=ttl,
             policy=policy,
-            cluster=is_cluster_client(client),
+            cluster=self.backend.cluster,
             tombstone_ttl=tombstone_ttl,
             shared_fate=shared_fate,
             timeline=timeline,
@@ -102,9 +112,14 @@ class StoreBase:
         self._functions = isinstance(self._core, FunctionsCore)
         self._metrics = check_observer(metrics)
         self._sender = self._sender_class(
-            client, self.options, cluster=self._core.cluster, functions=self._functions, metrics=self._metrics
+            self.client,
+            self.options,
+            cluster=self._core.cluster,
+            functions=self._functions,
+            metrics=self._metrics,
+            gate=self.backend.gate(self._gate_class),
         )
-        self._near = make_near_cache(near_cache, self._near_class, client, self._core.schema, self._sender)
+        self._near = make_near_cache(near_cache, self._near_class, self.client, self._core.schema, self._sender)
         self._keeper = None
         self._watch: Optional[PeerWatch] = None
         if address is not None and lease_ttl is None:
@@ -117,7 +132,7 @@ class StoreBase:
             lease.on_epoch = self._core.fence
             self._watch = PeerWatch(self._core, lease_ttl, keep=keep_ms / 1000)
             presence = self._presence_class(
-                client, self._watch.channel, cluster=self._core.cluster, deadline=self.options.deadline
+                self.client, self._watch.channel, cluster=self._core.cluster, deadline=self.options.deadline
             )
             self._keeper = self._keeper_class(lease, self._sender.send, self._watch, presence)
 
@@ -205,13 +220,13 @@ class StoreBase:
         return self._core.schema
 
     def for_participant(self, participant: str) -> Any:
-        """A store with the same client and settings, writing as ``participant`` (with its own lease, if this one has one)."""
+        """A store on the same backend with the same settings, writing as ``participant`` (with its own lease, if
+        this one has one)."""
         metrics = None if self._metrics is None else self._metrics.for_participant(participant)
         lease_ttl = None if self._keeper is None else self._keeper.core.ttl
         return type(self)(
-            self.client,
+            self.backend,
             **{**self._core.settings(), "participant": participant},
-            options=self.options,
             scripts=self.scripts,
             near_cache=self._near,
             metrics=metrics,
@@ -283,12 +298,7 @@ class StoreBase:
     def _uncached(self, participant: str) -> Any:
         """A store on the same client and settings reading ``participant``'s entries without the near cache, lease or
         peer watch (for wait_for, and the SGLang map's outage probe)."""
-        return type(self)(
-            self.client,
-            **{**self._core.settings(), "participant": participant},
-            options=self.options,
-            scripts=self.scripts,
-        )
+        return type(self)(self.backend, **{**self._core.settings(), "participant": participant}, scripts=self.scripts)
 
     def __repr__(self) -> str:
         return (

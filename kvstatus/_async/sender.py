@@ -38,7 +38,6 @@ from kvstatus.sendrules import (
     checked,
     evalsha_fallback,
     failover_delays,
-    gate_for,
     may_resend,
     merge,
     merge_shard_counts,
@@ -80,7 +79,9 @@ class AsyncSender:
         cluster: bool,
         functions: bool,
         metrics: Optional[StoreObserver],
+        gate: Optional[AsyncGate] = None,
     ) -> None:
+        """``gate``: the cluster client's gate its backend shares (:meth:`kvstatus.backend.Backend.gate`), or None."""
         self.client = client
         self.options = options
         self.cluster = cluster
@@ -89,7 +90,7 @@ class AsyncSender:
         self.metrics = metrics
         self.deadline = options.deadline
         self.resend_delays = failover_delays(client, options)
-        self.gate: Optional[AsyncGate] = gate_for(client, options, AsyncGate)
+        self.gate = gate
         if cluster:
             merge_shard_counts(client)
 

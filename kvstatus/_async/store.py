@@ -14,11 +14,11 @@ from kvstatus._async.nearcache import AsyncNearCache
 from kvstatus._async.presence import AsyncPresence
 from kvstatus._async.sender import AsyncSender
 from kvstatus._async.waiting import async_wait_for
+from kvstatus.concurrency import AsyncGate
 from kvstatus.connection import connect_async
 from kvstatus.consensus import consensus_calls
 from kvstatus.errors import InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
-from kvstatus.keywatch import close_pool
 from kvstatus.model import CancelResult, FailureRecord, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
@@ -40,6 +40,7 @@ class AsyncStatusStore(StoreBase):
 
     _connect = staticmethod(connect_async)
     _sender_class = AsyncSender
+    _gate_class = AsyncGate
     _near_class = AsyncNearCache
     _keeper_class = AsyncLeaseKeeper
     _presence_class = AsyncPresence
@@ -162,7 +163,14 @@ class AsyncStatusStore(StoreBase):
         key = self._core.schema.room_key(validate_room(room))
         reader = self._uncached(who)
         return await async_wait_for(
-            self.client, key, who, statuses, timeout, read=lambda: reader.get(room), deadline=self.options.deadline
+            self.client,
+            self.backend.watches,
+            key,
+            who,
+            statuses,
+            timeout,
+            read=lambda: reader.get(room),
+            deadline=self.options.deadline,
         )
 
     async def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
@@ -208,7 +216,7 @@ class AsyncStatusStore(StoreBase):
             await self._keeper.close()
         if self._near is not None:
             await self._near.close()
-        close_pool(self.client)
+        self.backend.close()
         await self.client.aclose()
 
     async def __aenter__(self) -> AsyncStatusStore:

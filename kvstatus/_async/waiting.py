@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from redis import exceptions as rx
 
+from kvstatus.backend import WatchPool
 from kvstatus.concurrency import (
     BROKEN,
     AsyncLock,
@@ -27,7 +28,7 @@ from kvstatus.concurrency import (
 from kvstatus.connection import SlotMoved, Topology
 from kvstatus.deadline import DEADLINE
 from kvstatus.invalidation import LinkLost, sync_twin
-from kvstatus.keywatch import Ticket, WatchHub, WatchRefused, pool_of
+from kvstatus.keywatch import Ticket, WatchHub, WatchRefused
 from kvstatus.model import KVPoll
 from kvstatus.waitplan import (
     CLOCK,
@@ -44,17 +45,17 @@ from kvstatus.waitplan import (
 
 
 class AsyncRoomWatch:
-    """One wait's :class:`~kvstatus.keywatch.Ticket` for room ``key`` on the client's hub of the key's node
+    """One wait's :class:`~kvstatus.keywatch.Ticket` for room ``key`` on its backend's hub of the key's node
     (opened by the first wait that needs it), armed within deadlines; :meth:`close` leaves the hub.
 
     ``refused`` says why the server or the ACL refused to track (asked once: the wait then polls);
     ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
     """
 
-    def __init__(self, client: Any, key: str) -> None:
+    def __init__(self, client: Any, pool: WatchPool, key: str) -> None:
         self.client = client
         self.key = key
-        self.pool = pool_of(client)
+        self.pool = pool
         self.hub: Optional[WatchHub] = None
         self.ticket: Optional[Ticket] = None
         self.signal = AsyncSignal()
@@ -164,6 +165,7 @@ class AsyncRoomWatch:
 
 async def async_wait_for(
     client: Any,
+    pool: WatchPool,
     key: str,
     participant: str,
     statuses: Any,
@@ -179,7 +181,7 @@ async def async_wait_for(
     it share one, so against a hung server the wait raises about ``deadline`` seconds after a step began."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
-    watch = AsyncRoomWatch(client, key)
+    watch = AsyncRoomWatch(client, pool, key)
     reply: Any = None
     watched: Optional[float] = None  # the deadline of the watch a read follows: the two are one step
     try:

@@ -39,7 +39,6 @@ from kvstatus.sendrules import (
     checked,
     evalsha_fallback,
     failover_delays,
-    gate_for,
     may_resend,
     merge,
     merge_shard_counts,
@@ -81,7 +80,9 @@ class Sender:
         cluster: bool,
         functions: bool,
         metrics: Optional[StoreObserver],
+        gate: Optional[Gate] = None,
     ) -> None:
+        """``gate``: the cluster client's gate its backend shares (:meth:`kvstatus.backend.Backend.gate`), or None."""
         self.client = client
         self.options = options
         self.cluster = cluster
@@ -90,7 +91,7 @@ class Sender:
         self.metrics = metrics
         self.deadline = options.deadline
         self.resend_delays = failover_delays(client, options)
-        self.gate: Optional[Gate] = gate_for(client, options, Gate)
+        self.gate = gate
         if cluster:
             merge_shard_counts(client)
 

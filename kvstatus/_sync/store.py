@@ -15,11 +15,11 @@ from kvstatus._sync.nearcache import NearCache
 from kvstatus._sync.presence import Presence
 from kvstatus._sync.sender import Sender
 from kvstatus._sync.waiting import wait_for
+from kvstatus.concurrency import Gate
 from kvstatus.connection import connect
 from kvstatus.consensus import consensus_calls
 from kvstatus.errors import InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
-from kvstatus.keywatch import close_pool
 from kvstatus.model import CancelResult, FailureRecord, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
@@ -41,6 +41,7 @@ class StatusStore(StoreBase):
 
     _connect = staticmethod(connect)
     _sender_class = Sender
+    _gate_class = Gate
     _near_class = NearCache
     _keeper_class = LeaseKeeper
     _presence_class = Presence
@@ -163,7 +164,14 @@ class StatusStore(StoreBase):
         key = self._core.schema.room_key(validate_room(room))
         reader = self._uncached(who)
         return wait_for(
-            self.client, key, who, statuses, timeout, read=lambda: reader.get(room), deadline=self.options.deadline
+            self.client,
+            self.backend.watches,
+            key,
+            who,
+            statuses,
+            timeout,
+            read=lambda: reader.get(room),
+            deadline=self.options.deadline,
         )
 
     def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
@@ -209,7 +217,7 @@ class StatusStore(StoreBase):
             self._keeper.close()
         if self._near is not None:
             self._near.close()
-        close_pool(self.client)
+        self.backend.close()
         self.client.close()
 
     def __enter__(self) -> StatusStore:

@@ -460,7 +460,7 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     invalidation. ``write`` False (a read-only user): only the watch is checked. Only a failed probe write
     fails: without the watch wait_for still works, by polling every 50 ms, and the detail says so."""
     store = probe_store(client, schema, scripts=scripts)
-    watch = RoomWatch(client, schema.room_key(PROBE_ROOM))
+    watch = RoomWatch(client, store.backend.watches, schema.room_key(PROBE_ROOM))
     try:
         if not watch.ready(time.monotonic() + DOCTOR_STEP_SECONDS):
             if not watch.refused:  # the server, not this user: a broken or silent connection
@@ -482,5 +482,6 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
         return Check("wait_for push", True, "changes are pushed to waiters")
     finally:
         watch.close()
+        store.backend.close()  # the watch's connection: the client stays open for the other checks
         if write:
             _attempt(client, lambda: store.clear(PROBE_ROOM))

@@ -180,14 +180,13 @@ def check_store(store: Any) -> None:
         store.get_many([PROBE_ROOM])  # connects, authenticates, runs get_many's script or function
         step = "write"
         probe = StatusStore(
-            store.client,
+            store.backend,
             namespace=store.namespace,
             prefix=store.prefix,
             participant=PROBE_PARTICIPANT,
             ttl=PROBE_TTL_SECONDS,
             tombstone_ttl=0,
             scripts=store.scripts,
-            options=store.options,
         )
         probe.update_status(PROBE_ROOM, KVPoll.Bootstrapping)
         probe.clear(PROBE_ROOM)

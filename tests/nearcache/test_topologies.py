@@ -68,9 +68,9 @@ def _told_by_push(store: StatusStore, room: int) -> None:
     thread = threading.Thread(target=update, daemon=True)
     thread.start()
     key = store._core.schema.room_key(room)
-    assert wait_for(store.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == (
-        KVPoll.Success
-    )
+    assert wait_for(
+        store.client, store.backend.watches, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60
+    ) == (KVPoll.Success)
     thread.join()
 
 

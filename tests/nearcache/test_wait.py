@@ -55,7 +55,16 @@ def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, r
     thread = _later(0, update)
     # a recheck and a poll interval beyond the timeout: only CLIENT TRACKING's invalidation can wake it
     got = wait_for(
-        writer.client, key, "w", [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60, poll_interval=60
+        writer.client,
+        writer.backend.watches,
+        key,
+        "w",
+        [KVPoll.Transferring, KVPoll.Success],
+        30,
+        read,
+        5.0,
+        recheck=60,
+        poll_interval=60,
     )
     thread.join()
     assert got == KVPoll.Transferring
@@ -241,9 +250,9 @@ def test_waits_reuse_one_watch_connection_and_a_dead_one_is_replaced(
 
     thread = _later(0, lambda: (first_read.wait(30), writer.update_status(11, KVPoll.Success)))
     # push only (recheck and poll beyond the wait): the dead idle connection was replaced, not trusted
-    assert wait_for(writer.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == (
-        KVPoll.Success
-    )
+    assert wait_for(
+        writer.client, writer.backend.watches, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60
+    ) == (KVPoll.Success)
     thread.join()
     (replaced,) = set(_watches(raw)) - others
     assert replaced != first
@@ -267,9 +276,9 @@ def test_a_reused_watch_ignores_the_key_it_watched_before(writer: StatusStore, r
 
     thread = _later(0, update)
     key = writer._core.schema.room_key(21)
-    assert wait_for(writer.client, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == (
-        KVPoll.Success
-    )
+    assert wait_for(
+        writer.client, writer.backend.watches, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60
+    ) == (KVPoll.Success)
     thread.join()
     assert reads == [None, KVPoll.Success]  # room 20's writes woke nothing: one read for room 21's change
 
@@ -335,7 +344,21 @@ def test_a_watch_and_the_read_after_it_share_one_deadline(writer: StatusStore, m
         return writer.get(30)
 
     key = writer._core.schema.room_key(30)
-    assert wait_for(writer.client, key, "w", KVPoll.Success, 0.3, read, 5.0, recheck=0.1, poll_interval=0.1) is None
+    assert (
+        wait_for(
+            writer.client,
+            writer.backend.watches,
+            key,
+            "w",
+            KVPoll.Success,
+            0.3,
+            read,
+            5.0,
+            recheck=0.1,
+            poll_interval=0.1,
+        )
+        is None
+    )
     assert len(watches) >= 2 and len(reads) >= len(watches)
     assert reads[0] == watches[0]  # the first watch and the first read: one step
     assert set(watches) <= set(reads)  # every read after a watch kept the watch's deadline

@@ -1,0 +1,112 @@
+"""One redis-py client and what kvstatus keeps beside it, shared by every store built on it.
+
+A store given a client makes its own :class:`Backend`; :meth:`~kvstatus.StatusStore.for_participant`, the
+readers of ``wait_for``, the doctor's probes and a store built on ``other.backend`` share the one they are
+given. Nothing of it hangs on the redis-py client or lives in a process-wide table keyed by the client: a
+backend is gone with its stores. It holds:
+
+- the :meth:`gate` that queues a cluster client's calls, at most ``max_connections`` at a time (redis-py's
+  cluster clients have no blocking pool: a call past a node's ``max_connections`` fails at once; a store call
+  holds at most one connection per node, so this keeps every node's pool within its size);
+- :attr:`watches`, the watch connections of ``wait_for``, one per node, reused by every wait (a
+  :class:`WatchPool`).
+
+The near caches' read-your-writes is per process, not per backend (:func:`kvstatus.cachestate.writes_sent`):
+the guarantee holds for every store of the process, and two SGLang managers of one process have a backend each.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
+
+from kvstatus.concurrency import AsyncGate, Gate
+from kvstatus.connection import is_cluster_client
+from kvstatus.errors import InvalidArgumentError
+from kvstatus.url import ConnectionOptions
+
+if TYPE_CHECKING:
+    from kvstatus.keywatch import WatchHub
+
+G = TypeVar("G", Gate, AsyncGate)
+
+
+class WatchPool:
+    """The watch hubs of one backend, by node name; thread-safe. A forked child starts with none (the parent's
+    sockets are left to the parent)."""
+
+    def __init__(self) -> None:
+        self._hubs: dict[str, WatchHub] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closed = False
+        self._opening: Any = None
+
+    def opening(self, make: Callable[[], Any]) -> Any:
+        """The lock one opener holds while it connects a hub (``make()``: a new one, made once)."""
+        with self._lock:
+            if self._opening is None:
+                self._opening = make()
+            return self._opening
+
+    def hub(self, node: str) -> Optional[WatchHub]:
+        """The live hub of ``node``, if any (a broken one is forgotten)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._hubs, self._pid, self._opening = {}, os.getpid(), None
+            hub = self._hubs.get(node)
+            if hub is not None and hub.broken:
+                del self._hubs[node]
+                hub = None
+            return hub
+
+    def add(self, node: str, hub: WatchHub) -> bool:
+        """Keep ``hub`` for ``node``; False (and the caller closes it) once the pool is closed."""
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                return False
+            self._hubs[node] = hub
+            return True
+
+    def close(self) -> None:
+        """Close the hubs; their waits wake and see them broken."""
+        with self._lock:
+            hubs, self._hubs, self._closed = list(self._hubs.values()), {}, True
+        for hub in hubs:
+            hub.close()
+
+
+class Backend:
+    """A redis-py ``client`` (sync or asyncio; standalone, cluster or Sentinel), the :class:`ConnectionOptions`
+    it was built with (None: the defaults), and what the stores on it share (see the module)."""
+
+    def __init__(self, client: Any, options: Optional[ConnectionOptions] = None) -> None:
+        if isinstance(client, Backend):
+            raise InvalidArgumentError("Backend(client): got a Backend, which a store takes as it is")
+        self.client = client
+        self.options = options or ConnectionOptions()
+        self.cluster = is_cluster_client(client)
+        self.watches = WatchPool()
+        self._gate: Union[Gate, AsyncGate, None] = None
+        self._lock = threading.Lock()
+
+    def gate(self, kind: type[G]) -> Optional[G]:
+        """The gate of a cluster client (a ``kind`` admitting ``max_connections`` calls, made on first use), shared
+        by every store on this backend; None for any other client."""
+        if not self.cluster:
+            return None
+        with self._lock:
+            if self._gate is None:
+                self._gate = kind(self.options.max_connections)
+            gate = self._gate
+        if not isinstance(gate, kind):  # a sync store on an asyncio client's backend, or the reverse
+            raise InvalidArgumentError(f"this backend's gate is a {type(gate).__name__}, not a {kind.__name__}")
+        return gate
+
+    def close(self) -> None:
+        """Close the watch connections (the stores close the client and their caches); their waits wake."""
+        self.watches.close()
+
+    def __repr__(self) -> str:
+        return f"Backend({type(self.client).__name__}, cluster={self.cluster})"

@@ -1,0 +1,91 @@
+"""kvstatus.Backend: what the stores on one client share (the cluster gate, wait_for's watch connections),
+held by the backend itself rather than hung on the redis-py client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from kvstatus import AsyncStatusStore, Backend, ConnectionOptions, InvalidArgumentError, KVPoll, StatusStore
+from kvstatus.concurrency import AsyncGate, Gate
+from tests.helpers.backends import fresh_namespace
+from tests.servers import RedisClusterServers, RedisServer
+
+pytestmark = pytest.mark.real
+
+
+def _watch_connections(admin: redis.Redis) -> set[int]:
+    """IDs of the server's wait_for watch connections: tracking on (flag ``t``) with no REDIRECT (a near
+    cache's data connection names its target)."""
+    return {int(c["id"]) for c in admin.client_list() if "t" in c["flags"] and c.get("redir") == "0"}
+
+
+def test_stores_on_one_backend_share_its_gate_and_a_store_on_the_client_has_its_own(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    name = fresh_namespace("be")
+    serving = StatusStore.from_url(redis_cluster.url, namespace=name, participant="prefill-0", max_connections=7)
+    try:
+        audit = StatusStore(serving.backend, namespace=name, participant="auditor")
+        gate = serving.backend.gate(Gate)
+        assert isinstance(gate, Gate) and gate.limit == 7
+        assert audit.backend is serving.backend and audit.options.max_connections == 7
+        assert audit._sender.gate is gate and serving.for_participant("decode-0")._sender.gate is gate
+        alone = StatusStore(serving.client, namespace=name, participant="auditor")
+        assert alone.backend is not serving.backend and alone._sender.gate is not gate
+        assert alone._sender.gate is not None and alone._sender.gate.limit == ConnectionOptions().max_connections
+        audit.update_status(1, KVPoll.Bootstrapping)
+        assert serving.for_participant("auditor").get(1) == KVPoll.Bootstrapping
+        with pytest.raises(InvalidArgumentError, match="this backend's gate is a Gate, not a AsyncGate"):
+            AsyncStatusStore(serving.backend, namespace=name)
+    finally:
+        serving.for_participant("auditor").clear(1)
+        serving.close()
+
+
+def test_a_standalone_client_has_no_gate(redis_server: RedisServer) -> None:
+    backend = Backend(redis_server.client())
+    assert backend.gate(Gate) is None and backend.gate(AsyncGate) is None
+    assert not backend.cluster and backend.options == ConnectionOptions()
+
+
+def test_a_backend_carries_its_options_and_is_not_wrapped_twice(redis_server: RedisServer) -> None:
+    backend = Backend(redis_server.client(), ConnectionOptions(deadline=2))
+    with pytest.raises(InvalidArgumentError, match="options belong to the backend"):
+        StatusStore(backend, namespace="be", options=ConnectionOptions(deadline=2))
+    with pytest.raises(InvalidArgumentError, match="got a Backend"):
+        Backend(backend)
+    assert StatusStore(backend, namespace="be").options.deadline == 2
+
+
+def test_waits_of_the_stores_on_a_backend_share_one_watch_connection_closed_with_it(
+    redis_server: RedisServer,
+) -> None:
+    admin = redis_server.client()
+    name = fresh_namespace("be")
+    serving = StatusStore.from_url(redis_server.url, namespace=name, participant="decode-0")
+    other = StatusStore(serving.backend, namespace=name, participant="prefill-0")
+    before = _watch_connections(admin)
+    other.update_status(3, KVPoll.Success)
+    assert serving.wait_for(3, KVPoll.Success, timeout=5, participant="prefill-0") == KVPoll.Success
+    assert other.wait_for(3, KVPoll.Success, timeout=5) == KVPoll.Success
+    opened = _watch_connections(admin) - before
+    assert len(opened) == 1  # one watch connection for both stores' waits
+    other.clear(3)
+    serving.close()
+    assert not (_watch_connections(admin) & opened)
+
+
+def test_an_async_store_shares_its_backend_too(redis_server: RedisServer) -> None:
+    async def run() -> None:
+        name = fresh_namespace("be")
+        store = AsyncStatusStore.from_url(redis_server.url, namespace=name, participant="decode-0")
+        other = AsyncStatusStore(store.backend, namespace=name, participant="prefill-0")
+        await other.update_status(4, KVPoll.Transferring)
+        assert await store.wait_for(4, KVPoll.Transferring, timeout=5, participant="prefill-0") == KVPoll.Transferring
+        await other.clear(4)
+        await store.close()
+
+    asyncio.run(run())

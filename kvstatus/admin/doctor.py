@@ -20,7 +20,7 @@ from redis.sentinel import SentinelConnectionPool
 from kvstatus import scripts as lua
 from kvstatus._sync.store import StatusStore
 from kvstatus._sync.waiting import RoomWatch
-from kvstatus.admin.scan import iter_room_keys, round_trip, scan_clients
+from kvstatus.admin.scan import Link, client_of, iter_room_keys, round_trip, scan_clients
 from kvstatus.arguments import DEFAULT_TTL_SECONDS
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT, KeySchema
@@ -79,7 +79,8 @@ def denied_command(exc: BaseException) -> Optional[str]:
     return found.group(1) if found else "a key of the namespace"
 
 
-def topology(client: Any) -> str:
+def topology(link: Link) -> str:
+    client = client_of(link)
     if isinstance(client, RedisCluster):
         return f"cluster with {len(client.get_primaries())} primaries"
     pool = getattr(client, "connection_pool", None)
@@ -130,7 +131,7 @@ def probe_operations(client: Any, schema: KeySchema, scripts: str = "eval") -> d
         "get_many": lambda: store.get_many([PROBE_ROOM, PROBE_ROOM - 1]),
         "room": lambda: store.room(PROBE_ROOM),
         "clear": lambda: store.clear(PROBE_ROOM),
-        "script load": lambda: [client.script_load(s.source) for s in lua.ALL],
+        "script load": lambda: [client_of(client).script_load(s.source) for s in lua.ALL],
         "scan": lambda: next(iter_room_keys(client, schema, batch=10), None),
     }
     results: dict[str, tuple[Optional[bool], str]] = {}
@@ -231,7 +232,8 @@ def isolation_check(client: Any) -> Check:
 
 def _fcall_probe(client: Any) -> tuple[bool, str]:
     return _attempt(
-        client, lambda: client.execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT)
+        client,
+        lambda: client_of(client).execute_command("FCALL_RO", lua.function_name(lua.GET_MANY), 0, PROBE_PARTICIPANT),
     )
 
 
@@ -402,7 +404,7 @@ def run_checks(
     if scripts == "functions":
         checks.append(functions_check(client))
     else:
-        ok, why = _attempt(client, lambda: [client.script_load(s.source) for s in lua.ALL])
+        ok, why = _attempt(client, lambda: [client_of(client).script_load(s.source) for s in lua.ALL])
         names = ", ".join(s.name for s in lua.ALL)
         if not ok and why.startswith("NOPERM") and may_call_functions(client):
             # A tenant of the functions recipe on an eval URL: say so once, then check what would work.
@@ -420,11 +422,12 @@ def run_checks(
     checks.append(ttl_check(client, schema, ttl, write=write, scripts=scripts))
     checks.extend(permission_checks(results, scripts))
     checks.append(isolation_check(client))
-    if type(client).__module__.startswith("fakeredis"):
+    fake = type(client_of(client)).__module__.startswith("fakeredis")
+    if fake:
         checks.append(Check("tracking", True, "not tested: fakeredis has no CLIENT TRACKING"))
     else:
         checks.append(tracking_check(client, schema))
-    if type(client).__module__.startswith("fakeredis"):
+    if fake:
         checks.append(Check("near cache / wait_for push", True, "not tested: fakeredis has no CLIENT TRACKING"))
     else:
         checks.append(near_cache_check(client, schema))
@@ -460,7 +463,7 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     invalidation. ``write`` False (a read-only user): only the watch is checked. Only a failed probe write
     fails: without the watch wait_for still works, by polling every 50 ms, and the detail says so."""
     store = probe_store(client, schema, scripts=scripts)
-    watch = RoomWatch(client, store.backend.watches, schema.room_key(PROBE_ROOM))
+    watch = RoomWatch(client_of(client), store.backend.watches, schema.room_key(PROBE_ROOM))
     try:
         if not watch.ready(time.monotonic() + DOCTOR_STEP_SECONDS):
             if not watch.refused:  # the server, not this user: a broken or silent connection

@@ -36,7 +36,15 @@ from itertools import product
 from typing import Any, Optional
 
 from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, round_trip, server_ms, without_probe
+from kvstatus.admin.scan import (
+    DEFAULT_BATCH,
+    OnCorrupt,
+    client_of,
+    iter_matching,
+    round_trip,
+    server_ms,
+    without_probe,
+)
 from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
@@ -343,7 +351,7 @@ def read_views(
             (orphans if tomb else rooms)[room] = key
     orphans = {room: key for room, key in orphans.items() if room not in rooms}
     try:
-        with round_trip(client), client.pipeline(transaction=False) as pipe:
+        with round_trip(client), client_of(client).pipeline(transaction=False) as pipe:
             for key in rooms.values():
                 pipe.hgetall(key)
                 pipe.pttl(key)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from kvstatus.admin.scan import DEFAULT_BATCH, round_trip, scan_clients
+from kvstatus.admin.scan import DEFAULT_BATCH, client_of, round_trip, scan_clients
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, LeaseState, RoomView
 from kvstatus.stored import stored_int
@@ -149,7 +149,9 @@ def index_problem(client: Any, schema: KeySchema) -> Optional[str]:
     key = schema.lease_index_key
     try:
         with round_trip(client):
-            client.hget(key, "")  # an HGET, which every recipe grants (TYPE is not): WRONGTYPE for a non-hash
+            client_of(client).hget(
+                key, ""
+            )  # an HGET, which every recipe grants (TYPE is not): WRONGTYPE for a non-hash
     except REDIS_ERRORS as exc:
         if "WRONGTYPE" not in str(exc):
             raise translate_error(exc) from exc

@@ -13,23 +13,24 @@ read, a ``TIME``; the board's pages too) runs under :func:`round_trip`: it gives
 up at a deadline, as a store call does (:mod:`kvstatus.deadline`). Against a hung
 server (SIGSTOP, a frozen VM) a SCAN used to wait for 6 sends x the 5 s socket
 timeout plus the backoff, 33 s, whatever the URL's ``?deadline=`` said, and
-``ls``, ``stats`` and ``health`` send several. The deadline is the one
-:func:`bound` gave the client (the CLI gives the client of ``--url`` its URL's
-``?deadline=``), else ``ConnectionOptions().deadline``, as for a store built on
-a client without options; it bounds each round trip, not a whole walk of a
-namespace. Clients :mod:`kvstatus.connection` did not build (fakeredis, a plain
+``ls``, ``stats`` and ``health`` send several. Each admin read takes a
+:data:`Link`: a client, or a :class:`~kvstatus.Backend` whose options' deadline
+its round trips keep (the CLI passes the backend of ``--url``, with its URL's
+``?deadline=``); a bare client gets ``ConnectionOptions().deadline``, as a store
+built on a client without options. It bounds each round trip, not a whole walk
+of a namespace. Clients :mod:`kvstatus.connection` did not build (fakeredis, a plain
 redis-py client) ignore it, as in store calls.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from redis.cluster import RedisCluster
 
+from kvstatus.backend import Backend
 from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.errors import CorruptedValueError
 from kvstatus.fate import reads
@@ -48,31 +49,26 @@ OnCorrupt = Callable[[int, str], None]
 """Called with (room, message) for a room holding a value kvstatus does not write."""
 
 DEFAULT_DEADLINE = ConnectionOptions().deadline
-_DEADLINES: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+Link = Any
+"""What the admin reads take: a redis-py client, or a :class:`~kvstatus.Backend` holding one and the
+:class:`ConnectionOptions` whose ``deadline`` each round trip keeps (the CLI passes one built from ``--url``)."""
 
 
-def bound(client: Any, deadline: float) -> Any:
-    """Give ``client``'s admin round trips ``deadline`` seconds each (see the module); returns ``client``. A
-    client that cannot be weakly referenced (a test's stand-in) keeps the default."""
-    try:
-        _DEADLINES[client] = deadline
-    except TypeError:
-        pass
-    return client
+def client_of(link: Link) -> Any:
+    """The redis-py client of ``link``."""
+    return link.client if isinstance(link, Backend) else link
 
 
-def deadline_of(client: Any) -> float:
-    """Seconds each admin round trip on ``client`` may take (see the module)."""
-    try:
-        return _DEADLINES.get(client, DEFAULT_DEADLINE)
-    except TypeError:
-        return DEFAULT_DEADLINE
+def deadline_of(link: Link) -> float:
+    """Seconds each admin round trip on ``link`` may take: its backend's ``deadline``, else the default's."""
+    return link.options.deadline if isinstance(link, Backend) else DEFAULT_DEADLINE
 
 
 @contextlib.contextmanager
-def round_trip(client: Any) -> Iterator[None]:
-    """Run the block, one round trip on ``client`` (or on one of its cluster nodes), under the client's deadline;
-    an outer deadline that ends earlier (a store call's) is kept."""
+def round_trip(client: Link) -> Iterator[None]:
+    """Run the block, one round trip on ``client`` (or on one of its cluster nodes), under its deadline
+    (:func:`deadline_of`); an outer deadline that ends earlier (a store call's) is kept."""
     token = enter_deadline(deadline_of(client))
     try:
         yield
@@ -80,8 +76,9 @@ def round_trip(client: Any) -> Iterator[None]:
         DEADLINE.reset(token)
 
 
-def scan_clients(client: Any) -> list[Any]:
-    """The clients to SCAN: one per primary of a cluster, else ``client`` itself."""
+def scan_clients(link: Link) -> list[Any]:
+    """The clients to SCAN: one per primary of a cluster, else the client itself."""
+    client = client_of(link)
     if isinstance(client, RedisCluster):
         return [client.get_redis_connection(node) for node in client.get_primaries()]
     return [client]
@@ -148,7 +145,7 @@ def read_rooms(
     passed to it (room, message) and skipped.
     """
     try:
-        with round_trip(client), client.pipeline(transaction=False) as pipe:
+        with round_trip(client), client_of(client).pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hgetall(key)
                 if with_ttl:

@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional
 import click
 
 from kvstatus import connection
-from kvstatus.admin.scan import DEFAULT_BATCH, bound
+from kvstatus.admin.scan import DEFAULT_BATCH
 from kvstatus.arguments import DEFAULT_TTL_SECONDS, ttl_to_ms
+from kvstatus.backend import Backend
 from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
@@ -60,7 +61,7 @@ class CliEnv:
     url: Optional[str] = None
     namespace: Optional[str] = None
     prefix: str = DEFAULT_PREFIX
-    _client: Any = field(default=None, repr=False)
+    _backend: Optional[Backend] = field(default=None, repr=False)
 
     @property
     def url_or_default(self) -> str:
@@ -70,17 +71,17 @@ class CliEnv:
     def shown_url(self) -> str:
         return mask_url(self.url_or_default)
 
-    def client(self) -> Any:
-        """The Redis client; says on stderr which server it is when no URL was given (set one to silence it)."""
-        if self._client is None:
+    def backend(self) -> Backend:
+        """The Redis client of the URL with its connection options (the admin reads' round trips and the stores on
+        it keep its ``?deadline=``); says on stderr which server it is when no URL was given (set one to silence it)."""
+        if self._backend is None:
             if not self.url:
                 click.echo(
                     f"kvstatus: no --url or KVSTATUS_URL given, using {DEFAULT_URL} (set KVSTATUS_URL to silence this)",
                     err=True,
                 )
-            # The admin reads' round trips give up at the URL's ?deadline=, as store calls do (kvstatus.admin.scan).
-            self._client = bound(self.connect(self.url_or_default), self.options.deadline)
-        return self._client
+            self._backend = Backend(self.connect(self.url_or_default), self.options)
+        return self._backend
 
     @property
     def options(self) -> ConnectionOptions:
@@ -98,8 +99,9 @@ class CliEnv:
         return KeySchema(self.namespace, self.prefix)
 
     def close(self) -> None:
-        if self._client is not None:
-            close = getattr(self._client, "close", None)
+        if self._backend is not None:
+            self._backend.close()
+            close = getattr(self._backend.client, "close", None)
             if close is not None:
                 close()
 

@@ -102,7 +102,7 @@ def _first_failures(env: CliEnv, rooms: list[int]) -> dict[int, Optional[Failure
         click.echo(safe(f"warning: room {room}: {message}"), err=True)
 
     found: dict[int, Optional[FailureRecord]] = dict.fromkeys(rooms)
-    for view in read_rooms(env.client(), schema, schema.room_keys(rooms), on_corrupt=warn, with_ttl=False):
+    for view in read_rooms(env.backend(), schema, schema.room_keys(rooms), on_corrupt=warn, with_ttl=False):
         found[view.room] = view.failure
     return found
 

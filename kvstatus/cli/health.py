@@ -148,7 +148,7 @@ def health(
     is none), 1 if Redis cannot be read, 2 for bad options.
     """
     settings = health_settings(window, older_than, threshold, tombstone_ttl)
-    found = read_health(env.client(), env.schema(), settings, batch=batch)
+    found = read_health(env.backend(), env.schema(), settings, batch=batch)
     if as_json:
         emit_json({**found.to_json(), "unhealthy": [pair.name for pair in found.unhealthy]})
     else:

@@ -35,7 +35,7 @@ def participants(env: CliEnv, as_json: bool) -> None:
     """
     schema = env.schema()
     skipped: list[str] = []
-    leases = list_leases(env.client(), schema, on_corrupt=skipped.append)
+    leases = list_leases(env.backend(), schema, on_corrupt=skipped.append)
     _warn_skipped(env, skipped)
     if as_json:
         emit_json({"namespace": schema.namespace, "participants": [info.to_json() for info in leases]})
@@ -94,7 +94,7 @@ def sweep(env: CliEnv, batch: int, only: tuple[str, ...], as_json: bool) -> None
             rate = scanned / max(time.monotonic() - started, 1e-6)
             click.echo(f"\rsweep: {plural(scanned, 'key')} scanned ({rate:,.0f} keys/s)", nl=False, err=True)
 
-    result = run_sweep(env.client(), schema, batch=batch, progress=progress, participants=list(only) if only else None)
+    result = run_sweep(env.backend(), schema, batch=batch, progress=progress, participants=list(only) if only else None)
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
     _warn_skipped(env, result.skipped_sample, result.skipped)
@@ -134,7 +134,7 @@ def _warn_skipped(env: CliEnv, sample: list[str], count: int = -1) -> None:
     """On stderr: the keys a listing skipped (``count``: how many in all; -1: ``sample`` is all of them), and the
     lease index when a tenant's key stands at its name. The listing itself goes on."""
     count = len(sample) if count < 0 else count
-    problem = index_problem(env.client(), env.schema())
+    problem = index_problem(env.backend(), env.schema())
     if count:
         shown = "; ".join(sample) + (f"; and {count - len(sample)} more" if count > len(sample) else "")
         click.echo(safe(f"warning: skipped {plural(count, 'key')} kvstatus does not write: {shown}"), err=True)

@@ -89,7 +89,7 @@ def stats(env: CliEnv, oldest: int, older_than: float, batch: int, as_json: bool
     """
     schema = env.schema()
     progress = _progress("stats")
-    result = collect_stats(env.client(), schema, oldest=oldest, batch=batch, progress=progress, older_than=older_than)
+    result = collect_stats(env.backend(), schema, oldest=oldest, batch=batch, progress=progress, older_than=older_than)
     _end_progress(progress)
     findings = result.keys_without_ttl > 0 or result.corrupted_rooms > 0
     stuck = result.rooms_on_lost_participants > 0
@@ -231,7 +231,7 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_r
     terminal = sys.stdout.isatty() and not as_json
     previous: Optional[Snapshot] = None
     try:
-        for snap, changes in watch_changes(env.client(), schema, interval, count=count, batch=batch, detail=as_json):
+        for snap, changes in watch_changes(env.backend(), schema, interval, count=count, batch=batch, detail=as_json):
             if as_json:
                 emit_json(
                     {
@@ -279,7 +279,7 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
     check fails (a warning does not).
     """
     schema = env.schema()
-    checks = run_checks(env.client(), schema, ttl, env.shown_url, scripts=env.scripts)
+    checks = run_checks(env.backend(), schema, ttl, env.shown_url, scripts=env.scripts)
     if as_json:
         emit_json({"url": env.shown_url, "namespace": schema.namespace, "checks": [c.to_json() for c in checks]})
     else:
@@ -403,7 +403,7 @@ def functions() -> None:
 @pass_env
 def functions_load(env: CliEnv, as_json: bool) -> None:
     """FUNCTION LOAD this kvstatus version's library (REPLACE; idempotent) on the server or every primary."""
-    nodes = load_functions(env.client())
+    nodes = load_functions(env.backend())
     if as_json:
         emit_json({"library": LIBRARY_NAME, "nodes": nodes})
         return
@@ -418,7 +418,7 @@ def functions_load(env: CliEnv, as_json: bool) -> None:
 @pass_env
 def functions_list(env: CliEnv, as_json: bool) -> None:
     """List the kvstatus libraries on each node; exit 1 if this version's is missing on one."""
-    found = loaded_libraries(env.client())
+    found = loaded_libraries(env.backend())
     if as_json:
         emit_json({"library": LIBRARY_NAME, "nodes": found})
     else:

@@ -147,7 +147,7 @@ def exporter(
 
     try:
         run_exporter(
-            env.client(),
+            env.backend(),
             schemas,
             port=port,
             host=host,
@@ -248,7 +248,7 @@ def serve(
 
     try:
         run_board(
-            env.client(),
+            env.backend(),
             schema,
             shown_url=env.shown_url,
             host=host,

@@ -60,11 +60,10 @@ def store_for(
 ) -> StatusStore:
     schema = env.schema()
     return StatusStore(
-        env.client(),
+        env.backend(),
         namespace=schema.namespace,
         prefix=schema.prefix,
         participant=participant,
-        options=env.options,
         ttl=ttl,
         policy=policy,
         scripts=env.scripts,
@@ -347,7 +346,7 @@ def ls(
     env = ctx.find_object(CliEnv)
     assert env is not None
     schema = env.schema()
-    client = env.client()
+    client = env.backend()
     shown = 0
     text = StreamTable(STUCK_HEADERS if stuck else ROOM_HEADERS, block=batch)
     corrupted: list[int] = []

@@ -55,7 +55,7 @@ from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
 from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, round_trip, server_ms
+from kvstatus.admin.scan import DEFAULT_BATCH, client_of, read_rooms, room_matches, round_trip, server_ms
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
@@ -212,7 +212,7 @@ class Board:
         """The room's tombstone, read with plain HGETALL + PTTL (what the read-only ACL user has; same slot)."""
         tomb = key + TOMBSTONE_SUFFIX
         try:
-            with round_trip(self.client), self.client.pipeline(transaction=False) as pipe:
+            with round_trip(self.client), client_of(self.client).pipeline(transaction=False) as pipe:
                 fields, pttl = pipe.hgetall(tomb).pttl(tomb).execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc

@@ -13,7 +13,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from redis import exceptions as rx
 
@@ -21,9 +21,13 @@ from kvstatus.connection import SlotMoved
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import KeySchema, validate_rooms
 from kvstatus.model import KVPoll, ParticipantEntry, RoomView
-from kvstatus.replies import decode_room
+from kvstatus.replies import Reply, decode_room
 from kvstatus.rule import shared_failed
 from kvstatus.url import STORE_OPTIONS, ParsedURL, url_near_cache
+
+if TYPE_CHECKING:
+    from kvstatus.observer import StoreObserver
+    from kvstatus.requests import Arg
 
 DEFAULT_MAX_ROOMS = 16_384
 DEFAULT_MAX_STALENESS = 1.0
@@ -96,7 +100,9 @@ def status_for(entry: CachedRoom, reader: Reader) -> Optional[KVPoll]:
     return None
 
 
-def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: float) -> CachedRoom:
+def room_from_replies(
+    room: int, key: str, fields: Union[list[Reply], Mapping[Reply, Reply]], pttl: int, sent_at: float
+) -> CachedRoom:
     """Decode an ``HGETALL`` reply (flat list or mapping) and a ``PTTL`` reply read at ``sent_at`` or later."""
     if isinstance(fields, list):
         pairs = iter(fields)
@@ -108,7 +114,7 @@ def room_from_replies(room: int, key: str, fields: Any, pttl: int, sent_at: floa
     deadline = sent_at + pttl / 1000 if pttl >= 0 else None
     if deadline is None and not view.participants and view.failure is None:
         return _ABSENT
-    parts: list[Any] = [deadline, view.failure]
+    parts: list[object] = [deadline, view.failure]
     for name, participant in view.participants.items():
         parts += (sys.intern(name), participant.status, participant.reason)
     return tuple(parts)
@@ -190,7 +196,7 @@ class CacheState:
         self._log: list[int] = []
         self.earliest_deadline = float("inf")
         self.fresh = Freshness()
-        self.metrics: Any = None  # a kvstatus.observer.StoreObserver, told of invalidations and the size
+        self.metrics: Optional[StoreObserver] = None  # told of invalidations and the size
 
     # ---- invalidation
 
@@ -321,7 +327,7 @@ class CacheState:
             flat = self.flats[reader] = {room: status_for(e, reader) for room, e in self.entries.items()}
         return flat
 
-    def hits(self, rooms: Any, reader: Reader) -> Optional[dict[int, Optional[KVPoll]]]:
+    def hits(self, rooms: Sequence[int], reader: Reader) -> Optional[dict[int, Optional[KVPoll]]]:
         """``reader``'s status in every room of the list or tuple ``rooms`` if all are cached, else None."""
         try:
             result = dict(zip(rooms, map(self.flat(reader).__getitem__, rooms)))
@@ -334,9 +340,9 @@ class CacheState:
             self.referenced.update(rooms)
         return result
 
-    def fill_commands(self, rooms: Sequence[int]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    def fill_commands(self, rooms: Sequence[int]) -> tuple[list[str], list[tuple[Arg, ...]]]:
         keys = self.schema.room_keys(rooms)
-        commands: list[tuple[Any, ...]] = []
+        commands: list[tuple[Arg, ...]] = []
         for key in keys:
             commands.append(("HGETALL", key))
             commands.append(("PTTL", key))
@@ -364,6 +370,9 @@ class NearCacheBase:
     state: CacheState
 
     def invalidate(self, rooms: Iterable[int]) -> None:
+        raise NotImplementedError
+
+    def status_map(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
         raise NotImplementedError
 
 
@@ -411,11 +420,11 @@ def near_cache_setting(
 
 def make_near_cache(
     setting: Union[bool, NearCacheOptions, NearCacheBase, None],
-    cache_class: Callable[..., Any],
-    client: Any,
+    cache_class: Callable[..., NearCacheBase],
+    client: object,
     schema: KeySchema,
-    sender: Any,
-) -> Optional[Any]:
+    sender: object,
+) -> Optional[NearCacheBase]:
     """The cache of a store: None (``setting`` None/False), a shared cache as given, or a new
     ``cache_class`` (``setting`` True or :class:`NearCacheOptions`) that sends through ``sender``."""
     if setting is None or setting is False:

@@ -16,7 +16,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import redis
 import redis.asyncio
@@ -26,6 +26,9 @@ import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster, key_slot  # type: ignore[attr-defined]
 from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from kvstatus.deadline import (
     AsyncDeadlineConnection,
@@ -68,7 +71,9 @@ def _ssl_kwargs(query: dict[str, str], options: ConnectionOptions) -> dict[str, 
     return kwargs
 
 
-def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
+def _standalone(
+    parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool
+) -> Union[redis.Redis, redis.asyncio.Redis]:
     kwargs = _common_kwargs(parsed, options)
     if parsed.path:
         kwargs["unix_socket_path"] = parsed.path
@@ -211,7 +216,9 @@ def _retry(options: ConnectionOptions, asynchronous: bool, refused_is_final: boo
     return retry_class(backoff, options.retries, _is_final_standalone if refused_is_final else _is_final)
 
 
-def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
+def _cluster(
+    parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool
+) -> Union[RedisCluster, AsyncRedisCluster]:
     """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node.
 
     redis-py's cluster clients have no blocking pool: the store queues its calls instead
@@ -273,7 +280,7 @@ def _deadline_nodes(cluster: Any, tls: bool) -> None:
             pool.reset()
 
 
-def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> Any:
+def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> object:
     """A client of the master of ``parsed.service``; each new connection asks the Sentinels where it is."""
     kwargs = _common_kwargs(parsed, options)
     query = parsed.query
@@ -324,7 +331,7 @@ class _AsyncSentinelPool(AsyncWaitingPool, redis.asyncio.sentinel.SentinelConnec
     """:class:`_SentinelPool` for redis.asyncio."""
 
 
-_BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], Any]] = {
+_BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], object]] = {  # a redis-py client
     "redis": _standalone,
     "rediss": _standalone,
     "unix": _standalone,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional, TypedDict, TypeVar
 
 from redis.cluster import key_slot  # type: ignore[attr-defined]
 
@@ -97,6 +97,19 @@ def _no_calls(result: T) -> Request[T]:
     return Request([], lambda replies: result)
 
 
+class CoreSettings(TypedDict):
+    """The keyword arguments that rebuild a :class:`StoreCore` (:meth:`StoreCore.settings`)."""
+
+    namespace: str
+    participant: str
+    prefix: str
+    ttl: float
+    policy: Policy
+    tombstone_ttl: float
+    shared_fate: bool
+    timeline: bool
+
+
 class StoreCore:
     """Configuration and operations of a store, shared by the sync and async stores."""
 
@@ -158,7 +171,7 @@ class StoreCore:
             self._timeline_field,
         )
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> CoreSettings:
         """Keyword arguments that rebuild this core (for ``for_participant``)."""
         return {
             "namespace": self.schema.namespace,

@@ -13,7 +13,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from kvstatus.connection import is_cluster_client, is_sentinel_client
 from kvstatus.deadline import ClientPoolExhausted, may_wait
 from kvstatus.observer import StoreObserver
-from kvstatus.replies import subscriber_counts
+from kvstatus.replies import ReplyOrError, subscriber_counts
 from kvstatus.requests import Call, Request
 from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
@@ -22,7 +22,7 @@ from kvstatus.url import ConnectionOptions
 T = TypeVar("T")
 
 
-def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
+def failover_delays(client: object, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
     """Seconds to wait before each resend of a whole store call that met an unavailable backend.
 
     Only for cluster and Sentinel clients: redis-py surfaces a dead cluster
@@ -39,12 +39,12 @@ def failover_delays(client: Any, options: Optional[ConnectionOptions]) -> tuple[
 SHARD_NUMSUB = "PUBSUB SHARDNUMSUB"
 
 
-def _shard_subscribers(command: str, res: dict[str, Any], **options: Any) -> list[tuple[str, int]]:
+def _shard_subscribers(command: str, res: dict[str, object], **options: object) -> list[tuple[str, int]]:
     """A cluster client's merge of its nodes' ``PUBSUB SHARDNUMSUB`` replies: (channel, subscribers) pairs."""
     return list(subscriber_counts(res).items())
 
 
-def merge_shard_counts(client: Any) -> None:
+def merge_shard_counts(client: object) -> None:
     """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies that the presence counts can read.
 
     redis-py 8.2 keys its cluster result callbacks by the two-word command and merges SHARDNUMSUB as if each
@@ -86,7 +86,7 @@ def may_resend(delay: float) -> bool:
     return may_wait(delay)
 
 
-def noscript_resend(calls: list[Call], replies: list[Any], as_eval: bool) -> tuple[list[int], list[Call]]:
+def noscript_resend(calls: list[Call], replies: list[ReplyOrError], as_eval: bool) -> tuple[list[int], list[Call]]:
     """The script calls whose reply is NOSCRIPT: their indices, and the calls to send again in their place.
 
     ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them), but an
@@ -116,7 +116,7 @@ def as_evalsha(request: Request[T]) -> Request[T]:
 _RO_COMMANDS = ("EVALSHA_RO", "EVAL_RO")
 
 
-def evalsha_fallback(calls: list[Call], replies: list[Any]) -> tuple[list[int], list[Call]]:
+def evalsha_fallback(calls: list[Call], replies: list[ReplyOrError]) -> tuple[list[int], list[Call]]:
     """The read-only script calls the server refused as a command, and ``calls`` with those as EVALSHA / EVAL.
 
     Refused: an unknown command (Redis < 7, fakeredis) or one the ACL does not grant (a recipe from before
@@ -146,13 +146,13 @@ def _refuses(reply: ResponseError) -> bool:
     )
 
 
-def merge(replies: list[Any], indices: list[int], resent: list[Any]) -> None:
+def merge(replies: list[ReplyOrError], indices: list[int], resent: list[ReplyOrError]) -> None:
     """Put the replies of resent calls in their places."""
     for i, reply in zip(indices, resent):
         replies[i] = reply
 
 
-def checked(calls: list[Call], replies: list[Any]) -> list[Any]:
+def checked(calls: list[Call], replies: list[ReplyOrError]) -> list[ReplyOrError]:
     """``replies`` if none is an error; else raise the first error as its kvstatus error."""
     for call, reply in zip(calls, replies):
         if isinstance(reply, Exception):

@@ -7,7 +7,7 @@ operations, its near cache's fills, its lease renewals, its consensus and ``wait
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, ClassVar, Optional, TypeVar, Union
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union
 
 from kvstatus.arguments import (
     DEFAULT_TOMBSTONE_TTL_SECONDS,
@@ -24,6 +24,7 @@ from kvstatus.cachestate import (
     near_cache_setting,
     writes_sent,
 )
+from kvstatus.concurrency import AsyncGate, Gate
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_address, validate_name, validate_room
 from kvstatus.leasestate import LeaseCore
@@ -46,15 +47,28 @@ S = TypeVar("S", bound="StoreBase")
 T = TypeVar("T")
 
 
+class _Sender(Protocol):
+    """What the shared code uses of a store's sender (:class:`~kvstatus._async.sender.AsyncSender`, ``Sender``)."""
+
+    @property
+    def send(self) -> Callable[..., object]: ...
+
+
+class _Keeper(Protocol):
+    """What the shared code uses of a store's lease keeper (:class:`~kvstatus._async.leases.AsyncLeaseKeeper`)."""
+
+    core: LeaseCore
+
+
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
-    _connect: ClassVar[Callable[..., Any]]
-    _sender_class: ClassVar[Callable[..., Any]]
-    _gate_class: ClassVar[Any]
-    _near_class: ClassVar[Callable[..., Any]]
-    _keeper_class: ClassVar[Callable[..., Any]]
-    _presence_class: ClassVar[Callable[..., Any]]
+    _connect: ClassVar[Callable[..., object]]  # connect or connect_async: a redis-py client
+    _sender_class: ClassVar[Callable[..., _Sender]]
+    _gate_class: ClassVar[Union[type[Gate], type[AsyncGate]]]
+    _near_class: ClassVar[Callable[..., NearCacheBase]]
+    _keeper_class: ClassVar[Callable[..., _Keeper]]
+    _presence_class: ClassVar[Callable[..., object]]
 
     def __init__(
         self,
@@ -219,14 +233,16 @@ class StoreBase:
         """The :class:`~kvstatus.keys.KeySchema` of this store's namespace: how its keys are built and parsed."""
         return self._core.schema
 
-    def for_participant(self, participant: str) -> Any:
+    def for_participant(self: S, participant: str) -> S:
         """A store on the same backend with the same settings, writing as ``participant`` (with its own lease, if
         this one has one)."""
         metrics = None if self._metrics is None else self._metrics.for_participant(participant)
         lease_ttl = None if self._keeper is None else self._keeper.core.ttl
+        settings = self._core.settings()
+        settings["participant"] = participant
         return type(self)(
             self.backend,
-            **{**self._core.settings(), "participant": participant},
+            **settings,
             scripts=self.scripts,
             near_cache=self._near,
             metrics=metrics,
@@ -287,7 +303,7 @@ class StoreBase:
             for room in rooms:
                 self._watch.closed(room)
 
-    def _wrote(self, rooms: Any) -> None:
+    def _wrote(self, rooms: Iterable[int]) -> None:
         """Drop rooms this store wrote (or may have written) from the process's near caches: read-your-writes,
         through any store of the process (:func:`~kvstatus.cachestate.writes_sent`)."""
         try:
@@ -295,10 +311,12 @@ class StoreBase:
         except TypeError:
             pass  # not an iterable of rooms: the operation itself raised about it
 
-    def _uncached(self, participant: str) -> Any:
+    def _uncached(self: S, participant: str) -> S:
         """A store on the same client and settings reading ``participant``'s entries without the near cache, lease or
         peer watch (for wait_for, and the SGLang map's outage probe)."""
-        return type(self)(self.backend, **{**self._core.settings(), "participant": participant}, scripts=self.scripts)
+        settings = self._core.settings()
+        settings["participant"] = participant
+        return type(self)(self.backend, **settings, scripts=self.scripts)
 
     def __repr__(self) -> str:
         return (

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Generator, Iterable
-from typing import Any, Optional
+from typing import Any, Final, Literal, Optional, Union
 
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.model import KVPoll, to_status
@@ -28,12 +28,18 @@ RECHECK_SECONDS = 1.0
 POLL_INTERVAL_SECONDS = 0.05
 
 # The I/O actions of a wait plan: (kind, argument).
-WATCH = "watch"  # argument None; reply: True once the room key is watched, False if not possible now
-READ = "read"  # argument None; reply: the entry's status now (Optional[KVPoll])
-RECEIVE = "receive"  # argument: seconds to wait; reply: True if the room changed, False if not, None if broken
-SLEEP = "sleep"  # argument: seconds
-CLOCK = "clock"  # argument None; reply: time.monotonic()
-Action = tuple[str, Any]
+WATCH: Final = "watch"  # argument None; reply: True once the room key is watched, False if not possible now
+READ: Final = "read"  # argument None; reply: the entry's status now (Optional[KVPoll])
+RECEIVE: Final = "receive"  # argument: seconds to wait; reply: True if the room changed, False if not, None if broken
+SLEEP: Final = "sleep"  # argument: seconds
+CLOCK: Final = "clock"  # argument None; reply: time.monotonic()
+Action = Union[
+    tuple[Literal["watch"], None],
+    tuple[Literal["read"], None],
+    tuple[Literal["receive"], float],
+    tuple[Literal["sleep"], float],
+    tuple[Literal["clock"], None],
+]
 
 
 def target_statuses(statuses: KVPoll | int | Iterable[KVPoll | int]) -> frozenset[KVPoll]:
@@ -63,7 +69,7 @@ def wait_plan(
     timeout: float,
     recheck: float = RECHECK_SECONDS,
     poll_interval: float = POLL_INTERVAL_SECONDS,
-) -> Generator[Action, Any, Optional[KVPoll]]:
+) -> Generator[Action, Any, Optional[KVPoll]]:  # each reply's type follows its action's kind
     """The waiting loop: returns the status reached, or None when ``timeout`` seconds passed first."""
     start = yield CLOCK, None
     deadline = start + timeout

@@ -40,11 +40,12 @@ from kvstatus.concurrency import (
     async_data_fd,
     async_run_blocking,
 )
-from kvstatus.connection import SlotMoved, Topology, slot_fingerprint
+from kvstatus.connection import SlotFingerprint, SlotMoved, Topology, slot_fingerprint
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.invalidation import InvalidationSocket, LinkLost, Links, LinkState, peer_of, sync_twin, tracking_command
 from kvstatus.keys import KeySchema, validate_room
 from kvstatus.model import KVPoll, RoomView
+from kvstatus.replies import ReplyOrError
 from kvstatus.requests import Call, Request
 from kvstatus.translate import connection_refused
 
@@ -73,7 +74,7 @@ class AsyncNearCache(NearCacheBase):
         # SWAPDB sends no invalidation (Redis 7.0): a single server's cache watches a marker of its database.
         self._marker_key = None if self.topology.cluster else schema.database_marker_key
         self._marker: Optional[bytes] = None
-        self._fingerprint: Any = None
+        self._fingerprint: Optional[SlotFingerprint] = None
         self._next_check = 0.0
         self.closed = False
         register(self)
@@ -336,7 +337,7 @@ class AsyncNearCache(NearCacheBase):
         self.closed = True
 
 
-def _data_of(links: dict[str, Any], name: str) -> Any:
+def _data_of(links: dict[str, LinkState], name: str) -> Any:
     """The data connection of link ``name``; :class:`LinkLost` when it was dropped meanwhile."""
     link = links.get(name)
     if link is None:
@@ -356,7 +357,7 @@ class AsyncLinkTransport:
         self.token = (0, 0)
         self.sent_at = 0.0
 
-    async def io(self, calls: list[Call]) -> list[Any]:
+    async def io(self, calls: list[Call]) -> list[ReplyOrError]:
         cache = self.cache
         try:
             async with cache._io_lock:
@@ -382,7 +383,7 @@ class AsyncLinkTransport:
                         await conn.send_packed_command(
                             conn.pack_commands([calls[i].args for i in indices]), check_health=False
                         )
-                    replies: list[Any] = [None] * len(calls)
+                    replies: list[ReplyOrError] = [None] * len(calls)
                     for name, indices in groups.items():
                         conn = conns[name]
                         for i in indices:
@@ -430,7 +431,7 @@ class AsyncLinkTransport:
         """The near cache sends no scripts."""
 
 
-def _as_is(replies: list[Any]) -> list[Any]:
+def _as_is(replies: list[ReplyOrError]) -> list[ReplyOrError]:
     return replies
 
 

@@ -32,6 +32,7 @@ from kvstatus.deadline import DEADLINE, enter_deadline, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.observer import StoreObserver
 from kvstatus.operations import as_functions
+from kvstatus.replies import ReplyOrError
 from kvstatus.requests import Call, Request
 from kvstatus.sendrules import (
     as_evalsha,
@@ -59,7 +60,7 @@ class AsyncTransport(Protocol):
 
     resend_delays: tuple[float, ...]
 
-    async def io(self, calls: list[Call]) -> list[Any]:
+    async def io(self, calls: list[Call]) -> list[ReplyOrError]:
         """The replies of ``calls`` in one round trip, redis-py errors in place (never raised)."""
         ...
 
@@ -149,8 +150,8 @@ class AsyncSender:
         return request.decode(await self._replies(calls, None, self, request.strict) if calls else [])
 
     async def _replies(
-        self, calls: list[Call], first: Optional[list[Any]], via: AsyncTransport, strict: Optional[int] = None
-    ) -> list[Any]:
+        self, calls: list[Call], first: Optional[list[ReplyOrError]], via: AsyncTransport, strict: Optional[int] = None
+    ) -> list[ReplyOrError]:
         """The replies of ``calls``; the errors of the first ``strict`` (None: all) raise, the others stay in place."""
         attempt = 0
         while attempt < len(via.resend_delays):  # read each time: a transport may give up (a refused server)
@@ -168,8 +169,12 @@ class AsyncSender:
         return await self._round_trip(calls, first, via, strict)
 
     async def _round_trip(
-        self, calls: list[Call], replies: Optional[list[Any]], via: AsyncTransport, strict: Optional[int] = None
-    ) -> list[Any]:
+        self,
+        calls: list[Call],
+        replies: Optional[list[ReplyOrError]],
+        via: AsyncTransport,
+        strict: Optional[int] = None,
+    ) -> list[ReplyOrError]:
         replies = await via.io(calls) if replies is None else replies
         indices, calls = evalsha_fallback(calls, replies)
         if indices:  # EVALSHA_RO refused: resent as EVALSHA, and sent so from now on (a probe, not a resend)
@@ -191,7 +196,7 @@ class AsyncSender:
 
     # The client's own transport.
 
-    async def io(self, calls: list[Call]) -> list[Any]:
+    async def io(self, calls: list[Call]) -> list[ReplyOrError]:
         try:
             if len(calls) == 1:
                 return [await self.client.execute_command(*calls[0].args, **self._routed(calls[0]))]
@@ -202,7 +207,7 @@ class AsyncSender:
                         pipe.execute_command(*call.args, **async_pipeline_route(self.client, call.args[3]))
                     else:
                         pipe.execute_command(*call.args, **self._routed(call))
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                replies: list[ReplyOrError] = await pipe.execute(raise_on_error=False)
                 return replies
         except REDIS_ERRORS as exc:
             return [exc] * len(calls)

@@ -7,7 +7,7 @@ blocking redis-py client, is generated from this file by tools/unasync.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Optional, TypeVar
+from typing import Optional, TypeVar
 
 from kvstatus._async.leases import AsyncLeaseKeeper
 from kvstatus._async.nearcache import AsyncNearCache
@@ -225,7 +225,7 @@ class AsyncStatusStore(StoreBase):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Any) -> T:
+    async def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Iterable[int]) -> T:
         """Send the write ``build()`` makes: renew the lease first if it may have lapsed (LeaseLostError once it is
         lost; built once before that, so bad arguments raise before Redis is touched, and again after it, stamped
         with the incarnation), and drop ``rooms`` from the near cache afterwards, whatever happened

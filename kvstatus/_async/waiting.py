@@ -10,7 +10,7 @@ server's pause.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Optional
 
 from redis import exceptions as rx
@@ -168,7 +168,7 @@ async def async_wait_for(
     pool: WatchPool,
     key: str,
     participant: str,
-    statuses: Any,
+    statuses: KVPoll | int | Iterable[KVPoll | int],
     timeout: Optional[float],
     read: Callable[[], Awaitable[Optional[KVPoll]]],
     deadline: float,
@@ -182,25 +182,25 @@ async def async_wait_for(
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     watch = AsyncRoomWatch(client, pool, key)
-    reply: Any = None
+    reply: object = None
     watched: Optional[float] = None  # the deadline of the watch a read follows: the two are one step
     try:
         while True:
             async_checkpoint()  # a cancel that a step swallowed (see there) ends the wait here
             try:
-                kind, argument = plan.send(reply)
+                action = plan.send(reply)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            if kind == CLOCK:
+            if action[0] == CLOCK:
                 reply = time.monotonic()
-            elif kind == WATCH:
+            elif action[0] == WATCH:
                 until = watched = step_deadline(ends, deadline)
                 step = DEADLINE.set(until)
                 try:
                     reply = await watch.ready(until)
                 finally:
                     DEADLINE.reset(step)
-            elif kind == READ:
+            elif action[0] == READ:
                 until = step_deadline(ends, deadline) if watched is None else watched
                 watched = None
                 step = DEADLINE.set(until)  # the send path keeps the earlier one
@@ -208,10 +208,10 @@ async def async_wait_for(
                     reply = await read()
                 finally:
                     DEADLINE.reset(step)
-            elif kind == RECEIVE:
-                reply = await watch.changed(argument)
+            elif action[0] == RECEIVE:
+                reply = await watch.changed(action[1])
             else:
-                await async_sleep(argument)
+                await async_sleep(action[1])
                 reply = None
     finally:
         plan.close()

@@ -33,6 +33,7 @@ from kvstatus.deadline import DEADLINE, enter_deadline, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.observer import StoreObserver
 from kvstatus.operations import as_functions
+from kvstatus.replies import ReplyOrError
 from kvstatus.requests import Call, Request
 from kvstatus.sendrules import (
     as_evalsha,
@@ -60,7 +61,7 @@ class Transport(Protocol):
 
     resend_delays: tuple[float, ...]
 
-    def io(self, calls: list[Call]) -> list[Any]:
+    def io(self, calls: list[Call]) -> list[ReplyOrError]:
         """The replies of ``calls`` in one round trip, redis-py errors in place (never raised)."""
         ...
 
@@ -150,8 +151,8 @@ class Sender:
         return request.decode(self._replies(calls, None, self, request.strict) if calls else [])
 
     def _replies(
-        self, calls: list[Call], first: Optional[list[Any]], via: Transport, strict: Optional[int] = None
-    ) -> list[Any]:
+        self, calls: list[Call], first: Optional[list[ReplyOrError]], via: Transport, strict: Optional[int] = None
+    ) -> list[ReplyOrError]:
         """The replies of ``calls``; the errors of the first ``strict`` (None: all) raise, the others stay in place."""
         attempt = 0
         while attempt < len(via.resend_delays):  # read each time: a transport may give up (a refused server)
@@ -169,8 +170,12 @@ class Sender:
         return self._round_trip(calls, first, via, strict)
 
     def _round_trip(
-        self, calls: list[Call], replies: Optional[list[Any]], via: Transport, strict: Optional[int] = None
-    ) -> list[Any]:
+        self,
+        calls: list[Call],
+        replies: Optional[list[ReplyOrError]],
+        via: Transport,
+        strict: Optional[int] = None,
+    ) -> list[ReplyOrError]:
         replies = via.io(calls) if replies is None else replies
         indices, calls = evalsha_fallback(calls, replies)
         if indices:  # EVALSHA_RO refused: resent as EVALSHA, and sent so from now on (a probe, not a resend)
@@ -192,7 +197,7 @@ class Sender:
 
     # The client's own transport.
 
-    def io(self, calls: list[Call]) -> list[Any]:
+    def io(self, calls: list[Call]) -> list[ReplyOrError]:
         try:
             if len(calls) == 1:
                 return [self.client.execute_command(*calls[0].args, **self._routed(calls[0]))]
@@ -203,7 +208,7 @@ class Sender:
                         pipe.execute_command(*call.args, **pipeline_route(self.client, call.args[3]))
                     else:
                         pipe.execute_command(*call.args, **self._routed(call))
-                replies: list[Any] = pipe.execute(raise_on_error=False)
+                replies: list[ReplyOrError] = pipe.execute(raise_on_error=False)
                 return replies
         except REDIS_ERRORS as exc:
             return [exc] * len(calls)

@@ -8,7 +8,7 @@ blocking redis-py client, is generated from this file by tools/unasync.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Optional, TypeVar
+from typing import Optional, TypeVar
 
 from kvstatus._sync.leases import LeaseKeeper
 from kvstatus._sync.nearcache import NearCache
@@ -226,7 +226,7 @@ class StatusStore(StoreBase):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Any) -> T:
+    def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Iterable[int]) -> T:
         """Send the write ``build()`` makes: renew the lease first if it may have lapsed (LeaseLostError once it is
         lost; built once before that, so bad arguments raise before Redis is touched, and again after it, stamped
         with the incarnation), and drop ``rooms`` from the near cache afterwards, whatever happened

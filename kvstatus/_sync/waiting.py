@@ -11,7 +11,7 @@ server's pause.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
 from redis import exceptions as rx
@@ -169,7 +169,7 @@ def wait_for(
     pool: WatchPool,
     key: str,
     participant: str,
-    statuses: Any,
+    statuses: KVPoll | int | Iterable[KVPoll | int],
     timeout: Optional[float],
     read: Callable[[], Optional[KVPoll]],
     deadline: float,
@@ -183,25 +183,25 @@ def wait_for(
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     watch = RoomWatch(client, pool, key)
-    reply: Any = None
+    reply: object = None
     watched: Optional[float] = None  # the deadline of the watch a read follows: the two are one step
     try:
         while True:
             checkpoint()  # a cancel that a step swallowed (see there) ends the wait here
             try:
-                kind, argument = plan.send(reply)
+                action = plan.send(reply)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-            if kind == CLOCK:
+            if action[0] == CLOCK:
                 reply = time.monotonic()
-            elif kind == WATCH:
+            elif action[0] == WATCH:
                 until = watched = step_deadline(ends, deadline)
                 step = DEADLINE.set(until)
                 try:
                     reply = watch.ready(until)
                 finally:
                     DEADLINE.reset(step)
-            elif kind == READ:
+            elif action[0] == READ:
                 until = step_deadline(ends, deadline) if watched is None else watched
                 watched = None
                 step = DEADLINE.set(until)  # the send path keeps the earlier one
@@ -209,10 +209,10 @@ def wait_for(
                     reply = read()
                 finally:
                     DEADLINE.reset(step)
-            elif kind == RECEIVE:
-                reply = watch.changed(argument)
+            elif action[0] == RECEIVE:
+                reply = watch.changed(action[1])
             else:
-                sleep(argument)
+                sleep(action[1])
                 reply = None
     finally:
         plan.close()

@@ -9,10 +9,11 @@ added, a restart without persistence, ``FUNCTION FLUSH``) needs the load again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from kvstatus import scripts
-from kvstatus.admin.scan import round_trip, scan_clients
+from kvstatus.admin.send import Link, NodeTransport, client_of, nodes_of, replies, send
+from kvstatus.requests import Call
 
 
 def _where(node: Any) -> str:
@@ -20,31 +21,35 @@ def _where(node: Any) -> str:
     return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
 
 
-def load_functions(client: Any) -> list[str]:
-    """``FUNCTION LOAD REPLACE`` this version's library on the server (every primary of a cluster).
+def _nodes(link: Link) -> list[tuple[Optional[NodeTransport], str]]:
+    """Each primary of a cluster (else the server) as where to send, and its host:port."""
+    return [(node, _where(client_of(link) if node is None else node.node)) for node in nodes_of(link)]
+
+
+def load_functions(client: Link) -> list[str]:
+    """``FUNCTION LOAD REPLACE`` this version's library on the server (every primary of a cluster), through the
+    send path (:mod:`kvstatus.admin.send`: a hung node fails the load at the deadline).
 
     Returns the nodes (host:port) it was loaded on. Idempotent: the library's
     name carries its version, so REPLACE only ever replaces the same text.
     """
-    nodes = scan_clients(client)
-    for node in nodes:
-        with round_trip(client):  # a hung node fails the load at the admin deadline (kvstatus.admin.scan)
-            node.function_load(scripts.LIBRARY, replace=True)
-    return [_where(node) for node in nodes]
+    nodes = _nodes(client)
+    for node, _ in nodes:
+        send(client, replies([Call(("FUNCTION LOAD", "REPLACE", scripts.LIBRARY))]), node)
+    return [where for _, where in nodes]
 
 
-def loaded_libraries(client: Any) -> dict[str, list[str]]:
+def loaded_libraries(client: Link) -> dict[str, list[str]]:
     """The kvstatus libraries on each node (host:port -> names, sorted), this version's among them or not."""
     found: dict[str, list[str]] = {}
-    for node in scan_clients(client):
+    for node, where in _nodes(client):
         names = []
-        with round_trip(client):
-            libraries = node.function_list(library="kvstatus_*")
+        (libraries,) = send(client, replies([Call(("FUNCTION LIST", "LIBRARYNAME", "kvstatus_*"))]), node)
         for library in libraries:
             if isinstance(library, dict):
                 name = library.get(b"library_name", library.get("library_name"))
             else:  # RESP2: a flat list of names and values
                 name = dict(zip(library[::2], library[1::2])).get(b"library_name")
             names.append(name.decode() if isinstance(name, bytes) else str(name))
-        found[_where(node)] = sorted(names)
+        found[where] = sorted(names)
     return found

@@ -36,15 +36,8 @@ from itertools import product
 from typing import Any, Optional
 
 from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import (
-    DEFAULT_BATCH,
-    OnCorrupt,
-    client_of,
-    iter_matching,
-    round_trip,
-    server_ms,
-    without_probe,
-)
+from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, server_ms, without_probe
+from kvstatus.admin.send import replies, send
 from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
@@ -54,7 +47,7 @@ from kvstatus.replies import decode_room, decode_tombstone
 from kvstatus.requests import Call
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck
 from kvstatus.timeline import current_steps
-from kvstatus.translate import REDIS_ERRORS, translate_error
+from kvstatus.translate import translate_error
 
 DEFAULT_WINDOW_SECONDS = 60.0
 DEFAULT_THRESHOLD = 1
@@ -350,21 +343,15 @@ def read_views(
         if room is not None:
             (orphans if tomb else rooms)[room] = key
     orphans = {room: key for room, key in orphans.items() if room not in rooms}
-    try:
-        with round_trip(client), client_of(client).pipeline(transaction=False) as pipe:
-            for key in rooms.values():
-                pipe.hgetall(key)
-                pipe.pttl(key)
-                pipe.hgetall(key + TOMBSTONE_SUFFIX)
-            for key in orphans.values():
-                pipe.exists(key[: -len(TOMBSTONE_SUFFIX)])
-                pipe.hgetall(key)
-            replies = pipe.execute(raise_on_error=False)
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc) from exc
+    calls: list[Call] = []
+    for key in rooms.values():
+        calls += [Call(("HGETALL", key)), Call(("PTTL", key)), Call(("HGETALL", key + TOMBSTONE_SUFFIX))]
+    for key in orphans.values():
+        calls += [Call(("EXISTS", key[: -len(TOMBSTONE_SUFFIX)])), Call(("HGETALL", key))]
+    found = send(client, replies(calls, strict=0))
     views: list[RoomView] = []
     for i, (room, key) in enumerate(rooms.items()):
-        fields, pttl, tomb = replies[3 * i : 3 * i + 3]
+        fields, pttl, tomb = found[3 * i : 3 * i + 3]
         try:
             tombstone = _tombstone(tomb, key + TOMBSTONE_SUFFIX, room, on_corrupt)
             for reply in (fields, pttl):
@@ -379,7 +366,7 @@ def read_views(
             on_corrupt(room, str(exc))
     base = 3 * len(rooms)
     for i, (room, key) in enumerate(orphans.items()):
-        exists, tomb = replies[base + 2 * i : base + 2 * i + 2]
+        exists, tomb = found[base + 2 * i : base + 2 * i + 2]
         try:
             if isinstance(exists, Exception):
                 raise translate_error(exists, Call(("EXISTS", key[: -len(TOMBSTONE_SUFFIX)]))) from exists

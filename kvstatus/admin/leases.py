@@ -14,11 +14,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from kvstatus.admin.scan import DEFAULT_BATCH, client_of, round_trip, scan_clients
+from kvstatus.admin.scan import DEFAULT_BATCH
+from kvstatus.admin.send import nodes_of, replies, scan_step, send
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, LeaseState, RoomView
+from kvstatus.requests import Call
 from kvstatus.stored import stored_int
-from kvstatus.translate import REDIS_ERRORS, translate_error
+from kvstatus.translate import translate_error
 
 
 @dataclass(frozen=True)
@@ -113,48 +115,35 @@ def iter_leases(
 
     A key at a lease record's name that is not a hash, or a record kvstatus does not write, is skipped, and
     ``on_corrupt`` (if given) is called with a message naming it."""
-    try:
-        for node in scan_clients(client):
-            cursor: Any = 0
-            while True:
-                with round_trip(client):
-                    cursor, keys = node.scan(cursor=cursor, match=schema.lease_pattern, count=batch)
-                names = [(key, schema.participant_of_lease(key)) for key in keys]
-                names = [(key, name) for key, name in names if name is not None]
-                if names:
-                    with round_trip(client), node.pipeline(transaction=False) as pipe:
-                        pipe.time()
-                        for key, _ in names:
-                            pipe.hgetall(key)
-                        replies = pipe.execute(raise_on_error=False)
-                    if isinstance(replies[0], Exception):
-                        raise replies[0]
-                    now_ms = redis_ms(*replies[0])
-                    for (key, name), fields in zip(names, replies[1:]):
-                        bad = isinstance(fields, Exception)
-                        info = None if bad or not fields else _decode(name, fields, now_ms)  # type: ignore[arg-type]
-                        if info is not None:
-                            yield info
-                        elif (bad or fields) and on_corrupt is not None:
-                            on_corrupt(f"key {_text(key)} is not a lease record kvstatus writes; skipped")
-                if int(cursor) == 0:
-                    break
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc) from exc
+    for node in nodes_of(client):
+        cursor = 0
+        while True:
+            cursor, keys = scan_step(client, node, cursor, schema.lease_pattern, batch)
+            names = [(key, name) for key in keys if (name := schema.participant_of_lease(key)) is not None]
+            if names:
+                calls = [Call(("TIME",)), *(Call(("HGETALL", key)) for key, _ in names)]
+                found = send(client, replies(calls, strict=1), node)  # the clock must answer; a bad key is skipped
+                now_ms = redis_ms(*found[0])
+                for (key, name), fields in zip(names, found[1:]):
+                    bad = isinstance(fields, Exception)
+                    info = None if bad or not fields else _decode(name, fields, now_ms)
+                    if info is not None:
+                        yield info
+                    elif (bad or fields) and on_corrupt is not None:
+                        on_corrupt(f"key {_text(key)} is not a lease record kvstatus writes; skipped")
+            if cursor == 0:
+                break
 
 
 def index_problem(client: Any, schema: KeySchema) -> Optional[str]:
     """A message naming the namespace's lease index (:mod:`kvstatus.peerwatch`) when its key holds something other
     than a hash (a tenant's string): the peer watches then judge peers by presence and leases alone. None: fine."""
     key = schema.lease_index_key
-    try:
-        with round_trip(client):
-            client_of(client).hget(
-                key, ""
-            )  # an HGET, which every recipe grants (TYPE is not): WRONGTYPE for a non-hash
-    except REDIS_ERRORS as exc:
-        if "WRONGTYPE" not in str(exc):
-            raise translate_error(exc) from exc
+    # an HGET, which every recipe grants (TYPE is not): WRONGTYPE for a non-hash
+    (reply,) = send(client, replies([Call(("HGET", key, ""))], strict=0))
+    if isinstance(reply, Exception):
+        if "WRONGTYPE" not in str(reply):
+            raise translate_error(reply, Call(("HGET", key, "")))
         return (
             f"key {key} holds a value that is not the lease index kvstatus writes (a hash); skipped: the peer "
             "watches judge peers by their presence and leases alone until it is removed"

@@ -8,38 +8,28 @@ of HGETALL + PTTL per batch, so memory stays bounded at any number of rooms.
 The entries of :data:`~kvstatus.keys.PROBE_PARTICIPANT` (written by ``kvstatus doctor``) are
 left out of every view, and a room holding nothing else is skipped.
 
-Each round trip here and in the other admin reads (a SCAN step, a pipelined
-read, a ``TIME``; the board's pages too) runs under :func:`round_trip`: it gives
-up at a deadline, as a store call does (:mod:`kvstatus.deadline`). Against a hung
-server (SIGSTOP, a frozen VM) a SCAN used to wait for 6 sends x the 5 s socket
-timeout plus the backoff, 33 s, whatever the URL's ``?deadline=`` said, and
-``ls``, ``stats`` and ``health`` send several. Each admin read takes a
-:data:`Link`: a client, or a :class:`~kvstatus.Backend` whose options' deadline
-its round trips keep (the CLI passes the backend of ``--url``, with its URL's
-``?deadline=``); a bare client gets ``ConnectionOptions().deadline``, as a store
-built on a client without options. It bounds each round trip, not a whole walk
-of a namespace. Clients :mod:`kvstatus.connection` did not build (fakeredis, a plain
-redis-py client) ignore it, as in store calls.
+Each round trip here (a SCAN step, a pipelined read, a ``TIME``) goes through the stores' send path
+(:mod:`kvstatus.admin.send`), on the backend of the :data:`~kvstatus.admin.send.Link` it is given: it gives up
+at that backend's deadline, as a store call does (a bare client: the default 5 s). Against a hung server
+(SIGSTOP, a frozen VM) a SCAN used to wait for 6 sends x the 5 s socket timeout plus the backoff, 33 s,
+whatever the URL's ``?deadline=`` said, and ``ls``, ``stats`` and ``health`` send several. The deadline bounds
+each round trip, not a whole walk of a namespace. Clients :mod:`kvstatus.connection` did not build (fakeredis,
+a plain redis-py client) ignore it, as in store calls.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
-from redis.cluster import RedisCluster
-
-from kvstatus.backend import Backend
-from kvstatus.deadline import DEADLINE, enter_deadline
+from kvstatus.admin.send import Link, nodes_of, replies, scan_step, send
 from kvstatus.errors import CorruptedValueError
 from kvstatus.fate import reads
 from kvstatus.keys import PROBE_PARTICIPANT, KeySchema
 from kvstatus.model import ParticipantEntry, RoomView
 from kvstatus.replies import decode_room
 from kvstatus.requests import Call
-from kvstatus.translate import REDIS_ERRORS, translate_error
-from kvstatus.url import ConnectionOptions
+from kvstatus.translate import translate_error
 
 DEFAULT_BATCH = 500
 
@@ -48,50 +38,11 @@ Progress = Callable[[int], None]
 OnCorrupt = Callable[[int, str], None]
 """Called with (room, message) for a room holding a value kvstatus does not write."""
 
-DEFAULT_DEADLINE = ConnectionOptions().deadline
 
-Link = Any
-"""What the admin reads take: a redis-py client, or a :class:`~kvstatus.Backend` holding one and the
-:class:`ConnectionOptions` whose ``deadline`` each round trip keeps (the CLI passes one built from ``--url``)."""
-
-
-def client_of(link: Link) -> Any:
-    """The redis-py client of ``link``."""
-    return link.client if isinstance(link, Backend) else link
-
-
-def deadline_of(link: Link) -> float:
-    """Seconds each admin round trip on ``link`` may take: its backend's ``deadline``, else the default's."""
-    return link.options.deadline if isinstance(link, Backend) else DEFAULT_DEADLINE
-
-
-@contextlib.contextmanager
-def round_trip(client: Link) -> Iterator[None]:
-    """Run the block, one round trip on ``client`` (or on one of its cluster nodes), under its deadline
-    (:func:`deadline_of`); an outer deadline that ends earlier (a store call's) is kept."""
-    token = enter_deadline(deadline_of(client))
-    try:
-        yield
-    finally:
-        DEADLINE.reset(token)
-
-
-def scan_clients(link: Link) -> list[Any]:
-    """The clients to SCAN: one per primary of a cluster, else the client itself."""
-    client = client_of(link)
-    if isinstance(client, RedisCluster):
-        return [client.get_redis_connection(node) for node in client.get_primaries()]
-    return [client]
-
-
-def server_ms(client: Any) -> int:
+def server_ms(client: Link) -> int:
     """Redis' clock in whole Unix ms (``TIME`` of the server, or of the first primary of a cluster), truncated as
     the Lua scripts compute ``now``: what timelines and failure records are written in, never the local clock."""
-    try:
-        with round_trip(client):
-            seconds, micros = scan_clients(client)[0].time()
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc) from exc
+    ((seconds, micros),) = send(client, replies([Call(("TIME",))]), nodes_of(client)[0])
     return int(seconds) * 1000 + int(micros) // 1000
 
 
@@ -111,26 +62,18 @@ def iter_matching(
     lists of at most ``batch`` keys; Redis errors raise as kvstatus errors."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
-    try:
-        for node in scan_clients(client):
-            cursor: Any = 0
-            pending: list[str] = []
-            while True:
-                with round_trip(client):
-                    cursor, keys = node.scan(cursor=cursor, match=pattern, count=batch)
-                for key in keys:
-                    text = key.decode() if isinstance(key, bytes) else key
-                    if accept(text):
-                        pending.append(text)
-                while len(pending) >= batch:
-                    yield pending[:batch]
-                    pending = pending[batch:]
-                if int(cursor) == 0:
-                    break
-            if pending:
-                yield pending
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc) from exc
+    for node in nodes_of(client):
+        cursor, pending = 0, []
+        while True:
+            cursor, keys = scan_step(client, node, cursor, pattern, batch)
+            pending += [key for key in keys if accept(key)]
+            while len(pending) >= batch:
+                yield pending[:batch]
+                pending = pending[batch:]
+            if cursor == 0:
+                break
+        if pending:
+            yield pending
 
 
 def read_rooms(
@@ -144,19 +87,12 @@ def read_rooms(
     :class:`~kvstatus.errors.CorruptedValueError`, or, with ``on_corrupt``, is
     passed to it (room, message) and skipped.
     """
-    try:
-        with round_trip(client), client_of(client).pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hgetall(key)
-                if with_ttl:
-                    pipe.pttl(key)
-            replies = pipe.execute(raise_on_error=False)
-    except REDIS_ERRORS as exc:
-        raise translate_error(exc) from exc
+    calls = [Call((command, key)) for key in keys for command in (("HGETALL", "PTTL") if with_ttl else ("HGETALL",))]
+    found = send(client, replies(calls, strict=0))
     step = 2 if with_ttl else 1
     views = []
     for i, key in enumerate(keys):
-        fields, pttl = replies[step * i], replies[step * i + 1] if with_ttl else -1
+        fields, pttl = found[step * i], found[step * i + 1] if with_ttl else -1
         room = schema.room_of(key)
         if room is None or not fields:
             continue

@@ -55,7 +55,8 @@ from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
 from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import DEFAULT_BATCH, client_of, read_rooms, room_matches, round_trip, server_ms
+from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, server_ms
+from kvstatus.admin.send import replies, send
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
@@ -75,7 +76,8 @@ from kvstatus.observe.boardpages import (
 from kvstatus.observe.scanner import PassLoop, PassResult
 from kvstatus.redact import mask_url
 from kvstatus.replies import decode_tombstone
-from kvstatus.translate import REDIS_ERRORS, translate_error
+from kvstatus.requests import Call
+from kvstatus.translate import translate_error
 
 HISTORY_POINTS = 720
 RECENT_CHANGES = 500
@@ -211,11 +213,9 @@ class Board:
     def _tombstone(self, key: str) -> Optional[Tombstone]:
         """The room's tombstone, read with plain HGETALL + PTTL (what the read-only ACL user has; same slot)."""
         tomb = key + TOMBSTONE_SUFFIX
-        try:
-            with round_trip(self.client), client_of(self.client).pipeline(transaction=False) as pipe:
-                fields, pttl = pipe.hgetall(tomb).pttl(tomb).execute(raise_on_error=False)
-        except REDIS_ERRORS as exc:
-            raise translate_error(exc) from exc
+        fields, pttl = send(self.client, replies([Call(("HGETALL", tomb)), Call(("PTTL", tomb))], strict=0))
+        if isinstance(pttl, Exception):
+            raise translate_error(pttl, Call(("PTTL", tomb))) from pttl
         return None if isinstance(fields, Exception) else decode_tombstone(fields, pttl)  # not a hash: ignored
 
     def changes_after(self, seq: int) -> dict[str, Any]:

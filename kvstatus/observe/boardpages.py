@@ -35,14 +35,14 @@ from kvstatus.admin.health import (
     room_of_key,
 )
 from kvstatus.admin.leases import Deaths
-from kvstatus.admin.scan import read_rooms, round_trip, scan_clients, server_ms
+from kvstatus.admin.scan import read_rooms, server_ms
+from kvstatus.admin.send import nodes_of, scan_step
 from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.fate import read_names
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, RoomView, Step
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, Stuck, stuck
-from kvstatus.translate import REDIS_ERRORS, translate_error
 
 MAX_PAGE = 500
 MAX_SCAN_STEPS = 200
@@ -70,21 +70,14 @@ def scan_page(
     leaving out its Nones, and the page's paging fields: ``scanned``, ``cursor`` (None at the end), ``done``,
     ``budget_spent``. The page ends with the SCAN reply that brings ``limit`` picks (it may bring a few more),
     at the end of the namespace, or when its budget is spent."""
-    nodes = scan_clients(client)
+    nodes = nodes_of(client)
     node_index, scan_cursor = parse_cursor(cursor, len(nodes))
     found: list[T] = []
     steps = scanned = 0
     while node_index < len(nodes) and len(found) < limit and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
-        try:
-            with round_trip(client):
-                scan_cursor, keys = nodes[node_index].scan(
-                    cursor=scan_cursor, match=schema.scan_pattern, count=max(limit, 100)
-                )
-        except REDIS_ERRORS as exc:
-            raise translate_error(exc) from exc
+        scan_cursor, keys = scan_step(client, nodes[node_index], scan_cursor, schema.scan_pattern, max(limit, 100))
         steps += 1
-        texts = [k.decode() if isinstance(k, bytes) else k for k in keys]
-        texts = [k for k in texts if schema.room_of(k) is not None]
+        texts = [k for k in keys if schema.room_of(k) is not None]
         scanned += len(texts)
         if texts:
             picked = (pick(v) for v in read_rooms(client, schema, texts, on_corrupt=lambda *_: None))
@@ -245,23 +238,16 @@ def pairs_page(
     sums: unhealthy when failed + stuck >= threshold and nothing succeeded, or when a participant of the pair
     died after its latest success). For those sums each pair also carries ``served_ms`` (its latest success in
     the page, Unix ms; 0: none) and ``died_ms`` (participant -> when it died, null while its lease is lost)."""
-    nodes = scan_clients(client)
+    nodes = nodes_of(client)
     node_index, scan_cursor = parse_cursor(cursor, len(nodes))
     from_start = (node_index, scan_cursor) == (0, 0)
     builder = HealthBuilder(settings, deaths)
     now_ms = server_ms(client)
     steps = scanned = 0
     while node_index < len(nodes) and steps < MAX_SCAN_STEPS and scanned < MAX_PAGE_READS:
-        try:
-            with round_trip(client):
-                scan_cursor, keys = nodes[node_index].scan(
-                    cursor=scan_cursor, match=key_pattern(schema), count=PAIRS_SCAN_COUNT
-                )
-        except REDIS_ERRORS as exc:
-            raise translate_error(exc) from exc
+        scan_cursor, keys = scan_step(client, nodes[node_index], scan_cursor, key_pattern(schema), PAIRS_SCAN_COUNT)
         steps += 1
-        texts = [k.decode() if isinstance(k, bytes) else k for k in keys]
-        texts = [k for k in texts if room_of_key(schema, k)[0] is not None]
+        texts = [k for k in keys if room_of_key(schema, k)[0] is not None]
         scanned += len(texts)
         if texts:
             for view in read_views(client, schema, texts, builder.corrupt):

@@ -311,11 +311,12 @@ class StoreBase:
         except TypeError:
             pass  # not an iterable of rooms: the operation itself raised about it
 
-    def _uncached(self: S, participant: str) -> S:
-        """A store on the same client and settings reading ``participant``'s entries without the near cache, lease or
-        peer watch (for wait_for, and the SGLang map's outage probe)."""
+    def uncached(self: S, participant: Optional[str] = None) -> S:
+        """A store on the same backend and settings that reads ``participant``'s entries (default: this store's)
+        from Redis every time: no near cache, no lease, no peer watch. What ``wait_for`` reads with, and a probe
+        that must see Redis itself (the SGLang map's outage probe)."""
         settings = self._core.settings()
-        settings["participant"] = participant
+        settings["participant"] = self.participant if participant is None else participant
         return type(self)(self.backend, **settings, scripts=self.scripts)
 
     def __repr__(self) -> str:

@@ -161,7 +161,7 @@ class AsyncStatusStore(StoreBase):
         start (``timeout=None``: ``deadline``), each step being given at least 0.5 s."""
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))
-        reader = self._uncached(who)
+        reader = self.uncached(who)
         return await async_wait_for(
             self.client,
             self.backend.watches,

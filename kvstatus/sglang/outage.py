@@ -255,7 +255,7 @@ def probe_of(store: Any) -> Callable[[], object]:
 
     def probe() -> object:
         if not readers:
-            readers.append(store._uncached(store.participant))
+            readers.append(store.uncached())
         return readers[0].get(PROBE_ROOM)
 
     return probe

@@ -89,3 +89,21 @@ def test_an_async_store_shares_its_backend_too(redis_server: RedisServer) -> Non
         await store.close()
 
     asyncio.run(run())
+
+
+def test_uncached_reads_redis_on_the_same_backend(redis_server: RedisServer) -> None:
+    name = fresh_namespace("be")
+    store = StatusStore.from_url(
+        redis_server.url, namespace=name, participant="decode-0", near_cache=True, lease_ttl=5, timeline=True
+    )
+    try:
+        plain = store.uncached()
+        assert (plain.participant, plain.backend, plain.timeline) == ("decode-0", store.backend, True)
+        assert plain.near_cache is None and plain.lease is None and store.lease is not None
+        other = store.uncached("prefill-0")
+        assert other.participant == "prefill-0" and other.near_cache is None
+        store.update_status(5, KVPoll.WaitingForInput)
+        assert plain.get(5) == KVPoll.WaitingForInput and other.get(5) is None
+    finally:
+        store.clear(5)
+        store.close()

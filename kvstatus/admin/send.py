@@ -5,7 +5,10 @@ Every admin read (``ls``, ``stats``, ``health``, ``leases``, the board's pages, 
 call keeps: the backend's ``deadline`` (a hung server fails the read, it does not hang the tool), the cluster
 client's gate, and errors translated to kvstatus errors. A command that names no key (``SCAN``, ``TIME``,
 ``FUNCTION``) goes to one node of a cluster, through a :class:`NodeTransport`; on a single server or behind
-Sentinel it takes the sender's own transport, which resends it across a Sentinel failover.
+Sentinel it takes the sender's own transport, which resends it across a Sentinel failover. A pipelined read of
+many keys keeps each key's error in place (``strict=0``: a tenant's string at a room's name is skipped, not
+fatal), so a lost connection reaches it as an error in place, which it raises as BackendUnavailableError
+without that resend; the client's own retries still apply.
 
 The doctor's probes are the one exception: they send raw commands to learn what the user may send, each under
 :func:`round_trip` (the same deadline).
@@ -117,17 +120,6 @@ def scan_step(
     call = Call(("SCAN", cursor, "MATCH", pattern, "COUNT", count))
     ((next_cursor, keys),) = send(link, replies([call]), node)
     return int(next_cursor), [key.decode() if isinstance(key, bytes) else str(key) for key in keys]
-
-
-def iter_scan(link: Link, pattern: str, count: int) -> Iterator[list[str]]:
-    """Every SCAN reply's keys for ``pattern``, every primary of a cluster in turn."""
-    for node in nodes_of(link):
-        cursor = 0
-        while True:
-            cursor, keys = scan_step(link, node, cursor, pattern, count)
-            yield keys
-            if cursor == 0:
-                break
 
 
 def scan_clients(link: Link) -> list[Any]:

@@ -101,8 +101,8 @@ class StoreBase:
         it, so a peer waiting on that address in a room this participant never wrote fails the room when the
         lease is lost (:meth:`awaits`, :mod:`kvstatus.peerwatch`).
         ``client``: a redis-py client (the store makes its own :class:`~kvstatus.backend.Backend` on it, with
-        ``options``), or the backend of another store to share (its client, options, cluster gate, near caches'
-        read-your-writes and watch connections; ``options`` must then be None)."""
+        ``options``), or the backend of another store to share (its client, options, cluster gate and watch
+        connections; ``options`` must then be None)."""
         if isinstance(client, Backend):
             if options is not None:
                 raise InvalidArgumentError("options belong to the backend: build the Backend with them instead")

@@ -28,7 +28,8 @@ import sys
 import time
 from typing import NamedTuple, Optional
 
-from kvstatus import KVPoll, StatusStore
+from kvstatus._sync.store import StatusStore
+from kvstatus.model import KVPoll
 
 FAULTS = (
     "kill",

@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kvstatus import KVPoll, StatusStore
+from kvstatus._sync.store import StatusStore
 from kvstatus.demo.faults import _Child
+from kvstatus.model import KVPoll
 
 LEASE_TTL = 3.0
 """Seconds: the dead prefill's rooms fail about 4 s after its kill (the plugin's default, 10 s, would take 11)."""
@@ -33,7 +34,8 @@ FIRST_ROOM = 8_000
 
 _PREFILL = """
 import sys, time
-from kvstatus import KVPoll, StatusStore
+from kvstatus._sync.store import StatusStore
+from kvstatus.model import KVPoll
 url, namespace, participant, ttl, *rooms = sys.argv[1:]
 store = StatusStore.from_url(url, namespace=namespace, participant=participant, lease_ttl=float(ttl), timeline=True)
 for room in rooms:

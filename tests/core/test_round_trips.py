@@ -68,7 +68,7 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 def _public_calls() -> list[str]:
     """The store's public methods (its own and StoreBase's), but building, closing and the near cache's map."""
-    local = {"close", "from_url", "for_participant", "fresh_reads"}
+    local = {"close", "from_url", "for_participant", "uncached", "fresh_reads"}
     return [
         name
         for cls in (StatusStore, StoreBase)

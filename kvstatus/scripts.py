@@ -20,7 +20,6 @@ script includes each lib at most once; anything else raises
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -103,10 +102,8 @@ def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> st
     return _INCLUDE.sub(replace, text)
 
 
-@functools.cache
 def read_lib(lib: str) -> Optional[str]:
-    """The text of ``lua/lib/<lib>.lua``, or None when there is no such file (the ``read_lib`` of :func:`splice`);
-    read once per process, for the scripts that include it and the function library alike."""
+    """The text of ``lua/lib/<lib>.lua``, or None when there is no such file (the ``read_lib`` of :func:`splice`)."""
     path = _lua_dir().joinpath("lib").joinpath(f"{lib}.lua")
     return path.read_text(encoding="utf-8") if path.is_file() else None
 

@@ -23,6 +23,7 @@ from kvstatus._sync.waiting import RoomWatch
 from kvstatus.admin.scan import iter_room_keys
 from kvstatus.admin.send import Link, client_of, round_trip, scan_clients
 from kvstatus.arguments import DEFAULT_TTL_SECONDS
+from kvstatus.backend import WatchPool
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT, KeySchema
 from kvstatus.model import KVPoll, RoomView
@@ -464,7 +465,8 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
     invalidation. ``write`` False (a read-only user): only the watch is checked. Only a failed probe write
     fails: without the watch wait_for still works, by polling every 50 ms, and the detail says so."""
     store = probe_store(client, schema, scripts=scripts)
-    watch = RoomWatch(client_of(client), store.backend.watches, schema.room_key(PROBE_ROOM))
+    watches = WatchPool()  # the probe's own: the caller's backend keeps its watch connections open
+    watch = RoomWatch(client_of(client), watches, schema.room_key(PROBE_ROOM))
     try:
         if not watch.ready(time.monotonic() + DOCTOR_STEP_SECONDS):
             if not watch.refused:  # the server, not this user: a broken or silent connection
@@ -486,6 +488,6 @@ def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str 
         return Check("wait_for push", True, "changes are pushed to waiters")
     finally:
         watch.close()
-        store.backend.close()  # the watch's connection: the client stays open for the other checks
+        watches.close()
         if write:
             _attempt(client, lambda: store.clear(PROBE_ROOM))

@@ -107,3 +107,24 @@ def test_uncached_reads_redis_on_the_same_backend(redis_server: RedisServer) -> 
     finally:
         store.clear(5)
         store.close()
+
+
+def test_the_doctor_leaves_the_callers_backend_open(redis_server: RedisServer) -> None:
+    """The doctor's wait_for check watches on a pool of its own: the backend it is given keeps its watch
+    connections (a closed pool would close each new one after its wait, and waits would open one each time)."""
+    from kvstatus.admin.doctor import run_checks
+    from kvstatus.keys import KeySchema
+
+    admin = redis_server.client()
+    name = fresh_namespace("be")
+    backend = Backend(redis_server.client())
+    checks = {check.name: check for check in run_checks(backend, KeySchema(name))}
+    assert checks["wait_for push"].ok, checks["wait_for push"]
+    store = StatusStore(backend, namespace=name, participant="w")
+    before = _watch_connections(admin)
+    store.update_status(6, KVPoll.Success)
+    assert store.wait_for(6, KVPoll.Success, timeout=5) == KVPoll.Success
+    assert len(_watch_connections(admin) - before) == 1  # kept in the backend's pool for the next wait
+    store.clear(6)
+    store.close()
+    assert not (_watch_connections(admin) - before)

@@ -86,9 +86,8 @@ class NodeTransport:
 def nodes_of(link: Link) -> list[Optional[NodeTransport]]:
     """Where a command that names no key goes: each primary of a cluster, else ``[None]`` (the sender's own
     transport)."""
-    client = client_of(link)
-    if isinstance(client, RedisCluster):
-        return [NodeTransport(client.get_redis_connection(node)) for node in client.get_primaries()]
+    if isinstance(client_of(link), RedisCluster):
+        return [NodeTransport(node) for node in scan_clients(link)]
     return [None]
 
 

@@ -23,7 +23,6 @@ from kvstatus.keys import KeySchema, validate_rooms
 from kvstatus.model import KVPoll, ParticipantEntry, RoomView
 from kvstatus.replies import Reply, decode_room
 from kvstatus.rule import shared_failed
-from kvstatus.url import STORE_OPTIONS, ParsedURL, url_near_cache
 
 if TYPE_CHECKING:
     from kvstatus.observer import StoreObserver
@@ -403,19 +402,6 @@ def writes_sent(schema: KeySchema, rooms: Iterable[int]) -> None:
         cache = ref()
         if cache is not None:
             cache.invalidate(rooms)
-
-
-def near_cache_setting(
-    url: ParsedURL, near_cache: Union[bool, NearCacheOptions, NearCacheBase, None]
-) -> Union[bool, NearCacheOptions, NearCacheBase, None]:
-    """The near cache a store built by ``from_url`` gets: the argument if given (not None), else the URL's
-    ``near_cache=true`` / ``near_cache_size=N`` query options (None: no cache)."""
-    if near_cache is not None:
-        return near_cache
-    if not url_near_cache(url):
-        return None
-    size = url.query.get("near_cache_size")  # parse_url has validated it
-    return NearCacheOptions(max_rooms=STORE_OPTIONS["near_cache_size"](size)) if size is not None else True
 
 
 def make_near_cache(

@@ -43,7 +43,17 @@ from kvstatus.deadline import (
 from kvstatus.errors import InvalidURLError
 from kvstatus.misconfig import AsyncNamedServerConnection, NamedServerConnection
 from kvstatus.translate import NOT_SENT, REDIS_ERRORS, connection_refused, translate_error, unresolved_host
-from kvstatus.url import _QUERY_OPTIONS, SCHEMES, ConnectionOptions, ParsedURL, _options, parse_url
+from kvstatus.url import (
+    _QUERY_OPTIONS,
+    BACKOFF_BASE_SECONDS,
+    BACKOFF_CAP_SECONDS,
+    HEALTH_CHECK_SECONDS,
+    SCHEMES,
+    ConnectionOptions,
+    ParsedURL,
+    _options,
+    parse_url,
+)
 
 
 def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, Any]:
@@ -54,7 +64,7 @@ def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, A
         "db": parsed.db,
         "socket_timeout": options.socket_timeout,
         "socket_connect_timeout": options.socket_connect_timeout,
-        "health_check_interval": options.health_check_interval,
+        "health_check_interval": HEALTH_CHECK_SECONDS,
         "client_name": options.client_name,
     }
     if parsed.tls:
@@ -211,7 +221,7 @@ def _is_final_standalone(error: Exception, failures: int) -> bool:
 def _retry(options: ConnectionOptions, asynchronous: bool, refused_is_final: bool = False) -> Any:
     """The per-command retry policy; ``refused_is_final`` for a standalone server (a cluster or a failover may
     move the node that refused, so those clients retry it within their budget)."""
-    backoff = ExponentialBackoff(cap=options.backoff_cap, base=options.backoff_base)
+    backoff = ExponentialBackoff(cap=BACKOFF_CAP_SECONDS, base=BACKOFF_BASE_SECONDS)
     retry_class = AsyncDeadlineRetry if asynchronous else DeadlineRetry
     return retry_class(backoff, options.retries, _is_final_standalone if refused_is_final else _is_final)
 

@@ -21,7 +21,6 @@ from kvstatus.cachestate import (
     NearCacheBase,
     NearCacheOptions,
     make_near_cache,
-    near_cache_setting,
     writes_sent,
 )
 from kvstatus.concurrency import AsyncGate, Gate
@@ -38,9 +37,6 @@ from kvstatus.url import (
     ConnectionOptions,
     options_for,
     parse_url,
-    url_lease_ttl,
-    url_shared_fate,
-    url_timeline,
 )
 
 S = TypeVar("S", bound="StoreBase")
@@ -156,36 +152,18 @@ class StoreBase:
         url: str = DEFAULT_URL,
         *,
         options: Optional[ConnectionOptions] = None,
-        scripts: Optional[str] = None,
-        near_cache: Union[bool, NearCacheOptions, NearCacheBase, None] = None,
         **settings: Any,
     ) -> S:
-        """Connect to ``url`` (see :mod:`kvstatus.url`) and wrap the client; the URL is parsed once.
+        """Connect to ``url`` (see :mod:`kvstatus.url`: connection settings only) and wrap the client.
 
-        ``settings`` are this class's keyword arguments (``namespace``, ``participant``, ``ttl`` ...) and any
-        :class:`ConnectionOptions` field, which overrides ``options``; the URL's own query options win over
-        both. ``scripts`` None takes the URL's ``?scripts=`` option, else "eval"; ``near_cache`` None takes
-        the URL's ``near_cache=true&near_cache_size=N``; ``lease_ttl`` None takes the URL's ``?lease_ttl=``
-        (seconds in [3, 3600]; 0: no lease); ``shared_fate`` None takes the URL's ``?shared_fate=`` (default true);
-        ``timeline`` None the URL's ``?timeline=`` (default false).
+        ``settings`` are this class's keyword arguments (``namespace``, ``participant``, ``ttl``, ``scripts``,
+        ``near_cache``, ``lease_ttl`` ...) and any :class:`ConnectionOptions` field, which overrides ``options``;
+        the URL's own query options win over both.
         """
         parsed = parse_url(url)
         overrides = {name: settings.pop(name) for name in list(settings) if name in CONNECTION_FIELDS}
         opts = options_for(parsed, options, **overrides)
-        mode = parsed.query.get("scripts", "eval") if scripts is None else scripts
-        if settings.get("lease_ttl") is None:
-            settings["lease_ttl"] = url_lease_ttl(parsed)
-        if settings.get("shared_fate") is None:
-            settings["shared_fate"] = url_shared_fate(parsed)
-        if settings.get("timeline") is None:
-            settings["timeline"] = url_timeline(parsed)
-        return cls(
-            cls._connect(parsed, opts),
-            options=opts,
-            scripts=mode,
-            near_cache=near_cache_setting(parsed, near_cache),
-            **settings,
-        )
+        return cls(cls._connect(parsed, opts), options=opts, **settings)
 
     @property
     def namespace(self) -> str:

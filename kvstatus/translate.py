@@ -195,7 +195,7 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
         if call is not None and call.args[0] in _EVAL_COMMANDS and "'eval" in text:
             hint = (
                 " (a user of the tenant ACL recipe runs kvstatus' Lua as functions: give the store "
-                'scripts="functions", or the URL ?scripts=functions)'
+                'scripts="functions", the CLI --scripts functions)'
             )
         if denies_a_key(exc):
             hint = _uncovered(call)

@@ -32,7 +32,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from kvstatus.arguments import validate_lease_ttl
 from kvstatus.errors import InvalidArgumentError, InvalidURLError
 from kvstatus.redact import mask_url
 
@@ -41,8 +40,13 @@ TLS_SCHEMES = frozenset({"rediss", "rediss+cluster", "rediss+sentinel"})
 SENTINEL_SCHEMES = frozenset({"redis+sentinel", "rediss+sentinel"})
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 MAX_SECONDS = 86_400
-"""Most seconds of a timeout, the deadline or the health check interval (one day)."""
-MAX_BACKOFF_SECONDS = 3_600
+"""Most seconds of a timeout or the deadline (one day)."""
+BACKOFF_BASE_SECONDS = 0.05
+BACKOFF_CAP_SECONDS = 2.0
+"""The wait before resend n is ``min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n)`` seconds: 0.1, 0.2, 0.4,
+0.8, 1.6, then 2 s each. ``retries`` sets how many; the deadline bounds them all."""
+HEALTH_CHECK_SECONDS = 30
+"""A pooled connection idle this long is checked with PING before its next command."""
 MAX_RETRIES = 100
 MAX_CONNECTIONS = 1_000_000
 MAX_DB = 2**31 - 1
@@ -65,7 +69,7 @@ class ConnectionOptions:
 
     Within the deadline, a command that fails with a connection error or a
     timeout is sent again up to ``retries`` times, after
-    ``min(backoff_cap, backoff_base * 2**n)`` seconds. The defaults ride out
+    ``min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n)`` seconds (0.1, 0.2, 0.4 ... 2). The defaults ride out
     about 3.1 s of outage (a cluster or Sentinel failover), then raise
     :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
     whether applied": the last attempt may have been executed by Redis. A
@@ -95,9 +99,6 @@ class ConnectionOptions:
     deadline: float = 5.0
     max_connections: int = 100
     retries: int = 5
-    backoff_base: float = 0.05
-    backoff_cap: float = 2.0
-    health_check_interval: int = 30
     client_name: Optional[str] = "kvstatus"
     ssl_ca_certs: Optional[str] = None
     ssl_certfile: Optional[str] = None
@@ -116,21 +117,8 @@ class ConnectionOptions:
                 or not 0 < value <= MAX_SECONDS
             ):
                 raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0 and <= {MAX_SECONDS}")
-        for name in ("backoff_base", "backoff_cap"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or not 0 <= value <= MAX_BACKOFF_SECONDS
-            ):
-                raise InvalidArgumentError(
-                    f"invalid {name} {value!r}: expected seconds >= 0 and <= {MAX_BACKOFF_SECONDS}"
-                )
-        for name, most in (("retries", MAX_RETRIES), ("health_check_interval", MAX_SECONDS)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
-                raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= 0 and <= {most}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= MAX_RETRIES:
+            raise InvalidArgumentError(f"invalid retries {self.retries!r}: expected an int >= 0 and <= {MAX_RETRIES}")
         if self.client_name is not None and (
             not isinstance(self.client_name, str) or not all("!" <= c <= "~" for c in self.client_name)
         ):
@@ -158,8 +146,9 @@ class ConnectionOptions:
         }
 
     def retry_delays(self) -> tuple[float, ...]:
-        """The wait in seconds before each resend: ``min(backoff_cap, backoff_base * 2**n)``, n = 1..retries."""
-        return tuple(min(self.backoff_cap, self.backoff_base * 2**n) for n in range(1, self.retries + 1))
+        """The wait in seconds before each resend: ``min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n)``,
+        n = 1..retries."""
+        return tuple(min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n) for n in range(1, self.retries + 1))
 
     def retry_budget(self) -> float:
         """Total backoff in seconds before a command gives up (not counting the timeouts themselves)."""
@@ -234,76 +223,33 @@ _OPTION_FIELDS: dict[str, Callable[[str], Any]] = {  # each its field's type (da
 _OPTION_FIELDS["ssl_cert_reqs"] = lambda v: _CERT_REQS[_CERT_REQS.index(v.lower())]
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise ValueError(value)
-    return number
-
-
-def _lease_seconds(value: str) -> Optional[float]:
-    """``?lease_ttl=``: seconds in [3, 3600], or 0 for no lease (None)."""
-    seconds = float(value)
-    return None if seconds == 0 else validate_lease_ttl(seconds)  # InvalidArgumentError is a ValueError
-
-
-STORE_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "near_cache": lambda v: _BOOL[v.lower()],
-    "near_cache_size": _positive_int,
-    "lease_ttl": _lease_seconds,
-    "shared_fate": lambda v: _BOOL[v.lower()],
-    "timeline": lambda v: _BOOL[v.lower()],
-}
-"""Query options of the store rather than the client, read by ``from_url`` (:func:`kvstatus.cachestate.near_cache_setting`)."""
 _QUERY_OPTIONS: dict[str, Callable[[str], object]] = {
     **_OPTION_FIELDS,
     "db": int,
     "sentinel_username": str,
     "sentinel_password": str,
-    "scripts": lambda v: ("eval", "functions")[("eval", "functions").index(v)],
-    **STORE_OPTIONS,
 }
-"""Every query option a URL may carry: each ConnectionOptions field, the database, Sentinel credentials,
-``scripts`` (eval or functions: how the store runs its Lua; see :func:`url_script_mode`), and the store's
-near-cache and lease options."""
+"""Every query option a URL may carry: each ConnectionOptions field, the database and the Sentinel credentials.
+Connection settings only: how a store behaves (its scripts, near cache, lease, shared fate, timeline) is an
+argument of the store, never a URL option."""
+STORE_ARGUMENTS = {
+    "scripts": 'scripts="functions"',
+    "near_cache": "near_cache=True",
+    "near_cache_size": "near_cache=NearCacheOptions(max_rooms=N)",
+    "lease_ttl": "lease_ttl=SECONDS",
+    "shared_fate": "shared_fate=False",
+    "timeline": "timeline=True",
+}
+"""Query options of earlier versions that are store arguments now, each with the argument that replaces it: a URL
+naming one is refused with that argument in the message."""
+RETIRED_OPTIONS = {
+    "backoff_base": f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s)",
+    "backoff_cap": f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s)",
+    "health_check_interval": f"an idle connection is checked after {HEALTH_CHECK_SECONDS} s",
+}
+"""Connection options of earlier versions that are fixed now, each with what holds instead."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
-
-
-def url_script_mode(url: Union[str, ParsedURL]) -> str:
-    """The URL's ``?scripts=`` option (eval or functions: how a store on it runs its Lua), "eval" if absent."""
-    return parse_url(url).query.get("scripts", "eval")
-
-
-def url_lease_ttl(url: Union[str, ParsedURL]) -> Optional[float]:
-    """The URL's ``?lease_ttl=`` option: the participant lease's TTL in seconds, None if absent or 0."""
-    value = parse_url(url).query.get("lease_ttl")
-    return None if value is None else _lease_seconds(value)
-
-
-def url_flag(url: Union[str, ParsedURL], name: str, default: bool) -> bool:
-    """The URL's true/false option ``name`` (true/false, yes/no, 1/0), ``default`` if absent."""
-    value = parse_url(url).query.get(name)
-    return default if value is None else bool(_BOOL[value.lower()])
-
-
-def url_shared_fate(url: Union[str, ParsedURL]) -> bool:
-    """The URL's ``?shared_fate=`` option, True if absent (:mod:`kvstatus.fate`)."""
-    return url_flag(url, "shared_fate", True)
-
-
-def url_timeline(url: Union[str, ParsedURL]) -> bool:
-    """The URL's ``?timeline=`` option, False if absent (:mod:`kvstatus.timeline`)."""
-    return url_flag(url, "timeline", False)
-
-
-def url_near_cache(url: Union[str, ParsedURL]) -> Optional[bool]:
-    """Whether the URL turns the near cache on (``?near_cache=``; a ``near_cache_size`` alone turns it on), None
-    when it says nothing."""
-    query = parse_url(url).query
-    if "near_cache" in query:
-        return bool(_BOOL[query["near_cache"].lower()])
-    return True if "near_cache_size" in query else None
 
 
 def parse_url(url: object) -> ParsedURL:
@@ -338,6 +284,17 @@ def parse_url(url: object) -> ParsedURL:
         for name, values in parse_qs(
             parts.query, keep_blank_values=True, strict_parsing=False, errors="strict"
         ).items():
+            if name in STORE_ARGUMENTS:
+                raise InvalidURLError(
+                    f"invalid Redis URL {shown}: {name!r} is a store setting, not a connection option; pass "
+                    f"{STORE_ARGUMENTS[name]} to the store instead (the SGLang plugin: its KVSTATUS_SGLANG_* "
+                    "variables; the CLI: --scripts)"
+                )
+            if name in RETIRED_OPTIONS:
+                raise InvalidURLError(
+                    f"invalid Redis URL {shown}: option {name!r} was removed: {RETIRED_OPTIONS[name]}; "
+                    "retries and deadline size the resends"
+                )
             if name not in _QUERY_OPTIONS:
                 # An unencoded & ? in a password splits it into "options": name one only if the masked URL shows it.
                 shows = any(f"{sep}{name}" in shown for sep in "?&;")

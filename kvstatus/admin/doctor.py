@@ -412,7 +412,7 @@ def run_checks(
             # A tenant of the functions recipe on an eval URL: say so once, then check what would work.
             why += (
                 ": this user may not run Lua by EVALSHA or SCRIPT LOAD, but may FCALL kvstatus' function library "
-                "(the tenant recipe): add ?scripts=functions to --url / KVSTATUS_URL (stores: "
+                "(the tenant recipe): pass --scripts functions / KVSTATUS_SCRIPTS=functions (stores: "
                 'scripts="functions"); the checks below are run that way'
             )
             scripts = "functions"

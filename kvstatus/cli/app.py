@@ -30,7 +30,7 @@ from kvstatus.model import KVPoll, parse_status
 from kvstatus.redact import mask_url
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
-from kvstatus.url import DEFAULT_URL, ConnectionOptions, options_for, parse_url, url_script_mode
+from kvstatus.url import DEFAULT_URL, ConnectionOptions, options_for, parse_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_STUCK = 0, 1, 2, 3, 4
 EXIT_REFUSED = 6
@@ -61,6 +61,8 @@ class CliEnv:
     url: Optional[str] = None
     namespace: Optional[str] = None
     prefix: str = DEFAULT_PREFIX
+    scripts: str = "eval"
+    """How the CLI's stores run their Lua (``--scripts``): "eval" (EVALSHA) or "functions" (FCALL)."""
     _backend: Optional[Backend] = field(default=None, repr=False)
 
     @property
@@ -87,11 +89,6 @@ class CliEnv:
     def options(self) -> ConnectionOptions:
         """The connection options of the URL (its ``?deadline=``, ``?retries=`` ...), for stores on its client."""
         return options_for(self.url_or_default)
-
-    @property
-    def scripts(self) -> str:
-        """How stores on this URL run their Lua: the URL's ``?scripts=`` (eval or functions), else eval."""
-        return url_script_mode(self.url_or_default)
 
     def schema(self) -> KeySchema:
         if not self.namespace:
@@ -188,9 +185,18 @@ def _hint(error: BaseException) -> str:
     metavar="PREFIX",
     help="First part of every key: <prefix>:<namespace>:{<room>}.",
 )
+@click.option(
+    "--scripts",
+    envvar="KVSTATUS_SCRIPTS",
+    type=click.Choice(["eval", "functions"]),
+    default="eval",
+    show_default=True,
+    help="How set, clear, cancel, get and doctor run kvstatus' Lua (env KVSTATUS_SCRIPTS): eval (EVALSHA) or "
+    "functions (FCALL of the library `kvstatus functions load` put on the server, as the tenant ACL recipe needs).",
+)
 @click.version_option(package_name="kvstatus", message="kvstatus %(version)s")
 @click.pass_context
-def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefix: str) -> None:
+def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefix: str, scripts: str) -> None:
     """Inspect, change, watch and audit the room statuses kvstatus keeps in Redis.
 
     Exit codes: 0 ok, 1 not found or operational error, 2 usage error,
@@ -204,7 +210,7 @@ def main(ctx: click.Context, url: Optional[str], namespace: Optional[str], prefi
     (zsh_source, fish_source for other shells).
     """
     env = ctx.ensure_object(CliEnv)
-    env.url, env.namespace, env.prefix = url, namespace, prefix
+    env.url, env.namespace, env.prefix, env.scripts = url, namespace, prefix, scripts
     if url:
         parse_url(url)  # a malformed URL is a usage error before anything runs
     validate_name(prefix, "prefix")
@@ -304,7 +310,7 @@ older_than_option = click.option(
     show_default=True,
     help="A room counts as stuck when it has an open entry and none of its entries' timelines moved for this "
     "long: seconds, or a number with a unit (500ms, 30s, 5m, 1h), at most 30 days. Only rooms whose writers "
-    "record timelines (timeline=True, ?timeline=yes) can be judged.",
+    "record timelines (timeline=True; the CLI: set --timeline) can be judged.",
 )
 """``--older-than DURATION``: the one bound of :func:`kvstatus.stuck.stuck` for every command that judges stuck rooms."""
 

@@ -312,8 +312,8 @@ def doctor(env: CliEnv, ttl: float, as_json: bool) -> None:
     type=click.Choice(["functions", "eval"]),
     default="functions",
     show_default=True,
-    help="functions: the tenant recipe (FCALL of the library `kvstatus functions load` installs; URLs "
-    "carry ?scripts=functions); eval: Redis 6 or one tenant per server (may run any Lua).",
+    help="functions: the tenant recipe (FCALL of the library `kvstatus functions load` installs; its "
+    'stores run with scripts="functions", the CLI with --scripts functions); eval: Redis 6 or one tenant per server (may run any Lua).',
 )
 @click.option(
     "--near-cache/--no-near-cache",
@@ -391,7 +391,7 @@ def acl(
 def functions() -> None:
     """Load or list kvstatus' Redis 7 function library (the admin's step of the tenant ACL recipe).
 
-    Stores whose URL carries ?scripts=functions run the update rule by FCALL of
+    Stores built with scripts="functions" run the update rule by FCALL of
     this library and never load Lua themselves, so their ACL users need neither
     EVAL nor SCRIPT LOAD. Run `load` with an admin user, once per server (every
     primary of a cluster), and again after upgrading kvstatus.
@@ -409,7 +409,7 @@ def functions_load(env: CliEnv, as_json: bool) -> None:
         return
     names = ", ".join(script.name for script in ALL_SCRIPTS)
     click.echo(
-        f"loaded kvstatus' function library ({names}) on {', '.join(nodes)}; tenants' URLs carry ?scripts=functions"
+        f"loaded kvstatus' function library ({names}) on {', '.join(nodes)}; tenants run with --scripts functions"
     )
 
 

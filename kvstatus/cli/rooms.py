@@ -52,11 +52,14 @@ from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.fate import fate_text, read_names, reads
 from kvstatus.model import FailureRecord, KVPoll, Outcome, Policy, RoomView, elapsed_text
 from kvstatus.stuck import stuck as stuck_room
-from kvstatus.url import url_timeline
 
 
 def store_for(
-    env: CliEnv, participant: Optional[str] = None, ttl: float = DEFAULT_TTL_SECONDS, policy: str = Policy.SEED.value
+    env: CliEnv,
+    participant: Optional[str] = None,
+    ttl: float = DEFAULT_TTL_SECONDS,
+    policy: str = Policy.SEED.value,
+    timeline: bool = False,
 ) -> StatusStore:
     schema = env.schema()
     return StatusStore(
@@ -67,7 +70,7 @@ def store_for(
         ttl=ttl,
         policy=policy,
         scripts=env.scripts,
-        timeline=url_timeline(env.url_or_default),
+        timeline=timeline,
     )
 
 
@@ -195,6 +198,12 @@ def _not_found(view: RoomView, namespace: str) -> str:
     show_default=True,
     help="Update rule policy: seed (upstream rule) or strict (Failed is terminal, no late creates).",
 )
+@click.option(
+    "--timeline",
+    is_flag=True,
+    help="Record when the entry reached STATUS, as a store built with timeline=True does (the SGLang plugin's "
+    "default): `get` shows it and `ls --stuck` can judge the room.",
+)
 @json_option
 @pass_env
 def set_(
@@ -205,6 +214,7 @@ def set_(
     reason: Optional[str],
     ttl: float,
     policy: str,
+    timeline: bool,
     as_json: bool,
 ) -> None:
     """Apply STATUS to ROOM through the same Lua update rule as the library, and print the outcome.
@@ -219,7 +229,7 @@ def set_(
         raise InvalidArgumentError("--reason goes with status Failed only")
     if reason is not None:
         truncate_reason(reason)  # a reason Redis cannot be sent is refused before the update writes Failed
-    store = store_for(env, participant, ttl, policy)
+    store = store_for(env, participant, ttl, policy, timeline)
     result = store.update_status(room, status)
     recorded = store.record_failure(room, reason) if reason is not None else None
     if as_json:

@@ -65,5 +65,5 @@ def no_timeline_note(rooms: int) -> str:
     """On stderr after ``ls --stuck``: how many open rooms could not be judged."""
     return (
         f"kvstatus: {rooms} open {'room has' if rooms == 1 else 'rooms have'} no timeline and could not be judged "
-        "(their writers record none: timeline=True, ?timeline=yes)"
+        "(their writers record none: timeline=True, set --timeline)"
     )

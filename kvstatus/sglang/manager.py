@@ -23,7 +23,7 @@ from kvstatus.sglang.mapping import (
     storable,
 )
 from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
-from kvstatus.url import parse_url, url_lease_ttl, url_near_cache
+from kvstatus.url import parse_url
 
 # Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
 OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
@@ -103,17 +103,15 @@ def open_store(
     near_cache: Optional[bool] = None,
     **store_options: Any,
 ) -> StatusStore:
-    """``StatusStore.from_url`` for one manager, with its near cache on unless ``near_cache=False`` or the URL's
-    ``?near_cache=false`` (None: the URL's setting and size, else on), so a poll of an unchanged room (``in``,
-    ``check_status``, the PP consensus) costs no round trip. A ``near_cache`` the URL contradicts is refused."""
-    in_url = url_near_cache(url)
-    if in_url is not None and near_cache is not None and near_cache != in_url:
-        raise InvalidArgumentError(
-            f"near_cache={near_cache} disagrees with the URL's near cache setting ({in_url}): set one of them"
-        )
-    setting = None if in_url is not None else near_cache is not False  # None: the URL's, with its size
+    """``StatusStore.from_url`` for one manager, with its near cache on unless ``near_cache=False`` (None: on), so a
+    poll of an unchanged room (``in``, ``check_status``, the PP consensus) costs no round trip."""
     return StatusStore.from_url(
-        url, namespace=namespace, participant=participant, policy=policy, near_cache=setting, **store_options
+        url,
+        namespace=namespace,
+        participant=participant,
+        policy=policy,
+        near_cache=near_cache is not False,
+        **store_options,
     )
 
 
@@ -344,7 +342,7 @@ def install(
     cache and metrics) or a URL (``namespace`` required; ``near_cache``,
     ``ttl``, ``metrics`` and connection options are passed to
     ``StatusStore.from_url``). ``participant`` overrides :func:`participant_name`.
-    From a URL the store's near cache is on (``near_cache=False`` or the URL's ``?near_cache=false`` turn it off;
+    From a URL the store's near cache is on (``near_cache=False`` turns it off;
     :func:`open_store`): a poll of a room that has not changed (``in``, ``check_status``, the PP consensus) is
     answered from memory at about the cost of upstream's dict, with no round trip. A server or ACL that refuses
     CLIENT TRACKING gets one warning line naming the permission, and the manager runs uncached.
@@ -366,7 +364,7 @@ def install(
     ``failure_records``, which the request's ``failure_exception`` reports.
 
     Shared fate (:mod:`kvstatus.fate`) is the store's setting, on by default
-    (``shared_fate=False`` or the URL's ``?shared_fate=0`` turn it off; install()
+    (``shared_fate=False`` turns it off; install()
     never changes it): the manager's reads answer Failed for its open entry of
     a room that another participant failed or that was cancelled. When a read
     answers Failed (``check_status``, ``request_status[room]``, ``.get``, the PP
@@ -405,11 +403,7 @@ def install(
             raise InvalidArgumentError("install() with a URL needs namespace=")
         server = parse_url(store_or_url).masked
         address = bootstrap_address(kv_manager)
-        if (
-            address is not None
-            and "address" not in store_options
-            and (store_options.get("lease_ttl") or url_lease_ttl(store_or_url))
-        ):
+        if address is not None and "address" not in store_options and store_options.get("lease_ttl"):
             store_options["address"] = address  # its lease names it to the decodes that wait on it
         store = open_store(
             store_or_url,

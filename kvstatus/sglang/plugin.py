@@ -21,21 +21,24 @@ its variable, the URL's password masked):
 - ``KVSTATUS_SGLANG_POLICY``     ``strict`` (sglang 0.5.23's rule) or ``seed`` [default ``strict``].
 - ``KVSTATUS_SGLANG_TTL``        seconds [default: the store's, 600].
 - ``KVSTATUS_SGLANG_NEAR_CACHE`` ``0`` to read every status from Redis; ``1`` or unset: the store's near cache
-  (:mod:`kvstatus.cachestate`: a poll of an unchanged room makes no round trip) [default ``1``]. The URL's
-  ``?near_cache=`` does the same; when both are set they must agree. A server or ACL that refuses CLIENT
-  TRACKING gets one warning line, and the managers run uncached.
+  (:mod:`kvstatus.cachestate`: a poll of an unchanged room makes no round trip) [default ``1``]. A server or ACL
+  that refuses CLIENT TRACKING gets one warning line, and the managers run uncached.
 - ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0``: no lease
   [default :data:`DEFAULT_LEASE_TTL`, 10]. With a lease, a manager that dies fails its open rooms for every
-  peer within the TTL plus about a second (:mod:`kvstatus.peerwatch`). The URL's ``?lease_ttl=`` does the
-  same; when both are set they must agree.
+  peer within the TTL plus about a second (:mod:`kvstatus.peerwatch`).
 - ``KVSTATUS_SGLANG_SHARED_FATE`` ``0`` to read each manager's own entry alone, as upstream's dict does;
   ``1`` or unset: shared fate (:mod:`kvstatus.fate`: a room another participant failed, or a router
-  cancelled, reads Failed, and ``failure_exception`` names its first failure) [default ``1``]. The URL's
-  ``?shared_fate=`` does the same; when both are set they must agree.
+  cancelled, reads Failed, and ``failure_exception`` names its first failure) [default ``1``].
 - ``KVSTATUS_SGLANG_TIMELINE``   ``0`` to record no timelines; ``1`` or unset: each entry records when it reached
   each status (:mod:`kvstatus.timeline`: ``kvstatus get`` shows where a room waited, ``ls --stuck`` and
   ``health`` name who holds it, and the stage histograms need it) [default ``1``; its cost is in
-  BENCHMARKS.md]. The URL's ``?timeline=`` does the same; when both are set they must agree.
+  BENCHMARKS.md].
+- ``KVSTATUS_SGLANG_SCRIPTS``    ``functions`` to run kvstatus' Lua by FCALL of the library an admin loaded
+  (``kvstatus functions load``), as a user of the tenant ACL recipe must; ``eval`` or unset: EVALSHA
+  [default ``eval``].
+
+Each variable is one keyword argument of :func:`kvstatus.sglang.install`; the URL carries connection settings
+only (:mod:`kvstatus.url`), so no setting has two sources.
 
 Each manager's install checks the server (:func:`kvstatus.sglang.startup.check_store`):
 an unreachable Redis, refused credentials, an ACL that does not fit, or a
@@ -65,6 +68,7 @@ ENV_NEAR_CACHE = "KVSTATUS_SGLANG_NEAR_CACHE"
 ENV_LEASE_TTL = "KVSTATUS_SGLANG_LEASE_TTL"
 ENV_SHARED_FATE = "KVSTATUS_SGLANG_SHARED_FATE"
 ENV_TIMELINE = "KVSTATUS_SGLANG_TIMELINE"
+ENV_SCRIPTS = "KVSTATUS_SGLANG_SCRIPTS"
 DEFAULT_NAMESPACE = "sglang"
 DEFAULT_LEASE_TTL = 10.0
 """Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
@@ -91,8 +95,9 @@ SETTING_VARIABLES = {
     "lease_ttl": ENV_LEASE_TTL,
     "shared_fate": ENV_SHARED_FATE,
     "timeline": ENV_TIMELINE,
+    "scripts": ENV_SCRIPTS,
 }
-# The values of a boolean setting (the URL's spelling of its boolean options).
+# The values of a boolean setting.
 _FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 # SGLang's bootstrap and waiting timeouts (seconds): a room TTL below them can expire a live request's room.
 SGLANG_TIMEOUT_SECONDS = 300.0
@@ -160,18 +165,18 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
 
     Every error is a :class:`~kvstatus.sglang.startup.SettingError` naming its variable.
     """
+    from kvstatus.arguments import validate_script_mode
     from kvstatus.errors import InvalidArgumentError
     from kvstatus.keys import validate_name
     from kvstatus.model import to_policy
-    from kvstatus.url import parse_url, url_lease_ttl, url_near_cache
+    from kvstatus.url import parse_url
 
     env = os.environ if environ is None else environ
     url = env.get(ENV_URL, "").strip()
     if not url:
         raise _setting_error(ENV_URL, "not set: it is the Redis URL of the plugin, e.g. redis://host:6379/0")
     try:
-        parsed = parse_url(url)
-        url_lease = url_lease_ttl(parsed)
+        parse_url(url)
     except InvalidArgumentError as exc:
         raise _setting_error(ENV_URL, str(exc)) from None
     options: dict[str, Any] = {"store_or_url": url}
@@ -179,47 +184,34 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         (ENV_NAMESPACE, "namespace", DEFAULT_NAMESPACE, lambda v: validate_name(v, "namespace")),
         (ENV_POLICY, "policy", "strict", lambda v: to_policy(v).value),
         (ENV_INSTANCE, "instance", None, lambda v: validate_name(v, "instance")),
+        (ENV_SCRIPTS, "scripts", None, validate_script_mode),  # the store's default: eval
     ):
         raw = env.get(variable, "").strip()
         try:
-            options[key] = check(raw) if raw else default
+            value = check(raw) if raw else default
         except InvalidArgumentError as exc:
             raise _setting_error(variable, str(exc)) from None
+        if value is not None:
+            options[key] = value
     ttl = _seconds(env, ENV_TTL, _room_ttl)
     if ttl is not None:
         options["ttl"] = ttl
     lease_ttl = _seconds(env, ENV_LEASE_TTL, _lease_ttl)
-    if lease_ttl is not None and url_lease is not None and url_lease != (lease_ttl or None):
-        raise _setting_error(
-            ENV_LEASE_TTL, f"{lease_ttl:g} disagrees with the lease_ttl={url_lease:g} of {ENV_URL}: set one of them"
-        )
-    if lease_ttl is None and "lease_ttl" not in parsed.query:
+    if lease_ttl is None:
         lease_ttl = DEFAULT_LEASE_TTL
     if lease_ttl:
         options["lease_ttl"] = lease_ttl
-    for variable, key, in_url, unset in (
-        (ENV_NEAR_CACHE, "near_cache", url_near_cache(parsed), None),  # unset: the URL's, else install()'s (on)
-        (ENV_SHARED_FATE, "shared_fate", _in_url(parsed, "shared_fate"), None),  # the store's default (on)
-        (ENV_TIMELINE, "timeline", _in_url(parsed, "timeline"), True),  # on, though the store's default is off
+    for variable, key, unset in (
+        (ENV_NEAR_CACHE, "near_cache", None),  # install()'s default: on
+        (ENV_SHARED_FATE, "shared_fate", None),  # the store's default: on
+        (ENV_TIMELINE, "timeline", True),  # on, though the store's default is off
     ):
-        value = _flag(env, variable)
-        if value is None:
-            if in_url is None and unset is not None:
-                options[key] = unset
-            continue  # the URL's ?<key>=, else the default
-        if in_url is not None and in_url != value:
-            raise _setting_error(
-                variable, f"{int(value)} disagrees with the {key}={int(in_url)} of {ENV_URL}: set one of them"
-            )
-        options[key] = value
+        switch = _flag(env, variable)
+        if switch is None:
+            switch = unset
+        if switch is not None:
+            options[key] = switch
     return options
-
-
-def _in_url(parsed: Any, name: str) -> Optional[bool]:
-    """The URL's true/false option ``name``, None when it does not set it."""
-    from kvstatus.url import url_flag
-
-    return url_flag(parsed, name, False) if name in parsed.query else None
 
 
 def _shown(variable: str, env: Mapping[str, str]) -> str:

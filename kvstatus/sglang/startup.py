@@ -3,11 +3,11 @@
 A misconfiguration must stop the engine's start, not surface 3 s into the
 first request. :func:`check_store` makes the calls a manager will make, once,
 at install: it connects and authenticates, runs a script read (EVALSHA, or
-FCALL_RO of the function library with ``?scripts=functions``), writes and
+FCALL_RO of the function library with ``scripts="functions"``), writes and
 clears a probe entry (the doctor's participant, in room 2**63 - 1, TTL 30 s,
 no tombstone), and acquires the participant's lease when the store has one.
 A failure raises :class:`SettingError` naming the setting at fault (``url``,
-``namespace``, ``near_cache``, ``lease_ttl``, ``instance``: a live process holds the name); the plugin turns
+``namespace``, ``near_cache``, ``lease_ttl``, ``scripts``, ``instance``: a live process holds the name); the plugin turns
 that name into its ``KVSTATUS_SGLANG_*`` variable.
 
 The minimum sglang is :data:`MIN_SGLANG_VERSION`, the release the
@@ -143,11 +143,11 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
             )
         if command.startswith(("eval", "script", "fcall")):
             hint = (
-                "with ?scripts=functions it needs the functions recipe's commands, else drop the option"
+                "scripts=functions needs the functions recipe's commands, else use scripts=eval"
                 if command.startswith("fcall")
-                else "a user of the tenant recipe needs ?scripts=functions"
+                else "a user of the tenant recipe needs scripts=functions"
             )
-            return SettingError(f"the URL's user may not run {command!r}: {hint} ({error})", setting="url")
+            return SettingError(f"the URL's user may not run {command!r}: {hint} ({error})", setting="scripts")
         if step == "read" and denies_a_key(error):
             return SettingError(
                 f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "

@@ -43,12 +43,11 @@ def server() -> Iterator[RedisServer]:
 
 
 def _url(server: RedisServer, user: str, scripts: str) -> str:
-    query = "?scripts=functions" if scripts == "functions" else ""
-    return f"redis://{user}-{scripts}:{SECRET}@{server.host}:{server.port}/0{query}"
+    return f"redis://{user}-{scripts}:{SECRET}@{server.host}:{server.port}/0"
 
 
 def _store(server: RedisServer, user: str, scripts: str, **settings: Any) -> StatusStore:
-    return StatusStore.from_url(_url(server, user, scripts), namespace=NS, **settings)
+    return StatusStore.from_url(_url(server, user, scripts), namespace=NS, scripts=scripts, **settings)
 
 
 def _raw(server: RedisServer, user: str, scripts: str) -> redis.Redis:
@@ -135,7 +134,7 @@ def test_a_router_is_refused_what_its_recipe_leaves_out(server: RedisServer, adm
             with pytest.raises(PermissionDeniedError, match=f"'{command}'"):
                 call()
     assert admin.hgetall(_key(5)) == before  # refused before any write
-    with StatusStore.from_url(_url(server, "router", scripts), namespace="ns-other") as intruder:
+    with StatusStore.from_url(_url(server, "router", scripts), namespace="ns-other", scripts=scripts) as intruder:
         with pytest.raises(PermissionDeniedError):
             intruder.cancel(5, "not yours")
         with pytest.raises(PermissionDeniedError):
@@ -222,7 +221,7 @@ def test_the_worker_recipe_records_a_first_failure_and_clear_drops_it(server: Re
 
 @pytest.mark.real
 def test_the_cli_cancels_as_the_router_and_not_as_the_dashboard(server: RedisServer, admin: redis.Redis) -> None:
-    namespace = {"KVSTATUS_NAMESPACE": NS}
+    namespace = {"KVSTATUS_NAMESPACE": NS, "KVSTATUS_SCRIPTS": "functions"}
     with _store(server, "worker", "functions", participant="prefill-0") as worker:
         worker.update_status(30, KVPoll.WaitingForInput)
     done = run_cli(
@@ -247,7 +246,13 @@ def test_the_cli_cancels_as_the_router_and_not_as_the_dashboard(server: RedisSer
     assert not admin.exists(_key(32))
     fresh = fresh_namespace("router")
     other = run_cli(
-        "--url", _url(server, "router", "functions"), "cancel", "1", "--reason", "x", env={"KVSTATUS_NAMESPACE": fresh}
+        "--url",
+        _url(server, "router", "functions"),
+        "cancel",
+        "1",
+        "--reason",
+        "x",
+        env={"KVSTATUS_NAMESPACE": fresh, "KVSTATUS_SCRIPTS": "functions"},
     )
     assert_clean_failure(other.stdout + other.stderr, other.returncode, 1, "ACL", secrets=(SECRET,))
     assert list(admin.scan_iter(match=f"kvstatus:{fresh}:*")) == []

@@ -83,8 +83,8 @@ def server() -> Iterator[RedisServer]:
 
 
 def _victim(server: RedisServer, participant: str = "p0") -> StatusStore:
-    url = f"redis://tenant-b:{TENANT}@{server.host}:{server.port}/0?scripts=functions"
-    return StatusStore.from_url(url, namespace="ns-b", participant=participant, near_cache=True)
+    url = f"redis://tenant-b:{TENANT}@{server.host}:{server.port}/0"
+    return StatusStore.from_url(url, namespace="ns-b", participant=participant, near_cache=True, scripts="functions")
 
 
 def _clients(server: RedisServer) -> list[dict[str, str]]:

@@ -43,12 +43,13 @@ def server() -> Iterator[RedisServer]:
         yield started
 
 
-def _url(server: RedisServer, user: str, query: str = "?scripts=functions") -> str:
-    return f"redis://{user}:{TENANT}@{server.host}:{server.port}/0{query}"
+def _url(server: RedisServer, user: str) -> str:
+    return f"redis://{user}:{TENANT}@{server.host}:{server.port}/0"
 
 
 def _store(server: RedisServer, user: str, namespace: str = "ns-a", **settings: Any) -> StatusStore:
-    return StatusStore.from_url(_url(server, user), namespace=namespace, **settings)
+    """A store of the tenant recipe: its Lua runs as functions."""
+    return StatusStore.from_url(_url(server, user), namespace=namespace, **{"scripts": "functions", **settings})
 
 
 def _raw(server: RedisServer, user: str) -> redis.Redis:
@@ -156,7 +157,7 @@ def test_doctor_passes_for_the_tenant_and_the_read_only_user(server: RedisServer
 
 
 def test_the_cli_works_for_the_tenant_and_doctor_flags_an_admin_as_not_isolated(server: RedisServer) -> None:
-    env = {"KVSTATUS_NAMESPACE": "ns-a"}
+    env = {"KVSTATUS_NAMESPACE": "ns-a", "KVSTATUS_SCRIPTS": "functions"}
     # Its own entry first: a Failed without one is IGNORED_MISSING (the test must not lean on another test's rooms).
     opened = run_cli("--url", _url(server, "tenant-a"), "set", "7", "transferring", "-p", "p0", env=env)
     assert opened.returncode == 0, opened.stderr
@@ -171,7 +172,7 @@ def test_the_cli_works_for_the_tenant_and_doctor_flags_an_admin_as_not_isolated(
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         assert TENANT not in doctor.stdout + doctor.stderr
     admin_url = f"redis://:{ADMIN}@{server.host}:{server.port}/0"
-    doctor = run_cli("--url", admin_url + "?scripts=functions", "doctor", env=env)
+    doctor = run_cli("--url", admin_url, "doctor", env=env)
     isolation = [line.split() for line in doctor.stdout.splitlines() if " isolation " in line]
     assert doctor.returncode == 0 and isolation[0][:5] == ["warn", "isolation", "this", "user", "may"], doctor.stdout
     assert "may run Lua of its own" in doctor.stdout
@@ -188,9 +189,11 @@ def test_a_missing_library_says_what_an_admin_runs(server: RedisServer) -> None:
             with pytest.raises(BackendError, match=f"{LIBRARY_NAME} .*kvstatus --url ADMIN_URL functions load"):
                 store.update_status(1, KVPoll.Bootstrapping)
         env = {"KVSTATUS_NAMESPACE": "ns-a"}
-        failed = run_cli("--url", _url(server, "tenant-a"), "set", "1", "bootstrapping", env=env)
+        failed = run_cli(
+            "--url", _url(server, "tenant-a"), "--scripts", "functions", "set", "1", "bootstrapping", env=env
+        )
         assert_clean_failure(failed.stdout + failed.stderr, failed.returncode, 1, "functions load", secrets=(TENANT,))
-        doctor = run_cli("--url", _url(server, "tenant-a"), "doctor", env=env)
+        doctor = run_cli("--url", _url(server, "tenant-a"), "--scripts", "functions", "doctor", env=env)
         assert doctor.returncode == 1 and "functions load" in doctor.stdout
         listed = run_cli("--url", admin_url, "functions", "list", env=env)
         assert listed.returncode == 1 and "is not loaded" in listed.stderr
@@ -204,11 +207,10 @@ def test_a_missing_library_says_what_an_admin_runs(server: RedisServer) -> None:
 
 
 def test_an_eval_store_under_the_tenant_recipe_is_told_to_use_functions(server: RedisServer) -> None:
-    with StatusStore.from_url(_url(server, "tenant-a", query=""), namespace="ns-a") as store:
-        assert store.scripts == "eval"
-        with pytest.raises(PermissionDeniedError, match="scripts=functions"):
+    with StatusStore.from_url(_url(server, "tenant-a"), namespace="ns-a") as store:
+        assert store.scripts == "eval"  # the default
+        with pytest.raises(PermissionDeniedError, match='scripts="functions"'):
             store.update_status(3, KVPoll.Bootstrapping)
-    assert StatusStore.from_url(_url(server, "tenant-a"), namespace="ns-a", scripts="eval").scripts == "eval"
 
 
 def test_the_tenant_recipe_on_a_cluster(redis_cluster: RedisClusterServers) -> None:
@@ -220,14 +222,15 @@ def test_the_tenant_recipe_on_a_cluster(redis_cluster: RedisClusterServers) -> N
     admin_url = f"redis+cluster://{hosts}"
     loaded = run_cli("--url", admin_url, "functions", "load", env={})
     assert loaded.returncode == 0 and loaded.stdout.count(":") >= 3, loaded.stdout + loaded.stderr
-    url = f"redis+cluster://tenant-c:{TENANT}@{hosts}?scripts=functions"
-    with StatusStore.from_url(url, namespace="ns-c", participant="p") as store:
+    url = f"redis+cluster://tenant-c:{TENANT}@{hosts}"
+    with StatusStore.from_url(url, namespace="ns-c", participant="p", scripts="functions") as store:
         results = store.update_many({r: KVPoll.Bootstrapping for r in range(100)})
         assert {r.outcome for r in results.values()} == {Outcome.CREATED}
         assert store.update_status(5, KVPoll.Failed).outcome is Outcome.FAILED
         assert store.record_failure(5, "lost") is True
         assert store.get_many(range(100))[99] is KVPoll.Bootstrapping
-    with StatusStore.from_url(url.replace("tenant-c:", "tenant-c-ro:"), namespace="ns-c", participant="p") as ro:
+    ro_url = url.replace("tenant-c:", "tenant-c-ro:")
+    with StatusStore.from_url(ro_url, namespace="ns-c", participant="p", scripts="functions") as ro:
         assert ro.get_many([5, 6]) == {5: KVPoll.Failed, 6: KVPoll.Bootstrapping}
         with pytest.raises(PermissionDeniedError):
             ro.update_status(6, KVPoll.Success)

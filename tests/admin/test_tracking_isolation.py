@@ -75,7 +75,7 @@ def server() -> Iterator[RedisServer]:
 
 
 def _url(server: RedisServer, user: str) -> str:
-    return f"redis://{user}:{TENANT}@{server.host}:{server.port}/0?scripts=functions"
+    return f"redis://{user}:{TENANT}@{server.host}:{server.port}/0"
 
 
 def _attack(server: RedisServer, user: str, room: int) -> tuple[bytes, bytes, bytes]:
@@ -94,7 +94,9 @@ def _attack(server: RedisServer, user: str, room: int) -> tuple[bytes, bytes, by
             )
         else:
             reply = tracker.ask("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "kvstatus:ns-b:")
-        with StatusStore.from_url(_url(server, "tenant-b"), namespace="ns-b", participant="p0") as victim:
+        with StatusStore.from_url(
+            _url(server, "tenant-b"), namespace="ns-b", participant="p0", scripts="functions"
+        ) as victim:
             victim.update_status(room, KVPoll.Bootstrapping)
         received = listener.drain(1.0)
         direct = tracker.ask("HGET", f"kvstatus:ns-b:{{{room}}}", "p0")
@@ -119,7 +121,9 @@ def test_the_recipe_without_near_cache_refuses_the_attack(server: RedisServer) -
 
 
 def test_every_store_operation_works_without_the_near_cache_permissions(server: RedisServer) -> None:
-    with StatusStore.from_url(_url(server, "tenant-a-plain"), namespace="ns-a", participant="p0", lease_ttl=3) as store:
+    with StatusStore.from_url(
+        _url(server, "tenant-a-plain"), namespace="ns-a", participant="p0", lease_ttl=3, scripts="functions"
+    ) as store:
         assert store.update_status(5, KVPoll.Transferring).status is KVPoll.Transferring
         assert store.record_failure(5, "nixl timeout") is True
         assert store.get(5) is KVPoll.Transferring
@@ -127,7 +131,7 @@ def test_every_store_operation_works_without_the_near_cache_permissions(server: 
         assert store.room(5).participants["p0"].reason == "nixl timeout"
         assert store.wait_for(5, KVPoll.Transferring, timeout=1) is KVPoll.Transferring
         assert store.clear(5) is True
-    with StatusStore.from_url(_url(server, "tenant-a-plain-ro"), namespace="ns-a") as reader:
+    with StatusStore.from_url(_url(server, "tenant-a-plain-ro"), namespace="ns-a", scripts="functions") as reader:
         assert reader.get(5) is None
         with pytest.raises(PermissionDeniedError):
             reader.update_status(5, KVPoll.Bootstrapping)
@@ -144,7 +148,7 @@ def test_doctor_warns_about_a_user_that_may_track(server: RedisServer, user: str
         assert "kvstatus acl --no-near-cache" in detail and "one Redis per tenant" in detail
     else:
         assert "cannot run CLIENT TRACKING" in detail
-    doctor = run_cli("--url", _url(server, user), "--namespace", "ns-a", "doctor")
+    doctor = run_cli("--url", _url(server, user), "--namespace", "ns-a", "--scripts", "functions", "doctor")
     tracking = next(line.split() for line in doctor.stdout.splitlines() if " tracking " in line)
     assert doctor.returncode == 0 and tracking[0] == ("warn" if warned else "ok"), doctor.stdout
     assert ("this user may run CLIENT TRACKING" in doctor.stdout) == warned
@@ -195,7 +199,7 @@ def test_a_near_cache_store_without_tracking_runs_uncached_and_says_so_once(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="kvstatus"):
         with StatusStore.from_url(
-            _url(server, "tenant-a-plain"), namespace="ns-a", participant="p1", near_cache=True
+            _url(server, "tenant-a-plain"), namespace="ns-a", participant="p1", near_cache=True, scripts="functions"
         ) as store:
             store.update_status(9, KVPoll.Bootstrapping)
             for _ in range(3):

@@ -122,6 +122,10 @@ def _sh(script: str, real_server: RedisServer, namespace: str, user: str = "defa
         ("kvstatus doctor", 0),
         ("kvstatus ls -n 1", 0),
         ("kvstatus watch --count 1 --interval 0.1", 0),
+        ("kvstatus set 6 transferring --timeline", 0),
+        ("KVSTATUS_SCRIPTS=lua kvstatus get 5", 2),  # usage: names the option and its choices
+        ('kvstatus --url "$KVSTATUS_URL?scripts=functions" get 5', 2),  # a store setting is no URL option
+        ("kvstatus --scripts functions set 7 bootstrapping", 1),  # no function library on this server
     ],
 )
 def test_exit_codes_as_a_set_e_script_sees_them(real_server: RedisServer, command: str, code: int) -> None:
@@ -283,14 +287,40 @@ def test_every_connection_option_is_a_url_option() -> None:
         "retries=x",
         "socket_timeout=0",
         "socket_timeout=nan",
-        "backoff_cap=-1",
-        "health_check_interval=-5",
         "nope=1",
     ],
 )
 def test_bad_connection_options_in_a_url_are_refused(query: str) -> None:
     with pytest.raises(InvalidURLError):
         options_for(f"redis://127.0.0.1:1/0?{query}")
+
+
+@pytest.mark.parametrize(
+    "query, argument",
+    [
+        ("scripts=functions", "--scripts"),
+        ("timeline=yes", "timeline=True"),
+        ("lease_ttl=10", "lease_ttl=SECONDS"),
+        ("near_cache_size=5", "near_cache=NearCacheOptions(max_rooms=N)"),
+    ],
+)
+def test_a_store_setting_in_the_url_is_a_usage_error_naming_what_replaces_it(query: str, argument: str) -> None:
+    done = invoke(connect, "--url", f"redis://u:{SECRET}@127.0.0.1:1/0?{query}", "--namespace", NS, "get", "5")
+    assert done.exit_code == 2 and "is a store setting, not a connection option" in done.output, done.output
+    assert argument in done.output and SECRET not in done.output and "Traceback" not in done.output
+
+
+@pytest.mark.parametrize("option", ["backoff_base=0.01", "backoff_cap=2", "health_check_interval=30"])
+def test_a_removed_connection_option_says_it_was_removed(option: str) -> None:
+    with pytest.raises(
+        InvalidURLError, match=f"option '{option.partition('=')[0]}' was removed: .*retries and deadline"
+    ):
+        options_for(f"redis://127.0.0.1:1/0?{option}")
+
+
+def test_a_bad_scripts_choice_is_a_usage_error() -> None:
+    done = invoke(connect, "--scripts", "lua", "--namespace", NS, "get", "5")
+    assert done.exit_code == 2 and "'lua' is not one of 'eval', 'functions'" in done.output, done.output
 
 
 def test_readme_and_guides_cite_only_files_in_the_repository() -> None:

@@ -25,9 +25,6 @@ OUT_OF_RANGE = [
     ("deadline", "1e300"),
     ("retries", "1024"),
     ("retries", "100000000000000000000"),
-    ("backoff_base", "1e300"),
-    ("backoff_cap", "1e300"),
-    ("health_check_interval", "10" + "0" * 400),
     ("max_connections", "100000000000000000000"),
     ("db", str(MAX_DB + 1)),
 ]
@@ -62,9 +59,6 @@ def test_the_largest_accepted_values_still_build_a_client() -> None:
         socket_connect_timeout=86_400,
         deadline=86_400,
         retries=100,
-        backoff_base=3_600,
-        backoff_cap=3_600,
-        health_check_interval=86_400,
     )
-    assert top.retry_budget() == 100 * 3_600  # the backoff arithmetic stays finite
+    assert top.retry_budget() == pytest.approx(3.1 + 95 * 2.0)  # 0.1 ... 1.6, then 2 s each: it stays finite
     StatusStore.from_url(f"redis://127.0.0.1:1/{MAX_DB}?retries=100&socket_timeout=86400", namespace="ns")

@@ -4,7 +4,7 @@
   script), stdout stays the empty table, stderr says the namespace holds no rooms;
 - ``stats`` with rooms stuck on a lost participant: exit 4 (3, a leak or a corrupted value, wins);
 - ``sweep -p NAME`` names what is true of NAME, and the lost participants it left alone;
-- ``doctor`` of a functions-recipe tenant on an eval URL suggests ``?scripts=functions`` once.
+- ``doctor`` of a functions-recipe tenant without ``--scripts functions`` suggests it once.
 """
 
 from __future__ import annotations
@@ -140,11 +140,12 @@ def real_server() -> Iterator[RedisServer]:
 
 
 def _sh(
-    real_server: RedisServer, script: str, namespace: str, user: str = "default", query: str = ""
+    real_server: RedisServer, script: str, namespace: str, user: str = "default", scripts: str = ""
 ) -> subprocess.CompletedProcess:
     env = {
-        "KVSTATUS_URL": f"redis://{user}:{SECRET}@{real_server.host}:{real_server.port}/0{query}",
+        "KVSTATUS_URL": f"redis://{user}:{SECRET}@{real_server.host}:{real_server.port}/0",
         "KVSTATUS_NAMESPACE": namespace,
+        **({"KVSTATUS_SCRIPTS": scripts} if scripts else {}),
         **CHECKOUT_ENV,
     }
     return subprocess.run(
@@ -173,14 +174,14 @@ def test_a_set_e_script_survives_an_empty_namespace_and_cron_alerts_on_stuck_roo
 
 @pytest.mark.real
 @pytest.mark.parametrize("user", ["tenant", "tenant-ro"])
-def test_doctor_suggests_scripts_functions_once_to_a_tenant_on_an_eval_url(real_server, user: str) -> None:
+def test_doctor_suggests_scripts_functions_once_to_a_tenant_on_eval(real_server, user: str) -> None:
     done = _sh(real_server, "kvstatus doctor", NS, user=user)
-    assert done.returncode == 1  # the URL as given does not work
-    assert done.stdout.count("?scripts=functions") == 1, done.stdout
+    assert done.returncode == 1  # the default, eval, does not work for this user
+    assert done.stdout.count("--scripts functions") == 1, done.stdout
     assert len(re.findall(r"^fail", done.stdout, re.M)) == 1, done.stdout  # was 9 NOPERM lines
     assert "NOPERM" in done.stdout.split("\n")[3]
-    fixed = _sh(real_server, "kvstatus doctor", NS, user=user, query="?scripts=functions")
-    assert fixed.returncode == 0 and "add ?scripts=functions" not in fixed.stdout, fixed.stdout
+    fixed = _sh(real_server, "kvstatus doctor", NS, user=user, scripts="functions")
+    assert fixed.returncode == 0 and "--scripts functions" not in fixed.stdout, fixed.stdout
     admin = _sh(real_server, "kvstatus doctor", NS)  # an admin on an eval URL needs no hint
     assert admin.returncode == 0 and "scripts=functions" not in admin.stdout
 
@@ -200,7 +201,7 @@ def test_participants_and_sweep_name_a_tenants_junk_at_the_lease_keys_and_go_on(
     admin.set(f"kvstatus:{namespace}:leases", "junk")
     admin.set(f"kvstatus:{namespace}:lease:bogus-1", "junk")
     script = "kvstatus participants\nkvstatus participants --json" + ("\nkvstatus sweep" if user == "tenant" else "")
-    done = _sh(real_server, script, namespace, user=f"{user}-{namespace}", query="?scripts=eval")
+    done = _sh(real_server, script, namespace, user=f"{user}-{namespace}", scripts="eval")
     assert done.returncode == 0 and "reached-the-end" in done.stdout, done.stderr
     assert "dead-0" in done.stdout and "bogus-1" not in done.stdout  # stdout: the listing, as without junk
     runs = script.count("\n") + 1

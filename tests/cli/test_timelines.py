@@ -207,9 +207,11 @@ def test_stats_counts_stuck_rooms_by_holder(ns: Namespace) -> None:
     assert "HOLDER" not in quiet
 
 
-def test_set_records_a_timeline_when_the_url_says_so(ns: Namespace) -> None:
-    url = f"{ns.server.url}?timeline=yes"
-    done = invoke(connect, "--url", url, "--namespace", ns.name, "set", "9", "bootstrapping", "-p", "prefill-0")
+def test_set_records_a_timeline_with_its_flag(ns: Namespace) -> None:
+    url = ns.server.url
+    done = invoke(
+        connect, "--url", url, "--namespace", ns.name, "set", "9", "bootstrapping", "-p", "prefill-0", "--timeline"
+    )
     assert done.exit_code == 0, done.output
     invoke(
         connect,
@@ -223,7 +225,8 @@ def test_set_records_a_timeline_when_the_url_says_so(ns: Namespace) -> None:
         env={"KVSTATUS_URL": ns.server.url},
     )
     steps = json.loads(ns.cli("get", "9", "--json").output)["rooms"][0]["timelines"]
-    assert list(steps) == ["prefill-0"]  # decode-0 was set without ?timeline=yes
+    assert list(steps) == ["prefill-0"]  # decode-0 was set without --timeline
+    assert [step["status"] for step in steps["prefill-0"]] == ["Bootstrapping"]
 
 
 def test_as_an_operator_types_it(ns: Namespace) -> None:

@@ -109,5 +109,5 @@ def test_an_unknown_script_mode_is_refused() -> None:
         StatusStore(None, namespace="ns", scripts="lua")
     from kvstatus.url import parse_url
 
-    with pytest.raises(InvalidArgumentError, match="scripts"):
-        parse_url("redis://localhost:6379/0?scripts=lua")
+    with pytest.raises(InvalidArgumentError, match="'scripts' is a store setting"):
+        parse_url("redis://localhost:6379/0?scripts=functions")

@@ -8,7 +8,7 @@ With ``?deadline=1`` in the URL, against a server stopped after rooms were writt
    no traceback, within the deadline plus :data:`SLACK`, in-process and as the subprocess an operator runs;
 2. the board's ``/api/stuck`` and ``/api/pairs`` answer 503 within as long, and the exporter's health pass
    gives up as promptly: ``kvstatus_up`` 0 and ``/ready`` 503 "Redis did not answer the last read";
-3. ``update_status`` of a store with ``timeline=True`` (``?timeline=yes``), sync and async, raises
+3. ``update_status`` of a store with ``timeline=True``, sync and async, raises
    ``BackendUnavailableError`` within the deadline.
 
 Before the fix (kvstatus.admin.scan.round_trip): every SCAN, ``TIME`` and pipelined read of the admin reads waited 6 sends
@@ -38,7 +38,6 @@ from kvstatus import AsyncStatusStore, BackendUnavailableError, KVPoll, StatusSt
 from kvstatus.admin.scan import server_ms
 from kvstatus.connection import connect
 from kvstatus.keys import KeySchema
-from kvstatus.url import url_timeline
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.cli import assert_clean_failure, invoke, run_cli
 from tests.helpers.tiers import require_redis_server
@@ -256,14 +255,12 @@ def test_the_exporters_health_pass_gives_up_at_the_deadline(hung: Hung) -> None:
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_a_timeline_update_against_a_hung_server_raises_at_its_deadline(hung: Hung, asynchronous: bool) -> None:
-    """``?timeline=yes``: the update script also writes the entry's timeline. Measured: 1.002-1.003 s, sync and async (no defect here);
+    """``timeline=True``: the update script also writes the entry's timeline. Measured: 1.002-1.003 s, sync and async (no defect here);
     the write, unknown to the caller, is applied (timeline step included) when the server wakes up."""
-    url = f"{hung.url}&timeline=yes"
-    assert url_timeline(url)
     room = 10 + asynchronous
     loop = asyncio.new_event_loop()
     store: Any = (AsyncStatusStore if asynchronous else StatusStore).from_url(
-        url, namespace=hung.namespace, participant="prefill-1"
+        hung.url, namespace=hung.namespace, participant="prefill-1", timeline=True
     )
     assert store.timeline
 

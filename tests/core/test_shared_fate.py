@@ -16,7 +16,7 @@ from kvstatus.errors import CorruptedValueError
 from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.model import CancelOutcome, FailureRecord, Stage
 from kvstatus.rule import shared_status
-from kvstatus.url import parse_url, url_shared_fate
+from kvstatus.url import parse_url
 from tests.helpers.backends import Backend
 
 ROOM = 7
@@ -224,12 +224,9 @@ def test_the_record_parses_and_rejects_what_kvstatus_does_not_write() -> None:
             parse_failure(bad, "the-key")
 
 
-def test_the_url_and_the_constructor_take_the_setting() -> None:
-    assert url_shared_fate("redis://h/0") is True
-    assert url_shared_fate("redis://h/0?shared_fate=no") is False
-    assert url_shared_fate(parse_url("redis://h/0?shared_fate=1")) is True
-    with pytest.raises(InvalidArgumentError, match="shared_fate"):
-        parse_url("redis://h/0?shared_fate=maybe")
+def test_the_url_does_not_take_the_setting() -> None:
+    with pytest.raises(InvalidArgumentError, match="'shared_fate' is a store setting.*pass shared_fate=False"):
+        parse_url("redis://h/0?shared_fate=no")
 
 
 def test_the_setting_must_be_a_bool(backend: Backend) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import pytest
 
-from kvstatus import CorruptedValueError, KVPoll, Outcome, StatusStore
+from kvstatus import CorruptedValueError, InvalidURLError, KVPoll, Outcome, StatusStore
 from kvstatus.admin.health import HealthSettings, classify
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
@@ -169,13 +169,13 @@ def test_a_new_incarnation_starts_its_own_timeline(backend: Backend) -> None:
     assert [s.status for s in new.room(5).timelines["prefill-0"]] == [B]
 
 
-def test_the_url_option_and_the_settings_carry_it(redis_server: Any) -> None:
-    with StatusStore.from_url(redis_server.url + "?timeline=yes", namespace="tl-url", participant="p") as store:
+def test_the_argument_and_the_settings_carry_it(redis_server: Any) -> None:
+    with StatusStore.from_url(redis_server.url, namespace="tl-url", participant="p", timeline=True) as store:
         assert store.timeline is True and store.for_participant("q").timeline is True
     with StatusStore.from_url(redis_server.url, namespace="tl-url") as store:
         assert store.timeline is False
-    with pytest.raises(Exception, match="timeline"):
-        StatusStore.from_url(redis_server.url + "?timeline=maybe", namespace="tl-url")
+    with pytest.raises(InvalidURLError, match="'timeline' is a store setting"):
+        StatusStore.from_url(redis_server.url + "?timeline=yes", namespace="tl-url")
     with pytest.raises(Exception, match="timeline must be True or False"):
         StatusStore.from_url(redis_server.url, namespace="tl-url", timeline="yes")
 

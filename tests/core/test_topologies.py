@@ -106,9 +106,9 @@ def test_wrong_passwords_never_leak(
     url = _tls_url(request, topology, tls_files).replace(f":{SECRET}@", f":{wrong}@")
     stores = []
     with pytest.raises(AuthenticationError) as info:  # a sync cluster client refuses already in from_url
-        stores.append(StatusStore.from_url(url, namespace="x", retries=1, backoff_base=0.01))
+        stores.append(StatusStore.from_url(url, namespace="x", retries=1))
         stores[0].update_status(1, KVPoll.Bootstrapping)
-    async_store = AsyncStatusStore.from_url(url, namespace="x", retries=1, backoff_base=0.01)
+    async_store = AsyncStatusStore.from_url(url, namespace="x", retries=1)
     with pytest.raises(AuthenticationError) as async_info:  # the async cluster client connects lazily
         asyncio.run(async_store.get(1))
     texts = [
@@ -131,7 +131,7 @@ def test_wrong_sentinel_password_never_leaks(request: pytest.FixtureRequest, tls
     url = _tls_url(request, "sentinel", tls_files).replace(
         f"sentinel_password={SENTINEL_SECRET}", f"sentinel_password={wrong}"
     )
-    store = StatusStore.from_url(url, namespace="x", retries=1, backoff_base=0.01)
+    store = StatusStore.from_url(url, namespace="x", retries=1)
     with pytest.raises(AuthenticationError, match="Sentinels refused the credentials") as info:
         store.get(1)
     assert wrong not in str(info.value) and SECRET not in str(info.value)

@@ -253,18 +253,17 @@ def test_async_cache_read_your_writes_and_invalidation(url: str, namespace: str,
     asyncio.run(run())
 
 
-def test_url_options(url: str, namespace: str) -> None:
-    with StatusStore.from_url(url + "?near_cache=true&near_cache_size=5", namespace=namespace) as store:
+def test_the_near_cache_is_an_argument_not_a_url_option(url: str, namespace: str) -> None:
+    with StatusStore.from_url(url, namespace=namespace, near_cache=NearCacheOptions(max_rooms=5)) as store:
         assert store.near_cache is not None and store.near_cache.state.options.max_rooms == 5
-    with StatusStore.from_url(url + "?near_cache_size=7", namespace=namespace) as store:
-        assert store.near_cache.state.options.max_rooms == 7
-    with StatusStore.from_url(url + "?near_cache=false", namespace=namespace) as store:
-        assert store.near_cache is None
-    with StatusStore.from_url(url + "?near_cache=true", namespace=namespace, near_cache=False) as store:
-        assert store.near_cache is None  # the argument wins
-    for bad in ("?near_cache=maybe", "?near_cache_size=0", "?near_cache_size=x"):
-        with pytest.raises(InvalidURLError, match="near_cache"):
-            StatusStore.from_url(url + bad, namespace=namespace)
+    with StatusStore.from_url(url, namespace=namespace) as store:
+        assert store.near_cache is None  # from_url's default, as the constructor's
+    for option in ("near_cache=true", "near_cache_size=7"):
+        name = option.partition("=")[0]
+        with pytest.raises(
+            InvalidURLError, match=f"'{name}' is a store setting, not a connection option; pass near_cache="
+        ):
+            StatusStore.from_url(f"{url}?{option}", namespace=namespace)
     with pytest.raises(InvalidArgumentError, match="near cache size"):
         StatusStore.from_url(url, namespace=namespace, near_cache=NearCacheOptions(max_rooms=0))
 

@@ -247,8 +247,8 @@ def test_install_refuses_what_would_change_behaviour() -> None:
     for near_cache in (True, False):  # a store brings its own cache: an explicit setting is refused either way
         with pytest.raises(InvalidArgumentError, match="apply to a URL"):
             install(make_manager(), counting_store(), near_cache=near_cache)
-    # The URL's near cache setting and the argument must agree (nothing is connected before the check).
-    with pytest.raises(InvalidArgumentError, match=r"near_cache=True disagrees with the URL's near cache setting"):
+    # The near cache is install()'s argument alone: a URL naming it is refused before anything is connected.
+    with pytest.raises(InvalidArgumentError, match=r"'near_cache' is a store setting, not a connection option"):
         install(make_manager(), "redis://127.0.0.1:1/0?near_cache=false", namespace="x", near_cache=True)
 
 

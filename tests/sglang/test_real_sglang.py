@@ -252,7 +252,7 @@ def test_real_failure_exception_names_the_peer_and_the_canceller(sg: Any, redis_
     # Shared fate off (the store's option): the prefill's entry is read alone, as upstream's dict.
     alone = real_manager(sg, mode=sg.Mode.PREFILL, tp_rank=1)
     alone.failure_records, alone.failure_lock = {}, threading.Lock()
-    install(alone, redis_server.url + "?shared_fate=0", namespace=namespace)
+    install(alone, redis_server.url, namespace=namespace, shared_fate=False)
     alone.update_status(83, sg.KVPoll.Bootstrapping)
     decode.update_status(83, sg.KVPoll.WaitingForInput)
     decode.update_status(83, sg.KVPoll.Failed)
@@ -474,7 +474,7 @@ def test_a_room_reused_after_success_and_clear_and_a_teardown_on_the_real_class(
     backend) still raises, and the manager's store stays open, its lease held."""
     manager = real_manager(sg)
     manager.bootstrap_host, manager.bootstrap_port, manager.local_ip = "127.0.0.1", 8998, "127.0.0.1"
-    status_map = install(manager, redis_server.url + "?lease_ttl=10", namespace=fresh_namespace("sgreal"))
+    status_map = install(manager, redis_server.url, namespace=fresh_namespace("sgreal"), lease_ttl=10)
     try:
         assert status_map.store.participant == "prefill-127.0.0.1-8998-tp0-pp0"
         for lifecycle in range(2):

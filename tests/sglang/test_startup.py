@@ -13,6 +13,7 @@ import redis
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
+from kvstatus.errors import InvalidURLError
 from kvstatus.sglang import install, plugin
 from kvstatus.sglang.plugin import (
     DEFAULT_LEASE_TTL,
@@ -21,6 +22,7 @@ from kvstatus.sglang.plugin import (
     ENV_NAMESPACE,
     ENV_NEAR_CACHE,
     ENV_POLICY,
+    ENV_SCRIPTS,
     ENV_SHARED_FATE,
     ENV_TIMELINE,
     ENV_TTL,
@@ -51,7 +53,8 @@ def _all_text(exc: BaseException) -> str:
     [
         (ENV_URL, "http://h:1/0", "unsupported scheme"),
         (ENV_URL, f"redis://u:{SECRET}@h:1/0?bogus=1", "unknown option"),
-        (ENV_URL, f"redis://u:{SECRET}@h:1/0?lease_ttl=1", r"\[3, 3600\]"),
+        (ENV_URL, f"redis://u:{SECRET}@h:1/0?lease_ttl=10", "store setting, not a connection option"),
+        (ENV_SCRIPTS, "lua", "expected one of eval, functions"),
         (ENV_NAMESPACE, "prod a", "namespace"),
         (ENV_NAMESPACE, "{x}", "namespace"),
         (ENV_INSTANCE, "node 7", "instance"),
@@ -84,24 +87,16 @@ def test_an_unset_url_is_named() -> None:
         install_options({})
 
 
-def test_lease_ttl_setting_and_url_option() -> None:
+def test_lease_ttl_setting() -> None:
     base = {ENV_URL: GOOD_URL}
     assert install_options(base)["lease_ttl"] == DEFAULT_LEASE_TTL == 10.0  # on by default
     assert "lease_ttl" not in install_options({**base, ENV_LEASE_TTL: "0"})  # off
-    assert "lease_ttl" not in install_options({ENV_URL: GOOD_URL + "?lease_ttl=0"})  # off, by the URL
     assert install_options({**base, ENV_LEASE_TTL: "10"})["lease_ttl"] == 10.0
     assert install_options({**base, ENV_LEASE_TTL: " 3.5 "})["lease_ttl"] == 3.5
-    # The URL's ?lease_ttl= alone is passed on with the URL; with the variable, both must agree.
-    url = GOOD_URL + "?lease_ttl=10"
-    assert "lease_ttl" not in install_options({ENV_URL: url})
-    assert install_options({ENV_URL: url, ENV_LEASE_TTL: "10"})["lease_ttl"] == 10.0
-    for disagreeing in ("0", "20"):
-        with pytest.raises(SettingError, match=f"^{ENV_LEASE_TTL}: .* disagrees with the lease_ttl=10 of {ENV_URL}"):
-            install_options({ENV_URL: url, ENV_LEASE_TTL: disagreeing})
 
 
 @pytest.mark.parametrize("variable, option", [(ENV_SHARED_FATE, "shared_fate"), (ENV_NEAR_CACHE, "near_cache")])
-def test_a_switch_and_its_url_option(variable: str, option: str) -> None:
+def test_a_switch(variable: str, option: str) -> None:
     base = {ENV_URL: GOOD_URL}
     assert option not in install_options(base)  # unset: the default, on
     for value, expected in (
@@ -113,34 +108,32 @@ def test_a_switch_and_its_url_option(variable: str, option: str) -> None:
         ("no", False),
     ):
         assert install_options({**base, variable: value})[option] is expected
-    # The URL's option alone is passed on with the URL; with the variable, both must agree.
-    url = GOOD_URL + f"?{option}=0"
-    assert option not in install_options({ENV_URL: url})
-    assert install_options({ENV_URL: url, variable: "0"})[option] is False
-    with pytest.raises(SettingError, match=f"^{variable}: 1 disagrees with the {option}=0 of {ENV_URL}"):
-        install_options({ENV_URL: url, variable: "1"})
     with pytest.raises(SettingError, match=f"^{variable}: invalid value 'maybe': expected 1 or 0"):
         install_options({**base, variable: "maybe"})
 
 
-def test_timelines_are_on_unless_the_variable_or_the_url_turns_them_off() -> None:
+def test_timelines_are_on_unless_the_variable_turns_them_off() -> None:
     """The store's default is off; the plugin turns it on (issue 20: what a deployment gets is the default)."""
     assert install_options({ENV_URL: GOOD_URL})["timeline"] is True
     assert install_options({ENV_URL: GOOD_URL, ENV_TIMELINE: "0"})["timeline"] is False
     assert install_options({ENV_URL: GOOD_URL, ENV_TIMELINE: "1"})["timeline"] is True
-    url = GOOD_URL + "?timeline=no"
-    assert "timeline" not in install_options({ENV_URL: url})  # the URL's own option is passed on with it
-    assert install_options({ENV_URL: url, ENV_TIMELINE: "no"})["timeline"] is False
-    with pytest.raises(SettingError, match=f"^{ENV_TIMELINE}: 1 disagrees with the timeline=0 of {ENV_URL}"):
-        install_options({ENV_URL: url, ENV_TIMELINE: "1"})
 
 
-def test_a_store_from_a_url_with_lease_ttl_holds_a_lease() -> None:
-    store = StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=9", namespace="ns", participant="p")
-    assert store.lease is not None and store.lease.ttl == 9.0
-    assert StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=0", namespace="ns").lease is None
-    # The keyword wins over the URL, as for near_cache and scripts.
-    assert StatusStore.from_url("redis://127.0.0.1:1/0?lease_ttl=9", namespace="ns", lease_ttl=30).lease.ttl == 30
+def test_scripts_setting() -> None:
+    assert "scripts" not in install_options({ENV_URL: GOOD_URL})  # the store's default, eval
+    assert install_options({ENV_URL: GOOD_URL, ENV_SCRIPTS: "functions"})["scripts"] == "functions"
+    assert install_options({ENV_URL: GOOD_URL, ENV_SCRIPTS: " eval "})["scripts"] == "eval"
+
+
+@pytest.mark.parametrize("option", ["scripts=functions", "lease_ttl=10", "near_cache=0", "shared_fate=0", "timeline=1"])
+def test_a_store_setting_in_the_url_is_refused_naming_its_variable_and_argument(option: str) -> None:
+    """The URL carries connection settings only: each store setting has one source, so none needs an agreement check."""
+    name = option.partition("=")[0]
+    with pytest.raises(SettingError, match=f"^{ENV_URL}: invalid Redis URL .*'{name}' is a store setting") as info:
+        install_options({ENV_URL: f"redis://u:{SECRET}@h:1/0?{option}"})
+    assert SECRET not in _all_text(info.value)
+    with pytest.raises(InvalidURLError, match=f"'{name}' is a store setting, not a connection option; pass {name}="):
+        StatusStore.from_url(f"redis://127.0.0.1:1/0?{option}", namespace="ns")
 
 
 # -- the sglang version and the manager's shape
@@ -275,11 +268,11 @@ def test_a_near_cache_the_acl_forbids_says_so_once_and_runs_uncached(
 
 @pytest.mark.real
 def test_functions_that_are_not_loaded_stop_the_start(acl_server: RedisServer) -> None:
-    env = {ENV_URL: _url(acl_server, "tenant", query="?scripts=functions"), ENV_NAMESPACE: "sgok"}
+    env = {ENV_URL: _url(acl_server, "tenant"), ENV_NAMESPACE: "sgok", ENV_SCRIPTS: "functions"}
     with acl_server.client() as admin:
         admin.function_flush()
     _refused(env, "is not loaded on this Redis: an admin runs `kvstatus --url ADMIN_URL functions load`", ENV_URL)
-    _refused({**env, ENV_URL: _url(acl_server, "tenant")}, r"scripts=functions", ENV_URL)  # eval under the tenant
+    _refused({**env, ENV_SCRIPTS: "eval"}, r"scripts=functions", ENV_SCRIPTS)  # eval under the tenant
     with acl_server.client() as admin:
         load_functions(admin)
     status_map = install_from_env(make_manager(), env)
@@ -319,7 +312,7 @@ def test_install_with_a_url_checks_and_names_the_option(redis_server: Any) -> No
     assert info.value.setting == "url"
     manager = make_manager()
     namespace = fresh_namespace("sgst")
-    install(manager, redis_server.url + "?lease_ttl=5", namespace=namespace)
+    install(manager, redis_server.url, namespace=namespace, lease_ttl=5)
     assert manager.request_status.store.lease.held
     manager.update_status(7, KVPoll.Bootstrapping)
     raw = redis.Redis(host=redis_server.host, port=redis_server.port)

@@ -109,9 +109,9 @@ def test_clients_ride_out_a_redis_restart_without_lying() -> None:
     namespace = fresh_namespace("restart")
     server = RedisServer(extra_args=["--save", "", "--appendonly", "no"]).start()
     patient = StatusStore.from_url(server.url, namespace=namespace)  # default retries: about 3 s of backoff
-    impatient = StatusStore.from_url(server.url, namespace=namespace, retries=1, backoff_base=0.01)
+    impatient = StatusStore.from_url(server.url, namespace=namespace, retries=1)
     loop = asyncio.new_event_loop()
-    aio = AsyncStatusStore.from_url(server.url, namespace=namespace, retries=1, backoff_base=0.01)
+    aio = AsyncStatusStore.from_url(server.url, namespace=namespace, retries=1)
     rooms = itertools.count(1)
     stop = threading.Event()
     attempts: list[Attempt] = []

@@ -94,6 +94,17 @@ def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
     return [f"{base}-pp{rank}" for rank in range(pp_size)]
 
 
+DEFAULT_LEASE_TTL = 10.0
+"""Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
+renewed every TTL/3 s by a background thread, so a manager survives a stall of up to 2/3 of it; a longer
+one loses the lease, its rooms in flight fail, and the manager holds its name again
+(:mod:`kvstatus.sglang.mapping`). docs/guide.md ("Choosing lease_ttl") weighs pauses and failovers."""
+URL_DEFAULTS: dict[str, object] = {"lease_ttl": DEFAULT_LEASE_TTL, "timeline": True}
+"""What :func:`install` gives the store it opens from a URL where the store's own defaults differ: a lease (so a
+dead manager fails its rooms for every peer) and timelines (so ``kvstatus get``, ``ls --stuck`` and ``health``
+can say where a room waited). ``lease_ttl=None`` or ``timeline=False`` turn them off."""
+
+
 def open_store(
     url: str,
     *,
@@ -345,11 +356,13 @@ def install(
     From a URL the store's near cache is on (``near_cache=False`` turns it off;
     :func:`open_store`): a poll of a room that has not changed (``in``, ``check_status``, the PP consensus) is
     answered from memory at about the cost of upstream's dict, with no round trip. A server or ACL that refuses
-    CLIENT TRACKING gets one warning line naming the permission, and the manager runs uncached.
+    CLIENT TRACKING gets one warning line naming the permission, and the manager runs uncached. The store
+    also holds a lease and records timelines unless told otherwise (:data:`URL_DEFAULTS`): the plugin's defaults,
+    held here once.
 
     ``update_status``, ``check_status``, ``check_status_pp_consensus`` and
     ``record_failure`` become instance methods that make one store call each. With a store built
-    with ``lease_ttl`` (the plugin's default), the store's peer watch (:mod:`kvstatus.peerwatch`) fails the
+    with ``lease_ttl`` (the default from a URL), the store's peer watch (:mod:`kvstatus.peerwatch`) fails the
     open entries of a participant that died or restarted in the rooms this manager has open, so every read
     and ``check_status_pp_consensus`` (upstream's minimum over the PP ranks) answer Failed instead of
     stalling, and the failure names the dead participant. ``update_status``
@@ -402,16 +415,17 @@ def install(
         if namespace is None:
             raise InvalidArgumentError("install() with a URL needs namespace=")
         server = parse_url(store_or_url).masked
+        settings = {**URL_DEFAULTS, **store_options}
         address = bootstrap_address(kv_manager)
-        if address is not None and "address" not in store_options and store_options.get("lease_ttl"):
-            store_options["address"] = address  # its lease names it to the decodes that wait on it
+        if address is not None and "address" not in settings and settings["lease_ttl"]:
+            settings["address"] = address  # its lease names it to the decodes that wait on it
         store = open_store(
             store_or_url,
             namespace=namespace,
             participant=name,
             policy=wanted.value,
             near_cache=near_cache,
-            **store_options,
+            **settings,
         )
     else:
         if namespace is not None or near_cache is not None or store_options:

@@ -18,26 +18,27 @@ its variable, the URL's password masked):
 - ``KVSTATUS_SGLANG_URL``        the Redis URL (any scheme of :mod:`kvstatus.connection`); the switch.
 - ``KVSTATUS_SGLANG_NAMESPACE``  the PD deployment's namespace, the same on every node [default ``sglang``].
 - ``KVSTATUS_SGLANG_INSTANCE``   a tag for this server, when two servers of one role share the namespace.
-- ``KVSTATUS_SGLANG_POLICY``     ``strict`` (sglang 0.5.23's rule) or ``seed`` [default ``strict``].
+- ``KVSTATUS_SGLANG_POLICY``     ``strict`` (sglang 0.5.23's rule) or ``seed`` [default ``strict``, install()'s].
 - ``KVSTATUS_SGLANG_TTL``        seconds [default: the store's, 600].
 - ``KVSTATUS_SGLANG_NEAR_CACHE`` ``0`` to read every status from Redis; ``1`` or unset: the store's near cache
   (:mod:`kvstatus.cachestate`: a poll of an unchanged room makes no round trip) [default ``1``]. A server or ACL
   that refuses CLIENT TRACKING gets one warning line, and the managers run uncached.
 - ``KVSTATUS_SGLANG_LEASE_TTL``  seconds of each manager's participant lease, in [3, 3600]; ``0``: no lease
-  [default :data:`DEFAULT_LEASE_TTL`, 10]. With a lease, a manager that dies fails its open rooms for every
+  [default: install()'s, :data:`kvstatus.sglang.manager.DEFAULT_LEASE_TTL`, 10]. With a lease, a manager that dies fails its open rooms for every
   peer within the TTL plus about a second (:mod:`kvstatus.peerwatch`).
 - ``KVSTATUS_SGLANG_SHARED_FATE`` ``0`` to read each manager's own entry alone, as upstream's dict does;
   ``1`` or unset: shared fate (:mod:`kvstatus.fate`: a room another participant failed, or a router
   cancelled, reads Failed, and ``failure_exception`` names its first failure) [default ``1``].
 - ``KVSTATUS_SGLANG_TIMELINE``   ``0`` to record no timelines; ``1`` or unset: each entry records when it reached
   each status (:mod:`kvstatus.timeline`: ``kvstatus get`` shows where a room waited, ``ls --stuck`` and
-  ``health`` name who holds it, and the stage histograms need it) [default ``1``; its cost is in
-  BENCHMARKS.md].
+  ``health`` name who holds it, and the stage histograms need it) [default ``1``, install()'s; its cost is
+  in BENCHMARKS.md].
 - ``KVSTATUS_SGLANG_SCRIPTS``    ``functions`` to run kvstatus' Lua by FCALL of the library an admin loaded
   (``kvstatus functions load``), as a user of the tenant ACL recipe must; ``eval`` or unset: EVALSHA
   [default ``eval``].
 
-Each variable is one keyword argument of :func:`kvstatus.sglang.install`; the URL carries connection settings
+Each variable is one keyword argument of :func:`kvstatus.sglang.install`, passed only when set, so each default
+is install()'s (:data:`kvstatus.sglang.manager.URL_DEFAULTS`) or the store's; the URL carries connection settings
 only (:mod:`kvstatus.url`), so no setting has two sources.
 
 Each manager's install checks the server (:func:`kvstatus.sglang.startup.check_store`):
@@ -70,12 +71,6 @@ ENV_SHARED_FATE = "KVSTATUS_SGLANG_SHARED_FATE"
 ENV_TIMELINE = "KVSTATUS_SGLANG_TIMELINE"
 ENV_SCRIPTS = "KVSTATUS_SGLANG_SCRIPTS"
 DEFAULT_NAMESPACE = "sglang"
-DEFAULT_LEASE_TTL = 10.0
-"""Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
-renewed every TTL/3 s by a background thread, so a manager survives a stall of up to 2/3 of it; a longer
-one loses the lease, its rooms in flight fail, and the manager holds its name again
-(:mod:`kvstatus.sglang.mapping`). docs/guide.md ("Choosing lease_ttl") weighs pauses and failovers;
-docs/e2e.md ("The leases") and BENCHMARKS.md ("Soak") show how the default held up."""
 HOOK_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__"
 
 
@@ -182,7 +177,7 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
     options: dict[str, Any] = {"store_or_url": url}
     for variable, key, default, check in (
         (ENV_NAMESPACE, "namespace", DEFAULT_NAMESPACE, lambda v: validate_name(v, "namespace")),
-        (ENV_POLICY, "policy", "strict", lambda v: to_policy(v).value),
+        (ENV_POLICY, "policy", None, lambda v: to_policy(v).value),  # install()'s default: strict
         (ENV_INSTANCE, "instance", None, lambda v: validate_name(v, "instance")),
         (ENV_SCRIPTS, "scripts", None, validate_script_mode),  # the store's default: eval
     ):
@@ -197,18 +192,10 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
     if ttl is not None:
         options["ttl"] = ttl
     lease_ttl = _seconds(env, ENV_LEASE_TTL, _lease_ttl)
-    if lease_ttl is None:
-        lease_ttl = DEFAULT_LEASE_TTL
-    if lease_ttl:
-        options["lease_ttl"] = lease_ttl
-    for variable, key, unset in (
-        (ENV_NEAR_CACHE, "near_cache", None),  # install()'s default: on
-        (ENV_SHARED_FATE, "shared_fate", None),  # the store's default: on
-        (ENV_TIMELINE, "timeline", True),  # on, though the store's default is off
-    ):
+    if lease_ttl is not None:
+        options["lease_ttl"] = lease_ttl or None  # 0: no lease
+    for variable, key in ((ENV_NEAR_CACHE, "near_cache"), (ENV_SHARED_FATE, "shared_fate"), (ENV_TIMELINE, "timeline")):
         switch = _flag(env, variable)
-        if switch is None:
-            switch = unset
         if switch is not None:
             options[key] = switch
     return options

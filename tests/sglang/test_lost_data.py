@@ -36,12 +36,25 @@ def server() -> Iterator[RedisServer]:
         yield started
 
 
+_OPENED: list[Any] = []
+"""The managers a test installed: closed after it (their lease keepers would outlive the test's server)."""
+
+
+@pytest.fixture(autouse=True)
+def _close_managers() -> Iterator[None]:
+    yield
+    while _OPENED:
+        status_map = _OPENED.pop().request_status
+        if hasattr(status_map, "close"):
+            status_map.close()
+
+
 def _pair(url: str, lease_ttl: Optional[float]) -> tuple[Any, Any, str]:
     namespace = fresh_namespace("lost")
     prefill, decode = make_manager(mode=DisaggregationMode.PREFILL), make_manager(mode=DisaggregationMode.DECODE)
-    options = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
+    _OPENED.extend((prefill, decode))
     for manager in (prefill, decode):
-        install(manager, url, namespace=namespace, **options)
+        install(manager, url, namespace=namespace, lease_ttl=lease_ttl)  # None: no lease
     return prefill, decode, namespace
 
 

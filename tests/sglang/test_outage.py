@@ -41,9 +41,23 @@ def server() -> Iterator[RedisServer]:
         yield started
 
 
+_OPENED: list[Any] = []
+"""The managers a test installed: closed after it (their lease keepers would outlive the test's server)."""
+
+
+@pytest.fixture(autouse=True)
+def _close_managers() -> Iterator[None]:
+    yield
+    while _OPENED:
+        status_map = _OPENED.pop().request_status
+        if hasattr(status_map, "close"):
+            status_map.close()
+
+
 def _pair(url: str) -> tuple[Any, Any]:
     namespace = fresh_namespace("outage")
     prefill, decode = make_manager(mode=DisaggregationMode.PREFILL), make_manager(mode=DisaggregationMode.DECODE)
+    _OPENED.extend((prefill, decode))
     for manager in (prefill, decode):
         install(manager, url, namespace=namespace)
     return prefill, decode

@@ -269,7 +269,7 @@ def _race_owner(url: str, namespace: str, index: int, rooms: list[int], requests
 
     sg = _sg_namespace()
     m = real_manager(sg, tp_rank=index)
-    install(m, url, namespace=namespace)
+    install(m, url, namespace=namespace, lease_ttl=None)  # its aborter acts as the same manager: no lease
     stale = 0
     for n in range(requests):
         room = rooms[n % len(rooms)]
@@ -286,7 +286,7 @@ def _race_owner(url: str, namespace: str, index: int, rooms: list[int], requests
 def _race_aborter(url: str, namespace: str, index: int, rooms: list[int], aborts: int, out: Any) -> None:
     sg = _sg_namespace()
     m = real_manager(sg, tp_rank=index)
-    install(m, url, namespace=namespace, participant=participant_name(m))  # abort() of the same manager
+    install(m, url, namespace=namespace, participant=participant_name(m), lease_ttl=None)  # abort() of the same manager
     rng = random.Random(index)
     resurrected = 0
     for _ in range(aborts):

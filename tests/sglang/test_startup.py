@@ -15,8 +15,8 @@ from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
 from kvstatus.errors import InvalidURLError
 from kvstatus.sglang import install, plugin
+from kvstatus.sglang.manager import DEFAULT_LEASE_TTL
 from kvstatus.sglang.plugin import (
-    DEFAULT_LEASE_TTL,
     ENV_INSTANCE,
     ENV_LEASE_TTL,
     ENV_NAMESPACE,
@@ -89,8 +89,8 @@ def test_an_unset_url_is_named() -> None:
 
 def test_lease_ttl_setting() -> None:
     base = {ENV_URL: GOOD_URL}
-    assert install_options(base)["lease_ttl"] == DEFAULT_LEASE_TTL == 10.0  # on by default
-    assert "lease_ttl" not in install_options({**base, ENV_LEASE_TTL: "0"})  # off
+    assert "lease_ttl" not in install_options(base)  # install()'s default, DEFAULT_LEASE_TTL
+    assert install_options({**base, ENV_LEASE_TTL: "0"})["lease_ttl"] is None  # off
     assert install_options({**base, ENV_LEASE_TTL: "10"})["lease_ttl"] == 10.0
     assert install_options({**base, ENV_LEASE_TTL: " 3.5 "})["lease_ttl"] == 3.5
 
@@ -113,8 +113,8 @@ def test_a_switch(variable: str, option: str) -> None:
 
 
 def test_timelines_are_on_unless_the_variable_turns_them_off() -> None:
-    """The store's default is off; the plugin turns it on (issue 20: what a deployment gets is the default)."""
-    assert install_options({ENV_URL: GOOD_URL})["timeline"] is True
+    """The store's default is off; install() turns it on (issue 20: what a deployment gets is the default)."""
+    assert "timeline" not in install_options({ENV_URL: GOOD_URL})  # install()'s default, on
     assert install_options({ENV_URL: GOOD_URL, ENV_TIMELINE: "0"})["timeline"] is False
     assert install_options({ENV_URL: GOOD_URL, ENV_TIMELINE: "1"})["timeline"] is True
 
@@ -302,6 +302,29 @@ def test_a_good_start_logs_one_line_per_manager_and_leaves_nothing(
     for status_map in maps:
         assert status_map.store.lease.held
         status_map.close()
+
+
+@pytest.mark.real
+def test_the_plugin_on_its_defaults_and_install_on_its_own_build_the_same_store(redis_server: Any) -> None:
+    """Each default is written once: the plugin passes nothing unset, so a manager on the plugin's defaults and one
+    installed by a library call with only a URL and a namespace get one configuration."""
+    namespace = fresh_namespace("sgdef")
+    by_plugin = install_from_env(make_manager(tp_rank=0), {ENV_URL: redis_server.url, ENV_NAMESPACE: namespace})
+    by_call = install(make_manager(tp_rank=1), redis_server.url, namespace=namespace)
+    try:
+        for status_map in (by_plugin, by_call):
+            store = status_map.store
+            assert store.lease is not None and store.lease.ttl == DEFAULT_LEASE_TTL == 10.0 and store.lease.held
+            assert (store.timeline, store.shared_fate, store.scripts, store.policy.value) == (
+                True,
+                True,
+                "eval",
+                "strict",
+            )
+            assert store.near_cache is not None and store.namespace == namespace
+    finally:
+        by_plugin.close()
+        by_call.close()
 
 
 @pytest.mark.real

@@ -9,7 +9,8 @@ backend is gone with its stores. It holds:
   cluster clients have no blocking pool: a call past a node's ``max_connections`` fails at once; a store call
   holds at most one connection per node, so this keeps every node's pool within its size);
 - :attr:`watches`, the watch connections of ``wait_for``, one per node, reused by every wait (a
-  :class:`WatchPool`).
+  :class:`WatchPool`);
+- what its users build once and share (:meth:`shared`: the admin tools' sender).
 
 The near caches' read-your-writes is per process, not per backend (:func:`kvstatus.cachestate.writes_sent`):
 the guarantee holds for every store of the process, and two SGLang managers of one process have a backend each.
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from kvstatus.keywatch import WatchHub
 
 G = TypeVar("G", Gate, AsyncGate)
+T = TypeVar("T")
 
 
 class WatchPool:
@@ -89,6 +91,7 @@ class Backend:
         self.cluster = is_cluster_client(client)
         self.watches = WatchPool()
         self._gate: Union[Gate, AsyncGate, None] = None
+        self._shared: dict[str, object] = {}
         self._lock = threading.Lock()
 
     def gate(self, kind: type[G]) -> Optional[G]:
@@ -103,6 +106,16 @@ class Backend:
         if not isinstance(gate, kind):  # a sync store on an asyncio client's backend, or the reverse
             raise InvalidArgumentError(f"this backend's gate is a {type(gate).__name__}, not a {kind.__name__}")
         return gate
+
+    def shared(self, name: str, kind: type[T], make: Callable[[], T]) -> T:
+        """The object named ``name`` that users of this backend share, ``make()`` on first use (a ``kind``)."""
+        with self._lock:
+            found = self._shared.get(name)
+            if found is None:
+                found = self._shared[name] = make()
+        if not isinstance(found, kind):
+            raise InvalidArgumentError(f"this backend's {name} is a {type(found).__name__}, not a {kind.__name__}")
+        return found
 
     def close(self) -> None:
         """Close the watch connections (the stores close the client and their caches); their waits wake."""

@@ -91,18 +91,21 @@ def nodes_of(link: Link) -> list[Optional[NodeTransport]]:
     return [None]
 
 
+def sender_of(backend: Backend) -> Sender:
+    """The admin tools' sender on ``backend``: built once, on first use, and shared by every admin read on it."""
+
+    def make() -> Sender:
+        gate = backend.gate(Gate)
+        return Sender(
+            backend.client, backend.options, cluster=backend.cluster, functions=False, metrics=None, gate=gate
+        )
+
+    return backend.shared("admin sender", Sender, make)
+
+
 def send(link: Link, request: Request[T], node: Optional[NodeTransport] = None) -> T:
     """Send ``request`` on ``link``'s backend through the send path (to ``node`` if given); kvstatus errors raise."""
-    backend = backend_of(link)
-    sender = Sender(
-        backend.client,
-        backend.options,
-        cluster=backend.cluster,
-        functions=False,
-        metrics=None,
-        gate=backend.gate(Gate),
-    )
-    return sender.send(request, "admin", via=node)
+    return sender_of(backend_of(link)).send(request, "admin", via=node)
 
 
 def replies(calls: list[Call], strict: Optional[int] = None) -> Request[list[Any]]:

@@ -128,3 +128,17 @@ def test_the_doctor_leaves_the_callers_backend_open(redis_server: RedisServer) -
     store.clear(6)
     store.close()
     assert not (_watch_connections(admin) - before)
+
+
+def test_the_admin_reads_on_a_backend_share_one_sender(redis_server: RedisServer) -> None:
+    """The admin tools build their sender once per backend (it was one per read): a second backend gets its own."""
+    from kvstatus.admin.scan import server_ms
+    from kvstatus.admin.send import sender_of
+
+    backend = Backend(redis_server.client())
+    first = sender_of(backend)
+    assert server_ms(backend) > 0 and server_ms(backend) > 0
+    assert sender_of(backend) is first
+    assert sender_of(Backend(backend.client)) is not first
+    with pytest.raises(InvalidArgumentError, match="admin sender is a Sender, not a Gate"):
+        backend.shared("admin sender", Gate, lambda: Gate(1))

@@ -111,8 +111,10 @@ class Backend:
         """The object named ``name`` that users of this backend share, ``make()`` on first use (a ``kind``)."""
         with self._lock:
             found = self._shared.get(name)
-            if found is None:
-                found = self._shared[name] = make()
+        if found is None:
+            made = make()  # outside the lock: make() may take this backend's gate, under the same lock
+            with self._lock:
+                found = self._shared.setdefault(name, made)
         if not isinstance(found, kind):
             raise InvalidArgumentError(f"this backend's {name} is a {type(found).__name__}, not a {kind.__name__}")
         return found

@@ -142,3 +142,14 @@ def test_the_admin_reads_on_a_backend_share_one_sender(redis_server: RedisServer
     assert sender_of(Backend(backend.client)) is not first
     with pytest.raises(InvalidArgumentError, match="admin sender is a Sender, not a Gate"):
         backend.shared("admin sender", Gate, lambda: Gate(1))
+
+
+def test_the_admin_sender_of_a_cluster_backend_takes_its_gate(redis_cluster: RedisClusterServers) -> None:
+    """Building the sender takes the backend's gate: under the backend's lock it deadlocked (every admin read on a
+    cluster hung, found by the suite before it landed)."""
+    from kvstatus.admin.scan import server_ms
+    from kvstatus.admin.send import sender_of
+
+    backend = Backend(redis_cluster.client())
+    assert server_ms(backend) > 0
+    assert sender_of(backend).gate is backend.gate(Gate) is not None

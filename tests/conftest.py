@@ -18,7 +18,7 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from kvstatus.demo.fakelua import accept_script_shebang
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures by name here
     _redis_server_needs_the_real_marker,
     pytest_collection_modifyitems,
@@ -56,14 +56,14 @@ def redis_cluster() -> Iterator[RedisClusterServers]:
         yield cluster
 
 
-def _cluster_backend(cluster: RedisClusterServers, asynchronous: bool) -> Backend:
+def _cluster_backend(cluster: RedisClusterServers, asynchronous: bool) -> RedisUnderTest:
     """Stores of one test share one cluster client: each new one would fetch the slot map and COMMAND."""
     raw = cluster.client()
     if asynchronous:
         nodes = [AsyncClusterNode(host, port) for host, port in cluster.startup_nodes]
         shared = _once(lambda: AsyncRedisCluster(startup_nodes=nodes))
-        return Backend("cluster-async", raw, shared, True, cluster)
-    return Backend("cluster", raw, _once(cluster.client), False, cluster)
+        return RedisUnderTest("cluster-async", raw, shared, True, cluster)
+    return RedisUnderTest("cluster", raw, _once(cluster.client), False, cluster)
 
 
 def _once(make: Callable[[], Any]) -> Callable[[], Any]:
@@ -71,19 +71,21 @@ def _once(make: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: made[0] if made else made.append(make()) or made[0]
 
 
-def _fake_backend(asynchronous: bool) -> Backend:
+def _fake_backend(asynchronous: bool) -> RedisUnderTest:
     server = fakeredis.FakeServer()
     raw = fakeredis.FakeRedis(server=server)
     if asynchronous:
-        return Backend("fake-async", raw, lambda: fakeredis.aioredis.FakeRedis(server=server), True)
-    return Backend("fake", raw, lambda: fakeredis.FakeRedis(server=server), False)
+        return RedisUnderTest("fake-async", raw, lambda: fakeredis.aioredis.FakeRedis(server=server), True)
+    return RedisUnderTest("fake", raw, lambda: fakeredis.FakeRedis(server=server), False)
 
 
-def _real_backend(server: RedisServer, asynchronous: bool) -> Backend:
+def _real_backend(server: RedisServer, asynchronous: bool) -> RedisUnderTest:
     raw = redis.Redis(host=server.host, port=server.port)
     if asynchronous:
-        return Backend("real-async", raw, lambda: redis.asyncio.Redis(host=server.host, port=server.port), True, server)
-    return Backend("real", raw, lambda: redis.Redis(host=server.host, port=server.port), False, server)
+        return RedisUnderTest(
+            "real-async", raw, lambda: redis.asyncio.Redis(host=server.host, port=server.port), True, server
+        )
+    return RedisUnderTest("real", raw, lambda: redis.Redis(host=server.host, port=server.port), False, server)
 
 
 BACKENDS = [
@@ -97,7 +99,7 @@ BACKENDS = [
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+def backend(request: pytest.FixtureRequest) -> Iterator[RedisUnderTest]:
     """Each semantic test runs on fakeredis, a real Redis and a real 3-master Redis Cluster,
     through the sync and the async store."""
     name: str = request.param
@@ -115,7 +117,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 
 @pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.real)])
-def sync_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+def sync_backend(request: pytest.FixtureRequest) -> Iterator[RedisUnderTest]:
     """fakeredis and a real Redis, sync store only (for tests about the wire, not the API)."""
     made = (
         _real_backend(request.getfixturevalue("redis_server"), False)
@@ -129,5 +131,5 @@ def sync_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 
 @pytest.fixture
-def raw_client(backend: Backend) -> Any:
+def raw_client(backend: RedisUnderTest) -> Any:
     return backend.raw

@@ -20,12 +20,12 @@ from kvstatus.admin.health import (
 from kvstatus.admin.scan import server_ms
 from kvstatus.keys import KeySchema
 from kvstatus.model import ClearedEntry, RoomView, Tombstone
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 WALK = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success)
 
 
-def stores(backend: Backend, *names: str) -> list[Any]:
+def stores(backend: RedisUnderTest, *names: str) -> list[Any]:
     return [backend.store(participant=name, timeline=True) for name in names]
 
 
@@ -37,7 +37,7 @@ def succeed(room: int, *sides: Any) -> None:
         assert side.pop(room) is KVPoll.Success
 
 
-def make_stuck(backend: Backend, room: int, *names: str, seconds: float = 60.0) -> None:
+def make_stuck(backend: RedisUnderTest, room: int, *names: str, seconds: float = 60.0) -> None:
     """Entries whose timelines say they reached their status ``seconds`` ago (Redis' clock)."""
     key = KeySchema(backend.namespace).room_key(room)
     old = server_ms(backend.raw) - int(seconds * 1000)
@@ -46,7 +46,7 @@ def make_stuck(backend: Backend, room: int, *names: str, seconds: float = 60.0) 
         backend.raw.hset(key, f"t:{name}", f"{status}@{old}")
 
 
-def build(backend: Backend) -> None:
+def build(backend: RedisUnderTest) -> None:
     """Pair (prefill-a, decode-b) served 2 rooms and failed 1; pair (prefill-c, decode-d) served nothing: a
     cancel, a stuck room, a room failed and cleared by both sides (only its tombstone is left); prefill-e's
     room has no decode at all and is stuck; router-x's room has no pair."""
@@ -77,12 +77,12 @@ def build(backend: Backend) -> None:
 
 
 @pytest.fixture
-def sync_pd(sync_backend: Backend) -> Backend:
+def sync_pd(sync_backend: RedisUnderTest) -> RedisUnderTest:
     build(sync_backend)
     return sync_backend
 
 
-def test_counts_and_verdicts_per_pair(sync_pd: Backend) -> None:
+def test_counts_and_verdicts_per_pair(sync_pd: RedisUnderTest) -> None:
     schema = KeySchema(sync_pd.namespace)
     assert not sync_pd.raw.exists(schema.room_key(12)) and sync_pd.raw.exists(schema.tombstone_key(12))
     health = read_health(sync_pd.raw, schema, batch=3)  # small batches: rooms and tombstones in different ones
@@ -128,7 +128,7 @@ def test_counts_and_verdicts_per_pair(sync_pd: Backend) -> None:
     assert abs(health.now_ms - server_ms(sync_pd.raw)) < 5_000
 
 
-def test_threshold_and_older_than(sync_pd: Backend) -> None:
+def test_threshold_and_older_than(sync_pd: RedisUnderTest) -> None:
     schema = KeySchema(sync_pd.namespace)
     lenient = read_health(sync_pd.raw, schema, HealthSettings(threshold=4))
     assert lenient.healthy  # c-d: 2 failed + 1 stuck < 4; e: 1 stuck
@@ -137,7 +137,7 @@ def test_threshold_and_older_than(sync_pd: Backend) -> None:
     assert pair is not None and (pair.stuck, pair.open, pair.unhealthy) == (0, 1, False)
 
 
-def test_outcomes_before_the_window_are_not_counted(sync_pd: Backend) -> None:
+def test_outcomes_before_the_window_are_not_counted(sync_pd: RedisUnderTest) -> None:
     schema = KeySchema(sync_pd.namespace)
     now = server_ms(sync_pd.raw)
     old = now - 50_000

@@ -9,7 +9,7 @@ from kvstatus import KVPoll
 from kvstatus.admin.health import HealthSettings, read_health
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 
@@ -18,7 +18,7 @@ def _expire(raw: Any, namespace: str, participant: str) -> None:
     raw.hset(f"kvstatus:{namespace}:lease:{participant}", "deadline", 1)
 
 
-def test_a_sweep_skips_and_counts_junk_keys_and_sweeps_every_other_lost_participant(backend: Backend) -> None:
+def test_a_sweep_skips_and_counts_junk_keys_and_sweeps_every_other_lost_participant(backend: RedisUnderTest) -> None:
     """A string among the rooms aborted the sweep without naming it; a lease record with epoch=1e300 (a router
     recipe's HSET) stopped the sweep of every other lost participant; a string at a lease record's name too."""
     raw, ns = backend.raw, backend.namespace
@@ -47,7 +47,7 @@ def test_a_sweep_skips_and_counts_junk_keys_and_sweeps_every_other_lost_particip
     assert result.to_json()["skipped_keys"] == 3
 
 
-def test_health_reads_a_namespace_with_a_string_at_a_tombstone_name(backend: Backend) -> None:
+def test_health_reads_a_namespace_with_a_string_at_a_tombstone_name(backend: RedisUnderTest) -> None:
     """A string at a tombstone name made `kvstatus health` exit 1 with no output, emptied the exporter and made the
     board's /api/pairs answer 503: now the key is counted, named, and every room is still judged."""
     raw, schema = backend.raw, KeySchema(backend.namespace)

@@ -16,7 +16,7 @@ from kvstatus.admin.stats import collect_stats
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
 from tests.helpers import ROOT
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.helpers.cli import invoke, json_lines
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
@@ -26,7 +26,7 @@ def _expire(raw: Any, namespace: str, participant: str) -> None:
     raw.hset(f"kvstatus:{namespace}:lease:{participant}", "deadline", 1)
 
 
-def _populate(backend: Backend) -> dict[str, Any]:
+def _populate(backend: RedisUnderTest) -> dict[str, Any]:
     """dead-0 (lease, expires), live-0 (lease), plain-0 (no lease, never sweepable) in rooms 1..6."""
     dead = backend.store(participant="dead-0", lease_ttl=3, policy="strict")
     live = backend.store(participant="live-0", lease_ttl=60)  # alive throughout: no lapse under CPU starvation
@@ -45,7 +45,7 @@ def _populate(backend: Backend) -> dict[str, Any]:
     return {"dead": dead, "live": live, "plain": plain}
 
 
-def test_a_sweep_fails_only_the_open_entries_of_lost_participants(backend: Backend) -> None:
+def test_a_sweep_fails_only_the_open_entries_of_lost_participants(backend: RedisUnderTest) -> None:
     stores = _populate(backend)
     schema = KeySchema(backend.namespace)
     assert sweep(backend.raw, schema).lost == []  # nobody lost yet: nothing scanned, nothing written
@@ -72,7 +72,7 @@ def test_a_sweep_fails_only_the_open_entries_of_lost_participants(backend: Backe
     assert backend.keys_without_ttl() == []
 
 
-def test_a_participant_back_under_a_new_incarnation_is_not_swept(backend: Backend) -> None:
+def test_a_participant_back_under_a_new_incarnation_is_not_swept(backend: RedisUnderTest) -> None:
     stores = _populate(backend)
     _expire(backend.raw, backend.namespace, "dead-0")
     back = backend.store(participant="dead-0", lease_ttl=3)
@@ -81,7 +81,7 @@ def test_a_participant_back_under_a_new_incarnation_is_not_swept(backend: Backen
     assert stores["live"].room(3).participants["dead-0"].status is T
 
 
-def test_sweeping_one_participant_leaves_the_other_lost_ones(backend: Backend) -> None:
+def test_sweeping_one_participant_leaves_the_other_lost_ones(backend: RedisUnderTest) -> None:
     _populate(backend)
     other = backend.store(participant="dead-1", lease_ttl=3)
     other.update_status(1, B)
@@ -92,7 +92,7 @@ def test_sweeping_one_participant_leaves_the_other_lost_ones(backend: Backend) -
     assert sweep(backend.raw, schema).by_participant == {"dead-0": 3, "dead-1": 0}
 
 
-def test_stats_count_rooms_stuck_on_lost_participants(backend: Backend) -> None:
+def test_stats_count_rooms_stuck_on_lost_participants(backend: RedisUnderTest) -> None:
     _populate(backend)
     _expire(backend.raw, backend.namespace, "dead-0")
     stats = collect_stats(backend.raw, KeySchema(backend.namespace))

@@ -17,14 +17,16 @@ import redis
 from kvstatus.admin.health import NONE
 from kvstatus.cli.health import EXIT_UNHEALTHY
 from tests.admin.test_health import build
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 from tests.helpers.cli import assert_clean_failure, invoke, run_cli
 
 
 @pytest.fixture
 def pd() -> Any:
     server = fakeredis.FakeServer()
-    backend = Backend("fake", fakeredis.FakeRedis(server=server), lambda: fakeredis.FakeRedis(server=server), False)
+    backend = RedisUnderTest(
+        "fake", fakeredis.FakeRedis(server=server), lambda: fakeredis.FakeRedis(server=server), False
+    )
     build(backend)
     yield backend, (lambda url: fakeredis.FakeRedis(server=server))
     backend.close()
@@ -122,7 +124,7 @@ def test_help_states_the_exit_codes() -> None:
 def test_as_a_script_runs_it(real_server: Any) -> None:
     """`kvstatus health || alert` in cron: 5 on an unhealthy pair, 0 once healthy, 1 when Redis is down."""
     raw = redis.Redis(host=real_server.host, port=real_server.port)
-    backend = Backend("real", raw, lambda: redis.Redis(host=real_server.host, port=real_server.port), False)
+    backend = RedisUnderTest("real", raw, lambda: redis.Redis(host=real_server.host, port=real_server.port), False)
     try:
         build(backend)
         env = {"KVSTATUS_URL": real_server.url, "KVSTATUS_NAMESPACE": backend.namespace}

@@ -10,7 +10,7 @@ import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll, Outcome, StatusStore
 from kvstatus.operations import StoreCore
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 from tests.helpers.cli import assert_clean_failure, invoke
 
 # -- item 6: a room twice in one batch ------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ class IdentityRoom(int):
         return self is other
 
 
-def test_a_room_twice_in_update_many_is_refused_before_anything_is_sent(backend: Backend) -> None:
+def test_a_room_twice_in_update_many_is_refused_before_anything_is_sent(backend: RedisUnderTest) -> None:
     store = backend.store(participant="p0")
     store.update_status(52, KVPoll.Bootstrapping)
     batch = PairsMapping([(52, KVPoll.WaitingForInput), (51, KVPoll.Transferring), (51, KVPoll.Bootstrapping)])
@@ -53,7 +53,7 @@ def test_a_room_twice_in_update_many_is_refused_before_anything_is_sent(backend:
     assert store.get_many([51, 52]) == {51: None, 52: KVPoll.Bootstrapping}  # nothing of the batch was applied
 
 
-def test_equal_rooms_that_a_dict_holds_as_two_keys_are_refused(backend: Backend) -> None:
+def test_equal_rooms_that_a_dict_holds_as_two_keys_are_refused(backend: RedisUnderTest) -> None:
     store = backend.store()
     batch = {IdentityRoom(51): KVPoll.Transferring, IdentityRoom(51): KVPoll.Bootstrapping}
     assert len(batch) == 2
@@ -73,7 +73,7 @@ def test_a_mapping_whose_values_disagree_with_its_iteration_is_read_pair_by_pair
     assert store.get_many([1, 2]) == {1: KVPoll.Bootstrapping, 2: KVPoll.Success}
 
 
-def test_a_room_twice_in_get_many_is_answered_once(backend: Backend) -> None:
+def test_a_room_twice_in_get_many_is_answered_once(backend: RedisUnderTest) -> None:
     store = backend.store()
     store.update_status(7, KVPoll.WaitingForInput)
     got = store.get_many([7, 8, 7, 8, 9])
@@ -91,7 +91,7 @@ def test_a_plain_dict_batch_pays_no_duplicate_check() -> None:
 # -- item 7: one TTL per room key; a write never shortens it ---------------------------------------------------------
 
 
-def test_a_short_ttl_writer_never_shortens_a_longer_ttl(backend: Backend) -> None:
+def test_a_short_ttl_writer_never_shortens_a_longer_ttl(backend: RedisUnderTest) -> None:
     long = backend.store(participant="prefill-0", ttl=3600)
     short = backend.store(participant="decode-0", ttl=2)
     long.update_status(1, KVPoll.Bootstrapping)
@@ -104,7 +104,7 @@ def test_a_short_ttl_writer_never_shortens_a_longer_ttl(backend: Backend) -> Non
     assert 0 < short.room(2).ttl_ms <= 2000  # a room of its own gets its own TTL
 
 
-def test_a_longer_ttl_extends_and_the_same_ttl_refreshes(backend: Backend) -> None:
+def test_a_longer_ttl_extends_and_the_same_ttl_refreshes(backend: RedisUnderTest) -> None:
     short = backend.store(participant="decode-0", ttl=2)
     long = backend.store(participant="prefill-0", ttl=3600)
     short.update_status(1, KVPoll.Bootstrapping)
@@ -116,7 +116,7 @@ def test_a_longer_ttl_extends_and_the_same_ttl_refreshes(backend: Backend) -> No
     assert long.room(1).ttl_ms > 3_500_000
 
 
-def test_a_room_key_without_ttl_gets_one_from_every_script(backend: Backend) -> None:
+def test_a_room_key_without_ttl_gets_one_from_every_script(backend: RedisUnderTest) -> None:
     store = backend.store(participant="p0", ttl=60)
     key = store.schema.room_key(5)
     for write in (
@@ -138,7 +138,7 @@ def test_a_room_key_without_ttl_gets_one_from_every_script(backend: Backend) -> 
 
 
 @pytest.mark.parametrize("reason", ["bad \udc80", "bad \udcff\udcfe", "\ud800"])
-def test_a_reason_that_is_no_utf8_is_refused_before_anything_is_sent(backend: Backend, reason: str) -> None:
+def test_a_reason_that_is_no_utf8_is_refused_before_anything_is_sent(backend: RedisUnderTest, reason: str) -> None:
     store = backend.store(participant="p0")
     store.update_status(1, KVPoll.Failed)  # no entry: IGNORED_MISSING
     store.update_status(1, KVPoll.Transferring)

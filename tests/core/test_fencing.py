@@ -30,7 +30,7 @@ from kvstatus.keys import KeySchema
 from kvstatus.model import Policy
 from kvstatus.requests import Request, script_call
 from kvstatus.rule import apply_fenced
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 from tests.helpers.clock import hold_background_watch
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
@@ -42,12 +42,12 @@ def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     hold_background_watch(monkeypatch)
 
 
-def _stamp(backend: Backend, room: int, participant: str) -> Optional[int]:
+def _stamp(backend: RedisUnderTest, room: int, participant: str) -> Optional[int]:
     value = backend.raw.hget(f"kvstatus:{backend.namespace}:{{{room}}}", f"inc:{participant}")
     return None if value is None else int(value)
 
 
-def _restarted(backend: Backend, participant: str, rooms: list[int]) -> tuple[Any, Any]:
+def _restarted(backend: RedisUnderTest, participant: str, rooms: list[int]) -> tuple[Any, Any]:
     """An old incarnation that wrote ``rooms`` Bootstrapping, and a new one (same name) that wrote them after."""
     old = backend.store(participant=participant, lease_ttl=3)
     for room in rooms:
@@ -62,7 +62,7 @@ def _restarted(backend: Backend, participant: str, rooms: list[int]) -> tuple[An
     return old, new
 
 
-def test_a_replaced_incarnations_update_is_refused_and_writes_nothing(backend: Backend) -> None:
+def test_a_replaced_incarnations_update_is_refused_and_writes_nothing(backend: RedisUnderTest) -> None:
     old, new = _restarted(backend, "prefill-0", [1])
     old.update_status(2, B)  # a room only the old incarnation wrote: not refused (its lease looks fresh)
     assert new.update_status(1, W).outcome is Outcome.ADVANCED
@@ -78,7 +78,7 @@ def test_a_replaced_incarnations_update_is_refused_and_writes_nothing(backend: B
     assert new.room(2).participants["prefill-0"].status is B
 
 
-def test_a_batch_applies_the_other_rooms_and_names_the_refused_ones(backend: Backend) -> None:
+def test_a_batch_applies_the_other_rooms_and_names_the_refused_ones(backend: RedisUnderTest) -> None:
     old, new = _restarted(backend, "prefill-0", [1, 2])
     with pytest.raises(SupersededError, match="rooms 1, 2") as refused:
         old.update_many({1: T, 2: F, 3: B})
@@ -92,7 +92,7 @@ def test_a_batch_applies_the_other_rooms_and_names_the_refused_ones(backend: Bac
 
 
 @pytest.mark.parametrize("operation", ["clear", "pop"])
-def test_a_replaced_incarnations_clear_is_refused(backend: Backend, operation: str) -> None:
+def test_a_replaced_incarnations_clear_is_refused(backend: RedisUnderTest, operation: str) -> None:
     old, new = _restarted(backend, "decode-0", [7])
     with pytest.raises(SupersededError, match="room 7"):
         getattr(old, operation)(7)
@@ -101,7 +101,7 @@ def test_a_replaced_incarnations_clear_is_refused(backend: Backend, operation: s
     assert backend.keys_without_ttl() == []
 
 
-def test_an_old_incarnation_cannot_write_again_a_room_the_new_one_cleared(backend: Backend) -> None:
+def test_an_old_incarnation_cannot_write_again_a_room_the_new_one_cleared(backend: RedisUnderTest) -> None:
     """Issue 36, Medium 7: ``clear`` dropped the stamp with the entry, so the old process' late WaitingForInput
     created the entry again, and the new incarnation read it. The stamp stays behind, as long as the tombstone."""
     old, new = _restarted(backend, "decode-0", [9])
@@ -115,7 +115,7 @@ def test_an_old_incarnation_cannot_write_again_a_room_the_new_one_cleared(backen
     assert new.update_status(9, B).outcome is Outcome.CREATED  # the room id serves a second lifecycle (PR#39357)
 
 
-def test_a_replaced_incarnations_failure_reason_is_refused(backend: Backend) -> None:
+def test_a_replaced_incarnations_failure_reason_is_refused(backend: RedisUnderTest) -> None:
     old, new = _restarted(backend, "decode-0", [8])
     with pytest.raises(SupersededError, match="room 8"):
         old.record_failure(8, "the old process' transfer timed out")
@@ -123,7 +123,7 @@ def test_a_replaced_incarnations_failure_reason_is_refused(backend: Backend) -> 
     assert new.record_failure(8, "its own") and new.room(8).participants["decode-0"].reason == "its own"
 
 
-def test_a_previous_incarnations_entry_is_missing_for_clear_pop_and_record_failure(backend: Backend) -> None:
+def test_a_previous_incarnations_entry_is_missing_for_clear_pop_and_record_failure(backend: RedisUnderTest) -> None:
     """As for a restarted SGLang process, whose dict starts empty: the old entry is not the new one's to clear or
     to give a reason to (the peers' watches fail it)."""
     old = backend.store(participant="decode-0", lease_ttl=3)
@@ -138,7 +138,7 @@ def test_a_previous_incarnations_entry_is_missing_for_clear_pop_and_record_failu
         assert entry == (T, None) and _stamp(backend, room, "decode-0") == old.lease.epoch, room
 
 
-def test_epochs_order_incarnations_even_after_the_lease_record_was_lost(backend: Backend) -> None:
+def test_epochs_order_incarnations_even_after_the_lease_record_was_lost(backend: RedisUnderTest) -> None:
     first = backend.store(participant="p", lease_ttl=3)
     first.acquire_lease()
     backend.raw.delete(f"kvstatus:{backend.namespace}:lease:p")  # a restart without persistence, a FLUSHALL
@@ -151,7 +151,7 @@ def test_epochs_order_incarnations_even_after_the_lease_record_was_lost(backend:
     assert third.lease.epoch > second.lease.epoch and third.lease.generation == 2
 
 
-def test_stores_without_a_lease_neither_read_nor_write_stamps(backend: Backend) -> None:
+def test_stores_without_a_lease_neither_read_nor_write_stamps(backend: RedisUnderTest) -> None:
     fenced = backend.store(participant="p", lease_ttl=3)
     fenced.update_status(1, T)
     plain = backend.store(participant="p")  # e.g. an operator's script writing as the participant
@@ -162,7 +162,7 @@ def test_stores_without_a_lease_neither_read_nor_write_stamps(backend: Backend) 
 
 
 def test_a_paused_sweeper_spares_the_entry_of_an_incarnation_that_took_over(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 19 item 5: the sweeper read the lost lease, then paused; meanwhile a new incarnation took the name
     and wrote one of the rooms. The sweep fails the old entries only."""
@@ -189,7 +189,7 @@ def test_a_paused_sweeper_spares_the_entry_of_an_incarnation_that_took_over(
     assert live.failure(1) is None and live.failure(2).stage.value == "lease-lost"
 
 
-def test_the_peer_watch_spares_what_a_restarted_peer_wrote_in_the_rooms_it_fails(backend: Backend) -> None:
+def test_the_peer_watch_spares_what_a_restarted_peer_wrote_in_the_rooms_it_fails(backend: RedisUnderTest) -> None:
     decode = backend.store(participant="decode-0", lease_ttl=3)
     prefill = backend.store(participant="prefill-0", lease_ttl=3)
     for room in (5, 6):
@@ -207,7 +207,7 @@ STATUSES: list[Optional[KVPoll]] = [None, *KVPoll]
 
 
 @pytest.mark.parametrize("policy", list(Policy))
-def test_the_script_applies_the_fenced_rule_as_the_reference_does(sync_backend: Backend, policy: Policy) -> None:
+def test_the_script_applies_the_fenced_rule_as_the_reference_does(sync_backend: RedisUnderTest, policy: Policy) -> None:
     """Every (entry, stamp, update, writer's epoch) against :func:`kvstatus.rule.apply_fenced`."""
     store = sync_backend.store(participant="p", policy=policy)
     key = KeySchema(sync_backend.namespace).room_key
@@ -236,7 +236,7 @@ def test_the_script_applies_the_fenced_rule_as_the_reference_does(sync_backend: 
 JUNK_STAMPS = ("not-an-epoch", "inf", "1e400", "nan", "-5", "0x10", " 7", "1e3", "0", "1" * 16, "9" * 5000)
 
 
-def test_a_stamp_kvstatus_does_not_write_is_read_as_none_and_replaced(sync_backend: Backend) -> None:
+def test_a_stamp_kvstatus_does_not_write_is_read_as_none_and_replaced(sync_backend: RedisUnderTest) -> None:
     """Issue 36: "inf" and "1e400" were taken as later incarnations (every write refused, the lease lost), "-5",
     "0x10" and " 7" as earlier ones (the entry dropped), "nan" as this one. Each now fences nothing: the write
     applies the rule to the entry as it is, and stamps it with its own epoch."""
@@ -251,7 +251,7 @@ def test_a_stamp_kvstatus_does_not_write_is_read_as_none_and_replaced(sync_backe
         assert store.update_status(3, KVPoll.Failed).outcome is Outcome.FAILED, junk
 
 
-def test_a_bad_epoch_argument_is_refused_and_nothing_is_written(sync_backend: Backend) -> None:
+def test_a_bad_epoch_argument_is_refused_and_nothing_is_written(sync_backend: RedisUnderTest) -> None:
     store = sync_backend.store(participant="p")
     key = KeySchema(sync_backend.namespace).room_key(3)
     sync_backend.raw.hset(key, mapping={"p": "1"})

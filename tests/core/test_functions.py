@@ -10,7 +10,7 @@ import pytest
 from kvstatus import InvalidArgumentError, KVPoll, Policy, StatusStore, apply_rule, scripts
 from kvstatus.admin.functions import load_functions
 from kvstatus.operations import StoreCore, as_fcall, as_functions
-from tests.helpers.backends import Backend, all_combinations
+from tests.helpers.backends import RedisUnderTest, all_combinations
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_the_library_loads_and_registers_every_script(redis_server: RedisServer)
 
 
 @pytest.mark.parametrize("policy", list(Policy))
-def test_functions_follow_the_reference_rule(backend: Backend, policy: Policy) -> None:
+def test_functions_follow_the_reference_rule(backend: RedisUnderTest, policy: Policy) -> None:
     load_functions(backend.raw)
     store = backend.store(policy=policy, scripts="functions", participant="fn")
     assert store.scripts == "functions"

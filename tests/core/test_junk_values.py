@@ -12,13 +12,13 @@ from kvstatus import CorruptedValueError, InvalidArgumentError, KVPoll, Outcome,
 from kvstatus.keys import KeySchema
 from kvstatus.requests import Request, script_call
 from kvstatus.stored import MAX_TIME_MS, parse_failure
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 
 
 @pytest.mark.parametrize("forged", ["999999999999999", "999999999999998", "1e300", "inf", "-5", " 7", "x"])
-def test_a_forged_lease_epoch_does_not_disable_the_participant(sync_backend: Backend, forged: str) -> None:
+def test_a_forged_lease_epoch_does_not_disable_the_participant(sync_backend: RedisUnderTest, forged: str) -> None:
     """HSET <ns>:lease:decode-9 epoch 999999999999999 made every later acquire take a 16-digit epoch, which
     update.lua refuses (InvalidArgumentError into the engine under the plugin), for good."""
     schema = KeySchema(sync_backend.namespace)
@@ -35,7 +35,7 @@ def test_a_forged_lease_epoch_does_not_disable_the_participant(sync_backend: Bac
     ["99999999999999999999:cancelled:x:y", "253402300800000:cancelled:x:y", "1:bogus:x:y", "1:cancelled::y"],
 )
 def test_a_malformed_first_failure_is_a_corrupted_value_error_on_every_read_path(
-    sync_backend: Backend, fate: str
+    sync_backend: RedisUnderTest, fate: str
 ) -> None:
     """A fate "99999999999999999999:cancelled:..." raised OSError into the engine (datetime.fromtimestamp); the
     Lua read (get_many) took records the Python read refused. Both now refuse the same, naming the key."""
@@ -55,7 +55,7 @@ def test_every_failure_time_the_parser_takes_can_be_shown() -> None:
         parse_failure(f"{MAX_TIME_MS + 1}:cancelled:router-1:late", "k", "room:fate")
 
 
-def test_a_string_at_the_lease_index_does_not_fail_a_lease_holders_writes(sync_backend: Backend) -> None:
+def test_a_string_at_the_lease_index_does_not_fail_a_lease_holders_writes(sync_backend: RedisUnderTest) -> None:
     schema = KeySchema(sync_backend.namespace)
     sync_backend.raw.set(schema.lease_index_key, "junk")
     store = sync_backend.store(participant="prefill-0", lease_ttl=3)
@@ -67,7 +67,7 @@ def test_a_string_at_the_lease_index_does_not_fail_a_lease_holders_writes(sync_b
 @pytest.mark.parametrize(
     "junk", ["1@5 2+3 3+2", "1@" + "9" * 5000, "1@1 2+1000000000000000", "1@1 " + "2+1 " * 300_000 + "2+1"]
 )
-def test_update_starts_a_new_timeline_over_one_python_rejects(sync_backend: Backend, junk: str) -> None:
+def test_update_starts_a_new_timeline_over_one_python_rejects(sync_backend: RedisUnderTest, junk: str) -> None:
     """update.lua appended to timelines the Python parser rejects (steps that go back, 5000-digit times, 1 MiB),
     after which room(), get and ls skipped the room's statuses whole."""
     key = KeySchema(sync_backend.namespace).room_key(8)
@@ -86,7 +86,7 @@ def _script(store: Any, script: Any, keys: list[str], args: tuple[Any, ...]) -> 
 
 
 @pytest.mark.parametrize("reason", ["x" * (4 << 20), "é" * 1025, b"caf\xc3", b"\xff\xfe", b"\xed\xa0\x80"])
-def test_the_scripts_refuse_reasons_the_python_api_would_never_send(sync_backend: Backend, reason: Any) -> None:
+def test_the_scripts_refuse_reasons_the_python_api_would_never_send(sync_backend: RedisUnderTest, reason: Any) -> None:
     """The cancel function stored a 4 MiB reason (the Python API cuts at 2048 B) and invalid UTF-8."""
     store = sync_backend.store(participant="p")
     store.update_status(6, B)

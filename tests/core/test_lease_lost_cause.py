@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 
 from kvstatus import KVPoll, LeaseLostError, StatusStore
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.servers import RedisServer
 
 T = KVPoll.Transferring
 
 
-def _lease_key(backend: Backend, participant: str) -> str:
+def _lease_key(backend: RedisUnderTest, participant: str) -> str:
     return f"kvstatus:{backend.namespace}:lease:{participant}"
 
 
-def test_a_lost_record_is_not_called_a_takeover(backend: Backend) -> None:
+def test_a_lost_record_is_not_called_a_takeover(backend: RedisUnderTest) -> None:
     store = backend.store(participant="prefill-0", lease_ttl=3)
     store.update_status(1, T)
     backend.raw.delete(_lease_key(backend, "prefill-0"))  # what a restart without persistence leaves
@@ -29,7 +29,7 @@ def test_a_lost_record_is_not_called_a_takeover(backend: Backend) -> None:
         store.update_status(1, KVPoll.Success)  # every write says the same
 
 
-def test_a_takeover_is_still_called_one(backend: Backend) -> None:
+def test_a_takeover_is_still_called_one(backend: RedisUnderTest) -> None:
     old = backend.store(participant="decode-0", lease_ttl=3)
     old.update_status(5, T)
     backend.store(participant="decode-0", lease_ttl=3).acquire_lease()
@@ -39,7 +39,7 @@ def test_a_takeover_is_still_called_one(backend: Backend) -> None:
     assert "record is gone" not in str(lost.value)
 
 
-def test_a_takeover_after_the_record_was_lost_says_both(backend: Backend) -> None:
+def test_a_takeover_after_the_record_was_lost_says_both(backend: RedisUnderTest) -> None:
     first = backend.store(participant="decode-1", lease_ttl=3)
     first.acquire_lease()
     second = backend.store(participant="decode-1", lease_ttl=3)
@@ -75,7 +75,7 @@ def test_a_redis_restart_without_persistence_says_the_record_is_gone() -> None:
         server.stop()
 
 
-def test_a_plain_restart_found_by_a_write_is_not_called_a_lost_record(backend: Backend) -> None:
+def test_a_plain_restart_found_by_a_write_is_not_called_a_lost_record(backend: RedisUnderTest) -> None:
     """Issue 36 (Medium 10): the old incarnation learns of a restart under its name from a refused write; nothing
     was lost on the server, and the text does not say so."""
     old = backend.store(participant="prefill-7", lease_ttl=3)
@@ -91,7 +91,7 @@ def test_a_plain_restart_found_by_a_write_is_not_called_a_lost_record(backend: B
     assert "lost this store's lease record" not in text and "record is gone" not in text
 
 
-def test_a_takeover_under_the_same_generation_is_still_a_takeover(backend: Backend) -> None:
+def test_a_takeover_under_the_same_generation_is_still_a_takeover(backend: RedisUnderTest) -> None:
     """The server lost the record, and another store's acquire brought the count back to this store's own
     generation: the epoch tells the incarnations apart, so it is a takeover after a lost record."""
     old = backend.store(participant="decode-7", lease_ttl=3)

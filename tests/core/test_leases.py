@@ -25,22 +25,22 @@ from kvstatus.admin.leases import list_leases, lost_participants
 from kvstatus.consensus import consensus_calls
 from kvstatus.keys import KeySchema
 from kvstatus.rule import room_consensus
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.servers import RedisServer, free_port
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 
 
-def _expire(backend: Backend, participant: str) -> None:
+def _expire(backend: RedisUnderTest, participant: str) -> None:
     """What Redis' clock passing the deadline looks like, without waiting for it."""
     backend.raw.hset(f"kvstatus:{backend.namespace}:lease:{participant}", "deadline", 1)
 
 
-def _leases(backend: Backend) -> dict[str, str]:
+def _leases(backend: RedisUnderTest) -> dict[str, str]:
     return {info.participant: info.state for info in list_leases(backend.raw, KeySchema(backend.namespace))}
 
 
-def test_the_first_write_acquires_the_lease_and_close_releases_it(backend: Backend) -> None:
+def test_the_first_write_acquires_the_lease_and_close_releases_it(backend: RedisUnderTest) -> None:
     store = backend.store(participant="prefill-0", lease_ttl=3)
     key = f"kvstatus:{backend.namespace}:lease:prefill-0"
     assert store.lease.incarnation is None and backend.raw.exists(key) == 0
@@ -58,7 +58,7 @@ def test_the_first_write_acquires_the_lease_and_close_releases_it(backend: Backe
     assert backend.keys_without_ttl() == []
 
 
-def test_a_restart_under_the_same_name_is_a_new_incarnation(backend: Backend) -> None:
+def test_a_restart_under_the_same_name_is_a_new_incarnation(backend: RedisUnderTest) -> None:
     old = backend.store(participant="decode-0", lease_ttl=3)
     old.update_status(5, B)
     new = backend.store(participant="decode-0", lease_ttl=3)
@@ -75,7 +75,7 @@ def test_a_restart_under_the_same_name_is_a_new_incarnation(backend: Backend) ->
     assert _leases(backend) == {"decode-0": "alive"}
 
 
-def test_an_expired_lease_is_lost_for_good_and_fails_the_consensus(backend: Backend) -> None:
+def test_an_expired_lease_is_lost_for_good_and_fails_the_consensus(backend: RedisUnderTest) -> None:
     prefill = backend.store(participant="prefill-0", lease_ttl=3)
     decode = backend.store(participant="decode-0", lease_ttl=3)
     for room in (1, 2):
@@ -98,7 +98,7 @@ def test_an_expired_lease_is_lost_for_good_and_fails_the_consensus(backend: Back
     assert prefill.get(1) is T  # nothing was written
 
 
-def test_a_participant_without_a_lease_is_never_lost(backend: Backend) -> None:
+def test_a_participant_without_a_lease_is_never_lost(backend: RedisUnderTest) -> None:
     plain = backend.store(participant="prefill-0")
     plain.update_status(9, T)
     backend.raw.delete(f"kvstatus:{backend.namespace}:lease:prefill-0")
@@ -108,7 +108,7 @@ def test_a_participant_without_a_lease_is_never_lost(backend: Backend) -> None:
         plain.acquire_lease()
 
 
-def test_the_consensus_view_matches_the_rule_over_what_is_stored(backend: Backend) -> None:
+def test_the_consensus_view_matches_the_rule_over_what_is_stored(backend: RedisUnderTest) -> None:
     names = ["prefill-0", "prefill-1", "decode-0", "decode-1"]
     stores = {name: backend.store(participant=name, lease_ttl=3) for name in names}
     plain = backend.store(participant="decode-1")  # decode-1 holds no lease
@@ -141,7 +141,7 @@ def test_the_consensus_view_matches_the_rule_over_what_is_stored(backend: Backen
         plain.room_status(1, ["a", "a"])
 
 
-def test_a_bad_write_is_refused_before_the_lease_is_touched(backend: Backend) -> None:
+def test_a_bad_write_is_refused_before_the_lease_is_touched(backend: RedisUnderTest) -> None:
     store = backend.store(participant="prefill-0", lease_ttl=3)
     with pytest.raises(InvalidRoomError):
         store.update_status(-1, B)

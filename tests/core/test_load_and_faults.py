@@ -35,7 +35,7 @@ from kvstatus import (
 )
 from kvstatus.connection import connect, connect_async
 from kvstatus.operations import CHUNK_ROOMS
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.helpers.timing import slack
 from tests.servers import RedisClusterServers, RedisSentinelServers, RedisServer
 
@@ -361,7 +361,7 @@ def test_a_hung_sentinel_master_holds_a_call_for_its_deadline_only(asynchronous:
 # -- 3. huge batches and BUSY ---------------------------------------------------------------------------
 
 
-def test_batches_of_several_chunks_apply_the_rule_room_by_room(backend: Backend) -> None:
+def test_batches_of_several_chunks_apply_the_rule_room_by_room(backend: RedisUnderTest) -> None:
     """2.5 chunks on every backend: the same per-room results and state as one script call would give."""
     store = backend.store(participant="p")
     rooms = range(int(CHUNK_ROOMS * 2.5))

@@ -11,7 +11,7 @@ from kvstatus import KVPoll
 from kvstatus.model import Stage
 from kvstatus.peerwatch import ORPHAN_AFTER_DEATH_SECONDS, ORPHAN_SECONDS
 from kvstatus.watchsteps import orphan_reason
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 from tests.helpers.clock import hold_background_watch, shift_watch_clock
 
 B, W, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Failed
@@ -24,7 +24,7 @@ def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_room_no_decode_joined_fails_the_prefills_entry_naming_the_cause(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prefill = backend.store(participant=PREFILL, lease_ttl=60)
     decode = backend.store(participant=DECODE, lease_ttl=60)
@@ -46,7 +46,9 @@ def test_a_room_no_decode_joined_fails_the_prefills_entry_naming_the_cause(
     assert prefill.look_at_peers() == 0  # judged once
 
 
-def test_a_slow_decode_that_joins_in_time_is_never_failed(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_decode_that_joins_in_time_is_never_failed(
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prefill = backend.store(participant=PREFILL, lease_ttl=60)
     decode = backend.store(participant=DECODE, lease_ttl=60)
     prefill.update_status(5, B)
@@ -59,7 +61,7 @@ def test_a_slow_decode_that_joins_in_time_is_never_failed(backend: Backend, monk
 
 
 def test_while_a_decode_is_dead_a_room_no_decode_joined_fails_in_seconds(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prefill = backend.store(participant=PREFILL, lease_ttl=60)
     dead = backend.store(participant=DECODE, lease_ttl=60)
@@ -74,7 +76,7 @@ def test_while_a_decode_is_dead_a_room_no_decode_joined_fails_in_seconds(
     assert prefill.failure(2).reason == orphan_reason(2, ORPHAN_AFTER_DEATH_SECONDS)
 
 
-def test_only_a_prefill_judges_orphans(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_a_prefill_judges_orphans(backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch) -> None:
     decode = backend.store(participant=DECODE, lease_ttl=60)
     other = backend.store(participant="worker-0", lease_ttl=60)
     decode.update_status(3, B)

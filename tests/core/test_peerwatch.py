@@ -12,7 +12,7 @@ import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll, LeaseLostError
 from kvstatus.model import Stage
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 from tests.helpers.clock import hold_background_watch, shift_watch_clock
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
@@ -26,7 +26,7 @@ def _looks_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     hold_background_watch(monkeypatch)
 
 
-def _pair(backend: Backend):  # type: ignore[no-untyped-def]
+def _pair(backend: RedisUnderTest):  # type: ignore[no-untyped-def]
     decode = backend.store(participant="decode-0", lease_ttl=3)
     prefill = backend.store(participant="prefill-0", lease_ttl=3)
     for room in ROOMS:
@@ -40,7 +40,7 @@ def _pair(backend: Backend):  # type: ignore[no-untyped-def]
     return decode, prefill
 
 
-def _check_failed(backend: Backend, decode, stage: Stage, reason: str) -> None:  # type: ignore[no-untyped-def]
+def _check_failed(backend: RedisUnderTest, decode, stage: Stage, reason: str) -> None:  # type: ignore[no-untyped-def]
     for room in (ROOMS[0], ROOMS[3], ROOMS[4]):
         assert decode.get(room) is F
         failure = decode.failure(room)
@@ -52,7 +52,7 @@ def _check_failed(backend: Backend, decode, stage: Stage, reason: str) -> None: 
     assert decode.room(ROOMS[2]).participants["prefill-0"].status is B
 
 
-def test_a_peer_that_closed_fails_its_open_entries_at_the_next_look(backend: Backend) -> None:
+def test_a_peer_that_closed_fails_its_open_entries_at_the_next_look(backend: RedisUnderTest) -> None:
     decode, prefill = _pair(backend)
     backend.release_lease(prefill)
     assert decode.look_at_peers() == 3
@@ -61,7 +61,7 @@ def test_a_peer_that_closed_fails_its_open_entries_at_the_next_look(backend: Bac
 
 
 def test_a_peer_whose_lease_expired_fails_once_its_mark_is_stale(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decode, prefill = _pair(backend)
     backend.raw.hset(f"kvstatus:{backend.namespace}:lease:prefill-0", "deadline", 1)  # Redis' clock passed it
@@ -77,14 +77,14 @@ def test_a_peer_whose_lease_expired_fails_once_its_mark_is_stale(
     assert decode.look_at_peers() == 1 and decode.get(later) is F
 
 
-def test_a_paused_peer_is_not_failed(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_paused_peer_is_not_failed(backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch) -> None:
     decode, prefill = _pair(backend)
     shift_watch_clock(monkeypatch, 3.5)  # no mark changed for a TTL: every peer is a suspect ...
     assert decode.look_at_peers() == 0  # ... but Redis says its lease is alive: nothing fails
     assert decode.get(ROOMS[0]) is W and decode.failure(ROOMS[0]) is None
 
 
-def test_a_peer_restarted_under_its_name_fails_its_previous_incarnations_entries(backend: Backend) -> None:
+def test_a_peer_restarted_under_its_name_fails_its_previous_incarnations_entries(backend: RedisUnderTest) -> None:
     decode, prefill = _pair(backend)
     again = backend.store(participant="prefill-0", lease_ttl=3)
     again.acquire_lease()
@@ -98,7 +98,7 @@ def test_a_peer_restarted_under_its_name_fails_its_previous_incarnations_entries
     assert decode.look_at_peers() == 0 and decode.get(99) is B
 
 
-def test_the_lease_index_is_one_key_with_a_ttl(backend: Backend) -> None:
+def test_the_lease_index_is_one_key_with_a_ttl(backend: RedisUnderTest) -> None:
     decode, prefill = _pair(backend)
     index = f"kvstatus:{backend.namespace}:leases"
     marks = {k.decode(): v.decode() for k, v in backend.raw.hgetall(index).items()}
@@ -110,13 +110,13 @@ def test_the_lease_index_is_one_key_with_a_ttl(backend: Backend) -> None:
     assert index not in backend.room_keys()
 
 
-def test_the_watch_needs_a_lease(backend: Backend) -> None:
+def test_the_watch_needs_a_lease(backend: RedisUnderTest) -> None:
     store = backend.store(participant="decode-0")
     with pytest.raises(InvalidArgumentError, match="no lease, so no peer watch: build it with lease_ttl"):
         store.look_at_peers()
 
 
-def test_a_lost_lease_can_be_held_again_as_a_new_incarnation(backend: Backend) -> None:
+def test_a_lost_lease_can_be_held_again_as_a_new_incarnation(backend: RedisUnderTest) -> None:
     decode, prefill = _pair(backend)
     backend.raw.hset(f"kvstatus:{backend.namespace}:lease:decode-0", "deadline", 1)
     with pytest.raises(LeaseLostError, match="lost its lease"):
@@ -131,7 +131,7 @@ def test_a_lost_lease_can_be_held_again_as_a_new_incarnation(backend: Backend) -
 
 
 def test_a_dead_peers_mark_is_dropped_once_its_record_would_be_gone(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decode, prefill = _pair(backend)
     backend.release_lease(prefill)
@@ -148,7 +148,7 @@ def test_a_dead_peers_mark_is_dropped_once_its_record_would_be_gone(
 ADDRESS = "127.0.0.1:8998"
 
 
-def _waiting(backend: Backend):  # type: ignore[no-untyped-def]
+def _waiting(backend: RedisUnderTest):  # type: ignore[no-untyped-def]
     """A decode with three rooms the prefill never wrote: one waits on the prefill's address, one on another
     address, one on none; the watch has seen both leases."""
     decode = backend.store(participant="decode-0", lease_ttl=3)
@@ -173,7 +173,7 @@ def _check_awaited_failed(decode, stage: Stage, reason: str) -> None:  # type: i
 
 
 def test_a_room_waiting_on_a_peer_that_never_wrote_it_fails_when_its_lease_is_lost(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decode, prefill = _waiting(backend)
     backend.raw.hset(f"kvstatus:{backend.namespace}:lease:prefill-0", "deadline", 1)  # Redis' clock passed it
@@ -193,7 +193,7 @@ def test_a_room_waiting_on_a_peer_that_never_wrote_it_fails_when_its_lease_is_lo
 
 
 def test_a_room_waiting_on_a_live_or_paused_peer_is_not_failed(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decode, prefill = _waiting(backend)
     shift_watch_clock(monkeypatch, 3.5)  # every mark looks stale, but Redis says the lease is alive
@@ -201,7 +201,7 @@ def test_a_room_waiting_on_a_live_or_paused_peer_is_not_failed(
     assert [decode.get(room) for room in ROOMS[:3]] == [B, B, B]
 
 
-def test_a_room_waiting_on_a_peer_that_restarted_before_writing_it_fails(backend: Backend) -> None:
+def test_a_room_waiting_on_a_peer_that_restarted_before_writing_it_fails(backend: RedisUnderTest) -> None:
     decode, prefill = _waiting(backend)
     again = backend.store(participant="prefill-0", lease_ttl=3, address=ADDRESS)
     again.acquire_lease()
@@ -210,7 +210,7 @@ def test_a_room_waiting_on_a_peer_that_restarted_before_writing_it_fails(backend
     _check_awaited_failed(decode, Stage.SUPERSEDED, reason)
 
 
-def test_a_room_that_concluded_or_was_written_by_the_peer_is_judged_as_before(backend: Backend) -> None:
+def test_a_room_that_concluded_or_was_written_by_the_peer_is_judged_as_before(backend: RedisUnderTest) -> None:
     decode, prefill = _waiting(backend)
     prefill.update_status(ROOMS[1], B)  # the peer wrote this one: its own entry is what fails
     decode.awaits(ROOMS[1], ADDRESS)
@@ -225,7 +225,7 @@ def test_a_room_that_concluded_or_was_written_by_the_peer_is_judged_as_before(ba
 
 
 def test_a_room_still_open_here_after_the_peer_it_waits_on_died_at_success_fails(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The prefill wrote Success, then died before it told the decode (SGLang: its completion message); the
     decode's entry is still open and nothing more will come. Once the prefill's lease expires, the decode's own
@@ -245,7 +245,7 @@ def test_a_room_still_open_here_after_the_peer_it_waits_on_died_at_success_fails
         assert decode.get(room) is B and decode.failure(room) is None
 
 
-def test_a_room_still_open_here_after_the_peer_it_waits_on_restarted_at_success_fails(backend: Backend) -> None:
+def test_a_room_still_open_here_after_the_peer_it_waits_on_restarted_at_success_fails(backend: RedisUnderTest) -> None:
     """As above, but the prefill restarted under its name: the room fails at the look that sees the new
     incarnation, not at a lease TTL; a room where the new incarnation reached Success itself is left alone."""
     decode, prefill = _waiting(backend)
@@ -267,7 +267,7 @@ def test_a_room_still_open_here_after_the_peer_it_waits_on_restarted_at_success_
     assert decode.get(ROOMS[2]) is B and decode.failure(ROOMS[2]) is None  # waits on no address
 
 
-def test_a_peer_that_released_its_lease_at_success_then_restarted_fails_nothing_here(backend: Backend) -> None:
+def test_a_peer_that_released_its_lease_at_success_then_restarted_fails_nothing_here(backend: RedisUnderTest) -> None:
     decode, prefill = _waiting(backend)
     prefill.update_status(ROOMS[0], B)
     prefill.update_status(ROOMS[0], S)
@@ -279,7 +279,7 @@ def test_a_peer_that_released_its_lease_at_success_then_restarted_fails_nothing_
     assert decode.get(ROOMS[0]) is B and decode.failure(ROOMS[0]) is None
 
 
-def test_a_peer_that_released_its_lease_after_success_fails_nothing_here(backend: Backend) -> None:
+def test_a_peer_that_released_its_lease_after_success_fails_nothing_here(backend: RedisUnderTest) -> None:
     """An orderly exit (the lease released) sends what it owes first: a room where the peer reached Success is
     left to finish."""
     decode, prefill = _waiting(backend)
@@ -290,7 +290,7 @@ def test_a_peer_that_released_its_lease_after_success_fails_nothing_here(backend
     assert decode.get(ROOMS[0]) is B and decode.failure(ROOMS[0]) is None
 
 
-def test_the_lease_record_carries_the_address_of_its_incarnation(backend: Backend) -> None:
+def test_the_lease_record_carries_the_address_of_its_incarnation(backend: RedisUnderTest) -> None:
     decode, prefill = _waiting(backend)
     key = f"kvstatus:{backend.namespace}:lease:prefill-0"
     assert backend.raw.hget(key, "addr") == ADDRESS.encode()
@@ -301,7 +301,7 @@ def test_the_lease_record_carries_the_address_of_its_incarnation(backend: Backen
 
 
 @pytest.mark.parametrize("address", ["8998", "127.0.0.1", "127.0.0.1:0", "a b:1", "127.0.0.1:99999", 8998])
-def test_a_bad_address_is_refused_naming_it(backend: Backend, address: object) -> None:
+def test_a_bad_address_is_refused_naming_it(backend: RedisUnderTest, address: object) -> None:
     store = backend.store(participant="decode-0", lease_ttl=3)
     with pytest.raises(InvalidArgumentError, match=r"invalid address .*expected host:port"):
         store.awaits(1, address)
@@ -309,7 +309,7 @@ def test_a_bad_address_is_refused_naming_it(backend: Backend, address: object) -
         backend.store(participant="prefill-0", lease_ttl=3, address=address)
 
 
-def test_an_address_needs_a_lease(backend: Backend) -> None:
+def test_an_address_needs_a_lease(backend: RedisUnderTest) -> None:
     with pytest.raises(InvalidArgumentError, match="needs a lease: build the store with lease_ttl"):
         backend.store(participant="prefill-0", address=ADDRESS)
     with pytest.raises(InvalidArgumentError, match="no lease, so no peer watch"):
@@ -328,7 +328,7 @@ def test_an_address_needs_a_lease(backend: Backend) -> None:
     ],
 )
 def test_the_lease_script_refuses_a_malformed_address_or_holder_or_one_outside_an_acquire(
-    backend: Backend, op: str, extra: list[str], refused: str
+    backend: RedisUnderTest, op: str, extra: list[str], refused: str
 ) -> None:
     import redis
 
@@ -341,7 +341,7 @@ def test_the_lease_script_refuses_a_malformed_address_or_holder_or_one_outside_a
     assert not backend.raw.exists(key)  # nothing written
 
 
-def test_the_lease_record_names_its_holding_process(backend: Backend) -> None:
+def test_the_lease_record_names_its_holding_process(backend: RedisUnderTest) -> None:
     import os
     import socket
 
@@ -353,7 +353,7 @@ def test_the_lease_record_names_its_holding_process(backend: Backend) -> None:
 
 @pytest.mark.parametrize("fault", ["released", "restarted"])
 def test_a_sweep_that_redis_failed_is_planned_again_at_the_next_look(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch, fault: str
+    backend: RedisUnderTest, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     """Redis fails the sweep of a look that judged a peer lost or restarted (an outage at that moment): the look
     raises, and the next one sweeps the same rooms. Before, the watch had already taken the peer's new mark in,

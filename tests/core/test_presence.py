@@ -24,7 +24,7 @@ from kvstatus.model import Stage
 from kvstatus.replies import subscriber_counts
 from kvstatus.watchsteps import died_reason
 from tests.conftest import BACKENDS
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 
 B, W, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Failed
 ROOMS = [11, 2**40 + 3, 987_654_321_012]
@@ -44,20 +44,20 @@ def _until(condition: Callable[[], bool], what: str, bound: float = BOUND, backe
             time.sleep(0.02)
 
 
-def _keeper(backend: Backend, store: Any) -> Any:
+def _keeper(backend: RedisUnderTest, store: Any) -> Any:
     return store._store._keeper if backend.asynchronous else store._keeper
 
 
-def _run(backend: Backend, result: Any) -> Any:
+def _run(backend: RedisUnderTest, result: Any) -> Any:
     return backend._runner.run_until_complete(result) if backend.asynchronous else result
 
 
-def _seen(backend: Backend, watcher: Any, name: str) -> bool:
+def _seen(backend: RedisUnderTest, watcher: Any, name: str) -> bool:
     peer = _keeper(backend, watcher).watch._peers.get(name)
     return peer is not None and peer.seen
 
 
-def _crash(backend: Backend, store: Any) -> None:
+def _crash(backend: RedisUnderTest, store: Any) -> None:
     """What a SIGKILL does to a store: its keeper stops without a release, and Redis drops its connections."""
     keeper = _keeper(backend, store)
     _run(backend, keeper._background.stop())
@@ -70,7 +70,7 @@ REAL_BACKENDS = [p for p in BACKENDS if not isinstance(p, str)]
 real_backends = pytest.mark.parametrize("backend", REAL_BACKENDS, indirect=True)
 
 
-def _prefill_dies_in_every_room(backend: Backend) -> Any:
+def _prefill_dies_in_every_room(backend: RedisUnderTest) -> Any:
     """prefill-0 and decode-0 (30 s leases) open ROOMS; once the decode saw the prefill's presence, the prefill
     crashes; returns the decode, after it read Failed in every room."""
     decode = backend.store(participant="decode-0", lease_ttl=30)
@@ -87,7 +87,7 @@ def _prefill_dies_in_every_room(backend: Backend) -> Any:
 
 
 @real_backends
-def test_a_dead_peer_fails_its_open_entries_without_waiting_for_its_lease(backend: Backend) -> None:
+def test_a_dead_peer_fails_its_open_entries_without_waiting_for_its_lease(backend: RedisUnderTest) -> None:
     decode = _prefill_dies_in_every_room(backend)
     for room in ROOMS:
         failure = decode.failure(room)
@@ -102,7 +102,7 @@ def test_a_dead_peer_fails_its_open_entries_without_waiting_for_its_lease(backen
 
 
 @real_backends
-def test_a_peer_whose_connection_was_dropped_subscribes_again_and_fails_nothing(backend: Backend) -> None:
+def test_a_peer_whose_connection_was_dropped_subscribes_again_and_fails_nothing(backend: RedisUnderTest) -> None:
     decode = backend.store(participant="decode-0", lease_ttl=30)
     prefill = backend.store(participant="prefill-0", lease_ttl=30)
     prefill.update_status(ROOMS[0], B)
@@ -118,7 +118,7 @@ def test_a_peer_whose_connection_was_dropped_subscribes_again_and_fails_nothing(
 
 @real_backends
 def test_a_string_at_the_lease_index_leaves_the_presence_watch_on(
-    backend: Backend, caplog: pytest.LogCaptureFixture
+    backend: RedisUnderTest, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 36, Medium 4: a tenant's string at ``<ns>:leases`` turned the peer watch off (every look failed: no
     peer learned, no death seen). The watch now learns its peers from their presence channels, fails a dead
@@ -134,7 +134,7 @@ def test_a_string_at_the_lease_index_leaves_the_presence_watch_on(
 
 
 @real_backends
-def test_a_released_lease_takes_its_presence_with_it(backend: Backend) -> None:
+def test_a_released_lease_takes_its_presence_with_it(backend: RedisUnderTest) -> None:
     store = backend.store(participant="prefill-0", lease_ttl=30)
     store.update_status(ROOMS[0], B)
     channel = f"kvstatus:{backend.namespace}:presence:{{{backend.namespace}}}:prefill-0"

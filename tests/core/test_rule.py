@@ -7,20 +7,20 @@ from typing import Optional
 import pytest
 
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
-from tests.helpers.backends import Backend, all_combinations
+from tests.helpers.backends import RedisUnderTest, all_combinations
 
 COMBINATIONS = list(all_combinations())
 POLICIES = [Policy.SEED, Policy.STRICT]
 
 
-def _seed_room(backend: Backend, key: str, field: str, current: Optional[int]) -> None:
+def _seed_room(backend: RedisUnderTest, key: str, field: str, current: Optional[int]) -> None:
     if current is not None:
         backend.raw.hset(key, field, str(current))
         backend.raw.pexpire(key, 10_000)  # shorter than the stores' TTLs: a write never shortens a TTL
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_single_updates_follow_the_reference(backend: Backend, policy: Policy) -> None:
+def test_single_updates_follow_the_reference(backend: RedisUnderTest, policy: Policy) -> None:
     store = backend.store(policy=policy, ttl=30)
     for room, (current, new) in enumerate(COMBINATIONS):
         key = store.schema.room_key(room)
@@ -41,7 +41,7 @@ def test_single_updates_follow_the_reference(backend: Backend, policy: Policy) -
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_one_batch_of_every_combination_matches_single_updates(backend: Backend, policy: Policy) -> None:
+def test_one_batch_of_every_combination_matches_single_updates(backend: RedisUnderTest, policy: Policy) -> None:
     store = backend.store(policy=policy)
     for room, (current, _) in enumerate(COMBINATIONS):
         _seed_room(backend, store.schema.room_key(room), store.participant, current)
@@ -54,7 +54,7 @@ def test_one_batch_of_every_combination_matches_single_updates(backend: Backend,
     assert store.get_many(range(len(COMBINATIONS))) == {room: r.status for room, r in results.items()}
 
 
-def test_participants_follow_the_rule_independently(backend: Backend) -> None:
+def test_participants_follow_the_rule_independently(backend: RedisUnderTest) -> None:
     prefill = backend.store(participant="prefill-0")
     decode = prefill.for_participant("decode-3")
     assert prefill.update_status(7, KVPoll.Transferring).outcome is Outcome.CREATED
@@ -73,7 +73,7 @@ def test_participants_follow_the_rule_independently(backend: Backend) -> None:
     }
 
 
-def test_late_abort_after_clear_does_not_resurrect(backend: Backend) -> None:
+def test_late_abort_after_clear_does_not_resurrect(backend: RedisUnderTest) -> None:
     store = backend.store()
     for status in (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success):
         store.update_status(42, status)

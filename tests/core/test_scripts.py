@@ -16,7 +16,7 @@ from kvstatus.errors import BackendError, CorruptedValueError, InvalidArgumentEr
 from kvstatus.model import CancelOutcome, LeaseOutcome, ReasonOutcome
 from kvstatus.operations import Request, script_call, update_result
 from kvstatus.translate import translate_error
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.servers import RedisServer
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
@@ -220,11 +220,11 @@ def test_calls_survive_continuous_script_flushes(redis_server: RedisServer, asyn
                 admin.script_flush()
                 flushes[0] += 1
 
-    backend = Backend("real", redis_server.client(), redis_server.client, False, redis_server)
+    backend = RedisUnderTest("real", redis_server.client(), redis_server.client, False, redis_server)
     if asynchronous:
         import redis.asyncio
 
-        backend = Backend(
+        backend = RedisUnderTest(
             "real-async",
             redis_server.client(),
             lambda: redis.asyncio.Redis(host=redis_server.host, port=redis_server.port),

@@ -17,14 +17,14 @@ from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.model import CancelOutcome, FailureRecord, Stage
 from kvstatus.rule import shared_status
 from kvstatus.url import parse_url
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 ROOM = 7
 OWN_STATUSES = [None, *KVPoll]
 EVENTS = ["peer-failed", "cancelled"]
 
 
-def _setup(backend: Backend, own_status: KVPoll | None, event: str, **settings: object):  # type: ignore[no-untyped-def]
+def _setup(backend: RedisUnderTest, own_status: KVPoll | None, event: str, **settings: object):  # type: ignore[no-untyped-def]
     own = backend.store(participant="decode-0", **settings)
     peer = own.for_participant("prefill-0")
     assert peer.update_status(ROOM, KVPoll.Transferring).status is KVPoll.Transferring
@@ -43,7 +43,7 @@ def _setup(backend: Backend, own_status: KVPoll | None, event: str, **settings: 
 
 @pytest.mark.parametrize("event", EVENTS)
 @pytest.mark.parametrize("own_status", OWN_STATUSES, ids=lambda s: "missing" if s is None else s.name)
-def test_every_read_follows_the_table(backend: Backend, own_status: KVPoll | None, event: str) -> None:
+def test_every_read_follows_the_table(backend: RedisUnderTest, own_status: KVPoll | None, event: str) -> None:
     own, _ = _setup(backend, own_status, event)
     failure = own.failure(ROOM)
     assert failure is not None
@@ -69,7 +69,7 @@ def test_every_read_follows_the_table(backend: Backend, own_status: KVPoll | Non
     assert alone.get(ROOM) is (KVPoll.Failed if cancelled_open else own_status)
 
 
-def test_the_first_failure_names_stage_origin_and_reason(backend: Backend) -> None:
+def test_the_first_failure_names_stage_origin_and_reason(backend: RedisUnderTest) -> None:
     prefill = backend.store(participant="prefill-0")
     decode = prefill.for_participant("decode-0")
     prefill.update_status(ROOM, KVPoll.Bootstrapping)
@@ -96,7 +96,7 @@ def test_the_first_failure_names_stage_origin_and_reason(backend: Backend) -> No
         (KVPoll.Success, Stage.TRANSFER),
     ],
 )
-def test_the_stage_is_the_status_the_entry_failed_from(backend: Backend, opened: KVPoll, stage: Stage) -> None:
+def test_the_stage_is_the_status_the_entry_failed_from(backend: RedisUnderTest, opened: KVPoll, stage: Stage) -> None:
     store = backend.store(participant="prefill-0", policy="seed")
     store.update_status(ROOM, KVPoll.Bootstrapping)
     store.update_status(ROOM, opened)
@@ -106,7 +106,7 @@ def test_the_stage_is_the_status_the_entry_failed_from(backend: Backend, opened:
     assert failure.describe() == f"failed at {stage.value} by prefill-0 (no reason given)"
 
 
-def test_its_own_failure_left_under_seed_reads_as_its_entry(backend: Backend) -> None:
+def test_its_own_failure_left_under_seed_reads_as_its_entry(backend: RedisUnderTest) -> None:
     """One participant alone never reads what the per-entry rule would not give it (the differential tier)."""
     own = backend.store(participant="decode-0", policy="seed")
     peer = own.for_participant("prefill-0")
@@ -118,7 +118,7 @@ def test_its_own_failure_left_under_seed_reads_as_its_entry(backend: Backend) ->
     assert peer.get(ROOM) is KVPoll.Failed  # the room failed for decode-0 first: the peer's open entry fails
 
 
-def test_a_cancel_fails_open_entries_keeps_finished_ones_and_outlives_the_clears(backend: Backend) -> None:
+def test_a_cancel_fails_open_entries_keeps_finished_ones_and_outlives_the_clears(backend: RedisUnderTest) -> None:
     prefill = backend.store(participant="prefill-0", ttl=30)
     decode = prefill.for_participant("decode-0")
     prefill.update_status(ROOM, KVPoll.Success)
@@ -142,7 +142,7 @@ def test_a_cancel_fails_open_entries_keeps_finished_ones_and_outlives_the_clears
     assert backend.keys_without_ttl() == []
 
 
-def test_a_room_cancelled_before_anyone_wrote_fails_its_first_writer(backend: Backend) -> None:
+def test_a_room_cancelled_before_anyone_wrote_fails_its_first_writer(backend: RedisUnderTest) -> None:
     router = backend.store(participant="router-1", ttl=20)
     assert router.cancel(ROOM, "request timed out at the router").outcome is CancelOutcome.CANCELLED
     view = router.room(ROOM)
@@ -154,7 +154,7 @@ def test_a_room_cancelled_before_anyone_wrote_fails_its_first_writer(backend: Ba
     assert decode.check_status(ROOM) is KVPoll.Failed
 
 
-def test_a_failed_room_goes_with_its_last_entry(backend: Backend) -> None:
+def test_a_failed_room_goes_with_its_last_entry(backend: RedisUnderTest) -> None:
     prefill = backend.store(participant="prefill-0")
     decode = prefill.for_participant("decode-0")
     prefill.update_status(ROOM, KVPoll.Transferring)
@@ -166,7 +166,7 @@ def test_a_failed_room_goes_with_its_last_entry(backend: Backend) -> None:
     assert backend.room_keys() == []
 
 
-def test_cancel_many_spans_slots_and_names_each_room(backend: Backend) -> None:
+def test_cancel_many_spans_slots_and_names_each_room(backend: RedisUnderTest) -> None:
     store = backend.store(participant="router-1")
     peer = store.for_participant("decode-0")
     rooms = list(range(100, 140))
@@ -190,14 +190,14 @@ def test_cancel_many_spans_slots_and_names_each_room(backend: Backend) -> None:
         (lambda s: s.cancel_many([1, True], "x"), "invalid room"),
     ],
 )
-def test_bad_cancels_name_the_problem_and_write_nothing(backend: Backend, call, error: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_cancels_name_the_problem_and_write_nothing(backend: RedisUnderTest, call, error: str) -> None:  # type: ignore[no-untyped-def]
     store = backend.store(participant="router-1")
     with pytest.raises(InvalidArgumentError, match=error):
         call(store)
     assert backend.keys() == []
 
 
-def test_a_corrupted_failure_record_is_named_when_it_matters(backend: Backend) -> None:
+def test_a_corrupted_failure_record_is_named_when_it_matters(backend: RedisUnderTest) -> None:
     store = backend.store(participant="decode-0")
     store.update_status(ROOM, KVPoll.Transferring)
     store.update_status(ROOM + 1, KVPoll.Success)
@@ -229,12 +229,12 @@ def test_the_url_does_not_take_the_setting() -> None:
         parse_url("redis://h/0?shared_fate=no")
 
 
-def test_the_setting_must_be_a_bool(backend: Backend) -> None:
+def test_the_setting_must_be_a_bool(backend: RedisUnderTest) -> None:
     with pytest.raises(InvalidArgumentError, match="shared_fate must be True or False"):
         backend.store(participant="p", shared_fate="no")
 
 
-def test_the_consensus_read_answers_a_failed_rooms_first_failure_as_get_does(backend: Backend) -> None:
+def test_the_consensus_read_answers_a_failed_rooms_first_failure_as_get_does(backend: RedisUnderTest) -> None:
     """Issue 36 Medium 8: room_status() answered Bootstrapping for a room whose first failure was recorded (a rank
     still open, or one missing), while get() answered Failed."""
     prefill = backend.store(participant="prefill-0")

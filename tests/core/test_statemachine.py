@@ -17,7 +17,7 @@ from hypothesis.stateful import (
 from kvstatus import KVPoll, Outcome, Policy, apply_rule
 from kvstatus.model import OPEN, CancelOutcome, FailureRecord, Stage
 from kvstatus.rule import STAGE_OF_STATUS, cancel_outcome, shared_status
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.helpers.depth import DEPTHS, examples
 
 ROOMS = st.sampled_from([0, 1, 2, 2**63 - 1])
@@ -30,7 +30,7 @@ Entry = tuple[int, str]
 Fate = tuple[Stage, str, str]  # a room's first failure as the model keeps it: stage, origin, reason (no clock)
 
 
-def run_machine(backend: Backend, max_examples: int) -> None:
+def run_machine(backend: RedisUnderTest, max_examples: int) -> None:
     class StoreMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
@@ -157,5 +157,5 @@ def run_machine(backend: Backend, max_examples: int) -> None:
 
 
 @DEPTHS
-def test_store_behaves_like_the_reference_model(backend: Backend, deep: bool) -> None:
+def test_store_behaves_like_the_reference_model(backend: RedisUnderTest, deep: bool) -> None:
     run_machine(backend, max_examples=examples(deep, 60 if backend.name.startswith("fake") else 40))

@@ -18,13 +18,13 @@ from kvstatus import (
     RoomView,
 )
 from kvstatus.arguments import MAX_REASON_BYTES
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 BAD_ROOMS = [True, False, -1, 2**63, 1.0, "1", None, b"1"]
 BAD_STATUSES = [True, -1, 5, 2.0, "Failed", None]
 
 
-def test_check_status_raises_key_error_when_absent(backend: Backend) -> None:
+def test_check_status_raises_key_error_when_absent(backend: RedisUnderTest) -> None:
     store = backend.store()
     with pytest.raises(KeyError) as info:
         store.check_status(5)
@@ -33,7 +33,7 @@ def test_check_status_raises_key_error_when_absent(backend: Backend) -> None:
     assert store.check_status(5) is KVPoll.WaitingForInput
 
 
-def test_largest_room_id_round_trips(backend: Backend) -> None:
+def test_largest_room_id_round_trips(backend: RedisUnderTest) -> None:
     store = backend.store()
     room = 2**63 - 1
     store.update_status(room, KVPoll.Bootstrapping)
@@ -41,7 +41,7 @@ def test_largest_room_id_round_trips(backend: Backend) -> None:
     assert backend.keys() == [f"kvstatus:{backend.namespace}:{{{room}}}"]
 
 
-def test_clear_removes_only_this_participant(backend: Backend) -> None:
+def test_clear_removes_only_this_participant(backend: RedisUnderTest) -> None:
     a = backend.store(participant="prefill-0")
     b = a.for_participant("decode-0")
     a.update_status(1, KVPoll.Transferring)
@@ -54,7 +54,7 @@ def test_clear_removes_only_this_participant(backend: Backend) -> None:
     assert backend.room_keys() == []
 
 
-def test_first_failure_reason_wins_and_needs_an_entry(backend: Backend) -> None:
+def test_first_failure_reason_wins_and_needs_an_entry(backend: RedisUnderTest) -> None:
     store = backend.store(ttl=20)
     assert store.record_failure(3, "too late: room cleared") is False
     assert backend.keys() == []
@@ -68,7 +68,7 @@ def test_first_failure_reason_wins_and_needs_an_entry(backend: Backend) -> None:
     assert store.room(3).exists is False
 
 
-def test_long_reasons_are_truncated_and_marked(backend: Backend) -> None:
+def test_long_reasons_are_truncated_and_marked(backend: RedisUnderTest) -> None:
     store = backend.store()
     store.update_status(3, KVPoll.Bootstrapping)
     store.record_failure(3, "é" * MAX_REASON_BYTES)
@@ -76,7 +76,7 @@ def test_long_reasons_are_truncated_and_marked(backend: Backend) -> None:
     assert reason.endswith("[truncated]") and len(reason.encode()) <= MAX_REASON_BYTES
 
 
-def test_leaving_failed_under_seed_drops_the_old_reason(backend: Backend) -> None:
+def test_leaving_failed_under_seed_drops_the_old_reason(backend: RedisUnderTest) -> None:
     store = backend.store()
     store.update_status(4, KVPoll.Bootstrapping)
     store.record_failure(4, "aborted")
@@ -85,7 +85,7 @@ def test_leaving_failed_under_seed_drops_the_old_reason(backend: Backend) -> Non
     assert store.room(4).participants[store.participant] == (KVPoll.Bootstrapping, None)
 
 
-def test_room_view_has_ttl_and_every_participant(backend: Backend) -> None:
+def test_room_view_has_ttl_and_every_participant(backend: RedisUnderTest) -> None:
     store = backend.store(ttl=50)
     store.update_status(9, KVPoll.Bootstrapping)
     store.for_participant("decode-1").update_status(9, KVPoll.WaitingForInput)
@@ -100,7 +100,7 @@ def test_room_view_has_ttl_and_every_participant(backend: Backend) -> None:
     assert missing == RoomView(10, {}, None) and not missing.exists
 
 
-def test_every_write_refreshes_the_ttl(backend: Backend) -> None:
+def test_every_write_refreshes_the_ttl(backend: RedisUnderTest) -> None:
     store = backend.store(ttl=100)
     key = store.schema.room_key(1)
     store.update_status(1, KVPoll.Bootstrapping)
@@ -115,7 +115,7 @@ def test_every_write_refreshes_the_ttl(backend: Backend) -> None:
     assert backend.raw.pttl(key) > 99_000
 
 
-def test_get_many_keeps_order_dedupes_and_reports_missing(backend: Backend) -> None:
+def test_get_many_keeps_order_dedupes_and_reports_missing(backend: RedisUnderTest) -> None:
     store = backend.store()
     store.update_many({2: KVPoll.Success, 1: KVPoll.Transferring})
     assert list(store.get_many([3, 1, 2, 1]).items()) == [(3, None), (1, KVPoll.Transferring), (2, KVPoll.Success)]
@@ -123,7 +123,7 @@ def test_get_many_keeps_order_dedupes_and_reports_missing(backend: Backend) -> N
     assert store.update_many({}) == {}
 
 
-def test_batch_and_single_operations_agree(backend: Backend) -> None:
+def test_batch_and_single_operations_agree(backend: RedisUnderTest) -> None:
     single, batch = backend.store(namespace=backend.namespace + "-a"), backend.store(namespace=backend.namespace + "-b")
     script = [
         {1: KVPoll.Bootstrapping, 2: KVPoll.Failed, 3: KVPoll.Success},
@@ -137,7 +137,7 @@ def test_batch_and_single_operations_agree(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("room", BAD_ROOMS)
-def test_bad_rooms_are_rejected_before_redis_is_touched(backend: Backend, room: object) -> None:
+def test_bad_rooms_are_rejected_before_redis_is_touched(backend: RedisUnderTest, room: object) -> None:
     store = backend.store()
     for call in (
         lambda: store.update_status(room, KVPoll.Bootstrapping),
@@ -154,7 +154,7 @@ def test_bad_rooms_are_rejected_before_redis_is_touched(backend: Backend, room: 
 
 
 @pytest.mark.parametrize("status", BAD_STATUSES)
-def test_bad_statuses_are_rejected_before_redis_is_touched(backend: Backend, status: object) -> None:
+def test_bad_statuses_are_rejected_before_redis_is_touched(backend: RedisUnderTest, status: object) -> None:
     store = backend.store()
     with pytest.raises(InvalidStatusError, match="invalid status"):
         store.update_status(1, status)
@@ -176,24 +176,24 @@ def test_bad_statuses_are_rejected_before_redis_is_touched(backend: Backend, sta
         {"participant": "x" * 129},
     ],
 )
-def test_bad_names_are_rejected(backend: Backend, settings: dict) -> None:
+def test_bad_names_are_rejected(backend: RedisUnderTest, settings: dict) -> None:
     with pytest.raises(InvalidNameError, match="invalid"):
         backend.store(**settings)
 
 
-def test_a_url_given_as_a_name_does_not_print_its_password(backend: Backend) -> None:
+def test_a_url_given_as_a_name_does_not_print_its_password(backend: RedisUnderTest) -> None:
     with pytest.raises(InvalidNameError) as info:
         backend.store(namespace="redis://admin:hunter2@db:6379/0")
     assert "hunter2" not in str(info.value) and "***" in str(info.value)
 
 
 @pytest.mark.parametrize("settings", [{"ttl": 0}, {"ttl": -1}, {"ttl": float("nan")}, {"ttl": True}, {"policy": "x"}])
-def test_bad_settings_are_rejected(backend: Backend, settings: dict) -> None:
+def test_bad_settings_are_rejected(backend: RedisUnderTest, settings: dict) -> None:
     with pytest.raises(InvalidArgumentError):
         backend.store(**settings)
 
 
-def test_update_many_wants_a_mapping(backend: Backend) -> None:
+def test_update_many_wants_a_mapping(backend: RedisUnderTest) -> None:
     with pytest.raises(InvalidArgumentError, match="mapping"):
         backend.store().update_many([(1, KVPoll.Bootstrapping)])
 
@@ -204,7 +204,7 @@ def _room_in_same_slot(store, room: int) -> int:
     return next(r for r in itertools.count(room + 1) if key_slot(store.schema.room_key(r).encode()) == slot)
 
 
-def test_corrupted_status_is_reported_and_not_overwritten(backend: Backend) -> None:
+def test_corrupted_status_is_reported_and_not_overwritten(backend: RedisUnderTest) -> None:
     store = backend.store()
     key = store.schema.room_key(8)
     backend.raw.hset(key, store.participant, "garbage")
@@ -229,7 +229,7 @@ def test_corrupted_status_is_reported_and_not_overwritten(backend: Backend) -> N
         assert store.get(9) is KVPoll.Bootstrapping
 
 
-def test_a_key_of_another_type_is_reported(backend: Backend) -> None:
+def test_a_key_of_another_type_is_reported(backend: RedisUnderTest) -> None:
     store = backend.store()
     key = store.schema.room_key(8)
     backend.raw.set(key, "not a hash", px=60_000)
@@ -240,7 +240,7 @@ def test_a_key_of_another_type_is_reported(backend: Backend) -> None:
     assert backend.raw.get(key) == b"not a hash"
 
 
-def test_lost_script_cache_heals_by_itself(backend: Backend) -> None:
+def test_lost_script_cache_heals_by_itself(backend: RedisUnderTest) -> None:
     store = backend.store()
     store.update_status(1, KVPoll.Bootstrapping)
     backend.raw.script_flush()
@@ -253,7 +253,7 @@ def test_lost_script_cache_heals_by_itself(backend: Backend) -> None:
     assert store.record_failure(1, "x") is True
 
 
-def test_repr_shows_settings(backend: Backend) -> None:
+def test_repr_shows_settings(backend: RedisUnderTest) -> None:
     store = backend.store(participant="prefill-0", ttl=30, policy="strict")
     assert store.namespace == backend.namespace and store.ttl == 30
     text = repr(store)

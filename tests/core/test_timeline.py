@@ -21,13 +21,13 @@ from kvstatus.model import Policy, Step
 from kvstatus.rule import apply_rule
 from kvstatus.stuck import stuck
 from kvstatus.timeline import MAX_BYTES, parse_timeline, since_current, stage_seconds, timeline_after
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 WRITES = (Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED)
 
 
-def _raw_timeline(backend: Backend, room: int, participant: str) -> Optional[str]:
+def _raw_timeline(backend: RedisUnderTest, room: int, participant: str) -> Optional[str]:
     value = backend.raw.hget(KeySchema(backend.namespace).room_key(room), f"t:{participant}")
     return None if value is None else value.decode()
 
@@ -36,7 +36,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)  # the test's servers run on this machine: its clock is theirs
 
 
-def test_each_status_change_adds_a_step_at_the_servers_time(backend: Backend) -> None:
+def test_each_status_change_adds_a_step_at_the_servers_time(backend: RedisUnderTest) -> None:
     store = backend.store(participant="decode-0", timeline=True)
     before = _now_ms()
     for status in (B, W, W, T, S, S):
@@ -48,7 +48,7 @@ def test_each_status_change_adds_a_step_at_the_servers_time(backend: Backend) ->
     assert [s.at_ms for s in steps] == sorted(s.at_ms for s in steps)
 
 
-def test_the_steps_follow_every_outcome_of_the_rule(backend: Backend) -> None:
+def test_the_steps_follow_every_outcome_of_the_rule(backend: RedisUnderTest) -> None:
     """Every (entry, update, policy): a step exactly when the rule writes the status (CREATED starts over)."""
     for policy in Policy:
         store = backend.store(participant="p", policy=policy, timeline=True)
@@ -69,7 +69,7 @@ def test_the_steps_follow_every_outcome_of_the_rule(backend: Backend) -> None:
                 assert steps == prev, (current, new, policy, result)
 
 
-def test_the_script_appends_as_the_reference_does(backend: Backend) -> None:
+def test_the_script_appends_as_the_reference_does(backend: RedisUnderTest) -> None:
     """Stored timelines written by hand, one status update each, against kvstatus.timeline.timeline_after."""
     key = KeySchema(backend.namespace).room_key
     store = backend.store(participant="p", timeline=True)
@@ -93,7 +93,7 @@ def test_the_script_appends_as_the_reference_does(backend: Backend) -> None:
     assert _raw_timeline(backend, 5, "p") == cases[5]
 
 
-def test_a_malformed_timeline_is_ignored_by_reads_and_replaced_by_the_next_step(backend: Backend) -> None:
+def test_a_malformed_timeline_is_ignored_by_reads_and_replaced_by_the_next_step(backend: RedisUnderTest) -> None:
     """A timeline kvstatus does not write only informs: reads leave it out and name it, and the next status change
     starts a new one (issue 36; it made the update raise, and room() hide the room's statuses)."""
     key = KeySchema(backend.namespace).room_key(9)
@@ -109,7 +109,7 @@ def test_a_malformed_timeline_is_ignored_by_reads_and_replaced_by_the_next_step(
     assert backend.raw.exists(key) == 0
 
 
-def test_a_store_without_timeline_writes_none_and_keeps_anothers(backend: Backend) -> None:
+def test_a_store_without_timeline_writes_none_and_keeps_anothers(backend: RedisUnderTest) -> None:
     recording = backend.store(participant="p", timeline=True)
     plain = backend.store(participant="p")
     plain.update_status(11, B)
@@ -122,7 +122,7 @@ def test_a_store_without_timeline_writes_none_and_keeps_anothers(backend: Backen
     assert _raw_timeline(backend, 11, "p") is None  # the clear of any store removes it with the entry
 
 
-def test_clear_and_pop_remove_the_timeline_and_tell_the_observer(backend: Backend) -> None:
+def test_clear_and_pop_remove_the_timeline_and_tell_the_observer(backend: RedisUnderTest) -> None:
     seen: list[tuple[Step, ...]] = []
 
     class Observer:
@@ -145,7 +145,7 @@ def test_clear_and_pop_remove_the_timeline_and_tell_the_observer(backend: Backen
     assert store.clear(1) is False and len(seen) == 2  # nothing removed: nothing observed
 
 
-def test_sweep_and_cancel_add_their_failed_step(backend: Backend) -> None:
+def test_sweep_and_cancel_add_their_failed_step(backend: RedisUnderTest) -> None:
     store = backend.store(participant="decode-0", timeline=True, lease_ttl=3)
     other = backend.store(participant="prefill-0", timeline=True)
     for room in (1, 2):
@@ -160,7 +160,7 @@ def test_sweep_and_cancel_add_their_failed_step(backend: Backend) -> None:
     assert [s.status for s in two["decode-0"]] == [B, F] and [s.status for s in two["prefill-0"]] == [T, F]
 
 
-def test_a_new_incarnation_starts_its_own_timeline(backend: Backend) -> None:
+def test_a_new_incarnation_starts_its_own_timeline(backend: RedisUnderTest) -> None:
     old = backend.store(participant="prefill-0", lease_ttl=3, timeline=True)
     old.update_status(5, B)
     old.update_status(5, T)
@@ -214,7 +214,7 @@ def test_a_malformed_timeline_does_not_stop_a_near_cached_poll(redis_server: Any
         assert store.get(12) is B and store.check_status(12) is B
 
 
-def test_an_entry_past_its_capped_timeline_is_judged_by_its_status(sync_backend: Backend) -> None:
+def test_an_entry_past_its_capped_timeline_is_judged_by_its_status(sync_backend: RedisUnderTest) -> None:
     """A seed entry that flips often fills its 160 bytes; its last step then disagrees with its status, and stuck
     and health judged from that stale step (issue 36): a room that just moved read as stuck since the cap."""
     store = sync_backend.store(participant="prefill-0", timeline=True)

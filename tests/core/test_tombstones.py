@@ -9,16 +9,16 @@ import pytest
 from kvstatus import KVPoll, Outcome
 from kvstatus.admin.scan import iter_rooms
 from kvstatus.keys import KeySchema
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 
 
-def _tomb(backend: Backend, room: int) -> str:
+def _tomb(backend: RedisUnderTest, room: int) -> str:
     return f"kvstatus:{backend.namespace}:{{{room}}}:t"
 
 
-def test_a_clear_says_who_cleared_when_and_at_which_status(backend: Backend) -> None:
+def test_a_clear_says_who_cleared_when_and_at_which_status(backend: RedisUnderTest) -> None:
     store = backend.store(participant="prefill-0")
     for status in (B, T, S):
         store.update_status(7, status)
@@ -35,7 +35,7 @@ def test_a_clear_says_who_cleared_when_and_at_which_status(backend: Backend) -> 
     assert backend.room_keys() == [] and backend.keys() == [_tomb(backend, 7)] and backend.keys_without_ttl() == []
 
 
-def test_a_late_abort_after_the_clear_is_ignored_and_noted(backend: Backend) -> None:
+def test_a_late_abort_after_the_clear_is_ignored_and_noted(backend: RedisUnderTest) -> None:
     decode = backend.store(participant="decode-0")
     decode.update_status(8, W)
     decode.clear(8)
@@ -53,7 +53,7 @@ def test_a_late_abort_after_the_clear_is_ignored_and_noted(backend: Backend) -> 
     assert decode.room(8).tombstone.cleared["decode-0"] == (pytest.approx(time.time(), abs=5), B, None)
 
 
-def test_only_the_participant_that_cleared_gets_a_late_note(backend: Backend) -> None:
+def test_only_the_participant_that_cleared_gets_a_late_note(backend: RedisUnderTest) -> None:
     prefill = backend.store(participant="prefill-0")
     decode = prefill.for_participant("decode-0")
     prefill.update_status(3, T)
@@ -67,7 +67,7 @@ def test_only_the_participant_that_cleared_gets_a_late_note(backend: Backend) ->
     assert set(view.tombstone.cleared) == {"prefill-0"} and view.tombstone.cleared["prefill-0"].late_failed_at
 
 
-def test_tombstones_expire_with_their_own_ttl(backend: Backend) -> None:
+def test_tombstones_expire_with_their_own_ttl(backend: RedisUnderTest) -> None:
     store = backend.store(participant="p", tombstone_ttl=0.3)
     store.update_status(4, B)
     store.clear(4)
@@ -79,7 +79,7 @@ def test_tombstones_expire_with_their_own_ttl(backend: Backend) -> None:
     assert backend.keys() == []
 
 
-def test_tombstones_can_be_turned_off(backend: Backend) -> None:
+def test_tombstones_can_be_turned_off(backend: RedisUnderTest) -> None:
     store = backend.store(participant="p", tombstone_ttl=0)
     store.update_status(4, B)
     assert store.clear(4) is True and store.clear(4) is False
@@ -87,7 +87,7 @@ def test_tombstones_can_be_turned_off(backend: Backend) -> None:
     assert store.room(4).tombstone is None and backend.keys() == []
 
 
-def test_scans_never_take_a_tombstone_or_a_lease_for_a_room(backend: Backend) -> None:
+def test_scans_never_take_a_tombstone_or_a_lease_for_a_room(backend: RedisUnderTest) -> None:
     store = backend.store(participant="p", lease_ttl=3)
     store.update_status(1, B)
     store.update_status(2, B)

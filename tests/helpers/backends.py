@@ -36,7 +36,7 @@ class SyncAdapter:
         return f"SyncAdapter({self._store!r})"
 
 
-class Backend:
+class RedisUnderTest:
     """One Redis to test against: a raw client for assertions and a factory of stores on it."""
 
     def __init__(

@@ -258,9 +258,9 @@ def test_pair_matrix_in_chromium(browser: Any, redis_server: RedisServer) -> Non
     from selenium.webdriver.common.by import By
 
     from tests.admin.test_health import build, stores, succeed
-    from tests.helpers.backends import Backend
+    from tests.helpers.backends import RedisUnderTest
 
-    backend = Backend("real", redis_server.client(), redis_server.client, False)
+    backend = RedisUnderTest("real", redis_server.client(), redis_server.client, False)
     try:
         build(backend)  # a-b: 2 succeeded, 1 failed; c-d: 2 failed, 1 stuck; e-(none): 1 stuck
         succeed(50, *stores(backend, "prefill-a-tp0-pp0", "decode-d-tp0-pp0"))  # a-d: only successes

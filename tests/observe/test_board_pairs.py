@@ -16,7 +16,7 @@ from kvstatus.keys import KeySchema
 from kvstatus.observe.board import MAX_PAGE_READS, Board
 from kvstatus.observe.boardpages import PAIRS_SCAN_COUNT
 from tests.admin.test_health import build
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 from tests.observe.support import ServerProcess, wait_until
 from tests.observe.test_board import request
 from tests.servers import RedisServer
@@ -67,8 +67,8 @@ def own_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def pd(own_server: RedisServer) -> Iterator[Backend]:
-    backend = Backend("real", own_server.client(), own_server.client, False)
+def pd(own_server: RedisServer) -> Iterator[RedisUnderTest]:
+    backend = RedisUnderTest("real", own_server.client(), own_server.client, False)
     build(backend)
     yield backend
     backend.close()
@@ -101,7 +101,7 @@ def expected(client: Any, schema: KeySchema, settings: HealthSettings = HealthSe
     return found
 
 
-def test_one_page_holds_the_health_of_a_small_namespace_with_its_verdicts(pd: Backend) -> None:
+def test_one_page_holds_the_health_of_a_small_namespace_with_its_verdicts(pd: RedisUnderTest) -> None:
     schema = KeySchema(pd.namespace)
     board = Board(pd.raw, schema, shown_url="redis://localhost")
     page = board.pairs("0-0", HealthSettings())
@@ -118,7 +118,7 @@ def test_one_page_holds_the_health_of_a_small_namespace_with_its_verdicts(pd: Ba
 
 
 def test_pages_are_bounded_and_add_up_to_the_full_pass(redis_server: RedisServer) -> None:
-    backend = Backend("real", redis_server.client(), redis_server.client, False)
+    backend = RedisUnderTest("real", redis_server.client(), redis_server.client, False)
     try:
         build(backend)
         schema = KeySchema(backend.namespace)
@@ -161,7 +161,9 @@ def test_pairs_of_a_cluster_walk_every_primary(redis_cluster: Any) -> None:
         backend.close()
 
 
-def test_pairs_over_http_as_the_read_only_user_and_bad_parameters_are_400(pd: Backend, own_server: RedisServer) -> None:
+def test_pairs_over_http_as_the_read_only_user_and_bad_parameters_are_400(
+    pd: RedisUnderTest, own_server: RedisServer
+) -> None:
     namespace, redis_server = pd.namespace, own_server
     admin = redis_server.client()
     user, password = f"reader-{namespace}", "reader-pw-for-pairs"
@@ -205,7 +207,7 @@ def test_pairs_over_http_as_the_read_only_user_and_bad_parameters_are_400(pd: Ba
         admin.execute_command("ACL", "DELUSER", user)
 
 
-def test_a_string_at_a_tombstone_name_is_counted_and_every_pair_still_judged(pd: Backend) -> None:
+def test_a_string_at_a_tombstone_name_is_counted_and_every_pair_still_judged(pd: RedisUnderTest) -> None:
     """Issue 36: a tenant's SET at a tombstone name made /api/pairs answer 503."""
     schema = KeySchema(pd.namespace)
     board = Board(pd.raw, schema, shown_url="redis://localhost")

@@ -27,13 +27,13 @@ from kvstatus.observe.exporter import (
 )
 from kvstatus.observe.scanner import PassLoop
 from tests.admin.test_health import build, stores, succeed
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.observe.support import ServerProcess, wait_until
 
 
-def fake_backend() -> Backend:
+def fake_backend() -> RedisUnderTest:
     server = fakeredis.FakeServer()
-    return Backend("fake", fakeredis.FakeRedis(server=server), lambda: fakeredis.FakeRedis(server=server), False)
+    return RedisUnderTest("fake", fakeredis.FakeRedis(server=server), lambda: fakeredis.FakeRedis(server=server), False)
 
 
 def samples(text: bytes) -> dict[tuple[str, frozenset], float]:
@@ -157,7 +157,7 @@ def http(url: str) -> tuple[int, str]:
 @pytest.mark.real
 def test_ready_endpoint_of_the_exporter_process(redis_server: Any) -> None:
     raw = redis.Redis(host=redis_server.host, port=redis_server.port)
-    backend = Backend("real", raw, lambda: redis.Redis(host=redis_server.host, port=redis_server.port), False)
+    backend = RedisUnderTest("real", raw, lambda: redis.Redis(host=redis_server.host, port=redis_server.port), False)
     try:
         build(backend)
         with ServerProcess(
@@ -184,7 +184,7 @@ def test_ready_endpoint_of_the_exporter_process(redis_server: Any) -> None:
 @pytest.mark.real
 def test_ready_is_200_when_every_pair_served(redis_server: Any) -> None:
     raw = redis.Redis(host=redis_server.host, port=redis_server.port)
-    backend = Backend("real", raw, lambda: redis.Redis(host=redis_server.host, port=redis_server.port), False)
+    backend = RedisUnderTest("real", raw, lambda: redis.Redis(host=redis_server.host, port=redis_server.port), False)
     stop, bound = threading.Event(), []
     thread = threading.Thread(
         target=run_exporter,

@@ -19,7 +19,7 @@ from kvstatus.model import Step
 from kvstatus.observe.metrics import STAGE_BUCKETS, StoreMetrics
 from kvstatus.observer import HOOKS, ClearedObserver, StoreObserver, check_observer
 from kvstatus.timeline import STAGES, stage_seconds
-from tests.helpers.backends import Backend
+from tests.helpers.backends import RedisUnderTest
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 PAUSE = 0.015  # seconds in each status, so that every stage lasts a measurable time by Redis' clock
@@ -45,7 +45,7 @@ def walk(store: Any, room: int, statuses: tuple[KVPoll, ...]) -> tuple[Step, ...
     return steps  # type: ignore[no-any-return]
 
 
-def test_cleared_and_popped_entries_fill_the_histogram_by_role_and_stage(backend: Backend) -> None:
+def test_cleared_and_popped_entries_fill_the_histogram_by_role_and_stage(backend: RedisUnderTest) -> None:
     registry = CollectorRegistry()
     namespace = backend.namespace
     stores = {
@@ -148,7 +148,7 @@ class PlainObserver:
         return self
 
 
-def test_an_observer_without_on_cleared_still_works(backend: Backend) -> None:
+def test_an_observer_without_on_cleared_still_works(backend: RedisUnderTest) -> None:
     observer = PlainObserver()
     assert "on_cleared" not in HOOKS and check_observer(observer) is observer
     assert isinstance(observer, StoreObserver) and not isinstance(observer, ClearedObserver)

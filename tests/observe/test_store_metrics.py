@@ -23,7 +23,7 @@ from kvstatus.errors import (
 from kvstatus.keys import KeySchema
 from kvstatus.observe.metrics import StoreMetrics
 from kvstatus.observer import StoreObserver
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.nearcache.helpers import eventually
 from tests.servers import RedisServer
 
@@ -46,11 +46,11 @@ class Series:
         return StoreMetrics(self.namespace, participant, self.registry)
 
 
-def observed(backend: Backend, series: Series, participant: str = "p", **settings: Any) -> Any:
+def observed(backend: RedisUnderTest, series: Series, participant: str = "p", **settings: Any) -> Any:
     return backend.store(participant=participant, metrics=series.observer(participant), **settings)
 
 
-def test_every_outcome_and_call_is_counted_through_the_store(backend: Backend) -> None:
+def test_every_outcome_and_call_is_counted_through_the_store(backend: RedisUnderTest) -> None:
     series = Series(backend.namespace)
     for script in scripts.ALL:  # so that no first call meets NOSCRIPT (a resend)
         backend.raw.script_load(script.source)
@@ -113,7 +113,7 @@ def test_every_outcome_and_call_is_counted_through_the_store(backend: Backend) -
     assert series("kvstatus_resends_total", "prefill-0") == 0
 
 
-def test_a_script_flush_counts_one_resend_and_no_error(backend: Backend) -> None:
+def test_a_script_flush_counts_one_resend_and_no_error(backend: RedisUnderTest) -> None:
     series = Series(backend.namespace)
     store = observed(backend, series)
     assert store.update_status(1, KVPoll.Bootstrapping).outcome is Outcome.CREATED  # loads the script if needed
@@ -129,7 +129,7 @@ def test_a_script_flush_counts_one_resend_and_no_error(backend: Backend) -> None
     assert sum(series("kvstatus_errors_total", type=t) for t in ("other", "BackendError")) == 0
 
 
-def test_errors_are_counted_by_type(backend: Backend) -> None:
+def test_errors_are_counted_by_type(backend: RedisUnderTest) -> None:
     series = Series(backend.namespace)
     store = observed(backend, series)
     backend.raw.hset(store._core.schema.room_key(3), "p", "garbage")
@@ -209,7 +209,7 @@ def test_the_near_cache_counts_hits_misses_invalidations_and_its_size(redis_serv
         assert series("kvstatus_nearcache_invalidations_total", "w") == 1 + 255
 
 
-def test_for_participant_carries_an_observer_of_its_own_participant(backend: Backend) -> None:
+def test_for_participant_carries_an_observer_of_its_own_participant(backend: RedisUnderTest) -> None:
     series = Series(backend.namespace)
     store = observed(backend, series, "prefill-0")
     other = store.for_participant("decode-0")
@@ -219,7 +219,7 @@ def test_for_participant_carries_an_observer_of_its_own_participant(backend: Bac
     assert series("kvstatus_updates_total", "prefill-0", outcome="CREATED") == 0
 
 
-def test_metrics_are_off_by_default_and_a_wrong_observer_is_refused(backend: Backend) -> None:
+def test_metrics_are_off_by_default_and_a_wrong_observer_is_refused(backend: RedisUnderTest) -> None:
     assert backend.store().metrics is None
     assert isinstance(StoreMetrics("ns", "p", CollectorRegistry()), StoreObserver)
     for wrong in (True, "prometheus", object()):

@@ -19,7 +19,7 @@ from kvstatus.sglang import (
     uninstall,
 )
 from kvstatus.sglang.plugin import ENV_URL, install_from_env, install_options, register
-from tests.helpers.backends import Backend, fresh_namespace
+from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.nearcache.helpers import eventually
 from tests.sglang import differential, standin
 from tests.sglang.standin import CommonKVSender, DeferredBootstrap, DisaggregationMode, make_manager
@@ -32,7 +32,7 @@ ROOM = 4242
 
 
 @pytest.fixture
-def store(sync_backend: Backend) -> StatusStore:
+def store(sync_backend: RedisUnderTest) -> StatusStore:
     return sync_backend.store(participant="prefill-tp0-pp0", policy="strict")
 
 
@@ -99,7 +99,7 @@ def test_participants_do_not_see_each_other(store: StatusStore) -> None:
 
 
 @pytest.mark.parametrize("shared_fate", [False, True])
-def test_collect_reads_every_pp_rank_in_rank_order(sync_backend: Backend, shared_fate: bool) -> None:
+def test_collect_reads_every_pp_rank_in_rank_order(sync_backend: RedisUnderTest, shared_fate: bool) -> None:
     store = sync_backend.store(participant="prefill-tp0-pp0", policy="strict", shared_fate=shared_fate)
     names = [f"prefill-tp0-pp{r}" for r in range(4)]
     ranks = [RoomStatusMap(store.for_participant(n), pp_participants=names) for n in names]

@@ -233,15 +233,18 @@ _QUERY_OPTIONS: dict[str, Callable[[str], object]] = {
 Connection settings only: how a store behaves (its scripts, near cache, lease, shared fate, timeline) is an
 argument of the store, never a URL option."""
 STORE_ARGUMENTS = {
-    "scripts": 'scripts="functions"',
-    "near_cache": "near_cache=True",
-    "near_cache_size": "near_cache=NearCacheOptions(max_rooms=N)",
-    "lease_ttl": "lease_ttl=SECONDS",
-    "shared_fate": "shared_fate=False",
-    "timeline": "timeline=True",
+    "scripts": ('scripts="functions"', "; the SGLang plugin: KVSTATUS_SGLANG_SCRIPTS; the CLI: --scripts functions"),
+    "near_cache": ("near_cache=True", "; the SGLang plugin: KVSTATUS_SGLANG_NEAR_CACHE, on by default"),
+    "near_cache_size": ("near_cache=NearCacheOptions(max_rooms=N)", ""),
+    "lease_ttl": ("lease_ttl=SECONDS", "; the SGLang plugin: KVSTATUS_SGLANG_LEASE_TTL"),
+    "shared_fate": ("shared_fate=False", "; the SGLang plugin: KVSTATUS_SGLANG_SHARED_FATE=0"),
+    "timeline": (
+        "timeline=True",
+        "; the SGLang plugin: KVSTATUS_SGLANG_TIMELINE, on by default; the CLI: set --timeline",
+    ),
 }
-"""Query options of earlier versions that are store arguments now, each with the argument that replaces it: a URL
-naming one is refused with that argument in the message."""
+"""Query options of earlier versions that are store arguments now: each with the argument that replaces it, and
+the SGLang variable and CLI option where there are some. A URL naming one is refused with them in the message."""
 RETIRED_OPTIONS = {
     "backoff_base": f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s)",
     "backoff_cap": f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s)",
@@ -287,8 +290,7 @@ def parse_url(url: object) -> ParsedURL:
             if name in STORE_ARGUMENTS:
                 raise InvalidURLError(
                     f"invalid Redis URL {shown}: {name!r} is a store setting, not a connection option; pass "
-                    f"{STORE_ARGUMENTS[name]} to the store instead (the SGLang plugin: its KVSTATUS_SGLANG_* "
-                    "variables; the CLI: --scripts)"
+                    f"{STORE_ARGUMENTS[name][0]} to the store instead{STORE_ARGUMENTS[name][1]}"
                 )
             if name in RETIRED_OPTIONS:
                 raise InvalidURLError(

@@ -298,9 +298,9 @@ def test_bad_connection_options_in_a_url_are_refused(query: str) -> None:
 @pytest.mark.parametrize(
     "query, argument",
     [
-        ("scripts=functions", "--scripts"),
-        ("timeline=yes", "timeline=True"),
-        ("lease_ttl=10", "lease_ttl=SECONDS"),
+        ("scripts=functions", "the CLI: --scripts functions"),
+        ("timeline=yes", "the CLI: set --timeline"),
+        ("lease_ttl=10", "pass lease_ttl=SECONDS to the store"),
         ("near_cache_size=5", "near_cache=NearCacheOptions(max_rooms=N)"),
     ],
 )

@@ -132,6 +132,7 @@ def test_a_store_setting_in_the_url_is_refused_naming_its_variable_and_argument(
     with pytest.raises(SettingError, match=f"^{ENV_URL}: invalid Redis URL .*'{name}' is a store setting") as info:
         install_options({ENV_URL: f"redis://u:{SECRET}@h:1/0?{option}"})
     assert SECRET not in _all_text(info.value)
+    assert f"the SGLang plugin: {plugin.SETTING_VARIABLES[name]}" in str(info.value)  # the variable to set instead
     with pytest.raises(InvalidURLError, match=f"'{name}' is a store setting, not a connection option; pass {name}="):
         StatusStore.from_url(f"redis://127.0.0.1:1/0?{option}", namespace="ns")
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Iterator
 
 import pytest
+
+from tests.helpers.tiers import require_redis_server
+from tests.servers import RedisServer
+from tests.sglang.standin import close_opened
 
 REQUIRE = "KVSTATUS_REQUIRE_SGLANG"
 
@@ -39,3 +44,15 @@ def sg(sglang_conn: types.ModuleType) -> types.SimpleNamespace:
         PPConsensusStore=PPConsensusStore,
         DeferredBootstrap=DeferredBootstrap,
     )
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A redis-server of this test alone (the test stops, restarts or freezes it). The managers the test put in
+    :data:`~tests.sglang.standin.OPENED` are closed before it stops: their lease keepers would outlive it."""
+    require_redis_server()
+    with RedisServer() as started:
+        try:
+            yield started
+        finally:
+            close_opened()

@@ -5,7 +5,7 @@ side writes its entry into the lost room again (kvstatus.sglang.openrooms)."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import pytest
 import redis
@@ -13,10 +13,10 @@ import redis
 from kvstatus import KVPoll, Outcome
 from kvstatus.sglang import install
 from tests.helpers.backends import fresh_namespace
-from tests.helpers.tiers import require_redis_server
 from tests.nearcache.helpers import eventually
 from tests.servers import RedisServer
 from tests.sglang.standin import (
+    OPENED,
     CommonKVReceiver,
     CommonKVSender,
     DisaggregationMode,
@@ -29,30 +29,10 @@ ROOM = 3636
 LOST = "kvstatus: Redis lost its data: participant "
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    require_redis_server()
-    with RedisServer() as started:
-        yield started
-
-
-_OPENED: list[Any] = []
-"""The managers a test installed: closed after it (their lease keepers would outlive the test's server)."""
-
-
-@pytest.fixture(autouse=True)
-def _close_managers() -> Iterator[None]:
-    yield
-    while _OPENED:
-        status_map = _OPENED.pop().request_status
-        if hasattr(status_map, "close"):
-            status_map.close()
-
-
 def _pair(url: str, lease_ttl: Optional[float]) -> tuple[Any, Any, str]:
     namespace = fresh_namespace("lost")
     prefill, decode = make_manager(mode=DisaggregationMode.PREFILL), make_manager(mode=DisaggregationMode.DECODE)
-    _OPENED.extend((prefill, decode))
+    OPENED.extend((prefill, decode))
     for manager in (prefill, decode):
         install(manager, url, namespace=namespace, lease_ttl=lease_ttl)  # None: no lease
     return prefill, decode, namespace

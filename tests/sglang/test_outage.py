@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -17,10 +17,10 @@ from kvstatus import KVPoll, Outcome
 from kvstatus.sglang import install
 from kvstatus.sglang.outage import OUTAGE_SECONDS
 from tests.helpers.backends import fresh_namespace
-from tests.helpers.tiers import require_redis_server
 from tests.nearcache.helpers import eventually
 from tests.servers import RedisServer
 from tests.sglang.standin import (
+    OPENED,
     CommonKVReceiver,
     CommonKVSender,
     DisaggregationMode,
@@ -34,30 +34,10 @@ DOWN = "kvstatus: Redis could not be reached for this room's status ("
 SLACK = 2.0  # seconds a loaded 2-core box may add to a bound (scheduling), far below what a missed bound costs
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    require_redis_server()
-    with RedisServer() as started:
-        yield started
-
-
-_OPENED: list[Any] = []
-"""The managers a test installed: closed after it (their lease keepers would outlive the test's server)."""
-
-
-@pytest.fixture(autouse=True)
-def _close_managers() -> Iterator[None]:
-    yield
-    while _OPENED:
-        status_map = _OPENED.pop().request_status
-        if hasattr(status_map, "close"):
-            status_map.close()
-
-
 def _pair(url: str) -> tuple[Any, Any]:
     namespace = fresh_namespace("outage")
     prefill, decode = make_manager(mode=DisaggregationMode.PREFILL), make_manager(mode=DisaggregationMode.DECODE)
-    _OPENED.extend((prefill, decode))
+    OPENED.extend((prefill, decode))
     for manager in (prefill, decode):
         install(manager, url, namespace=namespace)
     return prefill, decode

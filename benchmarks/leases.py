@@ -5,9 +5,8 @@
 2. The consensus view of 256 rooms x 4 participants (``room_statuses``, one
    script call) against ``get_many(256)``, interleaved rounds, same server.
 3. The write path with a lease on against the same store without one
-   (``update_status`` p50, interleaved); a Failed update naming the tombstone
-   key against one that does not (the late-abort note's hot-path cost); clear
-   as the tombstone script against the plain HDEL.
+   (``update_status`` p50, interleaved); clear (the tombstone script) against
+   a plain HDEL of the same fields, its floor.
 4. The per-participant index the issue weighs: ``lua/update.lua`` with one
    ``ZADD`` of an index key added (a benchmark-only copy), Redis' own µs per
    update against the real script's.
@@ -32,7 +31,7 @@ from benchmarks.report import markdown_table
 from kvstatus import KVPoll, StatusStore, scripts
 from kvstatus.admin.sweep import sweep
 from kvstatus.connection import connect
-from kvstatus.keys import KeySchema
+from kvstatus.keys import KeySchema, reason_field
 from tests.servers import RedisClusterServers, RedisServer
 
 NO_PERSISTENCE = ["--save", "", "--appendonly", "no"]
@@ -126,7 +125,7 @@ BARE_HMGET = (
 def write_path(url: str, samples: int, rounds: int) -> None:
     plain = StatusStore.from_url(url, namespace="wp", participant="plain")
     leased = StatusStore.from_url(url, namespace="wp", participant="leased", lease_ttl=30)
-    untombed = StatusStore.from_url(url, namespace="wp", participant="untombed", tombstone_ttl=0)
+    raw = connect(url)
     leased.acquire_lease()
     statuses = [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success]
 
@@ -144,39 +143,26 @@ def write_path(url: str, samples: int, rounds: int) -> None:
         row(name, f"p50 {summary.p50_us:.1f} µs", f"p99 {summary.p99_us:.1f} µs")
     row("write path, lease on / off", f"{r:.3f}x", "budget <= 1.10x")
 
-    # The late-abort note: a Failed on a missing entry names the tombstone key (IGNORED_MISSING path).
-    def failed(store: StatusStore) -> Callable[[int], object]:
-        start = next(base) * samples * 10
-        return lambda i: store.update_status(5_000_000 + start + i, KVPoll.Failed)
-
-    blocks = {
-        "Failed, no tombstone key": lambda: time_calls(failed(untombed), samples),
-        "Failed, with tombstone key": lambda: time_calls(failed(plain), samples),
-    }
-    result = interleave(blocks, rounds)
-    row(
-        "late Failed (IGNORED_MISSING) with / without the tombstone key",
-        f"{ratio(result['Failed, with tombstone key'], result['Failed, no tombstone key']):.3f}x",
-        f"p50 {result['Failed, with tombstone key'].p50_us:.1f} vs {result['Failed, no tombstone key'].p50_us:.1f} µs;"
-        " a non-Failed update sends exactly what it sent before",
-    )
-
-    def clears(store: StatusStore) -> Callable[[], list[int]]:
+    def clears(hdel: bool) -> Callable[[], list[int]]:
         def block() -> list[int]:
             start = 20_000_000 + next(base) * samples
-            store.update_many({start + i: KVPoll.Success for i in range(samples)})
-            return time_calls(lambda i: store.clear(start + i), samples)
+            plain.update_many({start + i: KVPoll.Success for i in range(samples)})
+            if hdel:  # the floor: the entry's own field and its reason, removed by one plain command
+                keys = [KeySchema("wp").room_key(start + i) for i in range(samples)]
+                return time_calls(lambda i: raw.hdel(keys[i], "plain", reason_field("plain")), samples)
+            return time_calls(lambda i: plain.clear(start + i), samples)
 
         return block
 
-    result = interleave({"clear, HDEL": clears(untombed), "clear, tombstone script": clears(plain)}, rounds)
+    result = interleave({"clear, HDEL": clears(True), "clear, tombstone script": clears(False)}, rounds)
     row(
         "clear: tombstone script / plain HDEL",
         f"{ratio(result['clear, tombstone script'], result['clear, HDEL']):.3f}x",
         f"p50 {result['clear, tombstone script'].p50_us:.1f} vs {result['clear, HDEL'].p50_us:.1f} µs",
     )
-    for store in (plain, leased, untombed):
+    for store in (plain, leased):
         store.close()
+    raw.close()
 
 
 INDEXED = scripts.UPDATE.source.replace(

@@ -11,7 +11,9 @@ from kvstatus.keys import MAX_ROOM, validate_rooms
 from kvstatus.model import KVPoll, to_status
 
 DEFAULT_TTL_SECONDS = 600.0
-DEFAULT_TOMBSTONE_TTL_SECONDS = 60.0
+TOMBSTONE_TTL_SECONDS = 60.0
+"""How long ``clear()``'s tombstone says who cleared a room and how it ended (never longer than the store's
+``ttl``): what ``get`` shows of a cleared room, and how far back ``kvstatus health`` sees successes."""
 MAX_TTL_SECONDS = 30 * 24 * 3600.0
 MAX_REASON_BYTES = 2048
 _TRUNCATED = " [truncated]"

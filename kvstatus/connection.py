@@ -47,6 +47,7 @@ from kvstatus.url import (
     _QUERY_OPTIONS,
     BACKOFF_BASE_SECONDS,
     BACKOFF_CAP_SECONDS,
+    CLIENT_NAME,
     HEALTH_CHECK_SECONDS,
     SCHEMES,
     ConnectionOptions,
@@ -65,7 +66,7 @@ def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, A
         "socket_timeout": options.socket_timeout,
         "socket_connect_timeout": options.socket_connect_timeout,
         "health_check_interval": HEALTH_CHECK_SECONDS,
-        "client_name": options.client_name,
+        "client_name": CLIENT_NAME,
     }
     if parsed.tls:
         kwargs.update(_ssl_kwargs(parsed.query, options))
@@ -74,7 +75,7 @@ def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, A
 
 def _ssl_kwargs(query: dict[str, str], options: ConnectionOptions) -> dict[str, object]:
     kwargs: dict[str, object] = {"ssl": True}
-    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "ssl_cert_reqs"):
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"):
         value = _QUERY_OPTIONS[name](query[name]) if name in query else getattr(options, name)
         if value is not None:
             kwargs[name] = value

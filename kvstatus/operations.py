@@ -18,9 +18,9 @@ from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
 from kvstatus.arguments import (
-    DEFAULT_TOMBSTONE_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     STATUS_ARG,
+    TOMBSTONE_TTL_SECONDS,
     batch_args,
     truncate_reason,
     ttl_to_ms,
@@ -31,6 +31,7 @@ from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
     MAX_ROOM,
+    PROBE_PARTICIPANT,
     KeySchema,
     incarnation_field,
     late_field,
@@ -105,7 +106,6 @@ class CoreSettings(TypedDict):
     prefix: str
     ttl: float
     policy: Policy
-    tombstone_ttl: float
     shared_fate: bool
     timeline: bool
 
@@ -124,7 +124,6 @@ class StoreCore:
         ttl: float = DEFAULT_TTL_SECONDS,
         policy: str | Policy = Policy.SEED,
         cluster: bool = False,
-        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
         shared_fate: bool = True,
         timeline: bool = False,
     ) -> None:
@@ -142,9 +141,10 @@ class StoreCore:
         self._incarnation_field = incarnation_field(self.participant)
         self._timeline_field = timeline_field(self.participant)
         self._update_one = (*self._update_command, 1)
-        # tombstone_ttl 0 turns tombstones off: clear() is a plain HDEL and a late Failed notes nothing.
-        # A tombstone never outlives the store's TTL: no key kvstatus writes stays longer than one TTL.
-        self.tombstone_ttl_ms = 0 if tombstone_ttl == 0 else min(ttl_to_ms(tombstone_ttl), self.ttl_ms)
+        # A tombstone never outlives the store's TTL: no key kvstatus writes stays longer than one TTL. The probe
+        # (kvstatus doctor, the SGLang start-up check) leaves none: 0 tells lua/clear.lua to write no tombstone.
+        probe = self.participant == PROBE_PARTICIPANT
+        self.tombstone_ttl_ms = 0 if probe else min(ttl_to_ms(TOMBSTONE_TTL_SECONDS), self.ttl_ms)
         self.fence(None)
 
     def fence(self, epoch: Optional[int]) -> None:
@@ -179,7 +179,6 @@ class StoreCore:
             "prefix": self.schema.prefix,
             "ttl": self.ttl_ms / 1000,
             "policy": self.policy,
-            "tombstone_ttl": self.tombstone_ttl_ms / 1000,
             "shared_fate": self.shared_fate,
             "timeline": self.timeline,
         }
@@ -368,11 +367,8 @@ class StoreCore:
         return Request(calls, decode, _extra_seconds(len(keys)))
 
     def clear(self, room: int) -> Request[Cleared]:
-        """Remove the entry; the store answers ``removed`` (a plain HDEL without tombstones, lease or timeline)."""
+        """Remove the entry and leave the room's tombstone; the store answers ``removed``."""
         key = self._key(room)
-        if not self.tombstone_ttl_ms and self.epoch is None and not self.timeline:
-            fields = (self.participant, self._reason_field, self._incarnation_field, self._timeline_field)
-            return Request([Call(("HDEL", key, *fields))], lambda replies: Cleared(bool(replies[0]), None, ()))
         return Request(
             [script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
             lambda replies: self._cleared(replies[0], room, popped=False),

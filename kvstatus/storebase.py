@@ -10,7 +10,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union
 
 from kvstatus.arguments import (
-    DEFAULT_TOMBSTONE_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     validate_lease_ttl,
     validate_script_mode,
@@ -80,7 +79,6 @@ class StoreBase:
         near_cache: Union[bool, NearCacheOptions, NearCacheBase, None] = None,
         metrics: Optional[StoreObserver] = None,
         lease_ttl: Optional[float] = None,
-        tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS,
         shared_fate: bool = True,
         timeline: bool = False,
         address: Optional[str] = None,
@@ -114,7 +112,6 @@ class StoreBase:
             ttl=ttl,
             policy=policy,
             cluster=self.backend.cluster,
-            tombstone_ttl=tombstone_ttl,
             shared_fate=shared_fate,
             timeline=timeline,
         )

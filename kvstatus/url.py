@@ -4,8 +4,8 @@ Supported URLs (passwords are masked in every message kvstatus prints):
 
 - ``redis://[[user]:password@]host[:port][/db]``
 - ``rediss://...``  the same over TLS; query options ``ssl_ca_certs``,
-  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname`` (true/false),
-  ``ssl_cert_reqs`` (required/optional/none)
+  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname`` (true/false); the
+  server's certificate is always verified
 - ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``
 - ``redis+cluster://[[user]:password@]host:port[,host:port...]`` a Redis
   Cluster (db 0 only) on ``RedisCluster``; ``rediss+cluster://`` over TLS
@@ -47,6 +47,8 @@ BACKOFF_CAP_SECONDS = 2.0
 0.8, 1.6, then 2 s each. ``retries`` sets how many; the deadline bounds them all."""
 HEALTH_CHECK_SECONDS = 30
 """A pooled connection idle this long is checked with PING before its next command."""
+CLIENT_NAME = "kvstatus"
+"""Every connection's name (CLIENT SETNAME), what ``CLIENT LIST`` shows."""
 MAX_RETRIES = 100
 MAX_CONNECTIONS = 1_000_000
 MAX_DB = 2**31 - 1
@@ -99,12 +101,10 @@ class ConnectionOptions:
     deadline: float = 5.0
     max_connections: int = 100
     retries: int = 5
-    client_name: Optional[str] = "kvstatus"
     ssl_ca_certs: Optional[str] = None
     ssl_certfile: Optional[str] = None
     ssl_keyfile: Optional[str] = None
     ssl_check_hostname: Optional[bool] = None
-    ssl_cert_reqs: Optional[str] = None
 
     def __post_init__(self) -> None:
         # Upper bounds too: past them the socket layer or the backoff arithmetic raises OverflowError.
@@ -119,11 +119,6 @@ class ConnectionOptions:
                 raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0 and <= {MAX_SECONDS}")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= MAX_RETRIES:
             raise InvalidArgumentError(f"invalid retries {self.retries!r}: expected an int >= 0 and <= {MAX_RETRIES}")
-        if self.client_name is not None and (
-            not isinstance(self.client_name, str) or not all("!" <= c <= "~" for c in self.client_name)
-        ):
-            # Redis' own rule for CLIENT SETNAME; refused here, before a connection sends it.
-            raise InvalidArgumentError(f"invalid client_name {self.client_name!r}: use printable ASCII without spaces")
         if (
             isinstance(self.max_connections, bool)
             or not isinstance(self.max_connections, int)
@@ -131,10 +126,6 @@ class ConnectionOptions:
         ):
             raise InvalidArgumentError(
                 f"invalid max_connections {self.max_connections!r}: expected an int >= 1 and <= {MAX_CONNECTIONS}"
-            )
-        if self.ssl_cert_reqs is not None and self.ssl_cert_reqs not in _CERT_REQS:
-            raise InvalidArgumentError(
-                f"invalid ssl_cert_reqs {self.ssl_cert_reqs!r}: expected one of " + ", ".join(_CERT_REQS)
             )
 
     def tls_options(self) -> dict[str, Union[str, bool]]:
@@ -201,7 +192,6 @@ def _hint(shown: str) -> str:
 
 
 _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-_CERT_REQS = ("required", "optional", "none")
 
 
 def _field_parser(annotation: object) -> Callable[[str], object]:
@@ -220,7 +210,6 @@ def _field_parser(annotation: object) -> Callable[[str], object]:
 _OPTION_FIELDS: dict[str, Callable[[str], Any]] = {  # each its field's type (dataclasses.replace() checks them)
     name: _field_parser(annotation) for name, annotation in typing.get_type_hints(ConnectionOptions).items()
 }
-_OPTION_FIELDS["ssl_cert_reqs"] = lambda v: _CERT_REQS[_CERT_REQS.index(v.lower())]
 
 
 _QUERY_OPTIONS: dict[str, Callable[[str], object]] = {
@@ -245,10 +234,18 @@ STORE_ARGUMENTS = {
 }
 """Query options of earlier versions that are store arguments now: each with the argument that replaces it, and
 the SGLang variable and CLI option where there are some. A URL naming one is refused with them in the message."""
+_FIXED_BACKOFF = (
+    f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s); "
+    "retries and deadline size the resends"
+)
 RETIRED_OPTIONS = {
-    "backoff_base": f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s)",
-    "backoff_cap": f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s)",
+    "backoff_base": _FIXED_BACKOFF,
+    "backoff_cap": _FIXED_BACKOFF,
     "health_check_interval": f"an idle connection is checked after {HEALTH_CHECK_SECONDS} s",
+    "client_name": f"every connection is named {CLIENT_NAME!r} (CLIENT SETNAME); CLIENT LIST tells them apart by "
+    "addr and user",
+    "ssl_cert_reqs": "the server's certificate is always verified: trust a private CA with ssl_ca_certs, and set "
+    "ssl_check_hostname=false for nodes that announce IP addresses their certificate does not name",
 }
 """Connection options of earlier versions that are fixed now, each with what holds instead."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
@@ -294,8 +291,7 @@ def parse_url(url: object) -> ParsedURL:
                 )
             if name in RETIRED_OPTIONS:
                 raise InvalidURLError(
-                    f"invalid Redis URL {shown}: option {name!r} was removed: {RETIRED_OPTIONS[name]}; "
-                    "retries and deadline size the resends"
+                    f"invalid Redis URL {shown}: option {name!r} was removed: {RETIRED_OPTIONS[name]}"
                 )
             if name not in _QUERY_OPTIONS:
                 # An unencoded & ? in a password splits it into "options": name one only if the masked URL shows it.

@@ -60,14 +60,13 @@ class Check:
 
 def probe_store(client: Any, schema: KeySchema, **settings: Any) -> StatusStore:
     """A store writing as the probe participant, with the probe's short TTL; it leaves nothing behind, not
-    even a tombstone (``tombstone_ttl=0``)."""
+    even a tombstone (none is written for the probe participant)."""
     return StatusStore(
         client,
         namespace=schema.namespace,
         prefix=schema.prefix,
         participant=PROBE_PARTICIPANT,
         ttl=PROBE_TTL_SECONDS,
-        tombstone_ttl=0,
         **settings,
     )
 

@@ -19,9 +19,9 @@ tombstone note is :data:`NONE` (``("prefill-a", "(none)")``: the decode never wr
 prefill nor a decode participant (``other`` names, a cancel before any write) count in
 :attr:`Health.unpaired` only. A room id reused within the window counts once, by what it holds now.
 
-**The window is bounded by the tombstone TTL** (``tombstone_ttl`` of the stores, default 60 s): a success is
-seen only through its tombstone, so a longer window would miss successes that failures, kept by the room
-itself up to its TTL, outlive. :class:`HealthSettings` refuses ``window > tombstone_ttl``.
+**The window is bounded by the tombstone TTL** (:data:`~kvstatus.arguments.TOMBSTONE_TTL_SECONDS`, 60 s): a
+success is seen only through its tombstone, so a longer window would miss successes that failures, kept by the
+room itself up to its TTL, outlive. :class:`HealthSettings` refuses a longer window.
 
 A pair is **unhealthy** when ``failed + stuck >= threshold`` (default 1) and it has no success in the window.
 Memory: one counter per pair seen, never per room.
@@ -38,7 +38,7 @@ from typing import Any, Optional
 from kvstatus.admin.leases import Deaths, read_deaths
 from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, server_ms, without_probe
 from kvstatus.admin.send import replies, send
-from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
+from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
 from kvstatus.model import KVPoll, RoomView, Stage, Tombstone
@@ -65,20 +65,17 @@ SAMPLE = 5
 
 @dataclass(frozen=True)
 class HealthSettings:
-    """``window`` and ``older_than`` in seconds; ``window`` at most ``tombstone_ttl`` (see the module)."""
+    """``window`` and ``older_than`` in seconds; ``window`` at most the tombstone TTL (see the module)."""
 
     window: float = DEFAULT_WINDOW_SECONDS
     older_than: float = DEFAULT_OLDER_THAN_SECONDS
     threshold: int = DEFAULT_THRESHOLD
-    tombstone_ttl: float = DEFAULT_TOMBSTONE_TTL_SECONDS
 
     def __post_init__(self) -> None:
-        if not 0 < self.tombstone_ttl:
-            raise ValueError(f"invalid tombstone_ttl {self.tombstone_ttl!r}: expected seconds > 0")
-        if not 0 < self.window <= self.tombstone_ttl:
+        if not 0 < self.window <= TOMBSTONE_TTL_SECONDS:
             raise ValueError(
                 f"invalid window {self.window:g}s: expected more than 0 and at most the tombstone TTL "
-                f"({self.tombstone_ttl:g}s): successes are seen through tombstones only"
+                f"({TOMBSTONE_TTL_SECONDS:g}s): successes are seen through tombstones only"
             )
         if not 0 < self.older_than:
             raise ValueError(f"invalid older_than {self.older_than!r}: expected seconds > 0")

@@ -1,6 +1,6 @@
 """``kvstatus health``: per prefill-decode pair, what the last WINDOW served, failed and left stuck, and a verdict.
 
-Its options that set the judgement (``--window``, ``--older-than``, ``--threshold``, ``--tombstone-ttl``) are
+Its options that set the judgement (``--window``, ``--older-than``, ``--threshold``) are
 defined here once, as :data:`health_options`, and shared with ``kvstatus exporter`` (its pair gauges and
 ``/ready``); :func:`health_settings` turns them into :class:`~kvstatus.admin.health.HealthSettings`."""
 
@@ -18,7 +18,7 @@ from kvstatus.admin.health import (
     HealthSettings,
     read_health,
 )
-from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
+from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.cli.app import (
     DURATION,
     CliEnv,
@@ -89,7 +89,8 @@ window_option = click.option(
     default=DEFAULT_WINDOW_SECONDS,
     show_default=f"{DEFAULT_WINDOW_SECONDS:g}s",
     help="Count the rooms that succeeded or failed this recently: seconds, or a number with a unit (500ms, 30s, "
-    "5m, 1h); at most --tombstone-ttl, since successes are seen through tombstones only.",
+    f"5m, 1h); at most {TOMBSTONE_TTL_SECONDS:g}s, the tombstones' TTL, since successes are seen through "
+    "tombstones only.",
 )
 threshold_option = click.option(
     "--threshold",
@@ -98,16 +99,8 @@ threshold_option = click.option(
     show_default=True,
     help="A pair is UNHEALTHY when its failed + stuck rooms reach this and nothing succeeded in the window.",
 )
-tombstone_ttl_option = click.option(
-    "--tombstone-ttl",
-    type=DURATION,
-    default=DEFAULT_TOMBSTONE_TTL_SECONDS,
-    show_default=f"{DEFAULT_TOMBSTONE_TTL_SECONDS:g}s",
-    help="The tombstone_ttl your stores use: how long a cleared room's tombstone says it succeeded, the bound "
-    "of --window.",
-)
-health_options: list[Callable[[Any], Any]] = [window_option, older_than_option, threshold_option, tombstone_ttl_option]
-"""``--window``, ``--older-than``, ``--threshold``, ``--tombstone-ttl``: the judgement of ``health`` and ``exporter``."""
+health_options: list[Callable[[Any], Any]] = [window_option, older_than_option, threshold_option]
+"""``--window``, ``--older-than``, ``--threshold``: the judgement of ``health`` and ``exporter``."""
 
 
 def with_health_options(command: Any) -> Any:
@@ -117,10 +110,10 @@ def with_health_options(command: Any) -> Any:
     return command
 
 
-def health_settings(window: float, older_than: float, threshold: int, tombstone_ttl: float) -> HealthSettings:
+def health_settings(window: float, older_than: float, threshold: int) -> HealthSettings:
     """The options as :class:`HealthSettings`; a window above the tombstone TTL is a usage error (exit 2)."""
     try:
-        return HealthSettings(window, older_than, threshold, tombstone_ttl)
+        return HealthSettings(window, older_than, threshold)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--window'") from None
 
@@ -130,9 +123,7 @@ def health_settings(window: float, older_than: float, threshold: int, tombstone_
 @batch_option
 @json_option
 @pass_env
-def health(
-    env: CliEnv, window: float, older_than: float, threshold: int, tombstone_ttl: float, batch: int, as_json: bool
-) -> None:
+def health(env: CliEnv, window: float, older_than: float, threshold: int, batch: int, as_json: bool) -> None:
     """Health per prefill-decode pair: rooms succeeded, failed (by stage) and stuck, and a verdict.
 
     Participants that share rooms form pairs of a prefill and a decode
@@ -147,7 +138,7 @@ def health(
     Exits 5 when a pair is unhealthy, 0 when every pair is healthy (or there
     is none), 1 if Redis cannot be read, 2 for bad options.
     """
-    settings = health_settings(window, older_than, threshold, tombstone_ttl)
+    settings = health_settings(window, older_than, threshold)
     found = read_health(env.backend(), env.schema(), settings, batch=batch)
     if as_json:
         emit_json({**found.to_json(), "unhealthy": [pair.name for pair in found.unhealthy]})

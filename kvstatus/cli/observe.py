@@ -108,7 +108,6 @@ def exporter(
     window: float,
     older_than: float,
     threshold: int,
-    tombstone_ttl: float,
 ) -> None:
     """Serve Prometheus metrics of one or more namespaces on http://HOST:PORT/metrics (needs kvstatus[metrics]).
 
@@ -118,7 +117,7 @@ def exporter(
     trying. Stops cleanly (exit 0) on SIGTERM or Ctrl-C.
 
     Each pass also judges every prefill-decode pair as kvstatus health does
-    (--window, --older-than, --threshold, --tombstone-ttl): the
+    (--window, --older-than, --threshold): the
     kvstatus_pair_* gauges, kvstatus_unhealthy_pairs, and /ready (200 when
     every pair is healthy, else 503) on the same port.
 
@@ -129,7 +128,7 @@ def exporter(
     more pair "(other)" (with the defaults, 50 and 50: at most 522), plus the
     exporter's process metrics.
     """
-    settings = health_settings(window, older_than, threshold, tombstone_ttl)
+    settings = health_settings(window, older_than, threshold)
     try:
         from kvstatus.observe.exporter import run_exporter
     except ImportError as exc:

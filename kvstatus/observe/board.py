@@ -18,7 +18,7 @@ One page (``board.html``, no build step, no CDN) over JSON endpoints, all GET:
   the entries' timelines (``timelines``: steps relative to the room's first step, Redis' ``now_ms``)
 - ``/api/stuck?older_than=&cursor=&limit=``  one page of stuck rooms (:func:`kvstatus.stuck.stuck` at
   Redis' ``TIME``: holder, status, seconds), within the same budget as ``/api/rooms``
-- ``/api/pairs?window=&older_than=&threshold=&tombstone_ttl=&cursor=``  one page of the health pass per
+- ``/api/pairs?window=&older_than=&threshold=&cursor=``  one page of the health pass per
   prefill-decode pair (:func:`kvstatus.observe.boardpages.pairs_page`), within the same budget (the board's page sums the pages of a walk and judges the sums)
 - ``/api/changes?after=SEQ``  rooms that changed between passes (the change
   detection of ``kvstatus watch``), newest last

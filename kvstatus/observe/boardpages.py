@@ -37,7 +37,7 @@ from kvstatus.admin.health import (
 from kvstatus.admin.leases import Deaths
 from kvstatus.admin.scan import read_rooms, server_ms
 from kvstatus.admin.send import nodes_of, scan_step
-from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
+from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.fate import read_names
 from kvstatus.keys import KeySchema
@@ -212,8 +212,8 @@ def _seconds(name: str, text: Optional[str], default: float) -> float:
 
 
 def parse_health_settings(query: Any) -> HealthSettings:
-    """:class:`HealthSettings` from the query parameters ``window``, ``older_than``, ``tombstone_ttl`` (seconds)
-    and ``threshold``; each defaults as ``kvstatus health`` does. Bad values raise InvalidArgumentError (a 400)."""
+    """:class:`HealthSettings` from the query parameters ``window`` and ``older_than`` (seconds, ``window`` at most
+    the tombstone TTL) and ``threshold``; each defaults as ``kvstatus health`` does. Bad values raise InvalidArgumentError (a 400)."""
     threshold_text = query.get("threshold") or str(DEFAULT_THRESHOLD)
     if not threshold_text.isdigit() or not 1 <= int(threshold_text) <= MAX_THRESHOLD:
         raise InvalidArgumentError(f"invalid threshold {threshold_text!r}: expected an integer 1..{MAX_THRESHOLD}")
@@ -222,7 +222,6 @@ def parse_health_settings(query: Any) -> HealthSettings:
             window=_seconds("window", query.get("window"), DEFAULT_WINDOW_SECONDS),
             older_than=_seconds("older_than", query.get("older_than"), DEFAULT_OLDER_THAN_SECONDS),
             threshold=int(threshold_text),
-            tombstone_ttl=_seconds("tombstone_ttl", query.get("tombstone_ttl"), DEFAULT_TOMBSTONE_TTL_SECONDS),
         )
     except ValueError as exc:  # window above the tombstone TTL
         raise InvalidArgumentError(str(exc)) from None
@@ -268,7 +267,7 @@ def pairs_page(
     return {
         **document,
         "now_ms": now_ms,
-        "tombstone_ttl_seconds": settings.tombstone_ttl,
+        "tombstone_ttl_seconds": TOMBSTONE_TTL_SECONDS,
         "complete": complete,
         "unhealthy": [pair.name for pair in health.unhealthy] if complete else None,
         "scanned": scanned,

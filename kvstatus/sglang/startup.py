@@ -185,7 +185,6 @@ def check_store(store: Any) -> None:
             prefix=store.prefix,
             participant=PROBE_PARTICIPANT,
             ttl=PROBE_TTL_SECONDS,
-            tombstone_ttl=0,
             scripts=store.scripts,
         )
         probe.update_status(PROBE_ROOM, KVPoll.Bootstrapping)

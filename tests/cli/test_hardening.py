@@ -264,7 +264,7 @@ def test_ls_limit_counts_printed_rows(connect_fake, store, as_json: bool) -> Non
 
 def _url_value(name: str) -> str:
     """A valid value other than the default where one is easy to pick."""
-    special = {"ssl_check_hostname": "false", "ssl_cert_reqs": "required", "client_name": "worker-1"}
+    special = {"ssl_check_hostname": "false"}
     default = getattr(ConnectionOptions(), name)
     return special.get(name, "/x.pem" if default is None else str(default * 2))
 
@@ -310,12 +310,22 @@ def test_a_store_setting_in_the_url_is_a_usage_error_naming_what_replaces_it(que
     assert argument in done.output and SECRET not in done.output and "Traceback" not in done.output
 
 
-@pytest.mark.parametrize("option", ["backoff_base=0.01", "backoff_cap=2", "health_check_interval=30"])
-def test_a_removed_connection_option_says_it_was_removed(option: str) -> None:
-    with pytest.raises(
-        InvalidURLError, match=f"option '{option.partition('=')[0]}' was removed: .*retries and deadline"
-    ):
-        options_for(f"redis://127.0.0.1:1/0?{option}")
+@pytest.mark.parametrize(
+    "option, instead",
+    [
+        ("backoff_base=0.01", "retries and deadline size the resends"),
+        ("backoff_cap=2", "retries and deadline size the resends"),
+        ("health_check_interval=30", "checked after 30 s"),
+        ("client_name=worker-1", "every connection is named 'kvstatus'"),
+        ("ssl_cert_reqs=none", "always verified: trust a private CA with ssl_ca_certs"),
+    ],
+)
+def test_a_removed_connection_option_says_it_was_removed(option: str, instead: str) -> None:
+    with pytest.raises(InvalidURLError, match=f"option '{option.partition('=')[0]}' was removed: .*{instead}"):
+        options_for(f"rediss://127.0.0.1:1/0?{option}")
+    done = invoke(connect, "--url", f"rediss://u:{SECRET}@127.0.0.1:1/0?{option}", "--namespace", NS, "get", "5")
+    assert done.exit_code == 2 and "was removed" in done.output and instead in done.output, done.output
+    assert SECRET not in done.output and "Traceback" not in done.output
 
 
 def test_a_bad_scripts_choice_is_a_usage_error() -> None:

@@ -78,7 +78,8 @@ def test_threshold_older_than_and_window_change_the_verdict(pd: Any) -> None:
     relaxed = health(pd, "--threshold", "2", "--older-than", "2m", "--json")
     assert relaxed.exit_code == 5  # c-d: 2 failures still; e's room is no longer stuck at 2 minutes
     assert json.loads(relaxed.output)["unhealthy"] == ["prefill-c,decode-d"]
-    assert health(pd, "--window", "2m", "--tombstone-ttl", "5m", "--json").exit_code == 5
+    narrow = health(pd, "--window", "30s")
+    assert narrow.exit_code == 5 and "nothing succeeded in the last 30s" in narrow.output, narrow.output
 
 
 def test_no_pairs_is_healthy() -> None:
@@ -100,7 +101,7 @@ def test_no_pairs_is_healthy() -> None:
         (["--older-than", "0s"], "invalid duration '0s'"),
         (["--threshold", "0"], "'--threshold'"),
         (["--threshold", "many"], "'--threshold'"),
-        (["--tombstone-ttl", "x"], "invalid duration 'x'"),
+        (["--tombstone-ttl", "5m"], "No such option '--tombstone-ttl'"),
         (["--batch", "0"], "'--batch'"),
         (["--bogus"], "No such option"),
     ],
@@ -115,7 +116,7 @@ def test_help_states_the_exit_codes() -> None:
     text = " ".join(result.output.split())
     assert result.exit_code == 0
     assert "Exits 5 when a pair is unhealthy, 0 when every pair is healthy (or there is none)" in text
-    for option in ("--window", "--older-than", "--threshold", "--tombstone-ttl", "--json"):
+    for option in ("--window", "--older-than", "--threshold", "--json"):
         assert option in text
     assert "5 health found an unhealthy" in " ".join(invoke(lambda url: None, "--help").output.split())
 

@@ -211,8 +211,7 @@ def test_outcome_of_a_valid_reason_is_unchanged() -> None:
     [
         "redis://u:pa\udcffss@localhost:6379/0",  # undecodable bytes in argv or the environment
         "redis://u:pa%FFss@localhost:6379/0",  # percent-encoded bytes that are no UTF-8
-        "redis://localhost:6379/0?client_name=a\udcffb",
-        "redis://localhost:6379/0?client_name=two%20words",  # Redis refuses it only at CLIENT SETNAME
+        "rediss://localhost:6379/0?ssl_ca_certs=/etc/a\udcffb.pem",
         "redis+sentinel://localhost:26379/svc%FF",
     ],
 )
@@ -223,15 +222,6 @@ def test_a_url_string_that_redis_cannot_be_sent_is_refused_when_parsed(url: str)
         parse_url(url)
     assert "ss@" not in str(info.value)  # the password stays masked
     str(info.value).encode("utf-8")  # printable
-
-
-def test_a_client_name_redis_would_refuse_is_refused_by_the_options() -> None:
-    from kvstatus.url import ConnectionOptions
-
-    for name in ("two words", "tab\tname", "naïve", "new\nline"):
-        with pytest.raises(InvalidArgumentError, match="client_name"):
-            ConnectionOptions(client_name=name)
-    assert ConnectionOptions(client_name="prefill-0@node:7").client_name == "prefill-0@node:7"
 
 
 def test_cli_refuses_a_url_with_bytes_that_are_no_utf8_with_exit_2() -> None:

@@ -25,7 +25,7 @@ from kvstatus import (
 )
 from kvstatus.admin import sweep as sweep_module
 from kvstatus.admin.sweep import sweep
-from kvstatus.arguments import DEFAULT_TOMBSTONE_TTL_SECONDS
+from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.keys import KeySchema
 from kvstatus.model import Policy
 from kvstatus.requests import Request, script_call
@@ -111,7 +111,7 @@ def test_an_old_incarnation_cannot_write_again_a_room_the_new_one_cleared(backen
         old.update_status(9, W)
     assert new.get(9) is None and not new.room(9).exists and new.room(9).cleared
     key = f"kvstatus:{backend.namespace}:{{9}}"
-    assert 0 < backend.raw.pttl(key) <= DEFAULT_TOMBSTONE_TTL_SECONDS * 1000  # the fence lasts as the tombstone
+    assert 0 < backend.raw.pttl(key) <= TOMBSTONE_TTL_SECONDS * 1000  # the fence lasts as the tombstone
     assert new.update_status(9, B).outcome is Outcome.CREATED  # the room id serves a second lifecycle (PR#39357)
 
 

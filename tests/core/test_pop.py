@@ -24,13 +24,6 @@ def test_pop_answers_what_it_removed_and_leaves_a_tombstone(backend: RedisUnderT
     assert store.pop(2) is None  # never written
 
 
-def test_pop_without_tombstones_is_the_same_one_call(backend: RedisUnderTest) -> None:
-    store = backend.store(participant="p", tombstone_ttl=0)
-    store.update_status(3, KVPoll.Success)
-    assert store.pop(3) is KVPoll.Success
-    assert store.room(3).tombstone is None
-
-
 def test_pop_of_a_corrupted_entry_removes_it_and_says_what_it_held(backend: RedisUnderTest) -> None:
     store = backend.store(participant="p")
     backend.raw.hset(store.schema.room_key(4), "p", "garbage")

@@ -233,7 +233,7 @@ def test_an_entry_past_its_capped_timeline_is_judged_by_its_status(sync_backend:
     assert view.participants["prefill-0"].status is W and steps[-1].status is not W
     later = steps[-1].at_ms + 3_600_000
     assert stuck(view, later, older_than=30) is None
-    assert classify(view, later, HealthSettings(window=60, tombstone_ttl=60, older_than=30)) == ("open", None)
+    assert classify(view, later, HealthSettings(window=60, older_than=30)) == ("open", None)
     in_step = sync_backend.store(participant="prefill-1", timeline=True)
     in_step.update_status(13, W)
     assert stuck(in_step.room(13), later, older_than=30) is not None  # a timeline in step still judges

@@ -23,7 +23,6 @@ SSL_OPTIONS = [
     "ssl_certfile=/c.pem",
     "ssl_keyfile=/k.pem",
     "ssl_check_hostname=false",
-    "ssl_cert_reqs=none",
 ]
 
 

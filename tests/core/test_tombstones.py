@@ -8,6 +8,7 @@ import pytest
 
 from kvstatus import KVPoll, Outcome
 from kvstatus.admin.scan import iter_rooms
+from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.keys import KeySchema
 from tests.helpers.backends import RedisUnderTest
 
@@ -67,8 +68,11 @@ def test_only_the_participant_that_cleared_gets_a_late_note(backend: RedisUnderT
     assert set(view.tombstone.cleared) == {"prefill-0"} and view.tombstone.cleared["prefill-0"].late_failed_at
 
 
-def test_tombstones_expire_with_their_own_ttl(backend: RedisUnderTest) -> None:
-    store = backend.store(participant="p", tombstone_ttl=0.3)
+def test_a_tombstone_lives_60_s_and_never_longer_than_the_store_ttl(backend: RedisUnderTest) -> None:
+    backend.store(participant="q").update_status(5, B)
+    backend.store(participant="q").clear(5)
+    assert 30_000 < backend.raw.pttl(_tomb(backend, 5)) <= TOMBSTONE_TTL_SECONDS * 1000 == 60_000
+    store = backend.store(participant="p", ttl=0.3)
     store.update_status(4, B)
     store.clear(4)
     assert 0 < backend.raw.pttl(_tomb(backend, 4)) <= 300
@@ -76,15 +80,7 @@ def test_tombstones_expire_with_their_own_ttl(backend: RedisUnderTest) -> None:
     view = store.room(4)
     assert view.tombstone is None and not view.cleared and not view.exists
     assert store.update_status(4, F).outcome is Outcome.IGNORED_MISSING
-    assert backend.keys() == []
-
-
-def test_tombstones_can_be_turned_off(backend: RedisUnderTest) -> None:
-    store = backend.store(participant="p", tombstone_ttl=0)
-    store.update_status(4, B)
-    assert store.clear(4) is True and store.clear(4) is False
-    assert store.update_status(4, F).outcome is Outcome.IGNORED_MISSING
-    assert store.room(4).tombstone is None and backend.keys() == []
+    assert backend.keys() == [_tomb(backend, 5)]
 
 
 def test_scans_never_take_a_tombstone_or_a_lease_for_a_room(backend: RedisUnderTest) -> None:

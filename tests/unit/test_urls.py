@@ -45,7 +45,7 @@ def test_parse_unix_url() -> None:
         ("redis://h/abc", "database is not a number"),
         ("redis://h?colour=red", "unknown option 'colour'"),
         ("redis://h?socket_timeout=soon", "bad value for option 'socket_timeout'"),
-        ("rediss://h?ssl_cert_reqs=maybe", "bad value for option 'ssl_cert_reqs'"),
+        ("rediss://h?ssl_check_hostname=maybe", "bad value for option 'ssl_check_hostname'"),
         ("unix://", "needs a socket path"),
         ("", "expected a string"),
         ("redis://a:1,b:2", "takes one host"),
@@ -138,17 +138,13 @@ def test_every_password_is_masked() -> None:
 
 
 def test_tls_options_pass_through() -> None:
-    parsed = parse_url(
-        "rediss+cluster://a:1?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k"
-        "&ssl_check_hostname=false&ssl_cert_reqs=optional"
-    )
+    parsed = parse_url("rediss+cluster://a:1?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k&ssl_check_hostname=false")
     assert _ssl_kwargs(parsed.query, ConnectionOptions()) == {
         "ssl": True,
         "ssl_ca_certs": "/ca",
         "ssl_certfile": "/c",
         "ssl_keyfile": "/k",
         "ssl_check_hostname": False,
-        "ssl_cert_reqs": "optional",
     }
 
 

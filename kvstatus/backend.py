@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar, Union, cast
 
-from kvstatus.concurrency import AsyncGate, Gate
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+from kvstatus.concurrency import AsyncGate, AsyncLock, Gate, Lock
 from kvstatus.connection import is_cluster_client
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.url import ConnectionOptions
@@ -30,7 +35,14 @@ from kvstatus.url import ConnectionOptions
 if TYPE_CHECKING:
     from kvstatus.keywatch import WatchHub
 
+Client = Union[redis.Redis, RedisCluster]
+"""A blocking redis-py client: a server's (Sentinel's ``master_for`` and fakeredis' ``FakeRedis`` are ones too) or a
+cluster's. :data:`AsyncClient` is its asyncio twin (tools/unasync.py maps the names), :data:`RedisClient` either."""
+AsyncClient = Union[redis.asyncio.Redis, AsyncRedisCluster]
+RedisClient = Union[Client, AsyncClient]
+
 G = TypeVar("G", Gate, AsyncGate)
+L = TypeVar("L", Lock, AsyncLock)
 T = TypeVar("T")
 
 
@@ -43,14 +55,15 @@ class WatchPool:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
-        self._opening: Any = None
+        self._opening: Union[Lock, AsyncLock, None] = None
 
-    def opening(self, make: Callable[[], Any]) -> Any:
-        """The lock one opener holds while it connects a hub (``make()``: a new one, made once)."""
+    def opening(self, make: Callable[[], L]) -> L:
+        """The lock one opener holds while it connects a hub (``make()``: a new one, made once; every opener of a
+        pool passes the same kind, the one of its store)."""
         with self._lock:
             if self._opening is None:
                 self._opening = make()
-            return self._opening
+            return cast(L, self._opening)
 
     def hub(self, node: str) -> Optional[WatchHub]:
         """The live hub of ``node``, if any (a broken one is forgotten)."""
@@ -83,7 +96,7 @@ class Backend:
     """A redis-py ``client`` (sync or asyncio; standalone, cluster or Sentinel), the :class:`ConnectionOptions`
     it was built with (None: the defaults), and what the stores on it share (see the module)."""
 
-    def __init__(self, client: Any, options: Optional[ConnectionOptions] = None) -> None:
+    def __init__(self, client: RedisClient, options: Optional[ConnectionOptions] = None) -> None:
         if isinstance(client, Backend):
             raise InvalidArgumentError("Backend(client): got a Backend, which a store takes as it is")
         self.client = client

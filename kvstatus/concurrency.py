@@ -11,10 +11,11 @@ import asyncio
 import collections
 import math
 import select
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Mapping
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Callable, Optional, Protocol, TypeVar
 
 import redis.asyncio.connection
 import redis.connection
@@ -25,6 +26,11 @@ Lock = threading.Lock
 
 async_sleep = asyncio.sleep
 sleep = time.sleep
+
+AsyncRedisConnection = redis.asyncio.connection.AbstractConnection
+RedisConnection = redis.connection.AbstractConnection
+"""A redis-py connection, asyncio or blocking (a presence holds its subscription on one, outside its client's
+pool)."""
 
 BROKEN = (rx.ConnectionError, rx.TimeoutError, OSError, EOFError)
 """What a broken connection raises, sync or async."""
@@ -52,6 +58,14 @@ class _SyncConnection(Protocol):
     """A redis-py sync connection, for the one (unannotated) method used here."""
 
     def disconnect(self) -> object: ...
+
+
+class _Connected(Protocol):
+    """A connected redis-py sync connection: its socket (redis-py types ``_sock`` as None, its value before
+    ``connect()``)."""
+
+    @property
+    def _sock(self) -> socket.socket: ...
 
 
 class _KeyRouter(Protocol):
@@ -228,17 +242,17 @@ def readable(source: _Reader, seconds: float) -> bool:
     return bool(poller.poll(math.ceil(max(seconds, 0.0) * 1000)))
 
 
-async def async_pending(connection: redis.asyncio.connection.AbstractConnection) -> bool:
+async def async_pending(connection: AsyncRedisConnection) -> bool:
     """Whether a connected redis.asyncio connection has a reply or a push to read now (raises once it closed)."""
     check = getattr(connection, "can_read", None) or connection.can_read_destructive  # redis-py < 8
     return bool(await check())
 
 
-def pending(connection: redis.connection.AbstractConnection) -> bool:
+def pending(connection: RedisConnection) -> bool:
     return bool(connection.can_read(timeout=0))
 
 
-def async_close_link(connection: redis.asyncio.connection.AbstractConnection) -> None:
+def async_close_link(connection: AsyncRedisConnection) -> None:
     """Close an asyncio connection without awaiting (from the synchronous read path of the near cache)."""
     writer = getattr(connection, "_writer", None)
     if writer is not None:
@@ -262,7 +276,7 @@ def async_data_fd(connection: object) -> Optional[int]:
     return None
 
 
-def data_fd(connection: Any) -> Optional[int]:  # redis-py types its connections' _sock as None
+def data_fd(connection: _Connected) -> Optional[int]:
     return int(connection._sock.fileno())
 
 

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Awaitable
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
 
 import redis
 import redis.asyncio
@@ -272,11 +272,11 @@ class WaitingPool:
         self._waiting = 0
         super().__init__(*args, **kwargs)
 
-    def get_connection(
-        self, *args: object, **kwargs: object
-    ) -> Any:  # the pool's connection (a mixin's super() is untyped)
+    def get_connection(self, *args: object, **kwargs: object) -> redis.connection.Connection:
+        connection: redis.connection.Connection  # what the pool's get_connection returns (a mixin's super() is untyped)
         try:
-            return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            connection = super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            return connection
         except redis.exceptions.MaxConnectionsError:
             pass
         started = _monotonic()
@@ -291,7 +291,8 @@ class WaitingPool:
                 finally:
                     self._waiting -= 1
             try:
-                return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+                connection = super().get_connection(*args, **kwargs)  # type: ignore[misc]
+                return connection
             except redis.exceptions.MaxConnectionsError:
                 if end is not None and _monotonic() >= end:
                     raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
@@ -311,11 +312,11 @@ class AsyncWaitingPool:
         self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         super().__init__(*args, **kwargs)
 
-    async def get_connection(
-        self, *args: object, **kwargs: object
-    ) -> Any:  # the pool's connection (a mixin's super() is untyped)
+    async def get_connection(self, *args: object, **kwargs: object) -> redis.asyncio.connection.AbstractConnection:
+        connection: redis.asyncio.connection.AbstractConnection  # the pool's (a mixin's super() is untyped)
         try:
-            return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            return connection
         except redis.exceptions.MaxConnectionsError:
             pass
         started = _monotonic()
@@ -335,7 +336,8 @@ class AsyncWaitingPool:
                 if turn in self._waiters:
                     self._waiters.remove(turn)
             try:
-                return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+                connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+                return connection
             except redis.exceptions.MaxConnectionsError:
                 if end is not None and _monotonic() >= end:
                     raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]

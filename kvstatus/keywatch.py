@@ -22,11 +22,20 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import hiredis
+import redis
 
 from kvstatus.invalidation import InvalidationSocket, LinkLost
+
+
+class _Commands(Protocol):
+    """A blocking redis-py connection, for the two methods used here (``send_command`` is unannotated)."""
+
+    def send_command(self, *args: str) -> None: ...
+
+    def read_response(self) -> object: ...
 
 
 class WatchRefused(LinkLost):
@@ -64,7 +73,7 @@ class WatchHub(InvalidationSocket):
     ``broken`` says why the connection failed (every ticket was woken; the hub takes no more arms).
     """
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: redis.Connection) -> None:
         super().__init__(connection)
         self.lock = threading.Lock()
         self.tickets: dict[bytes, set[Ticket]] = {}
@@ -72,7 +81,7 @@ class WatchHub(InvalidationSocket):
         self.broken = ""
         self.on_close: Optional[Callable[[], None]] = None  # stops whoever reads the hub
 
-    def setup(self, conn: Any) -> None:
+    def setup(self, conn: _Commands) -> None:
         """``CLIENT TRACKING ON`` through redis-py, blocking: an ACL refusal raises ``NoPermissionError``."""
         conn.send_command("CLIENT", "TRACKING", "ON")
         reply = conn.read_response()

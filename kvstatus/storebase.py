@@ -14,7 +14,7 @@ from kvstatus.arguments import (
     validate_lease_ttl,
     validate_script_mode,
 )
-from kvstatus.backend import Backend
+from kvstatus.backend import Backend, RedisClient
 from kvstatus.cachestate import (
     Freshness,
     NearCacheBase,
@@ -58,7 +58,7 @@ class _Keeper(Protocol):
 class StoreBase:
     """Attributes common to :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore`."""
 
-    _connect: ClassVar[Callable[..., object]]  # connect or connect_async: a redis-py client
+    _connect: ClassVar[Callable[..., RedisClient]]  # connect or connect_async
     _sender_class: ClassVar[Callable[..., _Sender]]
     _gate_class: ClassVar[Union[type[Gate], type[AsyncGate]]]
     _near_class: ClassVar[Callable[..., NearCacheBase]]
@@ -67,7 +67,7 @@ class StoreBase:
 
     def __init__(
         self,
-        client: Any,
+        client: Union[RedisClient, Backend],
         *,
         namespace: str,
         participant: Optional[str] = None,

@@ -1,7 +1,7 @@
 """``wait_for``: wake up when a participant's entry reaches one of some statuses, told by Redis.
 
 The waiter watches the room key through CLIENT TRACKING (:mod:`kvstatus.keywatch`): Redis tells it when
-the room changes, and it re-reads the entry. The writers pay nothing for it (no publish). Any change to the
+the room changes, and it re-reads the entry. The writers pay nothing for it (no publish). Every change to the
 room wakes the waiter, a peer's Failed or a cancel included: with shared fate (:mod:`kvstatus.fate`) its
 read then answers Failed.
 

@@ -5,15 +5,24 @@ Every renewal and every look goes through the store's send path (its deadline, e
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Optional
+from typing import Optional, Protocol, TypeVar
 
 from kvstatus._async.presence import AsyncPresence
 from kvstatus.concurrency import AsyncBackground, AsyncLock
 from kvstatus.errors import PermissionDeniedError
 from kvstatus.leasestate import LeaseCore, log
 from kvstatus.peerwatch import PeerWatch, WatchPlan
+from kvstatus.requests import Request
 from kvstatus.watchsteps import act
+
+T = TypeVar("T")
+
+
+class AsyncSend(Protocol):
+    """The store's send (:meth:`kvstatus._async.sender.AsyncSender.send`): ``request`` sent as the method
+    ``operation``, its decoded reply returned."""
+
+    async def __call__(self, request: Request[T], operation: str) -> T: ...
 
 
 class AsyncLeaseKeeper:
@@ -24,7 +33,7 @@ class AsyncLeaseKeeper:
     def __init__(
         self,
         core: LeaseCore,
-        send: Callable[..., Awaitable[Any]],
+        send: AsyncSend,
         watch: Optional[PeerWatch] = None,
         presence: Optional[AsyncPresence] = None,
     ) -> None:

@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from redis import exceptions as rx
 
@@ -45,13 +45,27 @@ from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.invalidation import InvalidationSocket, LinkLost, Links, LinkState, peer_of, sync_twin, tracking_command
 from kvstatus.keys import KeySchema, validate_room
 from kvstatus.model import KVPoll, RoomView
-from kvstatus.replies import ReplyOrError
-from kvstatus.requests import Call, Request
+from kvstatus.replies import Reply, ReplyOrError
+from kvstatus.requests import Arg, Call, Request
 from kvstatus.translate import connection_refused
+
+if TYPE_CHECKING:
+    from kvstatus.backend import AsyncClient
 
 log = logging.getLogger("kvstatus.nearcache")
 MARKER_TTL_MS = 86_400_000
 """The database marker's TTL: it is made again when it expires (one emptied cache a day at most)."""
+
+
+class AsyncLinkConnection(Protocol):
+    """A link's data connection (a redis-py connection, kept out of its client's pool), for what the cache sends
+    on it: commands packed and pipelined, then their replies read one by one."""
+
+    def pack_commands(self, commands: Iterable[Iterable[Arg]]) -> list[bytes]: ...
+
+    async def send_packed_command(self, command: list[bytes], check_health: bool = True) -> None: ...
+
+    async def read_response(self, *, disconnect_on_error: bool = True) -> Reply: ...
 
 
 class AsyncNearCache(NearCacheBase):
@@ -62,7 +76,7 @@ class AsyncNearCache(NearCacheBase):
     ``invalidate(rooms)`` drops rooms this process wrote; ``close()`` closes the links.
     """
 
-    def __init__(self, client: Any, schema: KeySchema, options: NearCacheOptions, sender: AsyncSender) -> None:
+    def __init__(self, client: AsyncClient, schema: KeySchema, options: NearCacheOptions, sender: AsyncSender) -> None:
         self.topology = Topology(client)
         self.state = CacheState(schema, options)
         self.links = Links(self.state, _close_link)
@@ -261,7 +275,7 @@ class AsyncNearCache(NearCacheBase):
             self.links.add_link(LinkState(name, inval, data, async_data_fd(data), time.monotonic()))
 
     @staticmethod
-    async def _mark_database(data: Any, key: str) -> Optional[bytes]:
+    async def _mark_database(data: AsyncLinkConnection, key: str) -> Optional[bytes]:
         """The database's marker id, created if missing (a random id, one day's TTL); None when this user may
         not write it (a read-only user: SWAPDB then goes unnoticed, see the near cache's docs)."""
         token = secrets.token_hex(8)
@@ -271,7 +285,7 @@ class AsyncNearCache(NearCacheBase):
             ),
             check_health=False,
         )
-        replies = []
+        replies: list[ReplyOrError] = []
         for _ in range(3):
             try:
                 replies.append(await data.read_response())
@@ -337,12 +351,13 @@ class AsyncNearCache(NearCacheBase):
         self.closed = True
 
 
-def _data_of(links: dict[str, LinkState], name: str) -> Any:
+def _data_of(links: dict[str, LinkState], name: str) -> AsyncLinkConnection:
     """The data connection of link ``name``; :class:`LinkLost` when it was dropped meanwhile."""
     link = links.get(name)
     if link is None:
         raise LinkLost(f"the near cache's link to {name or 'the server'} was dropped")
-    return link.data
+    data: AsyncLinkConnection = link.data
+    return data
 
 
 class AsyncLinkTransport:

@@ -212,7 +212,7 @@ class AsyncSender:
         except REDIS_ERRORS as exc:
             return [exc] * len(calls)
 
-    def _routed(self, call: Call) -> dict[str, Any]:
+    def _routed(self, call: Call) -> dict[str, object]:
         """redis-py's keyword arguments sending ``call`` to the node of its ``route`` (a cluster only)."""
         if call.route is None or not self.cluster:
             return {}

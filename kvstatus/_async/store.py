@@ -14,6 +14,7 @@ from kvstatus._async.nearcache import AsyncNearCache
 from kvstatus._async.presence import AsyncPresence
 from kvstatus._async.sender import AsyncSender
 from kvstatus._async.waiting import async_wait_for
+from kvstatus.backend import AsyncClient
 from kvstatus.concurrency import AsyncGate
 from kvstatus.connection import connect_async
 from kvstatus.consensus import consensus_calls
@@ -44,6 +45,7 @@ class AsyncStatusStore(StoreBase):
     _near_class = AsyncNearCache
     _keeper_class = AsyncLeaseKeeper
     _presence_class = AsyncPresence
+    client: AsyncClient
     _sender: AsyncSender
     _near: Optional[AsyncNearCache]
     _keeper: Optional[AsyncLeaseKeeper]

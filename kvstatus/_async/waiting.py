@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Optional
+from typing import Optional
 
 from redis import exceptions as rx
 
-from kvstatus.backend import WatchPool
+from kvstatus.backend import AsyncClient, WatchPool
 from kvstatus.concurrency import (
     BROKEN,
     AsyncLock,
@@ -52,7 +52,7 @@ class AsyncRoomWatch:
     ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
     """
 
-    def __init__(self, client: Any, pool: WatchPool, key: str) -> None:
+    def __init__(self, client: AsyncClient, pool: WatchPool, key: str) -> None:
         self.client = client
         self.key = key
         self.pool = pool
@@ -164,7 +164,7 @@ class AsyncRoomWatch:
 
 
 async def async_wait_for(
-    client: Any,
+    client: AsyncClient,
     pool: WatchPool,
     key: str,
     participant: str,

@@ -6,15 +6,24 @@ Every renewal and every look goes through the store's send path (its deadline, e
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional, Protocol, TypeVar
 
 from kvstatus._sync.presence import Presence
 from kvstatus.concurrency import Background, Lock
 from kvstatus.errors import PermissionDeniedError
 from kvstatus.leasestate import LeaseCore, log
 from kvstatus.peerwatch import PeerWatch, WatchPlan
+from kvstatus.requests import Request
 from kvstatus.watchsteps import act
+
+T = TypeVar("T")
+
+
+class Send(Protocol):
+    """The store's send (:meth:`kvstatus._sync.sender.Sender.send`): ``request`` sent as the method
+    ``operation``, its decoded reply returned."""
+
+    def __call__(self, request: Request[T], operation: str) -> T: ...
 
 
 class LeaseKeeper:
@@ -25,7 +34,7 @@ class LeaseKeeper:
     def __init__(
         self,
         core: LeaseCore,
-        send: Callable[..., Any],
+        send: Send,
         watch: Optional[PeerWatch] = None,
         presence: Optional[Presence] = None,
     ) -> None:

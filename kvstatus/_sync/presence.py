@@ -12,14 +12,17 @@ never publishes, and nothing is expected on the channel: a tenant recipe grants 
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from redis import exceptions as rx
 
-from kvstatus.concurrency import close_link, pending
+from kvstatus.concurrency import RedisConnection, close_link, pending
 from kvstatus.connection import Topology
 from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.leasestate import log
+
+if TYPE_CHECKING:
+    from kvstatus.backend import Client
 
 RETRY_SECONDS = 0.2
 """Seconds between two tries to subscribe again while the server cannot be reached."""
@@ -36,14 +39,14 @@ class Presence:
     holder's current one (a new one may be on another server). ``refused`` is the server's or the ACL's
     refusal (then no presence: peers judge this participant by its lease alone)."""
 
-    def __init__(self, client: Any, channel: str, *, cluster: bool, deadline: float) -> None:
+    def __init__(self, client: Client, channel: str, *, cluster: bool, deadline: float) -> None:
         self.topology = Topology(client)
         self.channel = channel
         self.command = "SSUBSCRIBE" if cluster else "SUBSCRIBE"
         self.deadline = deadline
         self.generation = 0
         self.refused: Optional[str] = None
-        self._conn: Any = None
+        self._conn: Optional[RedisConnection] = None
         self._retry_at = -float("inf")
         self._stopped = True
 
@@ -81,7 +84,7 @@ class Presence:
     def _subscribe(self) -> None:
         self._retry_at = time.monotonic() + RETRY_SECONDS
         token = enter_deadline(min(self.deadline, SUBSCRIBE_SECONDS))
-        conn: Any = None
+        conn: Optional[RedisConnection] = None
         try:
             conn = self.topology.new_data_connection(self.topology.node_name(self.channel))
             conn.connect()

@@ -213,7 +213,7 @@ class Sender:
         except REDIS_ERRORS as exc:
             return [exc] * len(calls)
 
-    def _routed(self, call: Call) -> dict[str, Any]:
+    def _routed(self, call: Call) -> dict[str, object]:
         """redis-py's keyword arguments sending ``call`` to the node of its ``route`` (a cluster only)."""
         if call.route is None or not self.cluster:
             return {}

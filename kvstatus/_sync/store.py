@@ -15,6 +15,7 @@ from kvstatus._sync.nearcache import NearCache
 from kvstatus._sync.presence import Presence
 from kvstatus._sync.sender import Sender
 from kvstatus._sync.waiting import wait_for
+from kvstatus.backend import Client
 from kvstatus.concurrency import Gate
 from kvstatus.connection import connect
 from kvstatus.consensus import consensus_calls
@@ -45,6 +46,7 @@ class StatusStore(StoreBase):
     _near_class = NearCache
     _keeper_class = LeaseKeeper
     _presence_class = Presence
+    client: Client
     _sender: Sender
     _near: Optional[NearCache]
     _keeper: Optional[LeaseKeeper]

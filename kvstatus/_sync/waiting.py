@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Optional
+from typing import Optional
 
 from redis import exceptions as rx
 
-from kvstatus.backend import WatchPool
+from kvstatus.backend import Client, WatchPool
 from kvstatus.concurrency import (
     BROKEN,
     Lock,
@@ -53,7 +53,7 @@ class RoomWatch:
     ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
     """
 
-    def __init__(self, client: Any, pool: WatchPool, key: str) -> None:
+    def __init__(self, client: Client, pool: WatchPool, key: str) -> None:
         self.client = client
         self.key = key
         self.pool = pool
@@ -165,7 +165,7 @@ class RoomWatch:
 
 
 def wait_for(
-    client: Any,
+    client: Client,
     pool: WatchPool,
     key: str,
     participant: str,

@@ -4,11 +4,12 @@
    does it (``room in request_status``, then ``check_status``), with
    upstream's own methods on its dict (the floor), through the SGLang plugin's
    defaults (the near cache: no round trip while the rooms do not change), and
-   with the near cache off (memo on: one round trip a poll; memo off: two).
+   with the near cache off (two round trips a poll: ``in``, then ``check_status``).
 2. PP rank 0's consensus read of 256 rooms (``check_status_pp_consensus``,
    4 ranks): kvstatus at the plugin's defaults and with the near cache off
-   (one round trip a room), against the real ``PPConsensusStore``. That needs sglang: run in a Python that
-   has it, or let this script call the cached ``./dev test-sglang`` venv.
+   (one round trip a room; its poll, two), against the real ``PPConsensusStore``.
+   That needs sglang: run in a Python that has it, or let this script call the
+   cached ``./dev test-sglang`` venv.
 
 Every variant runs in interleaved rounds on one embedded redis-server
 (persistence off); the table shows medians over rounds. Markdown on stdout.
@@ -81,18 +82,15 @@ def poll_benchmark(url: str, iterations: int, rounds: int) -> list[list[str]]:
     upstream = seeded(make_manager(), rooms)
     plugin = make_manager()
     install_from_env(plugin, {ENV_URL: url, ENV_NAMESPACE: "bench-sgl-plugin"})
-    memo = make_manager()
-    install(memo, url, namespace="bench-sgl-memo", near_cache=False)
-    nomemo = make_manager()
-    install(nomemo, url, namespace="bench-sgl-nomemo", near_cache=False, memo_seconds=0)
+    uncached = make_manager()
+    install(uncached, url, namespace="bench-sgl-uncached", near_cache=False)
     variants = {
         "upstream's methods on its dict": poll_loop(upstream, rooms),
         PLUGIN_DEFAULTS: poll_loop(seeded(plugin, rooms), rooms),
-        "kvstatus, near cache off (memo: 1 round trip a poll)": poll_loop(seeded(memo, rooms), rooms),
-        "kvstatus, near cache off, memo off (2 round trips a poll)": poll_loop(seeded(nomemo, rooms), rooms),
+        "kvstatus, near cache off (2 round trips a poll)": poll_loop(seeded(uncached, rooms), rooms),
     }
     times = timed_rounds(variants, iterations, rounds)
-    for manager in (plugin, memo, nomemo):
+    for manager in (plugin, uncached):
         manager.request_status.close()  # its lease keeper stops with it
     base = times["upstream's methods on its dict"]
     return [
@@ -221,7 +219,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             uncached["consensus"],
             "consensus",
         ],
-        ["kvstatus, near cache off: poll (`in` + consensus, 1 round trip a room)", uncached["poll"], "poll"],
+        ["kvstatus, near cache off: poll (`in` + consensus, 2 round trips a room)", uncached["poll"], "poll"],
         [f"kvstatus, near cache off: `collect_many` ({PP} round trips for all rooms)", uncached["batched"], "collect"],
     ]
     table = [

@@ -14,11 +14,10 @@ from kvstatus.sglang.manager import (
     pp_participants,
     uninstall,
 )
-from kvstatus.sglang.mapping import DEFAULT_MEMO_SECONDS, RoomStatusMap
+from kvstatus.sglang.mapping import RoomStatusMap
 from kvstatus.sglang.startup import MIN_SGLANG_VERSION, SettingError
 
 __all__ = [
-    "DEFAULT_MEMO_SECONDS",
     "MIN_SGLANG_VERSION",
     "RoomStatusMap",
     "SettingError",

@@ -15,13 +15,7 @@ from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import validate_name
 from kvstatus.model import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
 from kvstatus.sglang.addresses import await_address, bootstrap_address, mode_of, server_tag
-from kvstatus.sglang.mapping import (
-    DEFAULT_MEMO_SECONDS,
-    INVALID_ROOM_RESULT,
-    RoomStatusMap,
-    invalid_room_reason,
-    storable,
-)
+from kvstatus.sglang.mapping import INVALID_ROOM_RESULT, RoomStatusMap, invalid_room_reason, storable
 from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
 from kvstatus.url import parse_url
 
@@ -342,7 +336,6 @@ def install(
     namespace: Optional[str] = None,
     instance: Optional[str] = None,
     near_cache: Optional[bool] = None,
-    memo_seconds: float = DEFAULT_MEMO_SECONDS,
     check: bool = True,
     **store_options: Any,
 ) -> RoomStatusMap:
@@ -440,9 +433,7 @@ def install(
         store = store_or_url if store_or_url.participant == name else store_or_url.for_participant(name)
         server = server_of(store.client)
     notes = FailureNotes.of(kv_manager, store)
-    status_map = RoomStatusMap(
-        store, pp_participants=ranks, memo_seconds=memo_seconds, on_failed=None if notes is None else notes.read_failed
-    )
+    status_map = RoomStatusMap(store, pp_participants=ranks, on_failed=None if notes is None else notes.read_failed)
     if notes is not None:
         notes.down = status_map.outage.reason
     if check:

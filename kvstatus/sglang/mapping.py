@@ -7,10 +7,9 @@ This module does not import sglang: the mapping only needs a
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar
 
 from kvstatus.cachestate import MISS, NEVER_FRESH, Freshness
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
@@ -33,9 +32,6 @@ from kvstatus.sglang.ppreads import collect_many
 
 log = logging.getLogger("kvstatus.sglang")
 
-# How long (seconds) the read made by ``room in m`` may answer the next read of the same room by the same thread.
-DEFAULT_MEMO_SECONDS = 0.002
-
 _MISSING = object()
 _monotonic = time.monotonic  # bound once: the dict-speed path calls it on every poll
 _LEN_ITER_MESSAGE = (
@@ -43,7 +39,6 @@ _LEN_ITER_MESSAGE = (
     "iterable (that would SCAN Redis). Use `kvstatus ls` or kvstatus.admin.scan to list rooms"
 )
 
-_Memo = tuple[int, float, Union[Optional[KVPoll], RoomView], float]  # room, read at, value, read sent at
 T = TypeVar("T")
 OnFailed = Callable[[int, Optional[str]], None]
 """``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
@@ -75,11 +70,13 @@ class RoomStatusMap:
     - ``len(m)`` and ``iter(m)`` raise ``TypeError``: the map is a view of a namespace every node shares, and
       counting it would SCAN Redis. Like ``PPConsensusStore``, the map is always true in a boolean context.
 
-    **The poll memo** (without a near cache). SGLang polls with ``room in m`` and at once reads the status
-    again (``check_status``). ``in`` keeps what it read in a per-thread memo; the next read of the *same* room
-    by the *same* thread (``m[room]``, ``m.get``, ``collect``) within ``memo_seconds`` takes it instead of
-    reading Redis; any call by that thread empties the memo. So a poll costs one round trip, and the ``in``
-    check and the read it guards see one snapshot. ``memo_seconds=0`` turns the memo off.
+    **``in`` then ``m[room]``.** SGLang tests ``room in m`` and then reads ``m[room]`` (``check_status``); each is
+    a read of its own (none with the near cache, below), and SGLang's transfer threads do it while the scheduler
+    pops concluded rooms. So ``m[room]`` that finds no entry within
+    :data:`~kvstatus.sglang.outage.REMOVAL_RACE_SECONDS` of *another thread's* ``pop``/``del``/``clear_room`` of
+    the room answers the removed status, as if it had come first (:meth:`_remove`), instead of raising
+    ``KeyError``. An outage that starts in between makes the read answer Failed, and an open room whose entry
+    Redis lost in between reads Failed with that cause (below).
 
     **Room ids kvstatus cannot store** (-1, 2**63, "42", None) are answered as rooms that failed from the
     start, without touching Redis: ``in`` is True, reads answer Failed, a write returns
@@ -105,15 +102,9 @@ class RoomStatusMap:
     says they are fresh (:class:`~kvstatus.cachestate.Freshness`: its links were checked at most
     :data:`~kvstatus.cachestate.POLL_GATE` ago and are live); a room not cached, Failed, or read when the maps are
     not fresh takes the full path above. Another process's change reaches these reads once Redis' invalidation
-    arrives, and at most ``POLL_GATE`` later; this process's own writes at once. The memo is then off: the cache
-    answers the ``check_status`` after ``in`` without a round trip. ``m[room]`` that finds no entry within
-    :data:`~kvstatus.sglang.outage.REMOVAL_RACE_SECONDS` of *another thread's* ``pop``/``del``/``clear_room`` of
-    it answers the removed status (see :meth:`_remove`): SGLang's transfer threads test ``room in m`` then read
-    ``m[room]`` while the scheduler pops concluded rooms.
-
-    Without the near cache, on PP rank 0 (``pp_participants`` given and the store's participant is the first of
-    them) ``in`` reads the whole room in its one round trip, so the consensus poll (``in`` then ``collect``) is one
-    round trip as well.
+    arrives, and at most ``POLL_GATE`` later; this process's own writes at once. So a poll (``in``, then
+    ``check_status`` or the PP consensus) of an unchanged room costs no round trip; without the near cache it
+    costs two.
     """
 
     def __init__(
@@ -121,11 +112,8 @@ class RoomStatusMap:
         store: Any,
         *,
         pp_participants: Optional[Sequence[str]] = None,
-        memo_seconds: float = DEFAULT_MEMO_SECONDS,
         on_failed: Optional[OnFailed] = None,
     ) -> None:
-        if isinstance(memo_seconds, bool) or not isinstance(memo_seconds, (int, float)) or memo_seconds < 0:
-            raise InvalidArgumentError(f"invalid memo_seconds {memo_seconds!r}: expected seconds >= 0")
         self.store = store
         self.participant: str = store.participant
         self.pp_participants: Optional[tuple[str, ...]] = None
@@ -136,13 +124,9 @@ class RoomStatusMap:
                     f"invalid pp_participants {pp_participants!r}: expected distinct participant names, rank 0 first"
                 )
             self.pp_participants = names
-        self.memo_seconds = float(memo_seconds)
         self.on_failed = on_failed
-        # Whether reads judge the room's first failure (the store's setting): the memo's whole-room views too.
+        # Whether reads judge the room's first failure (the store's setting): collect()'s room views too.
         self._shared = bool(getattr(store, "shared_fate", False))
-        # PP rank 0 reads whole rooms on `in`: its polls go on to collect().
-        self._reads_rooms = self.pp_participants is not None and self.pp_participants[0] == self.participant
-        self._local = threading.local()
         self._rank_stores: Optional[list[Any]] = None
         self.outage = Outage(self.participant)
         self.outage.probe, self.outage.on_answered = probe_of(store), self._fresh_again
@@ -219,18 +203,6 @@ class RoomStatusMap:
 
     # -- reads
 
-    def _take(self, room: int) -> tuple[Any, float]:
-        """The memo's value for ``room`` if it is fresh, else ``_MISSING``, and when its read was sent (else now);
-        empties the memo either way."""
-        now = _monotonic()
-        memo: Optional[_Memo] = getattr(self._local, "memo", None)
-        if memo is None:
-            return _MISSING, now
-        self._local.memo = None
-        if memo[0] == room and now - memo[1] <= self.memo_seconds:
-            return memo[2], memo[3]
-        return _MISSING, now
-
     def _status_in(self, view: RoomView, participant: str) -> Optional[KVPoll]:
         """``participant``'s status in ``view`` as its own ``store.get`` answers it (shared fate judged)."""
         entry = view.participants.get(participant)
@@ -240,27 +212,15 @@ class RoomStatusMap:
             return shared_status(entry.status, view.failure, participant)
         return entry.status
 
-    def _own(self, value: Union[Optional[KVPoll], RoomView]) -> Optional[KVPoll]:
-        if isinstance(value, RoomView):
-            return self._status_in(value, self.participant)
-        return value
-
-    def _uncached(self) -> bool:
-        """No near cache answers this map's reads (none, or the server refused to track them)."""
-        return self._near is None or self._near.refused is not None
-
     def _read(self, room: int) -> Optional[KVPoll]:
-        value, started = self._take(room)
-        if value is not _MISSING:
-            status = self._own(value)
-        else:
-            try:
-                status = self._call(lambda: self.store.get(room))
-            except InvalidRoomError:
-                return KVPoll.Failed  # its reason was recorded when its request opened (install())
-            except _Unanswered as unanswered:
-                self._failed(room, unanswered.reason)
-                return KVPoll.Failed
+        started = _monotonic()  # when the read is sent: what a lost entry is judged against (openrooms)
+        try:
+            status = self._call(lambda: self.store.get(room))
+        except InvalidRoomError:
+            return KVPoll.Failed  # its reason was recorded when its request opened (install())
+        except _Unanswered as unanswered:
+            self._failed(room, unanswered.reason)
+            return KVPoll.Failed
         if status == KVPoll.Failed:
             self._failed(room)
         elif status is None and self._open_rooms and self._vanished(room, started):
@@ -288,22 +248,17 @@ class RoomStatusMap:
 
     def _contains(self, room: object) -> bool:
         """``room in m`` by the store (a method of its own: the fast path above must not pay for its closures)."""
-        self._local.memo = None
-        uncached, started = self._uncached(), _monotonic()
+        started = _monotonic()
         try:
-            value: Union[Optional[KVPoll], RoomView] = self._call(
-                lambda: self.store.room(room) if self._reads_rooms and uncached else self.store.get(room)  # type: ignore[arg-type]
-            )
+            status: Optional[KVPoll] = self._call(lambda: self.store.get(room))
         except InvalidRoomError:
             return True  # a room that failed from the start (see the class docstring)
         except _Unanswered as unanswered:
             self._fail_here(room, unanswered.reason)
             return True  # the read that follows answers Failed, with the reason
-        if self.memo_seconds > 0 and uncached:
-            self._local.memo = (room, _monotonic(), value, started)
-        if self._own(value) is None and self._open_rooms and self._vanished(room, started):
+        if status is None and self._open_rooms and self._vanished(room, started):
             return True
-        return self._own(value) is not None or self._failed_here.reason(room) is not None
+        return status is not None or self._failed_here.reason(room) is not None
 
     def __getitem__(self, room: int) -> KVPoll:
         if type(room) is int and _monotonic() < self._fresh.until:
@@ -349,16 +304,15 @@ class RoomStatusMap:
         return self._collect(room, self.pp_participants)
 
     def _collect(self, room: int, ranks: tuple[str, ...]) -> list[Optional[KVPoll]]:
-        """:meth:`collect` from the memo or the store (with the near cache: its room view)."""
-        view, started = self._take(room)
-        if not isinstance(view, RoomView):
-            try:
-                view = self._call(lambda: self.store.room(room))
-            except InvalidRoomError:
-                return [KVPoll.Failed] * len(ranks)
-            except _Unanswered as unanswered:
-                self._failed(room, unanswered.reason)
-                return [KVPoll.Failed] * len(ranks)
+        """:meth:`collect` from the store's room view (one read; with the near cache, maybe no round trip)."""
+        started = _monotonic()
+        try:
+            view: RoomView = self._call(lambda: self.store.room(room))
+        except InvalidRoomError:
+            return [KVPoll.Failed] * len(ranks)
+        except _Unanswered as unanswered:
+            self._failed(room, unanswered.reason)
+            return [KVPoll.Failed] * len(ranks)
         statuses = [self._status_in(view, name) for name in ranks]
         if self.participant in ranks and statuses[ranks.index(self.participant)] is None:
             self._vanished(room, started)
@@ -367,10 +321,9 @@ class RoomStatusMap:
         return statuses
 
     def consensus(self, room: int) -> RoomConsensus:
-        """The room's consensus over the PP ranks, leases included (one round trip, no memo)."""
+        """The room's consensus over the PP ranks, leases included (one round trip)."""
         if self.pp_participants is None:
             raise InvalidArgumentError("consensus() needs pp_participants: this map was built without pipeline ranks")
-        self._local.memo = None
         ranks = self.pp_participants
         try:
             consensus = self._call(lambda: self.store.room_status(room, ranks))
@@ -390,7 +343,6 @@ class RoomStatusMap:
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
-        self._local.memo = None
         if storable(room):
             self._removals.reopened(room)
             if room in self._open.lost:  # Redis lost the room: nothing is written into it again
@@ -432,7 +384,6 @@ class RoomStatusMap:
         """Remove the entry (``store.pop``: one round trip, which answers what it removed), remembered in
         :mod:`kvstatus.sglang.outage` for the ``m[room]`` of another thread that races it. Raises what
         ``store.pop`` raises (:meth:`_call`)."""
-        self._local.memo = None
         lost = type(room) is int and room in self._open.lost
         self._failed_here.discard(room)
         self._open.removed(room)

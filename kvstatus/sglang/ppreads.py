@@ -16,7 +16,6 @@ def collect_many(status_map: Any, rooms: Sequence[int]) -> dict[int, list[Option
     rooms failed here, or whose entry Redis lost, read Failed in this participant's rank, as ``collect`` does."""
     if status_map.pp_participants is None:
         raise InvalidArgumentError("collect_many() needs pp_participants: this map was built without pipeline ranks")
-    status_map._local.memo = None
     if status_map._rank_stores is None:
         status_map._rank_stores = [
             status_map.store if name == status_map.participant else status_map.store.for_participant(name)

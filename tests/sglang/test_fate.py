@@ -131,8 +131,9 @@ FILL = {"hgetall": 1, "pttl": 1}
     [
         # The default: polls of an unchanged room cost nothing; a change costs one fill, the cause included.
         (None, {}, FILL, {}),
-        # Without the near cache: one read a poll; the first Failed read looks the cause up (one HGET).
-        (False, {"hmget": 20}, {"hmget": 20, "hget": 1}, {"hmget": 20}),
+        # Without the near cache: two reads a poll (`in`, check_status); the first Failed read looks the cause up
+        # (one HGET).
+        (False, {"hmget": 40}, {"hmget": 20, "hget": 1}, {"hmget": 20}),
     ],
     ids=["defaults", "near-cache-off"],
 )
@@ -146,10 +147,6 @@ def test_the_cause_costs_one_read_once_and_nothing_on_a_healthy_poll(
     raw = redis.Redis(host=redis_server.host, port=redis_server.port)
     namespace = fresh_namespace("sgcost")
     prefill, decode = _managers(redis_server.url, namespace, near_cache=near_cache)
-    for manager in (prefill, decode):
-        # The memo's 2 ms can pass between a poll's `in` and its read on a starved box (issue 35 item 4): the
-        # counts below are of the reads a poll needs, not of that window.
-        manager.request_status.memo_seconds = 60.0
     base = prefill.request_status.store.prefix + ":" + namespace + ":"
     try:
         sender, _ = _open(prefill, decode)

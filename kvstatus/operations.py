@@ -430,15 +430,6 @@ class StoreCore:
         )
 
 
-def as_fcall(call: Call) -> Call:
-    """The FCALL (FCALL_RO for a read-only script) of the function that holds ``call``'s script; others as they are."""
-    script = call.script
-    if script is None or call.args[0] not in ("EVALSHA", "EVALSHA_RO"):
-        return call
-    command = "FCALL_RO" if script.read_only else "FCALL"
-    return Call((command, scripts.function_name(script), *call.args[2:]), script)
-
-
 class FunctionsCore(StoreCore):
     """:class:`StoreCore` whose scripts run as the functions of :data:`kvstatus.scripts.LIBRARY` (``scripts="functions"``).
 
@@ -446,14 +437,7 @@ class FunctionsCore(StoreCore):
     (``kvstatus functions load``); a call that finds it missing raises
     :class:`~kvstatus.errors.BackendError` saying so. The update of one key,
     the hot path, is built as FCALL directly; the store sends every other
-    request through :func:`as_functions`.
+    request through :func:`~kvstatus.requests.as_functions`.
     """
 
     _update_command = ("FCALL", scripts.function_name(scripts.UPDATE))
-
-
-def as_functions(request: Request[T]) -> Request[T]:
-    """``request`` with every EVALSHA of a kvstatus script sent as the FCALL of its function (stores with
-    ``scripts="functions"`` pass every request through it, whatever built it: core operations, leases, sweeps)."""
-    request.calls = [as_fcall(call) for call in request.calls]
-    return request

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar, Union
 
-from kvstatus.scripts import LuaScript
+from kvstatus.scripts import LuaScript, function_name
 
 T = TypeVar("T")
 
@@ -66,3 +66,19 @@ class Request(Generic[T]):
 def script_call(script: LuaScript, keys: list[str], args: Iterable[Arg]) -> Call:
     """``EVALSHA`` of ``script``, ``EVALSHA_RO`` for a read-only one (never held by CLIENT PAUSE WRITE)."""
     return Call(("EVALSHA_RO" if script.read_only else "EVALSHA", script.sha, len(keys), *keys, *args), script)
+
+
+def as_fcall(call: Call) -> Call:
+    """The FCALL (FCALL_RO for a read-only script) of the function that holds ``call``'s script; others as they are."""
+    script = call.script
+    if script is None or call.args[0] not in ("EVALSHA", "EVALSHA_RO"):
+        return call
+    command = "FCALL_RO" if script.read_only else "FCALL"
+    return Call((command, function_name(script), *call.args[2:]), script)
+
+
+def as_functions(request: Request[T]) -> Request[T]:
+    """``request`` with every EVALSHA of a kvstatus script sent as the FCALL of its function (stores with
+    ``scripts="functions"`` pass every request through it, whatever built it: core operations, leases, sweeps)."""
+    request.calls = [as_fcall(call) for call in request.calls]
+    return request

@@ -32,9 +32,8 @@ from kvstatus.concurrency import Gate, checkpoint, pipeline_route, sleep
 from kvstatus.deadline import DEADLINE, enter_deadline, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.observer import StoreObserver
-from kvstatus.operations import as_functions
 from kvstatus.replies import ReplyOrError
-from kvstatus.requests import Call, Request
+from kvstatus.requests import Call, Request, as_functions
 from kvstatus.sendrules import (
     as_evalsha,
     checked,

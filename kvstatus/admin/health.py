@@ -36,8 +36,8 @@ from itertools import product
 from typing import Any, Optional
 
 from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import DEFAULT_BATCH, OnCorrupt, iter_matching, server_ms, without_probe
-from kvstatus.admin.send import replies, send
+from kvstatus.admin.scan import OnCorrupt, iter_matching, server_ms, without_probe
+from kvstatus.admin.send import DEFAULT_BATCH, replies, send
 from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema

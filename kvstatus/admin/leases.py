@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from kvstatus.admin.scan import DEFAULT_BATCH
-from kvstatus.admin.send import nodes_of, replies, scan_step, send
+from kvstatus.admin.send import DEFAULT_BATCH, nodes_of, replies, scan_step, send
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, LeaseState, RoomView
 from kvstatus.requests import Call

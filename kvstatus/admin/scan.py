@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
-from kvstatus.admin.send import Link, nodes_of, replies, scan_step, send
+from kvstatus.admin.send import DEFAULT_BATCH, Link, nodes_of, replies, scan_step, send
 from kvstatus.errors import CorruptedValueError
 from kvstatus.fate import reads
 from kvstatus.keys import PROBE_PARTICIPANT, KeySchema
@@ -30,8 +30,6 @@ from kvstatus.model import ParticipantEntry, RoomView
 from kvstatus.replies import decode_room
 from kvstatus.requests import Call
 from kvstatus.translate import translate_error
-
-DEFAULT_BATCH = 500
 
 Progress = Callable[[int], None]
 """Called after each batch with the number of keys scanned so far."""

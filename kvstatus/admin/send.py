@@ -32,6 +32,9 @@ from kvstatus.url import ConnectionOptions
 
 T = TypeVar("T")
 
+DEFAULT_BATCH = 500
+"""Keys per step of the admin tools' walks (:mod:`kvstatus.admin.scan`): the COUNT of each SCAN, and the rooms read
+per pipelined round trip."""
 DEFAULT_DEADLINE = ConnectionOptions().deadline
 
 Link = Any

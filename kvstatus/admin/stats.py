@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_rooms, server_ms
+from kvstatus.admin.scan import Progress, iter_rooms, server_ms
+from kvstatus.admin.send import DEFAULT_BATCH
 from kvstatus.fate import reads
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, KVPoll, RoomView

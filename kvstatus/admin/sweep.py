@@ -36,7 +36,8 @@ from typing import Any, Optional
 
 from kvstatus._sync.store import StatusStore
 from kvstatus.admin.leases import list_leases
-from kvstatus.admin.scan import DEFAULT_BATCH, Progress, iter_room_keys
+from kvstatus.admin.scan import Progress, iter_room_keys
+from kvstatus.admin.send import DEFAULT_BATCH
 from kvstatus.consensus import MAX_PARTICIPANTS, Entries, entries_request
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import click
 
 from kvstatus import connection
-from kvstatus.admin.scan import DEFAULT_BATCH
+from kvstatus.admin.send import DEFAULT_BATCH
 from kvstatus.arguments import DEFAULT_TTL_SECONDS, ttl_to_ms
 from kvstatus.backend import Backend
 from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)

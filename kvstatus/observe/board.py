@@ -55,8 +55,8 @@ from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
 from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import DEFAULT_BATCH, read_rooms, room_matches, server_ms
-from kvstatus.admin.send import replies, send
+from kvstatus.admin.scan import read_rooms, room_matches, server_ms
+from kvstatus.admin.send import DEFAULT_BATCH, replies, send
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room

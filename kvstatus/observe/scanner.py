@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterator, Optional
 from kvstatus.admin import health as pair_health
 from kvstatus.admin.health import Health, HealthBuilder, HealthSettings
 from kvstatus.admin.leases import Deaths
-from kvstatus.admin.scan import DEFAULT_BATCH, iter_room_keys, read_rooms, server_ms
+from kvstatus.admin.scan import iter_room_keys, read_rooms, server_ms
+from kvstatus.admin.send import DEFAULT_BATCH
 from kvstatus.admin.stats import TERMINAL, Stats, StatsBuilder
 from kvstatus.admin.watch import RoomState, Snapshot, room_state
 from kvstatus.errors import KVStatusError

@@ -9,7 +9,8 @@ import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll, Policy, StatusStore, apply_rule, scripts
 from kvstatus.admin.functions import load_functions
-from kvstatus.operations import StoreCore, as_fcall, as_functions
+from kvstatus.operations import StoreCore
+from kvstatus.requests import as_fcall, as_functions
 from tests.helpers.backends import RedisUnderTest, all_combinations
 from tests.servers import RedisServer
 

@@ -16,7 +16,7 @@ import redis
 
 from kvstatus import InvalidArgumentError, scripts
 from kvstatus.admin.functions import load_functions
-from kvstatus.operations import as_fcall, script_call
+from kvstatus.requests import as_fcall, script_call
 from kvstatus.translate import translate_error
 from tests.helpers.backends import fresh_namespace
 from tests.servers import RedisServer

@@ -367,7 +367,8 @@ class StoreCore:
         return Request(calls, decode, _extra_seconds(len(keys)))
 
     def clear(self, room: int) -> Request[Cleared]:
-        """Remove the entry and leave the room's tombstone; the store answers ``removed``."""
+        """Remove the entry and leave the room's tombstone (none for the probe participant); the store answers
+        ``removed``."""
         key = self._key(room)
         return Request(
             [script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],

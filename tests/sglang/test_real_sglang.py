@@ -355,6 +355,14 @@ def test_pp_consensus_over_four_ranks_matches_pp_consensus_store(sg: Any, redis_
     ours = [real_manager(sg, pp_rank=r, pp_size=PP) for r in range(PP)]
     for m in ours:  # one connection per rank, as one process per rank would have
         install(m, redis_server.url, namespace=namespace)
+    try:
+        _agree_over_four_ranks(upstream, ours)
+    finally:
+        for m in ours:  # stop their lease keepers (install() from a URL holds a lease) before the server goes
+            m.request_status.close()
+
+
+def _agree_over_four_ranks(upstream: list[Any], ours: list[Any]) -> None:
     assert ours[0].request_status.pp_participants == tuple(f"prefill-tp0-pp{r}" for r in range(PP))
     room = 1001
     steps = [

@@ -148,8 +148,9 @@ def write_path(url: str, samples: int, rounds: int) -> None:
             start = 20_000_000 + next(base) * samples
             plain.update_many({start + i: KVPoll.Success for i in range(samples)})
             if hdel:  # the floor: the entry's own field and its reason, removed by one plain command
-                keys = [KeySchema("wp").room_key(start + i) for i in range(samples)]
-                return time_calls(lambda i: raw.hdel(keys[i], "plain", reason_field("plain")), samples)
+                keys = [KeySchema(plain.namespace).room_key(start + i) for i in range(samples)]
+                fields = (plain.participant, reason_field(plain.participant))
+                return time_calls(lambda i: raw.hdel(keys[i], *fields), samples)
             return time_calls(lambda i: plain.clear(start + i), samples)
 
         return block

@@ -69,8 +69,9 @@ def test_only_the_participant_that_cleared_gets_a_late_note(backend: RedisUnderT
 
 
 def test_a_tombstone_lives_60_s_and_never_longer_than_the_store_ttl(backend: RedisUnderTest) -> None:
-    backend.store(participant="q").update_status(5, B)
-    backend.store(participant="q").clear(5)
+    other = backend.store(participant="q")
+    other.update_status(5, B)
+    other.clear(5)
     assert 30_000 < backend.raw.pttl(_tomb(backend, 5)) <= TOMBSTONE_TTL_SECONDS * 1000 == 60_000
     store = backend.store(participant="p", ttl=0.3)
     store.update_status(4, B)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
-from kvstatus.fate import FATE_FIELD, parse_failure
-from kvstatus.keys import reason_field, validate_name, validate_rooms
+from kvstatus.keys import FATE_FIELD, reason_field, validate_name, validate_rooms
 from kvstatus.model import FailureRecord, KVPoll, LeaseState, RoomConsensus
+from kvstatus.replies import parse_fate
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import room_consensus
 
@@ -162,7 +162,7 @@ def _fates(
     found: dict[int, FailureRecord] = {}
     for index, value in zip(indices, values):
         i = int(index)
-        record = parse_failure(value, keys[i])
+        record = parse_fate(value, keys[i])
         if record is not None:
             found[i] = record
     return found

@@ -10,7 +10,7 @@ contain ``:``, so the two kinds never collide):
   stores with a lease; it fences off a replaced incarnation's writes, see ``lua/update.lua``)
 - ``t:<participant>``       the time it reached each status (written only by stores with ``timeline=True``,
   see :mod:`kvstatus.timeline`)
-- ``room:fate``             the room's first failure (see :mod:`kvstatus.fate`)
+- ``room:fate``             the room's first failure (:data:`FATE_FIELD`, read by :func:`kvstatus.rule.shared_status`)
 
 Beside the rooms (none of these ends with ``}``, so the room SCAN pattern
 ``<prefix>:<namespace>:{*}`` never matches them, and :meth:`KeySchema.room_of`
@@ -45,6 +45,9 @@ LATE_FIELD_PREFIX = "late:"
 INCARNATION_FIELD_PREFIX = "inc:"
 TIMELINE_FIELD_PREFIX = "t:"
 TOMBSTONE_SUFFIX = ":t"
+FATE_FIELD = "room:fate"
+"""The room hash field of the room's first failure: ``<ms>:<stage>:<origin>:<reason>``. The colon keeps it
+apart from participant names, which cannot hold one."""
 LEASE_PART = "lease:"
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")

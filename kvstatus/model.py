@@ -244,7 +244,7 @@ class RoomView(NamedTuple):
     ``tombstone`` is the room's record of recent clears (see :meth:`StatusStore.clear
     <kvstatus.StatusStore.clear>`), or None when there is none (never cleared,
     or longer ago than the tombstone TTL); views built by SCAN leave it None.
-    ``failure`` is the room's first failure (:mod:`kvstatus.fate`), or None.
+    ``failure`` is the room's first failure (:func:`kvstatus.rule.shared_status`), or None.
     ``timelines`` maps each participant whose writer records timelines (:mod:`kvstatus.timeline`) to the
     :class:`Step` of each status its entry reached, in order (empty in a near cache's views, which keep only
     what polls read).

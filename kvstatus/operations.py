@@ -26,10 +26,10 @@ from kvstatus.arguments import (
     ttl_to_ms,
 )
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, SupersededError
-from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
+    FATE_FIELD,
     MAX_ROOM,
     PROBE_PARTICIPANT,
     KeySchema,
@@ -69,6 +69,7 @@ from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, up
     decode_status,
     decode_statuses,
     decode_tombstone,
+    parse_fate,
     update_result,
 )
 from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
@@ -310,7 +311,7 @@ class StoreCore:
             status = decode_status(value, key, self.participant)
         if fate is None or status not in OPEN:
             return status
-        return shared_status(status, parse_failure(fate, key), self.participant)
+        return shared_status(status, parse_fate(fate, key), self.participant)
 
     def check_status(self, room: int) -> Request[KVPoll]:
         request = self.get(room)
@@ -400,7 +401,7 @@ class StoreCore:
 
     def failure(self, room: int) -> Request[Optional[FailureRecord]]:
         key = self._key(room)
-        return Request([Call(("HGET", key, FATE_FIELD))], lambda replies: parse_failure(replies[0], key))
+        return Request([Call(("HGET", key, FATE_FIELD))], lambda replies: parse_fate(replies[0], key))
 
     def cancel(self, rooms: Iterable[int], reason: str, origin: str) -> Request[dict[int, CancelResult]]:
         if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):

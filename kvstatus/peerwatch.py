@@ -1,6 +1,6 @@
 """The peer watch: a store that holds a lease fails its rooms' dead or restarted peers, without a sweeper.
 
-Shared fate (:mod:`kvstatus.fate`) fails a room for everyone once one of its entries is Failed. A peer that
+Shared fate (:func:`kvstatus.rule.shared_status`) fails a room for everyone once one of its entries is Failed. A peer that
 dies (SIGKILL, a lost node) writes nothing, so its entries stay open and nobody reads Failed. The lease
 keeper of every store built with ``lease_ttl`` therefore watches its peers, every :data:`WATCH_SECONDS`:
 

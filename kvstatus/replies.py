@@ -12,8 +12,8 @@ from typing import Any, Optional, Union
 
 from kvstatus import stored
 from kvstatus.errors import BackendError, CorruptedValueError
-from kvstatus.fate import FATE_FIELD, parse_failure
 from kvstatus.keys import (
+    FATE_FIELD,
     INCARNATION_FIELD_PREFIX,
     LATE_FIELD_PREFIX,
     REASON_FIELD_PREFIX,
@@ -22,6 +22,7 @@ from kvstatus.keys import (
 )
 from kvstatus.model import (
     ClearedEntry,
+    FailureRecord,
     KVPoll,
     Outcome,
     ParticipantEntry,
@@ -63,6 +64,13 @@ _text = stored.text
 
 NOT_A_TOMBSTONE = -3
 """The tombstone PTTL lua/room.lua answers when the tombstone's name holds a key that is not a hash."""
+
+
+def parse_fate(value: object, key: str) -> Optional[FailureRecord]:
+    """Decode the :data:`~kvstatus.keys.FATE_FIELD` value read from ``key`` (None stays None); raise
+    :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything kvstatus does not write
+    (:func:`kvstatus.stored.parse_failure`: its time is one a reader can show, up to the year 9999)."""
+    return None if value is None else stored.parse_failure(value, key, FATE_FIELD)
 
 
 def decode_statuses(values: Sequence[object], keys: list[str], field: str) -> list[Optional[KVPoll]]:
@@ -205,7 +213,7 @@ def decode_room(
     for raw_field, value in fields.items():
         field = _text(raw_field)
         if field == FATE_FIELD:
-            failure = parse_failure(value, key)
+            failure = parse_fate(value, key)
         elif field.startswith(REASON_FIELD_PREFIX):
             reasons[field[len(REASON_FIELD_PREFIX) :]] = _text(value)
         elif field.startswith(INCARNATION_FIELD_PREFIX):

@@ -3,7 +3,13 @@
 The Lua script ``lua/update.lua`` is the rule that runs; :func:`apply_rule` is
 the same table in Python, used as the oracle in tests, by ``kvstatus explain``
 and by the demo's baselines. Change one and the tests force you to change the other.
-The shared-fate rule, :func:`shared_status`, judges a participant's entry with its room's first failure;
+
+One room, one fate: SGLang keeps one ``request_status`` dict per KV manager, and when one side of a room
+fails upstream tells the other by a ZMQ message, lost when the peer is gone. kvstatus holds every
+participant's entry in one room hash, so with ``shared_fate`` on (the default) a read answers Failed as soon
+as the room failed for anyone: :func:`shared_status`, with its table, judges an entry with the room's first
+failure (written once per room by ``lua/lib/fate.lua`` under :data:`kvstatus.keys.FATE_FIELD`; the read
+rewrites no entry). :func:`reads` and :func:`fate_text` are what every operator view shows of it.
 :func:`room_consensus` gives a room one status over its expected participants.
 The data these rules take and give is :mod:`kvstatus.model`.
 """
@@ -22,6 +28,7 @@ from kvstatus.model import (
     Outcome,
     Policy,
     RoomConsensus,
+    RoomView,
     Stage,
     UpdateResult,
 )
@@ -116,7 +123,7 @@ def shared_status(own: Optional[KVPoll], failure: Optional[FailureRecord], parti
 
     SGLang keeps one ``request_status`` dict per KV manager; kvstatus holds every participant's entry in one
     room hash, so with ``shared_fate`` on a read answers Failed as soon as the room failed for anyone
-    (:mod:`kvstatus.fate`):
+    (`One room, one fate` in the guide):
 
     =====================  ==================================  ==================================
     own entry              a peer's entry became Failed        the room was cancelled
@@ -144,6 +151,36 @@ def shared_failed(own: KVPoll, failure: FailureRecord, participant: str) -> KVPo
     """:func:`shared_status` of an entry that exists, in a room that has failed (typed for the near cache)."""
     status = shared_status(own, failure, participant)
     return own if status is None else status
+
+
+def reads(view: RoomView) -> dict[str, Optional[KVPoll]]:
+    """What each participant's reads of ``view`` answer: its own entry's status judged with the room's first
+    failure (:func:`shared_status`). Every operator view (``get``, ``ls``, ``stats``, ``health``, ``watch``, the
+    board, the exporter) shows and counts these, so none shows an entry open in a room that has failed."""
+    return {name: shared_status(entry.status, view.failure, name) for name, entry in view.participants.items()}
+
+
+def read_names(view: RoomView) -> dict[str, Optional[str]]:
+    """:func:`reads` as KVPoll names (None: no status), as the views' JSON shows them."""
+    return {name: None if status is None else status.name for name, status in reads(view).items()}
+
+
+def failed_by_fate(view: RoomView) -> list[str]:
+    """The participants whose entry is still open but whose reads answer Failed, because the room failed."""
+    return [name for name, status in reads(view).items() if status != view.participants[name].status]
+
+
+def fate_text(view: RoomView) -> Optional[str]:
+    """The room's fate in one line, or None when it has not failed: its first failure, and who reads Failed by
+    it though their own entry is open, e.g. "failed at transfer by prefill-1: NIXL transfer timed out;
+    decode-1 reads Failed (shared fate)". Not escaped: a view shows it through its own escaping."""
+    if view.failure is None:
+        return None
+    line = view.failure.describe()
+    shared = failed_by_fate(view)
+    if shared:
+        line += f"; {', '.join(shared)} {'reads' if len(shared) == 1 else 'read'} Failed (shared fate)"
+    return line
 
 
 TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})

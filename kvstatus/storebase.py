@@ -84,7 +84,7 @@ class StoreBase:
         address: Optional[str] = None,
     ) -> None:
         """``shared_fate``: reads answer Failed for an open entry of a room that failed for another participant
-        or was cancelled (:mod:`kvstatus.fate`); False reads each entry alone, as upstream's dict does.
+        or was cancelled (:func:`kvstatus.rule.shared_status`); False reads each entry alone, as upstream's dict does.
         ``timeline``: each write records when the entry reached its status (:mod:`kvstatus.timeline`; its cost
         in Redis time and memory is in BENCHMARKS.md, "Timelines").
         ``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
@@ -185,7 +185,7 @@ class StoreBase:
 
     @property
     def shared_fate(self) -> bool:
-        """Whether reads judge the room's fate (:mod:`kvstatus.fate`), not this participant's entry alone."""
+        """Whether reads judge the room's fate (:func:`kvstatus.rule.shared_status`), not this participant's entry alone."""
         return self._core.shared_fate
 
     @property

@@ -2,7 +2,7 @@
 
 The waiter watches the room key through CLIENT TRACKING (:mod:`kvstatus.keywatch`): Redis tells it when
 the room changes, and it re-reads the entry. The writers pay nothing for it (no publish). Every change to the
-room wakes the waiter, a peer's Failed or a cancel included: with shared fate (:mod:`kvstatus.fate`) its
+room wakes the waiter, a peer's Failed or a cancel included: with shared fate (:func:`kvstatus.rule.shared_status`) its
 read then answers Failed.
 
 A waiter arms its watch *before* it reads the entry, so a change between the read and the arm cannot be

@@ -24,11 +24,11 @@ from typing import Any, Optional
 
 from kvstatus.admin.send import DEFAULT_BATCH, Link, nodes_of, replies, scan_step, send
 from kvstatus.errors import CorruptedValueError
-from kvstatus.fate import reads
 from kvstatus.keys import PROBE_PARTICIPANT, KeySchema
 from kvstatus.model import ParticipantEntry, RoomView
 from kvstatus.replies import decode_room
 from kvstatus.requests import Call
+from kvstatus.rule import reads
 from kvstatus.translate import translate_error
 
 Progress = Callable[[int], None]
@@ -137,7 +137,7 @@ def iter_rooms(
 
 def room_matches(view: RoomView, status: Any = None, participant: Optional[str] = None) -> bool:
     """True if some entry of ``view`` has ``participant`` (if given) and reads ``status`` (if given: the status
-    :func:`kvstatus.fate.reads` answers, Failed in a room that failed); with neither, every room, a room
+    :func:`kvstatus.rule.reads` answers, Failed in a room that failed); with neither, every room, a room
     cancelled before anyone wrote it (its first failure alone) included."""
     if status is None and participant is None:
         return True

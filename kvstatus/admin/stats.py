@@ -15,9 +15,9 @@ from typing import Any, Optional
 from kvstatus.admin.leases import Deaths, read_deaths
 from kvstatus.admin.scan import Progress, iter_rooms, server_ms
 from kvstatus.admin.send import DEFAULT_BATCH
-from kvstatus.fate import reads
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, KVPoll, RoomView
+from kvstatus.rule import reads
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck
 
 TERMINAL = frozenset({KVPoll.Success, KVPoll.Failed})
@@ -111,7 +111,7 @@ class Stats:
 
 
 def is_terminal(view: RoomView) -> bool:
-    """True when every entry reads Success or Failed (:func:`kvstatus.fate.reads`: a room that failed is done)."""
+    """True when every entry reads Success or Failed (:func:`kvstatus.rule.reads`: a room that failed is done)."""
     return all(status in TERMINAL for status in reads(view).values())
 
 

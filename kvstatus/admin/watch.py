@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from kvstatus.admin.scan import Progress, iter_rooms, server_ms
 from kvstatus.admin.send import DEFAULT_BATCH
-from kvstatus.fate import failed_by_fate, reads
 from kvstatus.keys import KeySchema
 from kvstatus.model import FailureRecord, KVPoll, RoomView
+from kvstatus.rule import failed_by_fate, reads
 
 RoomState = tuple[tuple[str, Optional[int]], ...]
 
@@ -51,7 +51,7 @@ class RoomDetail(NamedTuple):
 
 
 def room_state(view: RoomView) -> RoomState:
-    """(participant, status) of each entry, the status its reads answer (:func:`kvstatus.fate.reads`): an open
+    """(participant, status) of each entry, the status its reads answer (:func:`kvstatus.rule.reads`): an open
     entry in a room that failed is Failed, as ``get`` shows it."""
     return tuple((name, None if s is None else int(s)) for name, s in reads(view).items())
 

@@ -35,9 +35,8 @@ from kvstatus.cli.app import (
     ttl_option,
     ttl_text,
 )
-from kvstatus.fate import reads
 from kvstatus.model import KVPoll, Policy
-from kvstatus.rule import apply_rule
+from kvstatus.rule import apply_rule, reads
 from kvstatus.rule import explain as explain_rule
 from kvstatus.scripts import ALL as ALL_SCRIPTS
 from kvstatus.scripts import LIBRARY_NAME

@@ -49,8 +49,8 @@ from kvstatus.cli.timing import (
     timelines_json,
 )
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
-from kvstatus.fate import fate_text, read_names, reads
 from kvstatus.model import FailureRecord, KVPoll, Outcome, Policy, RoomView, elapsed_text
+from kvstatus.rule import fate_text, read_names, reads
 from kvstatus.stuck import stuck as stuck_room
 
 
@@ -110,12 +110,12 @@ def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
     """E.g. "first failure 3.0 s ago: cancelled by router-1: client went away; decode-0 reads Failed (shared fate)".
 
     ``now``: Unix seconds (the local clock, as for tombstones). The rest is the room's fate
-    (:func:`kvstatus.fate.fate_text`), as every view shows it. Escaped (:func:`safe`)."""
+    (:func:`kvstatus.rule.fate_text`), as every view shows it. Escaped (:func:`safe`)."""
     return safe(f"first failure {elapsed_text(now - failure.at)} ago: {fate_text(view)}")
 
 
 def room_rows(view: RoomView, participant: Optional[str] = None) -> list[list[Any]]:
-    """One row per entry: its status as its reads answer it (:func:`kvstatus.fate.reads`), and its own reason, or
+    """One row per entry: its status as its reads answer it (:func:`kvstatus.rule.reads`), and its own reason, or
     for an open entry that reads Failed because the room failed, the room's first failure (shared fate)."""
     read = reads(view)
     rows = []

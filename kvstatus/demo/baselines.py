@@ -21,9 +21,9 @@ import time
 from typing import Any, Mapping, Optional
 
 from kvstatus._sync.store import StatusStore
-from kvstatus.fate import FATE_FIELD, parse_failure
-from kvstatus.keys import DEFAULT_PARTICIPANT, KeySchema, reason_field
+from kvstatus.keys import DEFAULT_PARTICIPANT, FATE_FIELD, KeySchema, reason_field
 from kvstatus.model import KVPoll, Outcome, Policy, Stage, UpdateResult, to_status
+from kvstatus.replies import parse_fate
 from kvstatus.rule import STAGE_OF_STATUS, apply_rule, shared_status
 
 BASELINES = ("client-side", "pre-fix")
@@ -68,7 +68,7 @@ class ClientSideStore:
         key = self._key(room)
         value, fate = self.client.hmget(key, self.participant, FATE_FIELD)
         own = None if value is None else KVPoll(int(value))
-        return shared_status(own, parse_failure(fate, key), self.participant) if self.shared_fate else own
+        return shared_status(own, parse_fate(fate, key), self.participant) if self.shared_fate else own
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Read, decide with the reference rule, write: the outcome is the rule's, CREATED from HSET's reply."""
@@ -106,7 +106,7 @@ class ClientSideStore:
         key = self._key(room)
         removed = self.client.hdel(key, self.participant, self._reason)
         if removed:
-            fate = parse_failure(self.client.hget(key, FATE_FIELD), key)
+            fate = parse_fate(self.client.hget(key, FATE_FIELD), key)
             if fate is not None and fate.stage is not Stage.CANCELLED and self.client.hlen(key) == 1:
                 self.client.hdel(key, FATE_FIELD)
         return bool(removed)
@@ -119,7 +119,7 @@ class ClientSideStore:
             return False
         self._pause()
         self.client.hset(key, self._reason, reason)
-        fate = parse_failure(self.client.hget(key, FATE_FIELD), key)
+        fate = parse_fate(self.client.hget(key, FATE_FIELD), key)
         if fate is not None and fate.origin == self.participant and not fate.reason:
             self.client.hset(key, FATE_FIELD, f"{fate.at_ms}:{fate.stage.value}:{fate.origin}:{reason}")
         self._extend_ttl(key)

@@ -39,9 +39,9 @@ from kvstatus.admin.scan import read_rooms, server_ms
 from kvstatus.admin.send import nodes_of, scan_step
 from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.fate import read_names
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, RoomView, Step
+from kvstatus.rule import read_names
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, Stuck, stuck
 
 MAX_PAGE = 500
@@ -149,7 +149,7 @@ def stuck_page(
 
 def room_json(view: RoomView) -> dict[str, Any]:
     """A room of ``/api/rooms`` (and the base of ``/api/rooms/{room}``): each entry's own ``status`` and what its
-    reads answer, ``reads`` (:func:`kvstatus.fate.reads`: Failed in a room that failed), and the room's
+    reads answer, ``reads`` (:func:`kvstatus.rule.reads`: Failed in a room that failed), and the room's
     ``failure`` (its first failure, null if none), as ``kvstatus get`` shows them."""
     read = read_names(view)
     return {

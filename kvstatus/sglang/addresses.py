@@ -9,12 +9,14 @@ within the prefill's lease TTL plus a second of its death or restart, naming it.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Optional
 
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import validate_address
-from kvstatus.sglang.startup import log
+
+log = logging.getLogger("kvstatus.sglang")
 
 
 def mode_of(kv_manager: Any) -> str:

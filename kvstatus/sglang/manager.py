@@ -369,7 +369,7 @@ def install(
     raises into the engine (see :class:`RoomStatusMap`); its reason goes to
     ``failure_records``, which the request's ``failure_exception`` reports.
 
-    Shared fate (:mod:`kvstatus.fate`) is the store's setting, on by default
+    Shared fate (:func:`kvstatus.rule.shared_status`) is the store's setting, on by default
     (``shared_fate=False`` turns it off; install()
     never changes it): the manager's reads answer Failed for its open entry of
     a room that another participant failed or that was cancelled. When a read

@@ -27,7 +27,7 @@ its variable, the URL's password masked):
   [default: install()'s, :data:`kvstatus.sglang.manager.DEFAULT_LEASE_TTL`, 10]. With a lease, a manager that dies fails its open rooms for every
   peer within the TTL plus about a second (:mod:`kvstatus.peerwatch`).
 - ``KVSTATUS_SGLANG_SHARED_FATE`` ``0`` to read each manager's own entry alone, as upstream's dict does;
-  ``1`` or unset: shared fate (:mod:`kvstatus.fate`: a room another participant failed, or a router
+  ``1`` or unset: shared fate (:func:`kvstatus.rule.shared_status`: a room another participant failed, or a router
   cancelled, reads Failed, and ``failure_exception`` names its first failure) [default ``1``].
 - ``KVSTATUS_SGLANG_TIMELINE``   ``0`` to record no timelines; ``1`` or unset: each entry records when it reached
   each status (:mod:`kvstatus.timeline`: ``kvstatus get`` shows where a room waited, ``ls --stuck`` and

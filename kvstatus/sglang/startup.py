@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from kvstatus.errors import (
     AuthenticationError,
@@ -38,6 +38,9 @@ from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT
 from kvstatus.leasestate import this_process
 from kvstatus.model import KVPoll
 from kvstatus.translate import denies_a_key
+
+if TYPE_CHECKING:
+    from kvstatus._sync.store import StatusStore
 
 log = logging.getLogger("kvstatus.sglang")
 
@@ -123,7 +126,7 @@ def _denied_command(error: PermissionDeniedError) -> str:
     return found.group(1).lower() if found else ""
 
 
-def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
+def _setting_error(error: KVStatusError, step: str, store: StatusStore) -> SettingError:
     """The :class:`SettingError` for ``error`` met at ``step`` (read, write or lease) of :func:`check_store`."""
     namespace = store.namespace
     if isinstance(error, AuthenticationError):
@@ -166,20 +169,18 @@ def _setting_error(error: KVStatusError, step: str, store: Any) -> SettingError:
     return SettingError(f"Redis at {server_of(store.client)} cannot serve kvstatus: {error}", setting="url")
 
 
-def check_store(store: Any) -> None:
+def check_store(store: StatusStore) -> None:
     """Make the calls a manager will make, once: a script read, a probe write and clear, and the lease.
 
     Three script calls (with a lease, one read of who holds its name, then the acquire), after the connection's
     handshake and, the first time on a server, the SCRIPT LOADs; raises :class:`SettingError` naming the setting
     at fault.
     """
-    from kvstatus._sync.store import StatusStore
-
     step = "read"
     try:
         store.get_many([PROBE_ROOM])  # connects, authenticates, runs get_many's script or function
         step = "write"
-        probe = StatusStore(
+        probe = type(store)(  # the store's own class: this module never imports the store
             store.backend,
             namespace=store.namespace,
             prefix=store.prefix,

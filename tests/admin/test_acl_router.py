@@ -15,7 +15,7 @@ from kvstatus import KVPoll, Outcome, PermissionDeniedError, StatusStore
 from kvstatus.admin.acl import acl_rules, acl_setuser_line, recipe_commands, router_commands
 from kvstatus.admin.functions import load_functions
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.fate import FATE_FIELD
+from kvstatus.keys import FATE_FIELD
 from kvstatus.model import CancelOutcome, Stage
 from kvstatus.scripts import LIBRARY_NAME
 from tests.helpers import ROOT

@@ -11,8 +11,7 @@ import fakeredis
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.fate import FATE_FIELD
-from kvstatus.keys import PROBE_PARTICIPANT
+from kvstatus.keys import FATE_FIELD, PROBE_PARTICIPANT
 from kvstatus.model import CancelOutcome, Stage
 from tests.helpers.cli import NS, assert_clean_failure, cli, json_lines, run_cli
 from tests.servers import RedisServer

@@ -1,4 +1,4 @@
-"""One room, one fate (kvstatus/fate.py): every read, on every backend, sync and async, against the table.
+"""One room, one fate (kvstatus.rule.shared_status and its views): every read, on every backend, sync and async, against the table.
 
 Two participants share room 7: ``own`` reads, ``peer`` fails its entry (or a third store cancels the room).
 The reads (get, check_status, get_many, and get_many over several slots on a cluster) must answer what
@@ -13,8 +13,9 @@ import pytest
 
 from kvstatus import InvalidArgumentError, KVPoll
 from kvstatus.errors import CorruptedValueError
-from kvstatus.fate import FATE_FIELD, parse_failure
+from kvstatus.keys import FATE_FIELD
 from kvstatus.model import CancelOutcome, FailureRecord, Stage
+from kvstatus.replies import parse_fate
 from kvstatus.rule import shared_status
 from kvstatus.url import parse_url
 from tests.helpers.backends import RedisUnderTest
@@ -215,13 +216,13 @@ def test_a_corrupted_failure_record_is_named_when_it_matters(backend: RedisUnder
 
 
 def test_the_record_parses_and_rejects_what_kvstatus_does_not_write() -> None:
-    assert parse_failure(b"1700000000123:cancelled:router-1:a: reason: with colons", "k") == FailureRecord(
+    assert parse_fate(b"1700000000123:cancelled:router-1:a: reason: with colons", "k") == FailureRecord(
         1700000000123, Stage.CANCELLED, "router-1", "a: reason: with colons"
     )
-    assert parse_failure(None, "k") is None
+    assert parse_fate(None, "k") is None
     for bad in ("", "x:transfer:p:", "12:exploded:p:r", "12:transfer::r", "12:transfer:p"):
         with pytest.raises(CorruptedValueError, match="not a failure record"):
-            parse_failure(bad, "the-key")
+            parse_fate(bad, "the-key")
 
 
 def test_the_url_does_not_take_the_setting() -> None:

@@ -17,8 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.fate import FATE_FIELD
-from kvstatus.keys import KeySchema
+from kvstatus.keys import FATE_FIELD, KeySchema
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.tiers import real_redis_required
 from tests.observe.support import ServerProcess, wait_until

@@ -15,8 +15,7 @@ from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import iter_rooms
 from kvstatus.admin.sweep import sweep
 from kvstatus.errors import CorruptedValueError
-from kvstatus.fate import FATE_FIELD
-from kvstatus.keys import KeySchema
+from kvstatus.keys import FATE_FIELD, KeySchema
 from kvstatus.model import Stage
 from kvstatus.observe.board import Board
 from kvstatus.observe.exporter import METRICS, build_registry

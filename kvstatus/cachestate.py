@@ -199,6 +199,10 @@ class CacheState:
 
     # ---- invalidation
 
+    def invalidate_all(self) -> None:
+        """The server invalidated every key (a null invalidation: FLUSHDB/FLUSHALL, or its tracking table full)."""
+        self.flush(NULL_INVALIDATION)
+
     def flush(self, reason: str) -> None:
         metrics = self.metrics
         if metrics is not None and self.entries:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import select
 import ssl
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import hiredis
 import redis
 
-from kvstatus.cachestate import NULL_INVALIDATION, CacheState
 from kvstatus.connection import connection_class
 from kvstatus.keys import KeySchema
+
+if TYPE_CHECKING:  # the state is handed in: the reader feeds it, and runs without importing it
+    from kvstatus.cachestate import CacheState
 
 INVALIDATE_CHANNEL = "__redis__:invalidate"
 """Where Redis sends invalidations for RESP2 clients; the cache reads them on RESP3 instead (no channel)."""
@@ -285,7 +287,7 @@ class Links:
                 broken.append(link.name)
                 continue
             if flush:
-                self.state.flush(NULL_INVALIDATION)
+                self.state.invalidate_all()
             elif keys:
                 self.state.apply(keys)
             if pong and link.ping_outstanding is not None:

@@ -3,8 +3,8 @@
 redis-py's errors for a URL that points at the wrong place say little: ``Protocol error, got "<"`` (an HTTP
 server answered) or ``DB index is out of range`` (``/99`` on a server with 16 databases), without the address.
 These mixins catch them where the connection is known, and set on the exception (type and text unchanged)
-:data:`~kvstatus.translate.SERVER_ATTR` (``host:port`` or the socket path), and for a database out of range
-:data:`~kvstatus.translate.DATABASES_ATTR` (the server's ``databases``, or None when ``CONFIG GET`` is refused);
+:data:`SERVER_ATTR` (``host:port`` or the socket path), and for a database out of range
+:data:`DATABASES_ATTR` (the server's ``databases``, or None when ``CONFIG GET`` is refused);
 :func:`kvstatus.translate.translate_error` turns them into a sentence with the fix.
 """
 
@@ -14,7 +14,14 @@ from typing import Optional
 
 from redis import exceptions as rx
 
-from kvstatus.translate import DATABASES_ATTR, DB_ATTR, OUT_OF_RANGE, SERVER_ATTR
+SERVER_ATTR = "kvstatus_server"
+"""Attribute these mixins set on a non-Redis reply's or a SELECT's error: ``host:port`` (or path)."""
+DB_ATTR = "kvstatus_db"
+"""Attribute set on a SELECT's "out of range" error: the database the URL asked for."""
+DATABASES_ATTR = "kvstatus_databases"
+"""Attribute set on a SELECT's "out of range" error: the server's ``databases`` (None: CONFIG GET refused)."""
+OUT_OF_RANGE = "DB index is out of range"
+"""Redis' (and Valkey's) reply to SELECT of a database the server does not have."""
 
 
 def _server(connection: object) -> str:

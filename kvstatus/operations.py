@@ -16,7 +16,7 @@ from typing import Any, Optional, TypedDict, TypeVar
 
 from redis.cluster import key_slot  # type: ignore[attr-defined]
 
-from kvstatus import scripts
+from kvstatus import scripts, stored
 from kvstatus.arguments import (
     DEFAULT_TTL_SECONDS,
     STATUS_ARG,
@@ -74,7 +74,6 @@ from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, up
 )
 from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
 from kvstatus.rule import shared_status
-from kvstatus.timeline import parse_timeline
 
 T = TypeVar("T")
 tomb = KeySchema.tombstone_of
@@ -216,7 +215,7 @@ class StoreCore:
                 f"key {key} field {self.participant} held a value that is not a status 0..4; the entry was removed"
             )
         try:
-            steps = parse_timeline(timeline, key, self._timeline_field) if timeline else ()
+            steps = stored.parse_timeline(timeline, key, self._timeline_field) if timeline else ()
         except CorruptedValueError:
             steps = ()
         return Cleared(removed > 0, None if status < 0 else KVPoll(status), steps)

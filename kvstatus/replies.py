@@ -32,7 +32,6 @@ from kvstatus.model import (
     Tombstone,
     UpdateResult,
 )
-from kvstatus.timeline import parse_timeline
 
 Reply = Union[None, bytes, str, int, float, list["Reply"], tuple["Reply", ...], dict["Reply", "Reply"]]
 """A RESP reply as redis-py hands it over (bytes, or str with ``decode_responses``; a script's table as a list; a
@@ -223,7 +222,7 @@ def decode_room(
         elif field.startswith(TIMELINE_FIELD_PREFIX):
             if timelines:
                 try:
-                    steps[field[len(TIMELINE_FIELD_PREFIX) :]] = parse_timeline(value, key, field)
+                    steps[field[len(TIMELINE_FIELD_PREFIX) :]] = stored.parse_timeline(value, key, field)
                 except CorruptedValueError as exc:
                     ignored.append(str(exc))
         elif ":" in field:

@@ -22,6 +22,7 @@ from kvstatus.errors import (
     PermissionDeniedError,
     PoolExhaustedError,
 )
+from kvstatus.misconfig import DATABASES_ATTR, DB_ATTR, OUT_OF_RANGE, SERVER_ATTR
 from kvstatus.redact import mask_url
 from kvstatus.requests import Call
 from kvstatus.scripts import LIBRARY_NAME
@@ -49,15 +50,6 @@ REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
 
 NOT_SENT = "kvstatus_not_sent"
 """Attribute set on a refused connection's error: True if no attempt of the call reached Redis before it."""
-
-SERVER_ATTR = "kvstatus_server"
-"""Attribute :mod:`kvstatus.misconfig` sets on a non-Redis reply's or a SELECT's error: ``host:port`` (or path)."""
-DB_ATTR = "kvstatus_db"
-"""Attribute set on a SELECT's "out of range" error: the database the URL asked for."""
-DATABASES_ATTR = "kvstatus_databases"
-"""Attribute set on a SELECT's "out of range" error: the server's ``databases`` (None: CONFIG GET refused)."""
-OUT_OF_RANGE = "DB index is out of range"
-"""Redis' (and Valkey's) reply to SELECT of a database the server does not have."""
 
 _PERMANENT_DNS = {
     code

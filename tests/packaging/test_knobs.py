@@ -108,3 +108,7 @@ def test_the_knob_count_is_what_the_docs_list() -> None:
     assert (len(store), len(connection), len(sglang)) == (12, 9, 10)
     assert len(store) + 1 + len(connection) + len(sglang) + 3 <= 35  # + options, + the URL's three: issue 34's budget
     assert set(_QUERY_OPTIONS) == {*connection, "db", "sentinel_username", "sentinel_password"}
+    total = len(store) + 1 + len(connection) + 3 + len(sglang)
+    design = " ".join((ROOT / "docs" / "design.md").read_text(encoding="utf-8").split())
+    stated = f"Today: {len(store)} store arguments and `options`, {len(connection)} connection options, the URL's own"
+    assert stated in design and f"{len(sglang)} SGLang variables: {total}." in design, "docs/design.md's count is stale"

@@ -166,7 +166,7 @@ def test_the_spliced_script_is_what_redis_runs(redis_server: RedisServer) -> Non
             assert admin.script_load(_expand(script.name).stdout) == script.sha
         load_functions(admin)  # FUNCTION LOAD compiles the library of the spliced scripts
         assert scripts.LIBRARY_NAME in loaded_libraries(admin)[f"{redis_server.host}:{redis_server.port}"]
-        store.client.close()
+        store.close()
 
 
 @pytest.mark.real
@@ -203,4 +203,4 @@ def test_redis_cli_eval_runs_the_expanded_files(redis_server: RedisServer, tmp_p
         redis.Redis(host=redis_server.host, port=redis_server.port), namespace=namespace, participant="p"
     )
     assert store.get_many([1, 2]) == {1: KVPoll.Bootstrapping, 2: KVPoll.Transferring}
-    store.client.close()
+    store.close()

@@ -46,6 +46,15 @@ def sg(sglang_conn: types.ModuleType) -> types.SimpleNamespace:
     )
 
 
+@pytest.fixture(autouse=True)
+def _close_opened_managers() -> Iterator[None]:
+    """Every test's managers put in :data:`~tests.sglang.standin.OPENED` are closed after it, passed or failed:
+    a manager's lease keeper, peer watch and outage probe are threads that would run on for the rest of the
+    worker (the ``server`` fixture closes them earlier, before its server stops)."""
+    yield
+    close_opened()
+
+
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
     """A redis-server of this test alone (the test stops, restarts or freezes it). The managers the test put in

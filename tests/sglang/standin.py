@@ -111,7 +111,7 @@ class NixlKVManager(CommonKVManager):
 
 
 OPENED: list[Any] = []
-"""Managers a test installed on its own server (the ``server`` fixture closes them after the test)."""
+"""Managers a test installed: closed after the test (tests/sglang/conftest.py), before its ``server`` stops."""
 
 
 def close_opened() -> None:

@@ -20,6 +20,7 @@ from kvstatus.sglang.plugin import ENV_NAMESPACE, ENV_SHARED_FATE, ENV_URL, inst
 from tests.helpers.backends import fresh_namespace
 from tests.servers import free_port
 from tests.sglang.standin import (
+    OPENED,
     CommonKVReceiver,
     CommonKVSender,
     DisaggregationMode,
@@ -266,6 +267,7 @@ def test_a_cause_that_cannot_be_read_gives_a_clear_local_reason() -> None:
 def test_a_reason_that_cannot_reach_redis_stays_local_and_logs(caplog: pytest.LogCaptureFixture) -> None:
     manager = make_manager()
     install(manager, f"redis://127.0.0.1:{free_port()}/0?retries=0", namespace="x", check=False)
+    OPENED.append(manager)  # its outage probe retries the dead port until closed
     caplog.set_level(logging.WARNING, logger="kvstatus.sglang")
     manager.record_failure(ROOM, "transfer failed")  # upstream's record; the copy in Redis fails quietly
     assert manager.failure_records == {ROOM: "transfer failed"}

@@ -17,7 +17,7 @@ from kvstatus.sglang import install
 from kvstatus.sglang.mapping import UNANSWERED_RESULT
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.clock import hold_background_watch, shift_watch_clock
-from tests.sglang.standin import make_manager
+from tests.sglang.standin import OPENED, make_manager
 
 ROOM = 4242
 
@@ -37,6 +37,7 @@ def _ranks(lease_ttl: object) -> tuple[list[Any], fakeredis.FakeRedis, str]:
             fakeredis.FakeRedis(server=server), namespace=namespace, policy="strict", lease_ttl=lease_ttl
         )
         install(manager, store)
+    OPENED.extend(managers)
     return managers, fakeredis.FakeRedis(server=server), namespace
 
 

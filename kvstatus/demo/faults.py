@@ -97,7 +97,10 @@ class Trial(NamedTuple):
     cause: str
 
 
-class _Child:
+class Child:
+    """A demo process running ``code`` (``python -c``) with ``args``: started, ready once it printed "ready",
+    released by :meth:`go`, killed by :meth:`stop` (the stuck scenario uses it too)."""
+
     def __init__(self, code: str, *args: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -142,7 +145,7 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
     survivor = StatusStore.from_url(
         url, namespace=namespace, participant=survivor_name, lease_ttl=lease_ttl, near_cache=fault == "cancel-near"
     )
-    children: list[_Child] = []
+    children: list[Child] = []
     try:
         survivor.update_status(room, KVPoll.Bootstrapping)
         if unwritten or done:
@@ -150,7 +153,7 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
         if not unwritten:
             survivor.update_status(room, own)
         args = (url, namespace, peer_name, str(room))
-        peer = _Child(_PEER, *args, "-" if unwritten else str(int(theirs)), str(lease_ttl), PEER_ADDRESS)
+        peer = Child(_PEER, *args, "-" if unwritten else str(int(theirs)), str(lease_ttl), PEER_ADDRESS)
         children.append(peer)
         time.sleep(1.2)  # the survivor's watch has seen the peer's lease
         seconds: Optional[float]
@@ -162,11 +165,11 @@ def run_trial(url: str, namespace: str, room: int, fault: str, lease_ttl: float)
             peer.stop()
             # The new process knows none of the old rooms (its dict is empty): it opens a room of its own.
             fresh = (url, namespace, peer_name, str(room + 1), str(int(KVPoll.Bootstrapping)), str(lease_ttl))
-            children.append(_Child(_PEER, *fresh, PEER_ADDRESS if done else ""))
+            children.append(Child(_PEER, *fresh, PEER_ADDRESS if done else ""))
             seconds = _until_failed(survivor, room, time.monotonic())
         elif fault.startswith("cancel"):
             survivor.get(room)  # a near cache holds the room from here on
-            canceller = _Child(_CANCEL, url, namespace, str(room))
+            canceller = Child(_CANCEL, url, namespace, str(room))
             children.append(canceller)
             started = time.monotonic()
             canceller.go()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from kvstatus._sync.store import StatusStore
-from kvstatus.demo.faults import _Child
+from kvstatus.demo.faults import Child
 from kvstatus.model import KVPoll
 
 LEASE_TTL = 3.0
@@ -100,7 +100,7 @@ def run_stuck_scenario(url: str, namespace: Optional[str] = None, wait: float = 
         decode_b.update_status(room, KVPoll.Bootstrapping)
         prefill_a.update_status(room, KVPoll.Bootstrapping)
         prefill_a.update_status(room, KVPoll.WaitingForInput)
-    dead = _Child(_PREFILL, url, namespace, participant("prefill-b"), str(LEASE_TTL), *map(str, scenario.dead))
+    dead = Child(_PREFILL, url, namespace, participant("prefill-b"), str(LEASE_TTL), *map(str, scenario.dead))
     try:
         for room in scenario.dead:
             decode_a.update_status(room, KVPoll.Bootstrapping)

@@ -41,8 +41,15 @@ from kvstatus.deadline import (
     WaitingPool,
 )
 from kvstatus.errors import InvalidURLError
-from kvstatus.misconfig import AsyncNamedServerConnection, NamedServerConnection
-from kvstatus.translate import NOT_SENT, REDIS_ERRORS, connection_refused, translate_error, unresolved_host
+from kvstatus.translate import (
+    NOT_SENT,
+    REDIS_ERRORS,
+    AsyncNamedServerConnection,
+    NamedServerConnection,
+    connection_refused,
+    translate_error,
+    unresolved_host,
+)
 from kvstatus.url import (
     _QUERY_OPTIONS,
     BACKOFF_BASE_SECONDS,

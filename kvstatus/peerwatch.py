@@ -51,7 +51,7 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    request) fails this store's own entry, still Bootstrapping, with a cause that says so: after
    :data:`ORPHAN_SECONDS`, or :data:`ORPHAN_AFTER_DEATH_SECONDS` while a decode of the namespace is dead (a
    router may still be sending it requests). Only a store whose participant is a prefill by the naming
-   (:mod:`kvstatus.naming`: SGLang's managers) judges orphans. A decode joins a room when its scheduler takes
+   (:func:`kvstatus.keys.naming`: SGLang's managers) judges orphans. A decode joins a room when its scheduler takes
    the request in (upstream's receiver opens its entry then, before any allocation), so a live decode is
    "slow" here only if it takes a request in more than that many seconds after the prefill did.
 
@@ -79,10 +79,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from kvstatus.errors import CorruptedValueError, PermissionDeniedError
-from kvstatus.keys import MAX_NAME_LENGTH
+from kvstatus.keys import MAX_NAME_LENGTH, role_of
 from kvstatus.leasestate import ADDRESS_FIELD, expire_request, silence_request
 from kvstatus.model import OPEN, KVPoll, LeaseState
-from kvstatus.naming import role_of
 from kvstatus.operations import StoreCore
 from kvstatus.replies import ReplyOrError, subscriber_counts
 from kvstatus.requests import Call, Request

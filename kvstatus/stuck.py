@@ -3,7 +3,7 @@
 A room is *stuck* when one of its entries is still open (Bootstrapping, WaitingForInput or Transferring)
 and none of its timelines (:mod:`kvstatus.timeline`) has moved for longer than a bound. Its *holder* is the
 participant that holds it back: a role with no entry at all (a room of decode entries only waits for a
-prefill that never wrote; see :mod:`kvstatus.naming`), else the open entry with the lowest status, the one
+prefill that never wrote; see :func:`kvstatus.keys.naming`), else the open entry with the lowest status, the one
 that has waited longest among equals. Rooms whose entries carry no timeline cannot be judged: their writers
 do not record one (``timeline=True``; on by default for the SGLang plugin). A room with an open entry that a dead
 participant left is stuck at once, held by the dead one (``dead``, read from the leases by the admin tools).
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple, Optional, TypedDict
 
+from kvstatus.keys import ROLES, naming
 from kvstatus.model import OPEN, KVPoll, RoomView
-from kvstatus.naming import ROLES, naming
 from kvstatus.timeline import current_steps
 
 DEFAULT_OLDER_THAN_SECONDS = 30.0

@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from kvstatus import scripts
 from kvstatus.cachestate import writes_sent
 from kvstatus.consensus import Entries, entries_request
-from kvstatus.keys import incarnation_field, reason_field
+from kvstatus.keys import incarnation_field, is_decode, reason_field
 from kvstatus.leasestate import log
 from kvstatus.model import OPEN, KVPoll, LeaseState, Outcome, Stage
-from kvstatus.naming import is_decode
 from kvstatus.requests import Request, script_call
 from kvstatus.rule import lost_reason
 

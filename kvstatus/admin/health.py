@@ -1,7 +1,7 @@
 """Health per prefill-decode pair over a sliding window: "both Ready, nothing served", named.
 
 Participants that share rooms form *pairs*: a prefill instance and a decode instance
-(:func:`kvstatus.naming.naming`: ranks folded, ``prefill-a`` for ``prefill-a-tp3-pp0``). One pass over the
+(:func:`kvstatus.keys.naming`: ranks folded, ``prefill-a`` for ``prefill-a-tp3-pp0``). One pass over the
 namespace reads every room hash **and** its tombstone (:func:`iter_keys` SCANs ``<prefix>:<ns>:{*``, which
 matches both ``{<room>}`` and ``{<room>}:t``; a room whose participants all cleared at Success exists only as
 its tombstone), and classifies each room id once, at Redis' clock (``TIME``, read once per batch):
@@ -40,9 +40,8 @@ from kvstatus.admin.scan import OnCorrupt, iter_matching, server_ms, without_pro
 from kvstatus.admin.send import DEFAULT_BATCH, replies, send
 from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
-from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
+from kvstatus.keys import ROLES, TOMBSTONE_SUFFIX, KeySchema, naming
 from kvstatus.model import KVPoll, RoomView, Stage, Tombstone
-from kvstatus.naming import ROLES, naming
 from kvstatus.replies import decode_room, decode_tombstone
 from kvstatus.requests import Call
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, stuck

@@ -7,7 +7,7 @@ participant, outcome, operation, error type) is resolved once when the
 observer is built, so a call costs one or two pre-bound child updates and no
 label lookup. No label ever carries a room id: cardinality is bounded by
 namespaces x participants x the fixed outcome/operation/error sets. The stage
-histogram is coarser still: namespace x role (:func:`kvstatus.naming.role_of`:
+histogram is coarser still: namespace x role (:func:`kvstatus.keys.role_of`:
 prefill, decode, other) x stage, never a participant.
 
 The store calls, after each operation (the wiring lives in the store's send loop)::
@@ -35,9 +35,8 @@ from weakref import WeakKeyDictionary
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from kvstatus import errors
-from kvstatus.keys import DEFAULT_PARTICIPANT
+from kvstatus.keys import DEFAULT_PARTICIPANT, role_of
 from kvstatus.model import Outcome, Step, UpdateResult
-from kvstatus.naming import role_of
 from kvstatus.timeline import STAGES, stage_seconds
 
 OPERATIONS: tuple[str, ...] = (

@@ -1,5 +1,5 @@
 """Issue 35 item 2: a URL that points at the wrong place gets one line naming the problem and the fix, in the
-library and in the CLI alike (kvstatus/translate.py, kvstatus/misconfig.py), as an operator scripts it: exit
+library and in the CLI alike (kvstatus/translate.py), as an operator scripts it: exit
 code 1, one line on stderr, no traceback.
 
 - a server that is not Redis (an HTTP server): named by address, "check the URL's host and port";

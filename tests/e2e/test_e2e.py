@@ -26,8 +26,7 @@ import redis
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.scan import iter_rooms
-from kvstatus.keys import KeySchema
-from kvstatus.naming import naming
+from kvstatus.keys import KeySchema, naming
 from tests.e2e import deploy, scenarios, table
 
 # A test's budget includes starting its deployment (two servers, ~30 s on 2 quiet cores, 5 min on a busy one).

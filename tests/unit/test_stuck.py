@@ -1,4 +1,4 @@
-"""Participant naming and stuck rooms (kvstatus.naming, kvstatus.stuck): pure functions, no Redis."""
+"""Participant naming and stuck rooms (kvstatus.keys.naming, kvstatus.stuck): pure functions, no Redis."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Optional
 
 import pytest
 
+from kvstatus.keys import Naming, naming, role_of
 from kvstatus.model import FailureRecord, KVPoll, ParticipantEntry, RoomView, Stage, Step
-from kvstatus.naming import Naming, naming, role_of
 from kvstatus.stuck import Stuck, stuck
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed

@@ -7,6 +7,7 @@ here; tests/README.md says which folder holds what.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterator
 
 import fakeredis
@@ -27,6 +28,27 @@ from tests.helpers.tiers import (  # noqa: F401  pytest finds hooks and fixtures
 from tests.servers import RedisClusterServers, RedisServer, ports
 
 accept_script_shebang()  # fakeredis does not strip get_many.lua's "#!lua flags=no-writes" as Redis does
+
+
+OWNED_THREADS = ("kvstatus-lease-", "kvstatus-probe-")
+"""The threads a store or an SGLang manager owns (its lease keeper, its outage probe): close() ends them."""
+THREAD_GRACE_SECONDS = 1.0
+
+
+@pytest.fixture(autouse=True)
+def _no_keeper_outlives_its_test() -> Iterator[None]:
+    """Fail a test whose stores or managers still run their lease keeper or outage probe after its teardown.
+
+    Left open, such a thread renews, watches and reconnects for the rest of the worker, against a server that
+    may be gone: other tests then see its connections (tests/core/test_refused.py counted one) and its calls to
+    the random module (hypothesis warned). The fixtures' own teardowns run first (this one is set up first)."""
+    before = set(threading.enumerate())
+    yield
+    born = [t for t in threading.enumerate() if t not in before and t.name.startswith(OWNED_THREADS)]
+    for thread in born:
+        thread.join(THREAD_GRACE_SECONDS)  # close() joins them; one it did not close may still be winding down
+    alive = sorted(t.name for t in born if t.is_alive())
+    assert not alive, f"close the store or manager that runs {alive}: its thread outlived the test"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -38,8 +38,24 @@ def connect_fake(server: fakeredis.FakeServer) -> Any:
     return lambda url: fakeredis.FakeRedis(server=server)
 
 
+OPENED: list[StatusStore] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    """The stores a test opened are closed after it: a store with a lease runs a keeper thread."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
+def _opened(store: StatusStore) -> StatusStore:
+    OPENED.append(store)
+    return store
+
+
 def _store(server: fakeredis.FakeServer, **settings: Any) -> StatusStore:
-    return StatusStore(fakeredis.FakeRedis(server=server), namespace=NS, **settings)
+    return _opened(StatusStore(fakeredis.FakeRedis(server=server), namespace=NS, **settings))
 
 
 def _expire(server: fakeredis.FakeServer, participant: str) -> None:
@@ -163,7 +179,7 @@ def test_a_set_e_script_survives_an_empty_namespace_and_cron_alerts_on_stuck_roo
     done = _sh(real_server, "kvstatus ls >/dev/null\nkvstatus stats >/dev/null", namespace + "-typo")
     assert done.returncode == 0 and "reached-the-end" in done.stdout
     assert done.stderr.count("holds no rooms") == 2 and SECRET not in done.stderr
-    store = StatusStore(real_server.client(), namespace=namespace, participant="dead-0", lease_ttl=3)
+    store = _opened(StatusStore(real_server.client(), namespace=namespace, participant="dead-0", lease_ttl=3))
     store.update_status(1, T)
     real_server.client().hset(f"kvstatus:{namespace}:lease:dead-0", "deadline", 1)
     cron = _sh(real_server, "kvstatus stats >/dev/null || { rc=$?; echo ALERT $rc; exit $rc; }", namespace)
@@ -196,7 +212,7 @@ def test_participants_and_sweep_name_a_tenants_junk_at_the_lease_keys_and_go_on(
     # The worker recipe grants SCAN (the tools') under the eval script mode; a read-only user has it in both.
     rules = acl_rules(namespace, password=SECRET, read_only=user == "tenant-ro", scripts="eval")
     admin.execute_command("ACL", "SETUSER", f"{user}-{namespace}", *rules)
-    StatusStore(real_server.client(), namespace=namespace, participant="dead-0", lease_ttl=3).update_status(1, T)
+    _opened(StatusStore(real_server.client(), namespace=namespace, participant="dead-0", lease_ttl=3)).update_status(1, T)
     admin.hset(f"kvstatus:{namespace}:lease:dead-0", "deadline", 1)
     admin.set(f"kvstatus:{namespace}:leases", "junk")
     admin.set(f"kvstatus:{namespace}:lease:bogus-1", "junk")

@@ -160,7 +160,7 @@ class KeySchema:
         return f"{self.base}leases"
 
     def presence_channel(self, participant: str) -> str:
-        """Channel a lease holder of ``participant`` stays subscribed to (:mod:`kvstatus._async.presence`). The
+        """Channel a lease holder of ``participant`` stays subscribed to (:class:`kvstatus._async.leases.AsyncPresence`). The
         namespace is its hash tag: every presence of a namespace is on one shard, counted in one command."""
         return f"{self.base}presence:{{{self.namespace}}}:{participant}"
 

@@ -35,7 +35,7 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    carries is left to the engine's own checks, never failed by a guess.
 
 6. A peer that died (SIGKILL, an OOM kill, a crash) is seen by its **presence**, not its lease: every lease
-   holder keeps a connection subscribed to its participant's channel (:mod:`kvstatus._async.presence`), which
+   holder keeps a connection subscribed to its participant's channel (:class:`kvstatus._async.leases.AsyncPresence`), which
    Redis drops the moment the process dies and keeps through a pause. Every :data:`PRESENCE_SECONDS` one
    ``PUBSUB NUMSUB`` (``SHARDNUMSUB`` on a cluster: a namespace's channels share a slot) counts this store's
    own presence and its peers'. A peer seen present and then absent for :data:`PRESENCE_GRACE` is dead: its

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Optional, TypeVar
 
-from kvstatus._async.leases import AsyncLeaseKeeper
+from kvstatus._async.leases import AsyncLeaseKeeper, AsyncPresence
 from kvstatus._async.nearcache import AsyncNearCache
-from kvstatus._async.presence import AsyncPresence
 from kvstatus._async.sender import AsyncSender
 from kvstatus._async.waiting import async_wait_for
 from kvstatus.backend import AsyncClient

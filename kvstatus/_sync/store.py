@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Optional, TypeVar
 
-from kvstatus._sync.leases import LeaseKeeper
+from kvstatus._sync.leases import LeaseKeeper, Presence
 from kvstatus._sync.nearcache import NearCache
-from kvstatus._sync.presence import Presence
 from kvstatus._sync.sender import Sender
 from kvstatus._sync.waiting import wait_for
 from kvstatus.backend import Client

@@ -42,7 +42,7 @@ reads the server version from ``HELLO``.
   store of such a user runs without its near cache, and its ``wait_for`` polls.
 - :data:`WAIT`  ``wait_for``'s arm: the tracked read of the room key
 
-- :data:`PRESENCE`  a lease holder's presence (:mod:`kvstatus._async.presence`): it subscribes to its own
+- :data:`PRESENCE`  a lease holder's presence (:class:`kvstatus._async.leases.AsyncPresence`): it subscribes to its own
   channel under ``<prefix>:<namespace>:presence:``, and counts its peers' with ``PUBSUB NUMSUB``; the worker
   recipe grants that channel pattern alone. No recipe grants ``PUBLISH`` or ``SPUBLISH``: a tenant can fill no
   subscriber's output buffer, its own namespace's included.

@@ -14,9 +14,18 @@ from kvstatus._sync.store import StatusStore
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import validate_name
 from kvstatus.model import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
-from kvstatus.sglang.addresses import await_address, bootstrap_address, mode_of, server_tag
 from kvstatus.sglang.mapping import INVALID_ROOM_RESULT, RoomStatusMap, invalid_room_reason, storable
-from kvstatus.sglang.startup import check_manager, check_store, describe, log, server_of
+from kvstatus.sglang.startup import (
+    await_address,
+    bootstrap_address,
+    check_manager,
+    check_store,
+    describe,
+    log,
+    mode_of,
+    server_of,
+    server_tag,
+)
 from kvstatus.url import parse_url
 
 # Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
@@ -43,7 +52,7 @@ def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
     (``system_dp_rank``), attention-DP (``attn_dp_rank``) and context-parallel
     (``attn_cp_rank``) parts appear only when their size is above 1.
     ``instance`` (``KVSTATUS_SGLANG_INSTANCE``) tells this server apart from the other servers of its role in
-    the namespace; None derives it from the server's address (:func:`~kvstatus.sglang.addresses.server_tag`:
+    the namespace; None derives it from the server's address (:func:`~kvstatus.sglang.startup.server_tag`:
     a prefill's bootstrap address, a decode's HTTP address), so two servers of one role never share a name and
     a server restarted on the same address takes its name back. A manager that carries no address (not an
     sglang one) gets no instance part.
@@ -388,7 +397,7 @@ def install(
     a script read, a probe write, the lease), so a bad URL, password, ACL or missing function library
     fails here with :class:`~kvstatus.sglang.startup.SettingError` naming the setting, not at the
     first request. From a URL with a lease, a prefill manager's lease carries its bootstrap address
-    (:mod:`kvstatus.sglang.addresses`; a store passed in carries what it was built with), and a decode manager's
+    (:func:`kvstatus.sglang.startup.bootstrap_address`; a store passed in carries what it was built with), and a decode manager's
     rooms wait on the address upstream's receiver files them under. It logs one INFO line on
     ``kvstatus.sglang``: participant, server (no password), namespace, policy, scripts, near cache, lease and
     shared fate.

@@ -1,4 +1,4 @@
-"""Presence (kvstatus/_async/presence.py, judged by kvstatus/peerwatch.py): a dead process fails its rooms for
+"""Presence (AsyncPresence in kvstatus/_async/leases.py, judged by kvstatus/peerwatch.py): a dead process fails its rooms for
 every peer at once, never a paused one, a reconnected one, or one behind a restarted server.
 
 The background does the work here (no look is called by hand); waits are bounded polls, never timed asserts.

@@ -212,7 +212,8 @@ def test_participants_and_sweep_name_a_tenants_junk_at_the_lease_keys_and_go_on(
     # The worker recipe grants SCAN (the tools') under the eval script mode; a read-only user has it in both.
     rules = acl_rules(namespace, password=SECRET, read_only=user == "tenant-ro", scripts="eval")
     admin.execute_command("ACL", "SETUSER", f"{user}-{namespace}", *rules)
-    _opened(StatusStore(real_server.client(), namespace=namespace, participant="dead-0", lease_ttl=3)).update_status(1, T)
+    dead = _opened(StatusStore(real_server.client(), namespace=namespace, participant="dead-0", lease_ttl=3))
+    dead.update_status(1, T)
     admin.hset(f"kvstatus:{namespace}:lease:dead-0", "deadline", 1)
     admin.set(f"kvstatus:{namespace}:leases", "junk")
     admin.set(f"kvstatus:{namespace}:lease:bogus-1", "junk")

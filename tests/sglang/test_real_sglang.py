@@ -197,6 +197,7 @@ def test_prefill_and_decode_share_one_redis(sg: Any, redis_server: Any) -> None:
     decode = real_manager(sg, mode=sg.Mode.DECODE, tp_rank=1)
     install(prefill, redis_server.url, namespace=namespace)
     install(decode, redis_server.url, namespace=namespace)
+    standin.OPENED.extend((prefill, decode))  # from a URL each holds a lease: closed after the test
     assert (participant_name(prefill), participant_name(decode)) == ("prefill-tp1-pp0", "decode-tp1-pp0")
     room = 77
     sender = real_sender(sg, prefill, room)
@@ -227,6 +228,7 @@ def test_real_failure_exception_names_the_peer_and_the_canceller(sg: Any, redis_
     for m in (prefill, decode):
         m.failure_records, m.failure_lock = {}, threading.Lock()  # set by the real __init__
         install(m, redis_server.url, namespace=namespace)
+        standin.OPENED.append(m)
     router = StatusStore.from_url(redis_server.url, namespace=namespace, participant="router-1")
     for room, fail in (
         (81, lambda room: (decode.record_failure(room, "KV receiver timed out"), decode.update_status(room, 0))),
@@ -253,12 +255,11 @@ def test_real_failure_exception_names_the_peer_and_the_canceller(sg: Any, redis_
     alone = real_manager(sg, mode=sg.Mode.PREFILL, tp_rank=1)
     alone.failure_records, alone.failure_lock = {}, threading.Lock()
     install(alone, redis_server.url, namespace=namespace, shared_fate=False)
+    standin.OPENED.append(alone)
     alone.update_status(83, sg.KVPoll.Bootstrapping)
     decode.update_status(83, sg.KVPoll.WaitingForInput)
     decode.update_status(83, sg.KVPoll.Failed)
     assert real_sender(sg, alone, 83).poll() == sg.KVPoll.Bootstrapping and alone.failure_records == {}
-    for m in (prefill, decode, alone):
-        m.request_status.close()
 
 
 # -- the late-abort race across processes
@@ -355,11 +356,8 @@ def test_pp_consensus_over_four_ranks_matches_pp_consensus_store(sg: Any, redis_
     ours = [real_manager(sg, pp_rank=r, pp_size=PP) for r in range(PP)]
     for m in ours:  # one connection per rank, as one process per rank would have
         install(m, redis_server.url, namespace=namespace)
-    try:
-        _agree_over_four_ranks(upstream, ours)
-    finally:
-        for m in ours:  # stop their lease keepers (install() from a URL holds a lease) before the server goes
-            m.request_status.close()
+    standin.OPENED.extend(ours)  # from a URL each holds a lease: closed after the test
+    _agree_over_four_ranks(upstream, ours)
 
 
 def _agree_over_four_ranks(upstream: list[Any], ours: list[Any]) -> None:

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROOMS = 256
 PP = 4
 PLUGIN_DEFAULTS = "kvstatus, the SGLang plugin's defaults (10 s lease, shared fate, near cache)"
-SGLANG_VENV = Path(os.environ.get("KVSTATUS_SGLANG_VENV", Path.home() / ".cache/kvstatus/sglang-venv"))
+SGLANG_VENV = Path(os.environ.get("KVSTATUS_TEST_SGLANG_VENV", Path.home() / ".cache/kvstatus/sglang-venv"))
 
 
 def poll_loop(manager: Any, rooms: list[int], check: Optional[Callable[[int], Any]] = None) -> Callable[[], None]:

@@ -13,7 +13,8 @@ it is built, before its transfer threads start.
 
 Settings (environment, read when a manager is built, so a bad one fails the
 server's start with a clear message instead of being skipped; every error names
-its variable, the URL's password masked):
+its variable, the URL's password masked, and a ``KVSTATUS_SGLANG_*`` variable
+the plugin does not read, a misspelt one, stops the start too):
 
 - ``KVSTATUS_SGLANG_URL``        the Redis URL (any scheme of :mod:`kvstatus.connection`); the switch.
 - ``KVSTATUS_SGLANG_NAMESPACE``  the PD deployment's namespace, the same on every node [default ``sglang``].
@@ -98,6 +99,12 @@ _FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no"
 SGLANG_TIMEOUT_SECONDS = 300.0
 
 
+VARIABLE_PREFIX = "KVSTATUS_SGLANG_"
+KNOWN_VARIABLES = tuple(SETTING_VARIABLES.values())
+"""Every variable the plugin reads; any other ``KVSTATUS_SGLANG_*`` variable stops the start (a typo, or a
+variable of another version), its :class:`~kvstatus.sglang.startup.SettingError` naming it as its setting."""
+
+
 def _setting_error(variable: str, message: str) -> Exception:
     from kvstatus.sglang.startup import SettingError
 
@@ -174,6 +181,15 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
         parse_url(url)
     except InvalidArgumentError as exc:
         raise _setting_error(ENV_URL, str(exc)) from None
+    unknown = sorted(name for name in env if name.startswith(VARIABLE_PREFIX) and name not in KNOWN_VARIABLES)
+    if unknown:
+        from kvstatus.sglang.startup import SettingError
+
+        raise SettingError(
+            f"{unknown[0]}: no such variable; the plugin reads {', '.join(KNOWN_VARIABLES)} (unset the variable, "
+            "or correct its name: a misspelt setting would otherwise be ignored)",
+            setting=unknown[0],
+        )
     options: dict[str, Any] = {"store_or_url": url}
     for variable, key, default, check in (
         (ENV_NAMESPACE, "namespace", DEFAULT_NAMESPACE, lambda v: validate_name(v, "namespace")),

@@ -12,13 +12,14 @@ import redis
 from kvstatus import InvalidArgumentError, KVPoll, Outcome, StatusStore
 from kvstatus.sglang import (
     RoomStatusMap,
+    SettingError,
     install,
     is_installed,
     participant_name,
     pp_participants,
     uninstall,
 )
-from kvstatus.sglang.plugin import ENV_URL, install_from_env, install_options, register
+from kvstatus.sglang.plugin import ENV_URL, KNOWN_VARIABLES, install_from_env, install_options, register
 from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.nearcache.helpers import eventually
 from tests.sglang import differential, standin
@@ -351,6 +352,21 @@ def test_plugin_settings_are_checked() -> None:
             install_options({ENV_URL: "redis://h:1/0", **bad})
     with pytest.raises(InvalidArgumentError, match=ENV_URL):
         install_options({})
+
+
+def test_a_variable_the_plugin_does_not_read_stops_the_start() -> None:
+    """A misspelt variable (LEASE_TT for LEASE_TTL) would leave its setting at the default without a word."""
+    env = {ENV_URL: "redis://h:1/0", "KVSTATUS_SGLANG_LEASE_TT": "30", "KVSTATUS_SGLANG_TTL": "60"}
+    with pytest.raises(SettingError) as info:
+        install_options(env)
+    message = str(info.value)
+    assert message.startswith("KVSTATUS_SGLANG_LEASE_TT: no such variable; the plugin reads KVSTATUS_SGLANG_URL, ")
+    assert all(variable in message for variable in KNOWN_VARIABLES) and info.value.setting == "KVSTATUS_SGLANG_LEASE_TT"
+    manager = make_manager()
+    with pytest.raises(SettingError, match="KVSTATUS_SGLANG_LEASE_TT"):
+        install_from_env(manager, env)
+    assert isinstance(manager.request_status, dict)  # left as upstream built it
+    assert install_options({ENV_URL: "redis://h:1/0", "KVSTATUS_URL": "x", "SGLANG_X": "y"})  # other prefixes: not ours
 
 
 @pytest.mark.real

@@ -74,7 +74,7 @@ CachedRoom = tuple[Any, ...]
 """One room as read, as one flat tuple to stay small (a cache holds thousands of rooms): ``(deadline, failure,
 participant, status, reason, participant, status, reason, ...)``. ``deadline`` is the local
 ``time.monotonic()`` at or before which Redis expires the key (None: no TTL, or no key), ``failure`` the room's
-first failure (:func:`kvstatus.rule.shared_status`), then one triple per entry, the participant names interned (one string
+first failure (:mod:`kvstatus.rule`), then one triple per entry, the participant names interned (one string
 per name for the whole cache)."""
 DEADLINE, FAILURE, FIRST_ENTRY = 0, 1, 2
 """Where a :data:`CachedRoom` keeps its parts."""

@@ -1,4 +1,4 @@
-"""Key schema: ``<prefix>:<namespace>:{<room>}``, one hash per room.
+"""Key schema: ``<prefix>:<namespace>:{<room>}``, one hash per room; names checked, and what they say.
 
 The room id is the hash tag, so rooms spread over every cluster slot while all
 of one room lives in one slot. Fields of the hash (participant names cannot
@@ -160,8 +160,9 @@ class KeySchema:
         return f"{self.base}leases"
 
     def presence_channel(self, participant: str) -> str:
-        """Channel a lease holder of ``participant`` stays subscribed to (:class:`kvstatus._async.leases.AsyncPresence`). The
-        namespace is its hash tag: every presence of a namespace is on one shard, counted in one command."""
+        """Channel a lease holder of ``participant`` stays subscribed to
+        (:class:`~kvstatus._async.leases.AsyncPresence`). The namespace is its hash tag: every presence of a
+        namespace is on one shard, counted in one command."""
         return f"{self.base}presence:{{{self.namespace}}}:{participant}"
 
     @property
@@ -214,12 +215,7 @@ def late_field(participant: str) -> str:
     return LATE_FIELD_PREFIX + participant
 
 
-# ---- what a participant's name says: its role and its instance (the SGLang plugin's naming)
-#
-# The plugin names each KV manager <role>[-<instance>][-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>
-# (kvstatus.sglang.manager.participant_name), role being prefill or decode. Fleet views (stage histograms, stuck
-# rooms, pair health) group by role or by instance, never by rank or room, so their cardinality stays that of the
-# deployment's servers. A name that does not follow the naming has role "other" and is its own instance.
+# ---- what a participant's name says: its role and its instance
 
 ROLES: tuple[str, ...] = ("prefill", "decode")
 OTHER = "other"
@@ -228,14 +224,19 @@ _RANK = re.compile(r"(dp|adp|cp|tp|pp)[0-9]+")
 
 class Naming(NamedTuple):
     """``role`` (prefill, decode or other) and ``instance``: the name without its rank parts, e.g.
-    ``prefill-a`` for ``prefill-a-tp3-pp0``, ``decode`` for ``decode-tp0-pp0`` (a deployment of one server per role)."""
+    ``prefill-a`` for ``prefill-a-tp3-pp0``, ``decode`` for ``decode-tp0-pp0`` (a deployment of one server per role).
+
+    The SGLang plugin names each KV manager ``<role>[-<instance>][-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>``
+    (:func:`kvstatus.sglang.manager.participant_name`). Fleet views (stage histograms, stuck rooms, pair health)
+    group by role or by instance, never by rank or room, so their cardinality stays that of the deployment's
+    servers. A name that does not follow the naming has role ``other`` and is its own instance."""
 
     role: str
     instance: str
 
 
 def naming(participant: str) -> Naming:
-    """The role and instance of ``participant`` (the plugin's naming, above)."""
+    """The role and instance of ``participant`` (see :class:`Naming`)."""
     parts = participant.split("-")
     if parts[0] not in ROLES:
         return Naming(OTHER, participant)

@@ -1,6 +1,6 @@
 """The peer watch: a store that holds a lease fails its rooms' dead or restarted peers, without a sweeper.
 
-Shared fate (:func:`kvstatus.rule.shared_status`) fails a room for everyone once one of its entries is Failed. A peer that
+Shared fate (:mod:`kvstatus.rule`) fails a room for everyone once one of its entries is Failed. A peer that
 dies (SIGKILL, a lost node) writes nothing, so its entries stay open and nobody reads Failed. The lease
 keeper of every store built with ``lease_ttl`` therefore watches its peers, every :data:`WATCH_SECONDS`:
 
@@ -34,18 +34,17 @@ keeper of every store built with ``lease_ttl`` therefore watches its peers, ever
    Addresses match exactly (``10.0.0.7:8998`` is not ``prefill-0:8998``): a room whose address no lease
    carries is left to the engine's own checks, never failed by a guess.
 
-6. A peer that died (SIGKILL, an OOM kill, a crash) is seen by its **presence**, not its lease: every lease
-   holder keeps a connection subscribed to its participant's channel (:class:`kvstatus._async.leases.AsyncPresence`), which
-   Redis drops the moment the process dies and keeps through a pause. Every :data:`PRESENCE_SECONDS` one
-   ``PUBSUB NUMSUB`` (``SHARDNUMSUB`` on a cluster: a namespace's channels share a slot) counts this store's
-   own presence and its peers'. A peer seen present and then absent for :data:`PRESENCE_GRACE` is dead: its
-   open entries in this store's rooms fail (stage ``lease-lost``, "participant P died"), as for a lost lease,
-   without waiting for the lease TTL. Only a presence seen on the server this store's own subscription is on
-   counts: when this store's own presence is absent from a count, or was subscribed again since (a Redis
-   restart, a failover, a dropped connection), every peer must be seen again first, so a restart, a failover
-   or ``CLIENT KILL`` fails nothing. A peer whose presence was never seen (an ACL without the subscribe
-   commands, an older kvstatus) is judged by its lease alone, as is a death that closes no socket (a lost host,
-   a partition, a hung process).
+6. A peer that died (SIGKILL, an OOM kill, a crash) is seen by its **presence**, not its lease: every lease holder
+   keeps a connection subscribed to its participant's channel (:class:`~kvstatus._async.leases.AsyncPresence`),
+   which Redis drops the moment the process dies and keeps through a pause. Every :data:`PRESENCE_SECONDS` one
+   ``PUBSUB NUMSUB`` (``SHARDNUMSUB`` on a cluster: a namespace's channels share a slot) counts this store's own
+   presence and its peers'. A peer seen present and then absent for :data:`PRESENCE_GRACE` is dead: its open entries
+   in this store's rooms fail (stage ``lease-lost``, "participant P died"), as for a lost lease, without waiting for
+   the lease TTL. Only a presence seen on the server this store's own subscription is on counts: when this store's
+   own presence is absent from a count, or was subscribed again since (a Redis restart, a failover, a dropped
+   connection), every peer must be seen again first, so a restart, a failover or ``CLIENT KILL`` fails nothing. A
+   peer whose presence was never seen (an ACL without the subscribe commands, an older kvstatus) is judged by its
+   lease alone, as is a death that closes no socket (a lost host, a partition, a hung process).
 
 7. A prefill's room that no decode joins (SGLang's "orphan": the decode it was sent to is dead, or never got the
    request) fails this store's own entry, still Bootstrapping, with a cause that says so: after

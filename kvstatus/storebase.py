@@ -185,7 +185,7 @@ class StoreBase:
 
     @property
     def shared_fate(self) -> bool:
-        """Whether reads judge the room's fate (:func:`kvstatus.rule.shared_status`), not this participant's entry alone."""
+        """Whether reads judge the room's fate (:mod:`kvstatus.rule`), not this participant's entry alone."""
         return self._core.shared_fate
 
     @property

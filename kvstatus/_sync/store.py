@@ -120,7 +120,7 @@ class StatusStore(StoreBase):
         return self._sender.send(self._core.room(room), "room")
 
     def failure(self, room: int) -> Optional[FailureRecord]:
-        """The room's first failure (:func:`kvstatus.rule.shared_status`): when, at which stage, raised by whom, why; None if
+        """The room's first failure (:mod:`kvstatus.rule`): when, at which stage, raised by whom, why; None if
         it has not failed. What a participant whose read answered Failed by shared fate reports as the cause."""
         if self._near is not None:
             return (self._near.room(room)).failure
@@ -130,7 +130,7 @@ class StatusStore(StoreBase):
         """Fail ``room`` for every participant, with ``reason``: its open entries become Failed, and its first
         failure, unless it has one, becomes this cancel (stage ``cancelled``, from ``origin``, default this
         store's participant). A room with no entry yet is cancelled all the same: an entry written later
-        reads Failed (shared fate). Refreshes the room's TTL; see :func:`kvstatus.rule.shared_status`. A room already fully
+        reads Failed (shared fate). Refreshes the room's TTL; see :mod:`kvstatus.rule`. A room already fully
         served (every entry Success, no first failure) is left as it is: ``ALREADY_SERVED``, nothing written."""
         return (self.cancel_many([room], reason, origin=origin))[validate_room(room)]
 

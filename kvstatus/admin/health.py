@@ -8,7 +8,7 @@ its tombstone), and classifies each room id once, at Redis' clock (``TIME``, rea
 
 - **succeeded**: no failure, every entry (live, or cleared as its tombstone says) at Success, the latest
   clear or Success step within the window;
-- **failed**: the room's first failure (:func:`kvstatus.rule.shared_status`) within the window, by its stage; or, without a
+- **failed**: the room's first failure (:mod:`kvstatus.rule`) within the window, by its stage; or, without a
   record, an entry Failed, or a room cleared by every side with an entry cleared at Failed or before Success
   (the record leaves with the room's last entry): stage :data:`UNKNOWN_STAGE`, at the clear or the Failed step;
 - **stuck**: :func:`kvstatus.stuck.stuck` with ``older_than`` (a current state, not windowed);

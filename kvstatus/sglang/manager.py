@@ -397,8 +397,8 @@ def install(
     a script read, a probe write, the lease), so a bad URL, password, ACL or missing function library
     fails here with :class:`~kvstatus.sglang.startup.SettingError` naming the setting, not at the
     first request. From a URL with a lease, a prefill manager's lease carries its bootstrap address
-    (:func:`kvstatus.sglang.startup.bootstrap_address`; a store passed in carries what it was built with), and a decode manager's
-    rooms wait on the address upstream's receiver files them under. It logs one INFO line on
+    (:func:`~kvstatus.sglang.startup.bootstrap_address`; a store passed in carries what it was built with), and
+    a decode manager's rooms wait on the address upstream's receiver files them under. It logs one INFO line on
     ``kvstatus.sglang``: participant, server (no password), namespace, policy, scripts, near cache, lease and
     shared fate.
     """

@@ -83,7 +83,7 @@ class RoomStatusMap:
     :data:`~kvstatus.sglang.outage.INVALID_ROOM_RESULT` (:mod:`kvstatus.sglang.outage` says why).
 
     **Shared fate.** With the store's ``shared_fate`` on (its default), every read answers as ``store.get`` does
-    (:func:`kvstatus.rule.shared_status`): an open entry of a room that another participant failed, or that was cancelled, reads
+    (:mod:`kvstatus.rule`): an open entry of a room that another participant failed, or that was cancelled, reads
     Failed; ``collect`` judges each rank's entry the same way. ``on_failed``, when given, is called with the room
     each time ``m[room]`` or ``m.get`` answers Failed (``install()`` uses it to put the room's first failure in the
     manager's ``failure_records``); a read that answers anything else costs nothing more.

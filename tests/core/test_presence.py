@@ -1,5 +1,5 @@
-"""Presence (AsyncPresence in kvstatus/_async/leases.py, judged by kvstatus/peerwatch.py): a dead process fails its rooms for
-every peer at once, never a paused one, a reconnected one, or one behind a restarted server.
+"""Presence (AsyncPresence in kvstatus/_async/leases.py, judged by kvstatus/peerwatch.py): a dead process fails
+its rooms for every peer at once, never a paused one, a reconnected one, or one behind a restarted server.
 
 The background does the work here (no look is called by hand); waits are bounded polls, never timed asserts.
 tests/sglang/test_real_peer_death.py and `kvstatus demo --faults` SIGKILL real processes.

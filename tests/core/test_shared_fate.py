@@ -1,4 +1,5 @@
-"""One room, one fate (kvstatus.rule.shared_status and its views): every read, on every backend, sync and async, against the table.
+"""One room, one fate (kvstatus.rule.shared_status and its views): every read, on every backend, sync and async,
+against the table.
 
 Two participants share room 7: ``own`` reads, ``peer`` fails its entry (or a third store cancels the room).
 The reads (get, check_status, get_many, and get_many over several slots on a cluster) must answer what

@@ -8,7 +8,7 @@ each other's. While it is set:
 - every socket wait of a kvstatus connection (connect, handshake, health
   check, send, each reply) waits at most ``min(its own timeout, time left)``;
 - a call that finds every pooled connection in use waits for one, until the
-  deadline, then raises :class:`ClientPoolExhausted`, never "Redis unavailable";
+  deadline, then raises :class:`~kvstatus.errors.ClientPoolExhausted`, never "Redis unavailable";
 - no resend starts whose backoff would end past the deadline: the call gives
   up with the last error instead (:class:`DeadlineRetry`).
 
@@ -36,6 +36,7 @@ from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
 
 from kvstatus.concurrency import async_wait_future
+from kvstatus.errors import ClientPoolExhausted
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _async_timeout
@@ -73,20 +74,6 @@ def may_wait(seconds: float) -> bool:
     """True if a wait of ``seconds`` still leaves time for another attempt before the deadline."""
     left = time_left()
     return left is None or seconds < left
-
-
-class ClientPoolExhausted(redis.exceptions.RedisError):
-    """No pooled connection came free before the call's deadline; nothing was sent.
-
-    Not a ConnectionError, so that nothing resends it: Redis is fine, the client ran out of connections.
-    """
-
-    def __init__(self, max_connections: object, waited: float) -> None:
-        super().__init__(
-            f"client connection pool exhausted (max_connections={max_connections}): no connection "
-            f"came free within {waited:.3g} s; nothing was sent. Raise max_connections (a "
-            "ConnectionOptions field and URL option) or the deadline, or make fewer concurrent calls"
-        )
 
 
 def _expired() -> redis.exceptions.TimeoutError:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Optional
 
+import redis
+
 if TYPE_CHECKING:  # kvstatus.model imports this module
     from kvstatus.model import UpdateResult
 
@@ -113,3 +115,18 @@ class SupersededError(LeaseLostError):
     ) -> None:
         super().__init__(message, participant=participant)
         self.results = results
+
+
+class ClientPoolExhausted(redis.exceptions.RedisError):
+    """No pooled connection came free before the call's deadline; nothing was sent (raised by
+    :mod:`kvstatus.deadline`'s pools inside redis-py, and made :class:`PoolExhaustedError` by the translation).
+
+    Not a ConnectionError, so that nothing resends it: Redis is fine, the client ran out of connections.
+    """
+
+    def __init__(self, max_connections: object, waited: float) -> None:
+        super().__init__(
+            f"client connection pool exhausted (max_connections={max_connections}): no connection "
+            f"came free within {waited:.3g} s; nothing was sent. Raise max_connections (a "
+            "ConnectionOptions field and URL option) or the deadline, or make fewer concurrent calls"
+        )

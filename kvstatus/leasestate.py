@@ -37,12 +37,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from kvstatus import scripts, stored
+from kvstatus import scripts
 from kvstatus.arguments import validate_lease_ttl
 from kvstatus.errors import BackendError, LeaseLostError
 from kvstatus.keys import KeySchema, validate_address
 from kvstatus.model import LeaseOutcome
-from kvstatus.replies import subscriber_counts
+from kvstatus.replies import stored_int, subscriber_counts, text
 from kvstatus.requests import Call, Request, script_call
 
 log = logging.getLogger("kvstatus.leases")
@@ -145,10 +145,10 @@ class LeaseCore:
         def decode(replies: list[Any]) -> Optional[str]:
             (state, deadline, holder), (seconds, micros), counts = replies
             now_ms = int(seconds) * 1000 + int(micros) // 1000
-            alive = stored.text(state or b"") == "held" and (stored.stored_int(deadline) or 0) >= now_ms
+            alive = text(state or b"") == "held" and (stored_int(deadline) or 0) >= now_ms
             if not alive or subscriber_counts(counts).get(channel, 0) < 1:
                 return None
-            return stored.text(holder)[:300] if holder else "a process that did not say which"
+            return text(holder)[:300] if holder else "a process that did not say which"
 
         return Request(calls, decode)
 
@@ -244,8 +244,8 @@ def silence_request(
     alive the step longer (docs/operations.md)."""
 
     def decode(replies: list[Any]) -> Optional[tuple[str, str]]:
-        inc, seen, ttl = (None if value is None else stored.text(value) for value in replies[0])
-        ttl_ms = stored.stored_int(ttl)
+        inc, seen, ttl = (None if value is None else text(value) for value in replies[0])
+        ttl_ms = stored_int(ttl)
         if inc is None or seen is None or ttl_ms is None:
             silent.pop(name, None)
             return None

@@ -16,7 +16,7 @@ from typing import Any, Optional, TypedDict, TypeVar
 
 from redis.cluster import key_slot  # type: ignore[attr-defined]
 
-from kvstatus import scripts, stored
+from kvstatus import scripts
 from kvstatus.arguments import (
     DEFAULT_TTL_SECONDS,
     STATUS_ARG,
@@ -63,13 +63,13 @@ from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, up
     _decode_record,
     _decode_update,
     _pairs,
-    _text,
     decode_room,
     decode_room_reply,
     decode_status,
     decode_statuses,
     decode_tombstone,
     parse_fate,
+    parse_timeline,
     update_result,
 )
 from kvstatus.requests import Call, Request, script_call  # noqa: F401  (also re-exported)
@@ -215,7 +215,7 @@ class StoreCore:
                 f"key {key} field {self.participant} held a value that is not a status 0..4; the entry was removed"
             )
         try:
-            steps = stored.parse_timeline(timeline, key, self._timeline_field) if timeline else ()
+            steps = parse_timeline(timeline, key, self._timeline_field) if timeline else ()
         except CorruptedValueError:
             steps = ()
         return Cleared(removed > 0, None if status < 0 else KVPoll(status), steps)

@@ -82,10 +82,9 @@ from kvstatus.keys import MAX_NAME_LENGTH, role_of
 from kvstatus.leasestate import ADDRESS_FIELD, expire_request, silence_request
 from kvstatus.model import OPEN, KVPoll, LeaseState
 from kvstatus.operations import StoreCore
-from kvstatus.replies import ReplyOrError, subscriber_counts
+from kvstatus.replies import ReplyOrError, stored_int, subscriber_counts, text
 from kvstatus.requests import Call, Request
 from kvstatus.sendrules import checked
-from kvstatus.stored import stored_int
 from kvstatus.translate import translate_error
 
 WATCH_SECONDS = 1.0
@@ -311,12 +310,12 @@ class PeerWatch:
                 self.index_refused = f"the lease index {self.key} could not be used ({refused})"
                 now = time.monotonic()
                 for room in replies[3:]:
-                    for name in map(_text, room if isinstance(room, dict) else ()):
+                    for name in map(text, room if isinstance(room, dict) else ()):
                         if name != self.participant and name not in self._peers and _NAME.fullmatch(name):
                             self._peers[name] = _Peer("", now)  # a participant's status field: a peer to watch
                 return {name: peer.mark for name, peer in self._peers.items()}
             self.index_refused, marks = None, replies[2] or {}
-            return {_text(name): _text(value) for name, value in marks.items() if _text(name) != self.participant}
+            return {text(name): text(value) for name, value in marks.items() if text(name) != self.participant}
 
         return Request(calls, decode, strict=0)
 
@@ -406,7 +405,7 @@ class PeerWatch:
         def decode(replies: list[Any]) -> tuple[Optional[int], Optional[str]]:
             raw_epoch, raw_address = replies[0]
             epoch = stored_int(raw_epoch)  # None: no record, or not one lua/lease.lua wrote (" 7", "1e300"): no fence
-            address = None if raw_address is None else _text(raw_address)
+            address = None if raw_address is None else text(raw_address)
             peer = self._peers.get(name)
             if peer is not None:
                 peer.address = address
@@ -442,7 +441,3 @@ def _refusal(calls: list[Call], replies: Sequence[object]) -> Optional[Exception
         if not isinstance(translate_error(reply, call), (CorruptedValueError, PermissionDeniedError)):
             checked([call], [reply])
     return errors[0][1] if errors else None
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

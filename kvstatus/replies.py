@@ -1,16 +1,24 @@
-"""How the scripts' replies become results: statuses, update outcomes, rooms and tombstones (no I/O).
+"""The one validating parser of what Redis answers (no I/O): stored values, statuses, update outcomes, rooms
+and tombstones.
 
-Every decoder checks what Redis answered and raises :class:`~kvstatus.errors.CorruptedValueError` (a
-stored value kvstatus does not write) or :class:`~kvstatus.errors.BackendError` (a reply of the wrong
-shape), naming the key. :mod:`kvstatus.operations` pairs each request with its decoder.
+A tenant with write access to its namespace (or a buggy writer) can put anything into the keys kvstatus
+reads: a 16-digit epoch, ``inf`` as a stamp, a 20-digit failure time, a 1 MiB timeline, a string where a hash
+belongs. Every reader parses what it reads with the functions here, and the scripts with ``lua/lib/stored.lua``,
+which applies the same accept/reject rule to the same value (``tests/core/test_stored_values.py`` runs each
+junk value through both). A value either rule refuses is one kvstatus never writes.
+
+Every decoder raises :class:`~kvstatus.errors.CorruptedValueError` (a stored value kvstatus does not write) or
+:class:`~kvstatus.errors.BackendError` (a reply of the wrong shape), naming the key and field, and nothing else,
+whatever the value. What each reader then does (fail the call, read it as absent, skip and count it) is in
+docs/security.md. :mod:`kvstatus.operations` pairs each request with its decoder.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional, Union
 
-from kvstatus import stored
 from kvstatus.errors import BackendError, CorruptedValueError
 from kvstatus.keys import (
     FATE_FIELD,
@@ -28,6 +36,7 @@ from kvstatus.model import (
     ParticipantEntry,
     ReasonOutcome,
     RoomView,
+    Stage,
     Step,
     Tombstone,
     UpdateResult,
@@ -38,6 +47,138 @@ Reply = Union[None, bytes, str, int, float, list["Reply"], tuple["Reply", ...], 
 hash as a dict), and :data:`ReplyOrError` one of a round trip's replies: a call whose error does not fail its
 request (:attr:`~kvstatus.requests.Request.strict`) leaves the exception in its place."""
 ReplyOrError = Union[Reply, Exception]
+
+MAX_INT = 999_999_999_999_999
+"""The largest epoch, stamp or lease deadline (15 digits: what ``lua/update.lua`` takes as an epoch)."""
+MAX_TIME_MS = 253_402_300_799_999
+"""The latest time a failure record may hold: 9999-12-31T23:59:59.999Z in Unix ms, the last a reader can show."""
+MAX_TEXT_BYTES = 2048
+"""The longest reason in UTF-8 bytes (:data:`kvstatus.arguments.MAX_REASON_BYTES`; the scripts refuse longer)."""
+MAX_NAME_BYTES = 128
+"""The longest participant or origin name (:data:`kvstatus.keys.MAX_NAME_LENGTH`)."""
+TIMELINE_MAX_BYTES = 160
+"""The longest stored timeline in bytes (lua/lib/timeline.lua's TIMELINE_MAX_BYTES): about 14 steps."""
+
+_INT = re.compile(rb"[1-9][0-9]{0,14}")
+_NAME = re.compile(rb"[A-Za-z0-9_.-]{1,128}")
+_FIRST = re.compile(rb"([0-4])@([1-9][0-9]{0,14})")
+_LATER = re.compile(rb"([0-4])\+(0|[1-9][0-9]{0,14})")
+_STAGES = {stage.value.encode(): stage for stage in Stage}
+
+
+def raw(value: object) -> bytes:
+    """``value`` as Redis holds it (bytes; a str as UTF-8, anything else as its text)."""
+    if isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else str(value)).encode("utf-8", "surrogateescape")
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """The first ``limit`` characters of ``value``, quoted, for an error message."""
+    return repr(raw(value)[: limit * 4].decode("utf-8", "replace")[:limit])
+
+
+def text(value: object) -> str:
+    """A stored string as text (bytes that are not UTF-8 replaced, never raised)."""
+    return raw(value).decode("utf-8", "replace")
+
+
+def _corrupt(key: str, field: str, value: object, what: str) -> CorruptedValueError:
+    where = f"key {key} field {field}" if field else f"key {key}"
+    return CorruptedValueError(f"{where} holds {shown(value)}, not {what}; left as it is")
+
+
+def stored_int(value: object) -> Optional[int]:
+    """``value`` as an int if it is a positive integer of 1..15 decimal digits (no sign, space, exponent, hex,
+    leading zero, ``inf`` or ``nan``), else None: ``stored_int`` of lua/lib/stored.lua."""
+    if value is None:
+        return None
+    data = raw(value)
+    return int(data) if _INT.fullmatch(data) else None
+
+
+def stored_name(value: object) -> bool:
+    """Whether ``value`` is a participant or origin name: 1..128 of ``A-Z a-z 0-9 _ . -`` (``stored_name``)."""
+    return _NAME.fullmatch(raw(value)) is not None
+
+
+def stored_text(value: object) -> bool:
+    """Whether ``value`` is a reason kvstatus stores: UTF-8 text of at most :data:`MAX_TEXT_BYTES` bytes."""
+    data = raw(value)
+    if len(data) > MAX_TEXT_BYTES:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def parse_epoch(value: object, key: str, field: str) -> int:
+    """An epoch, stamp or lease deadline (:func:`stored_int`); raises :class:`CorruptedValueError` for anything else."""
+    found = stored_int(value)
+    if found is None:
+        raise _corrupt(key, field, value, "a positive integer of 1..15 digits")
+    return found
+
+
+def next_epoch(stored: object, now_ms: int) -> int:
+    """The epoch an acquire takes (lua/lease.lua) from the record's ``stored`` epoch at Redis' ``now_ms``: above the
+    stored one when that is valid and has a valid successor, else ``now_ms`` (a forged one is read as none)."""
+    previous = stored_int(stored)
+    if previous is None or previous >= MAX_INT:
+        return now_ms
+    return max(now_ms, previous + 1)
+
+
+def parse_failure(value: object, key: str, field: str) -> FailureRecord:
+    """A room's first failure ``<ms>:<stage>:<origin>:<reason>``: ms at most :data:`MAX_TIME_MS`, a known stage,
+    origin 1..:data:`MAX_NAME_BYTES` bytes without a colon (kvstatus writes a name; readers escape what they show),
+    reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored_text.lua)."""
+    data = raw(value)
+    parts = data.split(b":", 3)
+    if (
+        len(parts) == 4
+        and len(parts[3]) <= MAX_TEXT_BYTES
+        and 0 < len(parts[2]) <= MAX_NAME_BYTES
+        and parts[1] in _STAGES
+    ):
+        ms = stored_int(parts[0])
+        if ms is not None and ms <= MAX_TIME_MS:
+            reason = parts[3].decode("utf-8", "replace")
+            return FailureRecord(ms, _STAGES[parts[1]], parts[2].decode("utf-8", "replace"), reason)
+    raise _corrupt(key, field, value, "a failure record")
+
+
+def parse_timeline(value: object, key: str, field: str) -> tuple[Step, ...]:
+    """The steps of a stored timeline (:mod:`kvstatus.timeline`), in order: at most :data:`TIMELINE_MAX_BYTES`,
+    numbers of 1..15 digits, offsets that never go back (``stored_timeline`` of lua/lib/stored.lua)."""
+    data = raw(value)
+    if len(data) > TIMELINE_MAX_BYTES:
+        raise _corrupt(key, field, value, "a timeline")
+    parts = data.split(b" ")
+    first = _FIRST.fullmatch(parts[0])
+    later = [_LATER.fullmatch(part) for part in parts[1:]]
+    if first is None or None in later:
+        raise _corrupt(key, field, value, "a timeline")
+    base = int(first.group(2))
+    steps = [Step(KVPoll(int(first.group(1))), base)]
+    for match in later:
+        assert match is not None
+        at = base + int(match.group(2))
+        if at < steps[-1].at_ms:
+            raise _corrupt(key, field, value, "a timeline (it goes back)")
+        steps.append(Step(KVPoll(int(match.group(1))), at))
+    return tuple(steps)
+
+
+def parse_time(value: object, key: str, field: str) -> int:
+    """A time note (a tombstone's): Unix ms, a :func:`stored_int` no later than :data:`MAX_TIME_MS`."""
+    found = stored_int(value)
+    if found is None or found > MAX_TIME_MS:
+        raise _corrupt(key, field, value, "a time in Unix ms")
+    return found
+
 
 _STATUS_BY_VALUE: dict[object, KVPoll] = {}
 for _s in KVPoll:
@@ -59,8 +200,6 @@ _RECORDED: dict[object, bool] = {
 }
 
 
-_text = stored.text
-
 NOT_A_TOMBSTONE = -3
 """The tombstone PTTL lua/room.lua answers when the tombstone's name holds a key that is not a hash."""
 
@@ -68,8 +207,8 @@ NOT_A_TOMBSTONE = -3
 def parse_fate(value: object, key: str) -> Optional[FailureRecord]:
     """Decode the :data:`~kvstatus.keys.FATE_FIELD` value read from ``key`` (None stays None); raise
     :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything kvstatus does not write
-    (:func:`kvstatus.stored.parse_failure`: its time is one a reader can show, up to the year 9999)."""
-    return None if value is None else stored.parse_failure(value, key, FATE_FIELD)
+    (:func:`kvstatus.replies.parse_failure`: its time is one a reader can show, up to the year 9999)."""
+    return None if value is None else parse_failure(value, key, FATE_FIELD)
 
 
 def decode_statuses(values: Sequence[object], keys: list[str], field: str) -> list[Optional[KVPoll]]:
@@ -88,7 +227,7 @@ def decode_status(value: object, key: str, field: str) -> Optional[KVPoll]:
     status = _STATUS_BY_VALUE.get(value)
     if status is None:
         raise CorruptedValueError(
-            f"key {key} field {field} holds {_text(value)[:40]!r}, not a status 0..4; left as it is"
+            f"key {key} field {field} holds {text(value)[:40]!r}, not a status 0..4; left as it is"
         )
     return status
 
@@ -154,26 +293,26 @@ def subscriber_counts(reply: Any) -> dict[str, int]:
     items = list(reply or ())
     pairs = items if all(isinstance(item, (list, tuple)) for item in items) else list(zip(items[::2], items[1::2]))
     for channel, count in pairs:
-        name = stored.text(channel)
+        name = text(channel)
         counts[name] = counts.get(name, 0) + int(count)
     return counts
 
 
 def decode_tombstone(fields: object, pttl: int) -> Optional[Tombstone]:
     """A :class:`Tombstone` from its hash fields (None when there are none, or ``fields`` is not a hash's
-    reply); notes kvstatus does not write (:func:`kvstatus.stored.parse_time`) are skipped: it only informs."""
+    reply); notes kvstatus does not write (:func:`kvstatus.replies.parse_time`) are skipped: it only informs."""
     if not fields or not isinstance(fields, Mapping):
         return None
     cleared: dict[str, tuple[float, Optional[KVPoll]]] = {}
     late: dict[str, float] = {}
     for raw_field, raw_value in fields.items():
-        field, value = _text(raw_field), _text(raw_value)
+        field, value = text(raw_field), text(raw_value)
         try:
             if field.startswith(LATE_FIELD_PREFIX):
-                late[field[len(LATE_FIELD_PREFIX) :]] = stored.parse_time(value, "", field) / 1000
+                late[field[len(LATE_FIELD_PREFIX) :]] = parse_time(value, "", field) / 1000
             else:
                 at, _, status = value.partition(" ")
-                cleared[field] = (stored.parse_time(at, "", field) / 1000, _STATUS_BY_VALUE.get(status))
+                cleared[field] = (parse_time(at, "", field) / 1000, _STATUS_BY_VALUE.get(status))
         except CorruptedValueError:
             continue  # not a note kvstatus writes: the tombstone only informs, so it is not fatal
     entries = {name: ClearedEntry(at, status, late.get(name)) for name, (at, status) in sorted(cleared.items())}
@@ -210,19 +349,19 @@ def decode_room(
     stamps: dict[str, int] = {}
     failure = None
     for raw_field, value in fields.items():
-        field = _text(raw_field)
+        field = text(raw_field)
         if field == FATE_FIELD:
             failure = parse_fate(value, key)
         elif field.startswith(REASON_FIELD_PREFIX):
-            reasons[field[len(REASON_FIELD_PREFIX) :]] = _text(value)
+            reasons[field[len(REASON_FIELD_PREFIX) :]] = text(value)
         elif field.startswith(INCARNATION_FIELD_PREFIX):
-            stamp = stored.stored_int(value)  # the fence of the entry's writer (lua/update.lua); junk is none
+            stamp = stored_int(value)  # the fence of the entry's writer (lua/update.lua); junk is none
             if stamp is not None:
                 stamps[field[len(INCARNATION_FIELD_PREFIX) :]] = stamp
         elif field.startswith(TIMELINE_FIELD_PREFIX):
             if timelines:
                 try:
-                    steps[field[len(TIMELINE_FIELD_PREFIX) :]] = stored.parse_timeline(value, key, field)
+                    steps[field[len(TIMELINE_FIELD_PREFIX) :]] = parse_timeline(value, key, field)
                 except CorruptedValueError as exc:
                     ignored.append(str(exc))
         elif ":" in field:

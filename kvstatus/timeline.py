@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvstatus import stored
+from kvstatus import replies
 from kvstatus.model import KVPoll, Step
 
-MAX_BYTES = stored.TIMELINE_MAX_BYTES
+MAX_BYTES = replies.TIMELINE_MAX_BYTES
 """The longest stored timeline in bytes (lua/lib/timeline.lua's TIMELINE_MAX_BYTES): about 14 steps."""
 
 
@@ -43,8 +43,8 @@ def timeline_after(prev: Optional[str], status: int, now_ms: int) -> str:
 def parse_timeline(value: object, key: str, field: str) -> tuple[Step, ...]:
     """The steps of a stored timeline (bytes or str), in order; raises
     :class:`~kvstatus.errors.CorruptedValueError` naming ``key`` and ``field`` for a value kvstatus does not write
-    (:func:`kvstatus.stored.parse_timeline`, the rule lua/lib/stored.lua applies before the script appends)."""
-    return stored.parse_timeline(value, key, field)
+    (:func:`kvstatus.replies.parse_timeline`, the rule lua/lib/stored.lua applies before the script appends)."""
+    return replies.parse_timeline(value, key, field)
 
 
 STAGES: tuple[str, ...] = ("bootstrap", "waiting", "transfer", "total")

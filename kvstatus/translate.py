@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
-from kvstatus.deadline import ClientPoolExhausted
 from kvstatus.errors import (
     AuthenticationError,
     BackendBusyError,
     BackendError,
     BackendRefusedError,
     BackendUnavailableError,
+    ClientPoolExhausted,
     CorruptedValueError,
     InvalidArgumentError,
     KVStatusError,
@@ -32,8 +32,10 @@ from kvstatus.errors import (
     PoolExhaustedError,
 )
 from kvstatus.redact import mask_url
-from kvstatus.requests import Call
 from kvstatus.scripts import LIBRARY_NAME
+
+if TYPE_CHECKING:  # annotations only: the requests stay a layer above the translation
+    from kvstatus.requests import Call
 
 # Error prefixes the scripts in lua/ return (redis.error_reply); NOPERM arrives as redis-py's NoPermissionError.
 _BADARG = "KVSTATUS_BADARG "

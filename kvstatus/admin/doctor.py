@@ -27,6 +27,7 @@ from kvstatus.backend import WatchPool
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT, KeySchema
 from kvstatus.model import KVPoll, RoomView
+from kvstatus.replies import text
 from kvstatus.translate import REDIS_ERRORS, translate_error
 
 PROBE_ROOM = MAX_ROOM
@@ -350,8 +351,8 @@ def _hello_version(node: Any) -> str:
     """The server's name and version from HELLO (no INFO: the ACL recipes do not grant it): "Valkey 9.1.2"."""
     reply = node.execute_command("HELLO")
     fields = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
-    text = {_text(key): _text(value) for key, value in fields.items()}
-    return f"{_server_name(text.get('server', 'redis'))} {text.get('version')}"
+    hello = {text(key): text(value) for key, value in fields.items()}
+    return f"{_server_name(hello.get('server', 'redis'))} {hello.get('version')}"
 
 
 def _info_version(node: Any) -> str:
@@ -364,10 +365,6 @@ def _info_version(node: Any) -> str:
 
 def _server_name(name: str) -> str:
     return "Valkey" if name.lower() == "valkey" else "Redis"
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def version_check(node: Any) -> Check:

@@ -17,8 +17,8 @@ from typing import Any, Optional
 from kvstatus.admin.send import DEFAULT_BATCH, nodes_of, replies, scan_step, send
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, LeaseState, RoomView
+from kvstatus.replies import stored_int, text
 from kvstatus.requests import Call
-from kvstatus.stored import stored_int
 from kvstatus.translate import translate_error
 
 
@@ -65,10 +65,6 @@ class LeaseInfo:
         }
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def redis_ms(seconds: Any, micros: Any) -> int:
     """A ``TIME`` reply as whole Unix ms, truncated exactly as the Lua scripts compute ``now``."""
     return int(seconds) * 1000 + int(micros) // 1000
@@ -77,7 +73,7 @@ def redis_ms(seconds: Any, micros: Any) -> int:
 def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[LeaseInfo]:
     """``now_ms``: the Redis clock in whole ms (:func:`redis_ms`). The lease is judged as lua/room_statuses.lua
     judges it (the consensus view, the sweeper): a fractional ms here called a lease lost up to 1 ms before it did."""
-    record = {_text(k): _text(v) for k, v in fields.items()}
+    record = {text(k): text(v) for k, v in fields.items()}
     now = now_ms / 1000
     try:
         deadline_ms = stored_int(record["deadline"]) or 0  # as lua/room_statuses.lua: a junk deadline is past
@@ -129,7 +125,7 @@ def iter_leases(
                     if info is not None:
                         yield info
                     elif (bad or fields) and on_corrupt is not None:
-                        on_corrupt(f"key {_text(key)} is not a lease record kvstatus writes; skipped")
+                        on_corrupt(f"key {text(key)} is not a lease record kvstatus writes; skipped")
             if cursor == 0:
                 break
 

@@ -1,7 +1,7 @@
 -- Numbers and timelines read back from Redis ("-- @include stored"; texts, names and failure records are in
 -- "-- @include stored_text", which needs this file above it: the update script, the hottest, defines only what it
 -- uses, as a script re-creates every function it includes at each call): the accept/reject rules of
--- kvstatus/stored.py, which the tests hold to these functions value by value. Every stored value a script reads
+-- kvstatus/replies.py, which the tests hold to these functions value by value. Every stored value a script reads
 -- goes through one of them; a value they refuse is one kvstatus never writes (a tenant's HSET, a bug), and each
 -- script says what it does then.
 -- Anchored patterns and length checks first: a tenant's 1 MiB value costs one comparison.

@@ -10,8 +10,8 @@ import pytest
 
 from kvstatus import CorruptedValueError, InvalidArgumentError, KVPoll, Outcome, scripts
 from kvstatus.keys import KeySchema
+from kvstatus.replies import MAX_TIME_MS, parse_failure
 from kvstatus.requests import Request, script_call
-from kvstatus.stored import MAX_TIME_MS, parse_failure
 from tests.helpers.backends import RedisUnderTest
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed

@@ -1,5 +1,5 @@
 """Lua and Python accept the same stored values (issue 36): each junk value a tenant or a buggy writer can put into
-Redis goes through lua/lib/stored.lua on a real Redis and through kvstatus.stored, and the two verdicts agree."""
+Redis goes through lua/lib/stored.lua on a real Redis and through kvstatus.replies, and the two verdicts agree."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import pytest
 import redis
 
-from kvstatus import CorruptedValueError, scripts, stored
+from kvstatus import CorruptedValueError, replies, scripts
 from kvstatus.keys import KeySchema
 from kvstatus.leasestate import LeaseCore
 from kvstatus.replies import decode_room, decode_tombstone
@@ -60,7 +60,7 @@ def _none_on_corrupt(parse: Callable[[], str]) -> Optional[str]:
 
 def _fate(value: Any) -> Optional[str]:
     def parse() -> str:
-        record = stored.parse_failure(value, "k", "room:fate")
+        record = replies.parse_failure(value, "k", "room:fate")
         datetime.fromtimestamp(record.at, timezone.utc)  # every record it accepts can be shown (issue 36: OSError)
         return f"{record.stage.value} {record.origin}"
 
@@ -69,17 +69,17 @@ def _fate(value: Any) -> Optional[str]:
 
 def _timeline(value: Any) -> Optional[str]:
     def parse() -> str:
-        steps = stored.parse_timeline(value, "k", "t:p")
+        steps = replies.parse_timeline(value, "k", "t:p")
         return f"{steps[0].at_ms} {steps[-1].at_ms - steps[0].at_ms}"
 
     return _none_on_corrupt(parse)
 
 
 PYTHON: dict[str, Callable[[Any], Optional[str]]] = {
-    "int": lambda value: None if stored.stored_int(value) is None else str(stored.stored_int(value)),
-    "time": lambda value: _none_on_corrupt(lambda: str(stored.parse_time(value, "k", "f"))),
-    "text": lambda value: "ok" if stored.stored_text(value) else None,
-    "name": lambda value: "ok" if stored.stored_name(value) else None,
+    "int": lambda value: None if replies.stored_int(value) is None else str(replies.stored_int(value)),
+    "time": lambda value: _none_on_corrupt(lambda: str(replies.parse_time(value, "k", "f"))),
+    "text": lambda value: "ok" if replies.stored_text(value) else None,
+    "name": lambda value: "ok" if replies.stored_name(value) else None,
     "fate": _fate,
     "timeline": _timeline,
 }
@@ -99,7 +99,7 @@ def test_lua_and_python_accept_the_same_stored_values(client: Any, kind: str, va
     for value in values:
         lua = client.eval(PROBE, 0, kind, value)
         python = PYTHON[kind](value)
-        assert (None if lua is None else lua.decode("utf-8", "replace")) == python, (kind, stored.shown(value, 60))
+        assert (None if lua is None else lua.decode("utf-8", "replace")) == python, (kind, replies.shown(value, 60))
         verdicts[python is not None] += 1
     assert verdicts[True] >= 2 and verdicts[False] >= 3, verdicts  # the table holds both kinds
 
@@ -107,7 +107,7 @@ def test_lua_and_python_accept_the_same_stored_values(client: Any, kind: str, va
 def test_the_python_parsers_raise_only_corrupted_value_errors_naming_the_key() -> None:
     for _, values in CASES:
         for value in values:
-            for parse in (stored.parse_epoch, stored.parse_time, stored.parse_failure, stored.parse_timeline):
+            for parse in (replies.parse_epoch, replies.parse_time, replies.parse_failure, replies.parse_timeline):
                 try:
                     parse(value, "kvstatus:ns:{5}", "f")
                 except CorruptedValueError as exc:
@@ -119,7 +119,7 @@ def test_the_python_parsers_raise_only_corrupted_value_errors_naming_the_key() -
     ["999999999999998", "999999999999999", "1000000000000000", "1e300", "inf", "-5", " 7", "0x10", "nan", "5", "x"],
 )
 def test_an_acquire_takes_the_epoch_the_python_rule_gives(client: Any, previous: str) -> None:
-    """lua/lease.lua's acquire and kvstatus.stored.next_epoch agree, and the epoch is one lua/update.lua takes:
+    """lua/lease.lua's acquire and kvstatus.replies.next_epoch agree, and the epoch is one lua/update.lua takes:
     a forged epoch (issue 36: 999999999999999 made every later acquire take a 16-digit one) is read as none."""
     schema = KeySchema("stored-epochs")
     core = LeaseCore(schema, "decode-9", 3.0, 10_000)
@@ -130,8 +130,8 @@ def test_an_acquire_takes_the_epoch_the_python_rule_gives(client: Any, previous:
     code, _, epoch = _acquire(client, core)
     seconds, micros = client.time()
     after = int(seconds) * 1000 + int(micros) // 1000
-    assert code == 10 and stored.stored_int(str(epoch)) == epoch  # HELD, and a valid epoch
-    assert stored.next_epoch(previous, before) <= epoch <= stored.next_epoch(previous, after)
+    assert code == 10 and replies.stored_int(str(epoch)) == epoch  # HELD, and a valid epoch
+    assert replies.next_epoch(previous, before) <= epoch <= replies.next_epoch(previous, after)
 
 
 def _acquire(client: Any, core: LeaseCore) -> tuple[int, int, int]:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 import redis
 
 from kvstatus.keys import KeySchema, incarnation_field
-from kvstatus.stored import stored_int
+from kvstatus.replies import stored_int
 from tests.e2e import deploy
 
 FAULT_WAIT = 30.0

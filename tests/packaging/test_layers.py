@@ -36,27 +36,30 @@ RANK = {"admin": 1, "demo": 1, "observe": 2, "cli": 3}
 """Rank of each operator package, above the library (0): a module imports only its own package, the library,
 and lower ranks, or a pair in :data:`ALLOWED_SIDEWAYS`."""
 ALLOWED_SIDEWAYS = {("demo", "admin"), ("observe", "admin")}
-MAX_LAYERS = 14
+MAX_LAYERS = 13
 """A ceiling, not the goal: the count the code has (18 when this test came; 15 once the lease TTL's rule, the
 consensus and peer-watch annotations, as_functions and the admin tools' DEFAULT_BATCH moved; 14 once the near
 cache's invalidation reader took its state as a type only, the misconfiguration mixins joined the translation
-that reads what they set, and the replies parsed timelines with kvstatus.stored, not through kvstatus.timeline).
+that reads what they set, and the replies parsed timelines with kvstatus.stored, not through kvstatus.timeline;
+13 once kvstatus.stored joined kvstatus.replies and the translation took the pool's exception from kvstatus.errors).
 Issue 34's budget is 11: what is left above the library is the operator stack (cli, observe, admin over the
 sender); lower this as the moves it plans shorten the longest chain (the test prints it: ``pytest -s``)."""
-MAX_LIBRARY_LAYERS = 10
+MAX_LIBRARY_LAYERS = 9
 """The same count over the library alone (no cli, admin, observe or demo module): what an SGLang node imports.
 10 since the SGLang plugin's addresses took their logger by name and its start-up check stopped importing the
-store it checks (14 before); issue 34's budget of 11 holds here."""
+store it checks (14 before); 9 once the value parser and the replies became one module; issue 34's budget of 11
+holds here."""
 
 
-MAX_LIBRARY_MODULES = 42
-MAX_LIBRARY_LINES = 10_650
+MAX_LIBRARY_MODULES = 41
+MAX_LIBRARY_LINES = 10_625
 """Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted
 by hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files
 count): 48 modules and 10,733 lines at 8d3c374; 46 once kvstatus.fate joined kvstatus.rule and the replies
 stopped loading kvstatus.timeline (when this test came); 44 once kvstatus.misconfig joined kvstatus.translate
 and kvstatus.naming joined kvstatus.keys; 42 and 10,627 lines once the presence joined the lease keeper
-(kvstatus._async.leases) and kvstatus.sglang.addresses joined kvstatus.sglang.startup. Issue 34's budget is 30
+(kvstatus._async.leases) and kvstatus.sglang.addresses joined kvstatus.sglang.startup; 41 and 10,617 once
+kvstatus.stored joined kvstatus.replies. Issue 34's budget is 30
 modules and 8,500 lines; lower these as merges land."""
 
 

@@ -31,10 +31,10 @@ from kvstatus.model import (
     Policy,
     RoomConsensus,
     RoomView,
+    StoreObserver,
     Tombstone,
     UpdateResult,
 )
-from kvstatus.observer import StoreObserver
 from kvstatus.rule import apply_rule
 from kvstatus.url import ConnectionOptions
 

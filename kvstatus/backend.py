@@ -33,7 +33,7 @@ from kvstatus.errors import InvalidArgumentError
 from kvstatus.url import ConnectionOptions
 
 if TYPE_CHECKING:
-    from kvstatus.keywatch import WatchHub
+    from kvstatus.waits import WatchHub
 
 Client = Union[redis.Redis, RedisCluster]
 """A blocking redis-py client: a server's (Sentinel's ``master_for`` and fakeredis' ``FakeRedis`` are ones too) or a

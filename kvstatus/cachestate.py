@@ -25,7 +25,7 @@ from kvstatus.replies import Reply, decode_room
 from kvstatus.rule import shared_failed
 
 if TYPE_CHECKING:
-    from kvstatus.observer import StoreObserver
+    from kvstatus.model import StoreObserver
     from kvstatus.requests import Arg
 
 DEFAULT_MAX_ROOMS = 16_384
@@ -138,15 +138,14 @@ def view_at(room: int, entry: CachedRoom, now: float) -> RoomView:
 
 
 class Freshness:
-    """The near cache's read door for a reader that holds no lock (the SGLang map's dict-speed path).
+    """The near cache's read door for a reader that holds no lock (the SGLang map's dict-speed path; docs/design.md,
+    "How the near cache stays coherent").
 
-    While ``time.monotonic() < until`` (monotonic seconds), such a reader may look a room up in a status map of
-    :meth:`CacheState.flat` itself, with no lock and no I/O, and appends one item to :attr:`hits` for each read
-    it served. ``until`` is written by the driver alone, under its lock: at most :data:`POLL_GATE` ahead, never
-    past the links' liveness, the next topology check or a cached key's expiry; 0 after a flush. ``list.append``
-    is one atomic step in CPython, with or without the GIL, so no thread's hit is lost (a shared ``+= 1`` is
-    three); the driver counts and drops them with :meth:`take_hits`, at least once per :data:`POLL_GATE` of
-    polling, which bounds the list.
+    While ``time.monotonic() < until``, the reader may look a room up in a :meth:`CacheState.flat` map itself and
+    appends one item to :attr:`hits` per read served. Invariants: only the driver writes ``until``, under its lock
+    (:meth:`CacheState.served`; 0 after a flush); hits are counted by ``list.append``, one atomic step in CPython
+    with or without the GIL (a shared ``+= 1`` is three), and :meth:`take_hits` drops them at least once per
+    :data:`POLL_GATE` of polling, which bounds the list.
     """
 
     __slots__ = ("until", "hits")
@@ -395,9 +394,7 @@ def register(cache: NearCacheBase) -> None:
 
 def writes_sent(schema: KeySchema, rooms: Iterable[int]) -> None:
     """A store of this process wrote (or may have written) ``rooms`` of ``schema``'s namespace: every near cache
-    of the process on that namespace drops them, so a read that follows the write in this process, through any
-    store, reads them again (read-your-writes within a process; another process's writes reach the cache by
-    Redis' invalidation messages). On the write path: one dict lookup when no cache reads the namespace."""
+    of the process on that namespace drops them (read-your-writes within a process)."""
     refs = _CACHES.get(schema.base)
     if not refs:
         return

@@ -1,11 +1,8 @@
 """The room consensus view: one status for a room over its expected participants.
 
-:func:`~kvstatus.rule.room_consensus` is the rule, pure Python; :func:`room_statuses_request`
-reads what it needs in one round trip (one ``lua/room_statuses.lua`` call on a
-single Redis; on a cluster one ``HMGET`` per room and one lease read per
-participant, pipelined per node) and applies it to every room.
-
-The rule is :func:`kvstatus.rule.room_consensus`.
+:func:`entries_request` reads what the rule (:func:`kvstatus.rule.room_consensus`) needs in one round trip (one
+``lua/room_statuses.lua`` call on a single Redis; on a cluster one ``HMGET`` per room and one lease read per
+participant, pipelined per node); :func:`consensus_many` applies it to every room.
 """
 
 from __future__ import annotations
@@ -93,11 +90,7 @@ def consensus_many(entries: Entries) -> dict[int, RoomConsensus]:
 
 
 def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterable[str]) -> Request[Entries]:
-    """The :class:`~kvstatus.operations.Request` reading :class:`Entries` of ``rooms`` in one round trip.
-
-    ``core`` is a :class:`~kvstatus.operations.StoreCore` (its schema and topology).
-    """
-
+    """The :class:`~kvstatus.operations.Request` reading :class:`Entries` of ``rooms`` in one round trip."""
     if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
         raise InvalidArgumentError(f"expected an iterable of room ids, not {type(rooms).__name__}")
     ids = list(dict.fromkeys(validate_rooms(rooms)))

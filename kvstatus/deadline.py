@@ -1,19 +1,10 @@
 """The per-call deadline, and the redis-py pieces that honour it.
 
-A store call (``StatusStore`` or ``AsyncStatusStore``) sets :data:`DEADLINE`
-to ``time.monotonic() + deadline`` for as long as it runs; the context
-variable is per thread and per asyncio task, so concurrent calls never see
-each other's. While it is set:
-
-- every socket wait of a kvstatus connection (connect, handshake, health
-  check, send, each reply) waits at most ``min(its own timeout, time left)``;
-- a call that finds every pooled connection in use waits for one, until the
-  deadline, then raises :class:`~kvstatus.errors.ClientPoolExhausted`, never "Redis unavailable";
-- no resend starts whose backoff would end past the deadline: the call gives
-  up with the last error instead (:class:`DeadlineRetry`).
-
-So a call returns within its deadline plus :data:`TOLERANCE` (0.1 s) and
-Python's own overhead, whatever the server does. Outside a store call (admin tools, a raw client) nothing changes.
+A store call sets :data:`DEADLINE` for as long as it runs (a context variable: per thread and per asyncio task).
+While it is set, every socket wait of a kvstatus connection waits at most ``min(its own timeout, time left)``, a
+call that finds every pooled connection in use queues until the deadline (then
+:class:`~kvstatus.errors.ClientPoolExhausted`), and no resend starts whose backoff would end past it
+(:class:`DeadlineRetry`). Outside a store call nothing changes. docs/guide.md ("Deadline").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The near cache's invalidation reader: per server, a RESP3 connection that Redis' invalidations are
 pushed to, read without blocking on every cache read, and the liveness PINGs that bound staleness.
-
-Anything the reader does not understand on that connection (a message a client published on the
-channel, a malformed frame) empties the whole cache: it never drops a real invalidation, and never
-trusts a payload it cannot read.
+Anything it cannot parse there empties the whole cache. docs/design.md ("How the near cache stays coherent").
 """
 
 from __future__ import annotations
@@ -50,14 +47,9 @@ def peer_of(connection: object) -> object:
 class InvalidationSocket:
     """The invalidation connection of one server, read without blocking (shared by sync and async caches).
 
-    ``open`` runs the blocking handshake (redis-py's, on RESP3: ``HELLO 3``, auth, TLS, ``CLIENT SETNAME``),
-    reads the connection's ``CLIENT ID`` and the server's address, and turns the socket non-blocking. From
-    then on only :meth:`drain` and :meth:`ping` touch it.
-
-    The connection subscribes to nothing: a RESP3 client that is the target of ``CLIENT TRACKING ...
-    REDIRECT`` gets its invalidations as push messages. So no client can inject one (a ``PUBLISH
-    __redis__:invalidate`` reaches only that channel's subscribers), and the ACL recipe grants no channel
-    for the near cache.
+    ``open`` runs redis-py's blocking handshake on RESP3, reads the connection's ``CLIENT ID`` and the server's
+    address, and turns the socket non-blocking; from then on only :meth:`drain` and :meth:`ping` touch it. It
+    subscribes to nothing (invalidations arrive as push messages), so no ``PUBLISH`` can inject one.
     """
 
     def __init__(self, connection: Any) -> None:

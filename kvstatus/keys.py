@@ -1,25 +1,12 @@
-"""Key schema: ``<prefix>:<namespace>:{<room>}``, one hash per room; names checked, and what they say.
+"""Key schema: ``<prefix>:<namespace>:{<room>}``, one hash per room (the room id is the hash tag); names checked,
+and what they say. The layout: docs/design.md ("Data model").
 
-The room id is the hash tag, so rooms spread over every cluster slot while all
-of one room lives in one slot. Fields of the hash (participant names cannot
-contain ``:``, so the two kinds never collide):
-
-- ``<participant>``         the participant's status, "0".."4"
-- ``reason:<participant>``  the first failure reason recorded for it
-- ``inc:<participant>``     the epoch of the lease incarnation that last wrote the entry (written only by
-  stores with a lease; it fences off a replaced incarnation's writes, see ``lua/update.lua``)
-- ``t:<participant>``       the time it reached each status (written only by stores with ``timeline=True``,
-  see :mod:`kvstatus.timeline`)
-- ``room:fate``             the room's first failure (:data:`FATE_FIELD`, read by :func:`kvstatus.rule.shared_status`)
-
-Beside the rooms (none of these ends with ``}``, so the room SCAN pattern
-``<prefix>:<namespace>:{*}`` never matches them, and :meth:`KeySchema.room_of`
-rejects them):
-
-- ``<prefix>:<namespace>:{<room>}:t``           the room's tombstone (same slot), written by ``clear()``
-- ``<prefix>:<namespace>:lease:<participant>``  a participant's lease record (see :mod:`kvstatus.leasestate`)
-- ``<prefix>:<namespace>:leases``               the lease index: each lease holder's mark, read by its
-  peers' watches (see :mod:`kvstatus.peerwatch`)
+Room fields beyond that section's: ``inc:<participant>``, the epoch of the lease incarnation that last wrote the
+entry (stores with a lease; it fences off a replaced incarnation's writes, ``lua/update.lua``), and
+``t:<participant>``, the time it reached each status (``timeline=True``, :mod:`kvstatus.timeline`). Beside the
+rooms: the lease index ``<prefix>:<namespace>:leases``, each lease holder's mark (:mod:`kvstatus.peerwatch`).
+No key but a room's ends with ``}``, so the room SCAN pattern never matches one and :meth:`KeySchema.room_of`
+rejects it.
 """
 
 from __future__ import annotations
@@ -30,8 +17,7 @@ import typing
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional
 
-from kvstatus.errors import InvalidArgumentError, InvalidNameError, InvalidRoomError
-from kvstatus.redact import mask_url
+from kvstatus.errors import InvalidArgumentError, InvalidNameError, InvalidRoomError, mask_url
 
 MAX_ROOM = 2**63 - 1
 MAX_NAME_LENGTH = 128

@@ -1,29 +1,10 @@
 """Participant leases: a store holds one for its participant and keeps it alive in the background.
 
-A lease is the record ``<prefix>:<namespace>:lease:<participant>`` (a hash,
-``lua/lease.lua``). It is alive while Redis' clock has not passed its
-deadline (set to *now + lease TTL* by each renewal) and it was not released.
-Once that is false it is **lost for good**: its holder cannot renew it, and
-only a new incarnation (a new store, e.g. after a restart) holds the name
-again. Each acquire draws a random incarnation token, so a restart under the
-same name is a new holder and the old one, if it still runs, is told LOST at
-its next renewal. The record outlives the lease by the store's room TTL, so
-readers (the consensus view, the sweeper, ``kvstatus participants``) still
-see a dead participant as *lost* for as long as its entries can exist.
-
-Upkeep: one renewal every ``ttl / 3`` seconds (a TTL of at least
-:data:`MIN_LEASE_TTL` = 3 s keeps the renewals at most one per second; the peer watch,
-:mod:`kvstatus.peerwatch`, adds one round trip a second). Before
-each write the store checks its monotonic clock: when more than ``2/3`` of the
-TTL went by since the last successful renewal was sent, the lease may be
-about to expire, and the write first renews synchronously. A renewal that
-answers LOST makes that write, and every later one, raise
-:class:`~kvstatus.errors.LeaseLostError`: a process that was paused (SIGSTOP,
-a long GC pause) past its TTL learns so at its next write.
-
-:class:`LeaseCore` (here) is the logic: requests and state, no I/O. The keeper that performs it is
-written once in :mod:`kvstatus._async.leases` (an asyncio task) and generated for threads
-(:mod:`kvstatus._sync.leases`).
+:class:`LeaseCore` is the logic (requests and state, no I/O); the keeper that performs it is written once in
+:mod:`kvstatus._async.leases` (an asyncio task) and generated for threads (:mod:`kvstatus._sync.leases`). When a
+lease is alive, lost for good or renewed before a write: docs/guide.md, "Leases, the consensus view, sweeping and
+tombstones". The record outlives the lease by the store's room TTL, so readers (the consensus view, the sweeper,
+``kvstatus participants``) see a dead participant as lost for as long as its entries can exist.
 """
 
 from __future__ import annotations

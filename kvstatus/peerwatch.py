@@ -1,72 +1,9 @@
-"""The peer watch: a store that holds a lease fails its rooms' dead or restarted peers, without a sweeper.
+"""The peer watch: which peers of this store's open rooms died or restarted, which of its rooms no decode joined, and
+whose open entries to fail, without a sweeper.
 
-Shared fate (:mod:`kvstatus.rule`) fails a room for everyone once one of its entries is Failed. A peer that
-dies (SIGKILL, a lost node) writes nothing, so its entries stay open and nobody reads Failed. The lease
-keeper of every store built with ``lease_ttl`` therefore watches its peers, every :data:`WATCH_SECONDS`:
-
-1. One round trip writes this store's mark in the namespace's lease index (``<prefix>:<namespace>:leases``,
-   a hash ``participant -> "<incarnation>:<renewals>"``, first written by the acquire itself) and reads every
-   other mark. A live peer's mark changes at each look (every second) and each renewal.
-2. A peer whose mark has not changed for :data:`STALE_LOOKS` of its looks or its lease TTL, whichever is
-   shorter (this process' monotonic clock; no clock is compared across hosts), or whose mark says it released
-   its lease, is a suspect. Its lease record is then read in
-   the same round trip as its entries in this store's open rooms (:func:`kvstatus.consensus.entries_request`,
-   the sweeper's read): only a lease that Redis' own clock judges lost counts, so a wrong or forged mark
-   costs one read, never a false failure. A suspect alive by Redis' clock whose record was not renewed for its
-   lease TTL by this process' monotonic clock is expired in Redis (``lua/lease.lua``'s compare-and-set on its
-   last renewal: its holder cannot renew it after), so a step back of Redis' clock does not keep it alive.
-3. The lost peer's open entries in those rooms are failed by ``lua/sweep.lua`` (stage ``lease-lost``). The
-   room's first failure is recorded, and every participant's next read answers Failed by shared fate,
-   naming the dead peer. Reads pay nothing for it: the fate field is read with the entry.
-4. A peer whose mark shows a new incarnation restarted under the same name: its entries in the rooms this
-   store opened before it saw the restart belonged to the previous incarnation, which no longer serves
-   them; they are failed at once (stage ``superseded``), not at their TTL. A room opened less than one watch
-   before the restart was seen is left alone (it may already hold the new incarnation's entry).
-
-5. A peer that never wrote a room this store waits on it for: a store that knows the address a room awaits
-   (:meth:`PeerWatch.awaits`; SGLang's decode knows its prefill's bootstrap address) judges the peers whose
-   lease carries that address (the ``address`` option of their store). When such a peer is lost or restarted
-   and holds no entry in the room, this store fails its own entry there, naming the peer and the address.
-   So it does when such a peer's lease expired (not released), or its name was taken by a new incarnation
-   (not after a release), after its entry reached Success while this store's is still open: the peer died
-   before it told this side (SGLang's prefill writes Success, then sends the decode its completion message),
-   and nothing more will come from it. A release is an orderly exit, which sends what it owes first.
-   Addresses match exactly (``10.0.0.7:8998`` is not ``prefill-0:8998``): a room whose address no lease
-   carries is left to the engine's own checks, never failed by a guess.
-
-6. A peer that died (SIGKILL, an OOM kill, a crash) is seen by its **presence**, not its lease: every lease holder
-   keeps a connection subscribed to its participant's channel (:class:`~kvstatus._async.leases.AsyncPresence`),
-   which Redis drops the moment the process dies and keeps through a pause. Every :data:`PRESENCE_SECONDS` one
-   ``PUBSUB NUMSUB`` (``SHARDNUMSUB`` on a cluster: a namespace's channels share a slot) counts this store's own
-   presence and its peers'. A peer seen present and then absent for :data:`PRESENCE_GRACE` is dead: its open entries
-   in this store's rooms fail (stage ``lease-lost``, "participant P died"), as for a lost lease, without waiting for
-   the lease TTL. Only a presence seen on the server this store's own subscription is on counts: when this store's
-   own presence is absent from a count, or was subscribed again since (a Redis restart, a failover, a dropped
-   connection), every peer must be seen again first, so a restart, a failover or ``CLIENT KILL`` fails nothing. A
-   peer whose presence was never seen (an ACL without the subscribe commands, an older kvstatus) is judged by its
-   lease alone, as is a death that closes no socket (a lost host, a partition, a hung process).
-
-7. A prefill's room that no decode joins (SGLang's "orphan": the decode it was sent to is dead, or never got the
-   request) fails this store's own entry, still Bootstrapping, with a cause that says so: after
-   :data:`ORPHAN_SECONDS`, or :data:`ORPHAN_AFTER_DEATH_SECONDS` while a decode of the namespace is dead (a
-   router may still be sending it requests). Only a store whose participant is a prefill by the naming
-   (:func:`kvstatus.keys.naming`: SGLang's managers) judges orphans. A decode joins a room when its scheduler takes
-   the request in (upstream's receiver opens its entry then, before any allocation), so a live decode is
-   "slow" here only if it takes a request in more than that many seconds after the prefill did.
-
-8. The index is a tenant's to break (a string at its name, an ACL that refuses it): a look then keeps the peers it
-   knew, learns the others from the entries of this store's newest open rooms (:data:`DISCOVERY_ROOMS`, read in
-   the look's round trip: the peers whose death would fail anything here), and takes a peer counted present for
-   a changed mark. Deaths are then seen by
-   presence alone and every other peer is judged by its lease; restarts are not seen (no mark to compare). The
-   keeper warns once, naming the key (:attr:`PeerWatch.index_refused`), and once more when it works again.
-
-Only rooms this store has an open entry in are looked at (:meth:`PeerWatch.wrote` keeps them, without I/O):
-a peer dying in a room nobody waits on changes nothing. Entries that reached Success or Failed are never
-touched. A lost peer stays watched in the rooms this store opens later, until its name holds a lease again.
-
-:class:`PeerWatch` (here) is the logic, without I/O; the lease keeper (:mod:`kvstatus._async.leases`) sends
-its requests.
+:class:`PeerWatch` is that logic, without I/O; :mod:`kvstatus.watchsteps` plans its acts and the lease keeper
+(:mod:`kvstatus._async.leases`) sends them. How a peer is judged dead (marks, suspects, restarts, presence, orphans,
+a broken lease index): docs/design.md, section "Who decides that a peer is dead".
 """
 
 from __future__ import annotations
@@ -103,9 +40,9 @@ ORPHAN_AFTER_DEATH_SECONDS = 3.0
 """The same, while a decode of the namespace is dead: its requests in flight, and those a router still sends it,
 fail in seconds."""
 MAX_ORPHANS_A_LOOK = 64
-DISCOVERY_ROOMS = 16
-"""Open rooms a look reads for peers while the lease index cannot be used (8): this store's newest."""
 """Rooms a look reads for orphans at most (one read each): the rest wait for the next look."""
+DISCOVERY_ROOMS = 16
+"""Open rooms a look reads for peers while the lease index cannot be used: this store's newest."""
 
 RELEASED_MARK = "released"
 _NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAME_LENGTH}}}")  # a participant, as kvstatus.keys validates one
@@ -144,7 +81,6 @@ class _Peer:
 
 
 def _merge(planned: dict[str, list[int]], more: dict[str, list[int]], known: Optional[dict[str, _Peer]] = None) -> None:
-    """Add ``more``'s rooms to ``planned``, peer by peer (only the peers in ``known``, if given), without repeats."""
     for name, rooms in more.items():
         if known is None or name in known:
             planned[name] = list(dict.fromkeys([*planned.get(name, []), *rooms]))
@@ -181,7 +117,7 @@ class PeerWatch:
         self.numsub = "SHARDNUMSUB" if core.cluster else "NUMSUB"  # how a presence is counted
         self._counted_at = -float("inf")
         self._generation = 0  # of this store's own presence when its peers' were last counted
-        self.index_refused: Optional[str] = None  # why the lease index could not be used at the last look (8)
+        self.index_refused: Optional[str] = None  # why the lease index could not be used at the last look
         self._silent: dict[str, tuple[str, str, float]] = {}  # a suspect alive by Redis' clock: its last renewal
 
     def wrote(self, room: int, status: Optional[KVPoll]) -> None:
@@ -211,12 +147,10 @@ class PeerWatch:
         self._awaits[room] = address
 
     def awaiting(self, rooms: list[int], address: str) -> list[int]:
-        """Those of ``rooms`` that wait on ``address``."""
         awaits = self._awaits
         return [room for room in rooms if awaits.get(room) == address]
 
     def awaits_any(self, rooms: list[int]) -> bool:
-        """True when one of ``rooms`` waits on an address."""
         awaits = self._awaits
         return bool(awaits) and any(room in awaits for room in rooms)
 
@@ -271,7 +205,7 @@ class PeerWatch:
             if count > 0:
                 peer.seen, peer.absent_since, peer.dead = True, None, False
                 if self.index_refused is not None:
-                    peer.changed_at = now  # no mark changes: a present peer is a live one (8)
+                    peer.changed_at = now  # no mark changes: a present peer is a live one
             elif peer.seen and not peer.mark.endswith(RELEASED_MARK):
                 if peer.absent_since is None:
                     peer.absent_since = now
@@ -300,13 +234,13 @@ class PeerWatch:
         without this store's own."""
         self._looks += 1
         calls = [*self.mark_calls(incarnation, self._looks, released), Call(("HGETALL", self.key))]
-        if self.index_refused is not None:  # no marks name the peers: the newest open rooms' entries do (8)
+        if self.index_refused is not None:  # no marks name the peers: the newest open rooms' entries do
             recent = list(self._open.copy())[-DISCOVERY_ROOMS:]  # one C call: the store's threads may write
             calls += [Call(("HGETALL", key)) for key in self.core.schema.room_keys(recent)]
 
         def decode(replies: list[Any]) -> dict[str, str]:
             refused = _refusal(calls[:3], replies[:3])
-            if refused is not None:  # a tenant's string at the index, an ACL: the peers as last known (8)
+            if refused is not None:  # a tenant's string at the index, an ACL: the peers as last known
                 self.index_refused = f"the lease index {self.key} could not be used ({refused})"
                 now = time.monotonic()
                 for room in replies[3:]:
@@ -422,9 +356,9 @@ class PeerWatch:
         return expire_request(self.core.schema.lease_key(name), incarnation, seen)
 
     def forget_request(self, names: list[str]) -> Request[object]:
-        """Drop the marks of peers whose lease records are gone."""
+        """Drop the marks of peers whose lease records are gone (a refused index is no error)."""
         calls = [Call(("HDEL", self.key, *names))]
-        return Request(calls, lambda replies: _refusal(calls, replies) or replies[0], strict=0)  # a refused index: 8
+        return Request(calls, lambda replies: _refusal(calls, replies) or replies[0], strict=0)
 
     def _prune(self, now: float) -> None:
         """Forget open rooms older than the room TTL: their keys are gone (a caller that never concluded them)."""
@@ -434,8 +368,8 @@ class PeerWatch:
 
 
 def _refusal(calls: list[Call], replies: Sequence[object]) -> Optional[Exception]:
-    """The first reply of ``calls`` by which Redis refused the lease index (another type, an ACL), or None (8); any
-    other error (a server that did not answer in time) is raised as its kvstatus error."""
+    """The first reply of ``calls`` by which Redis refused the lease index (another type, an ACL), or None; any other
+    error (a server that did not answer in time) is raised as its kvstatus error."""
     errors = [(call, reply) for call, reply in zip(calls, replies) if isinstance(reply, Exception)]
     for call, reply in errors:
         if not isinstance(translate_error(reply, call), (CorruptedValueError, PermissionDeniedError)):

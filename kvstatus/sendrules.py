@@ -13,7 +13,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from kvstatus.connection import is_cluster_client, is_sentinel_client
 from kvstatus.deadline import may_wait
 from kvstatus.errors import ClientPoolExhausted
-from kvstatus.observer import StoreObserver
+from kvstatus.model import StoreObserver
 from kvstatus.replies import ReplyOrError, subscriber_counts
 from kvstatus.requests import Call, Request
 from kvstatus.scripts import LuaScript

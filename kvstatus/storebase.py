@@ -26,8 +26,7 @@ from kvstatus.concurrency import AsyncGate, Gate
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_address, validate_name, validate_room
 from kvstatus.leasestate import LeaseCore
-from kvstatus.model import KVPoll, Policy, UpdateResult
-from kvstatus.observer import StoreObserver, check_observer
+from kvstatus.model import KVPoll, Policy, StoreObserver, UpdateResult, check_observer
 from kvstatus.operations import FunctionsCore, StoreCore
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.url import (
@@ -90,7 +89,7 @@ class StoreBase:
         ``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
         library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows).
         ``near_cache``: True or :class:`NearCacheOptions` for a new near cache, another store's cache to
-        share, or None/False for none. ``metrics``: an observer (:class:`~kvstatus.observer.StoreObserver`).
+        share, or None/False for none. ``metrics``: an observer (:class:`~kvstatus.model.StoreObserver`).
         ``address``: ``host:port`` by which peers reach this participant (needs ``lease_ttl``); the lease carries
         it, so a peer waiting on that address in a room this participant never wrote fails the room when the
         lease is lost (:meth:`awaits`, :mod:`kvstatus.peerwatch`).
@@ -226,7 +225,7 @@ class StoreBase:
 
     @property
     def metrics(self) -> Optional[StoreObserver]:
-        """The observer told of every call (:mod:`kvstatus.observer`), or None."""
+        """The observer told of every call (:class:`~kvstatus.model.StoreObserver`), or None."""
         return self._metrics
 
     @property

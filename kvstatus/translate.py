@@ -30,8 +30,8 @@ from kvstatus.errors import (
     KVStatusError,
     PermissionDeniedError,
     PoolExhaustedError,
+    mask_url,
 )
-from kvstatus.redact import mask_url
 from kvstatus.scripts import LIBRARY_NAME
 
 if TYPE_CHECKING:  # annotations only: the requests stay a layer above the translation

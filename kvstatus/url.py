@@ -1,26 +1,9 @@
 """The Redis URL grammar: what a URL may say, parsed once and checked (no I/O, no client).
 
-Supported URLs (passwords are masked in every message kvstatus prints):
-
-- ``redis://[[user]:password@]host[:port][/db]``
-- ``rediss://...``  the same over TLS; query options ``ssl_ca_certs``,
-  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname`` (true/false); the
-  server's certificate is always verified
-- ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``
-- ``redis+cluster://[[user]:password@]host:port[,host:port...]`` a Redis
-  Cluster (db 0 only) on ``RedisCluster``; ``rediss+cluster://`` over TLS
-- ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]``
-  the master of ``service_name`` as reported by the listed Sentinels;
-  ``rediss+sentinel://`` over TLS (to the Sentinels and the data nodes). The
-  user and password are the data nodes'; the Sentinels' own credentials, if
-  any, are the query options ``sentinel_username`` and ``sentinel_password``.
-
-Every field of :class:`ConnectionOptions` is also a query option of every
-form (``?socket_timeout=1&retries=0``), parsed and checked by the same code;
-an option in the URL wins over the same keyword argument. The ``ssl_*``
-options need a TLS scheme: on ``redis://`` they would be ignored, so they are
-refused. A URL holds no fragment: a ``#`` means an unencoded ``#`` in a
-password. :mod:`kvstatus.connection` turns a :class:`ParsedURL` into a client.
+Every scheme of :data:`SCHEMES`; every field of :class:`ConnectionOptions` is also a query option, and wins
+over the same keyword argument. Passwords are masked in every message. The forms and their options:
+docs/guide.md ("Topologies and URLs", "Configuration"). :mod:`kvstatus.connection` turns a :class:`ParsedURL`
+into a client.
 """
 
 from __future__ import annotations
@@ -32,8 +15,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from kvstatus.errors import InvalidArgumentError, InvalidURLError
-from kvstatus.redact import mask_url
+from kvstatus.errors import InvalidArgumentError, InvalidURLError, mask_url
 
 DEFAULT_URL = "redis://localhost:6379/0"
 TLS_SCHEMES = frozenset({"rediss", "rediss+cluster", "rediss+sentinel"})
@@ -61,39 +43,15 @@ SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+
 class ConnectionOptions:
     """Timeouts (seconds), the retry policy, the per-call deadline and the pool size of every client.
 
-    ``deadline`` bounds every store call as a whole: the wait for a free
-    connection, every send and reply, and every resend with its backoff. No
-    socket wait outlasts the time left, and no resend starts whose backoff
-    would end past the deadline, so a call returns (or raises) within
-    ``deadline`` seconds plus ``deadline.TOLERANCE`` (0.1 s) and Python's own
-    overhead, even against a hung server. A batch of more than ``operations.CHUNK_ROOMS`` rooms gets
-    ``operations.CHUNK_SECONDS`` more per further chunk.
-
-    Within the deadline, a command that fails with a connection error or a
-    timeout is sent again up to ``retries`` times, after
-    ``min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n)`` seconds (0.1, 0.2, 0.4 ... 2). The defaults ride out
-    about 3.1 s of outage (a cluster or Sentinel failover), then raise
-    :class:`~kvstatus.errors.BackendUnavailableError`, which means "unknown
-    whether applied": the last attempt may have been executed by Redis. A
-    refused connection to a standalone server (nothing listens: Redis is down or
-    the address is wrong) is not retried: the call fails at once with
-    :class:`~kvstatus.errors.BackendRefusedError`, which says whether nothing
-    was sent. On
-    cluster and Sentinel clients the store resends the whole call with these
-    waits (redis-py surfaces those failovers at once); size ``deadline`` and
-    the budget above ``cluster-node-timeout`` or Sentinel's
-    ``down-after-milliseconds``. A resend cannot corrupt a room: the rule is
-    idempotent, so the same update applied twice leaves the same state. It
-    can land after another writer's update to the same entry, like any late
-    write (under ``seed`` a resent status can move an entry out of a Failed
-    written in between; under ``strict`` the resend answers REFUSED_TERMINAL
-    for an update that was applied first). ``retries=0`` makes every update
-    at most once.
-
-    ``max_connections`` caps the connections of one client (per node on a
-    cluster). A call that finds them all busy queues for one until its
-    deadline, then raises :class:`~kvstatus.errors.PoolExhaustedError`
-    ("client connection pool exhausted (max_connections=N)"; nothing was sent).
+    ``deadline`` (seconds) bounds every store call as a whole, resends and the wait for a connection included:
+    a call returns or raises within it plus ``deadline.TOLERANCE`` (0.1 s); a batch of more than
+    ``operations.CHUNK_ROOMS`` rooms gets ``operations.CHUNK_SECONDS`` more per further chunk. ``retries``
+    resends after a connection error or timeout, waiting :meth:`retry_delays`, then
+    :class:`~kvstatus.errors.BackendUnavailableError` ("unknown whether applied"); a standalone server that
+    refuses the connection raises :class:`~kvstatus.errors.BackendRefusedError` at once. ``retries=0``: every
+    update at most once. ``max_connections`` per client (per node on a cluster); a call that finds them busy
+    queues until its deadline, then raises :class:`~kvstatus.errors.PoolExhaustedError` (nothing was sent).
+    docs/guide.md: "Deadline", "Unknown whether applied", "Connections"; docs/operations.md: "Failover".
     """
 
     socket_timeout: float = 5.0
@@ -218,9 +176,7 @@ _QUERY_OPTIONS: dict[str, Callable[[str], object]] = {
     "sentinel_username": str,
     "sentinel_password": str,
 }
-"""Every query option a URL may carry: each ConnectionOptions field, the database and the Sentinel credentials.
-Connection settings only: how a store behaves (its scripts, near cache, lease, shared fate, timeline) is an
-argument of the store, never a URL option."""
+"""Every query option a URL may carry: connection settings only (a store setting is the store's argument)."""
 STORE_ARGUMENTS = {
     "scripts": ('scripts="functions"', "; the SGLang plugin: KVSTATUS_SGLANG_SCRIPTS; the CLI: --scripts functions"),
     "near_cache": ("near_cache=True", "; the SGLang plugin: KVSTATUS_SGLANG_NEAR_CACHE, on by default"),
@@ -232,8 +188,8 @@ STORE_ARGUMENTS = {
         "; the SGLang plugin: KVSTATUS_SGLANG_TIMELINE, on by default; the CLI: set --timeline",
     ),
 }
-"""Query options of earlier versions that are store arguments now: each with the argument that replaces it, and
-the SGLang variable and CLI option where there are some. A URL naming one is refused with them in the message."""
+"""Store settings a URL may not carry: each with the argument to pass instead, and the SGLang variable and CLI
+option where there are some. A URL naming one is refused with them in the message."""
 _FIXED_BACKOFF = (
     f"the resends' backoff is fixed ({BACKOFF_BASE_SECONDS:g} s doubling, at most {BACKOFF_CAP_SECONDS:g} s); "
     "retries and deadline size the resends"
@@ -247,7 +203,7 @@ RETIRED_OPTIONS = {
     "ssl_cert_reqs": "the server's certificate is always verified: trust a private CA with ssl_ca_certs, and set "
     "ssl_check_hostname=false for nodes that announce IP addresses their certificate does not name",
 }
-"""Connection options of earlier versions that are fixed now, each with what holds instead."""
+"""Connection options that are fixed, each with what holds instead (a URL naming one is refused)."""
 _SENTINEL_ONLY = ("sentinel_username", "sentinel_password")
 _TLS_ONLY = tuple(name for name in _OPTION_FIELDS if name.startswith("ssl_"))
 

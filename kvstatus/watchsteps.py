@@ -1,9 +1,8 @@
 """What the peer watch does about a look's :class:`~kvstatus.peerwatch.WatchPlan`, every step planned here (no I/O).
 
-:func:`act` is a generator: it yields each :class:`~kvstatus.requests.Request` to send and takes its decoded
-reply back (``send``), or the error the send raised (``throw``: a ``finally`` here still runs, then the error
-goes on to the caller). The lease keeper (:mod:`kvstatus._async.leases` and its sync twin) only sends, through
-the store's send path, so the policy of failing a peer's rooms is written once for both.
+:func:`act` is a generator: it yields each :class:`~kvstatus.requests.Request` and takes its decoded reply back
+(``send``), or the error the send raised (``throw``: a ``finally`` here still runs, then the error goes on to the
+caller). The lease keeper and its sync twin only send, so this policy is written once for both.
 """
 
 from __future__ import annotations
@@ -29,25 +28,21 @@ Steps = Generator[Request[Any], Any, Any]
 
 
 def restart_reason(participant: str) -> str:
-    """The failure reason of an entry whose participant restarted under the same name."""
     return f"participant {participant} restarted; this entry was its previous incarnation's"
 
 
 def orphan_reason(room: int, seconds: float) -> str:
-    """The failure reason of a prefill's entry in a room that no decode joined within ``seconds``."""
     return (
         f"no decode joined room {room} within {seconds:g} s: the decode it was sent to is dead or never got the request"
     )
 
 
 def died_reason(participant: str) -> str:
-    """The failure reason of an entry whose participant's process died (its presence left Redis)."""
     return f"participant {participant} died: its connection to Redis closed"
 
 
 def awaited_reason(participant: str, address: str, stage: Stage) -> str:
-    """The failure reason of this store's entry in a room that waits on ``participant`` at ``address``, which
-    lost its lease (stage ``lease-lost``) or restarted (``superseded``) before it wrote the room."""
+    """The failure reason of this store's entry in a room waiting on ``participant``, lost or restarted first."""
     if stage is Stage.SUPERSEDED:
         return f"participant {participant} restarted; this room waited on its previous incarnation at {address}"
     return f"participant {participant} lost its lease; this room waits on it at {address}"
@@ -92,7 +87,7 @@ def act(watch: PeerWatch, plan: WatchPlan) -> Steps:
 
 def _fail_orphans(watch: PeerWatch, rooms: list[int], seconds: float) -> Steps:
     """Fail this store's own entry, still Bootstrapping, in those of ``rooms`` that no decode joined within
-    ``seconds`` (one read a room; :mod:`kvstatus.peerwatch` 7); returns how many were failed."""
+    ``seconds`` (one read a room); returns how many were failed."""
     core, failed = watch.core, 0
     for room in rooms:
         view = yield core.room(room)

@@ -1,14 +1,9 @@
-"""The lease keeper: keeps a :class:`~kvstatus.leasestate.LeaseCore` alive in the background, renews it
-before a write when it may have lapsed, and runs the store's peer watch (:mod:`kvstatus.peerwatch`).
-Every renewal and every look goes through the store's send path (its deadline, errors and metrics).
-
-And the lease holder's presence (:class:`AsyncPresence`): one connection subscribed to its participant's
-channel, which Redis drops the moment the process dies (the kernel closes its socket on SIGKILL, an OOM kill, a
-crash) and keeps through a pause (SIGSTOP, GC, a native call holding the GIL). Peers count it with ``PUBSUB
-NUMSUB`` (``SHARDNUMSUB`` on a cluster, where the channel is a shard channel); :mod:`kvstatus.peerwatch` judges
-what the counts mean. The keeper calls :meth:`AsyncPresence.check` at each of its ticks: it drains the
-connection without blocking and subscribes again once the connection is gone (a Redis restart, ``CLIENT KILL``,
-a failover). It never publishes, and nothing is expected on the channel: a tenant recipe grants no ``PUBLISH``.
+"""The lease keeper: keeps a :class:`~kvstatus.leasestate.LeaseCore` alive in the background, renews it before a
+write when it may have lapsed, and runs the store's peer watch (:mod:`kvstatus.peerwatch`), all through the store's
+send path (its deadline, errors and metrics). And the lease holder's presence (:class:`AsyncPresence`): a connection
+subscribed to its participant's channel, which Redis drops when the process dies and keeps through a pause
+(docs/design.md, "Who decides that a peer is dead"). It never publishes, and nothing is expected on the channel: a
+tenant recipe grants no ``PUBLISH``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 through the store's send path, on links that Redis tracks (docs/design.md, "How the near cache stays
 coherent"). Written once; the sync driver is generated from this file.
 
-Observed: given the observer of the store that turned it on (``metrics=``, :mod:`kvstatus.observer`), the
+Observed: given the observer of the store that turned it on (``metrics=``, :class:`~kvstatus.model.StoreObserver`), the
 cache counts rooms answered from memory (hits) and read from Redis (misses), cached rooms dropped by
 Redis' invalidation messages, errors of its reads, and sets its size. Stores made by ``for_participant``
 share the cache, so its series carry the labels of the store that made it.

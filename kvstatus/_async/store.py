@@ -155,7 +155,7 @@ class AsyncStatusStore(StoreBase):
     ) -> Optional[KVPoll]:
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
         return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by CLIENT TRACKING
-        when the room changes (see :mod:`kvstatus.waitplan`), re-reading every second, and polling every 50 ms if
+        when the room changes (see :mod:`kvstatus.waits`), re-reading every second, and polling every 50 ms if
         the server refuses tracking or the watch breaks. Each step (a watch and the read after it are one) keeps
         the deadline: against a server hung before or during the wait it raises
         :class:`~kvstatus.errors.BackendUnavailableError` within ``min(deadline, timeout)`` seconds of the step's

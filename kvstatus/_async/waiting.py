@@ -1,6 +1,6 @@
-"""``wait_for``'s driver: performs the actions of :func:`kvstatus.waitplan.wait_plan`.
+"""``wait_for``'s driver: performs the actions of :func:`kvstatus.waits.wait_plan`.
 
-Every step keeps a deadline (:func:`kvstatus.waitplan.step_deadline`): the watch's connect, handshake and
+Every step keeps a deadline (:func:`kvstatus.waits.step_deadline`): the watch's connect, handshake and
 arm, and each read (sent through the store's send path), end by the store's deadline, and by the wait's own
 end (a step always gets at least ``MIN_STEP_SECONDS``), so a wait against a hung server raises
 :class:`~kvstatus.errors.BackendUnavailableError` about when its timeout ends instead of blocking for the
@@ -28,15 +28,17 @@ from kvstatus.concurrency import (
 from kvstatus.connection import SlotMoved, Topology
 from kvstatus.deadline import DEADLINE
 from kvstatus.invalidation import LinkLost, sync_twin
-from kvstatus.keywatch import Ticket, WatchHub, WatchRefused
 from kvstatus.model import KVPoll
-from kvstatus.waitplan import (
+from kvstatus.waits import (
     CLOCK,
     POLL_INTERVAL_SECONDS,
     READ,
     RECEIVE,
     RECHECK_SECONDS,
     WATCH,
+    Ticket,
+    WatchHub,
+    WatchRefused,
     check_timeout,
     step_deadline,
     target_statuses,
@@ -45,7 +47,7 @@ from kvstatus.waitplan import (
 
 
 class AsyncRoomWatch:
-    """One wait's :class:`~kvstatus.keywatch.Ticket` for room ``key`` on its backend's hub of the key's node
+    """One wait's :class:`~kvstatus.waits.Ticket` for room ``key`` on its backend's hub of the key's node
     (opened by the first wait that needs it), armed within deadlines; :meth:`close` leaves the hub.
 
     ``refused`` says why the server or the ACL refused to track (asked once: the wait then polls);

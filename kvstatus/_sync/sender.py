@@ -31,7 +31,7 @@ from typing import Any, Optional, Protocol, TypeVar
 from kvstatus.concurrency import Gate, checkpoint, pipeline_route, sleep
 from kvstatus.deadline import DEADLINE, enter_deadline, time_left
 from kvstatus.errors import BackendUnavailableError
-from kvstatus.observer import StoreObserver
+from kvstatus.model import StoreObserver
 from kvstatus.replies import ReplyOrError
 from kvstatus.requests import Call, Request, as_functions
 from kvstatus.sendrules import (

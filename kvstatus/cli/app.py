@@ -24,10 +24,9 @@ from kvstatus.admin.send import DEFAULT_BATCH
 from kvstatus.arguments import DEFAULT_TTL_SECONDS, ttl_to_ms
 from kvstatus.backend import Backend
 from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
-from kvstatus.errors import InvalidArgumentError, KVStatusError
+from kvstatus.errors import InvalidArgumentError, KVStatusError, mask_url
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
 from kvstatus.model import KVPoll, parse_status
-from kvstatus.redact import mask_url
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
 from kvstatus.url import DEFAULT_URL, ConnectionOptions, options_for, parse_url

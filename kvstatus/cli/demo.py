@@ -31,8 +31,7 @@ from kvstatus.demo.workload import (
     embedded_redis,
     run_demo,
 )
-from kvstatus.errors import KVStatusError
-from kvstatus.redact import mask_url
+from kvstatus.errors import KVStatusError, mask_url
 
 DEFAULTS = DemoConfig()
 DEFAULT_NAMESPACE = "kvstatus-demo"

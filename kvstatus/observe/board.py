@@ -58,7 +58,7 @@ from kvstatus.admin.leases import Deaths, read_deaths
 from kvstatus.admin.scan import read_rooms, room_matches, server_ms
 from kvstatus.admin.send import DEFAULT_BATCH, replies, send
 from kvstatus.admin.watch import Snapshot, diff
-from kvstatus.errors import InvalidArgumentError, KVStatusError
+from kvstatus.errors import InvalidArgumentError, KVStatusError, mask_url
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
 from kvstatus.model import KVPoll, RoomView, Tombstone, parse_status
 from kvstatus.observe.boardpages import MAX_PAGE as MAX_PAGE
@@ -74,7 +74,6 @@ from kvstatus.observe.boardpages import (
     timelines_json,
 )
 from kvstatus.observe.scanner import PassLoop, PassResult
-from kvstatus.redact import mask_url
 from kvstatus.replies import decode_tombstone
 from kvstatus.requests import Call
 from kvstatus.translate import translate_error

@@ -35,11 +35,10 @@ from kvstatus.admin.scan import iter_room_keys, read_rooms, server_ms
 from kvstatus.admin.send import DEFAULT_BATCH
 from kvstatus.admin.stats import TERMINAL, Stats, StatsBuilder
 from kvstatus.admin.watch import RoomState, Snapshot, room_state
-from kvstatus.errors import KVStatusError
+from kvstatus.errors import KVStatusError, mask_url
 from kvstatus.keys import KeySchema
 from kvstatus.model import KVPoll, RoomView, Stage
 from kvstatus.observe.timings import OpenTimes
-from kvstatus.redact import mask_url
 
 log = logging.getLogger("kvstatus.observe")
 

@@ -1,7 +1,7 @@
 """install(): put one SGLang KV manager (``CommonKVManager`` or a subclass) onto a kvstatus store.
 
-Works on any object with the attribute names of sglang 0.5.23's
-``CommonKVManager``; sglang itself is never imported here.
+Works on any object with the attribute names of sglang 0.5.23's ``CommonKVManager``; sglang itself is never
+imported here. What it relies on and why: docs/sglang.md ("How the plugin works inside").
 """
 
 from __future__ import annotations
@@ -47,15 +47,10 @@ def _rank(kv_manager: Any, name: str) -> int:
 def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
     """The participant name of a KV manager: ``<mode>-<instance>[-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>``.
 
-    ``mode`` is ``disaggregation_mode`` (prefill/decode), ``t`` the manager's
-    TP rank (``kv_args.engine_rank``), ``p`` its ``pp_rank``. The data-parallel
-    (``system_dp_rank``), attention-DP (``attn_dp_rank``) and context-parallel
-    (``attn_cp_rank``) parts appear only when their size is above 1.
-    ``instance`` (``KVSTATUS_SGLANG_INSTANCE``) tells this server apart from the other servers of its role in
-    the namespace; None derives it from the server's address (:func:`~kvstatus.sglang.startup.server_tag`:
-    a prefill's bootstrap address, a decode's HTTP address), so two servers of one role never share a name and
-    a server restarted on the same address takes its name back. A manager that carries no address (not an
-    sglang one) gets no instance part.
+    ``t`` is ``kv_args.engine_rank``, ``p`` the ``pp_rank``; the ``dp``/``adp``/``cp`` parts (``system_dp_rank``,
+    ``attn_dp_rank``, ``attn_cp_rank``) appear only when their size is above 1. ``instance`` None: the server's
+    address (:func:`~kvstatus.sglang.startup.server_tag`), or no part for a manager that carries none. Why:
+    docs/sglang.md ("How servers are named").
     """
     mode = getattr(kv_manager, "disaggregation_mode", None)
     mode = str(getattr(mode, "value", mode) or "kv")
@@ -153,18 +148,12 @@ def unread_text(error: Exception) -> str:
 
 
 class FailureNotes:
-    """Puts a room's first failure in a manager's ``failure_records`` when its statuses answer Failed.
+    """Puts a room's first failure in a manager's ``failure_records`` when its statuses answer Failed, so
+    ``failure_exception()`` names it instead of "Failed due to an unknown reason from another rank".
 
-    SGLang's ``failure_exception()`` pops ``failure_records[room]`` and reports "Failed due to an unknown
-    reason from another rank" when there is none: the case of every room that reads Failed by shared fate
-    (another participant failed it, or a router cancelled it). :meth:`failed` fills the record, under
-    ``failure_lock``, from ``store.failure(room)`` (:func:`failure_text`), unless the manager recorded a
-    reason itself (first root cause wins: it never overwrites one). Cost: one round trip, on the failure
-    path only, at most once per room lifecycle; a room that keeps reading Failed costs a dict lookup.
-    Bounded: it remembers the last :data:`MAX_NOTED_ROOMS` rooms it looked up; a forgotten room's record,
-    if ``failure_exception`` never took it, goes with it. :meth:`reopened` (a new request on the room)
-    drops the previous lifecycle's record, so a reused room never inherits an old cause. Each manager
-    has its own notes: one rank's pop does not erase another's.
+    One per manager; thread-safe under its ``failure_lock``. Never overwrites a reason the manager recorded
+    (first root cause wins). One round trip at most per room lifecycle, on the failure path; bounded to
+    :data:`MAX_NOTED_ROOMS` rooms. docs/sglang.md ("First failures").
     """
 
     def __init__(self, records: dict[Any, Any], lock: Any, store: Any, limit: int = MAX_NOTED_ROOMS) -> None:
@@ -350,57 +339,24 @@ def install(
 ) -> RoomStatusMap:
     """Put ``kv_manager``'s room statuses into kvstatus; returns the :class:`RoomStatusMap` now in ``request_status``.
 
-    ``store_or_url``: a :class:`~kvstatus.StatusStore` (its policy must be
-    ``policy``; it is re-bound to this manager's participant, keeping its near
-    cache and metrics) or a URL (``namespace`` required; ``near_cache``,
-    ``ttl``, ``metrics`` and connection options are passed to
-    ``StatusStore.from_url``). ``participant`` overrides :func:`participant_name`.
-    From a URL the store's near cache is on (``near_cache=False`` turns it off;
-    :func:`open_store`): a poll of a room that has not changed (``in``, ``check_status``, the PP consensus) is
-    answered from memory at about the cost of upstream's dict, with no round trip. A server or ACL that refuses
-    CLIENT TRACKING gets one warning line naming the permission, and the manager runs uncached. The store
-    also holds a lease and records timelines unless told otherwise (:data:`URL_DEFAULTS`): the plugin's defaults,
-    held here once.
+    ``store_or_url``: a :class:`~kvstatus.StatusStore` (its policy must be ``policy``; it is re-bound to this
+    manager's participant, keeping its near cache and metrics) or a URL (``namespace`` required; ``near_cache``
+    and ``store_options`` go to :func:`open_store` over :data:`URL_DEFAULTS`, and a prefill's lease carries its
+    :func:`~kvstatus.sglang.startup.bootstrap_address`). ``participant`` overrides :func:`participant_name`.
 
-    ``update_status``, ``check_status``, ``check_status_pp_consensus`` and
-    ``record_failure`` become instance methods that make one store call each. With a store built
-    with ``lease_ttl`` (the default from a URL), the store's peer watch (:mod:`kvstatus.peerwatch`) fails the
-    open entries of a participant that died or restarted in the rooms this manager has open, so every read
-    and ``check_status_pp_consensus`` (upstream's minimum over the PP ranks) answer Failed instead of
-    stalling, and the failure names the dead participant. ``update_status``
-    keeps upstream's local side effects, keyed on the outcome: CREATED by an
-    opening status drops the room's deferred-ACK and staging state; Failed
-    finding an entry (FAILED, or UNCHANGED on a Failed entry) notifies a
-    deferred bootstrap. It returns the :class:`~kvstatus.UpdateResult`
-    (upstream returns None). A method that a subclass overrides (nixl's
-    ``check_status``) is left alone: it reads the map. A ``bootstrap_room`` the
-    store cannot hold (-1, 2**63, "42", None) fails its own request and never
-    raises into the engine (see :class:`RoomStatusMap`); its reason goes to
-    ``failure_records``, which the request's ``failure_exception`` reports.
+    ``update_status``, ``check_status``, ``check_status_pp_consensus`` and ``record_failure`` become instance
+    methods that make one store call each and keep upstream's local side effects, keyed on the outcome;
+    ``update_status`` returns the :class:`~kvstatus.UpdateResult` (upstream: None). A method a subclass overrides
+    (nixl's ``check_status``) is left alone. A ``bootstrap_room`` the store cannot hold fails its own request and
+    never raises into the engine; its reason goes to ``failure_records``, as does the first failure of a room a
+    read answers Failed for (:class:`FailureNotes`). What this changes for the engine: docs/sglang.md.
 
-    Shared fate (:func:`kvstatus.rule.shared_status`) is the store's setting, on by default
-    (``shared_fate=False`` turns it off; install()
-    never changes it): the manager's reads answer Failed for its open entry of
-    a room that another participant failed or that was cancelled. When a read
-    answers Failed (``check_status``, ``request_status[room]``, ``.get``, the PP
-    consensus) and ``failure_records`` holds no reason for the room, the
-    room's first failure goes there (:class:`FailureNotes`: who, stage, why,
-    when), so ``failure_exception`` names it instead of "unknown reason from
-    another rank". ``record_failure`` also keeps its reason with the entry in
-    Redis (one round trip, on the failure path), so the peers' reports carry it.
-    Install before the manager serves requests (a non-empty dict is refused);
-    :func:`uninstall` undoes it.
-
-    A manager without what install() relies on (:func:`~kvstatus.sglang.startup.check_manager`:
-    sglang < 0.5.23) is refused. With ``check`` (the default), install() then makes the calls the
-    manager will make, once (:func:`~kvstatus.sglang.startup.check_store`: connect, authenticate,
-    a script read, a probe write, the lease), so a bad URL, password, ACL or missing function library
-    fails here with :class:`~kvstatus.sglang.startup.SettingError` naming the setting, not at the
-    first request. From a URL with a lease, a prefill manager's lease carries its bootstrap address
-    (:func:`~kvstatus.sglang.startup.bootstrap_address`; a store passed in carries what it was built with), and
-    a decode manager's rooms wait on the address upstream's receiver files them under. It logs one INFO line on
-    ``kvstatus.sglang``: participant, server (no password), namespace, policy, scripts, near cache, lease and
-    shared fate.
+    Raises :class:`~kvstatus.errors.InvalidArgumentError` for a manager already installed, one without what
+    install() relies on (:func:`~kvstatus.sglang.startup.check_manager`), one whose dict already holds rooms
+    (install before it serves), and URL options given with a store. With ``check`` (the default) it makes the
+    calls the manager will make, once (:func:`~kvstatus.sglang.startup.check_store`), and raises
+    :class:`~kvstatus.sglang.startup.SettingError` naming the setting at fault. Logs one INFO line on
+    ``kvstatus.sglang``. :func:`uninstall` undoes it.
     """
     if is_installed(kv_manager):
         raise InvalidArgumentError("this KV manager is already on kvstatus")

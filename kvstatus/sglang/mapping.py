@@ -15,12 +15,13 @@ from kvstatus.cachestate import MISS, NEVER_FRESH, Freshness
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
 from kvstatus.model import STRICT_CREATORS, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.rule import shared_status
-from kvstatus.sglang.openrooms import LOST_RESULT, OpenRooms
 from kvstatus.sglang.outage import (
     INVALID_ROOM_RESULT,
+    LOST_RESULT,
     STORE_DOWN,
     UNANSWERED_RESULT,
     FailedHere,
+    OpenRooms,
     Outage,
     Removals,
     invalid_room_reason,
@@ -28,7 +29,6 @@ from kvstatus.sglang.outage import (
     storable,
 )
 from kvstatus.sglang.outage import Unanswered as _Unanswered
-from kvstatus.sglang.ppreads import collect_many
 
 log = logging.getLogger("kvstatus.sglang")
 
@@ -95,7 +95,7 @@ class RoomStatusMap:
     I/O, and a background probe finds when Redis answers again (:mod:`kvstatus.sglang.outage`). A store call that
     raises what none should (a defect below the map) fails its room the same way, logged once per exception type
     with its traceback. An open room whose entry Redis lost (a restart without persistence) reads Failed with that
-    cause, and is never written again (:mod:`kvstatus.sglang.openrooms`).
+    cause, and is never written again (:class:`~kvstatus.sglang.outage.OpenRooms`).
 
     **At the price of a dict.** With the store's near cache (install()'s default), ``in``, ``m[room]``, ``get`` and
     ``collect`` first look the room up in the cache's status maps, with no lock and no I/O, while the cache's state
@@ -132,7 +132,7 @@ class RoomStatusMap:
         self.outage.probe, self.outage.on_answered = probe_of(store), self._fresh_again
         self._failed_here = FailedHere()  # rooms answered Failed because Redis failed a call: they stay Failed
         self._kept = self._failed_here.rooms
-        self._open = OpenRooms(self.participant, float(store.ttl))  # a Redis that lost them: kvstatus.sglang.openrooms
+        self._open = OpenRooms(self.participant, float(store.ttl))  # a Redis that lost them: outage.OpenRooms
         self._open_rooms = self._open.rooms
         # The dict-speed path: the near cache's status maps, served while its state says they are fresh.
         self._near = store.near_cache
@@ -187,7 +187,7 @@ class RoomStatusMap:
 
     def _vanished(self, room: object, started: float) -> bool:
         """A read sent at ``started`` found no entry of this participant in ``room``: True when the room was open
-        here, so Redis lost it (:mod:`kvstatus.sglang.openrooms`), and the room now fails with that cause."""
+        here, so Redis lost it (:class:`~kvstatus.sglang.outage.OpenRooms`), and the room now fails with that cause."""
         reason = self._open.vanished(room, started) if type(room) is int else None
         if reason is None:
             return False
@@ -213,7 +213,7 @@ class RoomStatusMap:
         return entry.status
 
     def _read(self, room: int) -> Optional[KVPoll]:
-        started = _monotonic()  # when the read is sent: what a lost entry is judged against (openrooms)
+        started = _monotonic()  # when the read is sent: what a lost entry is judged against (OpenRooms)
         try:
             status = self._call(lambda: self.store.get(room))
         except InvalidRoomError:
@@ -336,8 +336,40 @@ class RoomStatusMap:
         return consensus if kept is None else RoomConsensus(KVPoll.Failed, reason=kept)
 
     def collect_many(self, rooms: Sequence[int]) -> dict[int, list[Optional[KVPoll]]]:
-        """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms)."""
-        return collect_many(self, rooms)
+        """:meth:`collect` for many rooms: one ``get_many`` per PP rank (round trips = ranks, not rooms); the rooms
+        failed here, or whose entry Redis lost, read Failed in this participant's rank, as ``collect`` does."""
+        if self.pp_participants is None:
+            raise InvalidArgumentError(
+                "collect_many() needs pp_participants: this map was built without pipeline ranks"
+            )
+        if self._rank_stores is None:
+            self._rank_stores = [
+                self.store if name == self.participant else self.store.for_participant(name)
+                for name in self.pp_participants
+            ]
+        stores, ranks = self._rank_stores, len(self._rank_stores)
+        started = time.monotonic()
+        try:
+            try:
+                per_rank = self._call(lambda: [store.get_many(rooms) for store in stores])
+            except InvalidRoomError:  # ids the store cannot hold read as Failed; the others are read as usual
+                valid = [room for room in rooms if storable(room)]
+                per_rank = self._call(lambda: [store.get_many(valid) for store in stores]) if valid else []
+        except _Unanswered as unanswered:
+            for room in rooms:
+                self._fail_here(room, unanswered.reason)
+            return {room: [KVPoll.Failed] * ranks for room in dict.fromkeys(rooms)}
+        collected: dict[int, list[Optional[KVPoll]]] = {
+            room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
+            for room in dict.fromkeys(rooms)
+        }
+        if self.participant in self.pp_participants:
+            own = self.pp_participants.index(self.participant)
+            for room in [room for room, statuses in collected.items() if statuses[own] is None]:
+                self._vanished(room, started)
+            for room in filter(self._failed_here.reason, collected):
+                collected[room][own] = KVPoll.Failed
+        return collected
 
     # -- writes
 

@@ -1,36 +1,14 @@
-"""What a KV manager's map answers on its own, without Redis: rooms it cannot store, outages, the rooms it
-failed itself, and removals that race a read.
+"""What a KV manager's map answers on its own, without Redis: room ids it cannot store (the request fails, the
+engine goes on), outages (:class:`Outage`), the rooms it failed itself (:class:`FailedHere`), removals that
+race a read (:class:`Removals`), and open rooms whose entry Redis lost (:class:`OpenRooms`). None of them may raise
+into SGLang's scheduler loop or threads, which would take the server down. Why each answers as it does:
+docs/sglang.md ("A room id the store cannot hold", "What changes, and what does not", "How the plugin works
+inside").
 
-**Room ids kvstatus cannot store**: the request fails, the engine goes on.
-
-SGLang takes ``bootstrap_room`` from the request, and its dict accepts any hashable (-1, 2**63, "42", None).
-kvstatus stores ints in [0, 2**63 - 1] only, and the store raises ``InvalidRoomError`` for anything else.
-Inside the scheduler loop, a transfer thread or the bootstrap thread, that exception would stop the whole
-engine for one client's bad id. So :class:`~kvstatus.sglang.RoomStatusMap` answers for such an id as for a
-room that **failed from the start**, without touching Redis: ``in`` is True, ``m[room]``, ``get``, ``pop``,
-``collect`` and ``consensus`` answer Failed, and a write is refused with :data:`INVALID_ROOM_RESULT`
-(REFUSED_CREATE, Failed: nothing was written). Every upstream poll then concludes Failed at its next call
-(the sender's ``in`` then ``check_status``, the receiver's ``check_status``, nixl's
-``get(room, WaitingForInput)``), so that one request fails with its reason and the engine goes on. Answering
-"no entry" instead would make ``m[room]`` raise KeyError in the receiver's poll, and nixl's decode wait out its
-300 s timeout. The id is not coerced: "42" made 42 would share room 42's entry with another request, and -1
-made 2**63 - 1 likewise. An opening write (Bootstrapping, WaitingForInput) logs one warning; reads log
-nothing, as polls repeat.
-
-**Outages**: SGLang calls ``request_status`` from its scheduler loop, its transfer threads and its bootstrap
-thread, none of which expects an exception from a dict. A store error raised there (Redis down, hung past the deadline, a
-refused ACL, a lost lease) stops the scheduler, and SGLang shuts the whole server down. So
-:class:`~kvstatus.sglang.RoomStatusMap` turns such an error into Failed for the room it was about (the request
-fails, with the error as its reason), and :class:`Outage` remembers it for :data:`OUTAGE_SECONDS`: meanwhile
-every call answers at once, without I/O, so a scheduler polling 256 rooms waits out one deadline, not 256.
-Once the window has passed, a background thread (one at a time) probes Redis with one call, within the
-deadline, and again one window after each failure; the engine's calls go on answering without I/O until a
-probe is answered. So a hung Redis holds an engine thread for one deadline when the outage starts, never
-again (a lost lease is held again by the next call instead: Redis answered). One ERROR line is logged when an
-outage starts, one WARNING when Redis answers again; nothing per call.
-
-:class:`FailedHere` keeps the rooms answered Failed that way, :class:`Removals` the entries removed a moment
-ago (their docstrings say why).
+An open entry is its own marker: a read that finds no entry for an open room, or a write whose outcome says the
+entry was missing, shows that Redis lost it (no round trip, no key of its own). Invariant: a call is evidence
+only when it was *sent* after the reply that showed the entry, since threads handle their replies out of the
+order Redis ran them (docs/sglang.md, "Which missing entry is a loss").
 """
 
 from __future__ import annotations
@@ -38,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from kvstatus.errors import BackendError, KVStatusError, LeaseLostError
@@ -265,24 +244,14 @@ def probe_of(store: Any) -> Callable[[], object]:
 
 
 class FailedHere:
-    """Room -> the reason the map failed it with. Thread-safe; :attr:`rooms` is read without the lock (a dict's
-    ``get``, ``in`` and truth value are atomic).
+    """The rooms a :class:`~kvstatus.sglang.RoomStatusMap` answered Failed on its own, without Redis saying so:
+    room -> reason. Thread-safe; :attr:`rooms` is read without the lock (a dict's ``get``, ``in`` and truth
+    value are atomic).
 
-    The rooms a :class:`~kvstatus.sglang.RoomStatusMap` answered Failed on its own, without Redis saying so.
-
-    When Redis fails a status call (down, hung past the deadline, a lost lease), the map answers Failed for the
-    room (:mod:`kvstatus.sglang.outage`). In a dict, Failed is terminal: once one thread has read it, every later
-    read agrees. An answer made up during an outage must hold the same way. Otherwise the transfer thread that
-    read Failed drops its part (a chunk's acknowledgement, the Success), Redis answers again, and the scheduler
-    polls the room's real entry, still open, until SGLang's 300 s timeout. The e2e tier saw exactly that, after
-    a lease lost during start-up: requests left without an answer.
-
-    So each such room is kept in :class:`FailedHere`, and the map's reads of it answer Failed, with the reason,
-    until the engine removes the room (``pop``, ``del``, ``clear_room``): the end of its lifecycle. None is ever
-    forgotten before that, however many there are: a forgotten room would read its stale status again. The rooms
-    of one outage share its reason (one string), so a kept room costs a dict slot and its int (BENCHMARKS.md,
-    "Rooms failed here"). The map's dict-speed path stays on: it skips the rooms kept here (one
-    dict lookup).
+    Invariant: as in a dict, Failed is terminal. A room is kept until the engine removes it (``pop``, ``del``,
+    ``clear_room``), never forgotten before, however many there are: a forgotten room would read its stale, open
+    status again, and the scheduler would poll it until SGLang's 300 s timeout. The rooms of one outage share
+    its reason string (cost: BENCHMARKS.md, "Rooms failed here").
     """
 
     def __init__(self) -> None:
@@ -318,17 +287,11 @@ new entry in the room ends it at once."""
 
 
 class Removals:
-    """Removals of the last :data:`REMOVAL_RACE_SECONDS` (room -> status, monotonic seconds, thread id) and the
-    removals under way. Thread-safe; the lock is never held across I/O.
-
-    The entries a :class:`~kvstatus.sglang.RoomStatusMap` removed a moment ago, for the reads that race them.
-
-    SGLang threads share a KV manager's map: the scheduler pops concluded rooms while a transfer thread reads one
-    with ``room in m`` then ``m[room]``. A dict makes that window a few bytecodes wide; the map's ``pop`` spans a
-    round trip and GIL switches, so ``m[room]`` could raise ``KeyError`` for a room ``in`` had just found (it
-    killed mooncake's transfer thread in the e2e tier). :class:`Removals` remembers each removal for
-    :data:`REMOVAL_RACE_SECONDS` and the ones under way, so that ``m[room]`` by *another* thread that finds no entry
-    answers the removed status, as if it had come first (see ``RoomStatusMap._remove``).
+    """The entries a :class:`~kvstatus.sglang.RoomStatusMap` removed in the last :data:`REMOVAL_RACE_SECONDS`
+    (room -> status, monotonic seconds, thread id) and the removals under way, so that ``m[room]`` by *another*
+    thread that finds no entry answers the removed status, as if it had come first (``RoomStatusMap._remove``):
+    SGLang reads ``room in m`` then ``m[room]`` while the scheduler pops. Thread-safe; the lock is never held
+    across I/O.
     """
 
     def __init__(self) -> None:
@@ -379,3 +342,92 @@ class Removals:
         if by != threading.get_ident() and time.monotonic() - at <= REMOVAL_RACE_SECONDS:
             return status
         return None
+
+
+# --------------------------------------------------------------------------- open rooms Redis lost
+
+LOST_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
+"""What a write of a room Redis lost returns: nothing is kept, and reads answer Failed."""
+
+_HOLDS_ENTRY = (Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED, Outcome.UNCHANGED)
+_FOUND_NONE = (Outcome.CREATED, Outcome.REFUSED_CREATE, Outcome.IGNORED_MISSING)
+
+
+def lost_reason(participant: str, room: int) -> str:
+    """The failure reason of an open room whose entry Redis no longer holds."""
+    return (
+        f"kvstatus: Redis lost its data: participant {participant}'s entry in room {room} is gone though this "
+        "manager never removed it and its TTL had not run out (Redis restarted without persistence, failed over "
+        "to a replica that did not have it, or was flushed; or a sweep removed it after a lost lease)"
+    )
+
+
+REMOVALS_KEPT = 60.0
+"""Seconds a removal is remembered, so that the late reply of a write sent before it does not open the room
+again: far beyond a call's deadline and its resends."""
+
+
+class OpenRooms:
+    """The open rooms, room -> monotonic time at which this map last handled a write's reply that left an entry
+    (oldest first), and the rooms found lost (kept until the engine removes them). Thread-safe; :attr:`rooms`
+    and :attr:`lost` are read without the lock (``in`` on a dict or set is atomic). ``ttl``: the store's room
+    TTL, seconds. ``started`` arguments: the monotonic time the call was sent (before its round trip)."""
+
+    def __init__(self, participant: str, ttl: float) -> None:
+        self.participant, self.ttl = participant, ttl
+        self.rooms: OrderedDict[int, float] = OrderedDict()
+        self.lost: set[int] = set()
+        self._removed: OrderedDict[int, float] = OrderedDict()  # room -> when the engine removed it, oldest first
+        self._lock = threading.Lock()
+
+    def wrote(self, room: int, result: UpdateResult, started: float) -> Optional[str]:
+        """This map's write of ``room``, sent at ``started``, answered ``result``: the reason to fail the room
+        when the outcome shows that Redis lost the entry of an open room, else None (the room is open, or stays
+        as it was)."""
+        now = time.monotonic()
+        with self._lock:
+            removed = self._removed.get(room)
+            if removed is not None and started <= removed:
+                return None  # sent before the engine removed the room: its reply opens nothing again
+            at = self.rooms.get(room)
+            if at is not None and at < started and result.outcome in _FOUND_NONE and now - at < self.ttl:
+                return self._lose(room)
+            if result.outcome in _HOLDS_ENTRY:
+                self.rooms[room] = now
+                self.rooms.move_to_end(room)
+                while now - next(iter(self.rooms.values())) >= self.ttl:  # expired (no write for a TTL)
+                    self.rooms.popitem(last=False)
+        return None
+
+    def vanished(self, room: int, started: float) -> Optional[str]:
+        """A read of ``room`` sent at ``started`` found no entry of this map's participant: the reason to fail it
+        when the room is open (Redis lost the entry), else None (not open, opened by a reply handled after the
+        read was sent, or expired after its TTL: no entry is the truth)."""
+        if room not in self.rooms:
+            return None
+        with self._lock:
+            at = self.rooms.get(room)
+            if at is None or at >= started:
+                return None
+            if time.monotonic() - at >= self.ttl:
+                del self.rooms[room]
+                return None
+            return self._lose(room)
+
+    def _lose(self, room: int) -> str:
+        del self.rooms[room]
+        self.lost.add(room)
+        return lost_reason(self.participant, room)
+
+    def removed(self, room: object) -> None:
+        """The engine removes ``room`` (called before the removal is sent): it is neither open nor lost any more,
+        and a write sent before now does not open it again."""
+        if type(room) is int:
+            now = time.monotonic()
+            with self._lock:
+                self.rooms.pop(room, None)
+                self.lost.discard(room)
+                self._removed[room] = now
+                self._removed.move_to_end(room)
+                while now - next(iter(self._removed.values())) > REMOVALS_KEPT:
+                    self._removed.popitem(last=False)

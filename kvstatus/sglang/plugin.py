@@ -219,7 +219,7 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
 
 def _shown(variable: str, env: Mapping[str, str]) -> str:
     """``VARIABLE=value`` as an error shows it: the URL's password masked, a long value cut."""
-    from kvstatus.redact import mask_url
+    from kvstatus.errors import mask_url
 
     raw = env.get(variable, "").strip()
     if not raw:

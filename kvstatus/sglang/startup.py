@@ -1,31 +1,10 @@
 """What install() reads from a KV manager and checks before it serves, and the one log line that says it took.
 
-A misconfiguration must stop the engine's start, not surface 3 s into the
-first request. :func:`check_store` makes the calls a manager will make, once,
-at install: it connects and authenticates, runs a script read (EVALSHA, or
-FCALL_RO of the function library with ``scripts="functions"``), writes and
-clears a probe entry (the doctor's participant, in room 2**63 - 1, TTL 30 s,
-no tombstone), and acquires the participant's lease when the store has one.
-A failure raises :class:`SettingError` naming the setting at fault (``url``,
-``namespace``, ``near_cache``, ``lease_ttl``, ``scripts``, ``instance``: a live process holds the name); the plugin turns
-that name into its ``KVSTATUS_SGLANG_*`` variable.
-
-The minimum sglang is :data:`MIN_SGLANG_VERSION`, the release the
-real-sglang tier runs (0 divergences from its ``update_status``, which
-applies the strict rule). install() relies on its ``CommonKVManager``: the
-three status methods, the deferred-ACK and staging state ``update_status``
-resets, the deferred bootstrap, and ``HookRegistry`` AFTER hooks for the
-plugin. Older releases are refused rather than guessed at; a newer one is
-accepted, and :func:`check_manager` refuses any manager that lacks those
-attributes, whatever its version.
-
-What install() reads from the manager: its mode (:func:`mode_of`), and the prefill's bootstrap address, which
-its lease carries and a decode's rooms wait on. A request sent to a prefill that is already dead opens a room on
-the decode only: no participant with an entry there lost its lease, so shared fate alone never fails it. The
-decode knows the address it waits on (upstream's receiver files each room under its ``bootstrap_addr``), and
-the prefill's lease carries the same address (:func:`bootstrap_address`), so the decode's peer watch
-(:mod:`kvstatus.peerwatch`) fails such a room within the prefill's lease TTL plus a second of its death or
-restart, naming it. Addresses match exactly.
+A misconfiguration must stop the engine's start, not surface at the first request: :func:`check_store` makes
+the calls a manager will make, once, and raises :class:`SettingError` naming the setting at fault. What it
+reads: the manager's mode, and a prefill's bootstrap address, which its lease carries and a decode's rooms wait
+on. docs/sglang.md: "A bad setting stops the start", "One room, one fate" (a prefill already dead) and "How the
+plugin works inside" (the minimum sglang, the check's calls).
 """
 
 from __future__ import annotations
@@ -73,7 +52,8 @@ _DENIED = re.compile(r"run the '([\w|]+)' command")
 
 
 class SettingError(InvalidArgumentError):
-    """A setting of the SGLang integration stops the start; ``setting`` names it (``url``, ``namespace``, ...)."""
+    """A setting of the SGLang integration stops the start; ``setting`` names it (``url``, ``namespace``,
+    ``near_cache``, ``lease_ttl``, ``scripts``, ``instance``: a live process holds the name)."""
 
     def __init__(self, message: str, *, setting: str) -> None:
         super().__init__(message)
@@ -178,12 +158,8 @@ def _setting_error(error: KVStatusError, step: str, store: StatusStore) -> Setti
 
 
 def check_store(store: StatusStore) -> None:
-    """Make the calls a manager will make, once: a script read, a probe write and clear, and the lease.
-
-    Three script calls (with a lease, one read of who holds its name, then the acquire), after the connection's
-    handshake and, the first time on a server, the SCRIPT LOADs; raises :class:`SettingError` naming the setting
-    at fault.
-    """
+    """Make the calls a manager will make, once: a script read, a probe write and clear (the doctor's participant,
+    room 2**63 - 1, TTL 30 s), and the lease; raises :class:`SettingError` naming the setting at fault."""
     step = "read"
     try:
         store.get_many([PROBE_ROOM])  # connects, authenticates, runs get_many's script or function
@@ -262,10 +238,8 @@ def mode_of(kv_manager: Any) -> str:
 
 def bootstrap_address(kv_manager: Any) -> Optional[str]:
     """The ``host:port`` a decode names this prefill manager by (the ``bootstrap_addr`` of its receivers), or None
-    (not a prefill, or no address). Its lease carries it, so a decode waiting on it in a room this prefill never
-    wrote fails the room when this prefill dies or restarts (:mod:`kvstatus.peerwatch`). A server bound to every
-    interface (``--host 0.0.0.0``) is named by its node's IP, as upstream's ``local_ip``; a decode that names
-    it otherwise (a DNS name) matches nothing and is left to upstream's heartbeat."""
+    (not a prefill, or no address). A server bound to every interface (``--host 0.0.0.0``) is named by its
+    node's IP, as upstream's ``local_ip``; addresses are matched exactly."""
     if mode_of(kv_manager) != "prefill":
         return None
     found = _host_port(

@@ -11,9 +11,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvstatus.connection import _BUILDERS
-from kvstatus.errors import InvalidArgumentError
+from kvstatus.errors import InvalidArgumentError, mask_url
 from kvstatus.keys import validate_name
-from kvstatus.redact import mask_url
 from kvstatus.url import SENTINEL_SCHEMES, parse_url
 from tests.helpers.cli import invoke
 

@@ -15,8 +15,8 @@ import pytest
 import redis.connection
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.keywatch import Ticket, WatchHub
 from kvstatus.storebase import StoreBase
+from kvstatus.waits import Ticket, WatchHub
 from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real

@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.errors import BackendUnavailableError
-from kvstatus.waitplan import MIN_STEP_SECONDS
+from kvstatus.waits import MIN_STEP_SECONDS
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.clock import hold_background_watch
 from tests.helpers.timing import slack

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.waitplan import CLOCK, READ, RECEIVE, WATCH, wait_plan
+from kvstatus.waits import CLOCK, READ, RECEIVE, WATCH, wait_plan
 from tests.nearcache.helpers import eventually
 
 

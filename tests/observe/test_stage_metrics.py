@@ -15,9 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvstatus import KVPoll
-from kvstatus.model import Step
+from kvstatus.model import HOOKS, ClearedObserver, Step, StoreObserver, check_observer
 from kvstatus.observe.metrics import STAGE_BUCKETS, StoreMetrics
-from kvstatus.observer import HOOKS, ClearedObserver, StoreObserver, check_observer
 from kvstatus.timeline import STAGES, stage_seconds
 from tests.helpers.backends import RedisUnderTest
 

@@ -21,8 +21,8 @@ from kvstatus.errors import (
     SupersededError,
 )
 from kvstatus.keys import KeySchema
+from kvstatus.model import StoreObserver
 from kvstatus.observe.metrics import StoreMetrics
-from kvstatus.observer import StoreObserver
 from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.nearcache.helpers import eventually
 from tests.servers import RedisServer

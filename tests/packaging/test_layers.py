@@ -51,15 +51,18 @@ store it checks (14 before); 9 once the value parser and the replies became one 
 holds here."""
 
 
-MAX_LIBRARY_MODULES = 41
-MAX_LIBRARY_LINES = 10_625
+MAX_LIBRARY_MODULES = 36
+MAX_LIBRARY_LINES = 10_275
 """Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted
 by hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files
 count): 48 modules and 10,733 lines at 8d3c374; 46 once kvstatus.fate joined kvstatus.rule and the replies
 stopped loading kvstatus.timeline (when this test came); 44 once kvstatus.misconfig joined kvstatus.translate
 and kvstatus.naming joined kvstatus.keys; 42 and 10,627 lines once the presence joined the lease keeper
 (kvstatus._async.leases) and kvstatus.sglang.addresses joined kvstatus.sglang.startup; 41 and 10,617 once
-kvstatus.stored joined kvstatus.replies. Issue 34's budget is 30
+kvstatus.stored joined kvstatus.replies; 36 and 10,257 once kvstatus.redact joined kvstatus.errors,
+kvstatus.observer kvstatus.model, kvstatus.sglang.ppreads and kvstatus.sglang.openrooms the map and its outage
+answers, kvstatus.waitplan and kvstatus.keywatch became kvstatus.waits, and design narratives left the
+docstrings for the docs. Issue 34's budget is 30
 modules and 8,500 lines; lower these as merges land."""
 
 
@@ -260,7 +263,7 @@ def test_each_check_catches_its_violation() -> None:
     assert library_violations(_with("kvstatus.rule", "kvstatus.cli.app"))
     assert library_violations(_with("kvstatus.sglang.plugin", "click"))
     assert library_violations(_with("kvstatus.keys", "starlette.responses", type_only=True))
-    assert not library_violations(_with("kvstatus.keys", "kvstatus.observer"))  # observer is not observe
+    assert not library_violations(_with("kvstatus.keys", "kvstatus.observer"))  # not the observe package
     assert upward_imports(_with("kvstatus.admin.scan", "kvstatus.observe.board"))
     assert find_cycle(graph(_with("kvstatus.keys", "kvstatus._sync.store")))
     with pytest.raises(ValueError, match="cycle"):

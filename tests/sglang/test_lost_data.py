@@ -1,6 +1,6 @@
 """A Redis that forgets (issue 36, High 1): restarted without persistence with rooms in flight, the stand-in
 managers never raise KeyError into the engine, both sides of a room read Failed naming the data loss, and no
-side writes its entry into the lost room again (kvstatus.sglang.openrooms)."""
+side writes its entry into the lost room again (kvstatus.sglang.outage.OpenRooms)."""
 
 from __future__ import annotations
 

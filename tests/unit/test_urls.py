@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from kvstatus.connection import _ssl_kwargs, connect
-from kvstatus.errors import InvalidURLError
-from kvstatus.redact import mask_url
+from kvstatus.errors import InvalidURLError, mask_url
 from kvstatus.url import ConnectionOptions, parse_url
 
 SECRET = "s3cr3t-Pa55"

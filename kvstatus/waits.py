@@ -1,33 +1,132 @@
-"""``wait_for``'s wake-up: room keys watched through CLIENT TRACKING, every wait of a client on one connection
-per node (a :class:`WatchHub`).
+"""``wait_for``'s parts that are not written for async: the plan of its loop (no I/O) and its watch hub.
 
-Redis tracks the keys a ``CLIENT TRACKING ON`` connection reads and pushes an ``invalidate`` message on
-that same connection (RESP3) the first time one of them changes afterwards. So a waiter arms its watch by
-reading the room key (``EXISTS``) on the hub, then reads the entry through the store: any write to the room
-after the arm (an update, a cancel, a clear, the TTL, ``FLUSHALL``) wakes it, and it re-arms before it reads
-again. The writers pay nothing for it: no publish, no channel, nothing in the update script.
+**The plan.** The waiter watches the room key through CLIENT TRACKING (a :class:`WatchHub`): Redis tells it
+when the room changes, and it re-reads the entry. The writers pay nothing for it (no publish). Every change to
+the room wakes the waiter, a peer's Failed or a cancel included: with shared fate
+(:func:`kvstatus.rule.shared_status`) its read then answers Failed. A waiter arms its watch *before* it reads the
+entry, so a change between the read and the arm cannot be missed. Told of a change, it reads first (the change
+may be the one awaited: one round trip to deliver it), then, if it must go on waiting, arms the watch again and
+reads once more. It also re-reads the entry every ``recheck`` seconds (a watch connection that died without a
+word), and when it cannot watch (the ACL refuses CLIENT TRACKING, the connection broke) it polls every
+``poll_interval`` seconds, trying to watch again as it goes unless the ACL refused. The loop is plain data here
+(:func:`wait_plan`); the driver that performs its actions is written once in :mod:`kvstatus._async.waiting` and
+generated for threads.
 
-The waits of a backend (:class:`kvstatus.backend.Backend`) share its hub of each node (500 waiters: one connection, not 500). Each wait holds a
-:class:`Ticket`; replies come back in the order the arms were sent, so each arm's answer goes to its ticket,
-and a push wakes the tickets of its keys whose arm was answered before it (what changed before an arm's
-answer is seen by the read that follows the arm). Nothing another client sends reaches this connection
-(there is no channel to publish on), and anything the hub cannot read counts as a change of every key, or
-breaks the hub: the waiters re-read rather than miss one, and the next arm opens a new hub.
-
-The hub is read by whoever the event loop or a thread appoints (:func:`kvstatus.concurrency.async_start_reader`):
-:meth:`WatchHub.on_readable` runs without blocking and calls the woken tickets' ``wake``.
+**The hub.** Redis tracks the keys a ``CLIENT TRACKING ON`` connection reads and pushes an ``invalidate``
+message on that same connection (RESP3) the first time one of them changes afterwards. So a waiter arms its
+watch by reading the room key (``EXISTS``) on the hub, then reads the entry through the store: any write to the
+room after the arm (an update, a cancel, a clear, the TTL, ``FLUSHALL``) wakes it. The waits of a backend
+(:class:`kvstatus.backend.Backend`) share its hub of each node (500 waiters: one connection, not 500). Each wait
+holds a :class:`Ticket`; replies come back in the order the arms were sent, so each arm's answer goes to its
+ticket, and a push wakes the tickets of its keys whose arm was answered before it (what changed before an arm's
+answer is seen by the read that follows the arm). Nothing another client sends reaches this connection (there
+is no channel to publish on), and anything the hub cannot read counts as a change of every key, or breaks the
+hub: the waiters re-read rather than miss one, and the next arm opens a new hub. The hub is read by whoever the
+event loop or a thread appoints (:func:`kvstatus.concurrency.async_start_reader`): :meth:`WatchHub.on_readable`
+runs without blocking and calls the woken tickets' ``wake``.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import threading
-from typing import Callable, Optional, Protocol
+import time
+from collections.abc import Generator, Iterable
+from typing import Any, Callable, Final, Literal, Optional, Protocol, Union
 
 import hiredis
 import redis
 
+from kvstatus.errors import InvalidArgumentError
 from kvstatus.invalidation import InvalidationSocket, LinkLost
+from kvstatus.model import KVPoll, to_status
+
+RECHECK_SECONDS = 1.0
+POLL_INTERVAL_SECONDS = 0.05
+
+# The I/O actions of a wait plan: (kind, argument).
+WATCH: Final = "watch"  # argument None; reply: True once the room key is watched, False if not possible now
+READ: Final = "read"  # argument None; reply: the entry's status now (Optional[KVPoll])
+RECEIVE: Final = "receive"  # argument: seconds to wait; reply: True if the room changed, False if not, None if broken
+SLEEP: Final = "sleep"  # argument: seconds
+CLOCK: Final = "clock"  # argument None; reply: time.monotonic()
+Action = Union[
+    tuple[Literal["watch"], None],
+    tuple[Literal["read"], None],
+    tuple[Literal["receive"], float],
+    tuple[Literal["sleep"], float],
+    tuple[Literal["clock"], None],
+]
+
+
+def target_statuses(statuses: KVPoll | int | Iterable[KVPoll | int]) -> frozenset[KVPoll]:
+    """The statuses to wait for, validated (one status or an iterable of them)."""
+    if isinstance(statuses, (KVPoll, int)) and not isinstance(statuses, bool):
+        return frozenset({to_status(statuses)})
+    if isinstance(statuses, (str, bytes)) or not isinstance(statuses, Iterable):
+        raise InvalidArgumentError(f"invalid statuses {statuses!r}: expected a KVPoll, an int 0..4 or an iterable")
+    targets = frozenset(to_status(s) for s in statuses)
+    if not targets:
+        raise InvalidArgumentError("wait_for needs at least one status to wait for")
+    return targets
+
+
+def check_timeout(timeout: Optional[float]) -> float:
+    """``timeout`` in seconds (None: no limit) as a finite or infinite float."""
+    if timeout is None:
+        return math.inf
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+        raise InvalidArgumentError(f"invalid timeout {timeout!r}: expected seconds >= 0 or None")
+    return float(timeout)
+
+
+def wait_plan(
+    participant: str,
+    targets: frozenset[KVPoll],
+    timeout: float,
+    recheck: float = RECHECK_SECONDS,
+    poll_interval: float = POLL_INTERVAL_SECONDS,
+) -> Generator[Action, Any, Optional[KVPoll]]:  # each reply's type follows its action's kind
+    """The waiting loop: returns the status reached, or None when ``timeout`` seconds passed first."""
+    start = yield CLOCK, None
+    deadline = start + timeout
+    watching = yield WATCH, None
+    status: Optional[KVPoll] = yield READ, None
+    next_read = start + (recheck if watching else poll_interval)
+    while True:
+        if status in targets:
+            return status
+        now = yield CLOCK, None
+        if now >= deadline:
+            return None
+        if now >= next_read:
+            watching = yield WATCH, None  # watch first, then read: nothing falls in between
+            status = yield READ, None
+            next_read = now + (recheck if watching else poll_interval)
+            continue
+        wait = min(deadline, next_read) - now
+        if not watching:
+            yield SLEEP, wait
+            continue
+        changed = yield RECEIVE, wait
+        if changed:  # the change may be the awaited one: read it first, and watch again only if not
+            status = yield READ, None
+            if status in targets:
+                return status
+        if changed is not False:
+            next_read = now  # the room changed, or the watch broke: watch again, then read (nothing is lost)
+
+
+MIN_STEP_SECONDS = 0.5
+"""The least time one step of a wait (a watch, a read) is given, even at the wait's very end."""
+
+
+def step_deadline(ends: float, deadline: float) -> float:
+    """The monotonic time by which a step starting now must end: the store's ``deadline`` (seconds) from now,
+    and no later than the wait's end ``ends``, unless that leaves less than :data:`MIN_STEP_SECONDS`."""
+    now = time.monotonic()
+    return min(now + deadline, max(ends, now + MIN_STEP_SECONDS))
 
 
 class _Commands(Protocol):

@@ -146,7 +146,7 @@ class ParsedURL:
 
 def _hint(shown: str) -> str:
     """Where credentials are present, the likely cause of a malformed URL."""
-    return " (percent-encode any @ / ? # in the user name or password)" if "@" in shown else ""
+    return " (percent-encode any @ / ? # [ ] in the user name or password)" if "@" in shown else ""
 
 
 _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -306,6 +306,10 @@ def parse_url(url: object) -> ParsedURL:
     except InvalidURLError:
         raise
     except ValueError as exc:
+        if "@" in shown:  # urllib's messages quote pieces of the URL: a bracketed piece of a password among them
+            raise InvalidURLError(
+                f"invalid Redis URL {shown}: it cannot be split into its parts{_hint(shown)}"
+            ) from None
         raise InvalidURLError(f"invalid Redis URL {shown}: {mask_url(str(exc))}") from None
 
 

@@ -56,6 +56,7 @@ def assert_masked(text: str, secret: str) -> None:
 )
 @example(scheme="redis", secret=f"{MARK} {MARK}", encode=False, where="userinfo")  # whitespace: failed before
 @example(scheme="redis", secret=f"{MARK}\t{MARK}", encode=False, where="userinfo")
+@example(scheme="redis", secret=f"{MARK}[{MARK}]{MARK}", encode=False, where="userinfo")  # urllib quoted "[Qz7]"
 def test_no_piece_of_a_password_survives_masking_or_url_errors(
     scheme: str, secret: str, encode: bool, where: str
 ) -> None:

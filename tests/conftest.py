@@ -30,14 +30,15 @@ from tests.servers import RedisClusterServers, RedisServer, ports
 accept_script_shebang()  # fakeredis does not strip get_many.lua's "#!lua flags=no-writes" as Redis does
 
 
-OWNED_THREADS = ("kvstatus-lease-", "kvstatus-probe-")
-"""The threads a store or an SGLang manager owns (its lease keeper, its outage probe): close() ends them."""
+OWNED_THREADS = ("kvstatus-lease-", "kvstatus-probe-", "kvstatus-watch", "kvstatus-pass-")
+"""The threads kvstatus starts for an object that close() ends: a store's lease keeper and its backend's wait_for
+watch reader, an SGLang manager's outage probe, the board's scanner."""
 THREAD_GRACE_SECONDS = 1.0
 
 
 @pytest.fixture(autouse=True)
 def _no_keeper_outlives_its_test() -> Iterator[None]:
-    """Fail a test whose stores or managers still run their lease keeper or outage probe after its teardown.
+    """Fail a test whose stores, managers or boards still run a thread of :data:`OWNED_THREADS` after its teardown.
 
     Left open, such a thread renews, watches and reconnects for the rest of the worker, against a server that
     may be gone: other tests then see its connections (tests/core/test_refused.py counted one) and its calls to

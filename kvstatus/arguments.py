@@ -1,5 +1,5 @@
 """A store's arguments, checked and turned into what the scripts take: TTLs, statuses, batches, reasons and the
-script mode, with their defaults and limits (no I/O). :mod:`kvstatus.operations` builds requests from them."""
+script mode, with their defaults and limits (no I/O)."""
 
 from __future__ import annotations
 
@@ -48,12 +48,10 @@ def status_args(statuses: Iterable[KVPoll | int]) -> list[str]:
 def batch_args(updates: object) -> tuple[list[int], list[str]]:
     """The validated rooms of an ``update_many`` batch and the script argument of each one's status, pair by pair.
 
-    Raises :class:`InvalidArgumentError` for a room that comes twice (a Mapping
-    whose iteration yields it twice, or equal int subclasses a dict holds as
-    two keys): one script decides every room of a batch from one read, so a
-    second status for a room would be decided without the first; send such
-    updates in order, in separate calls. A plain ``dict`` of ``int`` rooms,
-    the hot path, cannot hold a room twice and pays no check.
+    Raises :class:`InvalidArgumentError` for a room that comes twice (a Mapping whose iteration yields it twice, or
+    equal int subclasses a dict holds as two keys): one script decides every room of a batch from one read, so a
+    second status would be decided without the first. A plain ``dict`` of ``int`` rooms, the hot path, cannot hold a
+    room twice and pays no check.
     """
     if type(updates) is dict:
         rooms = list(updates)
@@ -77,12 +75,8 @@ def batch_args(updates: object) -> tuple[list[int], list[str]]:
 
 
 def truncate_reason(reason: object) -> str:
-    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut.
-
-    Raises :class:`InvalidArgumentError` for a non-string, or a string that is
-    no text (a lone surrogate, which is what Python makes of undecodable bytes
-    in ``sys.argv``): it cannot be sent as UTF-8, and it is refused before any write.
-    """
+    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut; raise
+    :class:`InvalidArgumentError` for a non-string, or a lone surrogate (undecodable bytes of ``sys.argv``)."""
     if not isinstance(reason, str):
         raise InvalidArgumentError(f"invalid reason {reason!r}: expected a string")
     try:

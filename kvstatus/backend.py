@@ -1,19 +1,6 @@
-"""One redis-py client and what kvstatus keeps beside it, shared by every store built on it.
-
-A store given a client makes its own :class:`Backend`; :meth:`~kvstatus.StatusStore.for_participant`, the
-readers of ``wait_for``, the doctor's probes and a store built on ``other.backend`` share the one they are
-given. Nothing of it hangs on the redis-py client or lives in a process-wide table keyed by the client: a
-backend is gone with its stores. It holds:
-
-- the :meth:`gate` that queues a cluster client's calls, at most ``max_connections`` at a time (redis-py's
-  cluster clients have no blocking pool: a call past a node's ``max_connections`` fails at once; a store call
-  holds at most one connection per node, so this keeps every node's pool within its size);
-- :attr:`watches`, the watch connections of ``wait_for``, one per node, reused by every wait (a
-  :class:`WatchPool`);
-- what its users build once and share (:meth:`shared`: the admin tools' sender).
-
-The near caches' read-your-writes is per process, not per backend (:func:`kvstatus.cachestate.writes_sent`):
-the guarantee holds for every store of the process, and two SGLang managers of one process have a backend each.
+"""One redis-py client and what kvstatus keeps beside it, shared by every store built on it (docs/guide.md,
+"Connections"; why read-your-writes is per process instead: docs/design.md, "Layout"). Nothing of it hangs on the
+redis-py client or lives in a process-wide table keyed by the client: a backend is gone with its stores.
 """
 
 from __future__ import annotations
@@ -94,7 +81,8 @@ class WatchPool:
 
 class Backend:
     """A redis-py ``client`` (sync or asyncio; standalone, cluster or Sentinel), the :class:`ConnectionOptions`
-    it was built with (None: the defaults), and what the stores on it share (see the module)."""
+    it was built with (None: the defaults), and what the stores on it share: the cluster :meth:`gate`,
+    :attr:`watches` (``wait_for``'s watch connections, one per node) and :meth:`shared` objects."""
 
     def __init__(self, client: RedisClient, options: Optional[ConnectionOptions] = None) -> None:
         if isinstance(client, Backend):
@@ -109,7 +97,9 @@ class Backend:
 
     def gate(self, kind: type[G]) -> Optional[G]:
         """The gate of a cluster client (a ``kind`` admitting ``max_connections`` calls, made on first use), shared
-        by every store on this backend; None for any other client."""
+        by every store on this backend; None for any other client. redis-py's cluster clients fail a call past a
+        node's ``max_connections`` at once; a store call holds at most one connection per node, so the gate keeps
+        every node's pool within its size."""
         if not self.cluster:
             return None
         with self._lock:

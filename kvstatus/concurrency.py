@@ -29,8 +29,7 @@ sleep = time.sleep
 
 AsyncRedisConnection = redis.asyncio.connection.AbstractConnection
 RedisConnection = redis.connection.AbstractConnection
-"""A redis-py connection, asyncio or blocking (a presence holds its subscription on one, outside its client's
-pool)."""
+"""A redis-py connection, asyncio or blocking (a presence holds its subscription on one, outside the pool)."""
 
 BROKEN = (rx.ConnectionError, rx.TimeoutError, OSError, EOFError)
 """What a broken connection raises, sync or async."""
@@ -80,12 +79,9 @@ def _settle(future: asyncio.Future[_T], value: _T) -> None:
 
 
 async def async_wait_future(future: asyncio.Future[_T], seconds: float, expired: _T) -> _T:
-    """``future``'s result, or ``expired`` once ``seconds`` (inf: no limit) passed first.
-
-    Not ``asyncio.wait_for``: up to Python 3.11 it swallows a cancel of the caller that meets the future's
-    completion (and returns the result instead). Here a cancel always raises ``CancelledError``; the future is
-    then cancelled unless it was already done, so a caller can tell whether a result arrived (see
-    :meth:`AsyncGate.acquire`)."""
+    """``future``'s result, or ``expired`` once ``seconds`` (inf: no limit) passed first. Not ``asyncio.wait_for``,
+    which up to Python 3.11 swallows a cancel that meets the future's completion: here a cancel always raises, and
+    cancels the future unless it was done, so a caller can tell whether a result arrived (:meth:`AsyncGate.acquire`)."""
     timer = None
     if not math.isinf(seconds):
         timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), _settle, future, expired)
@@ -202,10 +198,8 @@ class Background:
 
 
 async def async_run_blocking(work: Callable[[], _T], undo: Optional[Callable[[], None]] = None) -> _T:
-    """Run a short blocking call (a bounded handshake) off the event loop, in the caller's context.
-
-    A cancel of the caller raises at once; the thread cannot be stopped, so ``undo`` (closing what ``work``
-    opens) runs once it has ended, whatever it did."""
+    """Run a short blocking call (a bounded handshake) off the event loop. A cancel of the caller raises at once;
+    the thread cannot be stopped, so ``undo`` (closing what ``work`` opens) runs once it has ended, whatever it did."""
     running = asyncio.ensure_future(asyncio.to_thread(work))
     try:
         return await asyncio.shield(running)
@@ -271,8 +265,8 @@ def close_link(connection: _SyncConnection) -> None:
 
 
 def async_data_fd(connection: object) -> Optional[int]:
-    """The socket the near cache polls to notice a closed data connection: none for asyncio (its reader
-    is checked instead, see :func:`async_link_closed`)."""
+    """The socket the near cache polls to notice a closed data connection: none for asyncio
+    (:func:`async_closed_links` checks its reader instead)."""
     return None
 
 
@@ -380,11 +374,9 @@ def start_reader(source: _Reader) -> None:
 
 
 def async_checkpoint() -> None:
-    """Raise ``CancelledError`` if the running task was asked to cancel and the cancel did not land.
-
-    redis-py awaits through ``asyncio.wait_for``, which up to Python 3.11 returns a result instead of raising a
-    cancel that meets the result; ``Task.cancelling()`` (3.11+) still counts that cancel. Python 3.10 has no
-    such count: there a cancel swallowed inside redis-py lands at the task's next await instead."""
+    """Raise ``CancelledError`` if the running task was asked to cancel and the cancel did not land: redis-py awaits
+    through ``asyncio.wait_for`` (see :func:`async_wait_future`); ``Task.cancelling()`` (3.11+) still counts that
+    cancel. Python 3.10 has no such count: there it lands at the task's next await instead."""
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     if cancelling is not None and cancelling():

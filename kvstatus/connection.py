@@ -1,14 +1,6 @@
-"""How kvstatus reaches Redis: a URL made a redis-py client (explicit timeouts, a retry policy), what kind
-of client a store was given, and which server holds a key (the near cache's links and ``wait_for``'s watch).
-
-The URL grammar (schemes, query options, :class:`ConnectionOptions`) is :mod:`kvstatus.url`. Topologies are
-chosen by scheme in :data:`_BUILDERS`.
-
-A ``rediss://`` URL pointing at a plain-text server fails within
-``socket_connect_timeout`` with "TLS handshake failed: is the server TLS?",
-and is not retried: the handshake runs under the connect timeout, and a
-server that answers a plain ``PING`` is known not to speak TLS.
-"""
+"""How kvstatus reaches Redis: a URL (grammar: :mod:`kvstatus.url`) made a redis-py client by scheme
+(:data:`_BUILDERS`), what kind of client a store was given, and which server holds a key (the near cache's links
+and ``wait_for``'s watch). What a user sees of it: docs/guide.md ("Connections", "Topologies and URLs")."""
 
 from __future__ import annotations
 
@@ -237,12 +229,8 @@ def _retry(options: ConnectionOptions, asynchronous: bool, refused_is_final: boo
 def _cluster(
     parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool
 ) -> Union[RedisCluster, AsyncRedisCluster]:
-    """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node.
-
-    redis-py's cluster clients have no blocking pool: the store queues its calls instead
-    (:meth:`kvstatus.backend.Backend.gate`), at most ``max_connections`` at a time, each holding at most one
-    connection per node, so no node's pool runs out.
-    """
+    """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node. It has no
+    blocking pool: the store queues its calls instead (:meth:`kvstatus.backend.Backend.gate`)."""
     kwargs = _common_kwargs(parsed, options)
     del kwargs["db"]
     kwargs["max_connections"] = options.max_connections
@@ -316,10 +304,8 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         sentinel_module.SentinelManagedSSLConnection if parsed.tls else sentinel_module.SentinelManagedConnection,
         parsed.tls,
     )
-    # No per-command retry on the data connections: redis-py 8.1 resends on the same connection
-    # object, which keeps reaching a just-demoted master ("The previous master is now a slave")
-    # until its budget is spent. The store resends the whole call instead, through a fresh
-    # connection that asks the Sentinels where the master is (see StoreBase / failover_delays).
+    # No per-command retry on the data connections: redis-py 8.1's keeps reaching a just-demoted master. The send
+    # path resends the whole call on a fresh connection (sendrules.failover_delays; docs/operations.md, "Failover").
     sentinel = sentinel_module.Sentinel(
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )

@@ -1,18 +1,6 @@
 """The exceptions kvstatus raises. Catch :class:`KVStatusError` for all of them.
 
-Messages name what was wrong and never contain a password: every message kvstatus prints about a URL goes
-through :func:`mask_url`, which masks by parsing, not by a pattern that stops at some character. A password
-pasted unencoded may hold any character (whitespace, ``@ / ? # : &``, unicode), so for every ``scheme://`` in
-the text
-
-- the user info runs from ``://`` to the *last* ``@`` of the text; the user name (up to the first ``:``)
-  stays, everything after it becomes ``***`` (user info without a ``:`` may be a password alone and is masked
-  whole);
-- from the first query option whose (percent-decoded) name ends in ``password``, everything to the end of the
-  text becomes ``***``.
-
-Masking too much is the safe direction: the text shown may lose the part of a URL after its password, never a
-part of the password.
+Messages name what was wrong and never contain a password: every message about a URL goes through :func:`mask_url`.
 """
 
 from __future__ import annotations
@@ -62,19 +50,16 @@ class BackendError(KVStatusError):
 class BackendUnavailableError(BackendError, ConnectionError):
     """Redis could not be reached (refused, timed out, or down) within the call's retries and deadline.
 
-    It means "unknown whether applied": the last attempt may have run in Redis
-    (a hung server executes it when it wakes up). Calling again is safe because
-    the update rule is idempotent: the same update applied twice leaves the
-    same state.
+    It means "unknown whether applied": the last attempt may have run in Redis (a hung server executes it when it
+    wakes up). Calling again is safe: the update rule is idempotent (docs/guide.md ("Unknown whether applied")).
     """
 
 
 class BackendRefusedError(BackendUnavailableError):
     """A standalone Redis refused the connection (nothing listens there); raised at once, without retries.
 
-    ``not_sent`` True: no attempt of this call reached Redis, so it was not
-    applied. False: an earlier attempt was sent before the server went away, so
-    it is "unknown whether applied" like its base class.
+    ``not_sent`` True: no attempt of this call reached Redis, so it was not applied. False: an earlier attempt was
+    sent before the server went away, so it is "unknown whether applied" like its base class.
     """
 
     def __init__(self, message: str, *, not_sent: bool = False) -> None:
@@ -85,8 +70,8 @@ class BackendRefusedError(BackendUnavailableError):
 class PoolExhaustedError(BackendError):
     """Every connection of the client's pool stayed busy until the call's deadline; nothing was sent.
 
-    The message says "client connection pool exhausted (max_connections=N)": raise
-    ``max_connections`` or make fewer concurrent calls. Redis itself may be fine.
+    The message says "client connection pool exhausted (max_connections=N)": raise ``max_connections`` or make
+    fewer concurrent calls. Redis itself may be fine.
     """
 
 
@@ -106,8 +91,8 @@ class PermissionDeniedError(BackendError):
 class LeaseLostError(KVStatusError):
     """The store's participant lease is lost (expired, released, or taken over by a new incarnation).
 
-    Raised by every write of that store from then on: a sweeper may already have
-    failed its entries. ``participant`` names whose lease it was.
+    Raised by every write of that store from then on: a sweeper may already have failed its entries.
+    ``participant`` names whose lease it was.
     """
 
     def __init__(self, message: str, *, participant: str = "") -> None:
@@ -175,7 +160,13 @@ def _query_password_span(text: str, start: int) -> tuple[int, int] | None:
 
 
 def mask_url(text: str) -> str:
-    """``text`` (a URL, or a message holding URLs) with every password replaced by ``***``; safe to print."""
+    """``text`` (a URL, or a message holding URLs) with every password replaced by ``***``; safe to print.
+
+    It parses, as a password pasted unencoded may hold any character. For each ``scheme://``: the user info runs to
+    the text's *last* ``@``, and all of it after the user name's first ``:`` is masked (all of it without a ``:``);
+    from the first query option whose percent-decoded name ends in ``password``, the rest of the text is masked.
+    Masking too much is the safe direction: a part of a URL may be lost, never a part of the password shown.
+    """
     text = str(text)
     spans: list[tuple[int, int]] = []
     start = text.find("://")

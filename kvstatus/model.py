@@ -1,16 +1,9 @@
-"""kvstatus' data: statuses, outcomes, room views, failure records and tombstones (no rules, no I/O), and what
-a store tells an observer (:class:`StoreObserver`).
+"""kvstatus' data: statuses, outcomes, room views, failure records and tombstones (no rules, no I/O), and the
+hooks a store calls on its observer (:class:`StoreObserver`; docs/observe.md ("Library metrics")).
 
 The rules over them are :mod:`kvstatus.rule`; the integers are what the Lua scripts return
-(``tests/core/test_scripts.py`` holds lua/*.lua to them).
-
-A store built with ``metrics=observer`` calls the observer from its send loop, and its near cache (if on) calls
-the cache hooks. :class:`kvstatus.observe.metrics.StoreMetrics` is the Prometheus observer (``kvstatus[metrics]``
-extra; the core imports no metrics library); any object with these methods works. With ``metrics=None`` (the
-default) a store call pays one attribute check. One hook is optional, and so not in :data:`HOOKS`:
-``on_cleared(steps)`` (:class:`ClearedObserver`). When a store's ``clear`` or ``pop`` removes an entry that
-carried a timeline (``timeline=True``), its send loop calls it with that timeline if the observer has it; an
-observer without it is accepted and works as before. ``StoreMetrics`` turns it into the stage-duration histogram.
+(``tests/core/test_scripts.py`` holds lua/*.lua to them). ``on_cleared`` (:class:`ClearedObserver`) is optional,
+so not in :data:`HOOKS`: docs/observe.md ("Stage durations").
 """
 
 from __future__ import annotations
@@ -166,10 +159,9 @@ class ParticipantEntry(NamedTuple):
 class ClearedEntry(NamedTuple):
     """One participant's ``clear()`` as its room's tombstone records it.
 
-    Times are Unix seconds by Redis' clock: ``cleared_at`` when the entry was
-    cleared, ``late_failed_at`` when the first Failed arrived after that clear
-    (it was ignored: IGNORED_MISSING), or None. ``status`` is the entry's last
-    status (None if it was not one kvstatus writes).
+    Times are Unix seconds by Redis' clock: ``cleared_at`` when the entry was cleared, ``late_failed_at`` when the
+    first Failed arrived after that clear (ignored: IGNORED_MISSING), or None. ``status``: the entry's last status
+    (None if it was not one kvstatus writes).
     """
 
     cleared_at: float
@@ -249,20 +241,16 @@ class FailureRecord(NamedTuple):
 class RoomView(NamedTuple):
     """Everything stored for one room, across participants.
 
-    ``ttl_ms`` is the time left in milliseconds; None when the room does not
-    exist, or when its key has no TTL (a leak: kvstatus never writes one).
-    ``tombstone`` is the room's record of recent clears (see :meth:`StatusStore.clear
-    <kvstatus.StatusStore.clear>`), or None when there is none (never cleared,
-    or longer ago than the tombstone TTL); views built by SCAN leave it None.
-    ``failure`` is the room's first failure (:func:`kvstatus.rule.shared_status`), or None.
-    ``timelines`` maps each participant whose writer records timelines (:mod:`kvstatus.timeline`) to the
-    :class:`Step` of each status its entry reached, in order (empty in a near cache's views, which keep only
-    what polls read).
-    ``ignored`` names each stored value the view left out because kvstatus does not write it (a timeline, a
-    tombstone): the message names the key and field (docs/security.md says what each reader does with junk).
-    ``stamps`` maps each participant whose entry a lease holder wrote to the lease epoch of that incarnation
-    (``lua/update.lua``'s fence): an epoch below the participant's current lease's marks an entry a previous
-    incarnation left (:mod:`kvstatus.admin.leases`).
+    ``ttl_ms``: the time left in milliseconds; None when the room does not exist, or its key has no TTL (a leak:
+    kvstatus never writes one). ``tombstone``: the room's record of recent clears (:meth:`StatusStore.clear
+    <kvstatus.StatusStore.clear>`), None when there is none (never cleared, or longer ago than the tombstone TTL)
+    and in views built by SCAN. ``failure``: the room's first failure (:func:`kvstatus.rule.shared_status`), or None.
+    ``timelines``: each participant whose writer records timelines (:mod:`kvstatus.timeline`) -> the :class:`Step`
+    of each status its entry reached, in order (empty in a near cache's views). ``ignored``: the message (naming key
+    and field) of each stored value the view left out because kvstatus does not write it (a timeline, a tombstone;
+    docs/security.md ("Junk values: what each reader does")). ``stamps``: each participant whose entry a lease
+    holder wrote -> that incarnation's epoch (``lua/update.lua``'s fence): one below the participant's current
+    lease's marks an entry a previous incarnation left (:mod:`kvstatus.admin.leases`).
     """
 
     room: int
@@ -296,9 +284,8 @@ class LeaseState(enum.IntEnum):
 class RoomConsensus(NamedTuple):
     """A room's status over its expected participants.
 
-    ``reason``: why it is Failed (None otherwise, or when no reason was
-    recorded); ``lost``: the expected participants whose lease is lost;
-    ``missing``: those with no entry yet.
+    ``reason``: why it is Failed (None otherwise, or when no reason was recorded); ``lost``: the expected
+    participants whose lease is lost; ``missing``: those with no entry yet.
     """
 
     status: KVPoll

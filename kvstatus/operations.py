@@ -1,11 +1,5 @@
-"""The store's operations as plain data, written once and free of I/O.
-
-Each operation validates its arguments and returns a :class:`Request`: the
-Redis calls to send in one round trip, and the function that turns their
-replies (in the same order) into the result. :class:`~kvstatus.StatusStore`
-sends them with blocking calls and :class:`~kvstatus.AsyncStatusStore` with
-awaits; nothing else differs.
-"""
+"""The store's operations, written once and free of I/O: each validates its arguments and returns a
+:class:`Request`, which :class:`~kvstatus.StatusStore` and :class:`~kvstatus.AsyncStatusStore` send alike."""
 
 from __future__ import annotations
 
@@ -79,14 +73,10 @@ T = TypeVar("T")
 tomb = KeySchema.tombstone_of
 
 CHUNK_ROOMS = 1000
-"""Rooms per script call of a batch. A script holds Redis for its whole run, so ``update_many`` and
-``get_many`` send a large batch as one pipeline of script calls of at most this many rooms, each short
-enough for the other clients' commands that run between them (BENCHMARKS.md, "How long one chunk of a batch
-holds Redis"). The atomicity unit of a batch is one chunk (on a cluster: the rooms of one slot within a
-chunk)."""
+"""Rooms per script call of a batch, the batch's atomicity unit: docs/guide.md ("Batches and atomicity")."""
 CHUNK_SECONDS = 0.02
-"""Seconds added to a call's deadline for each further chunk of a batch (Redis' time, and the client's
-encoding and decoding of 1000 rooms, with a wide margin)."""
+"""Seconds added to a call's deadline for each further chunk of a batch (Redis' time, and the client's encoding
+and decoding of 1000 rooms, with a wide margin)."""
 
 
 def _extra_seconds(rooms: int) -> float:
@@ -434,11 +424,8 @@ class StoreCore:
 class FunctionsCore(StoreCore):
     """:class:`StoreCore` whose scripts run as the functions of :data:`kvstatus.scripts.LIBRARY` (``scripts="functions"``).
 
-    Nothing is loaded by the client: an admin loads the library once
-    (``kvstatus functions load``); a call that finds it missing raises
-    :class:`~kvstatus.errors.BackendError` saying so. The update of one key,
-    the hot path, is built as FCALL directly; the store sends every other
-    request through :func:`~kvstatus.requests.as_functions`.
+    The update of one key, the hot path, is built as FCALL directly; the store sends every other request through
+    :func:`~kvstatus.requests.as_functions`. A missing library: docs/security.md ("The tenant recipe").
     """
 
     _update_command = ("FCALL", scripts.function_name(scripts.UPDATE))

@@ -1,16 +1,10 @@
 """The one validating parser of what Redis answers (no I/O): stored values, statuses, update outcomes, rooms
 and tombstones.
 
-A tenant with write access to its namespace (or a buggy writer) can put anything into the keys kvstatus
-reads: a 16-digit epoch, ``inf`` as a stamp, a 20-digit failure time, a 1 MiB timeline, a string where a hash
-belongs. Every reader parses what it reads with the functions here, and the scripts with ``lua/lib/stored.lua``,
-which applies the same accept/reject rule to the same value (``tests/core/test_stored_values.py`` runs each
-junk value through both). A value either rule refuses is one kvstatus never writes.
-
-Every decoder raises :class:`~kvstatus.errors.CorruptedValueError` (a stored value kvstatus does not write) or
-:class:`~kvstatus.errors.BackendError` (a reply of the wrong shape), naming the key and field, and nothing else,
-whatever the value. What each reader then does (fail the call, read it as absent, skip and count it) is in
-docs/security.md. :mod:`kvstatus.operations` pairs each request with its decoder.
+Its rules and ``lua/lib/stored.lua``'s accept and refuse the same values (``tests/core/test_stored_values.py``
+runs each junk value through both): docs/security.md ("Junk values: what each reader does"). Every decoder raises
+:class:`~kvstatus.errors.CorruptedValueError` (a stored value kvstatus does not write) or
+:class:`~kvstatus.errors.BackendError` (a reply of the wrong shape), naming the key and field, and nothing else.
 """
 
 from __future__ import annotations
@@ -206,8 +200,7 @@ NOT_A_TOMBSTONE = -3
 
 def parse_fate(value: object, key: str) -> Optional[FailureRecord]:
     """Decode the :data:`~kvstatus.keys.FATE_FIELD` value read from ``key`` (None stays None); raise
-    :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything kvstatus does not write
-    (:func:`kvstatus.replies.parse_failure`: its time is one a reader can show, up to the year 9999)."""
+    :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything :func:`parse_failure` refuses."""
     return None if value is None else parse_failure(value, key, FATE_FIELD)
 
 

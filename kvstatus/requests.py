@@ -1,8 +1,5 @@
-"""A store operation as plain data: the Redis calls to send in one round trip, and how to decode the replies.
-
-:mod:`kvstatus.operations` builds them; the send path (:mod:`kvstatus._async.sender`, and its generated sync
-twin) sends them. Nothing here does I/O.
-"""
+"""A store operation as plain data (no I/O): the Redis calls to send in one round trip, and how to decode the
+replies. :mod:`kvstatus.operations` builds them; the send path (:mod:`kvstatus._async.sender`) sends them."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""The pure-Python reference of the rules the Lua scripts run: the update rule, its fencing, a cancel.
+"""The pure-Python reference of the rules the Lua scripts run: the update rule, its fencing, a cancel, shared fate.
 
-The Lua script ``lua/update.lua`` is the rule that runs; :func:`apply_rule` is
-the same table in Python, used as the oracle in tests, by ``kvstatus explain``
-and by the demo's baselines. Change one and the tests force you to change the other.
-
-One room, one fate: SGLang keeps one ``request_status`` dict per KV manager, and when one side of a room
-fails upstream tells the other by a ZMQ message, lost when the peer is gone. kvstatus holds every
-participant's entry in one room hash, so with ``shared_fate`` on (the default) a read answers Failed as soon
-as the room failed for anyone: :func:`shared_status`, with its table, judges an entry with the room's first
-failure (written once per room by ``lua/lib/fate.lua`` under :data:`kvstatus.keys.FATE_FIELD`; the read
-rewrites no entry). :func:`reads` and :func:`fate_text` are what every operator view shows of it.
-:func:`room_consensus` gives a room one status over its expected participants.
-The data these rules take and give is :mod:`kvstatus.model`.
+``lua/update.lua`` is the rule that runs; :func:`apply_rule` is the same table in Python, the oracle of the tests,
+of ``kvstatus explain`` and of the demo's baselines: change one and the tests force you to change the other.
+:func:`shared_status` judges an entry with the room's first failure (written once per room by ``lua/lib/fate.lua``
+under :data:`kvstatus.keys.FATE_FIELD`; a read rewrites no entry): docs/guide.md ("One room, one fate").
 """
 
 from __future__ import annotations
@@ -35,12 +27,10 @@ from kvstatus.model import (
 
 
 def cancel_outcome(statuses: Iterable[Optional[KVPoll]], failed_before: bool) -> CancelOutcome:
-    """What ``lua/cancel.lua`` does to one room (the reference the tests hold the script to).
-
-    ``statuses``: the room's entries (None for a value kvstatus does not write); ``failed_before``: the room has
-    a first failure. ALREADY_SERVED when it has entries, all Success, and never failed: nothing is written (no
-    entry failed, no first failure, TTL untouched), so health still counts it as served. Else its open entries
-    become Failed, and the outcome is ALREADY_FAILED if it had failed before, CANCELLED if not."""
+    """What ``lua/cancel.lua`` does to one room (its oracle). ``statuses``: the room's entries (None: a value
+    kvstatus does not write); ``failed_before``: the room has a first failure. ALREADY_SERVED (entries, all Success,
+    never failed): nothing is written, not even the TTL, so health still counts it as served. Else its open entries
+    become Failed: ALREADY_FAILED if it had failed before, CANCELLED if not."""
     seen = list(statuses)
     if seen and all(s is KVPoll.Success for s in seen) and not failed_before:
         return CancelOutcome.ALREADY_SERVED
@@ -48,7 +38,7 @@ def cancel_outcome(statuses: Iterable[Optional[KVPoll]], failed_before: bool) ->
 
 
 def apply_rule(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED) -> UpdateResult:
-    """Apply the update rule (README, "The update rule") to one participant's entry (``current`` None: missing)."""
+    """Apply the update rule (docs/guide.md ("The update rule")) to one entry (``current`` None: missing)."""
     if current is None:
         if new == KVPoll.Failed:
             return UpdateResult(Outcome.IGNORED_MISSING, None)
@@ -73,11 +63,9 @@ def apply_fenced(
     epoch: Optional[int],
     policy: Policy = Policy.SEED,
 ) -> tuple[UpdateResult, Optional[int]]:
-    """The update rule with fencing (``lua/update.lua``): ``stamp`` is the epoch the entry carries (None: none),
-    ``epoch`` the writer's (None: a writer without a lease, which neither reads nor writes stamps). Returns the
-    result and the entry's stamp afterwards. A write from an older epoch than the stamp is REFUSED_SUPERSEDED;
-    an entry stamped with an older epoch is a previous incarnation's, missing for this one (a restarted
-    process' dict is empty); any outcome that writes or touches the entry stamps it with the writer's epoch."""
+    """The update rule with fencing (``lua/update.lua``; its table: docs/guide.md ("Fencing: a restart under
+    the same name")). ``stamp``: the epoch the entry carries, ``epoch``: the writer's (None: none; a writer without a
+    lease neither reads nor writes stamps). Returns the result and the entry's stamp afterwards."""
     if epoch is None:
         return apply_rule(current, new, policy), stamp
     if stamp is not None and stamp > epoch:
@@ -118,28 +106,9 @@ STAGE_OF_STATUS = {
 
 
 def shared_status(own: Optional[KVPoll], failure: Optional[FailureRecord], participant: str) -> Optional[KVPoll]:
-    """This participant's status under shared fate: ``own`` (its entry's status, or None) judged with the
-    room's ``failure``.
-
-    SGLang keeps one ``request_status`` dict per KV manager; kvstatus holds every participant's entry in one
-    room hash, so with ``shared_fate`` on a read answers Failed as soon as the room failed for anyone
-    (`One room, one fate` in the guide):
-
-    =====================  ==================================  ==================================
-    own entry              a peer's entry became Failed        the room was cancelled
-    =====================  ==================================  ==================================
-    missing                missing (nothing to fail)           missing (nothing to fail)
-    Bootstrapping          Failed                              Failed (and stored by the cancel)
-    WaitingForInput        Failed                              Failed (and stored by the cancel)
-    Transferring           Failed                              Failed (and stored by the cancel)
-    Success                Success (its part is done)          Success (its part is done)
-    Failed                 Failed                              Failed
-    =====================  ==================================  ==================================
-
-    A failure this participant raised itself is its own entry's business: under the ``seed`` policy an
-    entry may leave Failed, and its reads then follow the entry, exactly as upstream's dict would. So one
-    participant alone never reads anything the per-entry rule would not give it: the differential tests
-    against SGLang's ``update_status`` hold with shared fate on."""
+    """This participant's status under shared fate: ``own`` (its entry's status, or None) judged with the room's
+    ``failure``, by the table of docs/guide.md ("One room, one fate"). A failure it raised itself (not a cancel) does
+    not fail it (a ``seed`` entry may have left it): the differential tests against SGLang's ``update_status`` hold."""
     if failure is None or own is None or own is KVPoll.Success or own is KVPoll.Failed:
         return own
     if failure.origin == participant and failure.stage is not Stage.CANCELLED:
@@ -202,27 +171,12 @@ def room_consensus(
     reasons: Optional[Mapping[str, str]] = None,
     fate: Optional[FailureRecord] = None,
 ) -> RoomConsensus:
-    """The consensus of one room: ``statuses[i]`` and ``leases[i]`` belong to ``participants[i]``.
-
-    The rule, for a room and its expected participants (first match wins):
-
-    1. **Failed**, reason "participant P lost its lease", if a participant whose
-       lease is lost (it held one, and it expired or was released) has an entry
-       that is not terminal (neither Failed nor Success): that entry can never
-       finish.
-    2. **Bootstrapping** if an expected participant has no entry yet (the
-       semantics of SGLang's ``check_status_pp_consensus``).
-    3. Otherwise the **minimum** over the entries; when that is Failed, the reason
-       is the first recorded failure reason among the Failed entries.
-
-    A participant that never held a lease is never lost: it only counts through
-    its entry.
-
-    ``reasons`` maps a participant to its recorded failure reason (only Failed entries are looked up);
-    ``fate`` is the room's first failure (shared fate: None when the reader has it off). A room that failed reads
-    Failed, naming its first failure, while any expected participant's entry is open or missing (none will serve
-    it), as ``get`` does; once every entry is at Success it reads Success.
-    """
+    """The consensus of one room (``statuses[i]`` and ``leases[i]`` are ``participants[i]``'s), first match wins:
+    Failed if a lost lease holds an open entry; Bootstrapping while an entry is missing (SGLang's
+    ``check_status_pp_consensus``); else the minimum, Failed naming the first recorded reason (docs/guide.md ("The
+    consensus view")). ``reasons``: participant -> its failure reason (looked up for Failed entries only); ``fate``:
+    the room's first failure (None: shared fate off). A failed room reads Failed, naming it, while any expected
+    entry is open or missing, as ``get`` does; once every entry is at Success it reads Success."""
     lost = tuple(p for p, lease in zip(participants, leases) if lease == LeaseState.LOST)
     if lost:
         for p, status, lease in zip(participants, statuses, leases):
@@ -234,7 +188,7 @@ def room_consensus(
         if None in judged or (KVPoll.Failed in judged and KVPoll.Failed not in statuses):
             missing = tuple(q for q, s in zip(participants, judged) if s is None)
             return RoomConsensus(KVPoll.Failed, fate.describe(), lost, missing)
-        # An entry that failed itself: the minimum below, with that entry's own reason, as before.
+        # An entry that failed itself: the minimum below, with that entry's own reason.
     if None in statuses:
         return RoomConsensus(
             KVPoll.Bootstrapping, None, lost, tuple(p for p, s in zip(participants, statuses) if s is None)

@@ -1,21 +1,12 @@
 """The Lua scripts of ``lua/``, read once at import, with the helpers of ``lua/lib/`` spliced in.
 
-Scripts run by EVALSHA (EVALSHA_RO for a read-only one); a server that does not
-know one (``NOSCRIPT``: a restart, ``SCRIPT FLUSH``, a new cluster node) is sent
-``SCRIPT LOAD`` and the call is repeated, or, for a read-only script, the call
-is sent with its source (``EVAL_RO``), so each client registers a script the
-first time it needs it.
+Scripts run by EVALSHA (EVALSHA_RO for a read-only one); on ``NOSCRIPT`` the send path loads the script and
+repeats the call, or sends a read-only one with its source (``EVAL_RO``).
 
-Includes: a line ``-- @include NAME`` of a script is replaced by the text of
-``lua/lib/NAME.lua`` (BullMQ's convention), once, when the script is read; an
-indented include (inside a block, whose scope then holds the lib's locals) is
-spliced with its indentation. A
-helper is so written once and every script still runs as one self-contained
-text: its SHA (the EVALSHA handle) is the SHA of the spliced text, and
-``python -m kvstatus.expand NAME`` prints that text, e.g. for
-``redis-cli --eval``. A lib file may not include another (no nesting), and a
-script includes each lib at most once; anything else raises
-:class:`LuaIncludeError` naming the file and line.
+A line ``-- @include NAME`` is replaced by ``lua/lib/NAME.lua`` (BullMQ's convention), with its indentation (an
+include inside a block scopes the lib's locals there), so every script stays one self-contained text: its SHA is
+the spliced text's, which ``python -m kvstatus.expand NAME`` prints. A lib may not include another, and a script
+includes each lib at most once; anything else raises :class:`LuaIncludeError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -135,18 +126,12 @@ ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEA
 BY_NAME: dict[str, LuaScript] = {script.name: script for script in ALL}
 
 
-# Redis 7 functions: the same scripts, registered as one function library that an admin loads once
-# (FUNCTION LOAD), so that a tenant needs FCALL / FCALL_RO only, never SCRIPT LOAD or EVAL (which run any
-# Lua). The library is built by plain concatenation: each lib of lua/lib/ once, at the library's top level,
-# in LIB_ORDER, where its functions are created once when the library loads (an EVALSHA script re-creates
-# every function it includes at each call); then each script's own text, its first line dropped when it is
-# a "#!lua" shebang (functions declare flags at registration instead) and its include lines dropped,
-# between fixed lines that make it the body of a local function and register that function. No value is
-# interpolated but the version tag: the first 12 hex digits of the SHA-1 over the spliced scripts, a
-# function of the files themselves and never of a caller's value. It names the library and its functions,
-# so each kvstatus version's rule lives under its own names, two versions coexist during a rolling upgrade
-# (as EVALSHA's SHA-named scripts do), and a client never runs another version's rule: it finds its
-# functions missing and says what an admin runs. The state machine stays in lua/*.lua, and only there.
+# Redis 7 functions: the same scripts as one library an admin loads once, so a tenant needs FCALL / FCALL_RO only
+# (why, and the per-version names: docs/security.md ("The tenant recipe")). Built by concatenation: each lua/lib/
+# file once at the top level, in LIB_ORDER (its functions are created once, at load); then each script's own text,
+# its "#!lua" shebang (functions declare flags at registration) and include lines dropped, as the body of a local
+# function it registers. Nothing is interpolated but the version tag (a hash of the spliced scripts, never a
+# caller's value), which names the library and its functions. The state machine stays in lua/*.lua, only there.
 
 LIB_ORDER: tuple[str, ...] = ("acl", "time", "keys", "fate", "stored", "stored_text", "timeline")
 """The libs in the order the function library defines them: a lib uses only the names of libs above it

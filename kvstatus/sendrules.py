@@ -1,7 +1,4 @@
-"""Every decision of the send loop, as plain functions (no I/O): which delays a failover gets, which
-calls to resend after NOSCRIPT, how replies and errors are reported. :mod:`kvstatus._async.sender`
-(and its generated sync twin) performs them.
-"""
+"""Every decision of the send loop, as plain functions (no I/O); :mod:`kvstatus._async.sender` performs them."""
 
 from __future__ import annotations
 
@@ -24,14 +21,9 @@ T = TypeVar("T")
 
 
 def failover_delays(client: object, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
-    """Seconds to wait before each resend of a whole store call that met an unavailable backend.
-
-    Only for cluster and Sentinel clients: redis-py surfaces a dead cluster
-    node or a demoted Sentinel master at once ("The previous master is now a
-    slave"), before the topology has moved. A standalone client already
-    retries each command itself (same :class:`ConnectionOptions`), so it gets
-    no second layer.
-    """
+    """Seconds to wait before each resend of a whole store call that met an unavailable backend: cluster and
+    Sentinel clients only (redis-py reports a dead node or a demoted master before the topology has moved); a
+    standalone client retries each command itself, so it gets no second layer."""
     if not (is_cluster_client(client) or is_sentinel_client(client)):
         return ()
     return (options or ConnectionOptions()).retry_delays()
@@ -46,13 +38,9 @@ def _shard_subscribers(command: str, res: dict[str, object], **options: object) 
 
 
 def merge_shard_counts(client: object) -> None:
-    """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies that the presence counts can read.
-
-    redis-py 8.2 keys its cluster result callbacks by the two-word command and merges SHARDNUMSUB as if each
-    node answered (channel, count) pairs; a node answers a flat list, so every count raised ValueError and no
-    peer's presence was ever seen on a cluster. The merge replaced here is never right, so a client passed in
-    by the caller loses nothing it had. Older redis-py returns the node's reply as it is: both decode the same.
-    """
+    """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies that the presence counts can read:
+    redis-py 8.2's own merge expects (channel, count) pairs where a node answers a flat list, so it always raises
+    ValueError: replacing it costs a caller's client nothing. Older redis-py passes the reply through."""
     callbacks = getattr(client, "result_callbacks", None)
     if isinstance(callbacks, MutableMapping):
         callbacks[SHARD_NUMSUB] = _shard_subscribers
@@ -89,12 +77,9 @@ def may_resend(delay: float) -> bool:
 
 def noscript_resend(calls: list[Call], replies: list[ReplyOrError], as_eval: bool) -> tuple[list[int], list[Call]]:
     """The script calls whose reply is NOSCRIPT: their indices, and the calls to send again in their place.
-
-    ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them), but an
-    ``EVALSHA_RO`` at once as ``EVAL_RO`` with its source: one round trip, and CLIENT PAUSE WRITE holds
-    neither (it holds a plain EVALSHA of a script the server does not know for the whole pause);
-    True: ``EVAL`` with the script's source, which no SCRIPT FLUSH can make fail.
-    """
+    ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them), but an ``EVALSHA_RO`` at
+    once as ``EVAL_RO`` (CLIENT PAUSE WRITE would hold a plain EVALSHA of an unknown script for the whole pause);
+    True: ``EVAL`` with the script's source, which no SCRIPT FLUSH can make fail."""
     indices = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError) and calls[i].script]
     return indices, [calls[i].as_eval() if as_eval or calls[i].args[0] == "EVALSHA_RO" else calls[i] for i in indices]
 
@@ -118,12 +103,9 @@ _RO_COMMANDS = ("EVALSHA_RO", "EVAL_RO")
 
 
 def evalsha_fallback(calls: list[Call], replies: list[ReplyOrError]) -> tuple[list[int], list[Call]]:
-    """The read-only script calls the server refused as a command, and ``calls`` with those as EVALSHA / EVAL.
-
-    Refused: an unknown command (Redis < 7, fakeredis) or one the ACL does not grant (a recipe from before
-    ``EVALSHA_RO``). Returns ([], calls) when there is none; otherwise the sender resends ``calls[i]`` for
-    each index and sends ``EVALSHA`` from then on.
-    """
+    """The read-only script calls the server refused as a command (unknown: Redis < 7, fakeredis; or not granted
+    by the ACL), and ``calls`` with those as EVALSHA / EVAL; ([], calls) when there is none. The sender resends
+    ``calls[i]`` for each index and sends ``EVALSHA`` from then on."""
     indices = [
         i
         for i, reply in enumerate(replies)

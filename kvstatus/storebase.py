@@ -1,7 +1,5 @@
-"""What the sync and async stores share around their I/O: their settings, how ``from_url`` builds
-them, and what they expose. Every command a store sends goes through its one
-:class:`~kvstatus._async.sender.AsyncSender` (or the generated sync ``Sender``): the store's own
-operations, its near cache's fills, its lease renewals, its consensus and ``wait_for`` reads.
+"""What the sync and async stores share around their I/O: their settings, ``from_url``, their properties.
+Every command a store sends goes through its one :class:`~kvstatus._async.sender.AsyncSender` (sync: ``Sender``).
 """
 
 from __future__ import annotations
@@ -82,20 +80,10 @@ class StoreBase:
         timeline: bool = False,
         address: Optional[str] = None,
     ) -> None:
-        """``shared_fate``: reads answer Failed for an open entry of a room that failed for another participant
-        or was cancelled (:func:`kvstatus.rule.shared_status`); False reads each entry alone, as upstream's dict does.
-        ``timeline``: each write records when the entry reached its status (:mod:`kvstatus.timeline`; its cost
-        in Redis time and memory is in BENCHMARKS.md, "Timelines").
-        ``scripts``: "eval" (EVALSHA; the client loads the scripts itself) or "functions" (FCALL of the
-        library an admin loaded with ``kvstatus functions load``: what the tenant ACL recipe allows).
-        ``near_cache``: True or :class:`NearCacheOptions` for a new near cache, another store's cache to
-        share, or None/False for none. ``metrics``: an observer (:class:`~kvstatus.model.StoreObserver`).
-        ``address``: ``host:port`` by which peers reach this participant (needs ``lease_ttl``); the lease carries
-        it, so a peer waiting on that address in a room this participant never wrote fails the room when the
-        lease is lost (:meth:`awaits`, :mod:`kvstatus.peerwatch`).
-        ``client``: a redis-py client (the store makes its own :class:`~kvstatus.backend.Backend` on it, with
-        ``options``), or the backend of another store to share (its client, options, cluster gate and watch
-        connections; ``options`` must then be None)."""
+        """Each argument, its unit and default: docs/guide.md ("Configuration"). ``client``: a redis-py client (the
+        store makes its own :class:`~kvstatus.backend.Backend` on it, with ``options``) or another store's backend
+        to share (``options`` must then be None). ``near_cache``: True or :class:`NearCacheOptions` for a new
+        cache, another store's cache to share, or None/False for none."""
         if isinstance(client, Backend):
             if options is not None:
                 raise InvalidArgumentError("options belong to the backend: build the Backend with them instead")
@@ -234,10 +222,9 @@ class StoreBase:
         return self._near
 
     def fresh_reads(self, participant: Optional[str] = None) -> Optional[tuple[Freshness, dict[int, Optional[KVPoll]]]]:
-        """The near cache's read door (:class:`~kvstatus.cachestate.Freshness`) and the room -> status map of
-        ``participant`` (default: this store's) in it, as :meth:`get` answers (None: no entry; no key: not cached),
-        for a reader that serves the map itself while the door says it is fresh and calls :meth:`get` otherwise
-        (the SGLang map's dict-speed path); None without a near cache."""
+        """The near cache's read door (:class:`~kvstatus.cachestate.Freshness`) and ``participant``'s (default: this
+        store's) room -> status map (None: no entry; no key: not cached), served while the door says fresh, else
+        by :meth:`get` (docs/design.md, "How the near cache stays coherent"); None without a near cache."""
         if self._near is None:
             return None
         reader = self._reader if participant is None else (validate_name(participant, "participant"), self._reader[1])

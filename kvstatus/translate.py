@@ -1,12 +1,9 @@
-"""redis-py errors -> kvstatus errors: one place decides what a Redis failure means to a caller.
+"""redis-py errors -> kvstatus errors: one place decides what a Redis failure means to a caller (docs/guide.md,
+"Errors").
 
-redis-py's errors for a URL that points at the wrong place say little: ``Protocol error, got "<"`` (an HTTP
-server answered) or ``DB index is out of range`` (``/99`` on a server with 16 databases), without the address.
-The connection mixins here (:class:`NamedServerConnection`, :class:`AsyncNamedServerConnection`;
-:mod:`kvstatus.connection` builds every client's connections with them) catch those where the connection is
-known, and set on the exception (type and text unchanged) :data:`SERVER_ATTR` (``host:port`` or the socket path),
-and for a database out of range :data:`DATABASES_ATTR` (the server's ``databases``, or None when ``CONFIG GET``
-is refused); :func:`translate_error` turns them into a sentence with the fix.
+The connection mixins below name the server in a wrong URL's errors, which redis-py gives without the address
+(``Protocol error, got "<"``: an HTTP server; ``DB index is out of range``): they set :data:`SERVER_ATTR`, and for
+a database out of range :data:`DB_ATTR` and :data:`DATABASES_ATTR`, on the exception (type and text unchanged).
 """
 
 from __future__ import annotations

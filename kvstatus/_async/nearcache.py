@@ -1,11 +1,7 @@
 """The near cache's driver: serves reads from :class:`~kvstatus.cachestate.CacheState` and fills misses
 through the store's send path, on links that Redis tracks (docs/design.md, "How the near cache stays
-coherent"). Written once; the sync driver is generated from this file.
-
-Observed: given the observer of the store that turned it on (``metrics=``, :class:`~kvstatus.model.StoreObserver`), the
-cache counts rooms answered from memory (hits) and read from Redis (misses), cached rooms dropped by
-Redis' invalidation messages, errors of its reads, and sets its size. Stores made by ``for_participant``
-share the cache, so its series carry the labels of the store that made it.
+coherent"). It reports hits, misses, invalidations, errors and its size to the observer of the store that
+turned it on; stores made by ``for_participant`` share the cache, so its series carry that store's labels.
 """
 
 from __future__ import annotations
@@ -69,12 +65,8 @@ class AsyncLinkConnection(Protocol):
 
 
 class AsyncNearCache(NearCacheBase):
-    """The near cache of one namespace (safe to share between the stores of one client).
-
-    Reads answer from memory while every link is live; a miss is read from Redis through ``sender``
-    (the store's send path: its deadline, observer, resends and error translation) and cached.
-    ``invalidate(rooms)`` drops rooms this process wrote; ``close()`` closes the links.
-    """
+    """The near cache of one namespace (safe to share between the stores of one client): reads answer from
+    memory while every link is live; a miss is read through ``sender``, the store's send path, and cached."""
 
     def __init__(self, client: AsyncClient, schema: KeySchema, options: NearCacheOptions, sender: AsyncSender) -> None:
         self.topology = Topology(client)

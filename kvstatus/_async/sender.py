@@ -1,25 +1,11 @@
-"""The one send path: every command kvstatus sends goes through :class:`AsyncSender`.
+"""The one send path: every command kvstatus sends goes through :class:`AsyncSender` (docs/design.md,
+"Layout"), which keeps the call's deadline (``ConnectionOptions.deadline`` seconds, plus ``CHUNK_SECONDS`` per
+further chunk of a batch; docs/guide.md, "Deadline"), tells the observer, resends after NOSCRIPT and failovers,
+and raises kvstatus errors (:mod:`kvstatus.translate`); what it decides is in :mod:`kvstatus.sendrules`.
 
-Store operations, near-cache fills and topology checks, ``wait_for`` reads, lease renewals and
-consensus reads all keep the same promises here:
-
-- **deadline**: :data:`kvstatus.deadline.DEADLINE` is set for the call (``ConnectionOptions.deadline``
-  seconds, plus ``CHUNK_SECONDS`` per further chunk of a batch); kvstatus connections cap every socket
-  wait to the time left, and no resend starts whose backoff would end past it;
-- **observer**: with ``metrics=``, each call is timed and its outcome or error reported, every resend
-  counted;
-- **resends**: script calls that meet NOSCRIPT are sent again after ``SCRIPT LOAD`` (then with their
-  source); a transport that lost its connection resends the whole call after each of its delays;
-- **reads never held by CLIENT PAUSE WRITE**: read-only scripts go out as ``EVALSHA_RO``, and on NOSCRIPT
-  at once as ``EVAL_RO`` with their source (a plain EVALSHA of a script the server does not know waits out
-  the whole pause). A server without them (Redis < 7, fakeredis) or an ACL without them refuses the first
-  one: that call is resent as ``EVALSHA``, and the sender sends ``EVALSHA`` from then on. Cluster clients
-  send ``EVALSHA`` from the start: redis-py routes ``EVALSHA_RO`` by asking a node ``COMMAND GETKEYS``
-  for each call;
-- **errors**: every redis-py error reaches the caller as its kvstatus error (:mod:`kvstatus.translate`).
-
-A call goes out on a *transport*: the client's own (``execute_command``, one non-transactional
-pipeline for several calls) unless the caller passes another, such as a near-cache link.
+Read-only scripts go out as ``EVALSHA_RO``, except from cluster clients (why: docs/operations.md, "Polls during a
+manual failover"). A call goes out on a *transport*: the client's own (one non-transactional pipeline for several
+calls) unless the caller passes another, such as a near-cache link.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The room-status store: its public methods, on the one send path (:mod:`kvstatus._async.sender`).
-
-Written once with awaits (:class:`AsyncStatusStore`, on ``redis.asyncio``); :class:`StatusStore`, on a
-blocking redis-py client, is generated from this file by tools/unasync.py.
-"""
+"""The room-status store's public methods, on the one send path (:mod:`kvstatus._async.sender`); the sync
+:class:`StatusStore` is generated from this file by tools/unasync.py."""
 
 from __future__ import annotations
 
@@ -62,13 +59,10 @@ class AsyncStatusStore(StoreBase):
         return result
 
     async def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        """Apply the rule to many rooms in one round trip (per node).
-
-        Atomic per chunk of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot within a
-        chunk), not as a whole: other clients' commands run between chunks, and an error in one chunk leaves
-        the others applied. Rooms whose entry a later incarnation wrote raise
-        :class:`~kvstatus.errors.SupersededError` after the batch, with every room's result in ``results``.
-        """
+        """Apply the rule to many rooms in one round trip (per node); returns each room's result. Atomic per chunk
+        of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot), not as a whole (docs/guide.md,
+        "Batches and atomicity"). Rooms whose entry a later incarnation wrote raise
+        :class:`~kvstatus.errors.SupersededError` after the batch, with every room's result in ``results``."""
         results = await self._write(lambda: self._core.update_many(updates), "update_many", updates)
         self._opened(results)
         if self._core.epoch is not None:
@@ -126,11 +120,9 @@ class AsyncStatusStore(StoreBase):
         return await self._sender.send(self._core.failure(room), "failure")
 
     async def cancel(self, room: int, reason: str, *, origin: Optional[str] = None) -> CancelResult:
-        """Fail ``room`` for every participant, with ``reason``: its open entries become Failed, and its first
-        failure, unless it has one, becomes this cancel (stage ``cancelled``, from ``origin``, default this
-        store's participant). A room with no entry yet is cancelled all the same: an entry written later
-        reads Failed (shared fate). Refreshes the room's TTL; see :mod:`kvstatus.rule`. A room already fully
-        served (every entry Success, no first failure) is left as it is: ``ALREADY_SERVED``, nothing written."""
+        """Fail ``room`` for every participant, with ``reason`` (stage ``cancelled``, from ``origin``, default this
+        store's participant); returns the outcome (``ALREADY_SERVED``: every entry Success, nothing written) and
+        the entries failed. Rules: docs/guide.md ("One room, one fate"), :func:`kvstatus.rule.cancel_outcome`."""
         return (await self.cancel_many([room], reason, origin=origin))[validate_room(room)]
 
     async def cancel_many(
@@ -154,12 +146,10 @@ class AsyncStatusStore(StoreBase):
         participant: Optional[str] = None,
     ) -> Optional[KVPoll]:
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
-        return that status, or None when ``timeout`` seconds (None: no limit) pass first. Woken by CLIENT TRACKING
-        when the room changes (see :mod:`kvstatus.waits`), re-reading every second, and polling every 50 ms if
-        the server refuses tracking or the watch breaks. Each step (a watch and the read after it are one) keeps
-        the deadline: against a server hung before or during the wait it raises
-        :class:`~kvstatus.errors.BackendUnavailableError` within ``min(deadline, timeout)`` seconds of the step's
-        start (``timeout=None``: ``deadline``), each step being given at least 0.5 s."""
+        return that status, or None when ``timeout`` seconds (None: no limit) pass first. Raises
+        :class:`~kvstatus.errors.BackendUnavailableError` when a step (a watch and the read after it) meets a hung
+        server: each ends by ``min(deadline, timeout)`` seconds, given at least 0.5 s. How it watches:
+        docs/guide.md ("Waiting for a status: `wait_for`")."""
         who = self.participant if participant is None else validate_name(participant, "participant")
         key = self._core.schema.room_key(validate_room(room))
         reader = self.uncached(who)
@@ -193,9 +183,8 @@ class AsyncStatusStore(StoreBase):
         await self._keeper.refresh()
 
     async def look_at_peers(self) -> int:
-        """Look at the peers' leases now (a store with a lease does so every second in the background, see
-        :mod:`kvstatus.peerwatch`): fail the open entries of dead or restarted peers in this store's open
-        rooms; returns how many it failed."""
+        """Look at the peers' leases now (else done every second in the background, :mod:`kvstatus.peerwatch`):
+        fail the open entries of dead or restarted peers in this store's open rooms; returns how many it failed."""
         if self._keeper is None:
             raise InvalidArgumentError("this store has no lease, so no peer watch: build it with lease_ttl=SECONDS")
         return await self._keeper.look()
@@ -211,8 +200,7 @@ class AsyncStatusStore(StoreBase):
         return holder
 
     async def close(self) -> None:
-        """Release the lease (if any), close the near cache's and the waits' connections (if any), then the
-        client."""
+        """Release the lease (if any), close the near cache's and the waits' connections, then the client."""
         if self._keeper is not None:
             await self._keeper.close()
         if self._near is not None:

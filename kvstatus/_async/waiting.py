@@ -1,11 +1,6 @@
-"""``wait_for``'s driver: performs the actions of :func:`kvstatus.waits.wait_plan`.
-
-Every step keeps a deadline (:func:`kvstatus.waits.step_deadline`): the watch's connect, handshake and
-arm, and each read (sent through the store's send path), end by the store's deadline, and by the wait's own
-end (a step always gets at least ``MIN_STEP_SECONDS``), so a wait against a hung server raises
-:class:`~kvstatus.errors.BackendUnavailableError` about when its timeout ends instead of blocking for the
-server's pause.
-"""
+"""``wait_for``'s driver: performs the actions of :func:`kvstatus.waits.wait_plan`, each step (the watch's
+connect, handshake and arm; each read, on the store's send path) within :func:`kvstatus.waits.step_deadline`
+(docs/guide.md, "Waiting for a status: `wait_for`")."""
 
 from __future__ import annotations
 
@@ -48,11 +43,8 @@ from kvstatus.waits import (
 
 class AsyncRoomWatch:
     """One wait's :class:`~kvstatus.waits.Ticket` for room ``key`` on its backend's hub of the key's node
-    (opened by the first wait that needs it), armed within deadlines; :meth:`close` leaves the hub.
-
-    ``refused`` says why the server or the ACL refused to track (asked once: the wait then polls);
-    ``error`` why the last attempt failed otherwise (a broken connection, a moved slot: asked again).
-    """
+    (opened by the first wait that needs it). ``refused``: why the server or the ACL refused to track (asked
+    once: the wait then polls); ``error``: why the last attempt failed otherwise (asked again)."""
 
     def __init__(self, client: AsyncClient, pool: WatchPool, key: str) -> None:
         self.client = client
@@ -178,9 +170,8 @@ async def async_wait_for(
     poll_interval: float = POLL_INTERVAL_SECONDS,
 ) -> Optional[KVPoll]:
     """Wait until ``participant``'s entry in room ``key`` is one of ``statuses``; return it, or None after
-    ``timeout`` seconds (None: no limit). ``read()`` returns the entry's status through the store's send
-    path; ``deadline`` (seconds) bounds each step as it bounds a store call: a watch and the read that follows
-    it share one, so against a hung server the wait raises about ``deadline`` seconds after a step began."""
+    ``timeout`` seconds (None: no limit). ``read()`` reads the entry on the store's send path; ``deadline``
+    (seconds) bounds each step, a watch and the read that follows it sharing one."""
     plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     watch = AsyncRoomWatch(client, pool, key)

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar, Union
 
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from kvstatus._sync.sender import Sender
-from kvstatus.backend import Backend
+from kvstatus.backend import Backend, Client
 from kvstatus.concurrency import Gate
 from kvstatus.deadline import DEADLINE, enter_deadline
+from kvstatus.errors import InvalidArgumentError
 from kvstatus.requests import Call, Request
 from kvstatus.translate import REDIS_ERRORS
 from kvstatus.url import ConnectionOptions
@@ -37,20 +40,28 @@ DEFAULT_BATCH = 500
 per pipelined round trip."""
 DEFAULT_DEADLINE = ConnectionOptions().deadline
 
-Link = Any
+Link = Union[Backend, Client]
 """What the admin reads take: a redis-py client, or a :class:`~kvstatus.Backend` holding one and the
 :class:`ConnectionOptions` whose ``deadline`` each round trip keeps (the CLI passes the one it built from
 ``--url``). A bare client gets the default options (a 5 s deadline), as a store built on it would."""
 
 
-def client_of(link: Link) -> Any:
-    """The redis-py client of ``link``."""
-    return link.client if isinstance(link, Backend) else link
+def client_of(link: Link) -> Client:
+    """The redis-py client of ``link``; InvalidArgumentError for an asyncio one (the admin reads block)."""
+    client = link.client if isinstance(link, Backend) else link
+    if isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster)):
+        raise InvalidArgumentError(
+            "the admin reads take a blocking redis-py client or its Backend, not an asyncio one "
+            f"({type(client).__module__}.{type(client).__qualname__})"
+        )
+    return client
 
 
 def backend_of(link: Link) -> Backend:
-    """``link`` itself, or a backend with the default options on the bare client ``link``."""
-    return link if isinstance(link, Backend) else Backend(link)
+    """``link`` itself, or a backend with the default options on the bare client ``link`` (checked as by
+    :func:`client_of`)."""
+    client = client_of(link)
+    return link if isinstance(link, Backend) else Backend(client)
 
 
 def deadline_of(link: Link) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from kvstatus import KVPoll, StatusStore
+from kvstatus import Backend, InvalidArgumentError, KVPoll, StatusStore
 from kvstatus.admin.scan import iter_room_keys, iter_rooms
 from kvstatus.admin.stats import collect_stats, ttl_bucket
 from kvstatus.admin.watch import (
@@ -34,6 +34,18 @@ def test_batches_are_bounded_and_cover_every_room_once() -> None:
     seen = []
     rooms = [v.room for v in iter_rooms(client, store.schema, batch=100, progress=seen.append)]
     assert sorted(rooms) == list(range(1000)) and seen[-1] == 1000
+
+
+def test_an_asyncio_client_is_refused_by_name() -> None:
+    """The admin reads block: an asyncio client (or its backend) gets an error naming it, not a coroutine unpacked
+    into a TypeError."""
+    client = fakeredis.FakeAsyncRedis()
+    for link in (client, Backend(client)):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"blocking redis-py client .* not an asyncio one \(fakeredis\..*\.FakeRedis\)",
+        ):
+            list(iter_room_keys(link, KeySchema("ns")))
 
 
 def test_rooms_deleted_between_scan_and_read_are_skipped() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Callable, Optional, TypeVar, Union, cast
+from typing import TYPE_CHECKING, Callable, Optional, TypeGuard, TypeVar, Union, cast
 
 import redis
 import redis.asyncio
@@ -27,6 +27,17 @@ Client = Union[redis.Redis, RedisCluster]
 cluster's. :data:`AsyncClient` is its asyncio twin (tools/unasync.py maps the names), :data:`RedisClient` either."""
 AsyncClient = Union[redis.asyncio.Redis, AsyncRedisCluster]
 RedisClient = Union[Client, AsyncClient]
+
+
+def is_blocking(client: object) -> TypeGuard[Client]:
+    """Whether ``client`` is a blocking redis-py client, not a redis.asyncio one (fakeredis' are either kind)."""
+    return not isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster))
+
+
+def client_kind(client: object) -> str:
+    """``client``'s class by its full name, for an error that says which client it was."""
+    return f"{type(client).__module__}.{type(client).__qualname__}"
+
 
 G = TypeVar("G", Gate, AsyncGate)
 L = TypeVar("L", Lock, AsyncLock)

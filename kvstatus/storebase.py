@@ -12,7 +12,7 @@ from kvstatus.arguments import (
     validate_lease_ttl,
     validate_script_mode,
 )
-from kvstatus.backend import Backend, RedisClient
+from kvstatus.backend import Backend, RedisClient, client_kind, is_blocking
 from kvstatus.cachestate import (
     Freshness,
     NearCacheBase,
@@ -91,6 +91,16 @@ class StoreBase:
         else:
             self.backend = Backend(client, options)
         self.client = self.backend.client
+        if is_blocking(self.client) == (self._gate_class is AsyncGate):
+            wanted, other = (
+                ("a redis.asyncio", "StatusStore")
+                if self._gate_class is AsyncGate
+                else ("a blocking", "AsyncStatusStore")
+            )
+            raise InvalidArgumentError(
+                f"{type(self).__name__} needs {wanted} redis-py client, not {client_kind(self.client)}: "
+                f"use {other} with that one"
+            )
         self.options = self.backend.options
         self._core = (FunctionsCore if validate_script_mode(scripts) == "functions" else StoreCore)(
             namespace=namespace,

@@ -20,12 +20,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, Optional, TypeVar, Union
 
-import redis.asyncio
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from kvstatus._sync.sender import Sender
-from kvstatus.backend import Backend, Client
+from kvstatus.backend import Backend, Client, client_kind, is_blocking
 from kvstatus.concurrency import Gate
 from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.errors import InvalidArgumentError
@@ -49,12 +47,11 @@ Link = Union[Backend, Client]
 def client_of(link: Link) -> Client:
     """The redis-py client of ``link``; InvalidArgumentError for an asyncio one (the admin reads block)."""
     client = link.client if isinstance(link, Backend) else link
-    if isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster)):
-        raise InvalidArgumentError(
-            "the admin reads take a blocking redis-py client or its Backend, not an asyncio one "
-            f"({type(client).__module__}.{type(client).__qualname__})"
-        )
-    return client
+    if is_blocking(client):
+        return client
+    raise InvalidArgumentError(
+        f"the admin reads take a blocking redis-py client or its Backend, not an asyncio one ({client_kind(client)})"
+    )
 
 
 def backend_of(link: Link) -> Backend:

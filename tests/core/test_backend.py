@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import redis
+import redis.asyncio
 
 from kvstatus import AsyncStatusStore, Backend, ConnectionOptions, InvalidArgumentError, KVPoll, StatusStore
 from kvstatus.concurrency import AsyncGate, Gate
@@ -39,8 +40,10 @@ def test_stores_on_one_backend_share_its_gate_and_a_store_on_the_client_has_its_
         assert alone._sender.gate is not None and alone._sender.gate.limit == ConnectionOptions().max_connections
         audit.update_status(1, KVPoll.Bootstrapping)
         assert serving.for_participant("auditor").get(1) == KVPoll.Bootstrapping
-        with pytest.raises(InvalidArgumentError, match="this backend's gate is a Gate, not a AsyncGate"):
+        with pytest.raises(InvalidArgumentError, match="AsyncStatusStore needs a redis.asyncio redis-py client"):
             AsyncStatusStore(serving.backend, namespace=name)
+        with pytest.raises(InvalidArgumentError, match="this backend's gate is a Gate, not a AsyncGate"):
+            serving.backend.gate(AsyncGate)
     finally:
         serving.for_participant("auditor").clear(1)
         serving.close()
@@ -154,3 +157,23 @@ def test_the_admin_sender_of_a_cluster_backend_takes_its_gate(redis_cluster: Red
     backend = Backend(redis_cluster.client())
     assert server_ms(backend) > 0
     assert sender_of(backend).gate is backend.gate(Gate) is not None
+
+
+def test_a_store_refuses_a_client_of_the_other_kind_by_name(redis_server: RedisServer) -> None:
+    """An asyncio client under StatusStore unpacked a coroutine at its first call (TypeError); a blocking one under
+    AsyncStatusStore blocked the event loop on every call, without a word. Both are refused when built, naming
+    the client and the store to use, as a Backend on either is."""
+    blocking, asyncio_client = redis_server.client(), redis.asyncio.Redis(port=redis_server.port)
+    for client in (asyncio_client, Backend(asyncio_client)):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"StatusStore needs a blocking redis-py client, not redis\.asyncio\.client\.Redis: use AsyncStatusStore",
+        ):
+            StatusStore(client, namespace="be")
+    for client in (blocking, Backend(blocking)):
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"AsyncStatusStore needs a redis\.asyncio redis-py client, not redis\.client\.Redis: use StatusStore",
+        ):
+            AsyncStatusStore(client, namespace="be")
+    assert StatusStore(blocking, namespace="be").get(1) is None

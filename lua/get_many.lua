@@ -8,7 +8,7 @@
 -- ARGV[1]  the participant's status field
 -- ARGV[2]  optional: the room's failure-record field (lua/lib/fate.lua), for shared fate. An open entry
 --          ("1".."3") of a room whose first failure another participant raised, or that was cancelled,
---          reads "0" (kvstatus.fate.shared_status); nothing is written.
+--          reads "0" (kvstatus.rule.shared_status); nothing is written.
 --
 -- Returns {value_1, value_2, ...}: the stored string, or nil where there is no
 -- entry. Validation happens in the client, which names the corrupted key.

@@ -7,7 +7,7 @@
 -- KEYS[n+1..n+p]  lease records of the p participants, in ARGV order (lua/lease.lua), of the rooms'
 --                 namespace (checked with the room keys, see lua/lib/keys.lua)
 -- ARGV[1]         n, the number of rooms
--- ARGV[2]         the room's failure-record field (lua/lib/fate.lua, kvstatus.fate.FATE_FIELD) for shared fate,
+-- ARGV[2]         the room's failure-record field (lua/lib/fate.lua, kvstatus.keys.FATE_FIELD) for shared fate,
 --                 or "": none is read
 -- ARGV[3..p+2]    participant names (status fields)
 --

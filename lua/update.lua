@@ -24,7 +24,7 @@
 -- Errors, raised before the first write, so nothing is half-written:
 --   "KVSTATUS_BADARG <what>"   malformed arguments, or keys that do not belong together
 --   "KVSTATUS_CORRUPT <what>"  a stored status is not "0".."4"; it is left as it is. A stamp or a timeline
---                              kvstatus does not write (lua/lib/stored.lua's rule, kvstatus.stored's) is
+--                              kvstatus does not write (lua/lib/stored.lua's rule, kvstatus.replies') is
 --                              read as none: the write replaces it with its own
 --   "NOPERM <what>"            the ACL refuses a write this call would make (see acl_refusal)
 -- CREATED, ADVANCED, FAILED and UNCHANGED refresh the room's TTL to at least ARGV[2] (never shorter than
@@ -36,7 +36,7 @@
 -- With a timeline field, CREATED starts the entry's timeline (replacing any left there) and ADVANCED and
 -- FAILED append a step to it (or start it anew over a value that is not a timeline), at Redis' clock
 -- (TIME), in the HSET that stores the status.
--- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/keywatch.py).
+-- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/waits.py).
 --
 -- Fencing (a writer with an epoch): an entry carries the epoch of the incarnation that last wrote or touched
 -- it. A write from an older epoch is REFUSED_SUPERSEDED and writes nothing: the participant restarted under

@@ -1,6 +1,6 @@
 """A griffe extension of the docs site: the docstrings' Sphinx roles rendered as code spans.
 
-The package's docstrings cross-reference with Sphinx roles (``:class:`~kvstatus.errors.StoreError```,
+The package's docstrings cross-reference with Sphinx roles (``:class:`~kvstatus.errors.KVStatusError```,
 ``:meth:`from_url```). mkdocstrings' ``sphinx`` style parses the field lists (``:param x:``) but prints inline
 roles as they are written. This extension, loaded by mkdocs.yml, rewrites each role into the code span a reader
 looks for: the last part of a ``~`` path, else the target as written, with ``()`` after a function or method.

@@ -1,9 +1,9 @@
 -- The room's first failure ("-- @include fate"; needs "-- @include acl" and "-- @include time" above it).
--- One field of the room hash, FATE_FIELD, holds "<unix ms>:<stage>:<origin>:<reason>" (kvstatus/fate.py
+-- One field of the room hash, FATE_FIELD, holds "<unix ms>:<stage>:<origin>:<reason>" (kvstatus/replies.py
 -- reads it): written once per room, by the first script that fails an entry or cancels the room; a
 -- later failure keeps it (first root cause wins). Readers with shared fate on answer Failed for every
--- open entry of a room that has one (kvstatus.fate.shared_status).
--- Stages (kvstatus.fate.Stage): the failing entry's status before it failed, or what failed it.
+-- open entry of a room that has one (kvstatus.rule.shared_status).
+-- Stages (kvstatus.model.Stage): the failing entry's status before it failed, or what failed it.
 
 local FATE_FIELD = "room:fate"
 local STAGE_OF_STATUS = {[1] = "bootstrap", [2] = "waiting", [3] = "transfer", [4] = "transfer"}

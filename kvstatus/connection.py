@@ -305,7 +305,7 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
         parsed.tls,
     )
     # No per-command retry on the data connections: redis-py 8.1's keeps reaching a just-demoted master. The send
-    # path resends the whole call on a fresh connection (sendrules.failover_delays; docs/operations.md, "Failover").
+    # path resends the whole call on a fresh connection (failover_delays below; docs/operations.md, "Failover").
     sentinel = sentinel_module.Sentinel(
         list(parsed.hosts), sentinel_kwargs=sentinel_kwargs, retry=_no_retry(asynchronous), **kwargs
     )
@@ -375,6 +375,15 @@ def is_sentinel_client(client: object) -> bool:
     from redis.sentinel import SentinelConnectionPool
 
     return isinstance(getattr(client, "connection_pool", None), (SentinelConnectionPool, AsyncSentinelPool))
+
+
+def failover_delays(client: object, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
+    """Seconds to wait before each resend of a whole store call that met an unavailable backend: cluster and
+    Sentinel clients only (redis-py reports a dead node or a demoted master before the topology has moved); a
+    standalone client retries each command itself, so it gets no second layer."""
+    if not (is_cluster_client(client) or is_sentinel_client(client)):
+        return ()
+    return (options or ConnectionOptions()).retry_delays()
 
 
 # --------------------------------------------------------------------------- where a key lives

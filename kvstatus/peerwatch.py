@@ -21,8 +21,7 @@ from kvstatus.model import OPEN, KVPoll, LeaseState
 from kvstatus.operations import StoreCore
 from kvstatus.replies import ReplyOrError, stored_int, subscriber_counts, text
 from kvstatus.requests import Call, Request
-from kvstatus.sendrules import checked
-from kvstatus.translate import translate_error
+from kvstatus.translate import checked, translate_error
 
 WATCH_SECONDS = 1.0
 """Seconds between two looks at the peers' marks: a dead peer's rooms fail within its lease TTL plus this."""

@@ -10,7 +10,7 @@ runs each junk value through both): docs/security.md ("Junk values: what each re
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Optional, Union
 
 from kvstatus.errors import BackendError, CorruptedValueError
@@ -289,6 +289,23 @@ def subscriber_counts(reply: Any) -> dict[str, int]:
         name = text(channel)
         counts[name] = counts.get(name, 0) + int(count)
     return counts
+
+
+SHARD_NUMSUB = "PUBSUB SHARDNUMSUB"
+
+
+def _shard_subscribers(command: str, res: dict[str, object], **options: object) -> list[tuple[str, int]]:
+    """A cluster client's merge of its nodes' ``PUBSUB SHARDNUMSUB`` replies: (channel, subscribers) pairs."""
+    return list(subscriber_counts(res).items())
+
+
+def merge_shard_counts(client: object) -> None:
+    """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies that the presence counts can read:
+    redis-py 8.2's own merge expects (channel, count) pairs where a node answers a flat list, so it always raises
+    ValueError: replacing it costs a caller's client nothing. Older redis-py passes the reply through."""
+    callbacks = getattr(client, "result_callbacks", None)
+    if isinstance(callbacks, MutableMapping):
+        callbacks[SHARD_NUMSUB] = _shard_subscribers
 
 
 def decode_tombstone(fields: object, pttl: int) -> Optional[Tombstone]:

@@ -2,48 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from kvstatus.connection import is_cluster_client, is_sentinel_client
 from kvstatus.deadline import may_wait
 from kvstatus.errors import ClientPoolExhausted
-from kvstatus.model import StoreObserver
-from kvstatus.replies import ReplyOrError, subscriber_counts
-from kvstatus.requests import Call, Request
-from kvstatus.scripts import LuaScript
 from kvstatus.translate import translate_error
-from kvstatus.url import ConnectionOptions
+
+if TYPE_CHECKING:  # annotations only: the rules stay a layer below the replies and the connections
+    from kvstatus.model import StoreObserver
+    from kvstatus.replies import ReplyOrError
+    from kvstatus.requests import Call, Request
+    from kvstatus.scripts import LuaScript
 
 T = TypeVar("T")
-
-
-def failover_delays(client: object, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
-    """Seconds to wait before each resend of a whole store call that met an unavailable backend: cluster and
-    Sentinel clients only (redis-py reports a dead node or a demoted master before the topology has moved); a
-    standalone client retries each command itself, so it gets no second layer."""
-    if not (is_cluster_client(client) or is_sentinel_client(client)):
-        return ()
-    return (options or ConnectionOptions()).retry_delays()
-
-
-SHARD_NUMSUB = "PUBSUB SHARDNUMSUB"
-
-
-def _shard_subscribers(command: str, res: dict[str, object], **options: object) -> list[tuple[str, int]]:
-    """A cluster client's merge of its nodes' ``PUBSUB SHARDNUMSUB`` replies: (channel, subscribers) pairs."""
-    return list(subscriber_counts(res).items())
-
-
-def merge_shard_counts(client: object) -> None:
-    """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies that the presence counts can read:
-    redis-py 8.2's own merge expects (channel, count) pairs where a node answers a flat list, so it always raises
-    ValueError: replacing it costs a caller's client nothing. Older redis-py passes the reply through."""
-    callbacks = getattr(client, "result_callbacks", None)
-    if isinstance(callbacks, MutableMapping):
-        callbacks[SHARD_NUMSUB] = _shard_subscribers
 
 
 def pool_exhausted(limit: int, waited: float) -> BaseException:
@@ -133,14 +106,3 @@ def merge(replies: list[ReplyOrError], indices: list[int], resent: list[ReplyOrE
     """Put the replies of resent calls in their places."""
     for i, reply in zip(indices, resent):
         replies[i] = reply
-
-
-def checked(calls: list[Call], replies: list[ReplyOrError]) -> list[ReplyOrError]:
-    """``replies`` if none is an error; else raise the first error as its kvstatus error."""
-    for call, reply in zip(calls, replies):
-        if isinstance(reply, Exception):
-            error = translate_error(reply, call)
-            if error is reply:
-                raise reply
-            raise error from reply
-    return replies

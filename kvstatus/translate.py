@@ -31,7 +31,8 @@ from kvstatus.errors import (
 )
 from kvstatus.scripts import LIBRARY_NAME
 
-if TYPE_CHECKING:  # annotations only: the requests stay a layer above the translation
+if TYPE_CHECKING:  # annotations only: the requests and the replies stay a layer above the translation
+    from kvstatus.replies import ReplyOrError
     from kvstatus.requests import Call
 
 # Error prefixes the scripts in lua/ return (redis.error_reply); NOPERM arrives as redis-py's NoPermissionError.
@@ -225,6 +226,17 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
     if text.startswith("WRONGTYPE"):
         return CorruptedValueError(f"{_where(call)} holds a value that is not a kvstatus room hash; left as it is")
     return BackendError(f"Redis error: {text}")
+
+
+def checked(calls: list[Call], replies: list[ReplyOrError]) -> list[ReplyOrError]:
+    """``replies`` if none is an error; else raise the first error as its kvstatus error."""
+    for call, reply in zip(calls, replies):
+        if isinstance(reply, Exception):
+            error = translate_error(reply, call)
+            if error is reply:
+                raise reply
+            raise error from reply
+    return replies
 
 
 def _where(call: Optional[Call]) -> str:

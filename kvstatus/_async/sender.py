@@ -14,26 +14,24 @@ import time
 from typing import Any, Optional, Protocol, TypeVar
 
 from kvstatus.concurrency import AsyncGate, async_checkpoint, async_pipeline_route, async_sleep
+from kvstatus.connection import failover_delays
 from kvstatus.deadline import DEADLINE, enter_deadline, time_left
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.model import StoreObserver
-from kvstatus.replies import ReplyOrError
+from kvstatus.replies import ReplyOrError, merge_shard_counts
 from kvstatus.requests import Call, Request, as_functions
 from kvstatus.sendrules import (
     as_evalsha,
-    checked,
     evalsha_fallback,
-    failover_delays,
     may_resend,
     merge,
-    merge_shard_counts,
     noscript_resend,
     observe_error,
     observe_result,
     pool_exhausted,
     scripts_of,
 )
-from kvstatus.translate import REDIS_ERRORS
+from kvstatus.translate import REDIS_ERRORS, checked
 from kvstatus.url import ConnectionOptions
 
 T = TypeVar("T")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstatus.replies import subscriber_counts
-from kvstatus.sendrules import SHARD_NUMSUB, merge_shard_counts
+from kvstatus.replies import SHARD_NUMSUB, merge_shard_counts, subscriber_counts
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.keys import FATE_FIELD, reason_field, validate_name, validate_rooms
 from kvstatus.model import FailureRecord, KVPoll, LeaseState, RoomConsensus
-from kvstatus.replies import parse_fate
+from kvstatus.replies import parse_fate, shown, text
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.rule import room_consensus
 
@@ -39,10 +39,6 @@ _BY_CHAR["-"] = None
 _VALUE_CHAR: dict[object, str] = {}
 for _s in KVPoll:
     _VALUE_CHAR[str(_s.value)] = _VALUE_CHAR[str(_s.value).encode()] = str(_s.value)
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class Entries(NamedTuple):
@@ -110,7 +106,7 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
 
         def decode_one(replies: list[Any]) -> Entries:
             leases_raw, codes, flat, epochs, flat_fates = replies[0]
-            reasons = {int(flat[j]): _text(flat[j + 1]) for j in range(0, len(flat), 2)}
+            reasons = {int(flat[j]): text(flat[j + 1]) for j in range(0, len(flat), 2)}
             fates = _fates(flat_fates[::2], flat_fates[1::2], keys)
             leases = [LeaseState(int(v)) for v in leases_raw]
             return Entries(ids, names, codes, leases, reasons, list(map(int, epochs)), fates)
@@ -134,10 +130,10 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
                 char = "-" if value is None else _VALUE_CHAR.get(value)
                 if char is None:
                     raise CorruptedValueError(
-                        f"key {keys[i]} field {names[j]} holds {_text(value)[:40]!r}, not a status 0..4; left as it is"
+                        f"key {keys[i]} field {names[j]} holds {shown(value)}, not a status 0..4; left as it is"
                     )
                 if char == "0" and reply[p + j] is not None:
-                    reasons[i * p + j] = _text(reply[p + j])
+                    reasons[i * p + j] = text(reply[p + j])
                 chars.append(char)
             codes.append("".join(chars))
         leases = [LeaseState(int(reply[0][0])) for reply in replies[n:]]

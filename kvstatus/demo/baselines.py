@@ -18,13 +18,15 @@ runs unchanged on kvstatus and on a baseline:
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from kvstatus._sync.store import StatusStore
 from kvstatus.keys import DEFAULT_PARTICIPANT, FATE_FIELD, KeySchema, reason_field
 from kvstatus.model import KVPoll, Outcome, Policy, Stage, UpdateResult, to_status
 from kvstatus.replies import parse_fate
 from kvstatus.rule import STAGE_OF_STATUS, apply_rule, shared_status
+
+if TYPE_CHECKING:  # a pre-fix store is handed its kvstatus store: the baselines stay below the store
+    from kvstatus._sync.store import StatusStore
 
 BASELINES = ("client-side", "pre-fix")
 
@@ -127,21 +129,15 @@ class ClientSideStore:
 
 
 class PreFixStore:
-    """kvstatus, except that an abort writes Failed unconditionally (HSET, no TTL), as before the upstream fix."""
+    """kvstatus, except that an abort writes Failed unconditionally (HSET, no TTL), as before the upstream fix.
 
-    def __init__(
-        self,
-        client: Any,
-        namespace: str,
-        *,
-        participant: str = DEFAULT_PARTICIPANT,
-        ttl: float = 600.0,
-        policy: Policy | str = Policy.SEED,
-    ) -> None:
-        self.client = client
-        self.schema = KeySchema(namespace)
-        self.participant = participant
-        self._store = StatusStore(client, namespace=namespace, participant=participant, ttl=ttl, policy=policy)
+    Every other call goes to ``store``, the kvstatus store of the same namespace and participant."""
+
+    def __init__(self, store: StatusStore) -> None:
+        self.client = store.client
+        self.schema = store.schema
+        self.participant = store.participant
+        self._store = store
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """A Failed update is CREATED when its HSET made the field (a resurrection), else FAILED."""
@@ -161,16 +157,3 @@ class PreFixStore:
 
     def record_failure(self, room: int, reason: str) -> bool:
         return self._store.record_failure(room, reason)
-
-
-def make_store(implementation: str, client: Any, namespace: str, **settings: Any) -> Any:
-    """A store of ``implementation`` ("kvstatus" or one of :data:`BASELINES`) with StatusStore's settings."""
-    if implementation == "kvstatus":
-        settings.pop("race_window", None)
-        return StatusStore(client, namespace=namespace, **settings)
-    if implementation == "client-side":
-        return ClientSideStore(client, namespace, **settings)
-    if implementation == "pre-fix":
-        settings.pop("race_window", None)
-        return PreFixStore(client, namespace, **settings)
-    raise ValueError(f"unknown implementation {implementation!r}: expected kvstatus or one of {BASELINES}")

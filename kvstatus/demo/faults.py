@@ -23,12 +23,11 @@ polls ``get`` every 5 ms; its *peer* is a child process holding its own lease an
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from typing import NamedTuple, Optional
 
 from kvstatus._sync.store import StatusStore
+from kvstatus.demo.server import Child
 from kvstatus.model import KVPoll
 
 FAULTS = (
@@ -95,33 +94,6 @@ class Trial(NamedTuple):
     fault: str
     seconds: Optional[float]
     cause: str
-
-
-class Child:
-    """A demo process running ``code`` (``python -c``) with ``args``: started, ready once it printed "ready",
-    released by :meth:`go`, killed by :meth:`stop` (the stuck scenario uses it too)."""
-
-    def __init__(self, code: str, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None
-        if self.proc.stdout.readline() != "ready\n":
-            self.stop()
-            raise RuntimeError(f"a demo process exited before it was ready (exit code {self.proc.returncode})")
-
-    def signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 def _until_failed(store: StatusStore, room: int, started: float) -> Optional[float]:

@@ -1,4 +1,5 @@
-"""The demo's one embedded ``redis-server``: a throwaway process on a free loopback port.
+"""The processes the demo starts: its one embedded ``redis-server``, a throwaway process on a free loopback port,
+and the worker processes of ``--faults`` and ``--stuck`` (:class:`Child`).
 
 ``kvstatus demo`` runs on it when no URL is given. Nothing is persisted: the
 server runs with ``--save ""`` and ``--appendonly no`` in its own temporary
@@ -18,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,7 +32,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["EmbeddedServer", "RedisServerError", "RedisServerNotFound", "find_redis_server", "free_port"]
+__all__ = ["Child", "EmbeddedServer", "RedisServerError", "RedisServerNotFound", "find_redis_server", "free_port"]
 
 LOOPBACK = "127.0.0.1"
 BINARY = "redis-server"
@@ -320,3 +322,30 @@ class EmbeddedServer:
         self._dir = None
         with _registry_lock:
             _registry.discard(self)
+
+
+class Child:
+    """A demo process running ``code`` (``python -c``) with ``args``: started, ready once it printed "ready",
+    released by :meth:`go`, killed by :meth:`stop` (the fault trials and the stuck scenario)."""
+
+    def __init__(self, code: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline() != "ready\n":
+            self.stop()
+            raise RuntimeError(f"a demo process exited before it was ready (exit code {self.proc.returncode})")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()

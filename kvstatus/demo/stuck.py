@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from kvstatus._sync.store import StatusStore
-from kvstatus.demo.faults import Child
+from kvstatus.demo.server import Child
 from kvstatus.model import KVPoll
 
 LEASE_TTL = 3.0

@@ -42,9 +42,10 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import redis
 
-from kvstatus.admin.scan import iter_room_keys
+from kvstatus._sync.store import StatusStore
+from kvstatus.admin.reads import iter_room_keys
 from kvstatus.connection import connect
-from kvstatus.demo.baselines import BASELINES, make_store
+from kvstatus.demo.baselines import BASELINES, ClientSideStore, PreFixStore
 from kvstatus.demo.server import EmbeddedServer, find_redis_server, free_port
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
 from kvstatus.model import KVPoll, Outcome
@@ -112,6 +113,19 @@ class DemoResult:
 
 
 # -- the three implementations, as each worker process sees them
+
+
+def make_store(implementation: str, client: Any, namespace: str, **settings: Any) -> Any:
+    """A store of ``implementation`` ("kvstatus" or one of :data:`~kvstatus.demo.baselines.BASELINES`) with
+    StatusStore's settings (``race_window``: the client-side baseline's only)."""
+    if implementation == "client-side":
+        return ClientSideStore(client, namespace, **settings)
+    settings.pop("race_window", None)
+    if implementation == "kvstatus":
+        return StatusStore(client, namespace=namespace, **settings)
+    if implementation == "pre-fix":
+        return PreFixStore(StatusStore(client, namespace=namespace, **settings))
+    raise ValueError(f"unknown implementation {implementation!r}: expected kvstatus or one of {BASELINES}")
 
 
 class _Participants:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Optional
 import redis
 
 from kvstatus import KVPoll, StatusStore, apply_rule
-from kvstatus.demo.baselines import make_store
+from kvstatus.demo.workload import make_store
 from kvstatus.model import Outcome, Policy
 
 # An entry's state: (status value or None, reason or None).

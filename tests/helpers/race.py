@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from kvstatus import KVPoll, Outcome
-from kvstatus.demo.baselines import make_store
+from kvstatus.demo.workload import make_store
 
 LIFECYCLE = (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success)
 ROUNDS = 2

@@ -14,7 +14,8 @@ import fakeredis
 import pytest
 
 from kvstatus import KVPoll, Outcome, Policy, StatusStore
-from kvstatus.demo.baselines import BASELINES, ClientSideStore, PreFixStore, make_store
+from kvstatus.demo.baselines import BASELINES, ClientSideStore, PreFixStore
+from kvstatus.demo.workload import make_store
 
 UNTOUCHED_MS = 300_000
 """Every key's TTL is set to this (below the stores' 600 s) before each call: a key whose TTL is higher
@@ -71,7 +72,7 @@ def test_client_side_alone_answers_and_writes_as_kvstatus(policy: Policy) -> Non
 
 def test_pre_fix_resurrects_a_cleared_room_without_ttl() -> None:
     client = fakeredis.FakeRedis()
-    store = PreFixStore(client, "pf", participant="decode-0")
+    store = PreFixStore(StatusStore(client, namespace="pf", participant="decode-0"))
     assert store.update_status(5, KVPoll.Bootstrapping) == (Outcome.CREATED, KVPoll.Bootstrapping)
     assert store.update_status(5, KVPoll.Failed) == (Outcome.FAILED, KVPoll.Failed)
     assert store.clear(5) is True

@@ -250,7 +250,7 @@ class RoomView(NamedTuple):
     and field) of each stored value the view left out because kvstatus does not write it (a timeline, a tombstone;
     docs/security.md ("Junk values: what each reader does")). ``stamps``: each participant whose entry a lease
     holder wrote -> that incarnation's epoch (``lua/update.lua``'s fence): one below the participant's current
-    lease's marks an entry a previous incarnation left (:mod:`kvstatus.admin.leases`).
+    lease's marks an entry a previous incarnation left (:mod:`kvstatus.admin.reads`).
     """
 
     room: int

@@ -66,7 +66,7 @@ def stuck(
     is not judged stuck.
 
     ``dead``: participant -> when it died (Unix ms), for the open entries a dead or restarted participant left
-    (:meth:`kvstatus.admin.leases.Deaths.left`). Such a room never moves again: it is stuck at once, whatever
+    (:meth:`kvstatus.admin.reads.Deaths.left`). Such a room never moves again: it is stuck at once, whatever
     its timelines say, and its holder is the dead participant (the lowest status among several)."""
     entries = {name: entry.status for name, entry in view.participants.items() if entry.status is not None}
     if not any(status in OPEN for status in entries.values()) or view.failure is not None:

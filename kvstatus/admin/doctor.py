@@ -20,8 +20,7 @@ from redis.sentinel import SentinelConnectionPool
 from kvstatus import scripts as lua
 from kvstatus._sync.store import StatusStore
 from kvstatus._sync.waiting import RoomWatch
-from kvstatus.admin.scan import iter_room_keys
-from kvstatus.admin.send import Link, client_of, round_trip, scan_clients
+from kvstatus.admin.reads import Link, client_of, iter_room_keys, round_trip, scan_clients
 from kvstatus.arguments import DEFAULT_TTL_SECONDS
 from kvstatus.backend import WatchPool
 from kvstatus.errors import KVStatusError, PermissionDeniedError
@@ -92,7 +91,7 @@ def topology(link: Link) -> str:
 
 
 def _attempt(client: Any, action: Callable[[], Any]) -> tuple[bool, str]:
-    """Run ``action`` on ``client`` under its admin deadline (:func:`kvstatus.admin.send.round_trip`: a hung server
+    """Run ``action`` on ``client`` under its admin deadline (:func:`kvstatus.admin.reads.round_trip`: a hung server
     fails the check, it does not hang the doctor); (True, "") or (False, why) with ACL denials named by command."""
     try:
         with round_trip(client):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kvstatus import scripts
-from kvstatus.admin.send import Link, NodeTransport, client_of, nodes_of, replies, send
+from kvstatus.admin.reads import Link, NodeTransport, client_of, nodes_of, replies, send
 from kvstatus.requests import Call
 
 
@@ -28,7 +28,7 @@ def _nodes(link: Link) -> list[tuple[Optional[NodeTransport], str]]:
 
 def load_functions(client: Link) -> list[str]:
     """``FUNCTION LOAD REPLACE`` this version's library on the server (every primary of a cluster), through the
-    send path (:mod:`kvstatus.admin.send`: a hung node fails the load at the deadline).
+    send path (:mod:`kvstatus.admin.reads`: a hung node fails the load at the deadline).
 
     Returns the nodes (host:port) it was loaded on. Idempotent: the library's
     name carries its version, so REPLACE only ever replaces the same text.

@@ -35,9 +35,17 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any, Optional
 
-from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import OnCorrupt, iter_matching, server_ms, without_probe
-from kvstatus.admin.send import DEFAULT_BATCH, replies, send
+from kvstatus.admin.reads import (
+    DEFAULT_BATCH,
+    Deaths,
+    OnCorrupt,
+    iter_matching,
+    read_deaths,
+    replies,
+    send,
+    server_ms,
+    without_probe,
+)
 from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import ROLES, TOMBSTONE_SUFFIX, KeySchema, naming
@@ -97,7 +105,7 @@ class PairHealth:
     """When its latest room in the window succeeded (Unix ms; 0: none, or at a time no timeline says)."""
     deaths: dict[str, float] = field(default_factory=dict)
     """Participant of the pair -> when it died (Unix ms; infinity while its lease is lost): its room failed on its
-    lost lease or restart, or it left an open entry (:meth:`kvstatus.admin.leases.Deaths.left`)."""
+    lost lease or restart, or it left an open entry (:meth:`kvstatus.admin.reads.Deaths.left`)."""
 
     @property
     def dead(self) -> list[str]:
@@ -282,7 +290,7 @@ class HealthBuilder:
                 pair.open += 1
 
     def corrupt(self, room: int, message: str) -> None:
-        """An :data:`~kvstatus.admin.scan.OnCorrupt` hook: the key is skipped, and counted (a sample named)."""
+        """An :data:`~kvstatus.admin.reads.OnCorrupt` hook: the key is skipped, and counted (a sample named)."""
         self.corrupted += 1
         if len(self.corrupted_sample) < SAMPLE:
             self.corrupted_sample.append(message)

@@ -1,6 +1,6 @@
 """Counting and auditing the rooms of a namespace (``kvstatus stats``), without the CLI.
 
-One pass over :func:`kvstatus.admin.scan.iter_rooms`; memory is bounded by the
+One pass over :func:`kvstatus.admin.reads.iter_rooms`; memory is bounded by the
 number of distinct participants and the ``oldest`` heap, not by the rooms.
 """
 
@@ -12,9 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import Progress, iter_rooms, server_ms
-from kvstatus.admin.send import DEFAULT_BATCH
+from kvstatus.admin.reads import DEFAULT_BATCH, Deaths, Progress, iter_rooms, read_deaths, server_ms
 from kvstatus.keys import KeySchema
 from kvstatus.model import OPEN, KVPoll, RoomView
 from kvstatus.rule import reads
@@ -208,7 +206,7 @@ def collect_stats(
     Rooms holding values kvstatus does not write are counted as corrupted
     (with up to ``sample`` messages) instead of stopping the audit. Rooms with
     an open entry a dead participant left (its lease is lost, or it restarted under the same name:
-    :meth:`~kvstatus.admin.leases.Deaths.left`) are counted as stuck (``rooms_on_lost_participants``; the
+    :meth:`~kvstatus.admin.reads.Deaths.left`) are counted as stuck (``rooms_on_lost_participants``; the
     lease records are read first), and held by the dead one. Rooms whose timelines have not moved
     for ``older_than`` seconds are counted by holder (``stuck_by_holder``), judged at Redis' clock read once
     before the scan.

@@ -1,7 +1,7 @@
 """The sweeper (``kvstatus sweep``): fail every open entry of a participant whose lease is lost.
 
 1. The lost participants are read from their lease records
-   (:func:`kvstatus.admin.leases.lost_participants`). A participant that never
+   (:func:`kvstatus.admin.reads.lost_participants`). A participant that never
    held a lease has no record and is never swept: only stores built with
    ``lease_ttl`` can be declared dead.
 2. The rooms are walked with SCAN in batches of ``batch`` keys (bounded
@@ -35,9 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from kvstatus._sync.store import StatusStore
-from kvstatus.admin.leases import list_leases
-from kvstatus.admin.scan import Progress, iter_room_keys
-from kvstatus.admin.send import DEFAULT_BATCH
+from kvstatus.admin.reads import DEFAULT_BATCH, Progress, iter_room_keys, list_leases
 from kvstatus.consensus import MAX_PARTICIPANTS, Entries, entries_request
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema

@@ -16,8 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-from kvstatus.admin.scan import Progress, iter_rooms, server_ms
-from kvstatus.admin.send import DEFAULT_BATCH
+from kvstatus.admin.reads import DEFAULT_BATCH, Progress, iter_rooms, server_ms
 from kvstatus.keys import KeySchema
 from kvstatus.model import FailureRecord, KVPoll, RoomView
 from kvstatus.rule import failed_by_fate, reads

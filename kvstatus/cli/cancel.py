@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import click
 
-from kvstatus.admin.scan import read_rooms
+from kvstatus.admin.reads import read_rooms
 from kvstatus.arguments import truncate_reason
 from kvstatus.cli.app import (
     EXIT_SERVED,

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from kvstatus.admin.leases import index_problem, list_leases
+from kvstatus.admin.reads import index_problem, list_leases
 from kvstatus.admin.sweep import sweep as run_sweep
 from kvstatus.cli.app import (
     CliEnv,

@@ -9,10 +9,11 @@ from typing import Any, Optional
 import click
 
 from kvstatus._sync.store import StatusStore
-from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import (
+from kvstatus.admin.reads import (
+    Deaths,
     entries,
     iter_rooms,
+    read_deaths,
     room_matches,
     server_ms,
     without_probe,

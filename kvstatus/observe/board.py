@@ -54,9 +54,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
-from kvstatus.admin.leases import Deaths, read_deaths
-from kvstatus.admin.scan import read_rooms, room_matches, server_ms
-from kvstatus.admin.send import DEFAULT_BATCH, replies, send
+from kvstatus.admin.reads import DEFAULT_BATCH, Deaths, read_deaths, read_rooms, replies, room_matches, send, server_ms
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError, mask_url
 from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room

@@ -34,9 +34,7 @@ from kvstatus.admin.health import (
     read_views,
     room_of_key,
 )
-from kvstatus.admin.leases import Deaths
-from kvstatus.admin.scan import read_rooms, server_ms
-from kvstatus.admin.send import nodes_of, scan_step
+from kvstatus.admin.reads import Deaths, nodes_of, read_rooms, scan_step, server_ms
 from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import KeySchema

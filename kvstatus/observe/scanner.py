@@ -1,7 +1,7 @@
 """A bounded, incremental pass over a namespace, repeated on an interval in a background thread.
 
 Shared by ``kvstatus exporter`` and ``kvstatus serve``. A pass is the SCAN of
-:func:`kvstatus.admin.scan.iter_room_keys` advanced one batch per step (one
+:func:`kvstatus.admin.reads.iter_room_keys` advanced one batch per step (one
 SCAN call plus one pipelined HGETALL+PTTL round trip of at most ``batch``
 keys), with an optional pause between steps, so Redis never runs a long
 command on our behalf and the load is capped at ``batch / pause`` keys per
@@ -30,9 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from kvstatus.admin import health as pair_health
 from kvstatus.admin.health import Health, HealthBuilder, HealthSettings
-from kvstatus.admin.leases import Deaths
-from kvstatus.admin.scan import iter_room_keys, read_rooms, server_ms
-from kvstatus.admin.send import DEFAULT_BATCH
+from kvstatus.admin.reads import DEFAULT_BATCH, Deaths, iter_room_keys, read_rooms, server_ms
 from kvstatus.admin.stats import TERMINAL, Stats, StatsBuilder
 from kvstatus.admin.watch import RoomState, Snapshot, room_state
 from kvstatus.errors import KVStatusError, mask_url
@@ -45,13 +43,13 @@ log = logging.getLogger("kvstatus.observe")
 LostParticipants = Callable[[Any, KeySchema], Collection[str]]
 """(client, schema) -> the participants whose lease is lost, asked once at the start of each pass.
 
-:func:`kvstatus.admin.leases.read_deaths` is the one the exporter and the board
-pass (a :class:`~kvstatus.admin.leases.Deaths`, a collection of the lost names
+:func:`kvstatus.admin.reads.read_deaths` is the one the exporter and the board
+pass (a :class:`~kvstatus.admin.reads.Deaths`, a collection of the lost names
 that knows every lease): rooms holding an open (neither Success nor Failed)
 entry of a returned participant, or one a restarted participant left, are
 counted as rooms on lost participants, and the pass's health judges the pairs
 with them (:class:`~kvstatus.admin.health.HealthBuilder`).
-:func:`kvstatus.admin.leases.lost_participants` (names only) still serves. Without a hook, that count is
+:func:`kvstatus.admin.reads.lost_participants` (names only) still serves. Without a hook, that count is
 reported as 0 and :attr:`PassResult.lease_tracking` is False.
 """
 
@@ -77,7 +75,7 @@ class PassResult:
     health: Optional[Health] = None
     open_times: Optional[OpenTimes] = None
     deaths: Deaths = field(default_factory=Deaths)
-    """The leases read at the pass's start (empty unless its hook was :func:`kvstatus.admin.leases.read_deaths`)."""
+    """The leases read at the pass's start (empty unless its hook was :func:`kvstatus.admin.reads.read_deaths`)."""
 
 
 class NamespacePass:

@@ -36,7 +36,7 @@ _MISSING = object()
 _monotonic = time.monotonic  # bound once: the dict-speed path calls it on every poll
 _LEN_ITER_MESSAGE = (
     "a RoomStatusMap is a view of rooms shared by every process of the namespace: it has no length and is not "
-    "iterable (that would SCAN Redis). Use `kvstatus ls` or kvstatus.admin.scan to list rooms"
+    "iterable (that would SCAN Redis). Use `kvstatus ls` or kvstatus.admin.reads to list rooms"
 )
 
 T = TypeVar("T")

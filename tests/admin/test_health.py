@@ -17,7 +17,7 @@ from kvstatus.admin.health import (
     pairs_of,
     read_health,
 )
-from kvstatus.admin.scan import server_ms
+from kvstatus.admin.reads import server_ms
 from kvstatus.keys import KeySchema
 from kvstatus.model import ClearedEntry, RoomView, Tombstone
 from tests.helpers.backends import RedisUnderTest

@@ -20,7 +20,7 @@ import pytest
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
-from kvstatus.admin.scan import iter_rooms
+from kvstatus.admin.reads import iter_rooms
 from kvstatus.arguments import MAX_REASON_BYTES
 from kvstatus.keys import KeySchema
 from kvstatus.operations import CHUNK_ROOMS

@@ -6,7 +6,7 @@ import fakeredis
 import pytest
 
 from kvstatus import Backend, InvalidArgumentError, KVPoll, StatusStore
-from kvstatus.admin.scan import iter_room_keys, iter_rooms
+from kvstatus.admin.reads import iter_room_keys, iter_rooms
 from kvstatus.admin.stats import collect_stats, ttl_bucket
 from kvstatus.admin.watch import (
     ADVANCED,

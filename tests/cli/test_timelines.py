@@ -11,7 +11,7 @@ import pytest
 from click.testing import Result
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.admin.scan import server_ms
+from kvstatus.admin.reads import server_ms
 from kvstatus.connection import connect
 from kvstatus.keys import KeySchema
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS

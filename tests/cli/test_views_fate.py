@@ -23,7 +23,7 @@ from prometheus_client import generate_latest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.health import HealthSettings
-from kvstatus.admin.leases import read_deaths
+from kvstatus.admin.reads import read_deaths
 from kvstatus.keys import KeySchema
 from kvstatus.observe.board import Board
 from kvstatus.observe.exporter import build_registry

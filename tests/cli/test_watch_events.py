@@ -15,7 +15,7 @@ from click.testing import Result
 
 import kvstatus.cli.namespace as namespace_commands
 from kvstatus import KVPoll, StatusStore
-from kvstatus.admin.scan import server_ms
+from kvstatus.admin.reads import server_ms
 from kvstatus.admin.watch import EntryEvent, room_hash, watch_changes
 from kvstatus.connection import connect
 from tests.helpers.backends import fresh_namespace

@@ -136,8 +136,7 @@ def test_the_doctor_leaves_the_callers_backend_open(redis_server: RedisServer) -
 
 def test_the_admin_reads_on_a_backend_share_one_sender(redis_server: RedisServer) -> None:
     """The admin tools build their sender once per backend (it was one per read): a second backend gets its own."""
-    from kvstatus.admin.scan import server_ms
-    from kvstatus.admin.send import sender_of
+    from kvstatus.admin.reads import sender_of, server_ms
 
     backend = Backend(redis_server.client())
     first = sender_of(backend)
@@ -151,8 +150,7 @@ def test_the_admin_reads_on_a_backend_share_one_sender(redis_server: RedisServer
 def test_the_admin_sender_of_a_cluster_backend_takes_its_gate(redis_cluster: RedisClusterServers) -> None:
     """Building the sender takes the backend's gate: under the backend's lock it deadlocked (every admin read on a
     cluster hung, found by the suite before it landed)."""
-    from kvstatus.admin.scan import server_ms
-    from kvstatus.admin.send import sender_of
+    from kvstatus.admin.reads import sender_of, server_ms
 
     backend = Backend(redis_cluster.client())
     assert server_ms(backend) > 0

@@ -11,7 +11,7 @@ With ``?deadline=1`` in the URL, against a server stopped after rooms were writt
 3. ``update_status`` of a store with ``timeline=True``, sync and async, raises
    ``BackendUnavailableError`` within the deadline.
 
-Before the fix (kvstatus.admin.scan.round_trip): every SCAN, ``TIME`` and pipelined read of the admin reads waited 6 sends
+Before the fix (kvstatus.admin.reads.round_trip): every SCAN, ``TIME`` and pipelined read of the admin reads waited 6 sends
 x the 5 s socket timeout + 3.1 s backoff (33 s) whatever ``?deadline=`` said: ``ls --stuck``, ``stats`` and
 ``health`` still hung after 40 s, the board's requests had no answer within 30 s, the exporter said up and
 ready for 33 s; ``get`` took 5 s, as the CLI's store ignored the URL's deadline (the 5 s default). The bounds asserted are behaviour bounds,
@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from kvstatus import AsyncStatusStore, BackendUnavailableError, KVPoll, StatusStore
-from kvstatus.admin.scan import server_ms
+from kvstatus.admin.reads import server_ms
 from kvstatus.connection import connect
 from kvstatus.keys import KeySchema
 from tests.helpers.backends import fresh_namespace

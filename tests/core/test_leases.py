@@ -21,7 +21,7 @@ from kvstatus import (
     RoomConsensus,
     StatusStore,
 )
-from kvstatus.admin.leases import list_leases, lost_participants
+from kvstatus.admin.reads import list_leases, lost_participants
 from kvstatus.consensus import consensus_calls
 from kvstatus.keys import KeySchema
 from kvstatus.rule import room_consensus
@@ -206,7 +206,7 @@ def test_the_async_keeper_renews_in_a_task_and_releases_on_close() -> None:
 
 def test_the_lease_listing_judges_by_whole_ms_as_the_consensus_script_does() -> None:
     """TIME 0.4345 s past a deadline's second, deadline at ms 434: the script's now is ms 434 (alive), not 434.5."""
-    from kvstatus.admin.leases import _decode, redis_ms
+    from kvstatus.admin.reads import _decode, redis_ms
 
     fields = {b"state": b"held", b"deadline": b"1796039495434", b"inc": b"ab", b"gen": b"1"}
     assert _decode("p", fields, redis_ms(b"1796039495", b"434500")).state == "alive"  # type: ignore[union-attr]

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kvstatus import KVPoll, Outcome
-from kvstatus.admin.scan import iter_rooms
+from kvstatus.admin.reads import iter_rooms
 from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.keys import KeySchema
 from tests.helpers.backends import RedisUnderTest

@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.admin.scan import iter_rooms
+from kvstatus.admin.reads import iter_rooms
 from kvstatus.keys import KeySchema, naming
 from tests.e2e import deploy, scenarios, table
 

@@ -13,7 +13,7 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
-from kvstatus.admin.leases import redis_ms
+from kvstatus.admin.reads import redis_ms
 from kvstatus.keys import KeySchema
 from kvstatus.observe.board import Board
 from kvstatus.observe.boardpages import MAX_OLDER_THAN_SECONDS

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.admin.scan import iter_rooms
+from kvstatus.admin.reads import iter_rooms
 from kvstatus.keys import KeySchema
 from kvstatus.model import Stage
 from kvstatus.observe.exporter import METRICS

@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstatus.admin.health import HealthSettings
-from kvstatus.admin.scan import server_ms
+from kvstatus.admin.reads import server_ms
 from kvstatus.keys import KeySchema
 from kvstatus.observe.exporter import (
     FIXED_SERIES,

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.admin.scan import iter_rooms
+from kvstatus.admin.reads import iter_rooms
 from kvstatus.admin.sweep import sweep
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import FATE_FIELD, KeySchema

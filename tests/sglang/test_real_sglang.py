@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from kvstatus import KVPoll, Outcome, StatusStore
-from kvstatus.admin.scan import iter_rooms
+from kvstatus.admin.reads import iter_rooms
 from kvstatus.keys import KeySchema
 from kvstatus.sglang import install, participant_name
 from tests.helpers.backends import fresh_namespace

@@ -89,7 +89,7 @@ def test_a_room_a_dead_participant_left_is_stuck_at_once_and_held_by_it() -> Non
 
 
 def test_deaths_tell_the_entries_a_dead_or_restarted_participant_left() -> None:
-    from kvstatus.admin.leases import Deaths, LeaseInfo
+    from kvstatus.admin.reads import Deaths, LeaseInfo
 
     def lease(name: str, state: str, epoch: int) -> LeaseInfo:
         return LeaseInfo(

@@ -11,6 +11,7 @@ fully served (every entry Success: left as it is).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -20,7 +21,7 @@ from typing import Any, Callable, Optional
 import click
 
 from kvstatus import connection
-from kvstatus.admin.send import DEFAULT_BATCH
+from kvstatus.admin.reads import DEFAULT_BATCH
 from kvstatus.arguments import DEFAULT_TTL_SECONDS, ttl_to_ms
 from kvstatus.backend import Backend
 from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
@@ -223,7 +224,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 
 
 def batch_of(help: str) -> Callable[[Any], Any]:
-    """``--batch N`` (1..10000, default :data:`~kvstatus.admin.scan.DEFAULT_BATCH`), said in the command's terms."""
+    """``--batch N`` (1..10000, default :data:`~kvstatus.admin.reads.DEFAULT_BATCH`), said in the command's terms."""
     return click.option(
         "--batch", type=click.IntRange(min=1, max=10_000), default=DEFAULT_BATCH, show_default=True, help=help
     )
@@ -344,6 +345,23 @@ class StatusType(click.ParamType):
 
 ROOM = RoomType()
 STATUS = StatusType()
+
+
+EXTRAS = {"metrics": ("prometheus_client",), "web": ("starlette", "uvicorn")}
+"""The optional extras (pyproject.toml) and the modules each one brings."""
+
+
+def require_extra(extra: str, what: str) -> None:
+    """Raise a ClickException (exit 1) naming the missing module when ``extra`` (one of :data:`EXTRAS`), which
+    ``what`` needs, is not installed: checked before the command starts anything."""
+    for module in EXTRAS[extra]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise click.ClickException(
+                f"{what} needs the optional '{extra}' extra ({module} is not installed): "
+                f"in a kvstatus checkout, pip install '.[{extra}]'"
+            ) from None
 
 
 def emit_json(document: Any) -> None:

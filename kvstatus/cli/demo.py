@@ -18,6 +18,7 @@ from kvstatus.cli.app import (
     json_option,
     main,
     pass_env,
+    require_extra,
     stderr_is_tty,
     table,
 )
@@ -236,13 +237,7 @@ def demo(
     """
     namespace = env.namespace or DEFAULT_NAMESPACE
     if serve_port is not None:
-        try:
-            import kvstatus.observe.board  # noqa: F401
-        except ImportError as exc:
-            raise click.ClickException(
-                f"--serve needs the optional 'web' extra ({exc.name} is not installed): "
-                "in a kvstatus checkout, pip install '.[web]'"
-            ) from None
+        require_extra("web", "--serve")
     if faults and stuck:
         raise click.UsageError("--faults and --stuck are two demos: choose one")
     if faults:

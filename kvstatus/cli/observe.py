@@ -8,17 +8,10 @@ from typing import Any, Optional
 
 import click
 
-from kvstatus.admin.leases import read_deaths
-from kvstatus.cli.app import CliEnv, batch_option, main, pass_env, ttl_option
+from kvstatus.admin.reads import read_deaths
+from kvstatus.cli.app import CliEnv, batch_option, main, pass_env, require_extra, ttl_option
 from kvstatus.cli.health import health_settings, with_health_options
 from kvstatus.keys import KeySchema
-
-
-def _need(extra: str, what: str, exc: ImportError) -> click.ClickException:
-    return click.ClickException(
-        f"{what} needs the optional '{extra}' extra ({exc.name} is not installed): "
-        f"in a kvstatus checkout, pip install '.[{extra}]'"
-    )
 
 
 def _schemas(env: CliEnv, namespaces: tuple[str, ...]) -> list[KeySchema]:
@@ -129,10 +122,9 @@ def exporter(
     exporter's process metrics.
     """
     settings = health_settings(window, older_than, threshold)
-    try:
-        from kvstatus.observe.exporter import run_exporter
-    except ImportError as exc:
-        raise _need("metrics", "kvstatus exporter", exc) from None
+    require_extra("metrics", "kvstatus exporter")
+    from kvstatus.observe.exporter import run_exporter
+
     schemas = _schemas(env, namespaces)
     _logging()
 
@@ -225,10 +217,9 @@ def serve(
     the bound name (with --host 0.0.0.0: this machine's host names) or an
     --allow-host NAME; any other gets 400.
     """
-    try:
-        from kvstatus.observe.board import run_board
-    except ImportError as exc:
-        raise _need("web", "kvstatus serve", exc) from None
+    require_extra("web", "kvstatus serve")
+    from kvstatus.observe.board import run_board
+
     schema = env.schema()
     _logging()
 

@@ -19,11 +19,11 @@ ANY_ROLE = re.compile(r"(?<![\w`<>]):[a-z]+:`(?!`)")
 def test_a_role_becomes_the_code_span_of_the_name_it_shows() -> None:
     text = (
         "See :class:`~kvstatus.errors.StoreError`, :meth:`from_url`, :func:`kvstatus.sglang.install`, "
-        ":data:`~kvstatus.operations.CHUNK_ROOMS`, :mod:`kvstatus.sglang.openrooms` and :meth:`~A.b(x)`."
+        ":data:`~kvstatus.operations.CHUNK_ROOMS`, :mod:`kvstatus.sglang.outage` and :meth:`~A.b(x)`."
     )
     assert docroles.render(text) == (
         "See `StoreError`, `from_url()`, `kvstatus.sglang.install()`, `CHUNK_ROOMS`, "
-        "`kvstatus.sglang.openrooms` and `b(x)`."
+        "`kvstatus.sglang.outage` and `b(x)`."
     )
     assert docroles.render(":param room: the room id") == ":param room: the room id"  # fields are the style's
 

@@ -187,7 +187,7 @@ def server_ms(client: Link) -> int:
     return redis_ms(seconds, micros)
 
 
-def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -> Iterator[list[str]]:
+def iter_room_keys(client: Link, schema: KeySchema, batch: int = DEFAULT_BATCH) -> Iterator[list[str]]:
     """Yield the room keys of ``schema``'s namespace in lists of at most ``batch`` keys.
 
     SCAN may return a key twice while the keyspace is rehashed; callers that
@@ -197,12 +197,13 @@ def iter_room_keys(client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH) -
 
 
 def iter_matching(
-    client: Any, pattern: str, accept: Callable[[str], bool], batch: int = DEFAULT_BATCH
+    client: Link, pattern: str, accept: Callable[[str], bool], batch: int = DEFAULT_BATCH
 ) -> Iterator[list[str]]:
     """Yield the keys SCAN ``MATCH pattern`` finds (every primary of a cluster in turn) that ``accept`` takes, in
     lists of at most ``batch`` keys; Redis errors raise as kvstatus errors."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
+    client = backend_of(client)  # one backend (and its sender) for the whole walk, also on a bare client
     for node in nodes_of(client):
         cursor, pending = 0, []
         while True:
@@ -218,7 +219,7 @@ def iter_matching(
 
 
 def read_rooms(
-    client: Any, schema: KeySchema, keys: list[str], on_corrupt: Optional[OnCorrupt] = None, with_ttl: bool = True
+    client: Link, schema: KeySchema, keys: list[str], on_corrupt: Optional[OnCorrupt] = None, with_ttl: bool = True
 ) -> list[RoomView]:
     """The views of ``keys`` in one pipelined round trip; rooms gone meanwhile are left out.
 
@@ -262,7 +263,7 @@ def without_probe(view: RoomView) -> RoomView:
 
 
 def iter_rooms(
-    client: Any,
+    client: Link,
     schema: KeySchema,
     batch: int = DEFAULT_BATCH,
     progress: Optional[Progress] = None,
@@ -271,6 +272,7 @@ def iter_rooms(
 ) -> Iterator[RoomView]:
     """Yield every room of the namespace (see the module docstring for memory, cluster and ``read_rooms``)."""
     scanned = 0
+    client = backend_of(client)
     for keys in iter_room_keys(client, schema, batch):
         yield from read_rooms(client, schema, keys, on_corrupt, with_ttl)
         scanned += len(keys)
@@ -371,12 +373,13 @@ def _decode(participant: str, fields: dict[Any, Any], now_ms: int) -> Optional[L
 
 
 def iter_leases(
-    client: Any, schema: KeySchema, batch: int = DEFAULT_BATCH, on_corrupt: Optional[Callable[[str], None]] = None
+    client: Link, schema: KeySchema, batch: int = DEFAULT_BATCH, on_corrupt: Optional[Callable[[str], None]] = None
 ) -> Iterator[LeaseInfo]:
     """Yield every lease record of the namespace (alive, expired or released), one SCAN pass per primary.
 
     A key at a lease record's name that is not a hash, or a record kvstatus does not write, is skipped, and
     ``on_corrupt`` (if given) is called with a message naming it."""
+    client = backend_of(client)
     for node in nodes_of(client):
         cursor = 0
         while True:
@@ -397,7 +400,7 @@ def iter_leases(
                 break
 
 
-def index_problem(client: Any, schema: KeySchema) -> Optional[str]:
+def index_problem(client: Link, schema: KeySchema) -> Optional[str]:
     """A message naming the namespace's lease index (:mod:`kvstatus.peerwatch`) when its key holds something other
     than a hash (a tenant's string): the peer watches then judge peers by presence and leases alone. None: fine."""
     key = schema.lease_index_key
@@ -413,12 +416,12 @@ def index_problem(client: Any, schema: KeySchema) -> Optional[str]:
     return None
 
 
-def list_leases(client: Any, schema: KeySchema, on_corrupt: Optional[Callable[[str], None]] = None) -> list[LeaseInfo]:
+def list_leases(client: Link, schema: KeySchema, on_corrupt: Optional[Callable[[str], None]] = None) -> list[LeaseInfo]:
     """Every lease record of the namespace, sorted by participant (``on_corrupt``: see :func:`iter_leases`)."""
     return sorted(iter_leases(client, schema, on_corrupt=on_corrupt), key=lambda info: info.participant)
 
 
-def lost_participants(client: Any, schema: KeySchema) -> frozenset[str]:
+def lost_participants(client: Link, schema: KeySchema) -> frozenset[str]:
     """The participants whose lease is lost (expired or released); the exporter's hook has this signature."""
     return frozenset(info.participant for info in iter_leases(client, schema) if info.lost)
 
@@ -476,6 +479,6 @@ class Deaths:
         return math.inf if info is not None and info.lost else died_ms
 
 
-def read_deaths(client: Any, schema: KeySchema, on_corrupt: Optional[Callable[[str], None]] = None) -> Deaths:
+def read_deaths(client: Link, schema: KeySchema, on_corrupt: Optional[Callable[[str], None]] = None) -> Deaths:
     """The :class:`Deaths` of ``schema``'s namespace: its lease records, one SCAN pass (:func:`iter_leases`)."""
     return Deaths({info.participant: info for info in iter_leases(client, schema, on_corrupt=on_corrupt)})

@@ -18,8 +18,6 @@ from kvstatus.keys import KeySchema
 if TYPE_CHECKING:  # the state is handed in: the reader feeds it, and runs without importing it
     from kvstatus.cachestate import CacheState
 
-INVALIDATE_CHANNEL = "__redis__:invalidate"
-"""Where Redis sends invalidations for RESP2 clients; the cache reads them on RESP3 instead (no channel)."""
 _UNKNOWN = object()
 _PING = b"*1\r\n$4\r\nPING\r\n"
 _RECV = 65536

@@ -32,7 +32,6 @@ from kvstatus.url import parse_url
 OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
 # The class whose methods install() replaces; a subclass's own override (nixl's check_status) is kept.
 UPSTREAM_CLASS = "CommonKVManager"
-REPLACED = ("update_status", "check_status", "check_status_pp_consensus", "record_failure")
 _PREVIOUS = "_kvstatus_previous_request_status"
 _INSTALLED = "_kvstatus_replaced_methods"
 # The rooms whose first failure one manager remembers having looked up (FailureNotes); the oldest is forgotten.

@@ -1,12 +1,18 @@
 """A store operation as plain data (no I/O): the Redis calls to send in one round trip, and how to decode the
-replies. :mod:`kvstatus.operations` builds them; the send path (:mod:`kvstatus._async.sender`) sends them."""
+replies. :mod:`kvstatus.operations` builds them; the send path (:mod:`kvstatus._async.sender`) sends them, as the
+rules here say: which command carries a script call, and which calls to send again after a refusal."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Generic, NamedTuple, Optional, TypeVar, Union
+
+from redis.exceptions import NoScriptError, ResponseError
 
 from kvstatus.scripts import LuaScript, function_name
+
+if TYPE_CHECKING:
+    from kvstatus.replies import ReplyOrError
 
 T = TypeVar("T")
 
@@ -79,3 +85,66 @@ def as_functions(request: Request[T]) -> Request[T]:
     ``scripts="functions"`` pass every request through it, whatever built it: core operations, leases, sweeps)."""
     request.calls = [as_fcall(call) for call in request.calls]
     return request
+
+
+# The send path's rules for script calls the server refused (its NOSCRIPT and EVALSHA_RO resends).
+
+
+def noscript_resend(calls: list[Call], replies: list[ReplyOrError], as_eval: bool) -> tuple[list[int], list[Call]]:
+    """The script calls whose reply is NOSCRIPT: their indices, and the calls to send again in their place.
+    ``as_eval`` False: the same EVALSHA (after SCRIPT LOAD of :func:`scripts_of` them), but an ``EVALSHA_RO`` at
+    once as ``EVAL_RO`` (CLIENT PAUSE WRITE would hold a plain EVALSHA of an unknown script for the whole pause);
+    True: ``EVAL`` with the script's source, which no SCRIPT FLUSH can make fail."""
+    indices = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError) and calls[i].script]
+    return indices, [calls[i].as_eval() if as_eval or calls[i].args[0] == "EVALSHA_RO" else calls[i] for i in indices]
+
+
+def scripts_of(calls: list[Call]) -> list[LuaScript]:
+    """The distinct scripts of the ``EVALSHA`` calls among ``calls``, each to SCRIPT LOAD once."""
+    return list(
+        {
+            call.script.sha: call.script for call in calls if call.script is not None and call.args[0] == "EVALSHA"
+        }.values()
+    )
+
+
+def as_evalsha(request: Request[T]) -> Request[T]:
+    """``request`` with every ``EVALSHA_RO`` sent as ``EVALSHA`` (a sender whose server refused ``EVALSHA_RO``)."""
+    request.calls = [call.without_ro() for call in request.calls]
+    return request
+
+
+_RO_COMMANDS = ("EVALSHA_RO", "EVAL_RO")
+
+
+def evalsha_fallback(calls: list[Call], replies: list[ReplyOrError]) -> tuple[list[int], list[Call]]:
+    """The read-only script calls the server refused as a command (unknown: Redis < 7, fakeredis; or not granted
+    by the ACL), and ``calls`` with those as EVALSHA / EVAL; ([], calls) when there is none. The sender resends
+    ``calls[i]`` for each index and sends ``EVALSHA`` from then on."""
+    indices = [
+        i
+        for i, reply in enumerate(replies)
+        if isinstance(reply, ResponseError) and calls[i].args[0] in _RO_COMMANDS and _refuses(reply)
+    ]
+    if not indices:
+        return indices, calls
+    changed = list(calls)
+    for i in indices:
+        changed[i] = changed[i].without_ro()
+    return indices, changed
+
+
+def _refuses(reply: ResponseError) -> bool:
+    """Whether ``reply`` refuses the command itself (unknown, or not granted by the ACL), not the script."""
+    text = str(reply).lower()
+    return (
+        text.startswith("unknown command")
+        or "no permissions to run the 'evalsha_ro' command" in text
+        or "no permissions to run the 'eval_ro' command" in text
+    )
+
+
+def merge(replies: list[ReplyOrError], indices: list[int], resent: list[ReplyOrError]) -> None:
+    """Put the replies of resent calls in their places."""
+    for i, reply in zip(indices, resent):
+        replies[i] = reply

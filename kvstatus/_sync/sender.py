@@ -2,7 +2,7 @@
 """The one send path: every command kvstatus sends goes through :class:`Sender` (docs/design.md,
 "Layout"), which keeps the call's deadline (``ConnectionOptions.deadline`` seconds, plus ``CHUNK_SECONDS`` per
 further chunk of a batch; docs/guide.md, "Deadline"), tells the observer, resends after NOSCRIPT and failovers,
-and raises kvstatus errors (:mod:`kvstatus.translate`); what it decides is in :mod:`kvstatus.sendrules`.
+and raises kvstatus errors (:mod:`kvstatus.translate`); which calls it resends is in :mod:`kvstatus.requests`.
 
 Read-only scripts go out as ``EVALSHA_RO``, except from cluster clients (why: docs/operations.md, "Polls during a
 manual failover"). A call goes out on a *transport*: the client's own (one non-transactional pipeline for several
@@ -16,23 +16,21 @@ from typing import Any, Optional, Protocol, TypeVar
 
 from kvstatus.concurrency import Gate, checkpoint, pipeline_route, sleep
 from kvstatus.connection import failover_delays
-from kvstatus.deadline import DEADLINE, enter_deadline, time_left
-from kvstatus.errors import BackendUnavailableError
+from kvstatus.deadline import DEADLINE, enter_deadline, may_wait, time_left
+from kvstatus.errors import BackendUnavailableError, ClientPoolExhausted
 from kvstatus.model import StoreObserver
 from kvstatus.replies import ReplyOrError, merge_shard_counts
-from kvstatus.requests import Call, Request, as_functions
-from kvstatus.sendrules import (
+from kvstatus.requests import (
+    Call,
+    Request,
     as_evalsha,
+    as_functions,
     evalsha_fallback,
-    may_resend,
     merge,
     noscript_resend,
-    observe_error,
-    observe_result,
-    pool_exhausted,
     scripts_of,
 )
-from kvstatus.translate import REDIS_ERRORS, checked
+from kvstatus.translate import REDIS_ERRORS, checked, translate_error
 from kvstatus.url import ConnectionOptions
 
 T = TypeVar("T")
@@ -92,11 +90,12 @@ class Sender:
         try:
             result = self._deliver(request, via)
         except Exception as exc:
-            observe_error(metrics, exc)
+            if not isinstance(exc, KeyError):  # check_status's KeyError is an answer, not an error
+                metrics.on_error(exc)
             raise
         finally:
             metrics.on_call(operation, time.perf_counter() - started)
-        observe_result(metrics, operation, result)
+        _observe_result(metrics, operation, result)
         return result
 
     def _deliver(self, request: Request[T], via: Optional[Transport]) -> T:
@@ -113,7 +112,8 @@ class Sender:
             else:
                 gate = self.gate
                 if not gate.acquire(time_left() or 0.0):
-                    raise pool_exhausted(gate.limit, self.deadline + request.extra_seconds)
+                    waited = self.deadline + request.extra_seconds
+                    raise translate_error(ClientPoolExhausted(gate.limit, waited))  # nothing was sent
                 try:
                     result = self._send_now(request)
                 finally:
@@ -144,7 +144,7 @@ class Sender:
             try:
                 return self._round_trip(calls, first, via, strict)
             except BackendUnavailableError:
-                if not may_resend(delay) or attempt > len(via.resend_delays):
+                if not may_wait(delay) or attempt > len(via.resend_delays):
                     raise
                 first = None
                 sleep(delay)
@@ -215,3 +215,16 @@ class Sender:
             self.client.script_load(source)
         except REDIS_ERRORS:
             pass  # the resend reports the failure, or runs the script by its source
+
+
+def _observe_result(metrics: StoreObserver, operation: str, result: Any) -> None:
+    """Tell ``metrics`` what a call returned: the rule's outcomes of ``update_status`` and ``update_many``, and
+    the timeline of an entry a ``clear`` or ``pop`` removed (to an observer with the optional ``on_cleared``)."""
+    if operation == "update_status":
+        metrics.on_update(result)
+    elif operation == "update_many":
+        metrics.on_updates(result.values())
+    elif operation in ("clear", "pop") and result.timeline:
+        on_cleared = getattr(metrics, "on_cleared", None)
+        if on_cleared is not None:
+            on_cleared(result.timeline)

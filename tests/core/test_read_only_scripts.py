@@ -20,8 +20,7 @@ from redis.exceptions import NoScriptError
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore, scripts
 from kvstatus.admin.functions import load_functions
-from kvstatus.requests import as_fcall, script_call
-from kvstatus.sendrules import evalsha_fallback, noscript_resend, scripts_of
+from kvstatus.requests import as_fcall, evalsha_fallback, noscript_resend, script_call, scripts_of
 from tests.helpers.backends import fresh_namespace
 from tests.servers import RedisServer
 

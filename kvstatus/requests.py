@@ -87,7 +87,8 @@ def as_functions(request: Request[T]) -> Request[T]:
     return request
 
 
-# The send path's rules for script calls the server refused (its NOSCRIPT and EVALSHA_RO resends).
+# The send path's rules for script calls: EVALSHA_RO sent as EVALSHA, and what to resend after NOSCRIPT or a
+# refused EVALSHA_RO.
 
 
 def noscript_resend(calls: list[Call], replies: list[ReplyOrError], as_eval: bool) -> tuple[list[int], list[Call]]:
@@ -109,7 +110,8 @@ def scripts_of(calls: list[Call]) -> list[LuaScript]:
 
 
 def as_evalsha(request: Request[T]) -> Request[T]:
-    """``request`` with every ``EVALSHA_RO`` sent as ``EVALSHA`` (a sender whose server refused ``EVALSHA_RO``)."""
+    """``request`` with every ``EVALSHA_RO`` sent as ``EVALSHA`` (a cluster client's sender, or one whose server
+    refused ``EVALSHA_RO``)."""
     request.calls = [call.without_ro() for call in request.calls]
     return request
 

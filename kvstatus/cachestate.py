@@ -195,6 +195,10 @@ class CacheState:
         self.earliest_deadline = float("inf")
         self.fresh = Freshness()
         self.metrics: Optional[StoreObserver] = None  # told of invalidations and the size
+        self.waiters: dict[int, list[Callable[[], None]]] = {}
+        """Room -> the ``wake`` of each ``wait_for`` on it: called when Redis reports a change of the room, or the
+        cache empties (:meth:`apply`, :meth:`flush`); not for this process' own writes, which Redis reports too."""
+        self.pushed = 0  # rooms Redis reported changed so far (what the doctor's wait_for check counts)
 
     # ---- invalidation
 
@@ -218,6 +222,9 @@ class CacheState:
         self.earliest_deadline = float("inf")
         self.fresh.until = 0.0
         self.flush_reasons = (self.flush_reasons + [reason])[-8:]
+        for wakes in self.waiters.values():
+            for wake in wakes:
+                wake()
 
     def invalidate(self, rooms: Iterable[int]) -> int:
         """Drop ``rooms`` (an invalidation, or this process's own write) and log them for racing fills;
@@ -246,6 +253,23 @@ class CacheState:
         dropped = self.invalidate(rooms)
         if dropped and self.metrics is not None:
             self.metrics.on_cache_invalidation(dropped)
+        self.pushed += len(rooms)
+        waiters = self.waiters
+        if waiters:
+            for room in rooms:
+                for wake in waiters.get(room, ()):
+                    wake()
+
+    def wait_on(self, room: int, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` at each change Redis reports of ``room`` from now on, until :meth:`stop_waiting`."""
+        self.waiters.setdefault(room, []).append(wake)
+
+    def stop_waiting(self, room: int, wake: Callable[[], None]) -> None:
+        wakes = self.waiters.get(room, [])
+        if wake in wakes:
+            wakes.remove(wake)
+        if not wakes:
+            self.waiters.pop(room, None)
 
     # ---- lookups and fills
 

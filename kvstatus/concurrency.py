@@ -37,7 +37,7 @@ _T = TypeVar("_T")
 
 
 class _Reader(Protocol):
-    """What :func:`start_reader` watches: a socket's owner that reads what arrives (a ``WatchHub``)."""
+    """What :func:`start_reader` watches: a socket's owner that reads what arrives (a near cache's link)."""
 
     on_close: Optional[Callable[[], None]]
 
@@ -290,7 +290,7 @@ def closed_links(links: Mapping[str, _Link]) -> tuple[str, ...]:
 
 
 class AsyncSignal:
-    """A wake-up a waiting task sleeps on, set from the event loop's own callbacks (asyncio)."""
+    """A wake-up a waiting task sleeps on (asyncio), set from the event loop or from another thread."""
 
     def __init__(self) -> None:
         self._set = False
@@ -300,7 +300,15 @@ class AsyncSignal:
         self._set = True
         future = self._future
         if future is not None and not future.done():
-            future.set_result(True)
+            loop = future.get_loop()
+            try:
+                running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                future.set_result(True)
+            elif not loop.is_closed():  # from another thread: a sync caller that closed what the task waits on
+                loop.call_soon_threadsafe(_resolve, future)
 
     def clear(self) -> None:
         self._set = False
@@ -314,6 +322,11 @@ class AsyncSignal:
             await async_wait_future(self._future, seconds, False)
         finally:
             self._future = None
+
+
+def _resolve(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(True)
 
 
 class Signal:

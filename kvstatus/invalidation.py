@@ -185,7 +185,7 @@ def tracking_command(client_id: int, schema: KeySchema, bcast: bool) -> tuple[Un
 class LinkState:
     """Liveness bookkeeping of one link (times are ``time.monotonic()`` seconds)."""
 
-    __slots__ = ("name", "inval", "data", "data_fd", "confirmed", "ping_sent", "ping_outstanding")
+    __slots__ = ("name", "inval", "data", "data_fd", "confirmed", "ping_sent", "ping_outstanding", "reader")
 
     def __init__(self, name: str, inval: InvalidationSocket, data: Any, data_fd: Optional[int], now: float) -> None:
         self.name = name
@@ -195,6 +195,26 @@ class LinkState:
         self.confirmed = now
         self.ping_sent = now
         self.ping_outstanding: Optional[float] = None
+        self.reader: Optional[LinkReader] = None
+
+
+class LinkReader:
+    """Reads a link's invalidation socket as soon as something arrives, for a cache that ``wait_for`` waits on
+    (a cache alone reads it only when it serves a read): the event loop's reader of the socket, or a thread's
+    (:func:`kvstatus.concurrency.async_start_reader`), calls ``drain``; ``on_close`` stops it."""
+
+    def __init__(self, inval: InvalidationSocket, drain: Callable[[], None]) -> None:
+        self.inval = inval
+        self.on_readable = drain
+        self.on_close: Optional[Callable[[], None]] = None
+
+    def fileno(self) -> int:
+        return self.inval.fileno()
+
+    def close(self) -> None:
+        stop, self.on_close = self.on_close, None
+        if stop is not None:
+            stop()
 
 
 class Links:
@@ -228,6 +248,14 @@ class Links:
         if link.data_fd is not None:
             self._register(link.data_fd, link, False)
         self._update_live()
+
+    def data(self, name: str) -> object:
+        """The data connection of link ``name``; :class:`LinkLost` when it was dropped meanwhile."""
+        link = self.links.get(name)
+        if link is None:
+            raise LinkLost(f"the near cache's link to {name or 'the server'} was dropped")
+        data: object = link.data
+        return data
 
     def _register(self, fd: int, link: LinkState, is_inval: bool) -> None:
         self._fds[fd] = (link, is_inval)

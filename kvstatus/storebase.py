@@ -284,8 +284,8 @@ class StoreBase:
 
     def uncached(self: S, participant: Optional[str] = None) -> S:
         """A store on the same backend and settings that reads ``participant``'s entries (default: this store's)
-        from Redis every time: no near cache, no lease, no peer watch. What ``wait_for`` reads with, and a probe
-        that must see Redis itself (the SGLang map's outage probe)."""
+        from Redis every time: no near cache, no lease, no peer watch. What ``wait_for`` reads with where no near
+        cache can watch (fakeredis), and a probe that must see Redis itself (the SGLang map's outage probe)."""
         settings = self._core.settings()
         settings["participant"] = self.participant if participant is None else participant
         return type(self)(self.backend, **settings, scripts=self.scripts)

@@ -27,7 +27,6 @@ SUBS = {
     "AsyncLeaseKeeper": "LeaseKeeper",
     "AsyncSender": "Sender",
     "AsyncSend": "Send",
-    "AsyncRoomWatch": "RoomWatch",
     "AsyncLinkTransport": "LinkTransport",
     "AsyncLinkConnection": "LinkConnection",
     "AsyncTransport": "Transport",

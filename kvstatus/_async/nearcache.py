@@ -10,8 +10,8 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Optional, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Optional, Protocol, cast
 
 from redis import exceptions as rx
 
@@ -35,10 +35,20 @@ from kvstatus.concurrency import (
     async_closed_links,
     async_data_fd,
     async_run_blocking,
+    async_start_reader,
 )
 from kvstatus.connection import SlotFingerprint, SlotMoved, Topology, slot_fingerprint
 from kvstatus.errors import KVStatusError, PermissionDeniedError
-from kvstatus.invalidation import InvalidationSocket, LinkLost, Links, LinkState, peer_of, sync_twin, tracking_command
+from kvstatus.invalidation import (
+    InvalidationSocket,
+    LinkLost,
+    LinkReader,
+    Links,
+    LinkState,
+    peer_of,
+    sync_twin,
+    tracking_command,
+)
 from kvstatus.keys import KeySchema, validate_room
 from kvstatus.model import KVPoll, RoomView
 from kvstatus.replies import Reply, ReplyOrError
@@ -87,6 +97,7 @@ class AsyncNearCache(NearCacheBase):
         self.refused: Optional[str] = None
         """Why the server refused to track this cache's reads (NOPERM on CLIENT TRACKING, ...); it then runs
         uncached: every read goes to Redis through the store's send path, and nothing is kept."""
+        self._watched = False  # a wait watches here: each link's socket is read as soon as it is readable
 
     # ---- the hot path
 
@@ -173,6 +184,36 @@ class AsyncNearCache(NearCacheBase):
         with self._lock:
             self.state.invalidate(rooms)
 
+    # ---- wait_for's watch
+
+    def watch(self, room: int, wake: Callable[[], None]) -> bool:
+        """Call ``wake()`` at each change Redis reports of the validated ``room`` (and whenever the cache empties)
+        until :meth:`unwatch`; the next read of the room through this cache arms it. False if this cache cannot
+        be told of changes (the server refused tracking, or it is closed)."""
+        if self.refused is not None or self.closed:
+            return False
+        with self._lock:
+            self.state.wait_on(room, wake)
+            if not self._watched:
+                self._watched = True
+                for link in self.links.links.values():
+                    self._start_reader(link)
+        return True
+
+    def unwatch(self, room: int, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self.state.stop_waiting(room, wake)
+
+    def _start_reader(self, link: LinkState) -> None:
+        """Under the lock: read ``link``'s invalidations as they arrive, not only at the next read."""
+        if link.reader is None:
+            link.reader = LinkReader(link.inval, self._drain)
+            async_start_reader(link.reader)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._ready(time.monotonic())
+
     # ---- the store's read methods, with its argument checks and semantics
 
     async def get(self, room: int, reader: Reader) -> Optional[KVPoll]:
@@ -209,7 +250,7 @@ class AsyncNearCache(NearCacheBase):
             self.metrics.on_cache_miss(len(rooms))
         keys, commands = self.state.fill_commands(rooms)
         request = Request([Call(command) for command in commands], _as_is)
-        if self.refused is None:
+        if self.refused is None and not self.closed:  # closed: no link is opened again (a wait outliving its cache)
             fill = AsyncLinkTransport(self)
             try:
                 replies = await self.sender.send(request, operation, via=fill)
@@ -222,7 +263,7 @@ class AsyncNearCache(NearCacheBase):
                     self.links.poll(time.monotonic())  # invalidations that raced the read arrive before it is stored
                     self.state.store(fill.token, filled)
                 return filled
-        # Uncached: the same reads on the client's own connections, kept nowhere.
+        # Uncached (refused, or closed): the same reads on the client's own connections, kept nowhere.
         replies = await self.sender.send(request, operation)
         return self.state.decode_fill(rooms, keys, replies, time.monotonic())
 
@@ -264,7 +305,10 @@ class AsyncNearCache(NearCacheBase):
         with self._lock:
             # A new link means a new (or reconnected) server: nothing read before can be trusted.
             self.state.flush(f"link to {name or 'server'} opened")
-            self.links.add_link(LinkState(name, inval, data, async_data_fd(data), time.monotonic()))
+            link = LinkState(name, inval, data, async_data_fd(data), time.monotonic())
+            self.links.add_link(link)
+            if self._watched:
+                self._start_reader(link)
 
     @staticmethod
     async def _mark_database(data: AsyncLinkConnection, key: str) -> Optional[bytes]:
@@ -339,17 +383,12 @@ class AsyncNearCache(NearCacheBase):
                 pass  # the next read reports it
 
     async def close(self) -> None:
+        self.shut()
+
+    def shut(self) -> None:
+        """:meth:`close` without awaiting (from any thread): the links close and the waits on them wake."""
         self._reset_links("closed")
         self.closed = True
-
-
-def _data_of(links: dict[str, LinkState], name: str) -> AsyncLinkConnection:
-    """The data connection of link ``name``; :class:`LinkLost` when it was dropped meanwhile."""
-    link = links.get(name)
-    if link is None:
-        raise LinkLost(f"the near cache's link to {name or 'the server'} was dropped")
-    data: AsyncLinkConnection = link.data
-    return data
 
 
 class AsyncLinkTransport:
@@ -375,12 +414,14 @@ class AsyncLinkTransport:
                     groups = cache.topology.group([call.args[1] for call in calls])
                     for name in groups:
                         if name not in links:
+                            if cache.closed:  # shut during this fill: open nothing that nobody would close
+                                raise LinkLost("the near cache was closed")
                             await cache._open_link(name)
                 if not groups:
                     raise LinkLost("the near cache has no link")
                 with cache._lock:
                     self.token = cache.state.token()
-                conns = {name: _data_of(links, name) for name in groups}
+                conns = {name: cast(AsyncLinkConnection, cache.links.data(name)) for name in groups}
                 self.sent_at = time.monotonic()
                 cache.links.reads += 1
                 cache.links.busy = True
@@ -443,5 +484,7 @@ def _as_is(replies: list[ReplyOrError]) -> list[ReplyOrError]:
 
 
 def _close_link(link: LinkState) -> None:
+    if link.reader is not None:
+        link.reader.close()  # before the socket: its descriptor may be reused at once
     link.inval.close()
     async_close_link(link.data)

@@ -1,25 +1,39 @@
-"""The room-status store's public methods, on the one send path (:mod:`kvstatus._async.sender`); the sync
-:class:`StatusStore` is generated from this file by tools/unasync.py."""
+"""The room-status store's public methods, on the one send path (:mod:`kvstatus._async.sender`), and ``wait_for``'s
+driver (:func:`async_wait_for`); the sync :class:`StatusStore` is generated from this file by tools/unasync.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Optional, TypeVar
 
 from kvstatus._async.leases import AsyncLeaseKeeper, AsyncPresence
 from kvstatus._async.nearcache import AsyncNearCache
 from kvstatus._async.sender import AsyncSender
-from kvstatus._async.waiting import async_wait_for
 from kvstatus.backend import AsyncClient
-from kvstatus.concurrency import AsyncGate
+from kvstatus.cachestate import NearCacheOptions
+from kvstatus.concurrency import AsyncGate, AsyncSignal, async_checkpoint, async_sleep
 from kvstatus.connection import connect_async
 from kvstatus.consensus import consensus_calls
+from kvstatus.deadline import DEADLINE
 from kvstatus.errors import InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.model import CancelResult, FailureRecord, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
 from kvstatus.storebase import StoreBase
+from kvstatus.waits import (
+    CLOCK,
+    POLL_INTERVAL_SECONDS,
+    READ,
+    RECEIVE,
+    RECHECK_SECONDS,
+    WATCH,
+    check_timeout,
+    step_deadline,
+    target_statuses,
+    wait_plan,
+)
 
 T = TypeVar("T")
 
@@ -147,22 +161,39 @@ class AsyncStatusStore(StoreBase):
     ) -> Optional[KVPoll]:
         """Wait until the entry of ``participant`` (default: this store's) in ``room`` has one of ``statuses``;
         return that status, or None when ``timeout`` seconds (None: no limit) pass first. Raises
-        :class:`~kvstatus.errors.BackendUnavailableError` when a step (a watch and the read after it) meets a hung
-        server: each ends by ``min(deadline, timeout)`` seconds, given at least 0.5 s. How it watches:
+        :class:`~kvstatus.errors.BackendUnavailableError` when a read meets a hung server: each ends by
+        ``min(deadline, timeout)`` seconds, given at least 0.5 s. How it watches:
         docs/guide.md ("Waiting for a status: `wait_for`")."""
         who = self.participant if participant is None else validate_name(participant, "participant")
-        key = self._core.schema.room_key(validate_room(room))
-        reader = self.uncached(who)
-        return await async_wait_for(
-            self.client,
-            self.backend.watches,
-            key,
-            who,
-            statuses,
-            timeout,
-            read=lambda: reader.get(room),
-            deadline=self.options.deadline,
-        )
+        room = validate_room(room)
+        cache = self._near if self._near is not None else self._waits_cache()
+        if cache is not None:
+            seen = (who, self.shared_fate)
+            return await async_wait_for(
+                cache, room, who, statuses, timeout, lambda: cache.get(room, seen), self.options.deadline
+            )
+        plain = self.uncached(who)
+        return await async_wait_for(None, room, who, statuses, timeout, lambda: plain.get(room), self.options.deadline)
+
+    def _waits_cache(self) -> Optional[AsyncNearCache]:
+        """The near cache the waits of a store without its own watch on: one per backend and namespace, made by the
+        first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
+        if type(self.client).__module__.startswith("fakeredis"):
+            return None
+        schema = self._core.schema
+
+        def make() -> AsyncNearCache:  # its own sender: the store's observer sees no cache it did not turn on
+            sender = AsyncSender(
+                self.client,
+                self.options,
+                cluster=self._core.cluster,
+                functions=False,
+                metrics=None,
+                gate=self.backend.gate(AsyncGate),
+            )
+            return AsyncNearCache(self.client, schema, NearCacheOptions(), sender)
+
+        return self.backend.shared(f"wait cache {schema.base}", AsyncNearCache, make, AsyncNearCache.shut)
 
     async def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
         """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""
@@ -234,3 +265,58 @@ class AsyncStatusStore(StoreBase):
     async def _send(self, request: Request[T], operation: str = "other") -> T:
         """Send ``request`` on this store's send path (for the admin tools: sweeps, listings)."""
         return await self._sender.send(request, operation)
+
+
+async def async_wait_for(
+    cache: Optional[AsyncNearCache],
+    room: int,
+    participant: str,
+    statuses: KVPoll | int | Iterable[KVPoll | int],
+    timeout: Optional[float],
+    read: Callable[[], Awaitable[Optional[KVPoll]]],
+    deadline: float,
+    recheck: float = RECHECK_SECONDS,
+    poll_interval: float = POLL_INTERVAL_SECONDS,
+) -> Optional[KVPoll]:
+    """``wait_for``'s driver: performs the actions of :func:`kvstatus.waits.wait_plan`, the watch on ``cache`` and
+    each read within :func:`kvstatus.waits.step_deadline` (docs/guide.md, "Waiting for a status: `wait_for`").
+
+    Wait until ``participant``'s entry in the validated ``room`` is one of ``statuses``; return it, or None
+    after ``timeout`` seconds (None: no limit). ``read()`` reads the entry through ``cache`` (None: no cache can
+    watch, so the wait polls every ``poll_interval`` seconds); ``deadline`` (seconds) bounds each read."""
+    plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
+    ends = time.monotonic() + check_timeout(timeout)
+    signal = AsyncSignal()
+    wake = signal.set
+    watching = False
+    reply: object = None
+    try:
+        while True:
+            async_checkpoint()  # a cancel that a step swallowed (see there) ends the wait here
+            try:
+                action = plan.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if action[0] == CLOCK:
+                reply = time.monotonic()
+            elif action[0] == WATCH:
+                signal.clear()  # before the read: a change after it wakes the wait
+                if not watching and cache is not None:
+                    watching = cache.watch(room, wake)
+                reply = watching and cache is not None and cache.refused is None and not cache.closed
+            elif action[0] == READ:
+                step = DEADLINE.set(step_deadline(ends, deadline))  # the send path keeps the earlier one
+                try:
+                    reply = await read()
+                finally:
+                    DEADLINE.reset(step)
+            elif action[0] == RECEIVE:
+                await signal.wait(action[1])
+                reply = None
+            else:
+                await async_sleep(action[1])
+                reply = None
+    finally:
+        plan.close()
+        if watching and cache is not None:
+            cache.unwatch(room, wake)

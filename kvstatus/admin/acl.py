@@ -33,14 +33,15 @@ reads the server version from ``HELLO``.
   Failed and acquiring a lease). ACL cannot limit ``FCALL`` to one function, nor ``HSET`` to Lua: see
   docs/security.md for what a router can still do inside its namespace
 - :data:`SCAN`  what ``ls``, ``stats``, ``watch``, the exporter and the board walk the namespace with
-- :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections, and ``wait_for``'s watch
-  (no channel: invalidations arrive as RESP3 pushes). Left out by ``near_cache=False``: on the
+- :data:`NEAR_CACHE`  the near cache's tracking and invalidation connections, which ``wait_for`` watches on
+  too (no channel: invalidations arrive as RESP3 pushes). Left out by ``near_cache=False``: on the
   Redis versions kvstatus supports, ACL key patterns do not cover
   ``CLIENT TRACKING ... BCAST PREFIX``, so a user allowed ``client|tracking``
   receives the key names (room ids) written under any prefix, another
   namespace's included (upstream redis/redis#15371 filters them, 2026). A
   store of such a user runs without its near cache, and its ``wait_for`` polls.
-- :data:`WAIT`  ``wait_for``'s arm: the tracked read of the room key
+- :data:`HEALTH`  what ``kvstatus health`` and the board read beyond the store: whether a tombstone's room is
+  gone (``EXISTS``)
 
 - :data:`PRESENCE`  a lease holder's presence (:class:`kvstatus._async.leases.AsyncPresence`): it subscribes to its own
   channel under ``<prefix>:<namespace>:presence:``, and counts its peers' with ``PUBSUB NUMSUB``; the worker
@@ -67,11 +68,11 @@ READS: tuple[str, ...] = ("hget", "hmget", "hgetall", "pttl", "time")
 WRITES: tuple[str, ...] = ("hexists", "hset", "hsetnx", "hdel", "hincrby", "pexpire")
 ROUTER_WRITES: tuple[str, ...] = ("hset", "hsetnx", "pexpire")  # lua/cancel.lua (and its TIME, in READS)
 SCAN: tuple[str, ...] = ("scan",)
-# The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE), and wait_for's watch gets
-# its pushes in-band: neither subscribes to anything, so nothing a tenant publishes reaches another's cache.
+# The invalidation connection is a RESP3 REDIRECT target (HELLO 3 is in HANDSHAKE): it subscribes to nothing, so
+# nothing a tenant publishes reaches another's cache or wait.
 NEAR_CACHE: tuple[str, ...] = ("client|tracking", "client|id", "role")  # ROLE: a Sentinel master's demotion
 PRESENCE: tuple[str, ...] = ("subscribe", "ssubscribe", "pubsub|numsub", "pubsub|shardnumsub")
-WAIT: tuple[str, ...] = ("exists",)  # wait_for arms its CLIENT TRACKING watch by reading the room key
+HEALTH: tuple[str, ...] = ("exists",)  # kvstatus health and the board: a tombstone read without its room
 SENTINEL_COMMANDS: tuple[str, ...] = (
     "ping",
     "sentinel|get-master-addr-by-name",
@@ -89,7 +90,7 @@ def _near_cache(near_cache: bool) -> tuple[str, ...]:
 def read_only_commands(scripts: str = "functions", near_cache: bool = True) -> tuple[str, ...]:
     """Commands of a dashboard or CLI user that reads statuses (``get``, ``ls``, ``stats``, ``watch``), never writes."""
     lua = FUNCTIONS_READ_ONLY if validate_script_mode(scripts) == "functions" else EVAL_SCRIPTS
-    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + SCAN + _near_cache(near_cache) + WAIT)
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + SCAN + _near_cache(near_cache) + HEALTH)
 
 
 def read_write_commands(scripts: str = "functions", near_cache: bool = True) -> tuple[str, ...]:
@@ -98,7 +99,7 @@ def read_write_commands(scripts: str = "functions", near_cache: bool = True) -> 
         lua: tuple[str, ...] = FUNCTIONS
     else:
         lua = EVAL_SCRIPTS + SCAN
-    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + WAIT + PRESENCE)
+    return _unique(HANDSHAKE + CLUSTER_DISCOVERY + lua + READS + WRITES + _near_cache(near_cache) + HEALTH + PRESENCE)
 
 
 def router_commands(scripts: str = "functions", near_cache: bool = False) -> tuple[str, ...]:
@@ -143,7 +144,7 @@ def acl_rules(
     "eval" the recipe for Redis 6 or a server of one tenant. ``password``
     None leaves the password out (add ``>secret`` yourself); keys are limited
     to ``<prefix>:<namespace>:*``, and channels to the worker's presence channels (``&<prefix>:<namespace>:presence:*``).
-    ``near_cache`` False leaves out what only the near cache and ``wait_for``'s watch need (``client|tracking``,
+    ``near_cache`` False leaves out what only the near cache (and ``wait_for``'s watch on one) needs (``client|tracking``,
     ``client|id``, ``role``): no key names of other namespaces through tracking, no near cache, and a
     ``wait_for`` that polls every 50 ms; None (the default) means
     True, except for a ``router``. ``read_only`` is the dashboard's recipe, ``router`` the router's

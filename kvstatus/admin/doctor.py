@@ -9,6 +9,7 @@ in room :data:`PROBE_ROOM`) with a short TTL, cleared afterwards. ``ls``,
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -19,10 +20,8 @@ from redis.sentinel import SentinelConnectionPool
 
 from kvstatus import scripts as lua
 from kvstatus._sync.store import StatusStore
-from kvstatus._sync.waiting import RoomWatch
 from kvstatus.admin.reads import Link, client_of, iter_room_keys, round_trip, scan_clients
 from kvstatus.arguments import DEFAULT_TTL_SECONDS
-from kvstatus.backend import WatchPool
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT, KeySchema
 from kvstatus.model import KVPoll, RoomView
@@ -31,7 +30,7 @@ from kvstatus.translate import REDIS_ERRORS, translate_error
 
 PROBE_ROOM = MAX_ROOM
 PROBE_TTL_SECONDS = 30.0
-DOCTOR_STEP_SECONDS = 2.0  # how long the wait_for check waits for the watch to arm, and for its push
+DOCTOR_STEP_SECONDS = 2.0  # how long the wait_for check waits for the server's push of the probe room's change
 MIN_VERSION = (6, 0)
 # SGLang's bootstrap and waiting timeouts; a room TTL below them could expire a live request.
 SGLANG_TIMEOUT_SECONDS = 300.0
@@ -456,33 +455,41 @@ def near_cache_check(client: Any, schema: KeySchema) -> Check:
 
 
 def wait_check(client: Any, schema: KeySchema, write: bool = True, scripts: str = "eval") -> Check:
-    """Whether wait_for is told of changes: watch the probe room's key (CLIENT TRACKING), update it, see the
-    invalidation. ``write`` False (a read-only user): only the watch is checked. Only a failed probe write
-    fails: without the watch wait_for still works, by polling every 50 ms, and the detail says so."""
+    """Whether wait_for is told of changes: a near cache reads the probe room (Redis then tracks it), the probe
+    entry is written, and the server's invalidation must reach the cache. ``write`` False (a read-only user): only
+    the tracked read is checked. Only a failed probe write fails: without pushes wait_for still works, by
+    polling every 50 ms, and the detail says so."""
+    watcher = probe_store(client, schema, near_cache=True)
     store = probe_store(client, schema, scripts=scripts)
-    watches = WatchPool()  # the probe's own: the caller's backend keeps its watch connections open
-    watch = RoomWatch(client_of(client), watches, schema.room_key(PROBE_ROOM))
+    cache = watcher.near_cache
+    assert cache is not None
+    pushed = threading.Event()
     try:
-        if not watch.ready(time.monotonic() + DOCTOR_STEP_SECONDS):
-            if not watch.refused:  # the server, not this user: a broken or silent connection
-                return Check("wait_for push", False, f"could not watch the probe room: {watch.error}")
+        ok, why = _attempt(client, lambda: watcher.get(PROBE_ROOM))
+        if cache.refused:
             return Check(
                 "wait_for push",
                 True,
-                f"not available to this user: cannot watch a room ({watch.refused}); wait_for polls "
-                "every 50 ms instead (needs +client|tracking +exists)",
+                f"not available to this user: cannot watch a room ({cache.refused}); wait_for polls "
+                "every 50 ms instead (needs +client|tracking +client|id)",
                 warning=True,
             )
+        if not ok:
+            return Check("wait_for push", False, f"could not watch the probe room: {why}")
         if not write:
             return Check("wait_for push", True, "waiters can watch rooms (read-only user)")
+        before = cache.state.pushed
+        cache.watch(PROBE_ROOM, pushed.set)
         ok, why = _attempt(client, lambda: store.update_status(PROBE_ROOM, KVPoll.Bootstrapping))
         if not ok:
             return Check("wait_for push", False, f"could not write the probe entry: {why}")
-        if not watch.changed(DOCTOR_STEP_SECONDS):
+        ends = time.monotonic() + DOCTOR_STEP_SECONDS
+        while cache.state.pushed == before and pushed.wait(max(0.0, ends - time.monotonic())):
+            pushed.clear()  # woken by something else (a link reset empties the cache): wait on
+        if cache.state.pushed == before:
             return Check("wait_for push", False, "the server did not tell the watch of the probe room's change")
         return Check("wait_for push", True, "changes are pushed to waiters")
     finally:
-        watch.close()
-        watches.close()
+        cache.close()
         if write:
             _attempt(client, lambda: store.clear(PROBE_ROOM))

@@ -1,7 +1,7 @@
 """What the board's room endpoints read and answer: bounded pages over SCAN, a room as JSON, stuck rooms, pairs.
 
 Every read here is one the read-only ACL user of :mod:`kvstatus.admin.acl` may send: SCAN, HGETALL, PTTL,
-EXISTS (in the recipe for ``wait_for``) and TIME (Redis' clock, the one the timelines are written by).
+EXISTS (in the recipe for them) and TIME (Redis' clock, the one the timelines are written by).
 
 - :func:`scan_page` walks the namespace from a cursor and keeps what a picker makes of each room, within a
   budget: at most :data:`MAX_SCAN_STEPS` SCAN calls and about :data:`MAX_PAGE_READS` rooms read per page.

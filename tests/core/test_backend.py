@@ -1,4 +1,4 @@
-"""kvstatus.Backend: what the stores on one client share (the cluster gate, wait_for's watch connections),
+"""kvstatus.Backend: what the stores on one client share (the cluster gate, the near cache their waits watch on),
 held by the backend itself rather than hung on the redis-py client."""
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ pytestmark = pytest.mark.real
 
 
 def _watch_connections(admin: redis.Redis) -> set[int]:
-    """IDs of the server's wait_for watch connections: tracking on (flag ``t``) with no REDIRECT (a near
-    cache's data connection names its target)."""
-    return {int(c["id"]) for c in admin.client_list() if "t" in c["flags"] and c.get("redir") == "0"}
+    """IDs of the server's near-cache connections: each tracked data connection (flag ``t``, a REDIRECT) and the
+    invalidation connection it redirects to."""
+    tracked = [c for c in admin.client_list() if "t" in c["flags"]]
+    return {int(c["id"]) for c in tracked} | {
+        int(c["redir"]) for c in tracked if c.get("redir") not in (None, "0", "-1")
+    }
 
 
 def test_stores_on_one_backend_share_its_gate_and_a_store_on_the_client_has_its_own(
@@ -64,7 +67,7 @@ def test_a_backend_carries_its_options_and_is_not_wrapped_twice(redis_server: Re
     assert StatusStore(backend, namespace="be").options.deadline == 2
 
 
-def test_waits_of_the_stores_on_a_backend_share_one_watch_connection_closed_with_it(
+def test_waits_of_the_stores_on_a_backend_share_one_near_cache_closed_with_it(
     redis_server: RedisServer,
 ) -> None:
     admin = redis_server.client()
@@ -76,7 +79,7 @@ def test_waits_of_the_stores_on_a_backend_share_one_watch_connection_closed_with
     assert serving.wait_for(3, KVPoll.Success, timeout=5, participant="prefill-0") == KVPoll.Success
     assert other.wait_for(3, KVPoll.Success, timeout=5) == KVPoll.Success
     opened = _watch_connections(admin) - before
-    assert len(opened) == 1  # one watch connection for both stores' waits
+    assert len(opened) == 2  # one near cache (a data and an invalidation connection) for both stores' waits
     other.clear(3)
     serving.close()
     assert not (_watch_connections(admin) & opened)
@@ -114,8 +117,8 @@ def test_uncached_reads_redis_on_the_same_backend(redis_server: RedisServer) -> 
 
 
 def test_the_doctor_leaves_the_callers_backend_open(redis_server: RedisServer) -> None:
-    """The doctor's wait_for check watches on a pool of its own: the backend it is given keeps its watch
-    connections (a closed pool would close each new one after its wait, and waits would open one each time)."""
+    """The doctor's wait_for check watches on a near cache of its own, closed after it: the backend it is given
+    keeps the cache its waits watch on, opened by the first wait and reused by the next."""
     from kvstatus.admin.doctor import run_checks
     from kvstatus.keys import KeySchema
 
@@ -128,10 +131,13 @@ def test_the_doctor_leaves_the_callers_backend_open(redis_server: RedisServer) -
     before = _watch_connections(admin)
     store.update_status(6, KVPoll.Success)
     assert store.wait_for(6, KVPoll.Success, timeout=5) == KVPoll.Success
-    assert len(_watch_connections(admin) - before) == 1  # kept in the backend's pool for the next wait
+    opened = _watch_connections(admin) - before
+    assert len(opened) == 2  # the backend's near cache for waits: a data and an invalidation connection
+    assert store.wait_for(6, KVPoll.Success, timeout=5) == KVPoll.Success
+    assert _watch_connections(admin) - before == opened  # the next wait reuses them
     store.clear(6)
     store.close()  # Redis drops a closed client on its next turn: CLIENT LIST may show it a moment longer
-    eventually(lambda: not (_watch_connections(admin) - before), what="the store's watch connection closed")
+    eventually(lambda: not (_watch_connections(admin) & opened), what="the waits' near cache closed")
 
 
 def test_the_admin_reads_on_a_backend_share_one_sender(redis_server: RedisServer) -> None:

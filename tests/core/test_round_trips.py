@@ -16,7 +16,6 @@ import redis.connection
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.storebase import StoreBase
-from kvstatus.waits import Ticket, WatchHub
 from tests.helpers.backends import fresh_namespace
 
 pytestmark = pytest.mark.real
@@ -55,14 +54,6 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    arm = WatchHub.arm  # wait_for's watch sends its arm on its hub's socket, past redis-py
-
-    def counting_arm(self: WatchHub, ticket: Ticket) -> None:
-        if threading.get_ident() == me:
-            counted[0] += 1
-        arm(self, ticket)
-
-    monkeypatch.setattr(WatchHub, "arm", counting_arm)
     yield counted
 
 

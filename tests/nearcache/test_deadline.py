@@ -159,7 +159,7 @@ def test_every_read_path_answers_under_client_pause_write(server: RedisServer, p
             assert result == expected[path]
 
 
-@pytest.mark.parametrize("pooled", [False, True], ids=["new-watch", "pooled-watch"])
+@pytest.mark.parametrize("pooled", [False, True], ids=["new-cache", "open-cache"])
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_wait_for_keeps_its_timeout_on_an_already_hung_server(
     server: RedisServer, asynchronous: bool, pooled: bool
@@ -167,8 +167,8 @@ def test_wait_for_keeps_its_timeout_on_an_already_hung_server(
     """Issue 19 item 3: wait_for(timeout=1) returned after 41.5 s when Redis was hung for 40 s before the call
     (its subscription connected outside any deadline). Each step now ends by the wait's end (at least
     MIN_STEP_SECONDS), so with the store's default 5 s deadline it gives up about when its timeout ends.
-    ``pooled``: an earlier wait left its watch connection idle in the pool; its arm, unanswered, ends by the
-    same step deadline, and so does the new connection that replaces it."""
+    ``pooled``: an earlier wait left the waits' near cache open, its link idle; the read on it, unanswered, ends by
+    the same step deadline, and so does the new link that replaces it."""
     settings = dict(namespace=fresh_namespace("wt"), participant="p")
     loop = asyncio.new_event_loop() if asynchronous else None
     store: Any = (AsyncStatusStore if asynchronous else StatusStore).from_url(server.url, **settings)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.waits import CLOCK, READ, RECEIVE, WATCH, wait_plan
+from kvstatus.waits import CLOCK, READ, RECEIVE, SLEEP, WATCH, wait_plan
 from tests.nearcache.helpers import eventually
 
 
@@ -52,22 +52,35 @@ def test_a_waiter_is_woken_by_a_peer_failing_the_room(writer: StatusStore) -> No
 
 
 @pytest.mark.unit
-def test_the_plan_reads_at_once_when_the_room_changes() -> None:
+def test_the_plan_watches_then_reads_after_each_wake() -> None:
     plan = wait_plan("decode-0", frozenset({KVPoll.Success, KVPoll.Failed}), timeout=60, recheck=30)
     assert next(plan) == (CLOCK, None)
-    assert plan.send(0.0) == (WATCH, None)
+    assert plan.send(0.0) == (WATCH, None)  # watch first, then read: a change after the read wakes the wait
     assert plan.send(True) == (READ, None)
     assert plan.send(KVPoll.Transferring) == (CLOCK, None)
-    assert plan.send(0.1) == (RECEIVE, pytest.approx(29.9))
-    assert plan.send(False) == (CLOCK, None)  # nothing changed yet: keep waiting
-    assert plan.send(0.2)[0] == RECEIVE
-    assert plan.send(True) == (READ, None)  # the room changed (a peer's progress): read at once
-    assert plan.send(KVPoll.Transferring) == (CLOCK, None)  # not yet: watch again, then read once more
-    assert plan.send(0.3) == (WATCH, None)
+    assert plan.send(0.1) == (RECEIVE, 30)  # until the room changes, or the recheck
+    assert plan.send(None) == (WATCH, None)  # woken (a peer's progress): watch again, then read
     assert plan.send(True) == (READ, None)
     assert plan.send(KVPoll.Transferring) == (CLOCK, None)
-    assert plan.send(0.4)[0] == RECEIVE
+    assert plan.send(59.5) == (RECEIVE, pytest.approx(0.5))  # never past the wait's end
+    assert plan.send(None) == (WATCH, None)
     assert plan.send(True) == (READ, None)  # a peer's Failed: under shared fate this read answers Failed
     with pytest.raises(StopIteration) as stop:
         plan.send(KVPoll.Failed)
     assert stop.value.value is KVPoll.Failed
+
+
+@pytest.mark.unit
+def test_the_plan_polls_when_nothing_can_watch_and_ends_at_its_timeout() -> None:
+    plan = wait_plan("decode-0", frozenset({KVPoll.Success}), timeout=1, recheck=30, poll_interval=0.05)
+    assert next(plan) == (CLOCK, None)
+    assert plan.send(0.0) == (WATCH, None)
+    assert plan.send(False) == (READ, None)  # no cache can watch (the ACL refused tracking, fakeredis)
+    assert plan.send(None) == (CLOCK, None)
+    assert plan.send(0.2) == (SLEEP, 0.05)
+    assert plan.send(None) == (WATCH, None)
+    assert plan.send(False) == (READ, None)
+    assert plan.send(KVPoll.Transferring) == (CLOCK, None)
+    with pytest.raises(StopIteration) as stop:
+        plan.send(1.0)  # the wait's end: None, after the last read
+    assert stop.value.value is None

@@ -52,12 +52,15 @@ def _told_by_push(store: StatusStore, room: int) -> None:
     can deliver it (the update comes after the waiter's first read)."""
     import threading
 
-    from kvstatus._sync.waiting import wait_for
+    from kvstatus._sync.store import wait_for
 
     read_once = threading.Event()
 
+    cache = store._waits_cache()
+    assert cache is not None
+
     def read() -> object:
-        status = store.get(room)
+        status = cache.get(room, ("w", True))
         read_once.set()
         return status
 
@@ -67,10 +70,7 @@ def _told_by_push(store: StatusStore, room: int) -> None:
 
     thread = threading.Thread(target=update, daemon=True)
     thread.start()
-    key = store._core.schema.room_key(room)
-    assert wait_for(
-        store.client, store.backend.watches, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60
-    ) == (KVPoll.Success)
+    assert wait_for(cache, room, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
     thread.join()
 
 
@@ -116,8 +116,8 @@ def test_cluster_cache_follows_every_shard_and_a_moved_slot() -> None:
 
 @pytest.mark.real
 def test_cluster_wait_for_is_told_by_the_node_of_each_room() -> None:
-    """The watch connects to the room's own primary: with the recheck beyond the wait, only that node's
-    invalidation can wake the waiter, for a room on every primary."""
+    """The waits' near cache reads each room on its own primary: with the recheck beyond the wait, only that
+    node's invalidation can wake the waiter, for a room on every primary."""
     with RedisClusterServers(masters=3) as cluster:
         namespace = fresh_namespace("nc")
         with StatusStore.from_url(cluster.url, namespace=namespace, participant="w") as writer:

@@ -1,5 +1,5 @@
-"""wait_for: woken by CLIENT TRACKING when its room changes, times out cleanly, survives a broken watch,
-and the writers publish nothing for it."""
+"""wait_for: woken by CLIENT TRACKING when its room changes (on a near cache: the store's own, or the one its
+backend keeps for waits), times out cleanly, survives a broken link, and the writers publish nothing for it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Optional
 import pytest
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
-from kvstatus._sync.waiting import wait_for
+from kvstatus._sync.store import wait_for
 from kvstatus.admin.acl import acl_rules
 from kvstatus.errors import InvalidArgumentError
 from tests.nearcache.helpers import eventually
@@ -32,18 +32,31 @@ def _later(seconds: float, action) -> threading.Thread:  # noqa: ANN001
 
 
 def _watches(raw: Any) -> list[int]:
-    """IDs of the server's watch connections: tracking on (flag ``t``) with no REDIRECT (``redir=0``; a near cache's names its target)."""
-    return [int(c["id"]) for c in raw.client_list() if "t" in c["flags"] and c.get("redir") == "0"]
+    """IDs of the server's near-cache connections: each tracked data connection (flag ``t``) and the invalidation
+    connection its REDIRECT names."""
+    tracked = [c for c in raw.client_list() if "t" in c["flags"]]
+    return sorted({int(c["id"]) for c in tracked} | {int(c["redir"]) for c in tracked if int(c.get("redir", 0)) > 0})
+
+
+def _invalidations(raw: Any) -> list[int]:
+    """IDs of the invalidation connections the server's tracked connections redirect to."""
+    return sorted({int(c["redir"]) for c in raw.client_list() if "t" in c["flags"] and int(c.get("redir", 0)) > 0})
+
+
+def _cache_of(store: StatusStore) -> Any:
+    cache = store.near_cache or store._waits_cache()
+    assert cache is not None
+    return cache
 
 
 def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
     others = set(_watches(raw))  # other tests' stores, not yet collected
-    key = writer._core.schema.room_key(1)
+    cache = _cache_of(writer)
     first_read, reads = threading.Event(), []
 
     def read() -> Optional[KVPoll]:
-        reads.append(writer.get(1))
+        reads.append(cache.get(1, ("w", True)))
         first_read.set()
         return reads[-1]
 
@@ -54,27 +67,16 @@ def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, r
 
     thread = _later(0, update)
     # a recheck and a poll interval beyond the timeout: only CLIENT TRACKING's invalidation can wake it
-    got = wait_for(
-        writer.client,
-        writer.backend.watches,
-        key,
-        "w",
-        [KVPoll.Transferring, KVPoll.Success],
-        30,
-        read,
-        5.0,
-        recheck=60,
-        poll_interval=60,
-    )
+    got = wait_for(cache, 1, "w", [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60, poll_interval=60)
     thread.join()
     assert got == KVPoll.Transferring
-    assert reads[0] is None and 2 <= len(reads) <= 4  # the first, then one or two per change it was told of
+    assert reads[0] is None and 2 <= len(reads) <= 3  # the first, then one per change it was told of
     ours = set(_watches(raw)) - others
-    assert len(ours) == 1  # the watch connection went back to the client's pool
+    assert len(ours) == 2  # the backend's near cache for waits: a data and an invalidation connection, kept
     writer.close()
     # and closed with the store (another test's thread may open its own); Redis drops a closed client on its next
     # turn, so CLIENT LIST may show it a moment after close() returned
-    eventually(lambda: ours.isdisjoint(_watches(raw)), what="the store's watch connection gone from CLIENT LIST")
+    eventually(lambda: ours.isdisjoint(_watches(raw)), what="the waits' near cache gone from CLIENT LIST")
 
 
 def test_returns_at_once_when_already_there_and_watches_another_participant(writer: StatusStore) -> None:
@@ -96,18 +98,18 @@ def test_times_out_cleanly(writer: StatusStore, redis_server: RedisServer) -> No
     assert time.monotonic() - start >= 0.3
     writer.update_status(3, KVPoll.Transferring)  # another participant's change is not what it waits for
     assert writer.for_participant("x").wait_for(3, KVPoll.Transferring, timeout=0.2) is None
-    assert len(set(_watches(raw)) - others) == 1  # one, idle in the pool
+    assert len(set(_watches(raw)) - others) == 2  # the waits' near cache, idle
     for _ in range(writer.client.connection_pool.max_connections + 10):  # no connection is leaked or counted
         assert writer.wait_for(3, KVPoll.Success, timeout=0) is None
-    assert len(set(_watches(raw)) - others) == 1
+    assert len(set(_watches(raw)) - others) == 2
 
 
-def test_survives_a_killed_watch(writer: StatusStore, redis_server: RedisServer) -> None:
+def test_survives_a_killed_invalidation_connection(writer: StatusStore, redis_server: RedisServer) -> None:
     raw = redis_server.client()
-    others = set(_watches(raw))
+    others = set(_invalidations(raw))
 
     def kill_then_update() -> None:
-        (watch,) = eventually(lambda: set(_watches(raw)) - others)
+        (watch,) = eventually(lambda: set(_invalidations(raw)) - others)
         raw.execute_command("CLIENT", "KILL", "ID", watch)
         time.sleep(0.1)
         writer.update_status(4, KVPoll.WaitingForInput)
@@ -178,11 +180,12 @@ def test_the_recipe_user_gets_pushes_and_the_cache(redis_server: RedisServer, na
         url = f"redis://nc-recipe:pw-nc@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, participant="w", near_cache=True) as store:
             assert store.get(7) is None
-            others = set(_watches(admin))
+            cache = store.near_cache
+            assert cache is not None
             writer = _later(
                 0.1,
                 lambda: (
-                    eventually(lambda: set(_watches(admin)) - others),
+                    eventually(lambda: cache.state.waiters, what="the wait watching room 7"),
                     store.update_status(7, KVPoll.Bootstrapping),
                 ),
             )
@@ -231,137 +234,128 @@ def test_doctor_names_what_a_user_without_tracking_lacks(redis_server: RedisServ
         admin.execute_command("ACL", "DELUSER", "nc-old")
 
 
-def test_waits_reuse_one_watch_connection_and_a_dead_one_is_replaced(
+def test_waits_reuse_the_backends_near_cache_and_a_dead_link_is_replaced(
     writer: StatusStore, redis_server: RedisServer
 ) -> None:
     raw = redis_server.client()
     others = set(_watches(raw))
     writer.update_status(10, KVPoll.Success)
     assert writer.wait_for(10, KVPoll.Success, timeout=5) == KVPoll.Success
-    (first,) = set(_watches(raw)) - others  # given back to the pool, open
+    first = set(_watches(raw)) - others  # the waits' near cache, kept open
     for _ in range(5):
         assert writer.wait_for(10, KVPoll.Success, timeout=5) == KVPoll.Success
-    assert set(_watches(raw)) - others == {first}
-    raw.execute_command("CLIENT", "KILL", "ID", first)  # the pooled connection dies while idle
+    assert set(_watches(raw)) - others == first
+    (inval,) = set(_invalidations(raw)) & first
+    raw.execute_command("CLIENT", "KILL", "ID", inval)  # the link dies while no wait runs
 
-    key = writer._core.schema.room_key(11)
+    cache = _cache_of(writer)
     first_read = threading.Event()
 
     def read() -> Optional[KVPoll]:
         first_read.set()
-        return writer.get(11)
+        return cache.get(11, ("w", True))
 
     thread = _later(0, lambda: (first_read.wait(30), writer.update_status(11, KVPoll.Success)))
-    # push only (recheck and poll beyond the wait): the dead idle connection was replaced, not trusted
-    assert wait_for(
-        writer.client, writer.backend.watches, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60
-    ) == (KVPoll.Success)
+    # push only (recheck and poll beyond the wait): the dead link was replaced, not trusted
+    assert wait_for(cache, 11, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
     thread.join()
-    (replaced,) = set(_watches(raw)) - others
-    assert replaced != first
+    replaced = set(_watches(raw)) - others
+    assert len(replaced) == 2 and not replaced & first
 
 
-def test_a_reused_watch_ignores_the_key_it_watched_before(writer: StatusStore, redis_server: RedisServer) -> None:
+def test_a_change_of_another_room_wakes_no_wait(writer: StatusStore, redis_server: RedisServer) -> None:
     writer.update_status(20, KVPoll.Bootstrapping)
     assert writer.wait_for(20, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping  # room 20 stays tracked
+    cache = _cache_of(writer)
     first_read, reads = threading.Event(), []
 
     def read() -> Optional[KVPoll]:
         first_read.set()
-        reads.append(writer.get(21))
+        reads.append(cache.get(21, ("w", True)))
         return reads[-1]
 
     def update() -> None:
         first_read.wait(30)
-        for peer in ("decode-0", "decode-1"):  # room 20: the pooled connection's earlier key
+        for peer in ("decode-0", "decode-1"):  # room 20: tracked by the same cache
             writer.for_participant(peer).update_status(20, KVPoll.WaitingForInput)
         writer.update_status(21, KVPoll.Success)
 
     thread = _later(0, update)
-    key = writer._core.schema.room_key(21)
-    assert wait_for(
-        writer.client, writer.backend.watches, key, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60
-    ) == (KVPoll.Success)
+    assert wait_for(cache, 21, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
     thread.join()
     assert reads == [None, KVPoll.Success]  # room 20's writes woke nothing: one read for room 21's change
 
 
-def test_a_user_of_the_old_recipe_without_exists_polls_without_reconnecting(
-    redis_server: RedisServer, namespace: str
-) -> None:
-    """A recipe from before the watch (no +exists) gets NOPERM on the arm: the wait polls on, and opens no
+def test_a_user_without_tracking_polls_without_reconnecting(redis_server: RedisServer, namespace: str) -> None:
+    """The server refuses the waits' near cache its CLIENT TRACKING once: the waits poll on, and open no
     connection per poll."""
     admin = redis_server.client()
-    rules = [r for r in acl_rules(namespace, password="pw-nc", scripts="eval") if r != "+exists"]
-    admin.execute_command("ACL", "SETUSER", "nc-noexists", *rules)
+    rules = acl_rules(namespace, password="pw-nc", scripts="eval") + ["-client|tracking"]
+    admin.execute_command("ACL", "SETUSER", "nc-notrack2", *rules)
     try:
-        url = f"redis://nc-noexists:pw-nc@{redis_server.host}:{redis_server.port}/0"
+        url = f"redis://nc-notrack2:pw-nc@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, participant="w") as store:
             store.update_status(12, KVPoll.Bootstrapping)
             opened = int(admin.info("stats")["total_connections_received"])
             assert store.wait_for(12, KVPoll.Success, timeout=1.0) is None  # 20 polls of 50 ms
             assert int(admin.info("stats")["total_connections_received"]) - opened <= 3
+            assert _cache_of(store).refused
     finally:
-        admin.execute_command("ACL", "DELUSER", "nc-noexists")
+        admin.execute_command("ACL", "DELUSER", "nc-notrack2")
 
 
-def test_a_pooled_watch_refused_its_arm_opens_no_other(redis_server: RedisServer, namespace: str) -> None:
-    """The ACL takes +exists away while a watch idles in the pool: the next wait polls, and asks no new
-    connection of the server (which would be refused the same)."""
+def test_tracking_taken_away_keeps_the_open_link(redis_server: RedisServer, namespace: str) -> None:
+    """The ACL takes +client|tracking away while the waits' near cache idles: its link tracks on, and the next
+    wait asks no new connection of the server (which would be refused)."""
     admin = redis_server.client()
     admin.execute_command("ACL", "SETUSER", "nc-lost", *acl_rules(namespace, password="pw-nc", scripts="eval"))
     try:
         url = f"redis://nc-lost:pw-nc@{redis_server.host}:{redis_server.port}/0"
         with StatusStore.from_url(url, namespace=namespace, participant="w") as store:
             store.update_status(13, KVPoll.Bootstrapping)
-            assert store.wait_for(13, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping  # pooled
-            admin.execute_command("ACL", "SETUSER", "nc-lost", "-exists")
+            assert store.wait_for(13, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping
+            admin.execute_command("ACL", "SETUSER", "nc-lost", "-client|tracking")
             opened = int(admin.info("stats")["total_connections_received"])
-            assert store.wait_for(13, KVPoll.Success, timeout=0.5) is None
+            later = _later(0.1, lambda: store.update_status(13, KVPoll.Success))
+            assert store.wait_for(13, KVPoll.Success, timeout=30) == KVPoll.Success
+            later.join()
             assert int(admin.info("stats")["total_connections_received"]) == opened
     finally:
         admin.execute_command("ACL", "DELUSER", "nc-lost")
 
 
-def test_a_watch_and_the_read_after_it_share_one_deadline(writer: StatusStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 36 (Low): ``wait_for(timeout=None)`` on a server hung before the call raised after 2 x the deadline
-    (10 s), the watch's connect and the first read each taking a whole one. A watch and the read after it are one
-    step now: the read runs under the deadline the watch had, so the wait raises about ``deadline`` after it
-    began. Asserted on the deadlines themselves, not on a clock."""
-    from kvstatus._sync import waiting as sync_waiting
+def test_each_read_of_a_wait_ends_by_the_stores_deadline(writer: StatusStore) -> None:
+    """Issue 36 (Low): ``wait_for(timeout=None)`` on a server hung before the call raised after 2 x the deadline.
+    Each read of a wait now runs under its own step deadline: at most ``deadline`` seconds after it starts, and
+    no later than the wait's end unless that leaves less than 0.5 s. Asserted on the deadlines themselves."""
     from kvstatus.deadline import DEADLINE
 
-    watches: list[float] = []
-    ready = sync_waiting.RoomWatch.ready
-
-    def spy(self: Any, until: float) -> bool:
-        watches.append(until)
-        return ready(self, until)
-
-    monkeypatch.setattr(sync_waiting.RoomWatch, "ready", spy)
-    reads: list[Optional[float]] = []
+    cache = _cache_of(writer)
+    steps: list[tuple[float, Optional[float]]] = []
 
     def read() -> Optional[KVPoll]:
-        reads.append(DEADLINE.get())
-        time.sleep(0.01)  # a step that takes time: the next step's deadline is later than this one's
-        return writer.get(30)
+        steps.append((time.monotonic(), DEADLINE.get()))
+        return cache.get(30, ("w", True))
 
-    key = writer._core.schema.room_key(30)
-    assert (
-        wait_for(
-            writer.client,
-            writer.backend.watches,
-            key,
-            "w",
-            KVPoll.Success,
-            0.3,
-            read,
-            5.0,
-            recheck=0.1,
-            poll_interval=0.1,
-        )
-        is None
-    )
-    assert len(watches) >= 2 and len(reads) >= len(watches)
-    assert reads[0] == watches[0]  # the first watch and the first read: one step
-    assert set(watches) <= set(reads)  # every read after a watch kept the watch's deadline
+    assert wait_for(cache, 30, "w", KVPoll.Success, 0.3, read, 5.0, recheck=0.1, poll_interval=0.1) is None
+    assert len(steps) >= 2
+    ends = steps[0][0] + 0.3  # the wait's end is at most this: it was taken before the first read
+    for began, deadline in steps:
+        assert deadline is not None and deadline <= began + 5.0
+        assert deadline <= max(ends, began + 0.5)  # the wait's end, unless that leaves a step less than 0.5 s
+
+
+def test_a_closed_cache_opens_no_link_and_its_waits_poll(writer: StatusStore) -> None:
+    """A wait that outlives its near cache (another store on the backend closed it) reads on without it: the
+    closed cache opens no link that nobody would close, and a new wait on it polls."""
+    writer.update_status(40, KVPoll.Bootstrapping)
+    assert writer.wait_for(40, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping
+    cache = _cache_of(writer)
+    assert cache.links.links
+    cache.shut()
+    assert cache.get(40, ("w", True)) == KVPoll.Bootstrapping
+    assert not cache.links.links and not cache.watch(40, lambda: None)
+    later = _later(0.1, lambda: writer.update_status(40, KVPoll.WaitingForInput))
+    assert writer.wait_for(40, KVPoll.WaitingForInput, timeout=30) == KVPoll.WaitingForInput  # by polling
+    later.join()
+    assert not cache.links.links

@@ -70,7 +70,9 @@ def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, r
     got = wait_for(cache, 1, "w", [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60, poll_interval=60)
     thread.join()
     assert got == KVPoll.Transferring
-    assert reads[0] is None and 2 <= len(reads) <= 3  # the first, then one per change it was told of
+    # the first; maybe one more for the wake of the link's opening (a new link empties the cache: whatever was
+    # read before it is read again); then one per change it was told of
+    assert reads[0] is None and 2 <= len(reads) <= 4
     ours = set(_watches(raw)) - others
     assert len(ours) == 2  # the backend's near cache for waits: a data and an invalidation connection, kept
     writer.close()
@@ -259,8 +261,12 @@ def test_waits_reuse_the_backends_near_cache_and_a_dead_link_is_replaced(
     # push only (recheck and poll beyond the wait): the dead link was replaced, not trusted
     assert wait_for(cache, 11, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
     thread.join()
-    replaced = set(_watches(raw)) - others
-    assert len(replaced) == 2 and not replaced & first
+
+    def replaced() -> bool:  # Redis drops a closed client on its next turn: the old link may show a moment longer
+        now = set(_watches(raw)) - others
+        return len(now) == 2 and not now & first
+
+    eventually(replaced, what="a new link (a data and an invalidation connection) in place of the dead one")
 
 
 def test_a_change_of_another_room_wakes_no_wait(writer: StatusStore, redis_server: RedisServer) -> None:

@@ -142,13 +142,12 @@ def acl_rules(
     ``scripts`` "functions" is the tenant recipe (its stores use
     ``scripts="functions"``; an admin runs ``kvstatus functions load``);
     "eval" the recipe for Redis 6 or a server of one tenant. ``password``
-    None leaves the password out (add ``>secret`` yourself); keys are limited
-    to ``<prefix>:<namespace>:*``, and channels to the worker's presence channels (``&<prefix>:<namespace>:presence:*``).
-    ``near_cache`` False leaves out what only the near cache (and ``wait_for``'s watch on one) needs (``client|tracking``,
+    None leaves the password out (add ``>secret`` yourself); keys are limited to ``<prefix>:<namespace>:*``, and
+    channels to the worker's presence channels (``&<prefix>:<namespace>:presence:*``). ``near_cache`` False
+    leaves out what only the near cache (and ``wait_for``'s watch on one) needs (``client|tracking``,
     ``client|id``, ``role``): no key names of other namespaces through tracking, no near cache, and a
-    ``wait_for`` that polls every 50 ms; None (the default) means
-    True, except for a ``router``. ``read_only`` is the dashboard's recipe, ``router`` the router's
-    (cancel and read rooms); neither is the worker's.
+    ``wait_for`` that polls every 50 ms; None (the default) means True, except for a ``router``. ``read_only``
+    is the dashboard's recipe, ``router`` the router's (cancel and read rooms); neither is the worker's.
     """
     schema = KeySchema(namespace, prefix)
     commands = recipe_commands(read_only=read_only, router=router, scripts=scripts, near_cache=near_cache)

@@ -4,6 +4,7 @@ driver (:func:`wait_for`); the sync :class:`StatusStore` is generated from this 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Optional, TypeVar
@@ -177,8 +178,8 @@ class StatusStore(StoreBase):
         return wait_for(None, room, who, statuses, timeout, lambda: plain.get(room), self.options.deadline)
 
     def _waits_cache(self) -> Optional[NearCache]:
-        """The near cache the waits of a store without its own watch on: one per backend and namespace, made by the
-        first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
+        """The near cache the waits of a store without its own watch on: one per backend, namespace and process, made
+        by the first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
         if type(self.client).__module__.startswith("fakeredis"):
             return None
         schema = self._core.schema
@@ -194,7 +195,9 @@ class StatusStore(StoreBase):
             )
             return NearCache(self.client, schema, NearCacheOptions(), sender)
 
-        return self.backend.shared(f"wait cache {schema.base}", NearCache, make, NearCache.shut)
+        # Per process: a forked child must not read on its parent's links (one socket, two readers).
+        name = f"wait cache {schema.base} pid {os.getpid()}"
+        return self.backend.shared(name, NearCache, make, NearCache.shut)
 
     def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
         """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""

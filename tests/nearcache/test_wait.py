@@ -365,3 +365,19 @@ def test_a_closed_cache_opens_no_link_and_its_waits_poll(writer: StatusStore) ->
     assert writer.wait_for(40, KVPoll.WaitingForInput, timeout=30) == KVPoll.WaitingForInput  # by polling
     later.join()
     assert not cache.links.links
+
+
+def test_a_forked_child_waits_on_a_cache_of_its_own(writer: StatusStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waits' near cache is per process: a child forked after a wait does not read on its parent's links
+    (one socket, two readers), it opens its own. The fork is stood in for by the process id."""
+    import os
+
+    writer.update_status(41, KVPoll.Bootstrapping)
+    assert writer.wait_for(41, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping
+    parent = _cache_of(writer)
+    assert _cache_of(writer) is parent
+    monkeypatch.setattr(os, "getpid", lambda: -7)
+    child = _cache_of(writer)
+    assert child is not parent and not child.links.links
+    assert writer.wait_for(41, KVPoll.Bootstrapping, timeout=5) == KVPoll.Bootstrapping
+    assert child.links.links and parent.links.links

@@ -178,8 +178,8 @@ class StatusStore(StoreBase):
         return wait_for(None, room, who, statuses, timeout, lambda: plain.get(room), self.options.deadline)
 
     def _waits_cache(self) -> Optional[NearCache]:
-        """The near cache the waits of a store without its own watch on: one per backend, namespace and process, made
-        by the first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
+        """The near cache the waits of a store without its own watch on: one per backend, namespace and process,
+        made by the first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
         if type(self.client).__module__.startswith("fakeredis"):
             return None
         schema = self._core.schema

@@ -60,7 +60,6 @@ def check_timeout(timeout: Optional[float]) -> float:
 
 
 def wait_plan(
-    participant: str,
     targets: frozenset[KVPoll],
     timeout: float,
     recheck: float = RECHECK_SECONDS,

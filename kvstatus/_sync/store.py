@@ -4,6 +4,7 @@ driver (:func:`wait_for`); the sync :class:`StatusStore` is generated from this 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -170,12 +171,10 @@ class StatusStore(StoreBase):
         room = validate_room(room)
         cache = self._near if self._near is not None else self._waits_cache()
         if cache is not None:
-            seen = (who, self.shared_fate)
-            return wait_for(
-                cache, room, who, statuses, timeout, lambda: cache.get(room, seen), self.options.deadline
-            )
-        plain = self.uncached(who)
-        return wait_for(None, room, who, statuses, timeout, lambda: plain.get(room), self.options.deadline)
+            read = functools.partial(cache.get, room, (who, self.shared_fate))
+        else:
+            read = functools.partial(self.uncached(who).get, room)
+        return wait_for(cache, room, statuses, timeout, read, self.options.deadline)
 
     def _waits_cache(self) -> Optional[NearCache]:
         """The near cache the waits of a store without its own watch on: one per backend, namespace and process,
@@ -274,7 +273,6 @@ class StatusStore(StoreBase):
 def wait_for(
     cache: Optional[NearCache],
     room: int,
-    participant: str,
     statuses: KVPoll | int | Iterable[KVPoll | int],
     timeout: Optional[float],
     read: Callable[[], Optional[KVPoll]],
@@ -285,10 +283,10 @@ def wait_for(
     """``wait_for``'s driver: performs the actions of :func:`kvstatus.waits.wait_plan`, the watch on ``cache`` and
     each read within :func:`kvstatus.waits.step_deadline` (docs/guide.md, "Waiting for a status: `wait_for`").
 
-    Wait until ``participant``'s entry in the validated ``room`` is one of ``statuses``; return it, or None
+    Wait until the entry ``read()`` reads in the validated ``room`` is one of ``statuses``; return it, or None
     after ``timeout`` seconds (None: no limit). ``read()`` reads the entry through ``cache`` (None: no cache can
     watch, so the wait polls every ``poll_interval`` seconds); ``deadline`` (seconds) bounds each read."""
-    plan = wait_plan(participant, target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
+    plan = wait_plan(target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     signal = Signal()
     wake = signal.set

@@ -53,7 +53,7 @@ def test_a_waiter_is_woken_by_a_peer_failing_the_room(writer: StatusStore) -> No
 
 @pytest.mark.unit
 def test_the_plan_watches_then_reads_after_each_wake() -> None:
-    plan = wait_plan("decode-0", frozenset({KVPoll.Success, KVPoll.Failed}), timeout=60, recheck=30)
+    plan = wait_plan(frozenset({KVPoll.Success, KVPoll.Failed}), timeout=60, recheck=30)
     assert next(plan) == (CLOCK, None)
     assert plan.send(0.0) == (WATCH, None)  # watch first, then read: a change after the read wakes the wait
     assert plan.send(True) == (READ, None)
@@ -72,7 +72,7 @@ def test_the_plan_watches_then_reads_after_each_wake() -> None:
 
 @pytest.mark.unit
 def test_the_plan_polls_when_nothing_can_watch_and_ends_at_its_timeout() -> None:
-    plan = wait_plan("decode-0", frozenset({KVPoll.Success}), timeout=1, recheck=30, poll_interval=0.05)
+    plan = wait_plan(frozenset({KVPoll.Success}), timeout=1, recheck=30, poll_interval=0.05)
     assert next(plan) == (CLOCK, None)
     assert plan.send(0.0) == (WATCH, None)
     assert plan.send(False) == (READ, None)  # no cache can watch (the ACL refused tracking, fakeredis)

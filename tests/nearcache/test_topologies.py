@@ -70,7 +70,7 @@ def _told_by_push(store: StatusStore, room: int) -> None:
 
     thread = threading.Thread(target=update, daemon=True)
     thread.start()
-    assert wait_for(cache, room, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
+    assert wait_for(cache, room, KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
     thread.join()
 
 

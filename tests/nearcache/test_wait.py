@@ -67,7 +67,7 @@ def test_a_change_wakes_the_waiter_through_tracking_alone(writer: StatusStore, r
 
     thread = _later(0, update)
     # a recheck and a poll interval beyond the timeout: only CLIENT TRACKING's invalidation can wake it
-    got = wait_for(cache, 1, "w", [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60, poll_interval=60)
+    got = wait_for(cache, 1, [KVPoll.Transferring, KVPoll.Success], 30, read, 5.0, recheck=60, poll_interval=60)
     thread.join()
     assert got == KVPoll.Transferring
     # the first; maybe one more for the wake of the link's opening (a new link empties the cache: whatever was
@@ -259,7 +259,7 @@ def test_waits_reuse_the_backends_near_cache_and_a_dead_link_is_replaced(
 
     thread = _later(0, lambda: (first_read.wait(30), writer.update_status(11, KVPoll.Success)))
     # push only (recheck and poll beyond the wait): the dead link was replaced, not trusted
-    assert wait_for(cache, 11, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
+    assert wait_for(cache, 11, KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
     thread.join()
 
     def replaced() -> bool:  # Redis drops a closed client on its next turn: the old link may show a moment longer
@@ -287,7 +287,7 @@ def test_a_change_of_another_room_wakes_no_wait(writer: StatusStore, redis_serve
         writer.update_status(21, KVPoll.Success)
 
     thread = _later(0, update)
-    assert wait_for(cache, 21, "w", KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
+    assert wait_for(cache, 21, KVPoll.Success, 30, read, 5.0, recheck=60, poll_interval=60) == KVPoll.Success
     thread.join()
     assert reads == [None, KVPoll.Success]  # room 20's writes woke nothing: one read for room 21's change
 
@@ -343,7 +343,7 @@ def test_each_read_of_a_wait_ends_by_the_stores_deadline(writer: StatusStore) ->
         steps.append((time.monotonic(), DEADLINE.get()))
         return cache.get(30, ("w", True))
 
-    assert wait_for(cache, 30, "w", KVPoll.Success, 0.3, read, 5.0, recheck=0.1, poll_interval=0.1) is None
+    assert wait_for(cache, 30, KVPoll.Success, 0.3, read, 5.0, recheck=0.1, poll_interval=0.1) is None
     assert len(steps) >= 2
     ends = steps[0][0] + 0.3  # the wait's end is at most this: it was taken before the first read
     for began, deadline in steps:

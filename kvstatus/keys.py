@@ -34,6 +34,8 @@ TOMBSTONE_SUFFIX = ":t"
 FATE_FIELD = "room:fate"
 """The room hash field of the room's first failure: ``<ms>:<stage>:<origin>:<reason>``. The colon keeps it
 apart from participant names, which cannot hold one."""
+ADDRESS_FIELD = "addr"
+"""The lease record's field of the holder's address (``host:port``; lua/lease.lua writes it at the acquire)."""
 LEASE_PART = "lease:"
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")

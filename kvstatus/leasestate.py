@@ -1,10 +1,14 @@
-"""Participant leases: a store holds one for its participant and keeps it alive in the background.
+"""Participant leases and the peer watch's acts: what the lease keeper performs, planned here without I/O.
 
-:class:`LeaseCore` is the logic (requests and state, no I/O); the keeper that performs it is written once in
+:class:`LeaseCore` is a lease's logic (requests and state); the keeper that performs it is written once in
 :mod:`kvstatus._async.leases` (an asyncio task) and generated for threads (:mod:`kvstatus._sync.leases`). When a
 lease is alive, lost for good or renewed before a write: docs/guide.md, "Leases, the consensus view, sweeping and
 tombstones". The record outlives the lease by the store's room TTL, so readers (the consensus view, the sweeper,
 ``kvstatus participants``) see a dead participant as lost for as long as its entries can exist.
+
+:func:`act` is what the peer watch does about a look's :class:`~kvstatus.peerwatch.WatchPlan`: a generator that
+yields each :class:`~kvstatus.requests.Request` and takes its decoded reply back (``send``), or the error the send
+raised (``throw``: a ``finally`` here still runs, then the error goes on to the caller). The keeper only sends.
 """
 
 from __future__ import annotations
@@ -15,24 +19,29 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, Optional
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Optional
 
 from kvstatus import scripts
 from kvstatus.arguments import validate_lease_ttl
+from kvstatus.cachestate import writes_sent
+from kvstatus.consensus import Entries, entries_request
 from kvstatus.errors import BackendError, LeaseLostError
-from kvstatus.keys import KeySchema, validate_address
-from kvstatus.model import LeaseOutcome
+from kvstatus.keys import KeySchema, incarnation_field, is_decode, reason_field, validate_address
+from kvstatus.model import OPEN, KVPoll, LeaseOutcome, LeaseState, Outcome, Stage
 from kvstatus.replies import stored_int, subscriber_counts, text
 from kvstatus.requests import Call, Request, script_call
+from kvstatus.rule import lost_reason
+
+if TYPE_CHECKING:  # the watch is handed in; importing it would stack this module on top of it
+    from kvstatus.operations import StoreCore
+    from kvstatus.peerwatch import PeerWatch, WatchPlan
 
 log = logging.getLogger("kvstatus.leases")
 
 RENEWALS_PER_TTL = 3
 HOLDER_FIELD = "holder"
 """The lease record's field naming the holding process (``host:pid``; lua/lease.lua writes it at the acquire)."""
-ADDRESS_FIELD = "addr"
-"""The lease record's field of the holder's address (``host:port``; lua/lease.lua writes it at the acquire)."""
 # The write path renews synchronously once this share of the TTL went by since the last renewal was sent.
 STALE_SHARE = 2 / 3
 
@@ -215,32 +224,180 @@ class LeaseCore:
         )
 
 
-def silence_request(
-    key: str, silent: dict[str, tuple[str, str, float]], name: str, now: Callable[[], float]
-) -> Request[Optional[tuple[str, str]]]:
-    """Read ``name``'s lease record ``key`` (a peer whose lease Redis says is alive, but whose mark went stale):
-    its (incarnation, seen) once that renewal was its last for longer than its lease TTL by ``now`` (a monotonic
-    clock), else None. ``silent`` keeps each peer's last renewal read and when it was first read. A peer watch then
-    expires the lease (:func:`expire_request`): Redis' clock is no judge of that, as a step back keeps a lease
-    alive the step longer (docs/operations.md)."""
+# ---- the peer watch's acts
 
-    def decode(replies: list[Any]) -> Optional[tuple[str, str]]:
-        inc, seen, ttl = (None if value is None else text(value) for value in replies[0])
-        ttl_ms = stored_int(ttl)
-        if inc is None or seen is None or ttl_ms is None:
-            silent.pop(name, None)
-            return None
-        first = silent.get(name)
-        if first is None or first[:2] != (inc, seen):
-            silent[name] = (inc, seen, now())
-            return None
-        return (inc, seen) if now() - first[2] > ttl_ms / 1000 else None
-
-    return Request([Call(("HMGET", key, "inc", "seen", "ttl"))], decode)
+Steps = Generator[Request[Any], Any, Any]
+"""Requests out, their decoded replies in; returns what the step's docstring says."""
 
 
-def expire_request(key: str, incarnation: str, seen: str) -> Request[bool]:
-    """Expire the lease record ``key`` if it still names ``incarnation``, held, last renewed at ``seen``
-    (lua/lease.lua's "expire"); decodes to True when the lease is lost (now, or before)."""
-    call = script_call(scripts.LEASE, [key], ("expire", incarnation, seen))
-    return Request([call], lambda replies: int(replies[0][0]) == LOST)
+def restart_reason(participant: str) -> str:
+    return f"participant {participant} restarted; this entry was its previous incarnation's"
+
+
+def orphan_reason(room: int, seconds: float) -> str:
+    return (
+        f"no decode joined room {room} within {seconds:g} s: the decode it was sent to is dead or never got the request"
+    )
+
+
+def died_reason(participant: str) -> str:
+    return f"participant {participant} died: its connection to Redis closed"
+
+
+def awaited_reason(participant: str, address: str, stage: Stage) -> str:
+    """The failure reason of this store's entry in a room waiting on ``participant``, lost or restarted first."""
+    if stage is Stage.SUPERSEDED:
+        return f"participant {participant} restarted; this room waited on its previous incarnation at {address}"
+    return f"participant {participant} lost its lease; this room waits on it at {address}"
+
+
+def act(watch: PeerWatch, plan: WatchPlan) -> Steps:
+    """Carry out ``plan``; returns how many entries were failed."""
+    failed = 0
+    for name, rooms in plan.suspects.items():
+        if rooms:
+            entries = yield entries_request(watch.core, rooms, [name])
+            state = entries.leases[0]
+            if state is LeaseState.ALIVE:  # by Redis' clock; silent for its TTL by this one's: expired
+                silent = yield watch.silence_request(name)
+                if silent is not None and (yield watch.expire_request(name, *silent)):
+                    state = LeaseState.LOST
+            watch.confirmed(name, state)
+            if state is LeaseState.LOST:
+                failed += yield from _fail_gone(watch, entries, name, lost_reason(name))
+    for name, rooms in plan.dead.items():
+        if rooms:
+            entries = yield entries_request(watch.core, rooms, [name])
+            failed += yield from _fail_gone(watch, entries, name, died_reason(name))
+    for name, rooms in plan.restarted.items():
+        # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
+        below, address = yield watch.identity_request(name)
+        outcomes = yield from _fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
+        failed += outcomes.count(Outcome.FAILED)
+        # Rooms it never wrote, or (unless its previous incarnation released its lease) in which that incarnation
+        # reached Success (REFUSED_TERMINAL): what it owed this side after that went with it, as for a loss above.
+        owed = (
+            (Outcome.IGNORED_MISSING,) if name in plan.orderly else (Outcome.IGNORED_MISSING, Outcome.REFUSED_TERMINAL)
+        )
+        absent = [room for room, outcome in zip(rooms, outcomes) if outcome in owed]
+        failed += yield from _fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
+    if plan.orphans:
+        failed += yield from _fail_orphans(watch, plan.orphans, plan.orphan_seconds)
+    if plan.forget:
+        yield watch.forget_request(plan.forget)
+    return failed
+
+
+def _fail_orphans(watch: PeerWatch, rooms: list[int], seconds: float) -> Steps:
+    """Fail this store's own entry, still Bootstrapping, in those of ``rooms`` that no decode joined within
+    ``seconds`` (one read a room); returns how many were failed."""
+    core, failed = watch.core, 0
+    for room in rooms:
+        view = yield core.room(room)
+        own = view.participants.get(watch.participant)
+        if own is None or own.status is not KVPoll.Bootstrapping or any(map(is_decode, view.participants)):
+            watch.joined(room)
+            continue
+        try:
+            yield core.record_failure(room, orphan_reason(room, seconds))
+            result = yield core.update_status(room, KVPoll.Failed)
+        finally:
+            writes_sent(core.schema, [room])  # this process's reads of the room see the failure at once
+        watch.wrote(room, result.status)
+        failed += result.outcome is Outcome.FAILED
+    if failed:
+        log.warning(
+            "participant %s: %d of its rooms failed: no decode joined them within %g s",
+            watch.participant,
+            failed,
+            seconds,
+        )
+    return failed
+
+
+def _fail_gone(watch: PeerWatch, entries: Entries, name: str, reason: str) -> Steps:
+    """Fail the open entries (in ``entries``, just read) of ``name``, which lost its lease or died; returns how
+    many entries were failed."""
+    open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
+    below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
+    outcomes = yield from _fail(watch, open_rooms, name, Stage.LEASE_LOST, reason, below)
+    failed: int = outcomes.count(Outcome.FAILED)
+    # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
+    # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
+    # side after that (SGLang's decode waits for the prefill's completion message) will not come.
+    done = None if watch.released(name) else KVPoll.Success
+    absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
+    if watch.awaits_any(absent):
+        address = watch.peer_address(name)
+        if address is None:
+            address = (yield watch.identity_request(name))[1]
+        failed += yield from _fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST, reason)
+    return failed
+
+
+def _fail_awaiting(
+    watch: PeerWatch,
+    rooms: list[int],
+    name: str,
+    address: Optional[str],
+    stage: Stage,
+    cause: Optional[str] = None,
+) -> Steps:
+    """Fail this store's own open entries in those of ``rooms`` (where ``name`` has no entry) that wait on
+    ``name`` at its ``address`` (None: it has none, nothing to do), naming ``cause`` (what happened to ``name``;
+    None: the stage says); returns how many were failed."""
+    awaiting = [] if address is None else watch.awaiting(rooms, address)
+    if address is None or not awaiting:
+        return 0
+    reason = awaited_reason(name, address, stage) if cause is None else f"{cause}; this room waits on it at {address}"
+    outcomes = yield from _fail(watch, awaiting, watch.participant, stage, reason, None)
+    for room, outcome in zip(awaiting, outcomes):
+        if outcome is Outcome.FAILED:
+            watch.closed(room)
+    return outcomes.count(Outcome.FAILED)
+
+
+def _fail(watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: str, below: Optional[int]) -> Steps:
+    """Fail ``name``'s open entries in ``rooms`` (logged), but those stamped ``below`` or later (an incarnation
+    epoch; None: no fence); returns the outcome in each room, in order."""
+    if not rooms:
+        return []
+    try:
+        outcomes: list[Outcome] = yield fail_entries_request(watch.core, rooms, name, stage, reason, below)
+    finally:
+        writes_sent(watch.core.schema, rooms)  # this process's reads of those rooms see the failure at once
+    failed = outcomes.count(Outcome.FAILED)
+    if failed:
+        log.warning(
+            "participant %s: %s; failed %s's open entries in %d of this participant's rooms (stage %s)",
+            watch.participant,
+            reason,
+            name,
+            failed,
+            stage.value,
+        )
+    return outcomes
+
+
+def fail_entries_request(
+    core: StoreCore, rooms: list[int], participant: str, stage: Stage, reason: str, below: Optional[int] = None
+) -> Request[list[Outcome]]:
+    """The calls failing ``participant``'s open entries in ``rooms`` with ``reason`` and the room's first failure
+    at ``stage`` (``lua/sweep.lua``: one call per chunk of rooms, per slot on a cluster). ``below``: the fence,
+    an incarnation epoch; entries stamped with it or a later one are left alone (None: no fence). Decodes to
+    the outcome in each room, in the order of ``rooms``."""
+    keys = core.schema.room_keys(rooms)
+    args: tuple[str, ...] = (participant, reason_field(participant), reason, stage.value)
+    if below is not None:
+        args += (incarnation_field(participant), str(below))
+    groups = core.chunks(keys)
+    calls = [script_call(scripts.SWEEP, [keys[i] for i in group], args) for group in groups]
+
+    def decode(replies: list[Any]) -> list[Outcome]:
+        outcomes = [Outcome.UNCHANGED] * len(keys)
+        for group, reply in zip(groups, replies):
+            for i, code in zip(group, reply):
+                outcomes[i] = Outcome(code)
+        return outcomes
+
+    return Request(calls, decode)

@@ -1,7 +1,7 @@
 """The peer watch: which peers of this store's open rooms died or restarted, which of its rooms no decode joined, and
 whose open entries to fail, without a sweeper.
 
-:class:`PeerWatch` is that logic, without I/O; :mod:`kvstatus.watchsteps` plans its acts and the lease keeper
+:class:`PeerWatch` is that logic, without I/O; :mod:`kvstatus.leasestate` plans its acts and the lease keeper
 (:mod:`kvstatus._async.leases`) sends them. How a peer is judged dead (marks, suspects, restarts, presence, orphans,
 a broken lease index): docs/design.md, section "Who decides that a peer is dead".
 """
@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, PermissionDeniedError
-from kvstatus.keys import MAX_NAME_LENGTH, role_of
-from kvstatus.leasestate import ADDRESS_FIELD, expire_request, silence_request
-from kvstatus.model import OPEN, KVPoll, LeaseState
+from kvstatus.keys import ADDRESS_FIELD, MAX_NAME_LENGTH, role_of
+from kvstatus.model import OPEN, KVPoll, LeaseOutcome, LeaseState
 from kvstatus.operations import StoreCore
 from kvstatus.replies import ReplyOrError, stored_int, subscriber_counts, text
-from kvstatus.requests import Call, Request
+from kvstatus.requests import Call, Request, script_call
 from kvstatus.translate import checked, translate_error
 
 WATCH_SECONDS = 1.0
@@ -347,12 +347,31 @@ class PeerWatch:
         return Request([Call(("HMGET", key, "epoch", ADDRESS_FIELD))], decode)
 
     def silence_request(self, name: str) -> Request[Optional[tuple[str, str]]]:
-        """:func:`kvstatus.leasestate.silence_request` of suspect ``name``, on this process' monotonic clock."""
-        return silence_request(self.core.schema.lease_key(name), self._silent, name, time.monotonic)
+        """Read the lease record of suspect ``name`` (Redis says its lease is alive, but its mark went stale): its
+        (incarnation, seen) once that renewal was its last for longer than its lease TTL by this process' monotonic
+        clock, else None. The watch then expires the lease (:meth:`expire_request`): Redis' clock is no judge of
+        that, as a step back keeps a lease alive the step longer (docs/operations.md)."""
+        silent = self._silent
+
+        def decode(replies: list[Any]) -> Optional[tuple[str, str]]:
+            inc, seen, ttl = (None if value is None else text(value) for value in replies[0])
+            ttl_ms = stored_int(ttl)
+            if inc is None or seen is None or ttl_ms is None:
+                silent.pop(name, None)
+                return None
+            first = silent.get(name)
+            if first is None or first[:2] != (inc, seen):
+                silent[name] = (inc, seen, time.monotonic())
+                return None
+            return (inc, seen) if time.monotonic() - first[2] > ttl_ms / 1000 else None
+
+        return Request([Call(("HMGET", self.core.schema.lease_key(name), "inc", "seen", "ttl"))], decode)
 
     def expire_request(self, name: str, incarnation: str, seen: str) -> Request[bool]:
-        """Expire ``name``'s silent lease in Redis, if it was not renewed since; True: it is lost."""
-        return expire_request(self.core.schema.lease_key(name), incarnation, seen)
+        """Expire ``name``'s lease record if it still names ``incarnation``, held, last renewed at ``seen``
+        (lua/lease.lua's "expire"); decodes to True when the lease is lost (now, or before)."""
+        call = script_call(scripts.LEASE, [self.core.schema.lease_key(name)], ("expire", incarnation, seen))
+        return Request([call], lambda replies: int(replies[0][0]) == LeaseOutcome.LOST.value)
 
     def forget_request(self, names: list[str]) -> Request[object]:
         """Drop the marks of peers whose lease records are gone (a refused index is no error)."""

@@ -1,11 +1,14 @@
-"""What the sync and async stores share around their I/O: their settings, ``from_url``, their properties.
-Every command a store sends goes through its one :class:`~kvstatus._async.sender.AsyncSender` (sync: ``Sender``).
+"""What the sync and async stores share around their I/O: their settings, ``from_url``, their properties, and
+``wait_for``'s loop as a plan of actions, which :func:`kvstatus._async.store.async_wait_for` performs. Every command
+a store sends goes through its one :class:`~kvstatus._async.sender.AsyncSender` (sync: ``Sender``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union
+import math
+import time
+from collections.abc import Generator, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Final, Literal, Optional, Protocol, TypeVar, Union
 
 from kvstatus.arguments import (
     DEFAULT_TTL_SECONDS,
@@ -24,7 +27,7 @@ from kvstatus.concurrency import AsyncGate, Gate
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_address, validate_name, validate_room
 from kvstatus.leasestate import LeaseCore
-from kvstatus.model import KVPoll, Policy, StoreObserver, UpdateResult, check_observer
+from kvstatus.model import KVPoll, Policy, StoreObserver, UpdateResult, check_observer, to_status
 from kvstatus.operations import FunctionsCore, StoreCore
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.url import (
@@ -295,3 +298,78 @@ class StoreBase:
             f"{type(self).__name__}(namespace={self.namespace!r}, participant={self.participant!r}, "
             f"prefix={self.prefix!r}, ttl={self.ttl:g}, policy={self.policy.value!r})"
         )
+
+
+# ---- wait_for
+
+RECHECK_SECONDS = 1.0
+POLL_INTERVAL_SECONDS = 0.05
+
+# The I/O actions of a wait plan: (kind, argument).
+WATCH: Final = "watch"  # argument None; reply: True if the room is watched (the read after it arms it), else False
+READ: Final = "read"  # argument None; reply: the entry's status now (Optional[KVPoll])
+RECEIVE: Final = "receive"  # argument: seconds to wait at most; returns early when the room changed
+SLEEP: Final = "sleep"  # argument: seconds
+CLOCK: Final = "clock"  # argument None; reply: time.monotonic()
+Action = Union[
+    tuple[Literal["watch"], None],
+    tuple[Literal["read"], None],
+    tuple[Literal["receive"], float],
+    tuple[Literal["sleep"], float],
+    tuple[Literal["clock"], None],
+]
+
+
+def target_statuses(statuses: KVPoll | int | Iterable[KVPoll | int]) -> frozenset[KVPoll]:
+    """The statuses to wait for, validated (one status or an iterable of them)."""
+    if isinstance(statuses, (KVPoll, int)) and not isinstance(statuses, bool):
+        return frozenset({to_status(statuses)})
+    if isinstance(statuses, (str, bytes)) or not isinstance(statuses, Iterable):
+        raise InvalidArgumentError(f"invalid statuses {statuses!r}: expected a KVPoll, an int 0..4 or an iterable")
+    targets = frozenset(to_status(s) for s in statuses)
+    if not targets:
+        raise InvalidArgumentError("wait_for needs at least one status to wait for")
+    return targets
+
+
+def check_timeout(timeout: Optional[float]) -> float:
+    """``timeout`` in seconds (None: no limit) as a finite or infinite float."""
+    if timeout is None:
+        return math.inf
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+        raise InvalidArgumentError(f"invalid timeout {timeout!r}: expected seconds >= 0 or None")
+    return float(timeout)
+
+
+def wait_plan(
+    targets: frozenset[KVPoll],
+    timeout: float,
+    recheck: float = RECHECK_SECONDS,
+    poll_interval: float = POLL_INTERVAL_SECONDS,
+) -> Generator[Action, Any, Optional[KVPoll]]:  # each reply's type follows its action's kind
+    """The waiting loop: returns the status reached, or None when ``timeout`` seconds passed first. It watches the
+    room before each read (a change after the read wakes it), reads again every ``recheck`` seconds while it
+    watches, and polls every ``poll_interval`` seconds when it cannot (docs/guide.md, "How it works")."""
+    start = yield CLOCK, None
+    deadline = start + timeout
+    while True:
+        watching = yield WATCH, None  # watch first, then read: no change falls in between
+        status: Optional[KVPoll] = yield READ, None
+        if status in targets:
+            return status
+        now = yield CLOCK, None
+        if now >= deadline:
+            return None
+        wait = min(deadline - now, recheck if watching else poll_interval)
+        yield (RECEIVE, wait) if watching else (SLEEP, wait)
+
+
+MIN_STEP_SECONDS = 0.5
+"""The least time one step of a wait (a watch, a read) is given, even at the wait's very end."""
+
+
+def step_deadline(ends: float, deadline: float) -> float:
+    """The monotonic time by which a step starting now must end: the store's ``deadline`` (seconds) from now,
+    and no later than the wait's end ``ends``, unless that leaves less than :data:`MIN_STEP_SECONDS`."""
+    now = time.monotonic()
+    return min(now + deadline, max(ends, now + MIN_STEP_SECONDS))

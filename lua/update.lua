@@ -36,7 +36,7 @@
 -- With a timeline field, CREATED starts the entry's timeline (replacing any left there) and ADVANCED and
 -- FAILED append a step to it (or start it anew over a value that is not a timeline), at Redis' clock
 -- (TIME), in the HSET that stores the status.
--- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/waits.py).
+-- It publishes nothing: wait_for learns of a change from CLIENT TRACKING (kvstatus/_async/store.py).
 --
 -- Fencing (a writer with an epoch): an entry carries the epoch of the incarnation that last wrote or touched
 -- it. A write from an older epoch is REFUSED_SUPERSEDED and writes nothing: the participant restarted under

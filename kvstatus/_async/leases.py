@@ -23,10 +23,9 @@ from kvstatus.concurrency import (
 from kvstatus.connection import Topology
 from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.errors import PermissionDeniedError
-from kvstatus.leasestate import LeaseCore, log
+from kvstatus.leasestate import LeaseCore, act, log
 from kvstatus.peerwatch import PeerWatch, WatchPlan
 from kvstatus.requests import Request
-from kvstatus.watchsteps import act
 
 if TYPE_CHECKING:
     from kvstatus.backend import AsyncClient
@@ -324,7 +323,7 @@ class AsyncLeaseKeeper:
                 raise
 
     async def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
-        """Carry out ``plan`` (:func:`kvstatus.watchsteps.act` plans each step; this sends them); returns how many
+        """Carry out ``plan`` (:func:`kvstatus.leasestate.act` plans each step; this sends them); returns how many
         entries were failed."""
         steps = act(watch, plan)
         try:

@@ -17,20 +17,20 @@ from kvstatus.cachestate import NearCacheOptions
 from kvstatus.concurrency import AsyncGate, AsyncSignal, async_checkpoint, async_sleep
 from kvstatus.connection import connect_async
 from kvstatus.consensus import consensus_calls
-from kvstatus.deadline import DEADLINE
-from kvstatus.errors import InvalidArgumentError, SupersededError
+from kvstatus.deadline import DEADLINE, may_wait
+from kvstatus.errors import BackendRefusedError, InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.model import CancelResult, FailureRecord, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
-from kvstatus.storebase import StoreBase
-from kvstatus.waits import (
+from kvstatus.storebase import (
     CLOCK,
     POLL_INTERVAL_SECONDS,
     READ,
     RECEIVE,
     RECHECK_SECONDS,
     WATCH,
+    StoreBase,
     check_timeout,
     step_deadline,
     target_statuses,
@@ -198,7 +198,7 @@ class AsyncStatusStore(StoreBase):
         return self.backend.shared(name, AsyncNearCache, make, AsyncNearCache.shut)
 
     async def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
-        """The room's consensus over ``participants`` (see :mod:`kvstatus.consensus`), in one round trip."""
+        """The room's consensus over ``participants`` (see :mod:`kvstatus.rule`), in one round trip."""
         return (await self._sender.send(consensus_calls(self._core, [room], participants), "room_status"))[room]
 
     async def room_statuses(self, rooms: Iterable[int], participants: Iterable[str]) -> dict[int, RoomConsensus]:
@@ -279,8 +279,8 @@ async def async_wait_for(
     recheck: float = RECHECK_SECONDS,
     poll_interval: float = POLL_INTERVAL_SECONDS,
 ) -> Optional[KVPoll]:
-    """``wait_for``'s driver: performs the actions of :func:`kvstatus.waits.wait_plan`, the watch on ``cache`` and
-    each read within :func:`kvstatus.waits.step_deadline` (docs/guide.md, "Waiting for a status: `wait_for`").
+    """``wait_for``'s driver: performs the actions of :func:`kvstatus.storebase.wait_plan`, the watch on ``cache`` and
+    each read within :func:`kvstatus.storebase.step_deadline` (docs/guide.md, "Waiting for a status: `wait_for`").
 
     Wait until the entry ``read()`` reads in the validated ``room`` is one of ``statuses``; return it, or None
     after ``timeout`` seconds (None: no limit). ``read()`` reads the entry through ``cache`` (None: no cache can
@@ -308,7 +308,7 @@ async def async_wait_for(
             elif action[0] == READ:
                 step = DEADLINE.set(step_deadline(ends, deadline))  # the send path keeps the earlier one
                 try:
-                    reply = await read()
+                    reply = await _read_through_restart(read, poll_interval)
                 finally:
                     DEADLINE.reset(step)
             elif action[0] == RECEIVE:
@@ -321,3 +321,15 @@ async def async_wait_for(
         plan.close()
         if watching and cache is not None:
             cache.unwatch(room, wake)
+
+
+async def _read_through_restart(read: Callable[[], Awaitable[Optional[KVPoll]]], pause: float) -> Optional[KVPoll]:
+    """``read()``, asked again every ``pause`` seconds while the server refuses the connection (a restart: a call
+    alone raises at once) until the step's deadline; then the refusal is raised."""
+    while True:
+        try:
+            return await read()
+        except BackendRefusedError:
+            if not may_wait(pause):
+                raise
+        await async_sleep(pause)

@@ -39,9 +39,9 @@ from kvstatus.admin.reads import DEFAULT_BATCH, Progress, iter_room_keys, list_l
 from kvstatus.consensus import MAX_PARTICIPANTS, Entries, entries_request
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
+from kvstatus.leasestate import fail_entries_request
 from kvstatus.model import OPEN, LeaseState, Outcome, Stage
 from kvstatus.rule import lost_reason
-from kvstatus.watchsteps import fail_entries_request
 
 SAMPLE = 5
 """How many skipped keys a sweep names (``skipped_sample``)."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from kvstatus import KVPoll
+from kvstatus.leasestate import orphan_reason
 from kvstatus.model import Stage
 from kvstatus.peerwatch import ORPHAN_AFTER_DEATH_SECONDS, ORPHAN_SECONDS
-from kvstatus.watchsteps import orphan_reason
 from tests.helpers.backends import RedisUnderTest
 from tests.helpers.clock import hold_background_watch, shift_watch_clock
 

@@ -359,7 +359,7 @@ def test_a_sweep_that_redis_failed_is_planned_again_at_the_next_look(
     raises, and the next one sweeps the same rooms. Before, the watch had already taken the peer's new mark in,
     so the lost peer's older rooms, or the restarted peer's, were never failed."""
     from kvstatus import BackendUnavailableError
-    from kvstatus import watchsteps as module
+    from kvstatus import leasestate as module
 
     decode, prefill = _pair(backend)
     if fault == "released":

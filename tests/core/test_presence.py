@@ -20,9 +20,9 @@ import pytest
 
 from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
+from kvstatus.leasestate import died_reason
 from kvstatus.model import Stage
 from kvstatus.replies import subscriber_counts
-from kvstatus.watchsteps import died_reason
 from tests.conftest import BACKENDS
 from tests.helpers.backends import RedisUnderTest, fresh_namespace
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,10 +24,11 @@ from redis.retry import Retry
 
 from kvstatus import AsyncStatusStore, KVPoll, StatusStore
 from kvstatus.errors import BackendUnavailableError
-from kvstatus.waits import MIN_STEP_SECONDS
+from kvstatus.storebase import MIN_STEP_SECONDS
 from tests.helpers.backends import fresh_namespace
 from tests.helpers.clock import hold_background_watch
 from tests.helpers.timing import slack
+from tests.nearcache.helpers import eventually
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.real
@@ -47,7 +49,9 @@ class Runner:
     """Runs a store method of a sync or an async store to completion from plain test code."""
 
     def __init__(self, url: str, asynchronous: bool, **extra: Any) -> None:
-        settings = dict(namespace=fresh_namespace("dl"), participant="p", near_cache=True, deadline=DEADLINE, **extra)
+        settings = dict(
+            namespace=fresh_namespace("dl"), participant="p", deadline=DEADLINE, **{"near_cache": True, **extra}
+        )
         self.loop = asyncio.new_event_loop() if asynchronous else None
         self.store: Any = (AsyncStatusStore if asynchronous else StatusStore).from_url(url, **settings)
 
@@ -200,7 +204,7 @@ def test_the_peer_watchs_sweep_keeps_the_deadline(
     """A look that found a lost or restarted peer sends more requests (its lease record, then the sweep of its
     entries): the server hangs right before the sweep, which gives up within the deadline; once the server is
     back, the next look carries the sweep out (the peer's entry fails, the survivor reads Failed)."""
-    from kvstatus import watchsteps as module
+    from kvstatus import leasestate as module
 
     hold_background_watch(monkeypatch)  # the looks below are the test's own: the background must not go first
     with runner(server.url, asynchronous, lease_ttl=10) as run:
@@ -238,3 +242,29 @@ def test_the_peer_watchs_sweep_keeps_the_deadline(
             peer.close()
             if again is not None:
                 again.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("near_cache", [True, False], ids=["store-cache", "waits-cache"])
+def test_a_wait_outlives_a_restart_while_it_watches(server: RedisServer, asynchronous: bool, near_cache: bool) -> None:
+    """Redis restarted empty while a wait watches its room: the wait's links close, it reads again on new ones,
+    and the entry written after the restart ends it; nothing the restart emptied is answered."""
+    with runner(server.url, asynchronous, near_cache=near_cache) as run:
+        writer = StatusStore.from_url(server.url, namespace=run.store.namespace, participant="p", deadline=DEADLINE)
+        run(lambda store: store.update_status(50, KVPoll.Bootstrapping))
+        cache = run.store.near_cache or run.store._waits_cache()
+
+        def restart_then_write() -> None:
+            eventually(lambda: cache.state.waiters.get(50), what="the wait watching room 50")
+            server.restart()  # no persistence: room 50 is gone with everything else
+            assert writer.get(50) is None
+            writer.update_status(50, KVPoll.Success)
+
+        thread = threading.Thread(target=restart_then_write, daemon=True)
+        thread.start()
+        try:
+            assert run(lambda store: store.wait_for(50, KVPoll.Success, timeout=60)) == KVPoll.Success
+        finally:
+            thread.join(60)
+            writer.close()
+        assert not cache.state.waiters

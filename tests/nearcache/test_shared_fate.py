@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.waits import CLOCK, READ, RECEIVE, SLEEP, WATCH, wait_plan
+from kvstatus.storebase import CLOCK, READ, RECEIVE, SLEEP, WATCH, wait_plan
 from tests.nearcache.helpers import eventually
 
 

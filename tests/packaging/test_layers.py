@@ -52,8 +52,8 @@ store it checks (14 before); 9 once the value parser and the replies became one 
 holds here."""
 
 
-MAX_LIBRARY_MODULES = 34
-MAX_LIBRARY_LINES = 9_775
+MAX_LIBRARY_MODULES = 32
+MAX_LIBRARY_LINES = 9_750
 """Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted
 by hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files
 count): 48 modules and 10,733 lines at 8d3c374; 46 once kvstatus.fate joined kvstatus.rule and the replies
@@ -68,7 +68,9 @@ docstrings for the docs; 10,040 once the core's docstrings pointed to the guide 
 stopped keeping its own copy of replies.text; 10,051 without two constants nothing read; 35 and 10,025 once
 kvstatus.sendrules left its rules with the calls (kvstatus.requests) and its observer calls with the sender;
 34 and 9,774 once wait_for watched on a near cache (its watch hub, tickets and pool retired) and its driver
-joined the store. Issue 34's budget is 30 modules and 8,500 lines; lower these as merges land."""
+joined the store; 32 and 9,747 once the plan of a wait joined kvstatus.storebase and the peer watch's acts
+kvstatus.leasestate (a wait riding through a restart added 12). Issue 34's budget is 30 modules and 8,500 lines;
+lower these as merges land."""
 
 
 @dataclass(frozen=True)

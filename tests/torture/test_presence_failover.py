@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from kvstatus import KVPoll, StatusStore
-from kvstatus.watchsteps import died_reason
+from kvstatus.leasestate import died_reason
 from tests.helpers.backends import fresh_namespace
 from tests.servers import RedisClusterServers, RedisSentinelServers
 

@@ -18,8 +18,7 @@ import redis
 
 from benchmarks.measure import Block, Summary, interleave, ratio, time_calls
 from kvstatus import KVPoll, StatusStore, scripts
-from kvstatus.arguments import DEFAULT_TTL_SECONDS
-from kvstatus.keys import MAX_ROOM
+from kvstatus.keys import DEFAULT_TTL_SECONDS, MAX_ROOM
 
 NAMESPACE = "bench"
 PARTICIPANT = "decode-0"

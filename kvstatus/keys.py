@@ -7,11 +7,15 @@ entry (stores with a lease; it fences off a replaced incarnation's writes, ``lua
 rooms: the lease index ``<prefix>:<namespace>:leases``, each lease holder's mark (:mod:`kvstatus.peerwatch`).
 No key but a room's ends with ``}``, so the room SCAN pattern never matches one and :meth:`KeySchema.room_of`
 rejects it.
+
+The other arguments a store takes are checked here too, with their defaults and limits: TTLs (a lease's too),
+reasons and the script mode (no I/O).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 import typing
 from dataclasses import dataclass
@@ -241,3 +245,77 @@ def role_of(participant: str) -> str:
 def is_decode(participant: str) -> bool:
     """True when ``participant`` is a decode by the naming (a room's other fields, ``reason:...``, never are)."""
     return naming(participant).role == "decode"
+
+
+# ---- a store's other arguments
+
+DEFAULT_TTL_SECONDS = 600.0
+TOMBSTONE_TTL_SECONDS = 60.0
+"""How long ``clear()``'s tombstone says who cleared a room and how it ended (never longer than the store's
+``ttl``): what ``get`` shows of a cleared room, and how far back ``kvstatus health`` sees successes."""
+MAX_TTL_SECONDS = 30 * 24 * 3600.0
+MAX_REASON_BYTES = 2048
+_TRUNCATED = " [truncated]"
+
+
+def ttl_to_ms(ttl: object) -> int:
+    """Validate a TTL in seconds and return it in whole milliseconds (at least 1)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
+        raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected a number of seconds")
+    if not 0 < ttl <= MAX_TTL_SECONDS:
+        raise InvalidArgumentError(
+            f"invalid ttl {ttl!r}: expected seconds > 0 and at most "
+            f"{MAX_TTL_SECONDS:.0f} ({MAX_TTL_SECONDS / 86400:g} days)"
+        )
+    return max(1, round(ttl * 1000))
+
+
+def truncate_reason(reason: object) -> str:
+    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut; raise
+    :class:`InvalidArgumentError` for a non-string, or a lone surrogate (undecodable bytes of ``sys.argv``)."""
+    if not isinstance(reason, str):
+        raise InvalidArgumentError(f"invalid reason {reason!r}: expected a string")
+    try:
+        data = reason.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"invalid reason {reason[:60]!r}: not valid UTF-8 text (character "
+            f"{exc.start}, {reason[exc.start]!r}, is a lone surrogate, e.g. from bytes "
+            "that were not UTF-8)"
+        ) from None
+    if len(data) <= MAX_REASON_BYTES:
+        return reason
+    keep = MAX_REASON_BYTES - len(_TRUNCATED)
+    return data[:keep].decode("utf-8", "ignore") + _TRUNCATED
+
+
+SCRIPT_MODES = ("eval", "functions")
+"""How a store runs the Lua of ``lua/``: ``eval`` (EVALSHA, loaded by the client itself on NOSCRIPT) or
+``functions`` (FCALL / FCALL_RO of the function library an admin loaded, see :data:`kvstatus.scripts.LIBRARY`)."""
+
+
+def validate_script_mode(mode: object) -> str:
+    """Return ``mode`` if it is one of :data:`SCRIPT_MODES`; raise :class:`InvalidArgumentError`."""
+    if mode not in SCRIPT_MODES:
+        raise InvalidArgumentError(f"invalid scripts {mode!r}: expected one of {', '.join(SCRIPT_MODES)}")
+    return str(mode)
+
+
+MIN_LEASE_TTL = 3.0
+MAX_LEASE_TTL = 3600.0
+"""A lease TTL's bounds (seconds)."""
+
+
+def validate_lease_ttl(ttl: object) -> float:
+    """Return ``ttl`` (seconds) if it is a lease TTL in [3, 3600]; raise :class:`InvalidArgumentError`."""
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, (int, float))
+        or not math.isfinite(ttl)
+        or not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL
+    ):
+        raise InvalidArgumentError(
+            f"invalid lease_ttl {ttl!r}: expected seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}] (a renewal every "
+            "ttl/3 s keeps the renewals at most one per second; see the README on choosing it)"
+        )
+    return float(ttl)

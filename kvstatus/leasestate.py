@@ -23,11 +23,10 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Optional
 
 from kvstatus import scripts
-from kvstatus.arguments import validate_lease_ttl
 from kvstatus.cachestate import writes_sent
 from kvstatus.consensus import Entries, entries_request
 from kvstatus.errors import BackendError, LeaseLostError
-from kvstatus.keys import KeySchema, incarnation_field, is_decode, reason_field, validate_address
+from kvstatus.keys import KeySchema, incarnation_field, is_decode, reason_field, validate_address, validate_lease_ttl
 from kvstatus.model import OPEN, KVPoll, LeaseOutcome, LeaseState, Outcome, Stage
 from kvstatus.replies import stored_int, subscriber_counts, text
 from kvstatus.requests import Call, Request, script_call

@@ -11,26 +11,22 @@ from typing import Any, Optional, TypedDict, TypeVar
 from redis.cluster import key_slot  # type: ignore[attr-defined]
 
 from kvstatus import scripts
-from kvstatus.arguments import (
-    DEFAULT_TTL_SECONDS,
-    STATUS_ARG,
-    TOMBSTONE_TTL_SECONDS,
-    batch_args,
-    truncate_reason,
-    ttl_to_ms,
-)
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, SupersededError
 from kvstatus.keys import (
     DEFAULT_PARTICIPANT,
     DEFAULT_PREFIX,
+    DEFAULT_TTL_SECONDS,
     FATE_FIELD,
     MAX_ROOM,
     PROBE_PARTICIPANT,
+    TOMBSTONE_TTL_SECONDS,
     KeySchema,
     incarnation_field,
     late_field,
     reason_field,
     timeline_field,
+    truncate_reason,
+    ttl_to_ms,
     validate_name,
     validate_room,
     validate_rooms,
@@ -71,6 +67,49 @@ from kvstatus.rule import shared_status
 
 T = TypeVar("T")
 tomb = KeySchema.tombstone_of
+
+STATUS_ARG = tuple(str(s.value) for s in KVPoll)
+"""The script argument of each status, by its value ("0".."4")."""
+# The exact types whose statuses the batch hot path indexes STATUS_ARG with directly (bool is not one).
+_PLAIN_STATUS_TYPES = frozenset({KVPoll, int})
+
+
+def status_args(statuses: Iterable[KVPoll | int]) -> list[str]:
+    """The script argument ("0".."4") of each status; raises :class:`InvalidStatusError` for a bad one."""
+    values = list(statuses)
+    if values and set(map(type, values)) <= _PLAIN_STATUS_TYPES and 0 <= min(values) and max(values) <= 4:
+        return [STATUS_ARG[s] for s in values]
+    return [STATUS_ARG[to_status(s)] for s in values]
+
+
+def batch_args(updates: object) -> tuple[list[int], list[str]]:
+    """The validated rooms of an ``update_many`` batch and the script argument of each one's status, pair by pair.
+
+    Raises :class:`InvalidArgumentError` for a room that comes twice (a Mapping whose iteration yields it twice, or
+    equal int subclasses a dict holds as two keys): one script decides every room of a batch from one read, so a
+    second status would be decided without the first. A plain ``dict`` of ``int`` rooms, the hot path, cannot hold a
+    room twice and pays no check.
+    """
+    if type(updates) is dict:
+        rooms = list(updates)
+        if rooms and set(map(type, rooms)) == {int} and 0 <= min(rooms) and max(rooms) <= MAX_ROOM:
+            return rooms, status_args(updates.values())
+    elif not isinstance(updates, Mapping):
+        raise InvalidArgumentError(f"update_many expects a mapping of room -> status, not {type(updates).__name__}")
+    # Rooms and statuses from one walk over items(), so a Mapping whose __iter__ and values() disagree pairs right.
+    pairs = list(updates.items())
+    rooms = validate_rooms([room for room, _ in pairs])
+    if len(set(rooms)) != len(rooms):
+        first: dict[int, int] = {}
+        for i, room in enumerate(rooms):
+            if room in first:
+                raise InvalidArgumentError(
+                    f"update_many got room {room} twice (batch positions {first[room]} and {i}): a batch holds "
+                    "each room once; send updates of one room in order, in separate calls"
+                )
+            first[room] = i
+    return rooms, status_args([status for _, status in pairs])
+
 
 CHUNK_ROOMS = 1000
 """Rooms per script call of a batch, the batch's atomicity unit: docs/guide.md ("Batches and atomicity")."""

@@ -47,7 +47,7 @@ MAX_INT = 999_999_999_999_999
 MAX_TIME_MS = 253_402_300_799_999
 """The latest time a failure record may hold: 9999-12-31T23:59:59.999Z in Unix ms, the last a reader can show."""
 MAX_TEXT_BYTES = 2048
-"""The longest reason in UTF-8 bytes (:data:`kvstatus.arguments.MAX_REASON_BYTES`; the scripts refuse longer)."""
+"""The longest reason in UTF-8 bytes (:data:`kvstatus.keys.MAX_REASON_BYTES`; the scripts refuse longer)."""
 MAX_NAME_BYTES = 128
 """The longest participant or origin name (:data:`kvstatus.keys.MAX_NAME_LENGTH`)."""
 TIMELINE_MAX_BYTES = 160

@@ -10,11 +10,6 @@ import time
 from collections.abc import Generator, Iterable, Mapping
 from typing import Any, Callable, ClassVar, Final, Literal, Optional, Protocol, TypeVar, Union
 
-from kvstatus.arguments import (
-    DEFAULT_TTL_SECONDS,
-    validate_lease_ttl,
-    validate_script_mode,
-)
 from kvstatus.backend import Backend, RedisClient, client_kind, is_blocking
 from kvstatus.cachestate import (
     Freshness,
@@ -25,7 +20,16 @@ from kvstatus.cachestate import (
 )
 from kvstatus.concurrency import AsyncGate, Gate
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_address, validate_name, validate_room
+from kvstatus.keys import (
+    DEFAULT_PREFIX,
+    DEFAULT_TTL_SECONDS,
+    KeySchema,
+    validate_address,
+    validate_lease_ttl,
+    validate_name,
+    validate_room,
+    validate_script_mode,
+)
 from kvstatus.leasestate import LeaseCore
 from kvstatus.model import KVPoll, Policy, StoreObserver, UpdateResult, check_observer, to_status
 from kvstatus.operations import FunctionsCore, StoreCore

@@ -53,9 +53,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvstatus.arguments import validate_script_mode
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.keys import DEFAULT_PREFIX, KeySchema
+from kvstatus.keys import DEFAULT_PREFIX, KeySchema, validate_script_mode
 
 # CLIENT SETINFO (Redis >= 7.2) is left out on purpose: ACL SETUSER refuses it on older
 # servers, and redis-py ignores a refused SETINFO during its handshake.

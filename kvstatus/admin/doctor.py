@@ -21,9 +21,8 @@ from redis.sentinel import SentinelConnectionPool
 from kvstatus import scripts as lua
 from kvstatus._sync.store import StatusStore
 from kvstatus.admin.reads import Link, client_of, iter_room_keys, round_trip, scan_clients
-from kvstatus.arguments import DEFAULT_TTL_SECONDS
 from kvstatus.errors import KVStatusError, PermissionDeniedError
-from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT, KeySchema
+from kvstatus.keys import DEFAULT_TTL_SECONDS, MAX_ROOM, PROBE_PARTICIPANT, KeySchema
 from kvstatus.model import KVPoll, RoomView
 from kvstatus.replies import text
 from kvstatus.translate import REDIS_ERRORS, translate_error

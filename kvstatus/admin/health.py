@@ -19,7 +19,7 @@ tombstone note is :data:`NONE` (``("prefill-a", "(none)")``: the decode never wr
 prefill nor a decode participant (``other`` names, a cancel before any write) count in
 :attr:`Health.unpaired` only. A room id reused within the window counts once, by what it holds now.
 
-**The window is bounded by the tombstone TTL** (:data:`~kvstatus.arguments.TOMBSTONE_TTL_SECONDS`, 60 s): a
+**The window is bounded by the tombstone TTL** (:data:`~kvstatus.keys.TOMBSTONE_TTL_SECONDS`, 60 s): a
 success is seen only through its tombstone, so a longer window would miss successes that failures, kept by the
 room itself up to its TTL, outlive. :class:`HealthSettings` refuses a longer window.
 
@@ -46,9 +46,8 @@ from kvstatus.admin.reads import (
     server_ms,
     without_probe,
 )
-from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.errors import CorruptedValueError
-from kvstatus.keys import ROLES, TOMBSTONE_SUFFIX, KeySchema, naming
+from kvstatus.keys import ROLES, TOMBSTONE_SUFFIX, TOMBSTONE_TTL_SECONDS, KeySchema, naming
 from kvstatus.model import KVPoll, RoomView, Stage, Tombstone
 from kvstatus.replies import decode_room, decode_tombstone
 from kvstatus.requests import Call

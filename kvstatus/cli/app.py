@@ -22,11 +22,10 @@ import click
 
 from kvstatus import connection
 from kvstatus.admin.reads import DEFAULT_BATCH
-from kvstatus.arguments import DEFAULT_TTL_SECONDS, ttl_to_ms
 from kvstatus.backend import Backend
 from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
 from kvstatus.errors import InvalidArgumentError, KVStatusError, mask_url
-from kvstatus.keys import DEFAULT_PREFIX, KeySchema, parse_room, validate_name
+from kvstatus.keys import DEFAULT_PREFIX, DEFAULT_TTL_SECONDS, KeySchema, parse_room, ttl_to_ms, validate_name
 from kvstatus.model import KVPoll, parse_status
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
@@ -248,7 +247,7 @@ participant_filter_option = click.option(
 
 
 class TTLType(click.ParamType):
-    """A TTL in seconds, checked by the library's own rule (kvstatus.arguments.ttl_to_ms)."""
+    """A TTL in seconds, checked by the library's own rule (kvstatus.keys.ttl_to_ms)."""
 
     name = "SECONDS"
 

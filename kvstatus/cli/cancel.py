@@ -7,7 +7,6 @@ from typing import Any, Optional
 import click
 
 from kvstatus.admin.reads import read_rooms
-from kvstatus.arguments import truncate_reason
 from kvstatus.cli.app import (
     EXIT_SERVED,
     ROOM,
@@ -22,7 +21,7 @@ from kvstatus.cli.app import (
 )
 from kvstatus.cli.rooms import store_for
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.keys import validate_name
+from kvstatus.keys import truncate_reason, validate_name
 from kvstatus.model import CancelOutcome, CancelResult, FailureRecord
 
 DEFAULT_ORIGIN = "operator"

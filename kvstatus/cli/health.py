@@ -18,7 +18,6 @@ from kvstatus.admin.health import (
     HealthSettings,
     read_health,
 )
-from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
 from kvstatus.cli.app import (
     DURATION,
     CliEnv,
@@ -32,6 +31,7 @@ from kvstatus.cli.app import (
     safe,
 )
 from kvstatus.cli.app import table as text_table
+from kvstatus.keys import TOMBSTONE_TTL_SECONDS
 
 EXIT_UNHEALTHY = 5
 """``kvstatus health`` found an unhealthy pair (1 stays "could not look": Redis unreachable, ACL denied)."""

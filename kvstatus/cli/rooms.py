@@ -19,7 +19,6 @@ from kvstatus.admin.reads import (
     without_probe,
 )
 from kvstatus.admin.stats import without_timeline
-from kvstatus.arguments import DEFAULT_TTL_SECONDS, truncate_reason
 from kvstatus.cli.app import (
     EXIT_REFUSED,
     ROOM,
@@ -50,6 +49,7 @@ from kvstatus.cli.timing import (
     timelines_json,
 )
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
+from kvstatus.keys import DEFAULT_TTL_SECONDS, truncate_reason
 from kvstatus.model import FailureRecord, KVPoll, Outcome, Policy, RoomView, elapsed_text
 from kvstatus.rule import fate_text, read_names, reads
 from kvstatus.stuck import stuck as stuck_room

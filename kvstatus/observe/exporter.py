@@ -29,8 +29,7 @@ from prometheus_client.registry import Collector
 
 from kvstatus.admin.health import HealthSettings, PairHealth
 from kvstatus.admin.stats import bucket_labels
-from kvstatus.arguments import DEFAULT_TTL_SECONDS
-from kvstatus.keys import KeySchema
+from kvstatus.keys import DEFAULT_TTL_SECONDS, KeySchema
 from kvstatus.model import KVPoll, Stage
 from kvstatus.observe.scanner import LostParticipants, PassLoop
 from kvstatus.observe.timings import OPEN_STATUSES

@@ -140,7 +140,7 @@ def _flag(env: Mapping[str, str], variable: str) -> Optional[bool]:
 
 
 def _room_ttl(seconds: float) -> float:
-    from kvstatus.arguments import ttl_to_ms
+    from kvstatus.keys import ttl_to_ms
 
     ttl_to_ms(seconds)
     return seconds
@@ -148,8 +148,8 @@ def _room_ttl(seconds: float) -> float:
 
 def _lease_ttl(seconds: float) -> float:
     """0 (no lease) or a lease TTL in [3, 3600] seconds."""
-    from kvstatus.arguments import MAX_LEASE_TTL, MIN_LEASE_TTL, validate_lease_ttl
     from kvstatus.errors import InvalidArgumentError
+    from kvstatus.keys import MAX_LEASE_TTL, MIN_LEASE_TTL, validate_lease_ttl
 
     if seconds == 0:
         return 0.0
@@ -167,9 +167,8 @@ def install_options(environ: Optional[Mapping[str, str]] = None) -> dict[str, An
 
     Every error is a :class:`~kvstatus.sglang.startup.SettingError` naming its variable.
     """
-    from kvstatus.arguments import validate_script_mode
     from kvstatus.errors import InvalidArgumentError
-    from kvstatus.keys import validate_name
+    from kvstatus.keys import validate_name, validate_script_mode
     from kvstatus.model import to_policy
     from kvstatus.url import parse_url
 

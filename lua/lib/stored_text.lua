@@ -1,7 +1,7 @@
 -- Texts, names and failure records read back from Redis ("-- @include stored_text", after "-- @include stored"):
 -- the accept/reject rules of kvstatus/replies.py, as in lua/lib/stored.lua.
 
-local STORED_MAX_TEXT = 2048  -- bytes of a reason (kvstatus.arguments.MAX_REASON_BYTES)
+local STORED_MAX_TEXT = 2048  -- bytes of a reason (kvstatus.keys.MAX_REASON_BYTES)
 local STORED_MAX_NAME = 128  -- bytes of a participant or origin name (kvstatus.keys.MAX_NAME_LENGTH)
 local STORED_STAGES = {bootstrap = true, waiting = true, transfer = true, ["lease-lost"] = true,
   superseded = true, cancelled = true}

@@ -21,8 +21,7 @@ from kvstatus import KVPoll, StatusStore
 from kvstatus.admin.acl import acl_rules
 from kvstatus.admin.functions import load_functions
 from kvstatus.admin.reads import iter_rooms
-from kvstatus.arguments import MAX_REASON_BYTES
-from kvstatus.keys import KeySchema
+from kvstatus.keys import MAX_REASON_BYTES, KeySchema
 from kvstatus.operations import CHUNK_ROOMS
 from tests.helpers.resp import resp
 from tests.nearcache.helpers import eventually

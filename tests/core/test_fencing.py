@@ -25,8 +25,7 @@ from kvstatus import (
 )
 from kvstatus.admin import sweep as sweep_module
 from kvstatus.admin.sweep import sweep
-from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
-from kvstatus.keys import KeySchema
+from kvstatus.keys import TOMBSTONE_TTL_SECONDS, KeySchema
 from kvstatus.model import Policy
 from kvstatus.requests import Request, script_call
 from kvstatus.rule import apply_fenced

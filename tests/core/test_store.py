@@ -17,7 +17,7 @@ from kvstatus import (
     Outcome,
     RoomView,
 )
-from kvstatus.arguments import MAX_REASON_BYTES
+from kvstatus.keys import MAX_REASON_BYTES
 from tests.helpers.backends import RedisUnderTest
 
 BAD_ROOMS = [True, False, -1, 2**63, 1.0, "1", None, b"1"]

@@ -8,8 +8,7 @@ import pytest
 
 from kvstatus import KVPoll, Outcome
 from kvstatus.admin.reads import iter_rooms
-from kvstatus.arguments import TOMBSTONE_TTL_SECONDS
-from kvstatus.keys import KeySchema
+from kvstatus.keys import TOMBSTONE_TTL_SECONDS, KeySchema
 from tests.helpers.backends import RedisUnderTest
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed

@@ -23,14 +23,12 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Optional
 
 from kvstatus import scripts
-from kvstatus.cachestate import writes_sent
-from kvstatus.consensus import Entries, entries_request
 from kvstatus.errors import BackendError, LeaseLostError
 from kvstatus.keys import KeySchema, incarnation_field, is_decode, reason_field, validate_address, validate_lease_ttl
 from kvstatus.model import OPEN, KVPoll, LeaseOutcome, LeaseState, Outcome, Stage
 from kvstatus.replies import stored_int, subscriber_counts, text
 from kvstatus.requests import Call, Request, script_call
-from kvstatus.rule import lost_reason
+from kvstatus.rule import Entries, entries_request, lost_reason
 
 if TYPE_CHECKING:  # the watch is handed in; importing it would stack this module on top of it
     from kvstatus.operations import StoreCore
@@ -301,7 +299,7 @@ def _fail_orphans(watch: PeerWatch, rooms: list[int], seconds: float) -> Steps:
             yield core.record_failure(room, orphan_reason(room, seconds))
             result = yield core.update_status(room, KVPoll.Failed)
         finally:
-            writes_sent(core.schema, [room])  # this process's reads of the room see the failure at once
+            watch.drop_cached([room])  # this process's reads of the room see the failure at once
         watch.wrote(room, result.status)
         failed += result.outcome is Outcome.FAILED
     if failed:
@@ -364,7 +362,7 @@ def _fail(watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: s
     try:
         outcomes: list[Outcome] = yield fail_entries_request(watch.core, rooms, name, stage, reason, below)
     finally:
-        writes_sent(watch.core.schema, rooms)  # this process's reads of those rooms see the failure at once
+        watch.drop_cached(rooms)  # this process's reads of those rooms see the failure at once
     failed = outcomes.count(Outcome.FAILED)
     if failed:
         log.warning(

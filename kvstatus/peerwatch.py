@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from kvstatus import scripts
 from kvstatus.errors import CorruptedValueError, PermissionDeniedError
 from kvstatus.keys import ADDRESS_FIELD, MAX_NAME_LENGTH, role_of
 from kvstatus.model import OPEN, KVPoll, LeaseOutcome, LeaseState
-from kvstatus.operations import StoreCore
 from kvstatus.replies import ReplyOrError, stored_int, subscriber_counts, text
 from kvstatus.requests import Call, Request, script_call
 from kvstatus.translate import checked, translate_error
+
+if TYPE_CHECKING:  # a core is handed in; importing operations would stack this module on top of it
+    from kvstatus.operations import StoreCore
 
 WATCH_SECONDS = 1.0
 """Seconds between two looks at the peers' marks: a dead peer's rooms fail within its lease TTL plus this."""
@@ -93,12 +95,20 @@ class PeerWatch:
     """A store's open rooms and its view of the peers' lease marks; the requests of a watch, without I/O.
 
     ``lease_ttl`` and ``keep`` are seconds (``keep``: how long a lease record outlives its last renewal; a mark
-    unchanged for that long is dropped from the index). :meth:`wrote` and :meth:`closed` are called by the
-    store's writes, from any thread (single dict operations, atomic under the GIL); the rest by the keeper.
+    unchanged for that long is dropped from the index). ``drop_cached(rooms)`` makes this process's near caches
+    drop rooms the watch failed. :meth:`wrote` and :meth:`closed` are called by the store's writes, from any thread
+    (single dict operations, atomic under the GIL); the rest by the keeper.
     """
 
-    def __init__(self, core: StoreCore, lease_ttl: float, keep: float, interval: float = WATCH_SECONDS) -> None:
-        self.core = core
+    def __init__(
+        self,
+        core: StoreCore,
+        lease_ttl: float,
+        keep: float,
+        drop_cached: Callable[[list[int]], None],
+        interval: float = WATCH_SECONDS,
+    ) -> None:
+        self.core, self.drop_cached = core, drop_cached
         self.participant = core.participant
         self.key = core.schema.lease_index_key
         self.lease_ttl, self.keep, self.interval = lease_ttl, keep, interval

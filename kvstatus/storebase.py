@@ -5,6 +5,7 @@ a store sends goes through its one :class:`~kvstatus._async.sender.AsyncSender` 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Generator, Iterable, Mapping
@@ -141,7 +142,9 @@ class StoreBase:
             keep_ms = self._core.ttl_ms + round(lease_ttl * 1000)
             lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl, keep_ms=keep_ms, address=address)
             lease.on_epoch = self._core.fence
-            self._watch = PeerWatch(self._core, lease_ttl, keep=keep_ms / 1000)
+            self._watch = PeerWatch(
+                self._core, lease_ttl, keep_ms / 1000, functools.partial(writes_sent, self._core.schema)
+            )
             presence = self._presence_class(
                 self.client, self._watch.channel, cluster=self._core.cluster, deadline=self.options.deadline
             )

@@ -1,5 +1,6 @@
 -- A participant's lease: acquire, renew or release it, atomically, against Redis' own clock.
--- kvstatus/_async/leases.py (the keeper) keeps it alive; kvstatus/consensus.py and the sweeper read it (lua/room_statuses.lua).
+-- kvstatus/_async/leases.py (the keeper) keeps it alive; the consensus read (kvstatus/rule.py) and the sweeper
+-- read it (lua/room_statuses.lua).
 --
 -- KEYS[1]  the lease record, a hash: <prefix>:<namespace>:lease:<participant>
 -- ARGV[1]  "acquire", "renew", "release" or "expire" (a peer watch's, below: then ARGV[2] and ARGV[3] only)

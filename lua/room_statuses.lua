@@ -1,6 +1,6 @@
 #!lua flags=no-writes
 -- The consensus read of many rooms over expected participants, in one command (single Redis).
--- kvstatus/consensus.py turns the reply into each room's RoomConsensus; on a cluster it reads the
+-- kvstatus/rule.py turns the reply into each room's RoomConsensus; on a cluster it reads the
 -- same data with one HMGET per room and this script once per lease key (ARGV[1] = "0", ARGV[2] = "").
 --
 -- KEYS[1..n]      room hashes

@@ -16,13 +16,13 @@ from kvstatus.backend import AsyncClient
 from kvstatus.cachestate import NearCacheOptions
 from kvstatus.concurrency import AsyncGate, AsyncSignal, async_checkpoint, async_sleep
 from kvstatus.connection import connect_async
-from kvstatus.consensus import consensus_calls
 from kvstatus.deadline import DEADLINE, may_wait
 from kvstatus.errors import BackendRefusedError, InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.model import CancelResult, FailureRecord, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
 from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
+from kvstatus.rule import consensus_calls
 from kvstatus.storebase import (
     CLOCK,
     POLL_INTERVAL_SECONDS,

@@ -7,7 +7,7 @@
 2. The rooms are walked with SCAN in batches of ``batch`` keys (bounded
    memory, every cluster primary). Per batch, one round trip reads the lost
    participants' entries *and* their lease states again (the read of the
-   consensus view, :func:`kvstatus.consensus.entries_request`), so a
+   consensus view, :func:`kvstatus.rule.entries_request`), so a
    participant that came back under a new incarnation meanwhile is left alone.
 3. For each participant still lost, its entries in Bootstrapping,
    WaitingForInput or Transferring are failed by ``lua/sweep.lua``: per room,
@@ -36,12 +36,11 @@ from typing import Any, Optional
 
 from kvstatus._sync.store import StatusStore
 from kvstatus.admin.reads import DEFAULT_BATCH, Progress, iter_room_keys, list_leases
-from kvstatus.consensus import MAX_PARTICIPANTS, Entries, entries_request
 from kvstatus.errors import CorruptedValueError
 from kvstatus.keys import KeySchema
 from kvstatus.leasestate import fail_entries_request
 from kvstatus.model import OPEN, LeaseState, Outcome, Stage
-from kvstatus.rule import lost_reason
+from kvstatus.rule import MAX_PARTICIPANTS, Entries, entries_request, lost_reason
 
 SAMPLE = 5
 """How many skipped keys a sweep names (``skipped_sample``)."""

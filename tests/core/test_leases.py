@@ -22,9 +22,8 @@ from kvstatus import (
     StatusStore,
 )
 from kvstatus.admin.reads import list_leases, lost_participants
-from kvstatus.consensus import consensus_calls
 from kvstatus.keys import KeySchema
-from kvstatus.rule import room_consensus
+from kvstatus.rule import consensus_calls, room_consensus
 from tests.helpers.backends import RedisUnderTest, fresh_namespace
 from tests.servers import RedisServer, free_port
 

@@ -52,7 +52,7 @@ store it checks (14 before); 9 once the value parser and the replies became one 
 holds here."""
 
 
-MAX_LIBRARY_MODULES = 31
+MAX_LIBRARY_MODULES = 30
 MAX_LIBRARY_LINES = 9_750
 """Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted
 by hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files
@@ -70,7 +70,8 @@ kvstatus.sendrules left its rules with the calls (kvstatus.requests) and its obs
 34 and 9,774 once wait_for watched on a near cache (its watch hub, tickets and pool retired) and its driver
 joined the store; 32 and 9,747 once the plan of a wait joined kvstatus.storebase and the peer watch's acts
 kvstatus.leasestate (a wait riding through a restart added 12); 31 and 9,742 once kvstatus.arguments went to
-kvstatus.keys (its checks) and kvstatus.operations (a batch's statuses as script arguments). Issue 34's budget is 30 modules and 8,500 lines;
+kvstatus.keys (its checks) and kvstatus.operations (a batch's statuses as script arguments); 30 and 9,747 once
+kvstatus.consensus joined kvstatus.rule. Issue 34's budget is 30 modules and 8,500 lines;
 lower these as merges land."""
 
 

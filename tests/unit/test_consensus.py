@@ -1,4 +1,4 @@
-"""The room consensus rule (kvstatus.consensus), pure Python: a table written from the issue, and the batch fast path."""
+"""The room consensus rule (kvstatus.rule), pure Python: a table written from the issue, and the batch fast path."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstatus import InvalidArgumentError, KVPoll, LeaseState, RoomConsensus
-from kvstatus.consensus import Entries, consensus_many, validate_participants
-from kvstatus.rule import room_consensus
+from kvstatus.rule import Entries, consensus_many, room_consensus, validate_participants
 
 F, B, W, T, S = KVPoll.Failed, KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success
 NONE, ALIVE, LOST = LeaseState.NONE, LeaseState.ALIVE, LeaseState.LOST

@@ -30,6 +30,11 @@ def is_blocking(client: object) -> TypeGuard[Client]:
     return not isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster))
 
 
+def can_track(client: object) -> bool:
+    """Whether ``client`` may reach a server that has CLIENT TRACKING: any but fakeredis'."""
+    return not type(client).__module__.startswith("fakeredis")
+
+
 def client_kind(client: object) -> str:
     """``client``'s class by its full name, for an error that says which client it was."""
     return f"{type(client).__module__}.{type(client).__qualname__}"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from redis import exceptions as rx
 
+from kvstatus.backend import can_track
 from kvstatus.connection import SlotMoved
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import KeySchema, validate_rooms
@@ -444,7 +445,7 @@ def make_near_cache(
         return setting
     if setting is not True and not isinstance(setting, NearCacheOptions):
         raise InvalidArgumentError(f"invalid near_cache {setting!r}: expected True, False or NearCacheOptions")
-    if type(client).__module__.startswith("fakeredis"):
+    if not can_track(client):
         raise InvalidArgumentError("the near cache needs a real Redis (CLIENT TRACKING); fakeredis has none")
     options = setting if isinstance(setting, NearCacheOptions) else NearCacheOptions()
     return cache_class(client, schema, options, sender)

@@ -12,7 +12,7 @@ from typing import Optional, TypeVar
 from kvstatus._async.leases import AsyncLeaseKeeper, AsyncPresence
 from kvstatus._async.nearcache import AsyncNearCache
 from kvstatus._async.sender import AsyncSender
-from kvstatus.backend import AsyncClient
+from kvstatus.backend import AsyncClient, can_track
 from kvstatus.cachestate import NearCacheOptions
 from kvstatus.concurrency import AsyncGate, AsyncSignal, async_checkpoint, async_sleep
 from kvstatus.connection import connect_async
@@ -178,7 +178,7 @@ class AsyncStatusStore(StoreBase):
     def _waits_cache(self) -> Optional[AsyncNearCache]:
         """The near cache the waits of a store without its own watch on: one per backend, namespace and process,
         made by the first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
-        if type(self.client).__module__.startswith("fakeredis"):
+        if not can_track(self.client):
             return None
         schema = self._core.schema
 

@@ -13,7 +13,7 @@ from typing import Optional, TypeVar
 from kvstatus._sync.leases import LeaseKeeper, Presence
 from kvstatus._sync.nearcache import NearCache
 from kvstatus._sync.sender import Sender
-from kvstatus.backend import Client
+from kvstatus.backend import Client, can_track
 from kvstatus.cachestate import NearCacheOptions
 from kvstatus.concurrency import Gate, Signal, checkpoint, sleep
 from kvstatus.connection import connect
@@ -179,7 +179,7 @@ class StatusStore(StoreBase):
     def _waits_cache(self) -> Optional[NearCache]:
         """The near cache the waits of a store without its own watch on: one per backend, namespace and process,
         made by the first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
-        if type(self.client).__module__.startswith("fakeredis"):
+        if not can_track(self.client):
             return None
         schema = self._core.schema
 

@@ -21,6 +21,7 @@ from redis.sentinel import SentinelConnectionPool
 from kvstatus import scripts as lua
 from kvstatus._sync.store import StatusStore
 from kvstatus.admin.reads import Link, client_of, iter_room_keys, round_trip, scan_clients
+from kvstatus.backend import can_track
 from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.keys import DEFAULT_TTL_SECONDS, MAX_ROOM, PROBE_PARTICIPANT, KeySchema
 from kvstatus.model import KVPoll, RoomView
@@ -417,7 +418,7 @@ def run_checks(
     checks.append(ttl_check(client, schema, ttl, write=write, scripts=scripts))
     checks.extend(permission_checks(results, scripts))
     checks.append(isolation_check(client))
-    fake = type(client_of(client)).__module__.startswith("fakeredis")
+    fake = not can_track(client_of(client))
     if fake:
         checks.append(Check("tracking", True, "not tested: fakeredis has no CLIENT TRACKING"))
     else:

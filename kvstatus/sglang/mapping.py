@@ -50,61 +50,17 @@ class RoomStatusMap:
 
     Each operation is one store call on the store's participant, so one round trip (``pop`` included: the
     removal answers what it removed), and none for a read the store's near cache answers (install()'s default):
+    ``room in m``; ``m[room]`` (``KeyError(room)`` without an entry); ``m.get(room, default=None)``;
+    ``m[room] = status``, which **applies the update rule** (``store.update_status`` under the store's policy;
+    :meth:`update_status` returns the outcome); ``del m[room]``; ``m.pop(room, default)``; ``m.collect(room)``
+    (each PP rank's status, with ``pp_participants``); ``m.consensus(room)`` (``store.room_status`` over the ranks).
+    ``len(m)`` and ``iter(m)`` raise ``TypeError``: counting a shared namespace would SCAN Redis.
 
-    - ``room in m``: True when the participant has an entry in ``room``.
-    - ``m[room]``: the status; ``KeyError(room)`` when there is no entry.
-    - ``m.get(room, default=None)``: the status, or ``default``.
-    - ``m[room] = status``: **applies the update rule**, it does not overwrite: exactly
-      ``store.update_status(room, status)`` under the store's policy (``strict`` for SGLang). A late Failed on
-      a cleared room is ignored, a status never goes backwards, and under ``strict`` Failed stays Failed and
-      only Bootstrapping/WaitingForInput create an entry: what every assignment in SGLang means
-      (``update_status`` assigns only what its rule decided). :meth:`update_status` returns the outcome.
-    - ``del m[room]``: removes the entry (and its failure reason); ``KeyError`` when there was none.
-    - ``m.pop(room, default)``: the status the entry held when it was removed, or ``default``.
-    - ``m.collect(room)``: with ``pp_participants`` (one name per PP rank), each rank's status in rank order,
-      None where a rank has no entry, in one read (the room hash holds every rank's field). Replaces
-      ``PPConsensusStore.collect``; unlike it, it works on any rank. ``install()``'s
-      ``check_status_pp_consensus`` is upstream's minimum over it.
-    - ``m.consensus(room)``: the room's :class:`~kvstatus.RoomConsensus` over the ranks
-      (``store.room_status``, one round trip, lease records read too).
-    - ``len(m)`` and ``iter(m)`` raise ``TypeError``: the map is a view of a namespace every node shares, and
-      counting it would SCAN Redis. Like ``PPConsensusStore``, the map is always true in a boolean context.
-
-    **``in`` then ``m[room]``.** SGLang tests ``room in m`` and then reads ``m[room]`` (``check_status``); each is
-    a read of its own (none with the near cache, below), and SGLang's transfer threads do it while the scheduler
-    pops concluded rooms. So ``m[room]`` that finds no entry within
-    :data:`~kvstatus.sglang.outage.REMOVAL_RACE_SECONDS` of *another thread's* ``pop``/``del``/``clear_room`` of
-    the room answers the removed status, as if it had come first (:meth:`_remove`), instead of raising
-    ``KeyError``. An outage that starts in between makes the read answer Failed, and an open room whose entry
-    Redis lost in between reads Failed with that cause (below).
-
-    **Room ids kvstatus cannot store** (-1, 2**63, "42", None) are answered as rooms that failed from the
-    start, without touching Redis: ``in`` is True, reads answer Failed, a write returns
-    :data:`~kvstatus.sglang.outage.INVALID_ROOM_RESULT` (:mod:`kvstatus.sglang.outage` says why).
-
-    **Shared fate.** With the store's ``shared_fate`` on (its default), every read answers as ``store.get`` does
-    (:mod:`kvstatus.rule`): an open entry of a room that another participant failed, or that was cancelled, reads
-    Failed; ``collect`` judges each rank's entry the same way. ``on_failed``, when given, is called with the room
-    each time ``m[room]`` or ``m.get`` answers Failed (``install()`` uses it to put the room's first failure in the
-    manager's ``failure_records``); a read that answers anything else costs nothing more.
-
-    **When Redis fails a call** (down, hung past the deadline, a refused ACL, a lost lease, a corrupted value), the
-    map does not raise into the engine: the room reads Failed (``in`` True) until the engine removes it
-    (:mod:`kvstatus.sglang.outage`), a write returns :data:`UNANSWERED_RESULT`, and ``on_failed`` gets the
-    error as the reason; for :data:`~kvstatus.sglang.outage.OUTAGE_SECONDS` every call answers so at once, without
-    I/O, and a background probe finds when Redis answers again (:mod:`kvstatus.sglang.outage`). A store call that
-    raises what none should (a defect below the map) fails its room the same way, logged once per exception type
-    with its traceback. An open room whose entry Redis lost (a restart without persistence) reads Failed with that
-    cause, and is never written again (:class:`~kvstatus.sglang.outage.OpenRooms`).
-
-    **At the price of a dict.** With the store's near cache (install()'s default), ``in``, ``m[room]``, ``get`` and
-    ``collect`` first look the room up in the cache's status maps, with no lock and no I/O, while the cache's state
-    says they are fresh (:class:`~kvstatus.cachestate.Freshness`: its links were checked at most
-    :data:`~kvstatus.cachestate.POLL_GATE` ago and are live); a room not cached, Failed, or read when the maps are
-    not fresh takes the full path above. Another process's change reaches these reads once Redis' invalidation
-    arrives, and at most ``POLL_GATE`` later; this process's own writes at once. So a poll (``in``, then
-    ``check_status`` or the PP consensus) of an unchanged room costs no round trip; without the near cache it
-    costs two.
+    What the map answers instead of raising into the engine (a removal racing ``m[room]``, room ids it cannot
+    store, a failed Redis call, an open room whose entry Redis lost) is :mod:`kvstatus.sglang.outage`'s, and
+    every read judges shared fate as ``store.get`` does; ``on_failed(room)`` is told of each read that answers
+    Failed. The lock-free read of the near cache's status maps is :class:`~kvstatus.cachestate.Freshness`. The
+    user's view of all of it: docs/sglang.md ("What changes, and what does not", "In code").
     """
 
     def __init__(

@@ -53,7 +53,7 @@ holds here."""
 
 
 MAX_LIBRARY_MODULES = 30
-MAX_LIBRARY_LINES = 9_750
+MAX_LIBRARY_LINES = 9_710
 """Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted
 by hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files
 count): 48 modules and 10,733 lines at 8d3c374; 46 once kvstatus.fate joined kvstatus.rule and the replies
@@ -71,7 +71,8 @@ kvstatus.sendrules left its rules with the calls (kvstatus.requests) and its obs
 joined the store; 32 and 9,747 once the plan of a wait joined kvstatus.storebase and the peer watch's acts
 kvstatus.leasestate (a wait riding through a restart added 12); 31 and 9,742 once kvstatus.arguments went to
 kvstatus.keys (its checks) and kvstatus.operations (a batch's statuses as script arguments); 30 and 9,747 once
-kvstatus.consensus joined kvstatus.rule. Issue 34's budget is 30 modules and 8,500 lines;
+kvstatus.consensus joined kvstatus.rule; 9,709 once RoomStatusMap's docstring pointed to docs/sglang.md for what
+it repeated. Issue 34's budget is 30 modules and 8,500 lines;
 lower these as merges land."""
 
 

@@ -11,12 +11,14 @@ timeline steps kept too).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from kvstatus.admin.reads import DEFAULT_BATCH, Progress, iter_rooms, server_ms
+from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import KeySchema
 from kvstatus.model import FailureRecord, KVPoll, RoomView
 from kvstatus.rule import failed_by_fate, reads
@@ -221,19 +223,34 @@ def watch_changes(
     batch: int = DEFAULT_BATCH,
     sleep: Callable[[float], None] = time.sleep,
     detail: bool = False,
+    unavailable: Optional[Callable[[Optional[BackendUnavailableError]], None]] = None,
 ) -> Iterator[tuple[Snapshot, list[Change]]]:
     """Yield (snapshot, changes since the previous one) every ``interval`` seconds, ``count`` times or forever.
 
     The first snapshot comes with no changes. The generator sleeps only
     between snapshots, so a consumer that stops iterating stops at once.
     ``detail``: take detailed snapshots (:func:`entry_events` reads their details).
+    With ``unavailable``, a refresh after the first that finds Redis unavailable (a restart, a failover) calls
+    ``unavailable(error)`` and counts as a refresh, and the next snapshot calls ``unavailable(None)`` first;
+    without it, or at the first refresh, the error is raised.
     """
     previous: Optional[Snapshot] = None
-    taken = 0
-    while count is None or taken < count:
-        if previous is not None:
+    failing = False
+    for taken in itertools.count():
+        if count is not None and taken >= count:
+            return
+        if taken:
             sleep(interval)
-        snap = Snapshot.take(client, schema, batch, detail=detail)
+        try:
+            snap = Snapshot.take(client, schema, batch, detail=detail)
+        except BackendUnavailableError as error:
+            if previous is None or unavailable is None:
+                raise
+            failing = True
+            unavailable(error)
+            continue
+        if failing and unavailable is not None:
+            failing = False
+            unavailable(None)
         yield snap, (list(diff(previous, snap)) if previous is not None else [])
         previous = snap
-        taken += 1

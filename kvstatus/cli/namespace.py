@@ -35,6 +35,7 @@ from kvstatus.cli.app import (
     ttl_option,
     ttl_text,
 )
+from kvstatus.errors import BackendUnavailableError
 from kvstatus.model import KVPoll, Policy
 from kvstatus.rule import apply_rule, reads
 from kvstatus.rule import explain as explain_rule
@@ -225,12 +226,28 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_r
     previous refresh: room (a JSON integer), participant, status,
     previous_status, at_ms (Redis' clock), and for a Failed entry its reason
     and the room's first failure (docs/cli.md has the schema). Exits cleanly on Ctrl-C.
+
+    Once the first refresh worked, a refresh that finds Redis unavailable (a
+    restart, a failover) says so on stderr and the watch goes on; exits 1 if
+    the last refresh of --count found it so.
     """
     schema = env.schema()
     terminal = sys.stdout.isatty() and not as_json
     previous: Optional[Snapshot] = None
+    outage: list[BackendUnavailableError] = []  # the error of the refresh that failed last, while Redis is away
+
+    def unavailable(error: Optional[BackendUnavailableError]) -> None:
+        if error is None:
+            click.echo("Redis answers again", err=True)
+        elif not outage:
+            click.echo(f"{error}\nkvstatus watch goes on: trying again every {interval:g} s", err=True)
+        outage[:] = [error] if error is not None else []
+
     try:
-        for snap, changes in watch_changes(env.backend(), schema, interval, count=count, batch=batch, detail=as_json):
+        refreshes = watch_changes(
+            env.backend(), schema, interval, count=count, batch=batch, detail=as_json, unavailable=unavailable
+        )
+        for snap, changes in refreshes:
             if as_json:
                 emit_json(
                     {
@@ -254,6 +271,9 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_r
     except KeyboardInterrupt:
         if not as_json:
             click.echo("\nstopped", err=True)
+        return
+    if outage:
+        raise outage[0]  # the last refresh found Redis away: exit 1, as at the first
 
 
 _VERDICT_MARKS = {

@@ -14,7 +14,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from kvstatus.concurrency import AsyncGate, Gate
-from kvstatus.connection import is_cluster_client
+from kvstatus.connection import ASYNC_CLIENTS, is_cluster_client
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.url import ConnectionOptions
 
@@ -27,7 +27,7 @@ RedisClient = Union[Client, AsyncClient]
 
 def is_blocking(client: object) -> TypeGuard[Client]:
     """Whether ``client`` is a blocking redis-py client, not a redis.asyncio one (fakeredis' are either kind)."""
-    return not isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster))
+    return not isinstance(client, ASYNC_CLIENTS)
 
 
 def can_track(client: object) -> bool:

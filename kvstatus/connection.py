@@ -8,19 +8,18 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import redis
 import redis.asyncio
+import redis.asyncio.connection
 import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.sentinel
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster, key_slot  # type: ignore[attr-defined]
 from redis.retry import Retry
-
-if TYPE_CHECKING:
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from kvstatus.deadline import (
     AsyncDeadlineConnection,
@@ -183,6 +182,9 @@ class _AsyncTLSHandshake:
 _CLASSES: dict[tuple[type, bool], type] = {}
 
 
+ASYNC_CLIENTS = (redis.asyncio.Redis, AsyncRedisCluster)  # fakeredis' async client is a redis.asyncio.Redis
+
+
 def connection_class(base: type, tls: bool) -> type:
     """``base`` (a redis-py connection class) with the deadline of store calls, and the TLS handshake checks
     (one class per base, made once)."""
@@ -193,7 +195,7 @@ def connection_class(base: type, tls: bool) -> type:
 
 
 def _with_mixins(base: type, tls: bool) -> type:
-    asynchronous = base.__module__.startswith("redis.asyncio")
+    asynchronous = issubclass(base, redis.asyncio.connection.AbstractConnection)
     named = AsyncNamedServerConnection if asynchronous else NamedServerConnection  # errors name the server
     mixins: tuple[type, ...] = (named, AsyncDeadlineConnection if asynchronous else DeadlineConnection)
     if tls:
@@ -236,10 +238,9 @@ def _cluster(
     kwargs["max_connections"] = options.max_connections
     if asynchronous:
         from redis.asyncio.cluster import ClusterNode as AsyncNode
-        from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
         nodes = [AsyncNode(host, port) for host, port in parsed.hosts]
-        cluster = AsyncCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
+        cluster = AsyncRedisCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
         # Nodes are built from these kwargs when the client first connects.
         manager = cluster.nodes_manager
         default = redis.asyncio.SSLConnection if parsed.tls else redis.asyncio.Connection
@@ -421,9 +422,7 @@ class Topology:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.cluster = is_cluster_client(client)
-        self.asynchronous = type(client).__module__.startswith("redis.asyncio") or type(client).__module__.startswith(
-            "fakeredis.aioredis"
-        )
+        self.asynchronous = isinstance(client, ASYNC_CLIENTS)
         self.sentinel = is_sentinel_client(client)
 
     def probe_command(self) -> Optional[tuple[str, ...]]:

@@ -337,18 +337,8 @@ class ClearedObserver(Protocol):
         """``clear`` or ``pop`` removed an entry whose timeline was ``steps`` (never empty). Cheap, must not raise."""
 
 
-HOOKS: tuple[str, ...] = (
-    "on_call",
-    "on_update",
-    "on_updates",
-    "on_error",
-    "on_resend",
-    "on_cache_hit",
-    "on_cache_miss",
-    "on_cache_invalidation",
-    "set_cache_size",
-    "for_participant",
-)
+HOOKS: tuple[str, ...] = tuple(name for name, hook in vars(StoreObserver).items() if callable(hook) and name[0] != "_")
+"""The names of :class:`StoreObserver`'s methods, in its order: what a ``metrics`` object must have."""
 
 
 def _missing_hooks(metrics: object) -> list[str]:

@@ -304,7 +304,7 @@ async def async_wait_for(
                 signal.clear()  # before the read: a change after it wakes the wait
                 if not watching and cache is not None:
                     watching = cache.watch(room, wake)
-                reply = watching and cache is not None and cache.refused is None and not cache.closed
+                reply = watching and cache is not None and cache.tracking
             elif action[0] == READ:
                 step = DEADLINE.set(step_deadline(ends, deadline))  # the send path keeps the earlier one
                 try:

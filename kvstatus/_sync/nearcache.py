@@ -185,13 +185,18 @@ class NearCache(NearCacheBase):
         with self._lock:
             self.state.invalidate(rooms)
 
+    @property
+    def tracking(self) -> bool:
+        """Whether Redis tracks this cache's reads: not refused, and not closed (no link is opened again then)."""
+        return self.refused is None and not self.closed
+
     # ---- wait_for's watch
 
     def watch(self, room: int, wake: Callable[[], None]) -> bool:
         """Call ``wake()`` at each change Redis reports of the validated ``room`` (and whenever the cache empties)
         until :meth:`unwatch`; the next read of the room through this cache arms it. False if this cache cannot
         be told of changes (the server refused tracking, or it is closed)."""
-        if self.refused is not None or self.closed:
+        if not self.tracking:
             return False
         with self._lock:
             self.state.wait_on(room, wake)
@@ -251,7 +256,7 @@ class NearCache(NearCacheBase):
             self.metrics.on_cache_miss(len(rooms))
         keys, commands = self.state.fill_commands(rooms)
         request = Request([Call(command) for command in commands], _as_is)
-        if self.refused is None and not self.closed:  # closed: no link is opened again (a wait outliving its cache)
+        if self.tracking:
             fill = LinkTransport(self)
             try:
                 replies = self.sender.send(request, operation, via=fill)

@@ -53,7 +53,7 @@ holds here."""
 
 
 MAX_LIBRARY_MODULES = 30
-MAX_LIBRARY_LINES = 9_710
+MAX_LIBRARY_LINES = 9_703
 """Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted
 by hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files
 count): 48 modules and 10,733 lines at 8d3c374; 46 once kvstatus.fate joined kvstatus.rule and the replies

@@ -110,9 +110,24 @@ def in_flight(dep: Deployment, fault: str, act: Callable[[], None], baseline_p99
         flight = scenarios.start_all(router.url, scenarios.fault_bodies(), BOUND)
         time.sleep(scenarios.IN_FLIGHT_DELAY)
         act()
-        return ClusterResult(fault, dep.mode, scenarios.collect(flight, BOUND), baseline_p99)
+        result = ClusterResult(fault, dep.mode, scenarios.collect(flight, BOUND), baseline_p99)
+        if result.row()["no_answer"]:
+            keep_rooms(dep.settings, fault)
+        return result
     finally:
         router.stop()
+
+
+def keep_rooms(settings: deploy.Settings, fault: str) -> None:
+    """With the plugin on, the rooms and participants as kvstatus sees them when requests had no answer at the
+    bound, next to the servers' logs (``no-answer-<fault>.txt``): which side of each stuck room wrote what."""
+    if settings.redis_url is None:
+        return
+    listed = [scenarios.kvstatus(settings, *args) for args in (("participants", "--json"), ("ls", "--json"))]
+    slug = "".join(c if c.isalnum() else "-" for c in fault.lower())[:40]
+    (settings.logs / f"no-answer-{slug}.txt").write_text(
+        f"{time.strftime('%H:%M:%S')} {fault}\n" + "\n".join(done.stdout + done.stderr for done in listed)
+    )
 
 
 def pause(process: deploy.Process, seconds: float) -> Callable[[], None]:

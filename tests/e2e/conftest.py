@@ -69,7 +69,8 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def logs(request: pytest.FixtureRequest) -> Path:
-    """The module's log directory: build/e2e/logs/<time>-<module>/<mode>/<role>-<port>.log."""
+    """The module's log directory: build/e2e/logs/<time>-<module>/<mode>/<role>-<port>.log (and, after a fault
+    that left requests without an answer, the rooms as kvstatus saw them: :func:`tests.e2e.cluster.keep_rooms`)."""
     name = request.module.__name__.rsplit(".", 1)[-1]
     directory = OUT / "logs" / f"{time.strftime('%Y%m%dT%H%M%S')}-{name}"
     directory.mkdir(parents=True)

@@ -1,4 +1,5 @@
-"""The e2e tier's process helpers without sglang (runs in ``./dev test`` too): its ports and a bind failure."""
+"""The e2e tier's process helpers without sglang (runs in ``./dev test`` too): its ports, a bind failure, and what
+it keeps of kvstatus' rooms when requests had no answer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import deploy
+from kvstatus import KVPoll, StatusStore
+from tests.e2e import cluster, deploy
+from tests.servers import RedisServer
 
 
 def test_the_tier_s_ports_lie_outside_every_range_another_process_picks_from() -> None:
@@ -40,3 +43,18 @@ def test_a_server_that_cannot_bind_its_port_fails_at_once_instead_of_at_the_time
         assert "in use" in str(raised.value)
     finally:
         process.stop()
+
+
+@pytest.mark.real
+def test_requests_without_an_answer_leave_the_rooms_as_kvstatus_saw_them_beside_the_logs(tmp_path: Path) -> None:
+    """What the next flake of a cluster fault needs: which participant wrote what in each stuck room."""
+    with RedisServer() as server:
+        settings = deploy.Settings(sys.executable, tmp_path, tmp_path, server.url, "e2e-keep")
+        StatusStore(server.client(), namespace="e2e-keep", participant="prefill-a").update_status(
+            7, KVPoll.Bootstrapping
+        )
+        cluster.keep_rooms(settings, "SIGKILL a prefill, requests in flight")
+        cluster.keep_rooms(deploy.Settings(sys.executable, tmp_path, tmp_path / "upstream"), "no Redis: nothing kept")
+    kept = (tmp_path / "no-answer-sigkill-a-prefill--requests-in-flight.txt").read_text()
+    assert '"room": 7' in kept and "prefill-a" in kept and "Bootstrapping" in kept, kept
+    assert [p.name for p in tmp_path.iterdir()] == ["no-answer-sigkill-a-prefill--requests-in-flight.txt"]

@@ -231,11 +231,10 @@ def watch_changes(
     between snapshots, so a consumer that stops iterating stops at once.
     ``detail``: take detailed snapshots (:func:`entry_events` reads their details).
     With ``unavailable``, a refresh after the first that finds Redis unavailable (a restart, a failover) calls
-    ``unavailable(error)`` and counts as a refresh, and the next snapshot calls ``unavailable(None)`` first;
+    ``unavailable(error)`` and counts as a refresh, and every later snapshot calls ``unavailable(None)`` first;
     without it, or at the first refresh, the error is raised.
     """
     previous: Optional[Snapshot] = None
-    failing = False
     for taken in itertools.count():
         if count is not None and taken >= count:
             return
@@ -246,11 +245,9 @@ def watch_changes(
         except BackendUnavailableError as error:
             if previous is None or unavailable is None:
                 raise
-            failing = True
             unavailable(error)
             continue
-        if failing and unavailable is not None:
-            failing = False
+        if previous is not None and unavailable is not None:
             unavailable(None)
         yield snap, (list(diff(previous, snap)) if previous is not None else [])
         previous = snap

@@ -237,9 +237,9 @@ def watch(env: CliEnv, interval: float, count: Optional[int], batch: int, hash_r
     outage: list[BackendUnavailableError] = []  # the error of the refresh that failed last, while Redis is away
 
     def unavailable(error: Optional[BackendUnavailableError]) -> None:
-        if error is None:
+        if error is None and outage:
             click.echo("Redis answers again", err=True)
-        elif not outage:
+        elif error is not None and not outage:
             click.echo(f"{error}\nkvstatus watch goes on: trying again every {interval:g} s", err=True)
         outage[:] = [error] if error is not None else []
 

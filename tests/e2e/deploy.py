@@ -266,16 +266,6 @@ def server_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-PREFILL_TOKENS = 4096
-"""A prefill's KV pool (tokens): small, so that :func:`tests.e2e.scenarios.fault_bodies` keeps it busy."""
-DECODE_TOKENS = 16384
-"""A decode's KV pool (tokens). After a prefill's death, upstream's decode holds the pages of each transfer the
-dead prefill left unfinished for 30 s (``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT``), waiting for a
-drain ack that never comes. Five such rooms filled three quarters of a 4,096-token pool, and the requests the
-router sent that decode again waited past the tier's 30 s bound (docs/e2e.md, "What a dead prefill's held
-pages cost"). A pool four times the prefill's leaves room for them, as any production decode's does."""
-
-
 def server_argv(settings: Settings, role: str, port: int, bootstrap_port: int) -> list[str]:
     """``python -m sglang.launch_server`` for ``role`` (prefill or decode) with the CPU workarounds."""
     argv = [
@@ -308,7 +298,7 @@ def server_argv(settings: Settings, role: str, port: int, bootstrap_port: int) -
         "--mem-fraction-static",
         "0.05",
         "--max-total-tokens",
-        str(DECODE_TOKENS if role == "decode" else PREFILL_TOKENS),
+        "4096",
         "--random-seed",
         "0",
     ]

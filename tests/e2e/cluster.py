@@ -29,6 +29,12 @@ from tests.e2e.scenarios import Answer, Deployment
 
 SHAPE = (2, 2)
 """Prefills and decodes of one cluster: the smallest shape in which a router has somewhere else to send a request."""
+DECODE_TOKENS = 16384
+"""A cluster decode's KV pool (tokens), four times a prefill's. After a prefill's death, upstream's decode holds the
+pages of each transfer the dead prefill left unfinished for 30 s, waiting for a drain ack that never comes
+(``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT``). On a 4,096-token pool five such rooms filled three quarters
+of it, and the requests the router sent there again waited past :data:`BOUND` (docs/e2e.md, "What a dead
+prefill's held pages cost"). The 1+1 tier keeps 4,096: its cancel tests need rooms that stay open a while."""
 BOUND = 30.0
 """Seconds a client waits for its answer (upstream's own timeouts are 300 s: a longer wait only costs the tier)."""
 PAUSE = 5.0
@@ -102,32 +108,54 @@ def unfaulted_p99(dep: Deployment) -> float:
     return percentile([a.ended - a.sent for a in answers], 0.99)
 
 
+LOOK_BEFORE = 3.0
+"""Seconds before :data:`BOUND` at which :func:`in_flight` reads kvstatus' rooms while requests still wait: at the
+bound the clients' disconnects have already aborted the rooms they were stuck in."""
+
+
 def in_flight(dep: Deployment, fault: str, act: Callable[[], None], baseline_p99: float) -> ClusterResult:
     """Fresh router at its defaults; send :func:`scenarios.fault_bodies`; ``act`` (the fault)
     :data:`scenarios.IN_FLIGHT_DELAY` s later; collect every answer within :data:`BOUND`."""
     router = dep.router()
+    seen: list[str] = []
+    flight = scenarios.start_all(router.url, scenarios.fault_bodies(), BOUND)
+
+    def look() -> None:
+        if not all(future.done() for future in flight.futures):
+            seen.append(rooms_seen(dep.settings))
+
+    looker = threading.Timer(BOUND - LOOK_BEFORE, look)
+    looker.start()
     try:
-        flight = scenarios.start_all(router.url, scenarios.fault_bodies(), BOUND)
         time.sleep(scenarios.IN_FLIGHT_DELAY)
         act()
         result = ClusterResult(fault, dep.mode, scenarios.collect(flight, BOUND), baseline_p99)
-        if result.row()["no_answer"]:
-            keep_rooms(dep.settings, fault)
-        return result
     finally:
+        looker.cancel()
+        looker.join()
         router.stop()
+    if result.row()["no_answer"]:
+        keep_rooms(dep.settings, fault, *seen)
+    return result
 
 
-def keep_rooms(settings: deploy.Settings, fault: str) -> None:
-    """With the plugin on, the rooms and participants as kvstatus sees them when requests had no answer at the
-    bound, next to the servers' logs (``no-answer-<fault>.txt``): which side of each stuck room wrote what."""
+def rooms_seen(settings: deploy.Settings) -> str:
+    """kvstatus' participants and rooms now (``--json``), stamped with the time; empty with the plugin off."""
     if settings.redis_url is None:
-        return
+        return ""
     listed = [scenarios.kvstatus(settings, *args) for args in (("participants", "--json"), ("ls", "--json"))]
+    return f"{time.strftime('%H:%M:%S')}\n" + "\n".join(done.stdout + done.stderr for done in listed)
+
+
+def keep_rooms(settings: deploy.Settings, fault: str, seen: str = "") -> None:
+    """With the plugin on, the rooms and participants as kvstatus saw them (``seen``, read :data:`LOOK_BEFORE` s
+    before the bound; else now) when requests had no answer at the bound, next to the servers' logs
+    (``no-answer-<fault>.txt``): which side of each stuck room wrote what."""
+    seen = seen or rooms_seen(settings)
+    if not seen:
+        return
     slug = "".join(c if c.isalnum() else "-" for c in fault.lower())[:40]
-    (settings.logs / f"no-answer-{slug}.txt").write_text(
-        f"{time.strftime('%H:%M:%S')} {fault}\n" + "\n".join(done.stdout + done.stderr for done in listed)
-    )
+    (settings.logs / f"no-answer-{slug}.txt").write_text(f"{fault}\n{seen}")
 
 
 def pause(process: deploy.Process, seconds: float) -> Callable[[], None]:

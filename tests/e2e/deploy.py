@@ -230,7 +230,12 @@ class Settings:
     redis_url: Optional[str] = None
     """None: the kvstatus plugin is off (upstream sglang); else its KVSTATUS_SGLANG_URL."""
     namespace: str = "sglang"
+    decode_tokens: int = 4096
+    """A decode's KV pool (tokens); every prefill's is :data:`PREFILL_TOKENS`."""
 
+
+PREFILL_TOKENS = 4096
+"""A prefill's KV pool (tokens): small, so that :func:`tests.e2e.scenarios.fault_bodies` keeps it busy."""
 
 NEAR_CACHE_VARIABLE = "KVSTATUS_E2E_NEAR_CACHE"
 """``0``: the plugin-on deployment also sets ``KVSTATUS_SGLANG_NEAR_CACHE=0`` (not the plugin's default): a run
@@ -298,7 +303,7 @@ def server_argv(settings: Settings, role: str, port: int, bootstrap_port: int) -
         "--mem-fraction-static",
         "0.05",
         "--max-total-tokens",
-        "4096",
+        str(settings.decode_tokens if role == "decode" else PREFILL_TOKENS),
         "--random-seed",
         "0",
     ]

@@ -252,17 +252,18 @@ NAMESPACE = "sglang"
 """The namespace every deployment of the tier writes to (the plugin's default)."""
 
 
-def settings(mode: str, model: Path, logs: Path, redis_url: str) -> deploy.Settings:
+def settings(mode: str, model: Path, logs: Path, redis_url: str, decode_tokens: int = 4096) -> deploy.Settings:
     """The servers' settings in ``mode`` (kvstatus: the plugin on, at ``redis_url``; upstream: off), logging to
-    ``logs``/``mode``."""
-    return deploy.Settings(sys.executable, model, logs / mode, redis_url if mode == "kvstatus" else None, NAMESPACE)
+    ``logs``/``mode``; ``decode_tokens``: each decode's KV pool."""
+    url = redis_url if mode == "kvstatus" else None
+    return deploy.Settings(sys.executable, model, logs / mode, url, NAMESPACE, decode_tokens)
 
 
 def running(
-    mode: str, model: Path, logs: Path, redis_url: str, shape: tuple[int, int] = (1, 1)
+    mode: str, model: Path, logs: Path, redis_url: str, shape: tuple[int, int] = (1, 1), decode_tokens: int = 4096
 ) -> Iterator[Deployment]:
     """A started deployment of ``shape`` in ``mode``, stopped when the generator closes (a fixture's body)."""
-    dep = Deployment(settings(mode, model, logs, redis_url), mode, shape)
+    dep = Deployment(settings(mode, model, logs, redis_url, decode_tokens), mode, shape)
     try:
         dep.start()
         yield dep

@@ -74,7 +74,7 @@ def test_the_plugins_cost_on_serving(model: Path, logs: Path, redis_url: str) ->
 
 @pytest.fixture(scope="module")
 def with_plugin(model: Path, logs: Path, redis_url: str) -> Iterator[scenarios.Deployment]:
-    yield from scenarios.running("kvstatus", model, logs, redis_url, cluster.SHAPE)
+    yield from scenarios.running("kvstatus", model, logs, redis_url, cluster.SHAPE, cluster.DECODE_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def upstream(
     model: Path, logs: Path, redis_url: str, with_plugin: scenarios.Deployment
 ) -> Iterator[scenarios.Deployment]:
     with_plugin.stop()  # one cluster at a time: two would not fit the box's two cores
-    yield from scenarios.running("upstream", model, logs, redis_url, cluster.SHAPE)
+    yield from scenarios.running("upstream", model, logs, redis_url, cluster.SHAPE, cluster.DECODE_TOKENS)
 
 
 def run_faults(dep: scenarios.Deployment) -> list[cluster.ClusterResult]:

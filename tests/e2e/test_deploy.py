@@ -55,6 +55,12 @@ def test_requests_without_an_answer_leave_the_rooms_as_kvstatus_saw_them_beside_
         )
         cluster.keep_rooms(settings, "SIGKILL a prefill, requests in flight")
         cluster.keep_rooms(deploy.Settings(sys.executable, tmp_path, tmp_path / "upstream"), "no Redis: nothing kept")
+        seen = cluster.rooms_seen(settings)
+        cluster.keep_rooms(settings, "SIGKILL a decode", seen)
     kept = (tmp_path / "no-answer-sigkill-a-prefill--requests-in-flight.txt").read_text()
     assert '"room": 7' in kept and "prefill-a" in kept and "Bootstrapping" in kept, kept
-    assert [p.name for p in tmp_path.iterdir()] == ["no-answer-sigkill-a-prefill--requests-in-flight.txt"]
+    assert (tmp_path / "no-answer-sigkill-a-decode.txt").read_text() == f"SIGKILL a decode\n{seen}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "no-answer-sigkill-a-decode.txt",
+        "no-answer-sigkill-a-prefill--requests-in-flight.txt",
+    ]

@@ -100,13 +100,19 @@ def _mode(mode: str) -> str:
 
 
 def cluster_markdown(
-    rows: list[dict[str, Any]], disconnects: list[dict[str, Any]], when: str, elapsed_s: float | None = None
+    rows: list[dict[str, Any]],
+    disconnects: list[dict[str, Any]],
+    when: str,
+    elapsed_s: float | None = None,
+    decode_tokens: int | None = None,
 ) -> str:
     """The cluster table (one line per fault and mode, in the order measured, kvstatus first) and the table of
-    how long each server worked on after its clients left."""
+    how long each server worked on after its clients left; ``decode_tokens``: each decode's KV pool."""
     took = f"; the module took {elapsed_s / 60:.1f} min" if elapsed_s is not None else ""
+    pool = f" of {decode_tokens:,} tokens" if decode_tokens is not None else ""
     lines = [
-        f"Measured {when} by `./dev test-e2e` (2 prefills and 2 decodes per mode, both modes in the same run{took}).",
+        f"Measured {when} by `./dev test-e2e` (2 prefills and 2 decodes{pool} per mode, both modes in the same "
+        f"run{took}).",
         "",
         "| fault (2 prefills, 2 decodes, router at its defaults) | sglang | answered 200 | time to answer p50 / p99 "
         "| p99 added (vs no fault) | errors | no answer at the bound | first errors shown |",
@@ -140,12 +146,22 @@ def cluster_markdown(
 
 
 def write_cluster(
-    directory: Path, rows: list[dict[str, Any]], disconnects: list[dict[str, Any]], elapsed_s: float | None = None
+    directory: Path,
+    rows: list[dict[str, Any]],
+    disconnects: list[dict[str, Any]],
+    elapsed_s: float | None = None,
+    decode_tokens: int | None = None,
 ) -> Path:
     """Write cluster-table.json and cluster-table.md into ``directory``; returns the .md path."""
     when = _now()
-    record = {"measured": when, "elapsed_s": elapsed_s, "rows": rows, "disconnects": disconnects}
-    return _save(directory, "cluster", record, cluster_markdown(rows, disconnects, when, elapsed_s))
+    record = {
+        "measured": when,
+        "elapsed_s": elapsed_s,
+        "decode_tokens": decode_tokens,
+        "rows": rows,
+        "disconnects": disconnects,
+    }
+    return _save(directory, "cluster", record, cluster_markdown(rows, disconnects, when, elapsed_s, decode_tokens))
 
 
 def _paired(on: list[float], off: list[float]) -> str:

@@ -47,7 +47,7 @@ def write_tables() -> Iterator[None]:
     yield
     elapsed = round(time.monotonic() - began)
     if rows or disconnects:
-        table.write_cluster(table.OUT, rows, disconnects, elapsed)
+        table.write_cluster(table.OUT, rows, disconnects, elapsed, cluster.DECODE_TOKENS)
     if costs:
         table.write_cost(table.OUT, costs, elapsed)
 

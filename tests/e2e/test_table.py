@@ -89,7 +89,7 @@ def test_the_cluster_table_keeps_the_fault_order_and_puts_kvstatus_first() -> No
         _cluster_row("kill a prefill", "kvstatus"),
         _cluster_row("pause a prefill", "kvstatus", ok=32, errors={}, causes=[], added_p99_s=-0.25),
     ]
-    text = table.cluster_markdown(rows, [{"mode": "upstream", "busy_s": {"prefill-1": 11.3}}], "now", 600)
+    text = table.cluster_markdown(rows, [{"mode": "upstream", "busy_s": {"prefill-1": 11.3}}], "now", 600, 16384)
     body = [line for line in text.splitlines() if line.startswith("| kill") or line.startswith("| pause")]
     assert [(line.split(" | ")[0], line.split(" | ")[1]) for line in body] == [
         ("| kill a prefill", "with kvstatus (defaults)"),
@@ -100,7 +100,7 @@ def test_the_cluster_table_keeps_the_fault_order_and_puts_kvstatus_first() -> No
     assert "| 20 of 32 (62 %)" in body[1] and "12 × no answer | 12 (at 30 s)" in body[1] and "+22.75 s" in body[1]
     assert "| -0.25 s | none |" in body[2]
     assert "| router at its defaults | upstream (plugin off) | prefill-1: 11.3 s |" in text
-    assert "the module took 10.0 min" in text
+    assert "the module took 10.0 min" in text and "2 decodes of 16,384 tokens per mode" in text
 
 
 def test_the_cost_table_gives_kvstatus_as_the_median_of_paired_round_ratios() -> None:

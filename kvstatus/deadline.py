@@ -27,7 +27,7 @@ from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
 
 from kvstatus.concurrency import async_wait_future
-from kvstatus.errors import ClientPoolExhausted
+from kvstatus.errors import EARLIER, ClientPoolExhausted
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _async_timeout
@@ -340,6 +340,15 @@ class AsyncWaitingConnectionPool(AsyncWaitingPool, redis.asyncio.ConnectionPool)
     """redis.asyncio's ConnectionPool that queues for a connection (see :class:`AsyncWaitingPool`)."""
 
 
+def _keep_why(error: Exception, earlier: list[str]) -> None:
+    """A timeout says nothing of why the attempts before it failed: it carries the last of those errors
+    (:data:`~kvstatus.errors.EARLIER`); ``earlier`` keeps it between attempts."""
+    if not isinstance(error, redis.exceptions.TimeoutError):
+        earlier[:] = [str(error) or type(error).__name__]
+    elif earlier:
+        setattr(error, EARLIER, earlier[0])
+
+
 class DeadlineRetry(Retry):
     """redis-py's Retry that gives up, with the last error, when the next backoff would end past the deadline.
 
@@ -361,9 +370,11 @@ class DeadlineRetry(Retry):
         with_failure_count: bool = False,
     ) -> _T:
         seen = [0]
+        earlier: list[str] = []
 
         def failed(error: Exception, failures: int) -> None:
             seen[0] = failures
+            _keep_why(error, earlier)
             fail(error, failures) if with_failure_count else fail(error)
             if failures <= self._retries and not may_wait(self._backoff.compute(failures)):
                 raise error
@@ -389,9 +400,11 @@ class AsyncDeadlineRetry(redis.asyncio.retry.Retry):
         with_failure_count: bool = False,
     ) -> _T:
         seen = [0]
+        earlier: list[str] = []
 
         async def failed(error: Exception, failures: int) -> None:
             seen[0] = failures
+            _keep_why(error, earlier)
             await (fail(error, failures) if with_failure_count else fail(error))
             if failures <= self._retries and not may_wait(self._backoff.compute(failures)):
                 raise error

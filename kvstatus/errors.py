@@ -15,6 +15,10 @@ if TYPE_CHECKING:  # kvstatus.model imports this module
     from kvstatus.model import UpdateResult
 
 
+EARLIER = "kvstatus_earlier"
+"""Set by the resends on a timeout that ends a call: what an earlier attempt's error said (``Redis is loading``)."""
+
+
 class KVStatusError(Exception):
     """Base class of every kvstatus error."""
 

@@ -16,6 +16,7 @@ from redis import exceptions as rx
 from redis.sentinel import MasterNotFoundError
 
 from kvstatus.errors import (
+    EARLIER,
     AuthenticationError,
     BackendBusyError,
     BackendError,
@@ -189,7 +190,9 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
             rx.MasterDownError,
         ),
     ):
-        return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; {_applied(call)}): {text}")
+        earlier = getattr(exc, EARLIER, None)
+        why = f" (an earlier attempt: {earlier})" if earlier else ""
+        return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; {_applied(call)}): {text}{why}")
     if isinstance(exc, rx.NoPermissionError):
         hint = ""
         if call is not None and call.args[0] in _EVAL_COMMANDS and "'eval" in text:

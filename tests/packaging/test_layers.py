@@ -53,27 +53,28 @@ holds here."""
 
 
 MAX_LIBRARY_MODULES = 30
-MAX_LIBRARY_LINES = 9_703
-"""Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted
-by hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files
-count): 48 modules and 10,733 lines at 8d3c374; 46 once kvstatus.fate joined kvstatus.rule and the replies
-stopped loading kvstatus.timeline (when this test came); 44 once kvstatus.misconfig joined kvstatus.translate
-and kvstatus.naming joined kvstatus.keys; 42 and 10,627 lines once the presence joined the lease keeper
-(kvstatus._async.leases) and kvstatus.sglang.addresses joined kvstatus.sglang.startup; 41 and 10,617 once
-kvstatus.stored joined kvstatus.replies; 36 and 10,257 once kvstatus.redact joined kvstatus.errors,
-kvstatus.observer kvstatus.model, kvstatus.sglang.ppreads and kvstatus.sglang.openrooms the map and its outage
-answers, kvstatus.waitplan and kvstatus.keywatch became kvstatus.waits, and design narratives left the
-docstrings for the docs; 10,040 once the core's docstrings pointed to the guide sections that say the same;
-10,061 with the check that a store's client is of its kind; 10,054 once the consensus read
-stopped keeping its own copy of replies.text; 10,051 without two constants nothing read; 35 and 10,025 once
-kvstatus.sendrules left its rules with the calls (kvstatus.requests) and its observer calls with the sender;
-34 and 9,774 once wait_for watched on a near cache (its watch hub, tickets and pool retired) and its driver
-joined the store; 32 and 9,747 once the plan of a wait joined kvstatus.storebase and the peer watch's acts
-kvstatus.leasestate (a wait riding through a restart added 12); 31 and 9,742 once kvstatus.arguments went to
-kvstatus.keys (its checks) and kvstatus.operations (a batch's statuses as script arguments); 30 and 9,747 once
-kvstatus.consensus joined kvstatus.rule; 9,709 once RoomStatusMap's docstring pointed to docs/sglang.md for what
-it repeated. Issue 34's budget is 30 modules and 8,500 lines;
-lower these as merges land."""
+MAX_LIBRARY_LINES = 9_723
+"""Ceilings, not the goal, for what ``import kvstatus.sglang`` loads (the library an SGLang node runs), counted by
+hand-written files and their lines (kvstatus/_sync/ is generated, so left out; package ``__init__`` files count):
+48 modules and 10,733 lines at 8d3c374; 46 once kvstatus.fate joined kvstatus.rule and the replies stopped loading
+kvstatus.timeline (when this test came); 44 once kvstatus.misconfig joined kvstatus.translate and kvstatus.naming
+joined kvstatus.keys; 42 and 10,627 lines once the presence joined the lease keeper (kvstatus._async.leases) and
+kvstatus.sglang.addresses joined kvstatus.sglang.startup; 41 and 10,617 once kvstatus.stored joined
+kvstatus.replies; 36 and 10,257 once kvstatus.redact joined kvstatus.errors, kvstatus.observer kvstatus.model,
+kvstatus.sglang.ppreads and kvstatus.sglang.openrooms the map and its outage answers, kvstatus.waitplan and
+kvstatus.keywatch became kvstatus.waits, and design narratives left the docstrings for the docs; 10,040 once the
+core's docstrings pointed to the guide sections that say the same; 10,061 with the check that a store's client is
+of its kind; 10,054 once the consensus read stopped keeping its own copy of replies.text; 10,051 without two
+constants nothing read; 35 and 10,025 once kvstatus.sendrules left its rules with the calls (kvstatus.requests) and
+its observer calls with the sender; 34 and 9,774 once wait_for watched on a near cache (its watch hub, tickets and
+pool retired) and its driver joined the store; 32 and 9,747 once the plan of a wait joined kvstatus.storebase and
+the peer watch's acts kvstatus.leasestate (a wait riding through a restart added 12); 31 and 9,742 once
+kvstatus.arguments went to kvstatus.keys (its checks) and kvstatus.operations (a batch's statuses as script
+arguments); 30 and 9,747 once kvstatus.consensus joined kvstatus.rule; 9,709 once RoomStatusMap's docstring pointed
+to docs/sglang.md for what it repeated; 9,703 once the test of an async client and the observer's hooks were
+written once; 9,723 once a timeout that ends a call's resends says what the attempts before it got (a Redis loading
+its data). Issue 34's budget is 30 modules and 8,500 lines; lower these as merges land.
+"""
 
 
 @dataclass(frozen=True)

@@ -65,16 +65,21 @@ class RedisServer(EmbeddedServer):
         tls = self.tls.redis_kwargs() if self.tls is not None else {}
         return super().client(**{"username": self.username, "password": self.password, **tls, **kwargs})
 
-    def restart(self) -> RedisServer:
+    def restart(self, wait: bool = True) -> RedisServer:
         """Stop (if running) and start again on the same port with the same config.
 
-        Data is not kept; a cluster node keeps its ``nodes.conf`` and rejoins.
+        Data is not kept, unless a ``SAVE`` wrote it to the server's directory; a cluster node keeps its
+        ``nodes.conf`` and rejoins. ``wait`` False: return once the process is launched, without waiting for it
+        to answer (a server loading its data answers ``LOADING`` until it is done).
         """
         if self._port is None:
             return self.start()
         self._signal(signal.SIGTERM)
         self._reap(time.monotonic() + DEFAULT_STOP_GRACE)
-        self._start(allow_new_port=False)
+        if wait:
+            self._start(allow_new_port=False)
+        else:
+            self._launch(self._binary())
         return self
 
     def kill(self) -> None:

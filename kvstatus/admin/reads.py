@@ -147,7 +147,9 @@ def scan_step(
     node is done) and the keys, as text."""
     call = Call(("SCAN", cursor, "MATCH", pattern, "COUNT", count))
     ((next_cursor, keys),) = send(link, replies([call]), node)
-    return int(next_cursor), [key.decode() if isinstance(key, bytes) else str(key) for key in keys]
+    return int(next_cursor), [
+        key.decode(errors="backslashreplace") if isinstance(key, bytes) else str(key) for key in keys
+    ]
 
 
 def scan_clients(link: Link) -> list[Any]:

@@ -7,9 +7,11 @@ from typing import Any
 
 from kvstatus import KVPoll
 from kvstatus.admin.health import HealthSettings, read_health
+from kvstatus.admin.reads import iter_leases, iter_room_keys
 from kvstatus.admin.sweep import sweep
 from kvstatus.keys import KeySchema
 from tests.helpers.backends import RedisUnderTest
+from tests.helpers.cli import invoke
 
 B, W, T, S, F = KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success, KVPoll.Failed
 
@@ -66,3 +68,26 @@ def test_health_reads_a_namespace_with_a_string_at_a_tombstone_name(backend: Red
     view = prefill.room(1)  # room() reads the room all the same, and names the key it left out
     assert view.participants["prefill-0"].status is S and view.tombstone is None
     assert [m for m in view.ignored if schema.tombstone_key(1) in m], view.ignored
+
+
+def test_a_key_name_that_is_not_utf8_is_passed_over_by_every_scan(backend: RedisUnderTest) -> None:
+    """A key of the namespace's SCAN patterns whose name is not UTF-8 (kvstatus writes ASCII names only) made
+    `ls`, `ls --stuck`, `stats`, `health` and `watch` end in a UnicodeDecodeError traceback: now it is passed
+    over like any other key kvstatus does not write."""
+    raw, ns = backend.raw, backend.namespace
+    schema = KeySchema(ns)
+    backend.store(participant="prefill-0", timeline=True).update_status(5, T)
+    raw.hset(f"kvstatus:{ns}:".encode() + b"{\xff}", "prefill-0", "1")  # a room key's shape, not its name
+    raw.set(f"kvstatus:{ns}:".encode() + b"{\xfe}:t", "x")  # a tombstone's
+    raw.hset(f"kvstatus:{ns}:lease:".encode() + b"\xfd", "deadline", "1")  # a lease record's
+
+    def connect(url: str) -> Any:
+        return raw
+
+    if "cluster" not in backend.name:  # the CLI's cluster client is its own (tests/cli/test_topologies.py)
+        for args in (["ls"], ["ls", "--stuck"], ["stats"], ["health"], ["watch", "--count", "1"], ["participants"]):
+            result = invoke(connect, "--namespace", ns, *args)
+            assert result.exit_code == 0 and "Traceback" not in result.output, (args, result.output)
+    assert [key for keys in iter_room_keys(raw, schema) for key in keys] == [schema.room_key(5)]
+    assert read_health(raw, schema, HealthSettings()).rooms == 1
+    assert list(iter_leases(raw, schema)) == []

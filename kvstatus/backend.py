@@ -62,9 +62,8 @@ class Backend:
 
     def gate(self, kind: type[G]) -> Optional[G]:
         """The gate of a cluster client (a ``kind`` admitting ``max_connections`` calls, made on first use), shared
-        by every store on this backend; None for any other client. redis-py's cluster clients fail a call past a
-        node's ``max_connections`` at once; a store call holds at most one connection per node, so the gate keeps
-        every node's pool within its size."""
+        by every store on this backend; None for any other client. A store call holds at most one connection per
+        node, so the gate keeps every node's pool within its size (redis-py fails a call past it at once)."""
         if not self.cluster:
             return None
         with self._lock:
@@ -76,8 +75,8 @@ class Backend:
         return gate
 
     def shared(self, name: str, kind: type[T], make: Callable[[], T], close: Optional[Callable[[T], None]] = None) -> T:
-        """The object named ``name`` that users of this backend share, ``make()`` on first use (a ``kind``);
-        ``close(it)`` runs when the backend closes."""
+        """The ``kind`` named ``name`` that users of this backend share, ``make()`` on first use; ``close(it)`` runs
+        when the backend closes."""
         with self._lock:
             found = self._shared.get(name)
         if found is None:

@@ -1,9 +1,6 @@
-"""The near cache's state as plain data: cached rooms, invalidation log, eviction (no I/O).
-
-The drivers (:mod:`kvstatus._async.nearcache` and its generated sync twin) read and fill it; the
-invalidation reader (:mod:`kvstatus.invalidation`) drops what Redis reports changed. How the pieces
-keep a cached read coherent is explained in docs/design.md ("How the near cache stays coherent").
-"""
+"""The near cache's state as plain data (no I/O): cached rooms, invalidation log, eviction; fed by the drivers
+(:mod:`kvstatus._async.nearcache`) and :mod:`kvstatus.invalidation`. docs/design.md ("How the near cache stays
+coherent")."""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from redis import exceptions as rx
 from kvstatus.backend import can_track
 from kvstatus.connection import SlotMoved
 from kvstatus.errors import InvalidArgumentError
-from kvstatus.keys import KeySchema, validate_rooms
+from kvstatus.keys import KeySchema
 from kvstatus.model import KVPoll, ParticipantEntry, RoomView
 from kvstatus.replies import Reply, decode_room
 from kvstatus.rule import shared_failed
@@ -29,54 +26,43 @@ if TYPE_CHECKING:
     from kvstatus.model import StoreObserver
     from kvstatus.requests import Arg
 
-DEFAULT_MAX_ROOMS = 16_384
-DEFAULT_MAX_STALENESS = 1.0
 MAX_MAX_ROOMS = 10_000_000
 CLIENT_BYTES_PER_ROOM = 300
-"""Bytes: the bound (DESIGN's budget) on the client memory per cached room with one participant read through
-it, which tests/nearcache holds; what a room takes is in BENCHMARKS.md ("Near cache")."""
+"""Bytes: the bound on client memory per cached room with one participant (tests/nearcache holds it)."""
 _LOG_KEEP = 4096
 NULL_INVALIDATION = "null invalidation (FLUSHDB/FLUSHALL or tracking table full)"
 MISS: Any = object()
 """What a lookup in a status map returns for a room that is not cached."""
 POLL_GATE = 0.001
-"""Seconds the dict-speed path (:class:`Freshness`) may serve the status maps without reading the
-invalidation sockets: a change reaches it at most this long after its invalidation reached the socket."""
+"""Seconds the dict-speed path (:class:`Freshness`) may serve the status maps without reading the sockets."""
 
 
 @dataclass(frozen=True)
 class NearCacheOptions:
-    """``max_rooms``: rooms kept (LRU). ``max_staleness``: seconds, the liveness bound above.
-    ``bcast``: track the whole namespace prefix (``BCAST PREFIX``) instead of each key read; see the
-    benchmark for why the default (per key) is the better choice for this workload."""
+    """``max_rooms``: rooms kept (CLOCK, about LRU). ``max_staleness``: seconds, the liveness bound.
+    ``bcast``: track the namespace prefix (``BCAST PREFIX``) instead of each key read (docs/guide.md)."""
 
-    max_rooms: int = DEFAULT_MAX_ROOMS
-    max_staleness: float = DEFAULT_MAX_STALENESS
+    max_rooms: int = 16_384
+    max_staleness: float = 1.0
     bcast: bool = False
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.max_rooms, bool)
-            or not isinstance(self.max_rooms, int)
-            or not 1 <= self.max_rooms <= MAX_MAX_ROOMS
-        ):
+        if not isinstance(self.max_rooms, int) or not _number_in(self.max_rooms, 1, MAX_MAX_ROOMS):
             raise InvalidArgumentError(f"invalid near cache size {self.max_rooms!r}: expected 1..{MAX_MAX_ROOMS} rooms")
-        if (
-            isinstance(self.max_staleness, bool)
-            or not isinstance(self.max_staleness, (int, float))
-            or not 0.01 <= self.max_staleness <= 3600
-        ):
+        if not _number_in(self.max_staleness, 0.01, 3600):
             raise InvalidArgumentError(
                 f"invalid near cache max_staleness {self.max_staleness!r}: expected 0.01..3600 seconds"
             )
 
 
+def _number_in(value: object, low: float, high: float) -> bool:
+    """Whether ``value`` is an int or float (not a bool) within ``low..high`` (False for NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
 CachedRoom = tuple[Any, ...]
-"""One room as read, as one flat tuple to stay small (a cache holds thousands of rooms): ``(deadline, failure,
-participant, status, reason, participant, status, reason, ...)``. ``deadline`` is the local
-``time.monotonic()`` at or before which Redis expires the key (None: no TTL, or no key), ``failure`` the room's
-first failure (:mod:`kvstatus.rule`), then one triple per entry, the participant names interned (one string
-per name for the whole cache)."""
+"""One room as read, flat to stay small: ``(deadline, failure, participant, status, reason, ...)``. ``deadline``:
+the ``time.monotonic()`` at or before which Redis expires the key (None: no TTL or no key); names are interned."""
 DEADLINE, FAILURE, FIRST_ENTRY = 0, 1, 2
 """Where a :data:`CachedRoom` keeps its parts."""
 
@@ -109,8 +95,7 @@ def room_from_replies(
         fields = dict(zip(pairs, pairs))
     # Validates every field a poll reads (a corrupted value raises here); timelines are not cached, nor parsed.
     view = decode_room(room, key, fields, pttl, timelines=False)
-    # The key expires pttl ms after Redis read it, which is after sent_at: expiring the copy at
-    # sent_at + pttl is never late.
+    # Redis read the key after sent_at: expiring the copy pttl ms after sent_at is never late.
     deadline = sent_at + pttl / 1000 if pttl >= 0 else None
     if deadline is None and not view.participants and view.failure is None:
         return _ABSENT
@@ -118,13 +103,6 @@ def room_from_replies(
     for name, participant in view.participants.items():
         parts += (sys.intern(name), participant.status, participant.reason)
     return tuple(parts)
-
-
-def unique_rooms(rooms: Iterable[int]) -> list[int]:
-    """The distinct valid rooms of a ``get_many`` argument, in order (same checks as the store)."""
-    if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
-        raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
-    return list(dict.fromkeys(validate_rooms(rooms)))
 
 
 def view_at(room: int, entry: CachedRoom, now: float) -> RoomView:
@@ -135,19 +113,11 @@ def view_at(room: int, entry: CachedRoom, now: float) -> RoomView:
     return RoomView(room, participants, ttl_ms, failure=entry[FAILURE])
 
 
-# --------------------------------------------------------------------------- the invalidation socket
-
-
 class Freshness:
-    """The near cache's read door for a reader that holds no lock (the SGLang map's dict-speed path; docs/design.md,
-    "How the near cache stays coherent").
-
-    While ``time.monotonic() < until``, the reader may look a room up in a :meth:`CacheState.flat` map itself and
-    appends one item to :attr:`hits` per read served. Invariants: only the driver writes ``until``, under its lock
-    (:meth:`CacheState.served`; 0 after a flush); hits are counted by ``list.append``, one atomic step in CPython
-    with or without the GIL (a shared ``+= 1`` is three), and :meth:`take_hits` drops them at least once per
-    :data:`POLL_GATE` of polling, which bounds the list.
-    """
+    """The lock-free read door of the SGLang map (docs/design.md, "How the near cache stays coherent"): while
+    ``time.monotonic() < until`` a reader may look rooms up in a :meth:`CacheState.flat` map, appending one item
+    to :attr:`hits` per read (``list.append`` is atomic, ``+= 1`` is not), which :meth:`CacheState.served` drops
+    each :data:`POLL_GATE`. Only the driver writes ``until``, under its lock (0 after a flush)."""
 
     __slots__ = ("until", "hits")
 
@@ -155,38 +125,23 @@ class Freshness:
         self.until = 0.0
         self.hits: list[int] = []
 
-    def take_hits(self) -> int:
-        """The hits since the last call (one caller at a time: the driver, under its lock)."""
-        hits = self.hits
-        count = len(hits)
-        del hits[:count]  # a hit appended meanwhile stays for the next call
-        return count
-
 
 NEVER_FRESH = Freshness()
-"""The door of a reader with no near cache, or one its Redis failed: never fresh, so every read takes the full
-path. Nothing writes its ``until``."""
+"""The door of a reader with no (working) near cache: never fresh; nothing writes its ``until``."""
 
 
 class CacheState:
-    """The cached rooms and what keeps them honest, as plain data (no I/O): entries, the per-participant
-    status maps, the log of invalidated rooms that racing fills are checked against, and eviction.
-
-    Not thread-safe by itself: the sync cache holds a lock around it, the async cache runs it on one
-    event loop. :class:`kvstatus.invalidation.Links` feeds it what Redis reports.
-    """
+    """The cached rooms, the per-reader status maps, the log of invalidated rooms racing fills are checked
+    against, and eviction. Not thread-safe: its driver holds a lock around it."""
 
     def __init__(self, schema: KeySchema, options: NearCacheOptions) -> None:
         self.schema = schema
         self.options = options
         self.entries: OrderedDict[int, CachedRoom] = OrderedDict()  # in fill order
-        # Per reader so far: room -> its status (None: no entry), for every cached room. The hot paths are
-        # then one C-level dict lookup per room.
+        # Per reader: room -> its status (None: no entry), for every cached room (see :meth:`flat`).
         self.flats: dict[Reader, dict[int, Optional[KVPoll]]] = {}
-        # Rooms read since they were last given a second chance (CLOCK, an LRU approximation that costs
-        # one C-level set update per read instead of an OrderedDict move per room). Reads are only recorded
-        # once the cache is 3/4 full (``marking``): before that nothing is evicted, and a room read at a poll
-        # loop's rate is marked long before the cache fills up.
+        # Rooms read since their last second chance (CLOCK); the hot paths record them only once the cache is
+        # 3/4 full (``marking``): nothing is evicted before, and a polled room is marked long before it fills.
         self.referenced: set[int] = set()
         self.marking = False
         self.flushes = 0
@@ -197,8 +152,7 @@ class CacheState:
         self.fresh = Freshness()
         self.metrics: Optional[StoreObserver] = None  # told of invalidations and the size
         self.waiters: dict[int, list[Callable[[], None]]] = {}
-        """Room -> the ``wake`` of each ``wait_for`` on it: called when Redis reports a change of the room, or the
-        cache empties (:meth:`apply`, :meth:`flush`); not for this process' own writes, which Redis reports too."""
+        """Room -> the ``wake`` of each ``wait_for`` on it: called by :meth:`apply`, :meth:`flush` (not own writes)."""
         self.pushed = 0  # rooms Redis reported changed so far (what the doctor's wait_for check counts)
 
     # ---- invalidation
@@ -228,8 +182,7 @@ class CacheState:
                 wake()
 
     def invalidate(self, rooms: Iterable[int]) -> int:
-        """Drop ``rooms`` (an invalidation, or this process's own write) and log them for racing fills;
-        returns how many were cached."""
+        """Drop ``rooms`` (invalidated, or written here) and log them for racing fills; returns how many were cached."""
         pop = self.entries.pop
         flats = list(self.flats.values())
         log = self._log
@@ -255,11 +208,9 @@ class CacheState:
         if dropped and self.metrics is not None:
             self.metrics.on_cache_invalidation(dropped)
         self.pushed += len(rooms)
-        waiters = self.waiters
-        if waiters:
-            for room in rooms:
-                for wake in waiters.get(room, ()):
-                    wake()
+        for room in rooms:
+            for wake in self.waiters.get(room, ()):
+                wake()
 
     def wait_on(self, room: int, wake: Callable[[], None]) -> None:
         """Call ``wake()`` at each change Redis reports of ``room`` from now on, until :meth:`stop_waiting`."""
@@ -295,11 +246,9 @@ class CacheState:
     def store(self, token: tuple[int, int], filled: dict[int, CachedRoom]) -> None:
         """Keep the rooms of a fill that no invalidation or flush raced since ``token``."""
         flushes, start = token
-        if flushes != self.flushes:
-            return
         logged_from = self.invalidated - len(self._log)
-        if start < logged_from:
-            return  # the log no longer reaches back to the fill's start
+        if flushes != self.flushes or start < logged_from:
+            return  # a flush raced it, or the log no longer reaches back to the fill's start
         raced = set(self._log[start - logged_from :]) if start < self.invalidated else ()
         entries = self.entries
         flats = self.flats.items()
@@ -328,13 +277,12 @@ class CacheState:
                 referenced.discard(room)
                 entries[room] = entry
             else:
-                self._forget(room, entry_gone=True)
+                self._forget(room)
         if len(referenced) > 2 * self.options.max_rooms:
             referenced.clear()  # rooms read but since invalidated; keep the set bounded
 
-    def _forget(self, room: int, entry_gone: bool = False) -> None:
-        if not entry_gone:
-            self.entries.pop(room, None)
+    def _forget(self, room: int) -> None:
+        self.entries.pop(room, None)
         for flat in self.flats.values():
             flat.pop(room, None)
 
@@ -342,13 +290,14 @@ class CacheState:
         """The driver checked the links at ``now`` and they are live until ``live_until``: open the dict-speed
         path until the first of that, ``now + POLL_GATE``, the next topology check and the first expiry."""
         self.fresh.until = min(now + POLL_GATE, live_until, next_check, self.earliest_deadline)
-        hits = self.fresh.take_hits()
-        if hits and self.metrics is not None:
-            self.metrics.on_cache_hit(hits)
+        hits = self.fresh.hits
+        count = len(hits)
+        del hits[:count]  # a hit appended meanwhile stays for the next call
+        if count and self.metrics is not None:
+            self.metrics.on_cache_hit(count)
 
     def flat(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
-        """The room -> status map of ``reader`` (built on its first read; the same dict for the cache's life,
-        emptied by flushes): None for a cached room with no entry, no key for a room not cached."""
+        """``reader``'s room -> status map (None: no entry; no key: not cached), one dict for the cache's life."""
         flat = self.flats.get(reader)
         if flat is None:
             flat = self.flats[reader] = {room: status_for(e, reader) for room, e in self.entries.items()}
@@ -368,15 +317,14 @@ class CacheState:
         return result
 
     def fill_commands(self, rooms: Sequence[int]) -> tuple[list[str], list[tuple[Arg, ...]]]:
+        """The rooms' keys, and an ``HGETALL`` and a ``PTTL`` of each (what :meth:`decode_fill` decodes)."""
         keys = self.schema.room_keys(rooms)
-        commands: list[tuple[Arg, ...]] = []
-        for key in keys:
-            commands.append(("HGETALL", key))
-            commands.append(("PTTL", key))
+        commands: list[tuple[Arg, ...]] = [(command, key) for key in keys for command in ("HGETALL", "PTTL")]
         return keys, commands
 
     @staticmethod
     def decode_fill(rooms: Sequence[int], keys: list[str], replies: list[Any], sent_at: float) -> dict[int, CachedRoom]:
+        """The rooms of a fill's replies; raises :class:`SlotMoved` for a MOVED/ASK reply, any other error as is."""
         for reply in replies:
             if isinstance(reply, rx.ResponseError):
                 text = str(reply)
@@ -404,8 +352,7 @@ class NearCacheBase:
 
 
 _CACHES: dict[str, list[weakref.ref[NearCacheBase]]] = {}
-"""The process's near caches by namespace (``KeySchema.base``). A list is replaced, never changed in place,
-so :func:`writes_sent` reads it without the lock."""
+"""The process's near caches by namespace base: a list is replaced, never changed, so readers need no lock."""
 _CACHES_LOCK = threading.Lock()
 
 
@@ -418,8 +365,7 @@ def register(cache: NearCacheBase) -> None:
 
 
 def writes_sent(schema: KeySchema, rooms: Iterable[int]) -> None:
-    """A store of this process wrote (or may have written) ``rooms`` of ``schema``'s namespace: every near cache
-    of the process on that namespace drops them (read-your-writes within a process)."""
+    """This process wrote (or may have written) ``rooms`` of ``schema``'s namespace: its near caches drop them."""
     refs = _CACHES.get(schema.base)
     if not refs:
         return

@@ -1,14 +1,11 @@
-"""The few things that really differ between the sync and the async I/O, each as a pair of names.
-
-kvstatus/_async/ is written once against the ``Async*`` / ``async_*`` names; tools/unasync.py
-generates kvstatus/_sync/ by mapping each to its twin here (``AsyncLock`` -> ``Lock``,
-``async_sleep`` -> ``sleep`` ...). Nothing else in the I/O code may differ between the two.
-"""
+"""The few things that really differ between the sync and the async I/O, each as a pair of names: tools/unasync.py
+maps each ``Async*`` / ``async_*`` name of kvstatus/_async/ to its twin here to write kvstatus/_sync/."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import select
 import socket
@@ -60,8 +57,7 @@ class _SyncConnection(Protocol):
 
 
 class _Connected(Protocol):
-    """A connected redis-py sync connection: its socket (redis-py types ``_sock`` as None, its value before
-    ``connect()``)."""
+    """A connected redis-py sync connection (redis-py types ``_sock`` as None, its value before ``connect()``)."""
 
     @property
     def _sock(self) -> socket.socket: ...
@@ -78,10 +74,16 @@ def _settle(future: asyncio.Future[_T], value: _T) -> None:
         future.set_result(value)
 
 
+def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 async def async_wait_future(future: asyncio.Future[_T], seconds: float, expired: _T) -> _T:
-    """``future``'s result, or ``expired`` once ``seconds`` (inf: no limit) passed first. Not ``asyncio.wait_for``,
-    which up to Python 3.11 swallows a cancel that meets the future's completion: here a cancel always raises, and
-    cancels the future unless it was done, so a caller can tell whether a result arrived (:meth:`AsyncGate.acquire`)."""
+    """``future``'s result, or ``expired`` once ``seconds`` (inf: no limit) passed first. Unlike ``asyncio.wait_for``
+    (up to Python 3.11), a cancel always raises, and cancels the future unless it was done."""
     timer = None
     if not math.isinf(seconds):
         timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), _settle, future, expired)
@@ -90,6 +92,34 @@ async def async_wait_future(future: asyncio.Future[_T], seconds: float, expired:
     finally:
         if timer is not None:
             timer.cancel()
+
+
+async def async_wait_turn(
+    waiters: collections.deque[asyncio.Future[bool]], seconds: float, pass_on: Callable[[], object]
+) -> bool:
+    """Queue on ``waiters``, first come first served: True once woken (:func:`wake_first`), False after ``seconds``.
+    A waiter cancelled as it was woken calls ``pass_on``: no wake-up is ever lost."""
+    turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    waiters.append(turn)
+    try:
+        return await async_wait_future(turn, seconds, False)
+    except BaseException:
+        if turn.done() and not turn.cancelled() and turn.result():
+            pass_on()
+        raise
+    finally:
+        if turn in waiters:
+            waiters.remove(turn)
+
+
+def wake_first(waiters: collections.deque[asyncio.Future[bool]]) -> bool:
+    """Wake the first of ``waiters`` still waiting (not timed out, not cancelled); False if there is none."""
+    while waiters:
+        turn = waiters.popleft()
+        if not turn.done():
+            turn.set_result(True)
+            return True
+    return False
 
 
 class AsyncGate:
@@ -106,25 +136,11 @@ class AsyncGate:
         if self._free > 0 and not self._waiters:
             self._free -= 1
             return True
-        turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters.append(turn)
-        try:
-            return await async_wait_future(turn, timeout, False)
-        except BaseException:
-            if turn.done() and not turn.cancelled() and turn.result():
-                self.release()  # admitted, then cancelled before it ran: the turn goes to the next waiter
-            raise
-        finally:
-            if turn in self._waiters:
-                self._waiters.remove(turn)
+        return await async_wait_turn(self._waiters, timeout, self.release)
 
     def release(self) -> None:
-        while self._waiters:
-            turn = self._waiters.popleft()
-            if not turn.done():  # not timed out, not cancelled
-                turn.set_result(True)
-                return
-        self._free += 1
+        if not wake_first(self._waiters):
+            self._free += 1
 
 
 class Gate:
@@ -250,18 +266,14 @@ def async_close_link(connection: AsyncRedisConnection) -> None:
     """Close an asyncio connection without awaiting (from the synchronous read path of the near cache)."""
     writer = getattr(connection, "_writer", None)
     if writer is not None:
-        try:
+        with contextlib.suppress(Exception):  # closing a broken connection must not raise
             writer.close()
-        except Exception:  # noqa: BLE001 - closing a broken connection must not raise
-            pass
     connection._reader = connection._writer = None
 
 
 def close_link(connection: _SyncConnection) -> None:
-    try:
+    with contextlib.suppress(Exception):
         connection.disconnect()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def async_data_fd(connection: object) -> Optional[int]:
@@ -276,12 +288,8 @@ def data_fd(connection: _Connected) -> Optional[int]:
 
 def async_closed_links(links: Mapping[str, _Link]) -> list[str]:
     """Names of the near cache's links whose asyncio data connection has ended (checked on every read)."""
-    closed = []
-    for name, link in links.items():
-        reader = getattr(link.data, "_reader", None)
-        if reader is None or reader.at_eof():
-            closed.append(name)
-    return closed
+    readers = {name: getattr(link.data, "_reader", None) for name, link in links.items()}
+    return [name for name, reader in readers.items() if reader is None or reader.at_eof()]
 
 
 def closed_links(links: Mapping[str, _Link]) -> tuple[str, ...]:
@@ -301,14 +309,10 @@ class AsyncSignal:
         future = self._future
         if future is not None and not future.done():
             loop = future.get_loop()
-            try:
-                running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop:
+            if _running_loop() is loop:
                 future.set_result(True)
             elif not loop.is_closed():  # from another thread: a sync caller that closed what the task waits on
-                loop.call_soon_threadsafe(_resolve, future)
+                loop.call_soon_threadsafe(_settle, future, True)
 
     def clear(self) -> None:
         self._set = False
@@ -322,11 +326,6 @@ class AsyncSignal:
             await async_wait_future(self._future, seconds, False)
         finally:
             self._future = None
-
-
-def _resolve(future: asyncio.Future[bool]) -> None:
-    if not future.done():
-        future.set_result(True)
 
 
 class Signal:
@@ -351,23 +350,16 @@ def async_start_reader(source: _Reader) -> None:
     loop = asyncio.get_running_loop()
     fd = source.fileno()
     loop.add_reader(fd, source.on_readable)
-    source.on_close = _remover(loop, fd)
 
-
-def _remover(loop: asyncio.AbstractEventLoop, fd: int) -> Callable[[], None]:
     def remove() -> None:
         if loop.is_closed():
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        if _running_loop() is loop:
             loop.remove_reader(fd)
         else:  # closed from another thread (a sync caller of the pool's close)
             loop.call_soon_threadsafe(loop.remove_reader, fd)
 
-    return remove
+    source.on_close = remove
 
 
 def start_reader(source: _Reader) -> None:
@@ -387,9 +379,8 @@ def start_reader(source: _Reader) -> None:
 
 
 def async_checkpoint() -> None:
-    """Raise ``CancelledError`` if the running task was asked to cancel and the cancel did not land: redis-py awaits
-    through ``asyncio.wait_for`` (see :func:`async_wait_future`); ``Task.cancelling()`` (3.11+) still counts that
-    cancel. Python 3.10 has no such count: there it lands at the task's next await instead."""
+    """Raise ``CancelledError`` if the running task was asked to cancel and redis-py's ``asyncio.wait_for`` swallowed
+    it (``Task.cancelling()``, 3.11+; on Python 3.10 it lands at the task's next await instead)."""
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     if cancelling is not None and cancelling():

@@ -16,9 +16,10 @@ import redis.asyncio.connection
 import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.sentinel
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.backoff import ExponentialBackoff
-from redis.cluster import RedisCluster, key_slot  # type: ignore[attr-defined]
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import ClusterNode, RedisCluster, key_slot  # type: ignore[attr-defined]
 from redis.retry import Retry
 
 from kvstatus.deadline import (
@@ -46,8 +47,10 @@ from kvstatus.url import (
     BACKOFF_BASE_SECONDS,
     BACKOFF_CAP_SECONDS,
     CLIENT_NAME,
+    CLUSTER_SCHEMES,
     HEALTH_CHECK_SECONDS,
     SCHEMES,
+    SENTINEL_SCHEMES,
     ConnectionOptions,
     ParsedURL,
     _options,
@@ -170,50 +173,42 @@ class _AsyncTLSHandshake:
         try:
             await super()._connect()  # type: ignore[misc]
         except (ssl.SSLError, asyncio.TimeoutError) as exc:
-            conn = self  # a redis.asyncio connection: host, port and socket_connect_timeout are its own
             error = await asyncio.get_running_loop().run_in_executor(
-                None, _handshake_error, exc, conn.host, conn.port, conn.socket_connect_timeout
+                None, _handshake_error, exc, self.host, self.port, self.socket_connect_timeout
             )
             if error is None:
                 raise
             raise error from None
 
 
-_CLASSES: dict[tuple[type, bool], type] = {}
-
-
 ASYNC_CLIENTS = (redis.asyncio.Redis, AsyncRedisCluster)  # fakeredis' async client is a redis.asyncio.Redis
 
 
+_CLASSES: dict[tuple[type, bool], type] = {}
+
+
 def connection_class(base: type, tls: bool) -> type:
-    """``base`` (a redis-py connection class) with the deadline of store calls, and the TLS handshake checks
-    (one class per base, made once)."""
-    made = _CLASSES.get((base, tls))
-    if made is None:
-        made = _CLASSES[(base, tls)] = _with_mixins(base, tls)
-    return made
-
-
-def _with_mixins(base: type, tls: bool) -> type:
-    asynchronous = issubclass(base, redis.asyncio.connection.AbstractConnection)
-    named = AsyncNamedServerConnection if asynchronous else NamedServerConnection  # errors name the server
-    mixins: tuple[type, ...] = (named, AsyncDeadlineConnection if asynchronous else DeadlineConnection)
-    if tls:
-        mixins += (_AsyncTLSHandshake if asynchronous else _TLSHandshake,)
-    return type(f"KVStatus{base.__name__}", (*mixins, base), {})
+    """``base`` (a redis-py connection class) with the deadline of store calls, the server named in errors and
+    the TLS handshake checks (one class per base, made once)."""
+    if (base, tls) not in _CLASSES:
+        asynchronous = issubclass(base, redis.asyncio.connection.AbstractConnection)
+        named = AsyncNamedServerConnection if asynchronous else NamedServerConnection
+        mixins: tuple[type, ...] = (named, AsyncDeadlineConnection if asynchronous else DeadlineConnection)
+        if tls:
+            mixins += (_AsyncTLSHandshake if asynchronous else _TLSHandshake,)
+        _CLASSES[(base, tls)] = type(f"KVStatus{base.__name__}", (*mixins, base), {})
+    return _CLASSES[(base, tls)]
 
 
 def _is_final(error: Exception, failures: int = 0) -> bool:
-    """Errors never resent: refused credentials (a ConnectionError in redis-py), a TLS handshake with a
-    plain-text server. redis.asyncio wraps connect errors: look at the cause too."""
+    """Errors never resent: refused credentials, a failed TLS handshake (or, from redis.asyncio, their cause)."""
     final = (redis.exceptions.AuthenticationError, TLSHandshakeError)
     return isinstance(error, final) or isinstance(error.__cause__, final)
 
 
 def _is_final_standalone(error: Exception, failures: int) -> bool:
-    """:func:`_is_final`, and a refused connection: on one server nobody else could answer, so the call fails
-    at once. The error records whether an earlier attempt may have reached Redis (``failures`` at any level
-    of redis-py's nested retries: the command's and its connect's)."""
+    """:func:`_is_final`, and a refused connection (one server: nobody else could answer). The error records in
+    ``NOT_SENT`` whether no attempt reached Redis (``failures`` at any level of redis-py's nested retries)."""
     if connection_refused(error) or unresolved_host(error) is not None:  # nobody there, or no such host name
         setattr(error, NOT_SENT, getattr(error, NOT_SENT, True) and failures == 0)
         return True
@@ -222,7 +217,7 @@ def _is_final_standalone(error: Exception, failures: int) -> bool:
 
 def _retry(options: ConnectionOptions, asynchronous: bool, refused_is_final: bool = False) -> Any:
     """The per-command retry policy; ``refused_is_final`` for a standalone server (a cluster or a failover may
-    move the node that refused, so those clients retry it within their budget)."""
+    move the node that refused)."""
     backoff = ExponentialBackoff(cap=BACKOFF_CAP_SECONDS, base=BACKOFF_BASE_SECONDS)
     retry_class = AsyncDeadlineRetry if asynchronous else DeadlineRetry
     return retry_class(backoff, options.retries, _is_final_standalone if refused_is_final else _is_final)
@@ -237,9 +232,7 @@ def _cluster(
     del kwargs["db"]
     kwargs["max_connections"] = options.max_connections
     if asynchronous:
-        from redis.asyncio.cluster import ClusterNode as AsyncNode
-
-        nodes = [AsyncNode(host, port) for host, port in parsed.hosts]
+        nodes = [AsyncClusterNode(host, port) for host, port in parsed.hosts]
         cluster = AsyncRedisCluster(startup_nodes=nodes, retry=_retry(options, True), **kwargs)
         # Nodes are built from these kwargs when the client first connects.
         manager = cluster.nodes_manager
@@ -249,8 +242,6 @@ def _cluster(
         for node in manager.startup_nodes.values():
             node.connection_class = made
         return cluster
-    from redis.cluster import ClusterNode, RedisCluster
-
     try:  # the sync client reads the slot map right away
         sync_cluster = RedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in parsed.hosts],  # type: ignore[no-untyped-call]
@@ -264,11 +255,8 @@ def _cluster(
 
 
 def _deadline_nodes(cluster: Any, tls: bool) -> None:
-    """Give every node client of a sync RedisCluster, present and future, kvstatus connections.
-
-    redis-py's sync ``Redis`` takes no connection class (with ``ssl=True`` it imposes SSLConnection), so the
-    class is set on each node's pool as the node is made; the nodes of the first slot map are redone here.
-    """
+    """Give every node client of a sync RedisCluster, present and future, kvstatus connections (its ``Redis`` takes
+    no connection class: set on each node's pool as the node is made; the first slot map's nodes redone here)."""
     manager = cluster.nodes_manager
     make_node = manager.create_redis_node
 
@@ -322,30 +310,21 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
 
 
 def _no_retry(asynchronous: bool) -> Union[Retry, redis.asyncio.retry.Retry]:
-    from redis.backoff import NoBackoff
-
     return (redis.asyncio.retry.Retry if asynchronous else Retry)(NoBackoff(), 0)
 
 
 class _SentinelPool(WaitingPool, redis.sentinel.SentinelConnectionPool):
-    """redis-py's SentinelConnectionPool (the master's address from the Sentinels) that queues for a free
-    connection (see :class:`~kvstatus.deadline.WaitingPool`)."""
+    """redis-py's SentinelConnectionPool that queues for a free connection (:class:`~kvstatus.deadline.WaitingPool`)."""
 
 
 class _AsyncSentinelPool(AsyncWaitingPool, redis.asyncio.sentinel.SentinelConnectionPool):
     """:class:`_SentinelPool` for redis.asyncio."""
 
 
-_BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], object]] = {  # a redis-py client
-    "redis": _standalone,
-    "rediss": _standalone,
-    "unix": _standalone,
-    "redis+cluster": _cluster,
-    "rediss+cluster": _cluster,
-    "redis+sentinel": _sentinel,
-    "rediss+sentinel": _sentinel,
+_BUILDERS: dict[str, Callable[[ParsedURL, ConnectionOptions, bool], object]] = {  # scheme -> a redis-py client
+    scheme: _cluster if scheme in CLUSTER_SCHEMES else _sentinel if scheme in SENTINEL_SCHEMES else _standalone
+    for scheme in SCHEMES
 }
-assert tuple(_BUILDERS) == SCHEMES, "kvstatus.url.SCHEMES and the builders must name the same schemes"
 
 
 def connect(url: Union[str, ParsedURL], options: Optional[ConnectionOptions] = None, **overrides: Any) -> Any:
@@ -365,23 +344,18 @@ def connect_async(url: Union[str, ParsedURL], options: Optional[ConnectionOption
 
 def is_cluster_client(client: object) -> bool:
     """True for redis-py cluster clients (sync or async), whose batches are split by slot."""
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
 def is_sentinel_client(client: object) -> bool:
     """True for a redis-py client made by ``Sentinel.master_for`` (sync or async)."""
-    from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
-    from redis.sentinel import SentinelConnectionPool
-
-    return isinstance(getattr(client, "connection_pool", None), (SentinelConnectionPool, AsyncSentinelPool))
+    pools = (redis.sentinel.SentinelConnectionPool, redis.asyncio.sentinel.SentinelConnectionPool)
+    return isinstance(getattr(client, "connection_pool", None), pools)
 
 
 def failover_delays(client: object, options: Optional[ConnectionOptions]) -> tuple[float, ...]:
     """Seconds to wait before each resend of a whole store call that met an unavailable backend: cluster and
-    Sentinel clients only (redis-py reports a dead node or a demoted master before the topology has moved); a
-    standalone client retries each command itself, so it gets no second layer."""
+    Sentinel clients only (a standalone client retries each command itself)."""
     if not (is_cluster_client(client) or is_sentinel_client(client)):
         return ()
     return (options or ConnectionOptions()).retry_delays()
@@ -449,11 +423,9 @@ class Topology:
         """Indices of ``keys`` by the name of the node that serves them ("" on a single server)."""
         if not self.cluster:
             return {"": list(range(len(keys)))}
-        manager = self.client.nodes_manager
         groups: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
-            node = manager.get_node_from_slot(key_slot(key.encode()))
-            groups.setdefault(node.name, []).append(i)
+            groups.setdefault(self.node_name(key), []).append(i)
         return groups
 
     def node_name(self, key: str) -> str:
@@ -467,12 +439,11 @@ class Topology:
         # Built from the pool's settings, not pool.make_connection(): these connections never return to the
         # pool, and make_connection() counts every one against max_connections for good.
         if not self.cluster:
-            pool = self.client.connection_pool
-            return pool.connection_class(**pool.connection_kwargs)
-        node = self.client.get_node(node_name=name)
-        if node is None:
-            raise SlotMoved(f"node {name} left the cluster")
-        if self.asynchronous:
-            return node.connection_class(**node.connection_kwargs)
-        pool = node.redis_connection.connection_pool
-        return pool.connection_class(**pool.connection_kwargs)
+            source = self.client.connection_pool
+        else:
+            source = self.client.get_node(node_name=name)
+            if source is None:
+                raise SlotMoved(f"node {name} left the cluster")
+            if not self.asynchronous:  # a sync node's settings are its pool's
+                source = source.redis_connection.connection_pool
+        return source.connection_class(**source.connection_kwargs)

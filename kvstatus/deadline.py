@@ -1,11 +1,5 @@
-"""The per-call deadline, and the redis-py pieces that honour it.
-
-A store call sets :data:`DEADLINE` for as long as it runs (a context variable: per thread and per asyncio task).
-While it is set, every socket wait of a kvstatus connection waits at most ``min(its own timeout, time left)``, a
-call that finds every pooled connection in use queues until the deadline (then
-:class:`~kvstatus.errors.ClientPoolExhausted`), and no resend starts whose backoff would end past it
-(:class:`DeadlineRetry`). Outside a store call nothing changes. docs/guide.md ("Deadline").
-"""
+"""The per-call deadline (docs/guide.md, "Deadline"), and the redis-py pieces that honour it while a store call
+sets :data:`DEADLINE`: socket waits cut to the time left, pools that queue until it, no resend past it."""
 
 from __future__ import annotations
 
@@ -16,17 +10,18 @@ import threading
 import time
 from collections.abc import Awaitable
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar, cast
 
 import redis
 import redis.asyncio
 import redis.asyncio.retry
 import redis.connection
+from redis.asyncio.connection import AbstractConnection as _AsyncConnection
 from redis.backoff import ExponentialBackoff
 from redis.connection import SENTINEL  # type: ignore[attr-defined]
 from redis.retry import Retry
 
-from kvstatus.concurrency import async_wait_future
+from kvstatus.concurrency import async_wait_turn, wake_first
 from kvstatus.errors import EARLIER, ClientPoolExhausted
 
 if sys.version_info >= (3, 11):
@@ -67,19 +62,9 @@ def may_wait(seconds: float) -> bool:
     return left is None or seconds < left
 
 
-def _expired() -> redis.exceptions.TimeoutError:
-    """What a socket wait that would start after the call's deadline raises (a TimeoutError: unknown whether an
-    earlier send of the call was applied, like any timeout)."""
-    return redis.exceptions.TimeoutError("the call's deadline passed (ConnectionOptions.deadline)")
-
-
 def _capped(timeout: Optional[float], left: float) -> Optional[float]:
-    """The timeout to use instead of ``timeout`` with ``left`` seconds to go, or None to keep ``timeout``.
-
-    A wait that would end at most :data:`TOLERANCE` past the deadline keeps its timeout: changing a socket's
-    timeout costs system calls, and with the defaults (deadline = socket_timeout) the first wait of every call
-    would pay them.
-    """
+    """The timeout to use instead of ``timeout`` with ``left`` seconds to go, or None to keep ``timeout`` (it ends
+    at most :data:`TOLERANCE` past the deadline: changing a socket's timeout costs system calls)."""
     if timeout is not None and left + TOLERANCE >= timeout:
         return None
     return max(_SHORTEST_WAIT, left)
@@ -108,25 +93,19 @@ class _Timeouts:
 
     @classmethod
     def lowered(cls, connection: _SocketTimeouts) -> Optional[_Timeouts]:
-        """The connection's timeouts lowered to the time left (None: nothing to lower); raises once expired.
-
-        The hot path of every store call: written for speed (one context lookup, one clock read).
-        """
+        """The connection's timeouts lowered to the time left (None: nothing to lower); once expired, raises
+        redis-py's TimeoutError (unknown whether an earlier send was applied, like any timeout)."""
         at = _get_deadline()
         if at is None:
             return None
         left = at - _monotonic()
         if left <= 0:
-            raise _expired()
-        timeout, connect_timeout = connection.socket_timeout, connection.socket_connect_timeout
-        if (
-            timeout is not None
-            and left + TOLERANCE >= timeout
-            and connect_timeout is not None
-            and left + TOLERANCE >= connect_timeout
-        ):
+            raise redis.exceptions.TimeoutError("the call's deadline passed (ConnectionOptions.deadline)")
+        timeout = _capped(connection.socket_timeout, left)
+        connect_timeout = _capped(connection.socket_connect_timeout, left)
+        if timeout is None and connect_timeout is None:
             return None
-        return cls(connection, _capped(timeout, left), _capped(connect_timeout, left))
+        return cls(connection, timeout, connect_timeout)
 
     def restore(self) -> None:
         self.connection.socket_timeout, self.connection.socket_connect_timeout = self.saved
@@ -146,21 +125,19 @@ class DeadlineConnection:
 
     def connect_check_health(self, *args: object, **kwargs: object) -> object:
         timeouts = None if self._sock else _Timeouts.lowered(self)  # type: ignore[attr-defined]
-        if timeouts is None:
-            return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
         try:
             return super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
         finally:
-            timeouts.restore()
+            if timeouts is not None:
+                timeouts.restore()
 
     def send_packed_command(self, command: object, check_health: bool = True) -> object:
         timeouts = _Timeouts.lowered(self)
-        if timeouts is None:
-            return super().send_packed_command(command, check_health)  # type: ignore[misc]
         try:
             return super().send_packed_command(command, check_health)  # type: ignore[misc]
         finally:
-            timeouts.restore()
+            if timeouts is not None:
+                timeouts.restore()
 
     def read_response(self, disable_decoding: bool = False, *, timeout: object = SENTINEL, **kwargs: object) -> object:
         at = _get_deadline()
@@ -182,12 +159,11 @@ class AsyncDeadlineConnection:
 
     async def connect_check_health(self, *args: object, **kwargs: object) -> object:
         timeouts = None if self.is_connected else _Timeouts.lowered(self)  # type: ignore[attr-defined]
-        if timeouts is None:
-            return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
         try:
             return await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
         finally:
-            timeouts.restore()
+            if timeouts is not None:
+                timeouts.restore()
 
     async def send_packed_command(self, command: object, check_health: bool = True) -> object:
         timeouts = _Timeouts.lowered(self)
@@ -200,49 +176,56 @@ class AsyncDeadlineConnection:
     async def _send_bounded(self, command: object, check_health: bool) -> object:
         """redis-py's send, its socket timeout kept by a timeout context instead of its ``asyncio.wait_for`` (which
         runs the write as a task and, up to Python 3.11, swallows a cancel that meets the write's end)."""
-        conn = self
-        timeout = conn.socket_timeout
+        timeout = self.socket_timeout
         if not timeout:
             return await super().send_packed_command(command, check_health)  # type: ignore[misc]
-        conn.socket_timeout = None
+        self.socket_timeout = None
         try:
             async with _async_timeout(timeout):
                 return await super().send_packed_command(command, check_health)  # type: ignore[misc]
         except asyncio.TimeoutError:
-            await conn.disconnect(nowait=True)
+            await self.disconnect(nowait=True)
             raise redis.exceptions.TimeoutError("Timeout writing to socket") from None
         finally:
-            conn.socket_timeout = timeout
+            self.socket_timeout = timeout
 
     async def read_response(
         self, disable_decoding: bool = False, timeout: Optional[float] = None, **kwargs: object
     ) -> object:
         # Not the timeout argument: redis.asyncio answers None, not TimeoutError, when that one expires.
         timeouts = _Timeouts.lowered(self) if timeout is None else None
-        if timeouts is None:
-            return await super().read_response(disable_decoding, timeout, **kwargs)  # type: ignore[misc]
         try:
-            return await super().read_response(disable_decoding, None, **kwargs)  # type: ignore[misc]
+            return await super().read_response(disable_decoding, timeout, **kwargs)  # type: ignore[misc]
         finally:
-            timeouts.restore()
+            if timeouts is not None:
+                timeouts.restore()
 
 
-def _pool_wait(timeout: Optional[float]) -> Optional[float]:
-    """Seconds a call may wait for a free connection: until its deadline, else ``timeout`` (None: forever)."""
+def _wait_end(timeout: Optional[float]) -> tuple[float, Optional[float]]:
+    """``(now, end)`` (``time.monotonic()``) of a wait for a free connection: it ends at the call's deadline, else
+    ``timeout`` seconds on (None: never)."""
+    started = _monotonic()
     left = time_left()
-    if left is None:
-        return timeout
-    return max(0.0, left if timeout is None else min(timeout, left))
+    if left is not None:
+        timeout = max(0.0, left if timeout is None else min(timeout, left))
+    return started, None if timeout is None else started + timeout
+
+
+def _next_slice(end: Optional[float]) -> float:
+    """Seconds a waiter for a connection sleeps before it looks again."""
+    return _WAIT_SLICE if end is None else max(0.0, min(_WAIT_SLICE, end - _monotonic()))
+
+
+def _give_up(end: Optional[float], started: float, max_connections: int) -> None:
+    """Raise :class:`ClientPoolExhausted` if the wait that began at ``started`` reached ``end``."""
+    if end is not None and _monotonic() >= end:
+        raise ClientPoolExhausted(max_connections, _monotonic() - started) from None
 
 
 class WaitingPool:
     """Mixin for redis-py's sync ConnectionPool (and its Sentinel subclass): a call that finds all
-    ``max_connections`` in use waits for one to be released, until its deadline (outside a store call:
-    ``timeout`` seconds), then raises :class:`ClientPoolExhausted`.
-
-    Unlike redis-py's BlockingConnectionPool, the path with a free connection is redis-py's plain one:
-    nothing is added to it.
-    """
+    ``max_connections`` in use waits for one until its deadline (outside a store call: ``timeout`` seconds), then
+    raises :class:`ClientPoolExhausted`. The path with a free connection is redis-py's own, untouched."""
 
     def __init__(self, *args: object, timeout: Optional[float] = None, **kwargs: object) -> None:
         self._wait = timeout
@@ -251,29 +234,23 @@ class WaitingPool:
         super().__init__(*args, **kwargs)
 
     def get_connection(self, *args: object, **kwargs: object) -> redis.connection.Connection:
-        connection: redis.connection.Connection  # what the pool's get_connection returns (a mixin's super() is untyped)
-        try:
-            connection = super().get_connection(*args, **kwargs)  # type: ignore[misc]
-            return connection
+        try:  # a mixin's super() is untyped: cast to what the pool's get_connection returns
+            return cast(redis.connection.Connection, super().get_connection(*args, **kwargs))  # type: ignore[misc]
         except redis.exceptions.MaxConnectionsError:
             pass
-        started = _monotonic()
-        wait = _pool_wait(self._wait)
-        end = None if wait is None else started + wait
+        started, end = _wait_end(self._wait)
         while True:
             with self._released:
                 self._waiting += 1
                 try:
                     # A release between the failed attempt and this wait is caught by the next slice.
-                    self._released.wait(_WAIT_SLICE if end is None else max(0.0, min(_WAIT_SLICE, end - _monotonic())))
+                    self._released.wait(_next_slice(end))
                 finally:
                     self._waiting -= 1
             try:
-                connection = super().get_connection(*args, **kwargs)  # type: ignore[misc]
-                return connection
+                return cast(redis.connection.Connection, super().get_connection(*args, **kwargs))  # type: ignore[misc]
             except redis.exceptions.MaxConnectionsError:
-                if end is not None and _monotonic() >= end:
-                    raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
+                _give_up(end, started, self.max_connections)  # type: ignore[attr-defined]
 
     def release(self, connection: redis.connection.ConnectionInterface) -> None:
         super().release(connection)  # type: ignore[misc]
@@ -290,46 +267,22 @@ class AsyncWaitingPool:
         self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         super().__init__(*args, **kwargs)
 
-    async def get_connection(self, *args: object, **kwargs: object) -> redis.asyncio.connection.AbstractConnection:
-        connection: redis.asyncio.connection.AbstractConnection  # the pool's (a mixin's super() is untyped)
-        try:
-            connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
-            return connection
+    async def get_connection(self, *args: object, **kwargs: object) -> _AsyncConnection:
+        try:  # a mixin's super() is untyped: cast to what the pool's get_connection returns
+            return cast(_AsyncConnection, await super().get_connection(*args, **kwargs))  # type: ignore[misc]
         except redis.exceptions.MaxConnectionsError:
             pass
-        started = _monotonic()
-        wait = _pool_wait(self._wait)
-        end = None if wait is None else started + wait
+        started, end = _wait_end(self._wait)
         while True:
-            turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            self._waiters.append(turn)
+            await async_wait_turn(self._waiters, _next_slice(end), lambda: wake_first(self._waiters))
             try:
-                slice_ = _WAIT_SLICE if end is None else min(_WAIT_SLICE, end - _monotonic())
-                await async_wait_future(turn, slice_, False)  # not asyncio.wait_for: it may swallow a cancel
-            except BaseException:
-                if turn.done() and not turn.cancelled() and turn.result():
-                    self._wake_next()  # woken, then cancelled: the release it was told of goes to the next waiter
-                raise
-            finally:
-                if turn in self._waiters:
-                    self._waiters.remove(turn)
-            try:
-                connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
-                return connection
+                return cast(_AsyncConnection, await super().get_connection(*args, **kwargs))  # type: ignore[misc]
             except redis.exceptions.MaxConnectionsError:
-                if end is not None and _monotonic() >= end:
-                    raise ClientPoolExhausted(self.max_connections, _monotonic() - started) from None  # type: ignore[attr-defined]
+                _give_up(end, started, self.max_connections)  # type: ignore[attr-defined]
 
-    async def release(self, connection: redis.asyncio.connection.AbstractConnection) -> None:
+    async def release(self, connection: _AsyncConnection) -> None:
         await super().release(connection)  # type: ignore[misc]
-        self._wake_next()
-
-    def _wake_next(self) -> None:
-        while self._waiters:
-            turn = self._waiters.popleft()
-            if not turn.done():
-                turn.set_result(True)
-                break
+        wake_first(self._waiters)
 
 
 class WaitingConnectionPool(WaitingPool, redis.ConnectionPool):
@@ -350,13 +303,9 @@ def _keep_why(error: Exception, earlier: list[str]) -> None:
 
 
 class DeadlineRetry(Retry):
-    """redis-py's Retry that gives up, with the last error, when the next backoff would end past the deadline.
-
-    The backoff must be a pure function of the failure count (ExponentialBackoff is): it is asked ahead.
-
-    ``is_final(error, failures)`` names errors that are never resent (refused credentials, a failed TLS
-    handshake, a refused connection); ``failures`` counts the attempts that already failed.
-    """
+    """redis-py's Retry that gives up, with the last error, when the next backoff would end past the deadline (the
+    backoff, asked ahead, must be a pure function of the failure count). ``is_final(error, failures)`` names errors
+    never resent (refused credentials, a failed TLS handshake ...); ``failures`` counts the attempts that failed."""
 
     def __init__(self, backoff: ExponentialBackoff, retries: int, is_final: Callable[[Exception, int], bool]) -> None:
         super().__init__(backoff, retries)

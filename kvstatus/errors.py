@@ -1,7 +1,5 @@
-"""The exceptions kvstatus raises. Catch :class:`KVStatusError` for all of them.
-
-Messages name what was wrong and never contain a password: every message about a URL goes through :func:`mask_url`.
-"""
+"""The exceptions kvstatus raises (catch :class:`KVStatusError` for all); a message about a URL goes through
+:func:`mask_url`, so none contains a password."""
 
 from __future__ import annotations
 
@@ -52,19 +50,13 @@ class BackendError(KVStatusError):
 
 
 class BackendUnavailableError(BackendError, ConnectionError):
-    """Redis could not be reached (refused, timed out, or down) within the call's retries and deadline.
-
-    It means "unknown whether applied": the last attempt may have run in Redis (a hung server executes it when it
-    wakes up). Calling again is safe: the update rule is idempotent (docs/guide.md ("Unknown whether applied")).
-    """
+    """Redis could not be reached within the call's retries and deadline: "unknown whether applied"; calling again
+    is safe (docs/guide.md ("Unknown whether applied"))."""
 
 
 class BackendRefusedError(BackendUnavailableError):
-    """A standalone Redis refused the connection (nothing listens there); raised at once, without retries.
-
-    ``not_sent`` True: no attempt of this call reached Redis, so it was not applied. False: an earlier attempt was
-    sent before the server went away, so it is "unknown whether applied" like its base class.
-    """
+    """A standalone Redis refused the connection; raised at once, without retries. ``not_sent`` True: no attempt
+    reached Redis, so it was not applied; False: "unknown whether applied" like its base class."""
 
     def __init__(self, message: str, *, not_sent: bool = False) -> None:
         super().__init__(message)
@@ -72,16 +64,12 @@ class BackendRefusedError(BackendUnavailableError):
 
 
 class PoolExhaustedError(BackendError):
-    """Every connection of the client's pool stayed busy until the call's deadline; nothing was sent.
-
-    The message says "client connection pool exhausted (max_connections=N)": raise ``max_connections`` or make
-    fewer concurrent calls. Redis itself may be fine.
-    """
+    """Every connection of the client's pool stayed busy until the call's deadline; nothing was sent (raise
+    ``max_connections`` or make fewer concurrent calls)."""
 
 
 class BackendBusyError(BackendError):
-    """Redis answered BUSY: a script (another client's, or a runaway one) holds the server past
-    ``busy-reply-threshold``. This call was not run and is not resent; Redis is up, not down."""
+    """Redis answered BUSY (a script holds it past ``busy-reply-threshold``): the call was not run nor resent."""
 
 
 class AuthenticationError(BackendError):
@@ -93,11 +81,8 @@ class PermissionDeniedError(BackendError):
 
 
 class LeaseLostError(KVStatusError):
-    """The store's participant lease is lost (expired, released, or taken over by a new incarnation).
-
-    Raised by every write of that store from then on: a sweeper may already have failed its entries.
-    ``participant`` names whose lease it was.
-    """
+    """The store's ``participant`` lost its lease (expired, released, or taken over by a new incarnation): raised
+    by every write of that store from then on (a sweeper may already have failed its entries)."""
 
     def __init__(self, message: str, *, participant: str = "") -> None:
         super().__init__(message)
@@ -105,12 +90,9 @@ class LeaseLostError(KVStatusError):
 
 
 class SupersededError(LeaseLostError):
-    """A write found its entry stamped by a later incarnation of the same participant: the name was taken over
-    by a new process (a restart under the same name), and this store's writes are refused from now on.
-
-    The refused rooms were not written; ``results`` holds every room's result of the update or batch (the
-    other rooms of a batch were written), None for a ``clear`` or ``pop``.
-    """
+    """A write found its entry stamped by a later incarnation of the same participant (a restart under its name);
+    this store's writes are refused from now on. ``results``: every room's result of the update or batch (refused
+    rooms were not written, the others were), None for a ``clear`` or ``pop``."""
 
     def __init__(
         self, message: str, *, participant: str = "", results: Optional[Mapping[int, UpdateResult]] = None
@@ -120,11 +102,8 @@ class SupersededError(LeaseLostError):
 
 
 class ClientPoolExhausted(redis.exceptions.RedisError):
-    """No pooled connection came free before the call's deadline; nothing was sent (raised by
-    :mod:`kvstatus.deadline`'s pools inside redis-py, and made :class:`PoolExhaustedError` by the translation).
-
-    Not a ConnectionError, so that nothing resends it: Redis is fine, the client ran out of connections.
-    """
+    """No pooled connection came free before the deadline (:mod:`kvstatus.deadline`'s pools, inside redis-py):
+    translated to :class:`PoolExhaustedError`. Not a ConnectionError, so that nothing resends it."""
 
     def __init__(self, max_connections: object, waited: float) -> None:
         super().__init__(
@@ -164,13 +143,10 @@ def _query_password_span(text: str, start: int) -> tuple[int, int] | None:
 
 
 def mask_url(text: str) -> str:
-    """``text`` (a URL, or a message holding URLs) with every password replaced by ``***``; safe to print.
-
-    It parses, as a password pasted unencoded may hold any character. For each ``scheme://``: the user info runs to
-    the text's *last* ``@``, and all of it after the user name's first ``:`` is masked (all of it without a ``:``);
-    from the first query option whose percent-decoded name ends in ``password``, the rest of the text is masked.
-    Masking too much is the safe direction: a part of a URL may be lost, never a part of the password shown.
-    """
+    """``text`` (a URL, or a message holding URLs) with every password replaced by ``***``; safe to print. For each
+    ``scheme://`` it masks the user info up to the text's *last* ``@`` (from the user name's first ``:`` if any) and
+    the rest of the text from the first query option whose percent-decoded name ends in ``password``: too much,
+    never too little (a password pasted unencoded may hold any character)."""
     text = str(text)
     spans: list[tuple[int, int]] = []
     start = text.find("://")
@@ -180,18 +156,11 @@ def mask_url(text: str) -> str:
             if span is not None and span[0] < span[1]:
                 spans.append(span)
         start = text.find("://", authority)
-    if not spans:
-        return text
-    spans.sort()
-    merged: list[list[int]] = []
-    for low, high in spans:
-        if merged and low <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], high)
-        else:
-            merged.append([low, high])
-    pieces, last = [], 0
-    for low, high in merged:
-        pieces += [text[last:low], MASK]
-        last = high
+    pieces: list[str] = []
+    last = 0
+    for low, high in sorted(spans):
+        if low > last or not pieces:  # else it overlaps or touches the last masked span
+            pieces += [text[last:low], MASK]
+        last = max(last, high)
     pieces.append(text[last:])
     return "".join(pieces)

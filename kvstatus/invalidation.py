@@ -1,10 +1,9 @@
-"""The near cache's invalidation reader: per server, a RESP3 connection that Redis' invalidations are
-pushed to, read without blocking on every cache read, and the liveness PINGs that bound staleness.
-Anything it cannot parse there empties the whole cache. docs/design.md ("How the near cache stays coherent").
-"""
+"""The near cache's invalidation reader: per server a RESP3 connection Redis pushes invalidations to, read without
+blocking, and the liveness PINGs. docs/design.md ("How the near cache stays coherent")."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import ssl
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
@@ -18,7 +17,6 @@ from kvstatus.keys import KeySchema
 if TYPE_CHECKING:  # the state is handed in: the reader feeds it, and runs without importing it
     from kvstatus.cachestate import CacheState
 
-_UNKNOWN = object()
 _PING = b"*1\r\n$4\r\nPING\r\n"
 _RECV = 65536
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError, InterruptedError)
@@ -29,10 +27,8 @@ class LinkLost(Exception):
 
 
 def peer_of(connection: object) -> object:
-    """The address a connected redis-py connection (sync or async) talks to: which server it reached.
-
-    Compared instead of INFO's run_id, which the tenant ACL recipe does not grant (INFO shows every
-    namespace's totals)."""
+    """The address a connected redis-py connection (sync or async) talks to (INFO's run_id needs a permission the
+    tenant ACL recipe does not grant)."""
     sock = getattr(connection, "_sock", None)
     if sock is not None:
         return sock.getpeername()
@@ -43,12 +39,9 @@ def peer_of(connection: object) -> object:
 
 
 class InvalidationSocket:
-    """The invalidation connection of one server, read without blocking (shared by sync and async caches).
-
-    ``open`` runs redis-py's blocking handshake on RESP3, reads the connection's ``CLIENT ID`` and the server's
-    address, and turns the socket non-blocking; from then on only :meth:`drain` and :meth:`ping` touch it. It
-    subscribes to nothing (invalidations arrive as push messages), so no ``PUBLISH`` can inject one.
-    """
+    """The invalidation connection of one server (sync and async caches): ``open`` runs redis-py's blocking RESP3
+    handshake and ``CLIENT ID``, then only :meth:`drain` and :meth:`ping` touch the non-blocking socket. It
+    subscribes to nothing (invalidations are push messages), so no ``PUBLISH`` can inject one."""
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -60,26 +53,17 @@ class InvalidationSocket:
     def open(self) -> None:
         conn = self.connection
         conn.connect()
-        self.setup(conn)
+        conn.send_command("CLIENT", "ID")  # the REDIRECT target
+        self.client_id = int(conn.read_response())
         self.peer = peer_of(conn)
         self.sock = conn._sock  # redis-py's handshake is done; this socket is ours from here on
         self.sock.setblocking(False)
-
-    def setup(self, conn: Any) -> None:
-        """The commands sent through redis-py after its handshake: ``CLIENT ID`` (the ``REDIRECT`` target)."""
-        conn.send_command("CLIENT", "ID")
-        self.client_id = int(conn.read_response())
 
     def fileno(self) -> int:
         return int(self.sock.fileno())
 
     def drain(self) -> tuple[list[bytes], bool, bool]:
-        """Read what arrived: (invalidated keys, flush everything?, a PONG arrived?). Raises LinkLost."""
-        self.receive()
-        return self._parse()
-
-    def receive(self) -> None:
-        """Feed what arrived on the socket to :attr:`reader`, without blocking. Raises LinkLost."""
+        """What arrived, read without blocking: (invalidated keys, flush all?, a PONG arrived?); raises LinkLost."""
         sock, reader = self.sock, self.reader
         while True:
             try:
@@ -93,9 +77,6 @@ class InvalidationSocket:
             reader.feed(data)
             if len(data) < _RECV and not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                 break
-
-    def _parse(self) -> tuple[list[bytes], bool, bool]:
-        reader = self.reader
         keys: list[bytes] = []
         flush = pong = False
         while True:
@@ -107,25 +88,21 @@ class InvalidationSocket:
             if not isinstance(message, list):  # the answer to a PING: +PONG
                 pong = pong or message == b"PONG"
                 continue
-            payload = message[-1] if message and message[0] == b"invalidate" else _UNKNOWN
+            payload = message[-1] if message and message[0] == b"invalidate" else None
             if isinstance(payload, list) and all(isinstance(key, bytes) for key in payload):
                 keys.extend(payload)
             else:  # None (FLUSHALL, tracking table full), or a frame this reader does not understand
                 flush = True
 
     def ping(self) -> bool:
-        """Send a PING without blocking; False if the socket would block (try again later)."""
-        return self.send(_PING)
-
-    def send(self, command: bytes) -> bool:
-        """Send one packed command without blocking; False if the socket would block. Raises LinkLost."""
+        """Send a PING without blocking; False if the socket would block (try again later). Raises LinkLost."""
         try:
-            sent = self.sock.send(command)
+            sent = self.sock.send(_PING)
         except _WOULD_BLOCK:
             return False
         except OSError as exc:
             raise LinkLost(f"connection failed: {exc}") from exc
-        if sent != len(command):  # a partial command would corrupt the stream; give the connection up
+        if sent != len(_PING):  # a partial command would corrupt the stream; give the connection up
             raise LinkLost("connection send buffer full")
         return True
 
@@ -150,15 +127,14 @@ def sync_twin(conn: Any) -> redis.Connection:
         "protocol": 3,  # invalidations arrive as push messages, without a channel
     }
     path = getattr(conn, "path", None)
-    if path:
-        made: redis.Connection = connection_class(redis.UnixDomainSocketConnection, False)(path=path, **common)
-        return made
-    address = {"host": conn.host, "port": conn.port}
     context = getattr(conn, "ssl_context", None)  # redis.asyncio's SSLConnection
     tls_source = context if context is not None else conn
-    if context is not None or isinstance(conn, redis.SSLConnection):
+    if path:
+        made: redis.Connection = connection_class(redis.UnixDomainSocketConnection, False)(path=path, **common)
+    elif context is not None or isinstance(conn, redis.SSLConnection):
         made = connection_class(redis.SSLConnection, True)(
-            **address,
+            host=conn.host,
+            port=conn.port,
             **common,
             ssl_keyfile=getattr(tls_source, "keyfile", None),
             ssl_certfile=getattr(tls_source, "certfile", None),
@@ -166,8 +142,8 @@ def sync_twin(conn: Any) -> redis.Connection:
             ssl_ca_certs=getattr(tls_source, "ca_certs", None),
             ssl_check_hostname=getattr(tls_source, "check_hostname", False),
         )
-        return made
-    made = connection_class(redis.Connection, False)(**address, **common)
+    else:
+        made = connection_class(redis.Connection, False)(host=conn.host, port=conn.port, **common)
     return made
 
 
@@ -199,9 +175,8 @@ class LinkState:
 
 
 class LinkReader:
-    """Reads a link's invalidation socket as soon as something arrives, for a cache that ``wait_for`` waits on
-    (a cache alone reads it only when it serves a read): the event loop's reader of the socket, or a thread's
-    (:func:`kvstatus.concurrency.async_start_reader`), calls ``drain``; ``on_close`` stops it."""
+    """Drains a link's invalidation socket as soon as it is readable, for ``wait_for``: the event loop or a thread
+    (:func:`kvstatus.concurrency.async_start_reader`) calls ``on_readable``; ``on_close`` stops it."""
 
     def __init__(self, inval: InvalidationSocket, drain: Callable[[], None]) -> None:
         self.inval = inval
@@ -218,12 +193,8 @@ class LinkReader:
 
 
 class Links:
-    """The links of one near cache (one per server) and the invalidation reader that feeds its state.
-
-    :meth:`poll` reads every invalidation socket without blocking, applies what arrived to the
-    :class:`~kvstatus.cachestate.CacheState`, sends the liveness PINGs, and drops failed links;
-    ``live_until`` is the monotonic time until which cached rooms may be served.
-    """
+    """The links of one near cache (one per server), which :meth:`poll` reads into its
+    :class:`~kvstatus.cachestate.CacheState`; ``live_until``: the monotonic time until which it may serve."""
 
     def __init__(self, state: CacheState, close: Callable[[LinkState], None]) -> None:
         self.state = state
@@ -233,20 +204,19 @@ class Links:
         self._fds: dict[int, tuple[LinkState, bool]] = {}
         self.live_until = 0.0
         self.next_ping = 0.0
-        self._ping_interval = state.options.max_staleness / 4
         self.busy = False
-        """True while a read is on the data connections (set under the cache's I/O lock): a reply arriving makes
-        a data connection readable, which :meth:`poll`, called by other threads' cache hits, must not take
-        for a closed connection."""
+        """True while a read is on the data connections (set under the I/O lock): :meth:`poll` must then not take
+        a readable data connection (a reply arriving) for a closed one."""
         self.reads = 0
-        """Reads begun on the data connections (counted when ``busy`` is set): a read that began and ended while
-        :meth:`poll` ran leaves ``busy`` False at both ends of it, but not this count."""
+        """Reads begun on the data connections: one that began and ended during :meth:`poll` changes this, not
+        ``busy``."""
 
     def add_link(self, link: LinkState) -> None:
         self.links[link.name] = link
-        self._register(link.inval.fileno(), link, True)
-        if link.data_fd is not None:
-            self._register(link.data_fd, link, False)
+        for fd, is_inval in ((link.inval.fileno(), True), (link.data_fd, False)):
+            if fd is not None:
+                self._fds[fd] = (link, is_inval)
+                self._poller.register(fd, select.POLLIN | select.POLLPRI)
         self._update_live()
 
     def data(self, name: str) -> object:
@@ -254,42 +224,30 @@ class Links:
         link = self.links.get(name)
         if link is None:
             raise LinkLost(f"the near cache's link to {name or 'the server'} was dropped")
-        data: object = link.data
-        return data
+        return link.data
 
-    def _register(self, fd: int, link: LinkState, is_inval: bool) -> None:
-        self._fds[fd] = (link, is_inval)
-        self._poller.register(fd, select.POLLIN | select.POLLPRI)
-
-    def drop_link(self, name: str, reason: str) -> Optional[LinkState]:
+    def drop_link(self, name: str, reason: str) -> None:
         """Forget a link (the caller closes its connections) and empty the cache."""
         link = self.links.pop(name, None)
         if link is not None:
             for fd, (owner, _) in list(self._fds.items()):
                 if owner is link:
                     del self._fds[fd]
-                    try:
+                    with contextlib.suppress(KeyError, ValueError):
                         self._poller.unregister(fd)
-                    except (KeyError, ValueError):
-                        pass
             self._close(link)
         self.state.flush(reason)
         self._update_live()
-        return link
 
     def _update_live(self) -> None:
-        if self.links:
-            self.live_until = min(link.confirmed for link in self.links.values()) + self.state.options.max_staleness
-        else:
-            self.live_until = 0.0
+        confirmed = [link.confirmed for link in self.links.values()]
+        self.live_until = min(confirmed) + self.state.options.max_staleness if confirmed else 0.0
 
-    def poll(self, now: float) -> list[str]:
-        """Apply whatever arrived on the invalidation sockets; return the names of failed links
-        (their rooms are already flushed; the caller closes and forgets them). Sends due PINGs."""
+    def poll(self, now: float) -> None:
+        """Apply what arrived on the invalidation sockets, send due PINGs, and drop (and close) failed links."""
         broken: list[str] = []
         reads, busy = self.reads, self.busy
-        events = self._poller.poll(0)
-        for fd, _ in events:
+        for fd, _ in self._poller.poll(0):
             link, is_inval = self._fds.get(fd, (None, False))
             if link is None or link.name in broken:
                 continue
@@ -313,7 +271,7 @@ class Links:
                 link.ping_outstanding = None
                 self._update_live()
         if now >= self.next_ping:
-            self.next_ping = now + self._ping_interval
+            self.next_ping = now + self.state.options.max_staleness / 4
             for link in self.links.values():
                 if link.ping_outstanding is None:
                     try:
@@ -326,4 +284,3 @@ class Links:
                     broken.append(link.name)  # no answer at all: a dead peer that sent no FIN
         for name in broken:
             self.drop_link(name, f"connection of {name} lost")
-        return broken

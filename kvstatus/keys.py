@@ -1,16 +1,7 @@
-"""Key schema: ``<prefix>:<namespace>:{<room>}``, one hash per room (the room id is the hash tag); names checked,
-and what they say. The layout: docs/design.md ("Data model").
-
-Room fields beyond that section's: ``inc:<participant>``, the epoch of the lease incarnation that last wrote the
-entry (stores with a lease; it fences off a replaced incarnation's writes, ``lua/update.lua``), and
-``t:<participant>``, the time it reached each status (``timeline=True``, :mod:`kvstatus.timeline`). Beside the
-rooms: the lease index ``<prefix>:<namespace>:leases``, each lease holder's mark (:mod:`kvstatus.peerwatch`).
-No key but a room's ends with ``}``, so the room SCAN pattern never matches one and :meth:`KeySchema.room_of`
-rejects it.
-
-The other arguments a store takes are checked here too, with their defaults and limits: TTLs (a lease's too),
-reasons and the script mode (no I/O).
-"""
+"""Key schema (docs/design.md ("Data model")), the checks of names and a store's other arguments (no I/O), and
+what a participant's name says. Room fields beyond that section's: ``inc:<participant>`` (:func:`incarnation_field`)
+and ``t:<participant>`` (:func:`timeline_field`). No key but a room's ends with ``}``, so the room SCAN pattern never
+matches one."""
 
 from __future__ import annotations
 
@@ -19,7 +10,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional, TypeGuard
 
 from kvstatus.errors import InvalidArgumentError, InvalidNameError, InvalidRoomError, mask_url
 
@@ -28,16 +19,14 @@ MAX_NAME_LENGTH = 128
 DEFAULT_PREFIX = "kvstatus"
 DEFAULT_PARTICIPANT = "default"
 PROBE_PARTICIPANT = "kvstatus-doctor-probe"
-"""The participant whose entries ``kvstatus doctor`` and the SGLang start-up check write and remove; every
-operator view leaves them out."""
+"""The participant of ``kvstatus doctor``'s and the SGLang start-up check's entries; operator views leave it out."""
 REASON_FIELD_PREFIX = "reason:"
 LATE_FIELD_PREFIX = "late:"
 INCARNATION_FIELD_PREFIX = "inc:"
 TIMELINE_FIELD_PREFIX = "t:"
 TOMBSTONE_SUFFIX = ":t"
 FATE_FIELD = "room:fate"
-"""The room hash field of the room's first failure: ``<ms>:<stage>:<origin>:<reason>``. The colon keeps it
-apart from participant names, which cannot hold one."""
+"""The room field of its first failure, ``<ms>:<stage>:<origin>:<reason>`` (no name holds a colon)."""
 ADDRESS_FIELD = "addr"
 """The lease record's field of the holder's address (``host:port``; lua/lease.lua writes it at the acquire)."""
 LEASE_PART = "lease:"
@@ -62,8 +51,7 @@ _ADDRESS = re.compile(r"[A-Za-z0-9_.\-\[\]:]{1,253}:[0-9]{1,5}")
 
 
 def validate_address(value: object) -> str:
-    """Return ``value`` if it is a ``host:port`` address (a host name, an IPv4 address or a bracketed IPv6 one);
-    raise :class:`~kvstatus.errors.InvalidArgumentError` naming it otherwise."""
+    """``value`` if it is ``host:port`` (a host name, IPv4 or bracketed IPv6); raises :class:`InvalidArgumentError`."""
     if not isinstance(value, str) or not _ADDRESS.fullmatch(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
         raise InvalidArgumentError(f"invalid address {value!r}: expected host:port, e.g. 10.0.0.7:8998")
     return value
@@ -122,8 +110,7 @@ class KeySchema:
         return f"{self.base}{{{room}}}"
 
     def room_keys(self, rooms: Iterable[int]) -> list[str]:
-        """Keys of validated room ids (the batch path: an f-string formats an int faster than ``str()`` plus
-        concatenation; BENCHMARKS.md, "The batch paths' Python")."""
+        """Keys of validated room ids (the batch path, tuned: BENCHMARKS.md, "The batch paths' Python")."""
         head = self.base + "{"
         return [f"{head}{room}}}" for room in rooms]
 
@@ -138,8 +125,7 @@ class KeySchema:
 
     @property
     def database_marker_key(self) -> str:
-        """The near cache's marker of the database it reads (``<prefix>:<namespace>:db``): a random id that
-        tells a cache when ``SWAPDB`` put another database under it."""
+        """The near cache's database marker (``<prefix>:<namespace>:db``): a random id by which it notices SWAPDB."""
         return f"{self.base}db"
 
     def lease_key(self, participant: str) -> str:
@@ -152,9 +138,7 @@ class KeySchema:
         return f"{self.base}leases"
 
     def presence_channel(self, participant: str) -> str:
-        """Channel a lease holder of ``participant`` stays subscribed to
-        (:class:`~kvstatus._async.leases.AsyncPresence`). The namespace is its hash tag: every presence of a
-        namespace is on one shard, counted in one command."""
+        """Channel a lease holder of ``participant`` stays subscribed to; the namespace is its hash tag (one shard)."""
         return f"{self.base}presence:{{{self.namespace}}}:{participant}"
 
     @property
@@ -169,7 +153,7 @@ class KeySchema:
 
     def participant_of_lease(self, key: str | bytes) -> Optional[str]:
         """Participant of a lease key of this namespace, or None for any other key."""
-        text = key.decode() if isinstance(key, bytes) else key
+        text = key.decode(errors="replace") if isinstance(key, bytes) else key
         head = self.base + LEASE_PART
         if not text.startswith(head) or not _NAME.fullmatch(text[len(head) :]):
             return None
@@ -177,12 +161,9 @@ class KeySchema:
 
     def room_of(self, key: str | bytes) -> Optional[int]:
         """Room id of a key of this namespace, or None for any other key."""
-        text = key.decode() if isinstance(key, bytes) else key
-        base = self.base
-        if not (text.startswith(base + "{") and text.endswith("}")):
-            return None
-        digits = text[len(base) + 1 : -1]
-        if not digits.isdigit() or not digits.isascii():
+        text = key.decode(errors="replace") if isinstance(key, bytes) else key
+        digits = text[len(self.base) + 1 : -1]
+        if not (text.startswith(self.base + "{") and text.endswith("}") and digits.isdigit() and digits.isascii()):
             return None
         room = int(digits)
         return room if room <= MAX_ROOM else None
@@ -215,13 +196,9 @@ _RANK = re.compile(r"(dp|adp|cp|tp|pp)[0-9]+")
 
 
 class Naming(NamedTuple):
-    """``role`` (prefill, decode or other) and ``instance``: the name without its rank parts, e.g.
-    ``prefill-a`` for ``prefill-a-tp3-pp0``, ``decode`` for ``decode-tp0-pp0`` (a deployment of one server per role).
-
-    The SGLang plugin names each KV manager ``<role>[-<instance>][-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>``
-    (:func:`kvstatus.sglang.manager.participant_name`). Fleet views (stage histograms, stuck rooms, pair health)
-    group by role or by instance, never by rank or room, so their cardinality stays that of the deployment's
-    servers. A name that does not follow the naming has role ``other`` and is its own instance."""
+    """``role`` (prefill, decode or other) and ``instance`` of a :func:`kvstatus.sglang.manager.participant_name`
+    name: the name without its rank parts (``prefill-a`` for ``prefill-a-tp3-pp0``), what fleet views group by. Any
+    other name has role ``other`` and is its own instance."""
 
     role: str
     instance: str
@@ -251,16 +228,19 @@ def is_decode(participant: str) -> bool:
 
 DEFAULT_TTL_SECONDS = 600.0
 TOMBSTONE_TTL_SECONDS = 60.0
-"""How long ``clear()``'s tombstone says who cleared a room and how it ended (never longer than the store's
-``ttl``): what ``get`` shows of a cleared room, and how far back ``kvstatus health`` sees successes."""
+"""How long ``clear()``'s tombstone lives (seconds, never longer than the store's ``ttl``)."""
 MAX_TTL_SECONDS = 30 * 24 * 3600.0
 MAX_REASON_BYTES = 2048
 _TRUNCATED = " [truncated]"
 
 
+def _is_seconds(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def ttl_to_ms(ttl: object) -> int:
     """Validate a TTL in seconds and return it in whole milliseconds (at least 1)."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
+    if not _is_seconds(ttl):
         raise InvalidArgumentError(f"invalid ttl {ttl!r}: expected a number of seconds")
     if not 0 < ttl <= MAX_TTL_SECONDS:
         raise InvalidArgumentError(
@@ -271,8 +251,8 @@ def ttl_to_ms(ttl: object) -> int:
 
 
 def truncate_reason(reason: object) -> str:
-    """Return ``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut; raise
-    :class:`InvalidArgumentError` for a non-string, or a lone surrogate (undecodable bytes of ``sys.argv``)."""
+    """``reason`` cut to :data:`MAX_REASON_BYTES` of UTF-8, marked when cut; raises :class:`InvalidArgumentError`
+    for a non-string or a lone surrogate."""
     if not isinstance(reason, str):
         raise InvalidArgumentError(f"invalid reason {reason!r}: expected a string")
     try:
@@ -290,8 +270,8 @@ def truncate_reason(reason: object) -> str:
 
 
 SCRIPT_MODES = ("eval", "functions")
-"""How a store runs the Lua of ``lua/``: ``eval`` (EVALSHA, loaded by the client itself on NOSCRIPT) or
-``functions`` (FCALL / FCALL_RO of the function library an admin loaded, see :data:`kvstatus.scripts.LIBRARY`)."""
+"""How a store runs ``lua/``: ``eval`` (EVALSHA, loaded on NOSCRIPT) or ``functions`` (FCALL of
+:data:`kvstatus.scripts.LIBRARY`, loaded by an admin)."""
 
 
 def validate_script_mode(mode: object) -> str:
@@ -308,12 +288,7 @@ MAX_LEASE_TTL = 3600.0
 
 def validate_lease_ttl(ttl: object) -> float:
     """Return ``ttl`` (seconds) if it is a lease TTL in [3, 3600]; raise :class:`InvalidArgumentError`."""
-    if (
-        isinstance(ttl, bool)
-        or not isinstance(ttl, (int, float))
-        or not math.isfinite(ttl)
-        or not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL
-    ):
+    if not _is_seconds(ttl) or not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL:
         raise InvalidArgumentError(
             f"invalid lease_ttl {ttl!r}: expected seconds in [{MIN_LEASE_TTL:g}, {MAX_LEASE_TTL:g}] (a renewal every "
             "ttl/3 s keeps the renewals at most one per second; see the README on choosing it)"

@@ -1,15 +1,6 @@
-"""Participant leases and the peer watch's acts: what the lease keeper performs, planned here without I/O.
-
-:class:`LeaseCore` is a lease's logic (requests and state); the keeper that performs it is written once in
-:mod:`kvstatus._async.leases` (an asyncio task) and generated for threads (:mod:`kvstatus._sync.leases`). When a
-lease is alive, lost for good or renewed before a write: docs/guide.md, "Leases, the consensus view, sweeping and
-tombstones". The record outlives the lease by the store's room TTL, so readers (the consensus view, the sweeper,
-``kvstatus participants``) see a dead participant as lost for as long as its entries can exist.
-
-:func:`act` is what the peer watch does about a look's :class:`~kvstatus.peerwatch.WatchPlan`: a generator that
-yields each :class:`~kvstatus.requests.Request` and takes its decoded reply back (``send``), or the error the send
-raised (``throw``: a ``finally`` here still runs, then the error goes on to the caller). The keeper only sends.
-"""
+"""Participant leases (:class:`LeaseCore`) and the peer watch's acts (:func:`act`), without I/O: the lease keeper
+(:mod:`kvstatus._async.leases`) sends what they plan. When a lease is alive, lost or renewed before a write:
+docs/guide.md, "Leases, the consensus view, sweeping and tombstones"."""
 
 from __future__ import annotations
 
@@ -39,8 +30,8 @@ log = logging.getLogger("kvstatus.leases")
 RENEWALS_PER_TTL = 3
 HOLDER_FIELD = "holder"
 """The lease record's field naming the holding process (``host:pid``; lua/lease.lua writes it at the acquire)."""
-# The write path renews synchronously once this share of the TTL went by since the last renewal was sent.
 STALE_SHARE = 2 / 3
+"""Share of the TTL after the last renewal was sent from which a write renews first, synchronously."""
 
 HELD, LOST, RELEASED = LeaseOutcome.HELD.value, LeaseOutcome.LOST.value, LeaseOutcome.RELEASED.value
 
@@ -52,15 +43,14 @@ def this_process() -> str:
 
 
 class LeaseCore:
-    """A store's lease, without I/O: the requests to send and what their replies mean.
+    """A store's lease, without I/O: the requests to send and what their replies mean. The record outlives the lease
+    by ``keep_ms`` (the room TTL), so readers see a dead participant as lost as long as its entries can exist.
 
-    Attributes: ``participant``; ``ttl`` (seconds); ``incarnation`` (the
-    random token of the current holder, None before the first acquire);
-    ``generation`` (how many incarnations the name has had, this one
-    included); ``epoch`` (the incarnation's fence, Unix ms at its acquire by Redis' clock and above
-    every earlier incarnation's: the store stamps its entries with it); ``lost`` (True once Redis answered
-    LOST, or a write was refused as superseded); ``released``; ``address`` (``host:port`` by which peers
-    reach the holder, or None: written into the record at each acquire, see :mod:`kvstatus.peerwatch`).
+    Attributes: ``participant``; ``ttl`` (seconds); ``incarnation`` (the random token of the current holder, None
+    before the first acquire); ``generation`` (how many incarnations the name has had, this one included); ``epoch``
+    (the incarnation's fence, Unix ms at its acquire by Redis' clock and above every earlier incarnation's: the store
+    stamps its entries with it); ``lost`` (True once Redis answered LOST, or a write was refused as superseded);
+    ``released``; ``address`` (``host:port`` by which peers reach the holder, or None; written at each acquire).
     """
 
     def __init__(
@@ -77,10 +67,7 @@ class LeaseCore:
         self.epoch: Optional[int] = None  # the incarnation's fence (lua/lease.lua): its writes are stamped with it
         self.on_epoch: Optional[Callable[[Optional[int]], None]] = None  # told each new epoch (the store's fence)
         self.acquired = False  # the current incarnation's acquire was answered HELD
-        self.lost = False
-        self.released = False
-        self.taken_over = False
-        self.record_gone = False
+        self.lost = self.released = self.taken_over = self.record_gone = False
         self._lost_generation: Optional[int] = 0  # the record's generation when it was lost; None: not read
         self._renewed_at = -math.inf  # monotonic time the last successful acquire/renew was *sent*
         self._retry_at = -math.inf  # after a failed renewal: monotonic time of the next try
@@ -98,15 +85,14 @@ class LeaseCore:
         return time.monotonic() < self._renewed_at + self._stale_after and not self.lost
 
     def request(self, op: str) -> Request[tuple[int, int, int]]:
-        """The :class:`~kvstatus.operations.Request` of ``op`` ("acquire", "renew", "release"); decodes to (code, gen)."""
+        """The request of ``op`` ("acquire", "renew" or "release"); decodes to (code, generation, epoch)."""
+        acquire: tuple[str, ...] = ()
         if op == "acquire":
             self.incarnation = secrets.token_hex(8)
             self.acquired = self.lost = self.released = self.taken_over = self.record_gone = False
+            acquire = (self.address or "", this_process())
         assert self.incarnation is not None
-        args: tuple[str, ...] = (op, self.incarnation, self._ttl_ms, self._keep_ms)
-        if op == "acquire":
-            args += (self.address or "", this_process())
-        call = script_call(scripts.LEASE, [self.key], args)
+        call = script_call(scripts.LEASE, [self.key], (op, self.incarnation, self._ttl_ms, self._keep_ms, *acquire))
 
         def decode(replies: list[Any]) -> tuple[int, int, int]:
             reply = replies[0]
@@ -114,15 +100,13 @@ class LeaseCore:
                 raise BackendError(f"the lease script replied {reply!r}, expected [code 10..12, generation, epoch]")
             return int(reply[0]), int(reply[1]), int(reply[2])
 
-        # Only the lease script's error fails the request: a peer-watch mark sent with it (kvstatus._async.leases)
-        # meets a tenant's string at the lease index, and the lease must still be held (issue 36).
+        # Only the script's error fails the lease: a tenant's string at the index fails only the mark (issue 36).
         return Request([call], decode, strict=1)
 
     def holder_request(self, channel: str, numsub: str) -> Request[Optional[str]]:
-        """Who holds this participant's name alive, as another process: its record's ``holder`` (or "a process
-        that did not say which") while the lease is alive by Redis' clock and a presence is subscribed on
-        ``channel`` (counted with ``PUBSUB <numsub>``); None when nobody does (free, lost, released, or a
-        crashed holder whose presence is gone: a restart takes the name over)."""
+        """Who else holds this participant's name alive: its record's ``holder`` (or "a process that did not say
+        which") while Redis' clock says the lease is alive and a presence is subscribed on ``channel`` (counted with
+        ``PUBSUB <numsub>``); None when nobody does (free, lost, released, or a crashed holder's presence is gone)."""
         calls = [
             Call(("HMGET", self.key, "state", "deadline", HOLDER_FIELD)),
             Call(("TIME",)),
@@ -158,8 +142,8 @@ class LeaseCore:
             # gen 0: no record at all (the script reads a missing hash as generation 0).
             self.record_gone = generation == 0
             self._lost_generation = generation
-            # Another incarnation's record: a later generation, or the same one under another epoch (the server
-            # lost the record, and another store's acquires brought the count back to this one's).
+            # Another incarnation's record: a later generation, or the same under another epoch (the record was lost
+            # and other acquires counted back up to this one's).
             self.taken_over = (
                 self.generation is not None
                 and generation != 0
@@ -179,9 +163,8 @@ class LeaseCore:
         return max(max(self._renewed_at + self.interval, self._retry_at) - time.monotonic(), 0.0)
 
     def lateness(self) -> float:
-        """Seconds by which the background renewal due now is late (0.0 when on time or not due). More than one
-        renewal interval late means this process did not run its keeper: it stalled (SIGSTOP, a native call
-        holding the GIL, CPU starvation), and the lease lapses once the stall reaches its TTL."""
+        """Seconds by which the background renewal due now is late (0.0 when on time or not due); more than an
+        interval late: this process stalled (SIGSTOP, a native call holding the GIL, CPU starvation)."""
         if self._renewed_at == -math.inf or self._retry_at > self._renewed_at:
             return 0.0
         return max(time.monotonic() - (self._renewed_at + self.interval), 0.0)
@@ -224,7 +207,7 @@ class LeaseCore:
 # ---- the peer watch's acts
 
 Steps = Generator[Request[Any], Any, Any]
-"""Requests out, their decoded replies in; returns what the step's docstring says."""
+"""Requests out; in, each decoded reply (``send``) or the send's error (``throw``: ``finally`` blocks run first)."""
 
 
 def restart_reason(participant: str) -> str:
@@ -271,12 +254,9 @@ def act(watch: PeerWatch, plan: WatchPlan) -> Steps:
         below, address = yield watch.identity_request(name)
         outcomes = yield from _fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
         failed += outcomes.count(Outcome.FAILED)
-        # Rooms it never wrote, or (unless its previous incarnation released its lease) in which that incarnation
-        # reached Success (REFUSED_TERMINAL): what it owed this side after that went with it, as for a loss above.
-        owed = (
-            (Outcome.IGNORED_MISSING,) if name in plan.orderly else (Outcome.IGNORED_MISSING, Outcome.REFUSED_TERMINAL)
-        )
-        absent = [room for room, outcome in zip(rooms, outcomes) if outcome in owed]
+        # As for a loss (_fail_gone): rooms it never wrote, or reached Success in (REFUSED_TERMINAL) unless orderly.
+        done = None if name in plan.orderly else Outcome.REFUSED_TERMINAL
+        absent = [room for room, outcome in zip(rooms, outcomes) if outcome in (Outcome.IGNORED_MISSING, done)]
         failed += yield from _fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
     if plan.orphans:
         failed += yield from _fail_orphans(watch, plan.orphans, plan.orphan_seconds)
@@ -286,8 +266,7 @@ def act(watch: PeerWatch, plan: WatchPlan) -> Steps:
 
 
 def _fail_orphans(watch: PeerWatch, rooms: list[int], seconds: float) -> Steps:
-    """Fail this store's own entry, still Bootstrapping, in those of ``rooms`` that no decode joined within
-    ``seconds`` (one read a room); returns how many were failed."""
+    """Fail this store's own Bootstrapping entry in the ``rooms`` no decode joined in ``seconds``; returns how many."""
     core, failed = watch.core, 0
     for room in rooms:
         view = yield core.room(room)
@@ -313,15 +292,13 @@ def _fail_orphans(watch: PeerWatch, rooms: list[int], seconds: float) -> Steps:
 
 
 def _fail_gone(watch: PeerWatch, entries: Entries, name: str, reason: str) -> Steps:
-    """Fail the open entries (in ``entries``, just read) of ``name``, which lost its lease or died; returns how
-    many entries were failed."""
+    """Fail the open entries (in ``entries``, just read) of ``name``, lost or dead; returns how many were failed."""
     open_rooms = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in OPEN]
     below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
     outcomes = yield from _fail(watch, open_rooms, name, Stage.LEASE_LOST, reason, below)
     failed: int = outcomes.count(Outcome.FAILED)
-    # Rooms that wait on the peer by address and that it never wrote, or (unless it released its
-    # lease: an orderly exit first sends what it owes) in which it reached Success: what it owed this
-    # side after that (SGLang's decode waits for the prefill's completion message) will not come.
+    # Rooms waiting on it that it never wrote, or reached Success in unless it released its lease (an orderly exit
+    # sends what it owes first): what it owed after that (SGLang's decode waits for a completion message) won't come.
     done = None if watch.released(name) else KVPoll.Success
     absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
     if watch.awaits_any(absent):
@@ -333,16 +310,10 @@ def _fail_gone(watch: PeerWatch, entries: Entries, name: str, reason: str) -> St
 
 
 def _fail_awaiting(
-    watch: PeerWatch,
-    rooms: list[int],
-    name: str,
-    address: Optional[str],
-    stage: Stage,
-    cause: Optional[str] = None,
+    watch: PeerWatch, rooms: list[int], name: str, address: Optional[str], stage: Stage, cause: Optional[str] = None
 ) -> Steps:
-    """Fail this store's own open entries in those of ``rooms`` (where ``name`` has no entry) that wait on
-    ``name`` at its ``address`` (None: it has none, nothing to do), naming ``cause`` (what happened to ``name``;
-    None: the stage says); returns how many were failed."""
+    """Fail this store's own open entries in those of ``rooms`` (``name`` has no entry there) that wait on ``name`` at
+    ``address`` (None: nothing to do), naming ``cause`` (None: the stage says); returns how many were failed."""
     awaiting = [] if address is None else watch.awaiting(rooms, address)
     if address is None or not awaiting:
         return 0
@@ -379,10 +350,9 @@ def _fail(watch: PeerWatch, rooms: list[int], name: str, stage: Stage, reason: s
 def fail_entries_request(
     core: StoreCore, rooms: list[int], participant: str, stage: Stage, reason: str, below: Optional[int] = None
 ) -> Request[list[Outcome]]:
-    """The calls failing ``participant``'s open entries in ``rooms`` with ``reason`` and the room's first failure
-    at ``stage`` (``lua/sweep.lua``: one call per chunk of rooms, per slot on a cluster). ``below``: the fence,
-    an incarnation epoch; entries stamped with it or a later one are left alone (None: no fence). Decodes to
-    the outcome in each room, in the order of ``rooms``."""
+    """The calls failing ``participant``'s open entries in ``rooms`` with ``reason``, first failure at ``stage``
+    (lua/sweep.lua, per chunk and slot), but those stamped ``below`` (an epoch; None: no fence) or later; decodes to
+    the outcome in each room, in order."""
     keys = core.schema.room_keys(rooms)
     args: tuple[str, ...] = (participant, reason_field(participant), reason, stage.value)
     if below is not None:

@@ -1,14 +1,10 @@
-"""kvstatus' data: statuses, outcomes, room views, failure records and tombstones (no rules, no I/O), and the
-hooks a store calls on its observer (:class:`StoreObserver`; docs/observe.md ("Library metrics")).
-
-The rules over them are :mod:`kvstatus.rule`; the integers are what the Lua scripts return
-(``tests/core/test_scripts.py`` holds lua/*.lua to them). ``on_cleared`` (:class:`ClearedObserver`) is optional,
-so not in :data:`HOOKS`: docs/observe.md ("Stage durations").
-"""
+"""kvstatus' data (no rules, no I/O; the integers are what the Lua scripts return) and the hooks a store calls on
+its observer (:class:`StoreObserver`; docs/observe.md ("Library metrics"))."""
 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Iterable
 from typing import NamedTuple, Optional, Protocol, TypeGuard, runtime_checkable
 
@@ -44,10 +40,7 @@ class Outcome(enum.IntEnum):
 
 
 class ReasonOutcome(enum.IntEnum):
-    """What ``record_failure`` did; the integer is what ``lua/record_failure.lua`` returns.
-
-    Codes continue :class:`Outcome`'s, so one number means one thing in every script.
-    """
+    """What ``lua/record_failure.lua`` did; codes continue :class:`Outcome`'s (one number, one meaning)."""
 
     IGNORED_MISSING = 5  # Outcome.IGNORED_MISSING: no entry, nothing written
     RECORDED = 8  # the reason was stored and the room's TTL refreshed
@@ -97,12 +90,12 @@ class UpdateResult(NamedTuple):
 OPEN = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring})
 """The statuses of an entry that has not concluded: what a peer's failure, a cancel or a sweep fails."""
 
-# Statuses that may create a missing entry under the strict policy.
 STRICT_CREATORS = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput})
+"""The statuses that may create a missing entry under the strict policy."""
 
 
 def to_status(value: object) -> KVPoll:
-    """Return ``value`` as a :class:`KVPoll`; raise :class:`InvalidStatusError` for anything but a member or an int 0..4."""
+    """``value`` as a :class:`KVPoll`; raises :class:`InvalidStatusError` for anything but a member or an int 0..4."""
     if isinstance(value, KVPoll):
         return value
     if isinstance(value, bool) or not isinstance(value, int):
@@ -141,8 +134,7 @@ class Step(NamedTuple):
 
 
 class Cleared(NamedTuple):
-    """What a ``clear`` or ``pop`` removed: whether anything, the entry's status (None: no entry, or not a
-    status), and its timeline (empty unless recorded, see :mod:`kvstatus.timeline`)."""
+    """What a ``clear`` or ``pop`` removed: whether anything, the entry's status (None: none or junk), its timeline."""
 
     removed: bool
     status: Optional[KVPoll]
@@ -157,12 +149,8 @@ class ParticipantEntry(NamedTuple):
 
 
 class ClearedEntry(NamedTuple):
-    """One participant's ``clear()`` as its room's tombstone records it.
-
-    Times are Unix seconds by Redis' clock: ``cleared_at`` when the entry was cleared, ``late_failed_at`` when the
-    first Failed arrived after that clear (ignored: IGNORED_MISSING), or None. ``status``: the entry's last status
-    (None if it was not one kvstatus writes).
-    """
+    """One participant's ``clear()`` in its room's tombstone. Unix seconds by Redis' clock: ``cleared_at``, and
+    ``late_failed_at`` of the first (ignored) Failed after it, or None; ``status``: the last one (None: junk)."""
 
     cleared_at: float
     status: Optional[KVPoll]
@@ -190,8 +178,6 @@ class Tombstone(NamedTuple):
 
     def describe(self, now: Optional[float] = None) -> list[str]:
         """One sentence per cleared participant, latest clear first (``now``: Unix seconds, default the local clock)."""
-        import time
-
         now = time.time() if now is None else now
         ordered = sorted(self.cleared.items(), key=lambda item: item[1].cleared_at, reverse=True)
         return [entry.describe(name, now) for name, entry in ordered]
@@ -233,25 +219,17 @@ class FailureRecord(NamedTuple):
             what = "lost its lease" if self.stage is Stage.LEASE_LOST else "restarted"
             return f"failed: {self.reason}" if self.reason else f"failed: participant {self.origin} {what}"
         what = "cancelled" if self.stage is Stage.CANCELLED else f"failed at {self.stage.value}"
-        return (
-            f"{what} by {self.origin}: {self.reason}" if self.reason else f"{what} by {self.origin} (no reason given)"
-        )
+        by = f"{what} by {self.origin}"
+        return f"{by}: {self.reason}" if self.reason else f"{by} (no reason given)"
 
 
 class RoomView(NamedTuple):
-    """Everything stored for one room, across participants.
-
-    ``ttl_ms``: the time left in milliseconds; None when the room does not exist, or its key has no TTL (a leak:
-    kvstatus never writes one). ``tombstone``: the room's record of recent clears (:meth:`StatusStore.clear
-    <kvstatus.StatusStore.clear>`), None when there is none (never cleared, or longer ago than the tombstone TTL)
-    and in views built by SCAN. ``failure``: the room's first failure (:func:`kvstatus.rule.shared_status`), or None.
-    ``timelines``: each participant whose writer records timelines (:mod:`kvstatus.timeline`) -> the :class:`Step`
-    of each status its entry reached, in order (empty in a near cache's views). ``ignored``: the message (naming key
-    and field) of each stored value the view left out because kvstatus does not write it (a timeline, a tombstone;
-    docs/security.md ("Junk values: what each reader does")). ``stamps``: each participant whose entry a lease
-    holder wrote -> that incarnation's epoch (``lua/update.lua``'s fence): one below the participant's current
-    lease's marks an entry a previous incarnation left (:mod:`kvstatus.admin.reads`).
-    """
+    """Everything stored for one room. ``ttl_ms``: the time left (ms); None when the room does not exist or has no
+    TTL (a leak). ``tombstone``: its record of recent clears, None when none (and in views built by SCAN).
+    ``failure``: its first failure, or None. ``timelines``: participant -> the :class:`Step` of each status its
+    entry reached (empty in a near cache's views). ``ignored``: the message of each junk value left out
+    (docs/security.md ("Junk values: what each reader does")). ``stamps``: participant -> the epoch of the lease
+    incarnation that wrote its entry (``lua/update.lua``'s fence)."""
 
     room: int
     participants: dict[str, ParticipantEntry]
@@ -282,11 +260,8 @@ class LeaseState(enum.IntEnum):
 
 
 class RoomConsensus(NamedTuple):
-    """A room's status over its expected participants.
-
-    ``reason``: why it is Failed (None otherwise, or when no reason was recorded); ``lost``: the expected
-    participants whose lease is lost; ``missing``: those with no entry yet.
-    """
+    """A room's status over its expected participants: ``reason`` why it is Failed (if recorded), ``lost`` those
+    whose lease is lost, ``missing`` those with no entry yet."""
 
     status: KVPoll
     reason: Optional[str] = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Optional, TypedDict, TypeVar
 
 from redis.cluster import key_slot  # type: ignore[attr-defined]
@@ -45,19 +45,16 @@ from kvstatus.model import (
     to_policy,
     to_status,
 )
-from kvstatus.replies import (  # noqa: F401  (decode_room, decode_tombstone, update_result: also re-exported)
+from kvstatus.replies import (
     _RESULTS,
     _STATUS_BY_VALUE,
     ReplyOrError,
     _clear_reply,
     _decode_record,
     _decode_update,
-    _pairs,
-    decode_room,
     decode_room_reply,
     decode_status,
     decode_statuses,
-    decode_tombstone,
     parse_fate,
     parse_timeline,
     update_result,
@@ -83,13 +80,9 @@ def status_args(statuses: Iterable[KVPoll | int]) -> list[str]:
 
 
 def batch_args(updates: object) -> tuple[list[int], list[str]]:
-    """The validated rooms of an ``update_many`` batch and the script argument of each one's status, pair by pair.
-
-    Raises :class:`InvalidArgumentError` for a room that comes twice (a Mapping whose iteration yields it twice, or
-    equal int subclasses a dict holds as two keys): one script decides every room of a batch from one read, so a
-    second status would be decided without the first. A plain ``dict`` of ``int`` rooms, the hot path, cannot hold a
-    room twice and pays no check.
-    """
+    """The validated rooms of an ``update_many`` batch and each one's script argument, pair by pair; raises
+    :class:`InvalidArgumentError` for a room that comes twice (one script decides a batch from one read): a Mapping
+    may yield it twice, a dict may hold equal int subclasses; a plain ``dict`` of ``int`` (the hot path) cannot."""
     if type(updates) is dict:
         rooms = list(updates)
         if rooms and set(map(type, rooms)) == {int} and 0 <= min(rooms) and max(rooms) <= MAX_ROOM:
@@ -102,20 +95,18 @@ def batch_args(updates: object) -> tuple[list[int], list[str]]:
     if len(set(rooms)) != len(rooms):
         first: dict[int, int] = {}
         for i, room in enumerate(rooms):
-            if room in first:
+            if first.setdefault(room, i) != i:
                 raise InvalidArgumentError(
                     f"update_many got room {room} twice (batch positions {first[room]} and {i}): a batch holds "
                     "each room once; send updates of one room in order, in separate calls"
                 )
-            first[room] = i
     return rooms, status_args([status for _, status in pairs])
 
 
 CHUNK_ROOMS = 1000
 """Rooms per script call of a batch, the batch's atomicity unit: docs/guide.md ("Batches and atomicity")."""
 CHUNK_SECONDS = 0.02
-"""Seconds added to a call's deadline for each further chunk of a batch (Redis' time, and the client's encoding
-and decoding of 1000 rooms, with a wide margin)."""
+"""Seconds added to a call's deadline for each further chunk of a batch (a wide margin for 1000 rooms)."""
 
 
 def _extra_seconds(rooms: int) -> float:
@@ -232,9 +223,8 @@ class StoreCore:
         return self.superseded(f"room{'s' if len(refused) > 1 else ''} {shown}", results)
 
     def _cleared(self, reply: ReplyOrError, room: int, popped: bool) -> Cleared:
-        """lua/clear.lua's reply; :class:`SupersededError` when it refused the clear, and for a pop
-        :class:`CorruptedValueError` when the entry held what kvstatus does not write (removed all the same).
-        A malformed timeline is dropped: the entry is gone, and a clear must not fail for what only counts."""
+        """lua/clear.lua's reply; raises :class:`SupersededError` if refused, and for a pop :class:`CorruptedValueError`
+        when the entry held a non-status (removed all the same). A malformed timeline is dropped, never raised."""
         removed, status, timeline = _clear_reply(reply)
         if removed < 0:
             raise self.superseded(f"room {room}")
@@ -252,18 +242,13 @@ class StoreCore:
     def chunks(self, keys: list[str]) -> list[list[int]]:
         """Indices of ``keys`` in the groups one script call may take: at most :data:`CHUNK_ROOMS` keys each,
         and on a cluster all of one slot (the keys one script call may share there)."""
-        if not self.cluster:
-            return [
-                list(range(start, min(start + CHUNK_ROOMS, len(keys)))) for start in range(0, len(keys), CHUNK_ROOMS)
-            ]
-        by_slot: dict[int, list[int]] = {}
-        for i, key in enumerate(keys):
-            by_slot.setdefault(key_slot(key.encode()), []).append(i)
-        return [
-            group[start : start + CHUNK_ROOMS]
-            for group in by_slot.values()
-            for start in range(0, len(group), CHUNK_ROOMS)
-        ]
+        groups = [list(range(len(keys)))]
+        if self.cluster:
+            by_slot: dict[int, list[int]] = {}
+            for i, key in enumerate(keys):
+                by_slot.setdefault(key_slot(key.encode()), []).append(i)
+            groups = list(by_slot.values())
+        return [group[start : start + CHUNK_ROOMS] for group in groups for start in range(0, len(group), CHUNK_ROOMS)]
 
     def _key(self, room: object) -> str:
         """The key of ``room``, validated (the hot path checks an int's range only)."""
@@ -275,11 +260,10 @@ class StoreCore:
         key = self._key(room)
         arg = STATUS_ARG[status if type(status) is KVPoll else to_status(status)]
         if arg == "0" and self.tombstone_ttl_ms:  # only a Failed can be a late abort: it names the tombstone too
-            return Request(
-                [Call(("EVALSHA", scripts.UPDATE.sha, 2, key, tomb(key), *self._update_head, arg), scripts.UPDATE)],
-                _decode_update,
-            )
-        return Request([Call((*self._update_one, key, *self._update_head, arg), scripts.UPDATE)], _decode_update)
+            args: tuple[object, ...] = ("EVALSHA", scripts.UPDATE.sha, 2, key, tomb(key), *self._update_head, arg)
+        else:
+            args = (*self._update_one, key, *self._update_head, arg)
+        return Request([Call(args, scripts.UPDATE)], _decode_update)
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
         rooms, args = batch_args(updates)
@@ -320,20 +304,17 @@ class StoreCore:
 
     def get(self, room: int) -> Request[Optional[KVPoll]]:
         key = self._key(room)
-        field = self.participant
-        if self.shared_fate:  # the entry and the room's first failure, in one HMGET
-            return Request([Call(("HMGET", key, field, FATE_FIELD))], lambda replies: self._judge(replies[0], key))
+        return Request([self._read_call(key)], lambda replies: self._read(replies[0], key))
 
-        def decode(replies: list[ReplyOrError]) -> Optional[KVPoll]:
-            value = replies[0]
-            status = _STATUS_BY_VALUE.get(value)
-            return decode_status(value, key, field) if status is None else status
+    def _read_call(self, key: str) -> Call:
+        """The read of this participant's entry at ``key``; under shared fate with the room's first failure too."""
+        if self.shared_fate:
+            return Call(("HMGET", key, self.participant, FATE_FIELD))
+        return Call(("HGET", key, self.participant))
 
-        return Request([Call(("HGET", key, field))], decode)
-
-    def _judge(self, reply: Sequence[object], key: str) -> Optional[KVPoll]:
-        """This participant's status under shared fate, from an ``HMGET key <participant> room:fate`` reply."""
-        value, fate = reply
+    def _read(self, reply: object, key: str) -> Optional[KVPoll]:
+        """This participant's status from the reply of :meth:`_read_call` (judged by the room's fate if shared)."""
+        value, fate = typing.cast("tuple[object, object]", reply) if self.shared_fate else (reply, None)
         status = _STATUS_BY_VALUE.get(value)
         if status is None:
             status = decode_status(value, key, self.participant)
@@ -370,11 +351,7 @@ class StoreCore:
         groups = self.chunks(keys)
         # A room alone in its slot (most of them, on a cluster) is a plain read, as get() sends it.
         calls = [
-            (
-                Call(("HMGET", keys[group[0]], field, FATE_FIELD))
-                if self.shared_fate
-                else Call(("HGET", keys[group[0]], field))
-            )
+            self._read_call(keys[group[0]])
             if len(group) == 1
             else script_call(scripts.GET_MANY, [keys[i] for i in group], args)
             for group in groups
@@ -387,17 +364,13 @@ class StoreCore:
                     for i, value in zip(group, reply):
                         result[ids[i]] = decode_status(value, keys[i], field)
                 else:
-                    i = group[0]
-                    result[ids[i]] = (
-                        self._judge(reply, keys[i]) if self.shared_fate else decode_status(reply, keys[i], field)
-                    )
+                    result[ids[group[0]]] = self._read(reply, keys[group[0]])
             return {room: result[room] for room in ids}
 
         return Request(calls, decode, _extra_seconds(len(keys)))
 
     def clear(self, room: int) -> Request[Cleared]:
-        """Remove the entry and leave the room's tombstone (none for the probe participant); the store answers
-        ``removed``."""
+        """Remove the entry and leave the room's tombstone (none for the probe participant)."""
         key = self._key(room)
         return Request(
             [script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
@@ -406,26 +379,20 @@ class StoreCore:
 
     def pop(self, room: int) -> Request[Cleared]:
         """Remove the entry (as :meth:`clear`) and answer what it held, in one script call."""
-        key = self._key(room)
-        return Request(
-            [script_call(scripts.CLEAR, [key, tomb(key)], self._clear_args)],
-            lambda replies: self._cleared(replies[0], room, popped=True),
-        )
+        return Request(self.clear(room).calls, lambda replies: self._cleared(replies[0], room, popped=True))
 
     def record_failure(self, room: int, reason: str) -> Request[bool]:
         key = self._key(room)
-        text = truncate_reason(reason)
-        args: tuple[str, ...] = (self.participant, self._reason_field, text, str(self.ttl_ms))
+        args: tuple[str, ...] = (self.participant, self._reason_field, truncate_reason(reason), str(self.ttl_ms))
         if self.epoch is not None:
             args += (self._incarnation_field, str(self.epoch))
-        call = script_call(scripts.RECORD_FAILURE, [key], args)
 
         def decode(replies: list[ReplyOrError]) -> bool:
             if replies[0] == Outcome.REFUSED_SUPERSEDED:
                 raise self.superseded(f"room {room}")
             return _decode_record(replies)
 
-        return Request([call], decode)
+        return Request([script_call(scripts.RECORD_FAILURE, [key], args)], decode)
 
     def failure(self, room: int) -> Request[Optional[FailureRecord]]:
         key = self._key(room)
@@ -461,10 +428,7 @@ class StoreCore:
 
 
 class FunctionsCore(StoreCore):
-    """:class:`StoreCore` whose scripts run as the functions of :data:`kvstatus.scripts.LIBRARY` (``scripts="functions"``).
-
-    The update of one key, the hot path, is built as FCALL directly; the store sends every other request through
-    :func:`~kvstatus.requests.as_functions`. A missing library: docs/security.md ("The tenant recipe").
-    """
+    """:class:`StoreCore` whose scripts run as functions (``scripts="functions"``): the one-key update is built as
+    FCALL, every other request goes through :func:`~kvstatus.requests.as_functions`."""
 
     _update_command = ("FCALL", scripts.function_name(scripts.UPDATE))

@@ -1,10 +1,6 @@
-"""The peer watch: which peers of this store's open rooms died or restarted, which of its rooms no decode joined, and
-whose open entries to fail, without a sweeper.
-
-:class:`PeerWatch` is that logic, without I/O; :mod:`kvstatus.leasestate` plans its acts and the lease keeper
-(:mod:`kvstatus._async.leases`) sends them. How a peer is judged dead (marks, suspects, restarts, presence, orphans,
-a broken lease index): docs/design.md, section "Who decides that a peer is dead".
-"""
+"""The peer watch, without I/O: which peers of this store's open rooms died or restarted, which of its rooms no
+decode joined, and whose open entries to fail (:mod:`kvstatus.leasestate` plans the acts, the lease keeper sends
+them). How a peer is judged dead: docs/design.md, "Who decides that a peer is dead"."""
 
 from __future__ import annotations
 
@@ -31,15 +27,12 @@ WATCH_SECONDS = 1.0
 PRESENCE_SECONDS = 0.25
 """Seconds between two counts of the presences (one ``PUBSUB NUMSUB`` each: 4 commands a second)."""
 PRESENCE_GRACE = 0.5
-"""Seconds a peer's presence must stay absent before it counts as dead: a reconnecting peer subscribes again
-well within it (its presence connection notices a dropped socket at its keeper's next tick)."""
+"""Seconds a peer's presence must stay absent before it counts as dead (a reconnecting peer subscribes again sooner)."""
 
 ORPHAN_SECONDS = 30.0
-"""Seconds a prefill's Bootstrapping entry waits for any decode to join its room before it fails (upstream's
-bootstrap timeout is 300 s)."""
+"""Seconds a prefill's Bootstrapping entry waits for a decode to join its room before it fails (upstream: 300 s)."""
 ORPHAN_AFTER_DEATH_SECONDS = 3.0
-"""The same, while a decode of the namespace is dead: its requests in flight, and those a router still sends it,
-fail in seconds."""
+"""The same while a decode of the namespace is dead or lost: what a router still sends it fails in seconds."""
 MAX_ORPHANS_A_LOOK = 64
 """Rooms a look reads for orphans at most (one read each): the rest wait for the next look."""
 DISCOVERY_ROOMS = 16
@@ -48,17 +41,13 @@ DISCOVERY_ROOMS = 16
 RELEASED_MARK = "released"
 _NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAME_LENGTH}}}")  # a participant, as kvstatus.keys validates one
 STALE_LOOKS = 2.5
-"""A live peer's mark changes at each of its looks (every :data:`WATCH_SECONDS`): one unchanged for this many
-looks is a suspect, so its death is seen within about a look of its lease's expiry. A suspect costs one read,
-which fails nothing while Redis says its lease is alive."""
+"""Looks a peer's mark may stay unchanged (or its lease TTL, if shorter) before the peer is a suspect (one read)."""
 
 
 @dataclass
 class WatchPlan:
-    """What one look at the marks asks for. ``suspects``: peers whose lease to check, with the rooms to check
-    them in; ``dead``: peers whose presence says they died, with the rooms to fail them in (no lease check);
-    ``restarted``: peer -> the rooms whose entry to fail; ``orderly``: the restarted peers whose
-    previous incarnation released its lease (an orderly exit: it sent what it owed first)."""
+    """What one look asks for, peer -> rooms: ``suspects`` (leases to check), ``dead`` (presence gone, no lease check),
+    ``restarted`` (entries to fail); ``orderly``: restarted peers whose previous incarnation released its lease."""
 
     suspects: dict[str, list[int]] = field(default_factory=dict)
     dead: dict[str, list[int]] = field(default_factory=dict)
@@ -67,6 +56,14 @@ class WatchPlan:
     restarted: dict[str, list[int]] = field(default_factory=dict)
     orderly: set[str] = field(default_factory=set)
     forget: list[str] = field(default_factory=list)
+
+    def merge(self, more: WatchPlan, known: Optional[dict[str, _Peer]] = None) -> None:
+        """Add ``more``'s suspects, deaths and restarts (only those of ``known`` peers, if given)."""
+        for mine, theirs in zip((self.suspects, self.dead, self.restarted), (more.suspects, more.dead, more.restarted)):
+            for name, rooms in theirs.items():
+                if known is None or name in known:
+                    mine[name] = list(dict.fromkeys([*mine.get(name, []), *rooms]))
+        self.orderly |= {name for name in more.orderly & more.restarted.keys() if known is None or name in known}
 
 
 class _Peer:
@@ -81,24 +78,15 @@ class _Peer:
         self.dead = False  # its presence says it died: watched in rooms opened later too
 
 
-def _merge(planned: dict[str, list[int]], more: dict[str, list[int]], known: Optional[dict[str, _Peer]] = None) -> None:
-    for name, rooms in more.items():
-        if known is None or name in known:
-            planned[name] = list(dict.fromkeys([*planned.get(name, []), *rooms]))
-
-
 def _incarnation(mark: str) -> str:
     return mark.split(":", 1)[0]
 
 
 class PeerWatch:
-    """A store's open rooms and its view of the peers' lease marks; the requests of a watch, without I/O.
-
-    ``lease_ttl`` and ``keep`` are seconds (``keep``: how long a lease record outlives its last renewal; a mark
-    unchanged for that long is dropped from the index). ``drop_cached(rooms)`` makes this process's near caches
-    drop rooms the watch failed. :meth:`wrote` and :meth:`closed` are called by the store's writes, from any thread
-    (single dict operations, atomic under the GIL); the rest by the keeper.
-    """
+    """A store's open rooms and its view of the peers' lease marks; the requests of a watch, without I/O. ``lease_ttl``,
+    ``keep`` (how long a lease record outlives its last renewal): seconds. ``drop_cached(rooms)`` makes this process's
+    near caches drop rooms the watch failed. :meth:`wrote` and :meth:`closed` run on any thread (single dict
+    operations, atomic under the GIL); the rest on the keeper's."""
 
     def __init__(
         self,
@@ -111,7 +99,7 @@ class PeerWatch:
         self.core, self.drop_cached = core, drop_cached
         self.participant = core.participant
         self.key = core.schema.lease_index_key
-        self.lease_ttl, self.keep, self.interval = lease_ttl, keep, interval
+        self.keep, self.interval = keep, interval
         self.stale_after = min(lease_ttl, STALE_LOOKS * interval)
         self._open: dict[int, float] = {}  # room -> monotonic time this store first wrote it open
         self._awaits: dict[int, str] = {}  # room -> the address of the peer it waits on (awaits())
@@ -119,12 +107,10 @@ class PeerWatch:
         self._bootstrapping: dict[int, float] = {}  # room -> monotonic time this store's entry opened Bootstrapping
         self._peers: dict[str, _Peer] = {}
         self._unfinished = WatchPlan()  # what a look could not carry out (Redis failed it): planned again next time
-        self._looked_at = -float("inf")
-        self._previous_look = -float("inf")
+        self._looked_at = self._previous_look = self._counted_at = -float("inf")
         self._looks = 0
         self.channel = core.schema.presence_channel(self.participant)
         self.numsub = "SHARDNUMSUB" if core.cluster else "NUMSUB"  # how a presence is counted
-        self._counted_at = -float("inf")
         self._generation = 0  # of this store's own presence when its peers' were last counted
         self.index_refused: Optional[str] = None  # why the lease index could not be used at the last look
         self._silent: dict[str, tuple[str, str, float]] = {}  # a suspect alive by Redis' clock: its last renewal
@@ -156,12 +142,10 @@ class PeerWatch:
         self._awaits[room] = address
 
     def awaiting(self, rooms: list[int], address: str) -> list[int]:
-        awaits = self._awaits
-        return [room for room in rooms if awaits.get(room) == address]
+        return [room for room in rooms if self._awaits.get(room) == address]
 
     def awaits_any(self, rooms: list[int]) -> bool:
-        awaits = self._awaits
-        return bool(awaits) and any(room in awaits for room in rooms)
+        return bool(self._awaits) and any(room in self._awaits for room in rooms)
 
     def released(self, name: str) -> bool:
         """True when ``name``'s last mark says it released its lease (an orderly exit, not a death)."""
@@ -182,12 +166,9 @@ class PeerWatch:
         return max(self._counted_at + PRESENCE_SECONDS - time.monotonic(), 0.0)
 
     def count_request(self) -> Request[dict[str, int]]:
-        """Count this store's own presence and every known peer's in one command; decodes to
-        ``{participant: subscribers}``, this store's own included."""
+        """Count this store's presence and each known peer's in one command; decodes to ``{participant: count}``."""
         self._counted_at = time.monotonic()
-        names = [self.participant, *self._peers]
-        schema = self.core.schema
-        channels = {schema.presence_channel(name): name for name in names}
+        channels = {self.core.schema.presence_channel(name): name for name in (self.participant, *self._peers)}
         call = Call(("PUBSUB", self.numsub, *channels), route=self.channel)
 
         def decode(replies: list[ReplyOrError]) -> dict[str, int]:
@@ -201,8 +182,7 @@ class PeerWatch:
         is its subscription number ``generation``: seen present, then absent for :data:`PRESENCE_GRACE`."""
         now = time.monotonic()
         if counts.get(self.participant, 0) < 1 or generation != self._generation:
-            # Not counted where this store's own subscription stands (a restart, a failover, a reconnect):
-            # nothing seen before is known to be on this server.
+            # Own subscription uncounted or new (a restart, a failover, a reconnect): what was seen may be elsewhere.
             self._generation = generation
             for peer in self._peers.values():
                 peer.seen, peer.absent_since = False, None
@@ -210,8 +190,7 @@ class PeerWatch:
                 return []
         dead = []
         for name, peer in self._peers.items():
-            count = counts.get(name, 0)
-            if count > 0:
+            if counts.get(name, 0) > 0:
                 peer.seen, peer.absent_since, peer.dead = True, None, False
                 if self.index_refused is not None:
                     peer.changed_at = now  # no mark changes: a present peer is a live one
@@ -232,17 +211,15 @@ class PeerWatch:
         ]
 
     def postpone(self, seconds: float) -> None:
-        """A look or a count failed (Redis unreachable or hung): the next of each in ``seconds`` (not before its
-        interval), so the keeper's renewals come first."""
+        """A look or a count failed (Redis unreachable or hung): the next of each in ``seconds`` (or its interval)."""
         now = time.monotonic()
         self._looked_at = now + max(seconds - self.interval, 0.0)
         self._counted_at = now + max(seconds - PRESENCE_SECONDS, 0.0)
 
-    def look_request(self, incarnation: str, released: bool = False) -> Request[dict[str, str]]:
-        """Write this store's mark and read every peer's, in one round trip; decodes to ``{participant: mark}``
-        without this store's own."""
+    def look_request(self, incarnation: str) -> Request[dict[str, str]]:
+        """Write this store's mark and read the others' in one round trip; decodes to ``{participant: mark}``."""
         self._looks += 1
-        calls = [*self.mark_calls(incarnation, self._looks, released), Call(("HGETALL", self.key))]
+        calls = [*self.mark_calls(incarnation, self._looks), Call(("HGETALL", self.key))]
         if self.index_refused is not None:  # no marks name the peers: the newest open rooms' entries do
             recent = list(self._open.copy())[-DISCOVERY_ROOMS:]  # one C call: the store's threads may write
             calls += [Call(("HGETALL", key)) for key in self.core.schema.room_keys(recent)]
@@ -297,42 +274,27 @@ class PeerWatch:
                 plan.forget.append(name)  # its lease record is gone by now (kept as long as the rooms)
             elif name in dead:
                 plan.dead[name] = rooms
-            elif peer.dead:
+            elif peer.dead or peer.lost:  # watched in the rooms opened since
                 fresh = [room for room, at in opened.items() if at >= self._previous_look]
                 if fresh:
-                    plan.dead[name] = fresh
-            elif peer.lost:
-                fresh = [room for room, at in opened.items() if at >= self._previous_look]
-                if fresh:
-                    plan.suspects[name] = fresh
+                    (plan.dead if peer.dead else plan.suspects)[name] = fresh
             elif now - peer.changed_at > self.stale_after:
                 plan.suspects[name] = rooms
-        for name in [name for name in self._peers if name not in marks]:
-            del self._peers[name]
-        for name in plan.forget:
+        for name in [name for name in self._peers if name not in marks or name in plan.forget]:
             del self._peers[name]
         if self._bootstrapping:
-            plan.orphan_seconds = ORPHAN_AFTER_DEATH_SECONDS if self._a_decode_is_dead() else ORPHAN_SECONDS
+            dead_decode = any((p.dead or p.lost) and role_of(name) == "decode" for name, p in self._peers.items())
+            plan.orphan_seconds = ORPHAN_AFTER_DEATH_SECONDS if dead_decode else ORPHAN_SECONDS
             waiting = self._bootstrapping.copy()  # one C call: the store's threads may write meanwhile
             plan.orphans = [room for room, at in waiting.items() if now - at >= plan.orphan_seconds]
             del plan.orphans[MAX_ORPHANS_A_LOOK:]
         redo, self._unfinished = self._unfinished, WatchPlan()
-        _merge(plan.suspects, redo.suspects, self._peers)
-        _merge(plan.dead, redo.dead, self._peers)
-        _merge(plan.restarted, redo.restarted, self._peers)
-        plan.orderly |= redo.orderly & redo.restarted.keys() & self._peers.keys()
+        plan.merge(redo, self._peers)
         return plan
 
-    def _a_decode_is_dead(self) -> bool:
-        return any((peer.dead or peer.lost) and role_of(name) == "decode" for name, peer in self._peers.items())
-
     def unfinished(self, plan: WatchPlan) -> None:
-        """Carrying out ``plan`` failed (Redis unreachable or hung): its suspects and restarts are planned again
-        at the next look, so a peer judged lost or restarted during an outage still has its entries failed."""
-        _merge(self._unfinished.suspects, plan.suspects)
-        _merge(self._unfinished.dead, plan.dead)
-        _merge(self._unfinished.restarted, plan.restarted)
-        self._unfinished.orderly |= plan.orderly
+        """Carrying out ``plan`` failed (Redis unreachable or hung): the next look plans its peers' failures again."""
+        self._unfinished.merge(plan)
 
     def confirmed(self, name: str, state: LeaseState) -> None:
         """The lease record of suspect ``name`` was read: LOST marks it lost (watched in rooms opened later)."""
@@ -343,7 +305,6 @@ class PeerWatch:
     def identity_request(self, name: str) -> Request[tuple[Optional[int], Optional[str]]]:
         """What ``name``'s lease record says now: the epoch of the incarnation that holds it (None: no record), the
         fence of a sweep of its previous incarnation's entries, and its address (None: none, or not one)."""
-        key = self.core.schema.lease_key(name)
 
         def decode(replies: list[Any]) -> tuple[Optional[int], Optional[str]]:
             raw_epoch, raw_address = replies[0]
@@ -354,24 +315,22 @@ class PeerWatch:
                 peer.address = address
             return (epoch if epoch and epoch > 0 else None), address
 
-        return Request([Call(("HMGET", key, "epoch", ADDRESS_FIELD))], decode)
+        return Request([Call(("HMGET", self.core.schema.lease_key(name), "epoch", ADDRESS_FIELD))], decode)
 
     def silence_request(self, name: str) -> Request[Optional[tuple[str, str]]]:
-        """Read the lease record of suspect ``name`` (Redis says its lease is alive, but its mark went stale): its
-        (incarnation, seen) once that renewal was its last for longer than its lease TTL by this process' monotonic
-        clock, else None. The watch then expires the lease (:meth:`expire_request`): Redis' clock is no judge of
-        that, as a step back keeps a lease alive the step longer (docs/operations.md)."""
-        silent = self._silent
+        """Read suspect ``name``'s lease record (alive by Redis' clock, its mark stale): its (incarnation, seen) once
+        that renewal is older than its lease TTL by this process' monotonic clock, else None; :meth:`expire_request`
+        then expires it (a step back of Redis' clock keeps a lease alive the step longer: docs/operations.md)."""
 
         def decode(replies: list[Any]) -> Optional[tuple[str, str]]:
             inc, seen, ttl = (None if value is None else text(value) for value in replies[0])
             ttl_ms = stored_int(ttl)
             if inc is None or seen is None or ttl_ms is None:
-                silent.pop(name, None)
+                self._silent.pop(name, None)
                 return None
-            first = silent.get(name)
+            first = self._silent.get(name)
             if first is None or first[:2] != (inc, seen):
-                silent[name] = (inc, seen, time.monotonic())
+                self._silent[name] = (inc, seen, time.monotonic())
                 return None
             return (inc, seen) if time.monotonic() - first[2] > ttl_ms / 1000 else None
 

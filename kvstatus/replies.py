@@ -1,15 +1,12 @@
-"""The one validating parser of what Redis answers (no I/O): stored values, statuses, update outcomes, rooms
-and tombstones.
-
-Its rules and ``lua/lib/stored.lua``'s accept and refuse the same values (``tests/core/test_stored_values.py``
-runs each junk value through both): docs/security.md ("Junk values: what each reader does"). Every decoder raises
-:class:`~kvstatus.errors.CorruptedValueError` (a stored value kvstatus does not write) or
-:class:`~kvstatus.errors.BackendError` (a reply of the wrong shape), naming the key and field, and nothing else.
+"""The one validating parser of Redis replies (no I/O); it accepts what ``lua/lib/stored.lua`` does: docs/security.md
+("Junk values: what each reader does"). Decoders raise only :class:`~kvstatus.errors.CorruptedValueError` (a stored
+value kvstatus does not write) or :class:`~kvstatus.errors.BackendError` (a reply of the wrong shape), naming the key.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any, Optional, Union
 
@@ -37,9 +34,8 @@ from kvstatus.model import (
 )
 
 Reply = Union[None, bytes, str, int, float, list["Reply"], tuple["Reply", ...], dict["Reply", "Reply"]]
-"""A RESP reply as redis-py hands it over (bytes, or str with ``decode_responses``; a script's table as a list; a
-hash as a dict), and :data:`ReplyOrError` one of a round trip's replies: a call whose error does not fail its
-request (:attr:`~kvstatus.requests.Request.strict`) leaves the exception in its place."""
+"""A RESP reply as redis-py hands it over; in :data:`ReplyOrError` a non-strict call's error
+(:attr:`~kvstatus.requests.Request.strict`) stands in its place."""
 ReplyOrError = Union[Reply, Exception]
 
 MAX_INT = 999_999_999_999_999
@@ -83,11 +79,8 @@ def _corrupt(key: str, field: str, value: object, what: str) -> CorruptedValueEr
 
 
 def stored_int(value: object) -> Optional[int]:
-    """``value`` as an int if it is a positive integer of 1..15 decimal digits (no sign, space, exponent, hex,
-    leading zero, ``inf`` or ``nan``), else None: ``stored_int`` of lua/lib/stored.lua."""
-    if value is None:
-        return None
-    data = raw(value)
+    """``value`` as an int if it is 1..15 decimal digits without a leading zero, else None (lua/lib/stored.lua)."""
+    data = raw(value)  # None reads b"None": not an int
     return int(data) if _INT.fullmatch(data) else None
 
 
@@ -99,13 +92,11 @@ def stored_name(value: object) -> bool:
 def stored_text(value: object) -> bool:
     """Whether ``value`` is a reason kvstatus stores: UTF-8 text of at most :data:`MAX_TEXT_BYTES` bytes."""
     data = raw(value)
-    if len(data) > MAX_TEXT_BYTES:
-        return False
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return True
+    return len(data) <= MAX_TEXT_BYTES
 
 
 def parse_epoch(value: object, key: str, field: str) -> int:
@@ -117,8 +108,7 @@ def parse_epoch(value: object, key: str, field: str) -> int:
 
 
 def next_epoch(stored: object, now_ms: int) -> int:
-    """The epoch an acquire takes (lua/lease.lua) from the record's ``stored`` epoch at Redis' ``now_ms``: above the
-    stored one when that is valid and has a valid successor, else ``now_ms`` (a forged one is read as none)."""
+    """The epoch an acquire takes (lua/lease.lua) at Redis' ``now_ms``: above a valid ``stored`` one, else now_ms."""
     previous = stored_int(stored)
     if previous is None or previous >= MAX_INT:
         return now_ms
@@ -126,11 +116,9 @@ def next_epoch(stored: object, now_ms: int) -> int:
 
 
 def parse_failure(value: object, key: str, field: str) -> FailureRecord:
-    """A room's first failure ``<ms>:<stage>:<origin>:<reason>``: ms at most :data:`MAX_TIME_MS`, a known stage,
-    origin 1..:data:`MAX_NAME_BYTES` bytes without a colon (kvstatus writes a name; readers escape what they show),
-    reason at most :data:`MAX_TEXT_BYTES` bytes (``stored_fate`` of lua/lib/stored_text.lua)."""
-    data = raw(value)
-    parts = data.split(b":", 3)
+    """A room's first failure ``<ms>:<stage>:<origin>:<reason>`` (``stored_fate`` of lua/lib/stored_text.lua): ms up
+    to :data:`MAX_TIME_MS`, origin 1..:data:`MAX_NAME_BYTES` bytes, reason up to :data:`MAX_TEXT_BYTES`."""
+    parts = raw(value).split(b":", 3)
     if (
         len(parts) == 4
         and len(parts[3]) <= MAX_TEXT_BYTES
@@ -139,21 +127,17 @@ def parse_failure(value: object, key: str, field: str) -> FailureRecord:
     ):
         ms = stored_int(parts[0])
         if ms is not None and ms <= MAX_TIME_MS:
-            reason = parts[3].decode("utf-8", "replace")
-            return FailureRecord(ms, _STAGES[parts[1]], parts[2].decode("utf-8", "replace"), reason)
+            return FailureRecord(ms, _STAGES[parts[1]], text(parts[2]), text(parts[3]))
     raise _corrupt(key, field, value, "a failure record")
 
 
 def parse_timeline(value: object, key: str, field: str) -> tuple[Step, ...]:
-    """The steps of a stored timeline (:mod:`kvstatus.timeline`), in order: at most :data:`TIMELINE_MAX_BYTES`,
-    numbers of 1..15 digits, offsets that never go back (``stored_timeline`` of lua/lib/stored.lua)."""
+    """A stored timeline's steps, in order (``stored_timeline`` of lua/lib/stored.lua; :mod:`kvstatus.timeline`)."""
     data = raw(value)
-    if len(data) > TIMELINE_MAX_BYTES:
-        raise _corrupt(key, field, value, "a timeline")
     parts = data.split(b" ")
     first = _FIRST.fullmatch(parts[0])
     later = [_LATER.fullmatch(part) for part in parts[1:]]
-    if first is None or None in later:
+    if len(data) > TIMELINE_MAX_BYTES or first is None or None in later:
         raise _corrupt(key, field, value, "a timeline")
     base = int(first.group(2))
     steps = [Step(KVPoll(int(first.group(1))), base)]
@@ -174,10 +158,7 @@ def parse_time(value: object, key: str, field: str) -> int:
     return found
 
 
-_STATUS_BY_VALUE: dict[object, KVPoll] = {}
-for _s in KVPoll:
-    _STATUS_BY_VALUE[str(_s.value)] = _s
-    _STATUS_BY_VALUE[str(_s.value).encode()] = _s
+_STATUS_BY_VALUE: dict[object, KVPoll] = {form: s for s in KVPoll for form in (str(s.value), str(s.value).encode())}
 
 
 # Every (outcome, status) pair lua/update.lua may return; status -1 means "no entry".
@@ -187,11 +168,7 @@ _RESULTS: dict[tuple[object, object], UpdateResult] = {
 
 
 # lua/record_failure.lua's codes -> record_failure's result (True: the reason was stored).
-_RECORDED: dict[object, bool] = {
-    ReasonOutcome.RECORDED.value: True,
-    ReasonOutcome.KEPT_EARLIER.value: False,
-    ReasonOutcome.IGNORED_MISSING.value: False,
-}
+_RECORDED: dict[object, bool] = {o.value: o is ReasonOutcome.RECORDED for o in ReasonOutcome}
 
 
 NOT_A_TOMBSTONE = -3
@@ -199,8 +176,7 @@ NOT_A_TOMBSTONE = -3
 
 
 def parse_fate(value: object, key: str) -> Optional[FailureRecord]:
-    """Decode the :data:`~kvstatus.keys.FATE_FIELD` value read from ``key`` (None stays None); raise
-    :class:`~kvstatus.errors.CorruptedValueError` naming the key for anything :func:`parse_failure` refuses."""
+    """:func:`parse_failure` of ``key``'s :data:`~kvstatus.keys.FATE_FIELD` value (None stays None)."""
     return None if value is None else parse_failure(value, key, FATE_FIELD)
 
 
@@ -238,9 +214,7 @@ def update_result(outcome: object, status: object) -> UpdateResult:
 
 
 def _decode_update(replies: list[Any]) -> UpdateResult:
-    outcome, status = replies[0]
-    result = _RESULTS.get((outcome, status))
-    return update_result(outcome, status) if result is None else result
+    return update_result(*replies[0])
 
 
 def _clear_reply(reply: ReplyOrError) -> tuple[int, int, str | bytes]:
@@ -248,14 +222,9 @@ def _clear_reply(reply: ReplyOrError) -> tuple[int, int, str | bytes]:
     removed, as stored, "" for none) of lua/clear.lua's reply."""
     if isinstance(reply, list) and len(reply) == 3:
         removed, status, timeline = reply
-        if (
-            isinstance(removed, int)
-            and isinstance(status, int)
-            and isinstance(timeline, (str, bytes))
-            and removed >= -1
-            and -2 <= status <= 4
-        ):
-            return removed, status, timeline
+        if isinstance(removed, int) and isinstance(status, int) and isinstance(timeline, (str, bytes)):
+            if removed >= -1 and -2 <= status <= 4:
+                return removed, status, timeline
     raise BackendError(f"the clear script replied {reply!r}, expected [removed -1.., status -2..4, timeline]")
 
 
@@ -274,21 +243,18 @@ def _pairs(flat: Iterable[Reply]) -> dict[Reply, Reply]:
 
 
 def subscriber_counts(reply: Any) -> dict[str, int]:
-    """``PUBSUB NUMSUB`` / ``SHARDNUMSUB`` as ``{channel: subscribers}``, in every shape redis-py hands it over:
-    a server's flat reply (channel, count, ...), (channel, count) pairs, or a cluster's ``{node: reply}``
-    (summed over the nodes)."""
-    counts: dict[str, int] = {}
+    """``PUBSUB NUMSUB`` / ``SHARDNUMSUB`` as ``{channel: subscribers}`` from a flat reply, (channel, count) pairs,
+    or a cluster's ``{node: reply}`` (summed over the nodes)."""
+    counts: Counter[str] = Counter()
     if isinstance(reply, Mapping):
         for node_reply in reply.values():
-            for channel, count in subscriber_counts(node_reply).items():
-                counts[channel] = counts.get(channel, 0) + count
-        return counts
+            counts.update(subscriber_counts(node_reply))
+        return dict(counts)
     items = list(reply or ())
     pairs = items if all(isinstance(item, (list, tuple)) for item in items) else list(zip(items[::2], items[1::2]))
     for channel, count in pairs:
-        name = text(channel)
-        counts[name] = counts.get(name, 0) + int(count)
-    return counts
+        counts[text(channel)] += int(count)
+    return dict(counts)
 
 
 SHARD_NUMSUB = "PUBSUB SHARDNUMSUB"
@@ -300,17 +266,15 @@ def _shard_subscribers(command: str, res: dict[str, object], **options: object) 
 
 
 def merge_shard_counts(client: object) -> None:
-    """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies that the presence counts can read:
-    redis-py 8.2's own merge expects (channel, count) pairs where a node answers a flat list, so it always raises
-    ValueError: replacing it costs a caller's client nothing. Older redis-py passes the reply through."""
+    """Make a cluster ``client`` merge ``PUBSUB SHARDNUMSUB`` replies readably: redis-py 8.2's own merge always
+    raises ValueError on a node's flat list (older redis-py passes the reply through)."""
     callbacks = getattr(client, "result_callbacks", None)
     if isinstance(callbacks, MutableMapping):
         callbacks[SHARD_NUMSUB] = _shard_subscribers
 
 
 def decode_tombstone(fields: object, pttl: int) -> Optional[Tombstone]:
-    """A :class:`Tombstone` from its hash fields (None when there are none, or ``fields`` is not a hash's
-    reply); notes kvstatus does not write (:func:`kvstatus.replies.parse_time`) are skipped: it only informs."""
+    """A :class:`Tombstone` from its hash fields (None if none, or not a hash's reply); junk notes are skipped."""
     if not fields or not isinstance(fields, Mapping):
         return None
     cleared: dict[str, tuple[float, Optional[KVPoll]]] = {}
@@ -330,7 +294,7 @@ def decode_tombstone(fields: object, pttl: int) -> Optional[Tombstone]:
 
 
 def decode_room_reply(room: int, key: str, reply: list[Any]) -> RoomView:
-    """The :class:`RoomView` of lua/room.lua's reply ``{fields, pttl, tombstone fields, tombstone pttl}`` for ``key``."""
+    """The :class:`RoomView` of ``key`` from lua/room.lua's ``{fields, pttl, tombstone fields, tombstone pttl}``."""
     fields, pttl, tomb_fields, tomb_pttl = reply
     view = decode_room(room, key, _pairs(fields), pttl, decode_tombstone(_pairs(tomb_fields), tomb_pttl))
     if tomb_pttl != NOT_A_TOMBSTONE:
@@ -346,12 +310,8 @@ def decode_room(
     tombstone: Optional[Tombstone] = None,
     timelines: bool = True,
 ) -> RoomView:
-    """Build a :class:`RoomView` from a room hash's fields and its PTTL reply (and its tombstone, if read).
-    ``timelines`` False skips the timeline fields (neither parsed nor checked: the near cache's polls need none).
-
-    A status or a first failure kvstatus does not write raises :class:`CorruptedValueError` naming the key (the
-    room cannot be judged without them); a timeline it does not write is left out and named in
-    ``RoomView.ignored`` (it only informs)."""
+    """A :class:`RoomView` from a room hash's fields and PTTL (ms); ``timelines`` False skips timelines unchecked.
+    A junk status or first failure raises :class:`CorruptedValueError`; a junk timeline is named in ``ignored``."""
     statuses: dict[str, Optional[KVPoll]] = {}
     reasons: dict[str, str] = {}
     steps: dict[str, tuple[Step, ...]] = {}

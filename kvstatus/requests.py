@@ -5,6 +5,7 @@ rules here say: which command carries a script call, and which calls to send aga
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generic, NamedTuple, Optional, TypeVar, Union
 
 from redis.exceptions import NoScriptError, ResponseError
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from kvstatus.replies import ReplyOrError
 
 T = TypeVar("T")
+_RO_COMMANDS = ("EVALSHA_RO", "EVAL_RO")
 
 Arg = Union[str, bytes, int, float]
 """One argument of a Redis command, as redis-py encodes it (the command's name, a key, a script's argument)."""
@@ -30,40 +32,28 @@ class Call(NamedTuple):
     route: Optional[str] = None
 
     def as_eval(self) -> Call:
-        """The same script call sent with its source (``EVAL``; ``EVAL_RO`` for an ``EVALSHA_RO``), which a
-        server without the script still runs."""
+        """The same script call sent with its source (``EVAL``; ``EVAL_RO`` for an ``EVALSHA_RO``)."""
         assert self.script is not None
         command = "EVAL_RO" if self.args[0] == "EVALSHA_RO" else "EVAL"
         return Call((command, self.script.source, *self.args[2:]), self.script)
 
     def without_ro(self) -> Call:
-        """``EVALSHA_RO`` / ``EVAL_RO`` as plain ``EVALSHA`` / ``EVAL`` (a server without them: Redis < 7,
-        fakeredis); other calls as they are."""
+        """``EVALSHA_RO`` / ``EVAL_RO`` as plain ``EVALSHA`` / ``EVAL`` (Redis < 7, fakeredis); others as they are."""
         command = self.args[0]
-        return Call((command[:-3], *self.args[1:]), self.script) if command in ("EVALSHA_RO", "EVAL_RO") else self
+        return Call((command[:-3], *self.args[1:]), self.script) if command in _RO_COMMANDS else self
 
 
+@dataclass(slots=True, eq=False)
 class Request(Generic[T]):
     """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order).
+    ``extra_seconds`` is added to the call's deadline. ``strict``: how many leading calls fail the request with their
+    error (None: all); the errors of the calls after them reach ``decode`` in place (a lease acquire must not fail
+    for the peer-watch mark sent with it)."""
 
-    ``extra_seconds`` is added to the call's deadline: a batch of many chunks gets more time than one command.
-    ``strict``: how many leading calls fail the request with their error (None: all); the errors of the calls
-    after them reach ``decode`` in place (a lease acquire must not fail for the peer-watch mark sent with it).
-    """
-
-    __slots__ = ("calls", "decode", "extra_seconds", "strict")
-
-    def __init__(
-        self,
-        calls: list[Call],
-        decode: Callable[[list[Any]], T],
-        extra_seconds: float = 0.0,
-        strict: Optional[int] = None,
-    ) -> None:
-        self.calls = calls
-        self.decode = decode
-        self.extra_seconds = extra_seconds
-        self.strict = strict
+    calls: list[Call]
+    decode: Callable[[list[Any]], T]
+    extra_seconds: float = 0.0
+    strict: Optional[int] = None
 
 
 def script_call(script: LuaScript, keys: list[str], args: Iterable[Arg]) -> Call:
@@ -81,14 +71,9 @@ def as_fcall(call: Call) -> Call:
 
 
 def as_functions(request: Request[T]) -> Request[T]:
-    """``request`` with every EVALSHA of a kvstatus script sent as the FCALL of its function (stores with
-    ``scripts="functions"`` pass every request through it, whatever built it: core operations, leases, sweeps)."""
+    """``request`` with every EVALSHA of a kvstatus script as the FCALL of its function (``scripts="functions"``)."""
     request.calls = [as_fcall(call) for call in request.calls]
     return request
-
-
-# The send path's rules for script calls: EVALSHA_RO sent as EVALSHA, and what to resend after NOSCRIPT or a
-# refused EVALSHA_RO.
 
 
 def noscript_resend(calls: list[Call], replies: list[ReplyOrError], as_eval: bool) -> tuple[list[int], list[Call]]:
@@ -102,11 +87,8 @@ def noscript_resend(calls: list[Call], replies: list[ReplyOrError], as_eval: boo
 
 def scripts_of(calls: list[Call]) -> list[LuaScript]:
     """The distinct scripts of the ``EVALSHA`` calls among ``calls``, each to SCRIPT LOAD once."""
-    return list(
-        {
-            call.script.sha: call.script for call in calls if call.script is not None and call.args[0] == "EVALSHA"
-        }.values()
-    )
+    found = {call.script.sha: call.script for call in calls if call.script is not None and call.args[0] == "EVALSHA"}
+    return list(found.values())
 
 
 def as_evalsha(request: Request[T]) -> Request[T]:
@@ -114,9 +96,6 @@ def as_evalsha(request: Request[T]) -> Request[T]:
     refused ``EVALSHA_RO``)."""
     request.calls = [call.without_ro() for call in request.calls]
     return request
-
-
-_RO_COMMANDS = ("EVALSHA_RO", "EVAL_RO")
 
 
 def evalsha_fallback(calls: list[Call], replies: list[ReplyOrError]) -> tuple[list[int], list[Call]]:
@@ -130,20 +109,14 @@ def evalsha_fallback(calls: list[Call], replies: list[ReplyOrError]) -> tuple[li
     ]
     if not indices:
         return indices, calls
-    changed = list(calls)
-    for i in indices:
-        changed[i] = changed[i].without_ro()
-    return indices, changed
+    return indices, [call.without_ro() if i in indices else call for i, call in enumerate(calls)]
 
 
 def _refuses(reply: ResponseError) -> bool:
     """Whether ``reply`` refuses the command itself (unknown, or not granted by the ACL), not the script."""
     text = str(reply).lower()
-    return (
-        text.startswith("unknown command")
-        or "no permissions to run the 'evalsha_ro' command" in text
-        or "no permissions to run the 'eval_ro' command" in text
-    )
+    denied = [f"no permissions to run the '{command.lower()}' command" for command in _RO_COMMANDS]
+    return text.startswith("unknown command") or any(message in text for message in denied)
 
 
 def merge(replies: list[ReplyOrError], indices: list[int], resent: list[ReplyOrError]) -> None:

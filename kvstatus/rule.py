@@ -1,15 +1,6 @@
-"""The pure-Python reference of the rules the Lua scripts run: the update rule, its fencing, a cancel, shared fate.
-
-``lua/update.lua`` is the rule that runs; :func:`apply_rule` is the same table in Python, the oracle of the tests,
-of ``kvstatus explain`` and of the demo's baselines: change one and the tests force you to change the other.
-:func:`shared_status` judges an entry with the room's first failure (written once per room by ``lua/lib/fate.lua``
-under :data:`kvstatus.keys.FATE_FIELD`; a read rewrites no entry): docs/guide.md ("One room, one fate").
-
-The room consensus view is one status for a room over its expected participants (:func:`room_consensus`).
-:func:`entries_request` reads what it needs in one round trip (one ``lua/room_statuses.lua`` call on a single
-Redis; on a cluster one ``HMGET`` per room and one lease read per participant, pipelined per node), and
-:func:`consensus_many` applies it to every room.
-"""
+"""The pure-Python reference of the rules the Lua scripts run (the tests hold ``lua/`` to it): the update rule, its
+fencing, a cancel, shared fate (docs/guide.md ("One room, one fate")), and the room consensus view and its read
+(docs/guide.md ("The consensus view"))."""
 
 from __future__ import annotations
 
@@ -17,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
 from kvstatus import scripts
-from kvstatus.errors import CorruptedValueError, InvalidArgumentError
+from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import FATE_FIELD, reason_field, validate_name, validate_rooms
 from kvstatus.model import (
     STRICT_CREATORS,
@@ -32,7 +23,7 @@ from kvstatus.model import (
     Stage,
     UpdateResult,
 )
-from kvstatus.replies import parse_fate, shown, text
+from kvstatus.replies import decode_status, parse_fate, text
 from kvstatus.requests import Call, Request, script_call
 
 if TYPE_CHECKING:  # a core is handed in; importing operations would stack this module on top of it
@@ -40,10 +31,8 @@ if TYPE_CHECKING:  # a core is handed in; importing operations would stack this 
 
 
 def cancel_outcome(statuses: Iterable[Optional[KVPoll]], failed_before: bool) -> CancelOutcome:
-    """What ``lua/cancel.lua`` does to one room (its oracle). ``statuses``: the room's entries (None: a value
-    kvstatus does not write); ``failed_before``: the room has a first failure. ALREADY_SERVED (entries, all Success,
-    never failed): nothing is written, not even the TTL, so health still counts it as served. Else its open entries
-    become Failed: ALREADY_FAILED if it had failed before, CANCELLED if not."""
+    """What ``lua/cancel.lua`` does to one room with these entries' ``statuses`` (None: junk) and ``failed_before``
+    (it has a first failure). ALREADY_SERVED (all Success, never failed) writes nothing, not even the TTL."""
     seen = list(statuses)
     if seen and all(s is KVPoll.Success for s in seen) and not failed_before:
         return CancelOutcome.ALREADY_SERVED
@@ -76,9 +65,8 @@ def apply_fenced(
     epoch: Optional[int],
     policy: Policy = Policy.SEED,
 ) -> tuple[UpdateResult, Optional[int]]:
-    """The update rule with fencing (``lua/update.lua``; its table: docs/guide.md ("Fencing: a restart under
-    the same name")). ``stamp``: the epoch the entry carries, ``epoch``: the writer's (None: none; a writer without a
-    lease neither reads nor writes stamps). Returns the result and the entry's stamp afterwards."""
+    """The update rule with fencing (docs/guide.md ("Fencing: a restart under the same name")) of the entry's
+    ``stamp`` and the writer's ``epoch`` (None: no lease, stamps untouched): the result and the stamp afterwards."""
     if epoch is None:
         return apply_rule(current, new, policy), stamp
     if stamp is not None and stamp > epoch:
@@ -119,9 +107,8 @@ STAGE_OF_STATUS = {
 
 
 def shared_status(own: Optional[KVPoll], failure: Optional[FailureRecord], participant: str) -> Optional[KVPoll]:
-    """This participant's status under shared fate: ``own`` (its entry's status, or None) judged with the room's
-    ``failure``, by the table of docs/guide.md ("One room, one fate"). A failure it raised itself (not a cancel) does
-    not fail it (a ``seed`` entry may have left it): the differential tests against SGLang's ``update_status`` hold."""
+    """``own`` (this participant's entry's status, or None) judged with the room's ``failure``: the table of
+    docs/guide.md ("One room, one fate"); a failure it raised itself (not a cancel) does not fail it."""
     if failure is None or own is None or own is KVPoll.Success or own is KVPoll.Failed:
         return own
     if failure.origin == participant and failure.stage is not Stage.CANCELLED:
@@ -136,9 +123,7 @@ def shared_failed(own: KVPoll, failure: FailureRecord, participant: str) -> KVPo
 
 
 def reads(view: RoomView) -> dict[str, Optional[KVPoll]]:
-    """What each participant's reads of ``view`` answer: its own entry's status judged with the room's first
-    failure (:func:`shared_status`). Every operator view (``get``, ``ls``, ``stats``, ``health``, ``watch``, the
-    board, the exporter) shows and counts these, so none shows an entry open in a room that has failed."""
+    """What each participant's reads of ``view`` answer (:func:`shared_status`): what every operator view shows."""
     return {name: shared_status(entry.status, view.failure, name) for name, entry in view.participants.items()}
 
 
@@ -153,9 +138,8 @@ def failed_by_fate(view: RoomView) -> list[str]:
 
 
 def fate_text(view: RoomView) -> Optional[str]:
-    """The room's fate in one line, or None when it has not failed: its first failure, and who reads Failed by
-    it though their own entry is open, e.g. "failed at transfer by prefill-1: NIXL transfer timed out;
-    decode-1 reads Failed (shared fate)". Not escaped: a view shows it through its own escaping."""
+    """The room's first failure and who reads Failed by it, e.g. "failed at transfer by prefill-1: NIXL transfer
+    timed out; decode-1 reads Failed (shared fate)", or None; not escaped."""
     if view.failure is None:
         return None
     line = view.failure.describe()
@@ -184,28 +168,22 @@ def room_consensus(
     reasons: Optional[Mapping[str, str]] = None,
     fate: Optional[FailureRecord] = None,
 ) -> RoomConsensus:
-    """The consensus of one room (``statuses[i]`` and ``leases[i]`` are ``participants[i]``'s), first match wins:
-    Failed if a lost lease holds an open entry; Bootstrapping while an entry is missing (SGLang's
-    ``check_status_pp_consensus``); else the minimum, Failed naming the first recorded reason (docs/guide.md ("The
-    consensus view")). ``reasons``: participant -> its failure reason (looked up for Failed entries only); ``fate``:
-    the room's first failure (None: shared fate off). A failed room reads Failed, naming it, while any expected
-    entry is open or missing, as ``get`` does; once every entry is at Success it reads Success."""
+    """The consensus of one room (docs/guide.md ("The consensus view")); ``statuses[i]`` and ``leases[i]`` are
+    ``participants[i]``'s, ``reasons`` the Failed entries' reasons, ``fate`` the room's first failure (None: shared
+    fate off; else the room reads Failed while any entry is open or missing)."""
     lost = tuple(p for p, lease in zip(participants, leases) if lease == LeaseState.LOST)
+    missing = tuple(p for p, s in zip(participants, statuses) if s is None)
     if lost:
         for p, status, lease in zip(participants, statuses, leases):
             if lease == LeaseState.LOST and status is not None and status not in TERMINAL:
-                missing = tuple(q for q, s in zip(participants, statuses) if s is None)
                 return RoomConsensus(KVPoll.Failed, lost_reason(p), lost, missing)
     if fate is not None:
         judged = [shared_status(s, fate, p) for p, s in zip(participants, statuses)]
-        if None in judged or (KVPoll.Failed in judged and KVPoll.Failed not in statuses):
-            missing = tuple(q for q, s in zip(participants, judged) if s is None)
+        if missing or (KVPoll.Failed in judged and KVPoll.Failed not in statuses):  # judged is None where s is
             return RoomConsensus(KVPoll.Failed, fate.describe(), lost, missing)
         # An entry that failed itself: the minimum below, with that entry's own reason.
-    if None in statuses:
-        return RoomConsensus(
-            KVPoll.Bootstrapping, None, lost, tuple(p for p, s in zip(participants, statuses) if s is None)
-        )
+    if missing:
+        return RoomConsensus(KVPoll.Bootstrapping, None, lost, missing)
     low: KVPoll = min(statuses)  # type: ignore[type-var,assignment]
     reason = None
     if low == KVPoll.Failed and reasons:
@@ -230,19 +208,13 @@ def validate_participants(participants: Iterable[str]) -> tuple[str, ...]:
     return names
 
 
-_BY_CHAR: dict[str, Optional[KVPoll]] = {str(status.value): status for status in KVPoll}
-_BY_CHAR["-"] = None
-_VALUE_CHAR: dict[object, str] = {}
-for _s in KVPoll:
-    _VALUE_CHAR[str(_s.value)] = _VALUE_CHAR[str(_s.value).encode()] = str(_s.value)
+_BY_CHAR: dict[str, Optional[KVPoll]] = {"-": None, **{str(status.value): status for status in KVPoll}}
 
 
 class Entries(NamedTuple):
-    """What the consensus view reads. ``codes[i]`` is room ``rooms[i]``'s entries as one string, character j
-    participant ``names[j]``'s status ("0".."4", "-" for no entry); ``leases`` the participants' lease
-    states; ``reasons`` the recorded reasons of Failed entries (room-major index ``i * len(names) + j``);
-    ``epochs`` the epoch of the incarnation each participant's lease record names (0: no record), the fence
-    of a sweep of its entries (``lua/sweep.lua``)."""
+    """What the consensus view reads. ``codes[i]``: room ``rooms[i]``'s statuses, character j ``names[j]``'s ("0".."4",
+    "-": no entry); ``reasons``: Failed entries' reasons by index ``i * len(names) + j``; ``epochs``: each lease
+    record's incarnation (0: none), the fence of a sweep (``lua/sweep.lua``)."""
 
     rooms: list[int]
     names: tuple[str, ...]
@@ -322,12 +294,8 @@ def entries_request(core: StoreCore, rooms: Iterable[int], participants: Iterabl
         for i, reply in enumerate(replies[:n]):
             chars = []
             for j in range(p):
-                value = reply[j]
-                char = "-" if value is None else _VALUE_CHAR.get(value)
-                if char is None:
-                    raise CorruptedValueError(
-                        f"key {keys[i]} field {names[j]} holds {shown(value)}, not a status 0..4; left as it is"
-                    )
+                status = decode_status(reply[j], keys[i], names[j])  # raises, naming the key
+                char = "-" if status is None else str(status.value)
                 if char == "0" and reply[p + j] is not None:
                     reasons[i * p + j] = text(reply[p + j])
                 chars.append(char)
@@ -344,13 +312,8 @@ def _fates(
     indices: Sequence[Union[int, str, bytes]], values: Sequence[object], keys: Sequence[str]
 ) -> dict[int, FailureRecord]:
     """Room index -> its first failure, parsed (a value kvstatus does not write raises, naming its key)."""
-    found: dict[int, FailureRecord] = {}
-    for index, value in zip(indices, values):
-        i = int(index)
-        record = parse_fate(value, keys[i])
-        if record is not None:
-            found[i] = record
-    return found
+    found = {int(index): parse_fate(value, keys[int(index)]) for index, value in zip(indices, values)}
+    return {i: record for i, record in found.items() if record is not None}
 
 
 def consensus_calls(
@@ -359,5 +322,4 @@ def consensus_calls(
     """The :class:`~kvstatus.operations.Request` of ``room_statuses``: {room: RoomConsensus}, in one round trip."""
 
     read = entries_request(core, rooms, participants)
-    decode_entries = read.decode
-    return Request(read.calls, lambda replies: consensus_many(decode_entries(replies)))
+    return Request(read.calls, lambda replies: consensus_many(read.decode(replies)))

@@ -1,12 +1,9 @@
 """The Lua scripts of ``lua/``, read once at import, with the helpers of ``lua/lib/`` spliced in.
 
-Scripts run by EVALSHA (EVALSHA_RO for a read-only one); on ``NOSCRIPT`` the send path loads the script and
-repeats the call, or sends a read-only one with its source (``EVAL_RO``).
-
 A line ``-- @include NAME`` is replaced by ``lua/lib/NAME.lua`` (BullMQ's convention), with its indentation (an
-include inside a block scopes the lib's locals there), so every script stays one self-contained text: its SHA is
-the spliced text's, which ``python -m kvstatus.expand NAME`` prints. A lib may not include another, and a script
-includes each lib at most once; anything else raises :class:`LuaIncludeError` naming the file and line.
+include inside a block scopes the lib's locals there), so every script stays one self-contained text whose SHA is
+the spliced text's (``python -m kvstatus.expand NAME`` prints it). A lib may not include another, and a script
+includes each lib at most once (else :class:`LuaIncludeError`, naming the file and line).
 """
 
 from __future__ import annotations
@@ -56,11 +53,8 @@ def _lua_dir() -> _Source:
 
 
 def splice(name: str, text: str, read_lib: Callable[[str], Optional[str]]) -> str:
-    """``text`` of ``lua/<name>.lua`` with each ``-- @include LIB`` line replaced by ``read_lib(LIB)``.
-
-    ``read_lib`` returns the lib's text, or None when there is no such file. Raises
-    :class:`LuaIncludeError` for a malformed, missing, repeated or nested include.
-    """
+    """``text`` of ``lua/<name>.lua`` with each ``-- @include LIB`` line replaced by ``read_lib(LIB)`` (None: no such
+    file); raises :class:`LuaIncludeError` for a malformed, missing, repeated or nested include."""
     seen: set[str] = set()
 
     def replace(match: re.Match[str]) -> str:
@@ -126,20 +120,15 @@ ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEA
 BY_NAME: dict[str, LuaScript] = {script.name: script for script in ALL}
 
 
-# Redis 7 functions: the same scripts as one library an admin loads once, so a tenant needs FCALL / FCALL_RO only
-# (why, and the per-version names: docs/security.md ("The tenant recipe")). Built by concatenation: each lua/lib/
-# file once at the top level, in LIB_ORDER (its functions are created once, at load); then each script's own text,
-# its "#!lua" shebang (functions declare flags at registration) and include lines dropped, as the body of a local
-# function it registers. Nothing is interpolated but the version tag (a hash of the spliced scripts, never a
-# caller's value), which names the library and its functions. The state machine stays in lua/*.lua, only there.
+# Redis 7 functions: the same scripts as one library an admin loads once (docs/security.md, "The tenant recipe").
+# Each lua/lib/ file once at the top level, in LIB_ORDER; then each script's own text, shebang and include lines
+# dropped, as the body of a local function it registers. Nothing is interpolated but the version tag (a hash of the
+# spliced scripts, never a caller's value).
 
 LIB_ORDER: tuple[str, ...] = ("acl", "time", "keys", "fate", "stored", "stored_text", "timeline")
 """The libs in the order the function library defines them: a lib uses only the names of libs above it
 (``stored_text`` uses ``stored``'s). A lib's helpers take what differs per call as arguments (the script's
 ``KEYS``, its ``SCRIPT`` name), never a name of the including script."""
-
-_FUNCTION_SCRIPTS: tuple[tuple[LuaScript, bool], ...] = tuple((script, script.read_only) for script in ALL)
-"""Each script of the library, and whether it is registered read-only (``no-writes``: FCALL_RO, replicas)."""
 
 LIBRARY_TAG: str = hashlib.sha1("".join(s.source for s in ALL).encode("utf-8")).hexdigest()[:12]
 LIBRARY_NAME: str = "kvstatus_" + LIBRARY_TAG
@@ -148,11 +137,6 @@ LIBRARY_NAME: str = "kvstatus_" + LIBRARY_TAG
 def function_name(script: LuaScript) -> str:
     """The FCALL name of ``script`` in :data:`LIBRARY_NAME`, e.g. ``kvstatus_<tag>_update``."""
     return LIBRARY_NAME + "_" + script.name
-
-
-def _body(script: LuaScript) -> str:
-    first, _, rest = script.own.partition("\n")
-    return rest if first.startswith("#!") else script.own
 
 
 def _library() -> str:
@@ -165,17 +149,13 @@ def _library() -> str:
         if text is None:
             raise LuaIncludeError(f"no such file lua/lib/{lib}.lua (kvstatus.scripts.LIB_ORDER)")
         parts += ["-- >>> lua/lib/" + lib + ".lua\n", text.rstrip("\n"), "\n-- <<< lua/lib/" + lib + ".lua\n"]
-    for script, read_only in _FUNCTION_SCRIPTS:
+    for script in ALL:
+        first, _, rest = script.own.partition("\n")
+        body = rest if first.startswith("#!") else script.own  # functions declare their flags at registration
+        flags = ", flags={'no-writes'}" if script.read_only else ""
         parts += [
-            "local function " + script.name + "(KEYS, ARGV)\n",
-            _body(script),
-            "\nend\n",
-            "redis.register_function{function_name='"
-            + function_name(script)
-            + "', callback="
-            + script.name
-            + (", flags={'no-writes'}" if read_only else "")
-            + "}\n",
+            f"local function {script.name}(KEYS, ARGV)\n{body}\nend\n",
+            f"redis.register_function{{function_name='{function_name(script)}', callback={script.name}{flags}}}\n",
         ]
     return "".join(parts)
 

@@ -1,14 +1,12 @@
-"""What the sync and async stores share around their I/O: their settings, ``from_url``, their properties, and
-``wait_for``'s loop as a plan of actions, which :func:`kvstatus._async.store.async_wait_for` performs. Every command
-a store sends goes through its one :class:`~kvstatus._async.sender.AsyncSender` (sync: ``Sender``).
-"""
+"""What the sync and async stores share around their I/O: settings, ``from_url``, properties, and ``wait_for``'s
+loop as a plan of actions (:func:`wait_plan`), which :func:`kvstatus._async.store.async_wait_for` performs."""
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Generator, Iterable, Mapping
+from functools import partial
 from typing import Any, Callable, ClassVar, Final, Literal, Optional, Protocol, TypeVar, Union
 
 from kvstatus.backend import Backend, RedisClient, client_kind, is_blocking
@@ -99,18 +97,15 @@ class StoreBase:
         else:
             self.backend = Backend(client, options)
         self.client = self.backend.client
-        if is_blocking(self.client) == (self._gate_class is AsyncGate):
-            wanted, other = (
-                ("a redis.asyncio", "StatusStore")
-                if self._gate_class is AsyncGate
-                else ("a blocking", "AsyncStatusStore")
-            )
+        is_async = self._gate_class is AsyncGate
+        if is_blocking(self.client) == is_async:
+            wanted, other = ("a redis.asyncio", "StatusStore") if is_async else ("a blocking", "AsyncStatusStore")
             raise InvalidArgumentError(
                 f"{type(self).__name__} needs {wanted} redis-py client, not {client_kind(self.client)}: "
                 f"use {other} with that one"
             )
-        self.options = self.backend.options
-        self._core = (FunctionsCore if validate_script_mode(scripts) == "functions" else StoreCore)(
+        options = self.options = self.backend.options
+        core = self._core = (FunctionsCore if validate_script_mode(scripts) == "functions" else StoreCore)(
             namespace=namespace,
             participant=participant,
             prefix=prefix,
@@ -120,18 +115,18 @@ class StoreBase:
             shared_fate=shared_fate,
             timeline=timeline,
         )
-        self._reader = (self._core.participant, shared_fate)  # who reads the near cache, and how
-        self._functions = isinstance(self._core, FunctionsCore)
+        self._reader = (core.participant, shared_fate)  # who reads the near cache, and how
+        self._functions = isinstance(core, FunctionsCore)
         self._metrics = check_observer(metrics)
         self._sender = self._sender_class(
             self.client,
-            self.options,
-            cluster=self._core.cluster,
+            options,
+            cluster=core.cluster,
             functions=self._functions,
             metrics=self._metrics,
             gate=self.backend.gate(self._gate_class),
         )
-        self._near = make_near_cache(near_cache, self._near_class, self.client, self._core.schema, self._sender)
+        self._near = make_near_cache(near_cache, self._near_class, self.client, core.schema, self._sender)
         self._keeper = None
         self._watch: Optional[PeerWatch] = None
         if address is not None and lease_ttl is None:
@@ -139,16 +134,12 @@ class StoreBase:
         if lease_ttl is not None:
             # The record outlives the lease by the room TTL: a dead participant stays "lost" while its entries live.
             lease_ttl = validate_lease_ttl(lease_ttl)
-            keep_ms = self._core.ttl_ms + round(lease_ttl * 1000)
-            lease = LeaseCore(self._core.schema, self._core.participant, lease_ttl, keep_ms=keep_ms, address=address)
-            lease.on_epoch = self._core.fence
-            self._watch = PeerWatch(
-                self._core, lease_ttl, keep_ms / 1000, functools.partial(writes_sent, self._core.schema)
-            )
-            presence = self._presence_class(
-                self.client, self._watch.channel, cluster=self._core.cluster, deadline=self.options.deadline
-            )
-            self._keeper = self._keeper_class(lease, self._sender.send, self._watch, presence)
+            keep_ms = core.ttl_ms + round(lease_ttl * 1000)
+            lease = LeaseCore(core.schema, core.participant, lease_ttl, keep_ms=keep_ms, address=address)
+            lease.on_epoch = core.fence
+            watch = self._watch = PeerWatch(core, lease_ttl, keep_ms / 1000, partial(writes_sent, core.schema))
+            presence = self._presence_class(self.client, watch.channel, cluster=core.cluster, deadline=options.deadline)
+            self._keeper = self._keeper_class(lease, self._sender.send, watch, presence)
 
     @classmethod
     def from_url(
@@ -158,12 +149,8 @@ class StoreBase:
         options: Optional[ConnectionOptions] = None,
         **settings: Any,
     ) -> S:
-        """Connect to ``url`` (see :mod:`kvstatus.url`: connection settings only) and wrap the client.
-
-        ``settings`` are this class's keyword arguments (``namespace``, ``participant``, ``ttl``, ``scripts``,
-        ``near_cache``, ``lease_ttl`` ...) and any :class:`ConnectionOptions` field, which overrides ``options``;
-        the URL's own query options win over both.
-        """
+        """Connect to ``url`` (connection settings only, :mod:`kvstatus.url`) and wrap the client. ``settings``: this
+        class's keyword arguments and any :class:`ConnectionOptions` field (overrides ``options``; the URL's win)."""
         parsed = parse_url(url)
         overrides = {name: settings.pop(name) for name in list(settings) if name in CONNECTION_FIELDS}
         opts = options_for(parsed, options, **overrides)
@@ -260,20 +247,19 @@ class StoreBase:
         self._watch.awaits(validate_room(room), validate_address(address))
 
     def _lose_to_successor(self) -> None:
-        """A write was refused as superseded: the lease is lost for good (a later incarnation holds the name)."""
+        """A write was refused as superseded: the lease is lost for good."""
         if self._keeper is not None:
             self._keeper.core.superseded()
 
     def _refused(self, results: Mapping[int, UpdateResult]) -> None:
-        """Raise :class:`SupersededError` if ``results`` (of an update or a batch) hold a room refused as
-        superseded; the lease is then lost for good."""
+        """Raise :class:`SupersededError` (and lose the lease) if ``results`` hold a room refused as superseded."""
         error = self._core.refused(results)
         if error is not None:
             self._lose_to_successor()
             raise error
 
     def _opened(self, results: Mapping[int, UpdateResult]) -> None:
-        """Tell the peer watch (if any) this store's entries after updates: it watches the open ones."""
+        """Tell the peer watch (if any) this store's entries after updates."""
         if self._watch is not None:
             for room, result in results.items():
                 self._watch.wrote(room, result.status)
@@ -285,17 +271,15 @@ class StoreBase:
                 self._watch.closed(room)
 
     def _wrote(self, rooms: Iterable[int]) -> None:
-        """Drop rooms this store wrote (or may have written) from the process's near caches: read-your-writes,
-        through any store of the process (:func:`~kvstatus.cachestate.writes_sent`)."""
+        """Drop the rooms this store wrote (or may have written) from the process's near caches: read-your-writes."""
         try:
             writes_sent(self._core.schema, rooms)
         except TypeError:
             pass  # not an iterable of rooms: the operation itself raised about it
 
     def uncached(self: S, participant: Optional[str] = None) -> S:
-        """A store on the same backend and settings that reads ``participant``'s entries (default: this store's)
-        from Redis every time: no near cache, no lease, no peer watch. What ``wait_for`` reads with where no near
-        cache can watch (fakeredis), and a probe that must see Redis itself (the SGLang map's outage probe)."""
+        """A store on the same backend and settings reading ``participant``'s entries (default: this store's) from
+        Redis every time: no near cache, no lease, no peer watch."""
         settings = self._core.settings()
         settings["participant"] = self.participant if participant is None else participant
         return type(self)(self.backend, **settings, scripts=self.scripts)
@@ -313,7 +297,7 @@ RECHECK_SECONDS = 1.0
 POLL_INTERVAL_SECONDS = 0.05
 
 # The I/O actions of a wait plan: (kind, argument).
-WATCH: Final = "watch"  # argument None; reply: True if the room is watched (the read after it arms it), else False
+WATCH: Final = "watch"  # argument None; reply: True if the room is watched, else False
 READ: Final = "read"  # argument None; reply: the entry's status now (Optional[KVPoll])
 RECEIVE: Final = "receive"  # argument: seconds to wait at most; returns early when the room changed
 SLEEP: Final = "sleep"  # argument: seconds

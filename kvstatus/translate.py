@@ -1,10 +1,5 @@
 """redis-py errors -> kvstatus errors: one place decides what a Redis failure means to a caller (docs/guide.md,
-"Errors").
-
-The connection mixins below name the server in a wrong URL's errors, which redis-py gives without the address
-(``Protocol error, got "<"``: an HTTP server; ``DB index is out of range``): they set :data:`SERVER_ATTR`, and for
-a database out of range :data:`DB_ATTR` and :data:`DATABASES_ATTR`, on the exception (type and text unchanged).
-"""
+"Errors"); and the connection mixins that name the server in a wrong URL's errors (:data:`SERVER_ATTR`)."""
 
 from __future__ import annotations
 
@@ -39,14 +34,12 @@ if TYPE_CHECKING:  # annotations only: the requests and the replies stay a layer
 # Error prefixes the scripts in lua/ return (redis.error_reply); NOPERM arrives as redis-py's NoPermissionError.
 _BADARG = "KVSTATUS_BADARG "
 _CORRUPT = "KVSTATUS_CORRUPT "
-# The server's own text when a script's redis.call is denied by ACL; it names the script line, not the command.
-# Redis 7.0: "The user executing the script can't run this command or subcommand" (a command), "... can't access at
-# least one of the keys mentioned in the command arguments" (a key); Redis 7.2+ and Valkey: "ACL failure in script:
-# User u has no permissions to run the 'x' command" or "ACL failure in script: No permissions to access a key".
+# The server's text when a script's redis.call is denied by ACL (it names the script line, not the command): Redis 7.0
+# "The user executing the script can't run this command ..." or "... can't access at least one of the keys ...";
+# Redis 7.2+ and Valkey "ACL failure in script: ...".
 _SCRIPT_NOPERM = re.compile(r"The user executing the script can't (?:run this command|access)|ACL failure in script: ")
-# The ACL's refusal of a key, in the server's wordings: Redis 6.2-7.0 "no permissions to access one of the keys used
-# as arguments", Redis 7.2+ and Valkey "No permissions to access a key" (or "... the 'k' key"), a script's line on
-# Redis 7.0 "can't access at least one of the keys mentioned".
+# The ACL's refusal of a key: Redis 6.2-7.0 "no permissions to access one of the keys used as arguments", Redis 7.2+
+# and Valkey "No permissions to access a key" (or "... the 'k' key"), a script's line on Redis 7.0 (above).
 _KEY_DENIAL = re.compile(
     r"no permissions to access (?:one of the keys|a key|the '.*' key)|can't access at least one of the keys", re.I
 )
@@ -60,11 +53,8 @@ REDIS_ERRORS = (rx.RedisError, rx.RedisClusterException)
 NOT_SENT = "kvstatus_not_sent"
 """Attribute set on a refused connection's error: True if no attempt of the call reached Redis before it."""
 
-_PERMANENT_DNS = {
-    code
-    for code in (getattr(socket, name, None) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL", "EAI_SERVICE"))
-    if code is not None
-}
+_DNS_NAMES = ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL", "EAI_SERVICE")  # the permanent answers
+_PERMANENT_DNS = {getattr(socket, name) for name in _DNS_NAMES if hasattr(socket, name)}
 _CONNECTING_TO = re.compile(r"connecting to (\S+?)\.?(?:\s|$)")
 _READ_COMMANDS = frozenset(
     {"HGET", "HMGET", "HGETALL", "HLEN", "PTTL", "TTL", "EXISTS", "GET", "MGET", "SCAN", "TIME", "PING", "TYPE"}
@@ -90,22 +80,9 @@ def denies_a_key(error: BaseException) -> bool:
     return _KEY_DENIAL.search(str(error)) is not None
 
 
-def is_write(call: Optional[Call]) -> bool:
-    """True if ``call`` may change Redis (a write script, or a command that is no read); False for a read, and
-    for an unknown call (the admin tools' reads)."""
-    if call is None:
-        return False
-    if call.script is not None:
-        return not call.script.read_only
-    return str(call.args[0]).upper() not in _READ_COMMANDS
-
-
 def connection_refused(error: BaseException) -> bool:
-    """True if ``error`` (a redis-py ConnectionError) comes from a refused connect: no server listens there.
-
-    redis-py keeps the OS error as the context; asyncio's connect to a name with several addresses (localhost:
-    ::1 and 127.0.0.1) joins their errors in one OSError without an errno.
-    """
+    """True if ``error`` (a redis-py ConnectionError) comes from a refused connect: no server listens there
+    (asyncio joins the errors of a name's several addresses in one OSError without an errno)."""
     if not isinstance(error, rx.ConnectionError):
         return False
     cause = error.__cause__ or error.__context__
@@ -135,12 +112,11 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
             f"Redis unavailable (after the configured retries): {head} "
             "(no Sentinel reachable, or none knows that service)"
         )
-    if isinstance(exc, rx.RedisClusterException):
-        if isinstance(exc.__cause__, rx.AuthenticationError):
-            return AuthenticationError(f"Redis refused the credentials: {text}")
-        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
-    if isinstance(exc, rx.AuthenticationError):
+    cluster = isinstance(exc, rx.RedisClusterException)  # its cause may be refused credentials
+    if isinstance(exc, rx.AuthenticationError) or (cluster and isinstance(exc.__cause__, rx.AuthenticationError)):
         return AuthenticationError(f"Redis refused the credentials: {text}")
+    if cluster:
+        return BackendUnavailableError(f"Redis unavailable (after the configured retries): {text}")
     if isinstance(exc, ClientPoolExhausted):
         return PoolExhaustedError(text)
     if isinstance(exc, rx.MaxConnectionsError):  # a non-blocking pool, e.g. of a client the caller built
@@ -178,18 +154,8 @@ def translate_error(exc: BaseException, call: Optional[Call] = None) -> BaseExce
         return BackendRefusedError(
             f"Redis unavailable: it refused the connection after an earlier attempt was sent ({_applied(call)}): {text}"
         )
-    if isinstance(
-        exc,
-        (
-            rx.ConnectionError,
-            rx.TimeoutError,
-            rx.BusyLoadingError,
-            rx.ClusterDownError,
-            rx.ReadOnlyError,
-            rx.TryAgainError,
-            rx.MasterDownError,
-        ),
-    ):
+    # BusyLoadingError is a ConnectionError, MasterDownError a ClusterDownError.
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.ClusterDownError, rx.ReadOnlyError, rx.TryAgainError)):
         earlier = getattr(exc, EARLIER, None)
         why = f" (an earlier attempt: {earlier})" if earlier else ""
         return BackendUnavailableError(f"Redis unavailable (retries or deadline spent; {_applied(call)}): {text}{why}")
@@ -244,21 +210,23 @@ def checked(calls: list[Call], replies: list[ReplyOrError]) -> list[ReplyOrError
 
 def _where(call: Optional[Call]) -> str:
     """The key a WRONGTYPE reply of ``call`` is about: "key K", or for a script of several keys the first few."""
-    if call is not None and call.args[0] in _EVAL_COMMANDS and str(call.args[2]).isdigit() and int(call.args[2]) > 1:
-        keys = [str(key) for key in call.args[3 : 3 + int(call.args[2])]]
-        return f"one of the keys {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
-    first = None if call is None else _first_key(call)
+    args = () if call is None else call.args
+    if args and args[0] in _EVAL_COMMANDS:
+        if str(args[2]).isdigit() and int(args[2]) > 1:
+            keys = [str(key) for key in args[3 : 3 + int(args[2])]]
+            return f"one of the keys {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+        first = str(args[3]) if args[2] == 1 else None
+    else:
+        first = str(args[1]) if len(args) > 1 else None
     return f"key {first}" if first else "a room key"
 
 
 def _uncovered(call: Optional[Call]) -> str:
     """What a key denial of ``call`` is about: " (the user's ACL key patterns do not cover key K, namespace N)";
     keys are ``<prefix>:<namespace>:...`` and neither part holds a colon."""
-    if call is None or len(call.args) < 2:
-        return " (the user's ACL key patterns do not cover the namespace's keys)"
-    args = call.args
-    scripted = str(args[0]).upper() in (*_EVAL_COMMANDS, "FCALL", "FCALL_RO")
-    if scripted and not (len(args) > 3 and str(args[2]).isdigit() and int(args[2]) > 0):
+    args = () if call is None else call.args
+    scripted = len(args) >= 2 and str(args[0]).upper() in (*_EVAL_COMMANDS, "FCALL", "FCALL_RO")
+    if len(args) < 2 or (scripted and not (len(args) > 3 and str(args[2]).isdigit() and int(args[2]) > 0)):
         return " (the user's ACL key patterns do not cover the namespace's keys)"
     key = str(args[3] if scripted else args[1])
     parts = key.split(":")
@@ -267,8 +235,13 @@ def _uncovered(call: Optional[Call]) -> str:
 
 
 def _applied(call: Optional[Call]) -> str:
-    """What an interrupted call may have done: a write may have run; a read changed nothing."""
-    return "the call may or may not have been applied" if is_write(call) else "a read: nothing was changed"
+    """What an interrupted call may have done: a write (script, or a command that is no read) may have run; a read,
+    or an unknown call (the admin tools' reads), changed nothing."""
+    if call is not None and call.script is not None:
+        write = not call.script.read_only
+    else:
+        write = call is not None and str(call.args[0]).upper() not in _READ_COMMANDS
+    return "the call may or may not have been applied" if write else "a read: nothing was changed"
 
 
 def _out_of_range(exc: BaseException, text: str) -> str:
@@ -290,13 +263,6 @@ def _out_of_range(exc: BaseException, text: str) -> str:
     return f"{server} has no {which} ({OUT_OF_RANGE}): use a database the server has at the end of the URL"
 
 
-def _first_key(call: Call) -> Optional[str]:
-    args = call.args
-    if args[0] in _EVAL_COMMANDS:
-        return str(args[3]) if args[2] == 1 else None
-    return str(args[1]) if len(args) > 1 else None
-
-
 # ---- the connection mixins that name the server in a misconfigured URL's errors
 
 SERVER_ATTR = "kvstatus_server"
@@ -314,6 +280,19 @@ def _server(connection: object) -> str:
     return str(path) if path else f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
 
 
+def _named(exc: rx.RedisError, connection: object) -> bool:
+    """Name the server on a non-Redis reply's error, or on the connect's SELECT out of range, which also gets
+    :data:`DB_ATTR`; True for the latter (the connection is still on db 0, with nothing pending)."""
+    if isinstance(exc, rx.InvalidResponse):
+        setattr(exc, SERVER_ATTR, _server(connection))
+        return False
+    if not getattr(connection, "_kvstatus_connecting", False) or OUT_OF_RANGE not in str(exc):
+        return False
+    setattr(exc, SERVER_ATTR, _server(connection))
+    setattr(exc, DB_ATTR, getattr(connection, "db", None))
+    return True
+
+
 def _databases(reply: object) -> Optional[int]:
     """``databases`` from a ``CONFIG GET databases`` reply (a flat list in RESP2, a map in RESP3)."""
     if isinstance(reply, dict):
@@ -329,7 +308,8 @@ def _databases(reply: object) -> Optional[int]:
 
 
 class NamedServerConnection:
-    """Mixin for redis-py's sync connections (see the module's docstring)."""
+    """Mixin for redis-py's sync connections: sets :data:`SERVER_ATTR` (and for a database out of range
+    :data:`DB_ATTR`, :data:`DATABASES_ATTR`) on the error, its type and text unchanged."""
 
     _kvstatus_connecting = False
 
@@ -343,24 +323,18 @@ class NamedServerConnection:
     def read_response(self, *args: object, **kwargs: object) -> object:
         try:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
-        except rx.InvalidResponse as exc:
-            setattr(exc, SERVER_ATTR, _server(self))
-            raise
-        except rx.ResponseError as exc:
-            if not self._kvstatus_connecting or OUT_OF_RANGE not in str(exc):
-                raise
-            setattr(exc, SERVER_ATTR, _server(self))
-            setattr(exc, DB_ATTR, getattr(self, "db", None))
-            try:  # the SELECT of the connect failed: the connection is still on db 0, with nothing pending
-                self.send_command("CONFIG", "GET", "databases")  # type: ignore[attr-defined]
-                setattr(exc, DATABASES_ATTR, _databases(super().read_response()))  # type: ignore[misc]
-            except rx.RedisError:
-                setattr(exc, DATABASES_ATTR, None)  # refused (ACL), or the connection went: unknown
+        except (rx.InvalidResponse, rx.ResponseError) as exc:
+            if _named(exc, self):
+                try:
+                    self.send_command("CONFIG", "GET", "databases")  # type: ignore[attr-defined]
+                    setattr(exc, DATABASES_ATTR, _databases(super().read_response()))  # type: ignore[misc]
+                except rx.RedisError:
+                    setattr(exc, DATABASES_ATTR, None)  # refused (ACL), or the connection went: unknown
             raise
 
 
 class AsyncNamedServerConnection:
-    """Mixin for redis.asyncio's connections (see the module's docstring)."""
+    """:class:`NamedServerConnection` for redis.asyncio."""
 
     _kvstatus_connecting = False
 
@@ -374,17 +348,11 @@ class AsyncNamedServerConnection:
     async def read_response(self, *args: object, **kwargs: object) -> object:
         try:
             return await super().read_response(*args, **kwargs)  # type: ignore[misc]
-        except rx.InvalidResponse as exc:
-            setattr(exc, SERVER_ATTR, _server(self))
-            raise
-        except rx.ResponseError as exc:
-            if not self._kvstatus_connecting or OUT_OF_RANGE not in str(exc):
-                raise
-            setattr(exc, SERVER_ATTR, _server(self))
-            setattr(exc, DB_ATTR, getattr(self, "db", None))
-            try:
-                await self.send_command("CONFIG", "GET", "databases")  # type: ignore[attr-defined]
-                setattr(exc, DATABASES_ATTR, _databases(await super().read_response()))  # type: ignore[misc]
-            except rx.RedisError:
-                setattr(exc, DATABASES_ATTR, None)
+        except (rx.InvalidResponse, rx.ResponseError) as exc:
+            if _named(exc, self):
+                try:
+                    await self.send_command("CONFIG", "GET", "databases")  # type: ignore[attr-defined]
+                    setattr(exc, DATABASES_ATTR, _databases(await super().read_response()))  # type: ignore[misc]
+                except rx.RedisError:
+                    setattr(exc, DATABASES_ATTR, None)
             raise

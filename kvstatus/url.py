@@ -1,10 +1,6 @@
-"""The Redis URL grammar: what a URL may say, parsed once and checked (no I/O, no client).
-
-Every scheme of :data:`SCHEMES`; every field of :class:`ConnectionOptions` is also a query option, and wins
-over the same keyword argument. Passwords are masked in every message. The forms and their options:
-docs/guide.md ("Topologies and URLs", "Configuration"). :mod:`kvstatus.connection` turns a :class:`ParsedURL`
-into a client.
-"""
+"""The Redis URL grammar (docs/guide.md, "Topologies and URLs", "Configuration"), parsed once and checked, no I/O:
+every field of :class:`ConnectionOptions` is also a query option, which wins over the keyword argument. Passwords
+are masked in every message. :mod:`kvstatus.connection` turns a :class:`ParsedURL` into a client."""
 
 from __future__ import annotations
 
@@ -41,17 +37,16 @@ SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+
 
 @dataclass(frozen=True)
 class ConnectionOptions:
-    """Timeouts (seconds), the retry policy, the per-call deadline and the pool size of every client.
+    """Timeouts and the per-call ``deadline`` (seconds), ``retries`` (resends after a connection error or timeout,
+    waiting :meth:`retry_delays`; 0: every update at most once) and ``max_connections`` (per client; per node on a
+    cluster; calls beyond it queue) of every client.
 
-    ``deadline`` (seconds) bounds every store call as a whole, resends and the wait for a connection included:
-    a call returns or raises within it plus ``deadline.TOLERANCE`` (0.1 s); a batch of more than
-    ``operations.CHUNK_ROOMS`` rooms gets ``operations.CHUNK_SECONDS`` more per further chunk. ``retries``
-    resends after a connection error or timeout, waiting :meth:`retry_delays`, then
-    :class:`~kvstatus.errors.BackendUnavailableError` ("unknown whether applied"); a standalone server that
-    refuses the connection raises :class:`~kvstatus.errors.BackendRefusedError` at once. ``retries=0``: every
-    update at most once. ``max_connections`` per client (per node on a cluster); a call that finds them busy
-    queues until its deadline, then raises :class:`~kvstatus.errors.PoolExhaustedError` (nothing was sent).
-    docs/guide.md: "Deadline", "Unknown whether applied", "Connections"; docs/operations.md: "Failover".
+    ``deadline`` bounds a store call as a whole, resends and the wait for a connection included (plus
+    ``deadline.TOLERANCE``, and ``operations.CHUNK_SECONDS`` per further chunk of a batch); then it raises
+    :class:`~kvstatus.errors.BackendUnavailableError` ("unknown whether applied"), or
+    :class:`~kvstatus.errors.PoolExhaustedError` if it never got a connection (nothing was sent). A standalone server
+    that refuses the connection raises :class:`~kvstatus.errors.BackendRefusedError` at once. docs/guide.md:
+    "Configuration", "Deadline", "Unknown whether applied", "Connections"; docs/operations.md: "Failover".
     """
 
     socket_timeout: float = 5.0
@@ -68,35 +63,21 @@ class ConnectionOptions:
         # Upper bounds too: past them the socket layer or the backoff arithmetic raises OverflowError.
         for name in ("socket_timeout", "socket_connect_timeout", "deadline"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or not 0 < value <= MAX_SECONDS
-            ):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
                 raise InvalidArgumentError(f"invalid {name} {value!r}: expected seconds > 0 and <= {MAX_SECONDS}")
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= MAX_RETRIES:
-            raise InvalidArgumentError(f"invalid retries {self.retries!r}: expected an int >= 0 and <= {MAX_RETRIES}")
-        if (
-            isinstance(self.max_connections, bool)
-            or not isinstance(self.max_connections, int)
-            or not 1 <= self.max_connections <= MAX_CONNECTIONS
-        ):
-            raise InvalidArgumentError(
-                f"invalid max_connections {self.max_connections!r}: expected an int >= 1 and <= {MAX_CONNECTIONS}"
-            )
+        for name, low, high in (("retries", 0, MAX_RETRIES), ("max_connections", 1, MAX_CONNECTIONS)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidArgumentError(f"invalid {name} {value!r}: expected an int >= {low} and <= {high}")
 
     def tls_options(self) -> dict[str, Union[str, bool]]:
         """The ``ssl_*`` fields that are set (they need a TLS scheme)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name.startswith("ssl_") and getattr(self, f.name) is not None
-        }
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name.startswith("ssl_")}
+        return {name: value for name, value in values.items() if value is not None}
 
     def retry_delays(self) -> tuple[float, ...]:
-        """The wait in seconds before each resend: ``min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n)``,
-        n = 1..retries."""
+        """The wait in seconds before each resend (:data:`BACKOFF_CAP_SECONDS`)."""
         return tuple(min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n) for n in range(1, self.retries + 1))
 
     def retry_budget(self) -> float:
@@ -142,6 +123,10 @@ class ParsedURL:
             return f"{self.scheme}://{auth}{where}"
         service = f"/{self.service}" if self.service else ""
         return f"{self.scheme}://{auth}{where}{service}/{self.db}"
+
+
+def _invalid(shown: str, why: str) -> InvalidURLError:
+    return InvalidURLError(f"invalid Redis URL {shown}: {why}")
 
 
 def _hint(shown: str) -> str:
@@ -220,97 +205,86 @@ def parse_url(url: object) -> ParsedURL:
     try:
         url.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidURLError(
-            f"invalid Redis URL {shown}: not valid UTF-8 text (bytes that are not UTF-8, "
-            "e.g. in the password; percent-encode them)"
+        raise _invalid(
+            shown, "not valid UTF-8 text (bytes that are not UTF-8, e.g. in the password; percent-encode them)"
         ) from None
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SCHEMES:
-            raise InvalidURLError(
-                f"invalid Redis URL {shown}: unsupported scheme {parts.scheme!r}; use one of "
-                + ", ".join(f"{s}://" for s in SCHEMES)
+            raise _invalid(
+                shown, f"unsupported scheme {parts.scheme!r}; use one of " + ", ".join(f"{s}://" for s in SCHEMES)
             )
         if "#" in url:
-            raise InvalidURLError(
-                f"invalid Redis URL {shown}: a Redis URL has no '#' part (percent-encode # in a password as %23)"
-            )
+            raise _invalid(shown, "a Redis URL has no '#' part (percent-encode # in a password as %23)")
         query: dict[str, str] = {}
         for name, values in parse_qs(
             parts.query, keep_blank_values=True, strict_parsing=False, errors="strict"
         ).items():
             if name in STORE_ARGUMENTS:
-                raise InvalidURLError(
-                    f"invalid Redis URL {shown}: {name!r} is a store setting, not a connection option; pass "
-                    f"{STORE_ARGUMENTS[name][0]} to the store instead{STORE_ARGUMENTS[name][1]}"
-                )
+                instead, where = STORE_ARGUMENTS[name]
+                setting = f"{name!r} is a store setting, not a connection option"
+                raise _invalid(shown, f"{setting}; pass {instead} to the store instead{where}")
             if name in RETIRED_OPTIONS:
-                raise InvalidURLError(
-                    f"invalid Redis URL {shown}: option {name!r} was removed: {RETIRED_OPTIONS[name]}"
-                )
+                raise _invalid(shown, f"option {name!r} was removed: {RETIRED_OPTIONS[name]}")
             if name not in _QUERY_OPTIONS:
                 # An unencoded & ? in a password splits it into "options": name one only if the masked URL shows it.
                 shows = any(f"{sep}{name}" in shown for sep in "?&;")
                 named = f" {name!r}" if name.isidentifier() and shows else ""
-                raise InvalidURLError(
-                    f"invalid Redis URL {shown}: unknown option{named} (options: "
-                    f"{', '.join(_QUERY_OPTIONS)}; percent-encode & in a password as %26)"
+                options = ", ".join(_QUERY_OPTIONS)
+                raise _invalid(
+                    shown, f"unknown option{named} (options: {options}; percent-encode & in a password as %26)"
                 )
             query[name] = values[-1]
         for name, value in query.items():
             try:
                 _QUERY_OPTIONS[name](value)
-            except InvalidArgumentError as exc:  # a number out of its range: say which range
-                raise InvalidURLError(f"invalid Redis URL {shown}: bad value for option {name!r} ({exc})") from None
             except (KeyError, ValueError):
-                raise InvalidURLError(f"invalid Redis URL {shown}: bad value for option {name!r}") from None
+                raise _invalid(shown, f"bad value for option {name!r}") from None
         try:
             replace(ConnectionOptions(), **{n: _OPTION_FIELDS[n](v) for n, v in query.items() if n in _OPTION_FIELDS})
         except InvalidArgumentError as exc:
-            raise InvalidURLError(f"invalid Redis URL {shown}: {exc}") from None
+            raise _invalid(shown, str(exc)) from None
         if scheme not in TLS_SCHEMES and any(name in query for name in _TLS_ONLY):
-            raise InvalidURLError(
-                f"invalid Redis URL {shown}: ssl_* options need a TLS scheme (rediss://, "
-                "rediss+cluster://, rediss+sentinel://); on {scheme}:// they would be ignored "
-                "and the connection would be plain text".replace("{scheme}", scheme)
+            raise _invalid(
+                shown,
+                "ssl_* options need a TLS scheme (rediss://, rediss+cluster://, rediss+sentinel://); "
+                f"on {scheme}:// they would be ignored and the connection would be plain text",
             )
         try:
             username = unquote(parts.username, errors="strict") if parts.username else None
             password = unquote(parts.password, errors="strict") if parts.password is not None else None
         except UnicodeDecodeError:
-            raise InvalidURLError(
-                f"invalid Redis URL {shown}: the user name or password is percent-encoded "
-                "bytes that are not UTF-8, which redis-py cannot send"
+            raise _invalid(
+                shown,
+                "the user name or password is percent-encoded bytes that are not UTF-8, which redis-py cannot send",
             ) from None
         if "@" in parts.path:
             # An unencoded "/" in the user info ends the authority early: the rest of the password would
             # land in the socket path or the database, and be shown. Refuse instead of guessing.
-            raise InvalidURLError(f"invalid Redis URL {shown}: an '@' after the host{_hint(shown)}")
+            raise _invalid(shown, f"an '@' after the host{_hint(shown)}")
         if scheme == "unix":
             path = unquote(parts.path)
             if not path:
-                raise InvalidURLError(f"invalid Redis URL {shown}: a unix:// URL needs a socket path")
+                raise _invalid(shown, "a unix:// URL needs a socket path")
             return ParsedURL(scheme, (), username, password, int(query.pop("db", 0)), path, query)
         hosts = _parse_hosts(parts.netloc.rpartition("@")[2], shown)
         if scheme not in SENTINEL_SCHEMES and any(name in query for name in _SENTINEL_ONLY):
-            raise InvalidURLError(f"invalid Redis URL {shown}: sentinel_* options need redis+sentinel://")
+            raise _invalid(shown, "sentinel_* options need redis+sentinel://")
         if scheme in SENTINEL_SCHEMES:
             service, db_path = _parse_service(parts.path, shown)
             db = _parse_db(db_path, query.pop("db", None), shown)
             return ParsedURL(scheme, hosts, username, password, db, None, query, service)
         db = _parse_db(parts.path, query.pop("db", None), shown)
         if scheme in CLUSTER_SCHEMES and db != 0:
-            raise InvalidURLError(f"invalid Redis URL {shown}: Redis Cluster has only database 0")
+            raise _invalid(shown, "Redis Cluster has only database 0")
         return ParsedURL(scheme, hosts, username, password, db, None, query)
     except InvalidURLError:
         raise
     except ValueError as exc:
         if "@" in shown:  # urllib's messages quote pieces of the URL: a bracketed piece of a password among them
-            raise InvalidURLError(
-                f"invalid Redis URL {shown}: it cannot be split into its parts{_hint(shown)}"
-            ) from None
-        raise InvalidURLError(f"invalid Redis URL {shown}: {mask_url(str(exc))}") from None
+            raise _invalid(shown, f"it cannot be split into its parts{_hint(shown)}") from None
+        raise _invalid(shown, mask_url(str(exc))) from None
 
 
 def _parse_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
@@ -322,9 +296,9 @@ def _parse_hosts(netloc: str, shown: str) -> tuple[tuple[str, int], ...]:
         else:
             host, _, port_text = item.partition(":")
         if not host:
-            raise InvalidURLError(f"invalid Redis URL {shown}: missing host{_hint(shown)}")
+            raise _invalid(shown, f"missing host{_hint(shown)}")
         if port_text and (not port_text.isdigit() or not 0 < int(port_text) < 65536):
-            raise InvalidURLError(f"invalid Redis URL {shown}: bad port (1..65535){_hint(shown)}")
+            raise _invalid(shown, f"bad port (1..65535){_hint(shown)}")
         hosts.append((host, int(port_text) if port_text else 6379))
     return tuple(hosts)
 
@@ -334,9 +308,9 @@ def _parse_service(path: str, shown: str) -> tuple[str, str]:
     service, _, db = path.strip("/").partition("/")
     service = unquote(service, errors="strict")
     if not service:
-        raise InvalidURLError(f"invalid Redis URL {shown}: a Sentinel URL needs /service_name after the hosts")
+        raise _invalid(shown, "a Sentinel URL needs /service_name after the hosts")
     if any(char.isspace() or char == "/" for char in service):
-        raise InvalidURLError(f"invalid Redis URL {shown}: bad service name")
+        raise _invalid(shown, "bad service name")
     return service, db
 
 
@@ -345,9 +319,9 @@ def _parse_db(path: str, from_query: Optional[str], shown: str) -> int:
     if not text:
         return 0
     if not text.isdigit():
-        raise InvalidURLError(f"invalid Redis URL {shown}: the database is not a number{_hint(shown)}")
+        raise _invalid(shown, f"the database is not a number{_hint(shown)}")
     if int(text) > MAX_DB:
-        raise InvalidURLError(f"invalid Redis URL {shown}: database {text} out of range (0..{MAX_DB})")
+        raise _invalid(shown, f"database {text} out of range (0..{MAX_DB})")
     return int(text)
 
 
@@ -358,10 +332,8 @@ CONNECTION_FIELDS: frozenset[str] = frozenset(field.name for field in fields(Con
 def options_for(
     url: Union[str, ParsedURL], options: Optional[ConnectionOptions] = None, **overrides: Any
 ) -> ConnectionOptions:
-    """The options a client of ``url`` uses: ``options``, then ``overrides``, then the URL's query options.
-
-    Raises :class:`InvalidURLError` for a bad URL, and for ``ssl_*`` options given with a non-TLS scheme.
-    """
+    """The options a client of ``url`` uses: ``options``, then ``overrides``, then the URL's query options; raises
+    :class:`InvalidURLError` for a bad URL, and for ``ssl_*`` options given with a non-TLS scheme."""
     return _options(parse_url(url), options, overrides)
 
 

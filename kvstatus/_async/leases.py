@@ -1,10 +1,6 @@
-"""The lease keeper: keeps a :class:`~kvstatus.leasestate.LeaseCore` alive in the background, renews it before a
-write when it may have lapsed, and runs the store's peer watch (:mod:`kvstatus.peerwatch`), all through the store's
-send path (its deadline, errors and metrics). And the lease holder's presence (:class:`AsyncPresence`): a connection
-subscribed to its participant's channel, which Redis drops when the process dies and keeps through a pause
-(docs/design.md, "Who decides that a peer is dead"). It never publishes, and nothing is expected on the channel: a
-tenant recipe grants no ``PUBLISH``.
-"""
+"""The lease keeper: renews a :class:`~kvstatus.leasestate.LeaseCore` (in the background, and before a write when it
+may have lapsed) and runs the peer watch, through the store's send path; and the holder's presence, a subscription
+that Redis drops when the process dies (docs/design.md, "Who decides that a peer is dead"). Nothing is published."""
 
 from __future__ import annotations
 
@@ -13,13 +9,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, TypeVar
 
 from redis import exceptions as rx
 
-from kvstatus.concurrency import (
-    AsyncBackground,
-    AsyncLock,
-    AsyncRedisConnection,
-    async_close_link,
-    async_pending,
-)
+from kvstatus.concurrency import AsyncBackground, AsyncLock, AsyncRedisConnection, async_close_link, async_pending
 from kvstatus.connection import Topology
 from kvstatus.deadline import DEADLINE, enter_deadline
 from kvstatus.errors import PermissionDeniedError
@@ -36,17 +26,14 @@ T = TypeVar("T")
 RETRY_SECONDS = 0.2
 """Seconds between two tries to subscribe again while the server cannot be reached."""
 SUBSCRIBE_SECONDS = 2.0
-"""At most this many seconds (or the store's deadline, if shorter) for one subscribe against a hung server: the
-keeper's renewals wait behind it."""
+"""Seconds one subscribe may take at most (or the store's deadline, if shorter): the renewals wait behind it."""
 _MESSAGES = (b"message", b"smessage", "message", "smessage")
 
 
 class AsyncPresence:
-    """The presence of one participant on ``channel``; ``deadline``: seconds a (re)subscribe may take.
-
-    ``generation`` counts the subscriptions that took: a peer's watch trusts only what it saw since this
-    holder's current one (a new one may be on another server). ``refused`` is the server's or the ACL's
-    refusal (then no presence: peers judge this participant by its lease alone)."""
+    """The presence of one participant on ``channel``; ``deadline``: seconds a (re)subscribe may take. ``generation``
+    counts the subscriptions that took (peers trust what they saw since the last); ``refused``: why the server or the
+    ACL refused it (then peers judge this participant by its lease alone)."""
 
     def __init__(self, client: AsyncClient, channel: str, *, cluster: bool, deadline: float) -> None:
         self.topology = Topology(client)
@@ -94,6 +81,7 @@ class AsyncPresence:
         self._retry_at = time.monotonic() + RETRY_SECONDS
         token = enter_deadline(min(self.deadline, SUBSCRIBE_SECONDS))
         conn: Optional[AsyncRedisConnection] = None
+        reply: object = None
         try:
             conn = self.topology.new_data_connection(self.topology.node_name(self.channel))
             await conn.connect()
@@ -101,10 +89,8 @@ class AsyncPresence:
             reply = await conn.read_response(push_request=True)  # a push on RESP3
         except rx.ResponseError as exc:  # NOPERM, an unknown command: this server or user has no presence
             await self.refuse(str(exc))
-            reply = None
         except Exception as exc:  # noqa: BLE001 - unreachable or hung: tried again at a later check
             log.debug("presence on %s: subscribe failed: %s", self.channel, exc)
-            reply = None
         finally:
             DEADLINE.reset(token)
         if isinstance(reply, list) and len(reply) == 3:
@@ -143,16 +129,14 @@ class AsyncPresence:
 
 
 class AsyncSend(Protocol):
-    """The store's send (:meth:`kvstatus._async.sender.AsyncSender.send`): ``request`` sent as the method
-    ``operation``, its decoded reply returned."""
+    """The store's send (:meth:`kvstatus._async.sender.AsyncSender.send`): sends ``request`` as ``operation``."""
 
     async def __call__(self, request: Request[T], operation: str) -> T: ...
 
 
 class AsyncLeaseKeeper:
-    """Keeps ``core`` held; ``send`` is the store's send (the deadline, the observer and the error
-    translation apply to every renewal); ``watch``, if given, is looked at every ``watch.interval`` s;
-    ``presence``, if given, stands while the lease is held, and the peers' are counted with it."""
+    """Keeps ``core`` held through ``send``, the store's send (its deadline, observer and errors); ``watch``, if given,
+    is looked at every ``watch.interval`` s; ``presence``, if given, stands while held and counts the peers'."""
 
     def __init__(
         self,
@@ -173,26 +157,22 @@ class AsyncLeaseKeeper:
 
     async def ensure(self) -> None:
         """Before a write: acquire or renew when due; raise :class:`~kvstatus.errors.LeaseLostError` if lost."""
-        core = self.core
-        if core.fresh():
-            return
-        async with self._lock:
-            if not core.lost and not core.fresh():
-                await self._call("renew" if core.acquired and not core.released else "acquire")
-        if core.lost:
-            raise core.lost_error()
+        if not self.core.fresh():
+            await self._hold(when_stale=True)
 
     async def refresh(self) -> None:
         """Acquire the lease, or renew it now; raise :class:`~kvstatus.errors.LeaseLostError` if it is lost."""
+        await self._hold(when_stale=False)
+
+    async def _hold(self, when_stale: bool) -> None:
         async with self._lock:
-            if not self.core.lost:
+            if not self.core.lost and not (when_stale and self.core.fresh()):
                 await self._call("renew" if self.core.held else "acquire")
         if self.core.lost:
             raise self.core.lost_error()
 
     async def reacquire(self) -> None:
-        """After the lease was lost: hold the name again as a new incarnation (its peers' watches then fail the
-        entries of the lost one in their older rooms). Nothing to do while the lease is held."""
+        """After the lease was lost or released: hold the name again as a new incarnation (nothing to do if held)."""
         async with self._lock:
             if self.core.lost or self.core.released:
                 await self._background.stop()
@@ -262,8 +242,7 @@ class AsyncLeaseKeeper:
         return await self._look_once(self.watch)
 
     async def _look(self, watch: PeerWatch, count: bool = False) -> None:
-        """:meth:`look` (``count``: a count of the presences, and a look only when it finds a death), in the
-        background: an error is logged once (and its end), then tried again."""
+        """:meth:`look` (or with ``count``, :meth:`_count`) in the background: an error is logged once, then retried."""
         try:
             if count:
                 await self._count(watch)
@@ -323,8 +302,7 @@ class AsyncLeaseKeeper:
                 raise
 
     async def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
-        """Carry out ``plan`` (:func:`kvstatus.leasestate.act` plans each step; this sends them); returns how many
-        entries were failed."""
+        """Send the steps of :func:`kvstatus.leasestate.act` for ``plan``; returns how many entries were failed."""
         steps = act(watch, plan)
         try:
             request = next(steps)
@@ -340,8 +318,7 @@ class AsyncLeaseKeeper:
             return failed
 
     async def close(self) -> None:
-        """Stop renewing and release the lease (best effort: an unreachable Redis lets it expire instead); the
-        release's mark tells the peers' watches at once, then the presence goes."""
+        """Stop renewing, release the lease (best effort: else it expires; the mark tells the peers), unsubscribe."""
         await self._background.stop()
         async with self._lock:
             if self.core.held:

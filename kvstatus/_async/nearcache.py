@@ -1,16 +1,15 @@
-"""The near cache's driver: serves reads from :class:`~kvstatus.cachestate.CacheState` and fills misses
-through the store's send path, on links that Redis tracks (docs/design.md, "How the near cache stays
-coherent"). It reports hits, misses, invalidations, errors and its size to the observer of the store that
-turned it on; stores made by ``for_participant`` share the cache, so its series carry that store's labels.
-"""
+"""The near cache's driver: serves reads from :class:`~kvstatus.cachestate.CacheState`, fills misses through the
+store's send path on links Redis tracks (docs/design.md, "How the near cache stays coherent"), and reports to the
+observer of the store that turned it on (its ``for_participant`` stores share it, under that store's labels)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Optional, Protocol, cast
 
 from redis import exceptions as rx
@@ -25,7 +24,6 @@ from kvstatus.cachestate import (
     Reader,
     register,
     status_for,
-    unique_rooms,
     view_at,
 )
 from kvstatus.concurrency import (
@@ -38,7 +36,7 @@ from kvstatus.concurrency import (
     async_start_reader,
 )
 from kvstatus.connection import SlotFingerprint, SlotMoved, Topology, slot_fingerprint
-from kvstatus.errors import KVStatusError, PermissionDeniedError
+from kvstatus.errors import InvalidArgumentError, KVStatusError, PermissionDeniedError
 from kvstatus.invalidation import (
     InvalidationSocket,
     LinkLost,
@@ -49,7 +47,7 @@ from kvstatus.invalidation import (
     sync_twin,
     tracking_command,
 )
-from kvstatus.keys import KeySchema, validate_room
+from kvstatus.keys import KeySchema, validate_room, validate_rooms
 from kvstatus.model import KVPoll, RoomView
 from kvstatus.replies import Reply, ReplyOrError
 from kvstatus.requests import Arg, Call, Request
@@ -64,8 +62,7 @@ MARKER_TTL_MS = 86_400_000
 
 
 class AsyncLinkConnection(Protocol):
-    """A link's data connection (a redis-py connection, kept out of its client's pool), for what the cache sends
-    on it: commands packed and pipelined, then their replies read one by one."""
+    """A link's data connection (a redis-py connection out of its client's pool): what the cache sends on it."""
 
     def pack_commands(self, commands: Iterable[Iterable[Arg]]) -> list[bytes]: ...
 
@@ -95,11 +92,17 @@ class AsyncNearCache(NearCacheBase):
         self.closed = False
         register(self)
         self.refused: Optional[str] = None
-        """Why the server refused to track this cache's reads (NOPERM on CLIENT TRACKING, ...); it then runs
-        uncached: every read goes to Redis through the store's send path, and nothing is kept."""
+        """Why the server refused to track this cache's reads (NOPERM ...): it then runs uncached, keeping nothing."""
         self._watched = False  # a wait watches here: each link's socket is read as soon as it is readable
 
     # ---- the hot path
+
+    async def _now(self) -> float:
+        """``time.monotonic()``, after the topology check if it is due."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            await self._check_topology(now)
+        return now
 
     def _ready(self, now: float) -> bool:
         """Under the lock: apply invalidations, expire, and say whether cached rooms may be served."""
@@ -118,9 +121,7 @@ class AsyncNearCache(NearCacheBase):
 
     async def status(self, room: int, reader: Reader, operation: str = "get") -> Optional[KVPoll]:
         """``reader``'s status in a validated ``room``, or None."""
-        now = time.monotonic()
-        if now >= self._next_check:
-            await self._check_topology(now)
+        now = await self._now()
         with self._lock:
             if self._ready(now):
                 status = self.state.flat(reader).get(room, MISS)
@@ -134,9 +135,7 @@ class AsyncNearCache(NearCacheBase):
 
     async def statuses(self, rooms: list[int], reader: Reader) -> dict[int, Optional[KVPoll]]:
         """``reader``'s status in each of the validated, distinct ``rooms``."""
-        now = time.monotonic()
-        if now >= self._next_check:
-            await self._check_topology(now)
+        now = await self._now()
         result: dict[int, Optional[KVPoll]] = {}
         misses = rooms
         with self._lock:
@@ -158,24 +157,8 @@ class AsyncNearCache(NearCacheBase):
             result[room] = status_for(entry, reader)
         return {room: result[room] for room in rooms}
 
-    async def view(self, room: int) -> RoomView:
-        """Every participant's entry in a validated ``room``, TTL counted down locally."""
-        now = time.monotonic()
-        if now >= self._next_check:
-            await self._check_topology(now)
-        with self._lock:
-            if self._ready(now):
-                entry = self.state.entries.get(room)
-                if entry is not None:
-                    self.state.referenced.add(room)
-                    if self.metrics is not None:
-                        self.metrics.on_cache_hit()
-                    return view_at(room, entry, now)
-        return view_at(room, (await self._fill([room], "room"))[room], time.monotonic())
-
     def status_map(self, reader: Reader) -> dict[int, Optional[KVPoll]]:
-        """``reader``'s room -> status map, for a caller that serves it while ``state.fresh`` says so (see
-        :class:`~kvstatus.cachestate.Freshness`) and reads through :meth:`status` else."""
+        """``reader``'s status map, to serve while ``state.fresh`` says so (:class:`~kvstatus.cachestate.Freshness`)."""
         with self._lock:
             return self.state.flat(reader)
 
@@ -192,9 +175,8 @@ class AsyncNearCache(NearCacheBase):
     # ---- wait_for's watch
 
     def watch(self, room: int, wake: Callable[[], None]) -> bool:
-        """Call ``wake()`` at each change Redis reports of the validated ``room`` (and whenever the cache empties)
-        until :meth:`unwatch`; the next read of the room through this cache arms it. False if this cache cannot
-        be told of changes (the server refused tracking, or it is closed)."""
+        """Call ``wake()`` at each change Redis reports of the validated ``room``, or flush, until :meth:`unwatch`
+        (the next read of the room through this cache arms it); False if the cache is refused or closed."""
         if not self.tracking:
             return False
         with self._lock:
@@ -232,20 +214,31 @@ class AsyncNearCache(NearCacheBase):
 
     async def get_many(self, rooms: Iterable[int], reader: Reader) -> dict[int, Optional[KVPoll]]:
         if type(rooms) is list or type(rooms) is tuple:  # the hot path: every room cached
-            now = time.monotonic()
-            if now >= self._next_check:
-                await self._check_topology(now)
+            now = await self._now()
             with self._lock:
                 found = self.state.hits(rooms, reader) if self._ready(now) else None
             if found is not None:
                 if self.metrics is not None:
                     self.metrics.on_cache_hit(len(rooms))
                 return found
-        unique = unique_rooms(rooms)
+        if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
+            raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
+        unique = list(dict.fromkeys(validate_rooms(rooms)))  # the store's checks, each room once
         return await self.statuses(unique, reader) if unique else {}
 
     async def room(self, room: int) -> RoomView:
-        return await self.view(validate_room(room))
+        """Every participant's entry in ``room``, TTL counted down locally."""
+        room = validate_room(room)
+        now = await self._now()
+        with self._lock:
+            if self._ready(now):
+                entry = self.state.entries.get(room)
+                if entry is not None:
+                    self.state.referenced.add(room)
+                    if self.metrics is not None:
+                        self.metrics.on_cache_hit()
+                    return view_at(room, entry, now)
+        return view_at(room, (await self._fill([room], "room"))[room], time.monotonic())
 
     # ---- misses, through the store's send path
 
@@ -271,17 +264,6 @@ class AsyncNearCache(NearCacheBase):
         # Uncached (refused, or closed): the same reads on the client's own connections, kept nowhere.
         replies = await self.sender.send(request, operation)
         return self.state.decode_fill(rooms, keys, replies, time.monotonic())
-
-    def _refuse(self, error: rx.RedisError) -> None:
-        """The server refused to set up tracking: say so once, and run uncached from now on."""
-        self.refused = str(error)
-        log.warning(
-            "kvstatus near cache (namespace %s): the server refused to track reads (%s); reads run "
-            "uncached. Grant +client|tracking +client|id (the ACL recipe with its near cache), or turn "
-            "the near cache off",
-            self.state.schema.namespace,
-            error,
-        )
 
     async def _open_link(self, name: str) -> None:
         """Under the I/O lock: connect the invalidation and the data connection of node ``name``."""
@@ -336,9 +318,8 @@ class AsyncNearCache(NearCacheBase):
         return marker if isinstance(marker, bytes) and not isinstance(replies[0], Exception) else None
 
     async def _check_topology(self, now: float) -> None:
-        """Every ``max_staleness`` seconds: has the cluster's slot map changed, is the Sentinel-managed server
-        no longer the master, or is another database under the cache (``SWAPDB``: the marker changed)? Then
-        empty the cache (a failure empties it too). One round trip."""
+        """Every ``max_staleness`` seconds, one round trip: empty the cache if the slot map changed, a Sentinel-managed
+        server is no longer the master, the database marker changed (``SWAPDB``), or the check failed."""
         self._next_check = now + self.state.options.max_staleness
         marker_key = self._marker_key if self._marker is not None else None
         if (self._probe is None and marker_key is None) or not self.links.links:
@@ -366,9 +347,7 @@ class AsyncNearCache(NearCacheBase):
 
     async def check(self) -> None:
         """Poll once: apply invalidations, check the topology if due (tests, benchmarks)."""
-        now = time.monotonic()
-        if now >= self._next_check:
-            await self._check_topology(now)
+        now = await self._now()
         with self._lock:
             self._ready(now)
 
@@ -382,10 +361,8 @@ class AsyncNearCache(NearCacheBase):
         self._reset_links(reason)
         self._fingerprint = None
         if self.topology.cluster:
-            try:
+            with contextlib.suppress(rx.RedisError):  # the next read reports it
                 await self.topology.client.nodes_manager.initialize()
-            except rx.RedisError:
-                pass  # the next read reports it
 
     async def close(self) -> None:
         self.shut()
@@ -397,9 +374,8 @@ class AsyncNearCache(NearCacheBase):
 
 
 class AsyncLinkTransport:
-    """The near cache's transport (:class:`~kvstatus._async.sender.AsyncTransport`) for one fill or check:
-    the commands go out pipelined on each node's tracked data connection. A broken link or a moved slot
-    empties the cache and answers a connection error, which the send path resends after its delays."""
+    """The near cache's transport (:class:`~kvstatus._async.sender.AsyncTransport`) for one fill or check, pipelined
+    per node; a broken link or a moved slot empties the cache and answers a connection error (resent)."""
 
     def __init__(self, cache: AsyncNearCache, probe: bool = False) -> None:
         self.cache = cache
@@ -445,12 +421,17 @@ class AsyncLinkTransport:
                             except rx.ResponseError as exc:
                                 replies[i] = exc
                 except BaseException:
-                    # Cancelled (or failed) between a send and its last reply: an unread reply would answer the
-                    # next fill, so the links go.
+                    # Cancelled or failed between a send and its last reply: an unread reply would answer the next fill.
                     cache._reset_links("a read was interrupted")
                     raise
                 finally:
                     cache.links.busy = False
+                moved = next(
+                    (r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))),
+                    None,
+                )
+                if moved is not None:
+                    raise SlotMoved(str(moved))
         except SlotMoved as exc:
             await cache._reset_topology(str(exc))
             return [rx.ConnectionError(f"the near cache's read met a moved slot: {exc}")] * len(calls)
@@ -465,16 +446,17 @@ class AsyncLinkTransport:
                 return [exc] * len(calls)
             return [rx.ConnectionError(f"the near cache's connection failed: {exc}")] * len(calls)
         except rx.NoPermissionError as exc:  # the ACL refuses tracking (CLIENT TRACKING, CLIENT ID, HELLO 3)
-            cache._refuse(exc)
+            cache.refused = str(exc)  # said once: the cache runs uncached from now on
+            log.warning(
+                "kvstatus near cache (namespace %s): the server refused to track reads (%s); reads run "
+                "uncached. Grant +client|tracking +client|id (the ACL recipe with its near cache), or turn "
+                "the near cache off",
+                cache.state.schema.namespace,
+                exc,
+            )
             return [exc] * len(calls)
         except rx.RedisError as exc:  # another refusal while opening a link
             return [exc] * len(calls)
-        moved = next(
-            (r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))), None
-        )
-        if moved is not None:
-            await cache._reset_topology(str(moved))
-            return [rx.ConnectionError(f"the near cache's read met a moved slot: {moved}")] * len(calls)
         return replies
 
     async def reset(self) -> None:

@@ -1,12 +1,8 @@
-"""The one send path: every command kvstatus sends goes through :class:`AsyncSender` (docs/design.md,
-"Layout"), which keeps the call's deadline (``ConnectionOptions.deadline`` seconds, plus ``CHUNK_SECONDS`` per
-further chunk of a batch; docs/guide.md, "Deadline"), tells the observer, resends after NOSCRIPT and failovers,
-and raises kvstatus errors (:mod:`kvstatus.translate`); which calls it resends is in :mod:`kvstatus.requests`.
-
-Read-only scripts go out as ``EVALSHA_RO``, except from cluster clients (why: docs/operations.md, "Polls during a
-manual failover"). A call goes out on a *transport*: the client's own (one non-transactional pipeline for several
-calls) unless the caller passes another, such as a near-cache link.
-"""
+"""The one send path (docs/design.md, "Layout"): :class:`AsyncSender` keeps each call's deadline (docs/guide.md,
+"Deadline"), tells the observer, resends after NOSCRIPT and failovers (which calls: :mod:`kvstatus.requests`) and
+raises kvstatus errors. Read-only scripts go out as ``EVALSHA_RO``, except from cluster clients (docs/operations.md,
+"Polls during a manual failover"). A call goes out on a *transport*: the client's own (one non-transactional
+pipeline for several calls) unless the caller passes another, such as a near-cache link."""
 
 from __future__ import annotations
 
@@ -36,14 +32,13 @@ T = TypeVar("T")
 
 
 class AsyncTransport(Protocol):
-    """Where a call's commands go. ``resend_delays``: seconds before each resend of a whole call that met
-    an unavailable backend; :meth:`reset` runs before each such resend."""
+    """Where a call's commands go. ``resend_delays``: seconds before each resend of a whole call that met an
+    unavailable backend; :meth:`reset` runs before each such resend."""
 
     resend_delays: tuple[float, ...]
 
     async def io(self, calls: list[Call]) -> list[ReplyOrError]:
         """The replies of ``calls`` in one round trip, redis-py errors in place (never raised)."""
-        ...
 
     async def reset(self) -> None: ...
 
@@ -133,7 +128,7 @@ class AsyncSender:
         return request.decode(await self._replies(calls, None, self, request.strict) if calls else [])
 
     async def _replies(
-        self, calls: list[Call], first: Optional[list[ReplyOrError]], via: AsyncTransport, strict: Optional[int] = None
+        self, calls: list[Call], first: Optional[list[ReplyOrError]], via: AsyncTransport, strict: Optional[int]
     ) -> list[ReplyOrError]:
         """The replies of ``calls``; the errors of the first ``strict`` (None: all) raise, the others stay in place."""
         attempt = 0
@@ -152,11 +147,7 @@ class AsyncSender:
         return await self._round_trip(calls, first, via, strict)
 
     async def _round_trip(
-        self,
-        calls: list[Call],
-        replies: Optional[list[ReplyOrError]],
-        via: AsyncTransport,
-        strict: Optional[int] = None,
+        self, calls: list[Call], replies: Optional[list[ReplyOrError]], via: AsyncTransport, strict: Optional[int]
     ) -> list[ReplyOrError]:
         replies = await via.io(calls) if replies is None else replies
         indices, calls = evalsha_fallback(calls, replies)
@@ -183,10 +174,9 @@ class AsyncSender:
         try:
             if len(calls) == 1:
                 return [await self.client.execute_command(*calls[0].args, **self._routed(calls[0]))]
-            route = self.cluster
             async with self.client.pipeline(transaction=False) as pipe:
                 for call in calls:
-                    if route and call.script is not None:
+                    if self.cluster and call.script is not None:
                         pipe.execute_command(*call.args, **async_pipeline_route(self.client, call.args[3]))
                     else:
                         pipe.execute_command(*call.args, **self._routed(call))

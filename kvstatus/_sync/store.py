@@ -44,12 +44,11 @@ T = TypeVar("T")
 class StatusStore(StoreBase):
     """Room statuses of one namespace, shared by every process that uses the same Redis.
 
-    ``StatusStore(client, namespace=...)`` wraps an existing redis-py client (``Redis`` or
-    ``RedisCluster``); :meth:`from_url` builds one. ``ttl`` is in seconds: every write leaves the room key
-    at least that TTL, never shortening a longer one another writer left (one TTL per room key). Every
-    method is one round trip (a read of an unchanged room none with ``near_cache`` on, see
-    :mod:`kvstatus.cachestate`), and returns or raises within the connection's ``deadline`` (seconds);
-    safe to share between the tasks (threads, for the sync store) of one process.
+    ``StatusStore(client, namespace=...)`` wraps an existing redis-py client (``Redis`` or ``RedisCluster``);
+    :meth:`from_url` builds one. ``ttl`` is in seconds: every write leaves the room key at least that TTL, never
+    shortening a longer one another writer left (one TTL per room key). Every method is one round trip (a read of an
+    unchanged room none with ``near_cache`` on, see :mod:`kvstatus.cachestate`), and returns or raises within the
+    connection's ``deadline`` (seconds); safe to share between the tasks (threads, for the sync store) of one process.
     """
 
     _connect = staticmethod(connect)
@@ -71,8 +70,7 @@ class StatusStore(StoreBase):
         result = self._write(lambda: self._core.update_status(room, status), "update_status", (room,))
         if result.outcome is Outcome.REFUSED_SUPERSEDED:
             self._refused({room: result})
-        if self._watch is not None:
-            self._watch.wrote(room, result.status)
+        self._opened({room: result})
         return result
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
@@ -145,8 +143,7 @@ class StatusStore(StoreBase):
     def cancel_many(
         self, rooms: Iterable[int], reason: str, *, origin: Optional[str] = None
     ) -> dict[int, CancelResult]:
-        """:meth:`cancel` of many rooms in one round trip (per node; atomic per chunk of rooms, as
-        :meth:`update_many`)."""
+        """:meth:`cancel` of many rooms in one round trip (per node; atomic per chunk, as :meth:`update_many`)."""
         if isinstance(rooms, Iterator):
             rooms = list(rooms)  # read twice: by the request, and by the near cache's drop afterwards
         request = self._core.cancel(rooms, reason, self.participant if origin is None else origin)
@@ -177,8 +174,8 @@ class StatusStore(StoreBase):
         return wait_for(cache, room, statuses, timeout, read, self.options.deadline)
 
     def _waits_cache(self) -> Optional[NearCache]:
-        """The near cache the waits of a store without its own watch on: one per backend, namespace and process,
-        made by the first wait and closed with the backend; None where Redis cannot track reads (fakeredis)."""
+        """The near cache the waits of a store without its own watch on (one per backend, namespace and process), or
+        None where Redis cannot track reads (fakeredis)."""
         if not can_track(self.client):
             return None
         schema = self._core.schema
@@ -230,8 +227,7 @@ class StatusStore(StoreBase):
         if self._keeper is None or self._watch is None:
             raise InvalidArgumentError("this store has no lease: build it with lease_ttl=SECONDS")
         request = self._keeper.core.holder_request(self._watch.channel, self._watch.numsub)
-        holder: Optional[str] = self._sender.send(request, "lease")
-        return holder
+        return self._sender.send(request, "lease")
 
     def close(self) -> None:
         """Release the lease (if any), close the near cache's and the waits' connections, then the client."""
@@ -249,10 +245,9 @@ class StatusStore(StoreBase):
         self.close()
 
     def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Iterable[int]) -> T:
-        """Send the write ``build()`` makes: renew the lease first if it may have lapsed (LeaseLostError once it is
-        lost; built once before that, so bad arguments raise before Redis is touched, and again after it, stamped
-        with the incarnation), and drop ``rooms`` from the near cache afterwards, whatever happened
-        (read-your-writes). A write refused as superseded loses the lease for good (SupersededError)."""
+        """Send the write ``build()`` makes, renewing first a lease that may have lapsed (LeaseLostError once lost;
+        built before that too, so bad arguments raise first); drop ``rooms`` from the near cache afterwards, whatever
+        happened. A write refused as superseded loses the lease for good (SupersededError)."""
         keeper = self._keeper
         if keeper is not None and not keeper.core.fresh():
             build()
@@ -280,12 +275,10 @@ def wait_for(
     recheck: float = RECHECK_SECONDS,
     poll_interval: float = POLL_INTERVAL_SECONDS,
 ) -> Optional[KVPoll]:
-    """``wait_for``'s driver: performs the actions of :func:`kvstatus.storebase.wait_plan`, the watch on ``cache`` and
-    each read within :func:`kvstatus.storebase.step_deadline` (docs/guide.md, "Waiting for a status: `wait_for`").
-
-    Wait until the entry ``read()`` reads in the validated ``room`` is one of ``statuses``; return it, or None
-    after ``timeout`` seconds (None: no limit). ``read()`` reads the entry through ``cache`` (None: no cache can
-    watch, so the wait polls every ``poll_interval`` seconds); ``deadline`` (seconds) bounds each read."""
+    """``wait_for``'s driver: performs :func:`kvstatus.storebase.wait_plan`'s actions, watching the validated ``room``
+    on ``cache`` (None: poll every ``poll_interval`` seconds) and bounding each ``read()`` by ``deadline`` seconds
+    (:func:`kvstatus.storebase.step_deadline`). Returns the status reached, or None after ``timeout`` seconds (None:
+    no limit)."""
     plan = wait_plan(target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     signal = Signal()
@@ -299,6 +292,7 @@ def wait_for(
                 action = plan.send(reply)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
+            reply = None
             if action[0] == CLOCK:
                 reply = time.monotonic()
             elif action[0] == WATCH:
@@ -314,10 +308,8 @@ def wait_for(
                     DEADLINE.reset(step)
             elif action[0] == RECEIVE:
                 signal.wait(action[1])
-                reply = None
             else:
                 sleep(action[1])
-                reply = None
     finally:
         plan.close()
         if watching and cache is not None:
@@ -325,8 +317,8 @@ def wait_for(
 
 
 def _read_through_restart(read: Callable[[], Optional[KVPoll]], pause: float) -> Optional[KVPoll]:
-    """``read()``, asked again every ``pause`` seconds while the server refuses the connection (a restart: a call
-    alone raises at once) until the step's deadline; then the refusal is raised."""
+    """``read()``, asked again every ``pause`` seconds while the server refuses the connection (a restart) until the
+    step's deadline; then the refusal is raised."""
     while True:
         try:
             return read()

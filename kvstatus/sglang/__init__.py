@@ -1,9 +1,8 @@
 """SGLang integration: a KV manager's ``request_status`` on kvstatus (sglang is imported only by the plugin hook).
 
-- :class:`RoomStatusMap`: the mapping assigned to ``kv_manager.request_status``.
-- :func:`install` / :func:`uninstall`: put one KV manager onto a store, or back.
-- :mod:`kvstatus.sglang.plugin`: the process-wide switch, an sglang plugin enabled by ``KVSTATUS_SGLANG_URL``.
-- :class:`SettingError`: a setting that stops the start (install()'s checks), naming the setting or variable.
+:class:`RoomStatusMap` is the mapping assigned to ``request_status``; :func:`install` / :func:`uninstall` put one
+KV manager onto a store, or back; :mod:`kvstatus.sglang.plugin` is the process-wide switch, an sglang plugin enabled
+by ``KVSTATUS_SGLANG_URL``; :class:`SettingError` is a setting that stops the start, naming it.
 """
 
 from kvstatus.sglang.manager import (

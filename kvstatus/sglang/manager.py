@@ -1,8 +1,5 @@
-"""install(): put one SGLang KV manager (``CommonKVManager`` or a subclass) onto a kvstatus store.
-
-Works on any object with the attribute names of sglang 0.5.23's ``CommonKVManager``; sglang itself is never
-imported here. What it relies on and why: docs/sglang.md ("How the plugin works inside").
-"""
+"""install(): put one SGLang KV manager (any object with the attributes of sglang 0.5.23's ``CommonKVManager``)
+onto a kvstatus store; sglang is never imported here. docs/sglang.md ("How the plugin works inside")."""
 
 from __future__ import annotations
 
@@ -39,18 +36,13 @@ MAX_NOTED_ROOMS = 1024
 
 
 def _rank(kv_manager: Any, name: str) -> int:
-    value = getattr(kv_manager, name, 0)
-    return int(value or 0)
+    return int(getattr(kv_manager, name, 0) or 0)
 
 
 def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
-    """The participant name of a KV manager: ``<mode>-<instance>[-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>``.
-
-    ``t`` is ``kv_args.engine_rank``, ``p`` the ``pp_rank``; the ``dp``/``adp``/``cp`` parts (``system_dp_rank``,
-    ``attn_dp_rank``, ``attn_cp_rank``) appear only when their size is above 1. ``instance`` None: the server's
-    address (:func:`~kvstatus.sglang.startup.server_tag`), or no part for a manager that carries none. Why:
-    docs/sglang.md ("How servers are named").
-    """
+    """The participant name of a KV manager: ``<mode>-<instance>[-dp<d>][-adp<a>][-cp<c>]-tp<t>-pp<p>`` (``t``:
+    ``kv_args.engine_rank``; dp/adp/cp when their size is above 1). ``instance`` None: the server's address
+    (:func:`~kvstatus.sglang.startup.server_tag`), if any. docs/sglang.md ("How servers are named")."""
     mode = getattr(kv_manager, "disaggregation_mode", None)
     mode = str(getattr(mode, "value", mode) or "kv")
     kv_args = getattr(kv_manager, "kv_args", None)
@@ -73,11 +65,8 @@ def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
 
 
 def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
-    """The participant of every PP rank of this manager's pipeline, rank 0 first; None without PP consensus.
-
-    Only a prefill manager with ``pp_size > 1`` gets them: the managers SGLang
-    gives a ``PPConsensusStore``. Rank names differ only in their ``-pp<rank>`` suffix.
-    """
+    """The participant of every PP rank of this manager's pipeline, rank 0 first (names differ only in their
+    ``-pp<rank>`` suffix); None but for a prefill with ``pp_size > 1``, which SGLang gives a ``PPConsensusStore``."""
     pp_size, pp_rank = _rank(kv_manager, "pp_size") or 1, _rank(kv_manager, "pp_rank")
     if pp_size <= 1 or mode_of(kv_manager) != "prefill":
         return None
@@ -92,14 +81,11 @@ def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
 
 
 DEFAULT_LEASE_TTL = 10.0
-"""Seconds. SGLang's own heartbeat declares a peer dead after 2 misses of 5 s, the same 10 s. A lease is
-renewed every TTL/3 s by a background thread, so a manager survives a stall of up to 2/3 of it; a longer
-one loses the lease, its rooms in flight fail, and the manager holds its name again
-(:mod:`kvstatus.sglang.mapping`). docs/guide.md ("Choosing lease_ttl") weighs pauses and failovers."""
+"""Seconds, as SGLang's own heartbeat (2 misses of 5 s). Renewed every TTL/3, a lease survives a stall of up to 2/3
+of it. docs/guide.md ("Choosing lease_ttl")."""
 URL_DEFAULTS: dict[str, object] = {"lease_ttl": DEFAULT_LEASE_TTL, "timeline": True}
-"""What :func:`install` gives the store it opens from a URL where the store's own defaults differ: a lease (so a
-dead manager fails its rooms for every peer) and timelines (so ``kvstatus get``, ``ls --stuck`` and ``health``
-can say where a room waited). ``lease_ttl=None`` or ``timeline=False`` turn them off."""
+"""What :func:`install` gives a store it opens from a URL over the store's own defaults: a lease (a dead manager
+fails its rooms for every peer) and timelines; ``lease_ttl=None`` or ``timeline=False`` turn them off."""
 
 
 def open_store(
@@ -123,17 +109,9 @@ def open_store(
     )
 
 
-def _defined_by(kv_manager: Any, name: str) -> Optional[type]:
-    for cls in type(kv_manager).__mro__:
-        if name in cls.__dict__:
-            return cls
-    return None
-
-
 def failure_text(record: FailureRecord) -> str:
-    """What ``failure_exception`` reports for a room whose first failure is ``record``: who, at which stage, why
-    and when (UTC, milliseconds), e.g. "cancelled by router-1: client went away (the room's first failure, at
-    2025-06-01T10:00:00.123Z, kvstatus)"."""
+    """What ``failure_exception`` reports for a room whose first failure is ``record`` (when: UTC, milliseconds),
+    e.g. "cancelled by router-1: client went away (the room's first failure, at 2025-06-01T10:00:00.123Z, kvstatus)"."""
     when = datetime.fromtimestamp(record.at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return f"{record.describe()} (the room's first failure, at {when}, kvstatus)"
 
@@ -147,13 +125,9 @@ def unread_text(error: Exception) -> str:
 
 
 class FailureNotes:
-    """Puts a room's first failure in a manager's ``failure_records`` when its statuses answer Failed, so
-    ``failure_exception()`` names it instead of "Failed due to an unknown reason from another rank".
-
-    One per manager; thread-safe under its ``failure_lock``. Never overwrites a reason the manager recorded
-    (first root cause wins). One round trip at most per room lifecycle, on the failure path; bounded to
-    :data:`MAX_NOTED_ROOMS` rooms. docs/sglang.md ("First failures").
-    """
+    """Puts a room's first failure in a manager's ``failure_records`` when its statuses answer Failed, never over a
+    reason the manager recorded. One per manager, thread-safe under its ``failure_lock``; one round trip at most per
+    room lifecycle; :data:`MAX_NOTED_ROOMS` rooms at most. docs/sglang.md ("First failures")."""
 
     def __init__(self, records: dict[Any, Any], lock: Any, store: Any, limit: int = MAX_NOTED_ROOMS) -> None:
         self.records, self.lock, self.store, self.limit = records, lock, store, limit
@@ -169,8 +143,7 @@ class FailureNotes:
         return cls(records, lock, store) if isinstance(records, dict) and lock is not None else None
 
     def failed(self, room: int, fallback: Optional[str] = None) -> None:
-        """``room`` read Failed: record its first failure unless a reason is recorded (``fallback`` when the
-        room has no record, e.g. the PP consensus' "participant P lost its lease")."""
+        """``room`` read Failed: record its first failure unless a reason is recorded (``fallback``: it has none)."""
         if not storable(room) or not self._claim(room):
             return  # an id the store cannot hold had its reason recorded when its request opened
         text: Optional[str] = self.down()
@@ -187,8 +160,7 @@ class FailureNotes:
             self._put(room, text)
 
     def read_failed(self, room: int, reason: Optional[str]) -> None:
-        """RoomStatusMap's ``on_failed``: ``reason`` when the store failed the read (kept as the cause, no look-up),
-        None when the room reads Failed (its first failure is looked up: :meth:`failed`)."""
+        """RoomStatusMap's ``on_failed``: ``reason`` (the store failed the read) is the cause; None: :meth:`failed`."""
         if reason is None:
             self.failed(room)
         elif storable(room) and self._claim(room):
@@ -229,6 +201,16 @@ class FailureNotes:
         if text is not None and self.records.get(room) is text:
             del self.records[room]  # a record failure_exception never took (called under the lock)
 
+    def invalid_room(self, room: Any, status: KVPoll | int) -> None:
+        """A write of a room id the store cannot hold: its reason becomes the request's, on an opening status or over
+        a recorded reason only (a hostile peer's bad ids cannot grow ``failure_records``); none for an unhashable id."""
+        try:
+            with self.lock:
+                if status in OPENING or room in self.records:
+                    self.records[room] = invalid_room_reason(room)
+        except TypeError:
+            pass
+
 
 def _status_methods(
     kv_manager: Any, status_map: RoomStatusMap, notes: Optional[FailureNotes]
@@ -255,14 +237,13 @@ def _status_methods(
             # Upstream notifies a deferred bootstrap on every Failed that finds an entry, even one already Failed.
             if self.deferred_bootstrap is not None:
                 self._notify_bootstrap(bootstrap_room, self.deferred_bootstrap.fail(bootstrap_room))
-        elif result is INVALID_ROOM_RESULT:
-            _record_invalid_room(self, bootstrap_room, status)
+        elif result is INVALID_ROOM_RESULT and notes is not None:
+            notes.invalid_room(bootstrap_room, status)
         return result
 
     def check_status_pp_consensus(bootstrap_room: int) -> KVPoll:
-        # A rank that died does not stall the room: with leases (the plugin's default) the other ranks' peer
-        # watches fail its open entries (kvstatus.peerwatch), so the minimum below reads Failed, and the room's
-        # first failure names the dead rank. Without leases this is upstream's consensus.
+        # A dead rank does not stall the room: with leases, the other ranks' peer watches fail its open entries
+        # (kvstatus.peerwatch), so the minimum reads Failed. Without leases this is upstream's consensus.
         statuses = status_map.collect(bootstrap_room)
         if any(status is None for status in statuses):
             return KVPoll.Bootstrapping
@@ -273,14 +254,13 @@ def _status_methods(
 
     def record_failure(bootstrap_room: int, failure_reason: str) -> None:
         shown = failure_reason
-        if notes is not None and failure_reason in _placeholders(self):
-            # Upstream's words for "the prefill said Failed and gave no reason": the room's first failure, when it
-            # has one (a cancel, a peer's failure), is the cause the client should see. One round trip, here only.
+        own = getattr(self, "DEFAULT_PREFILL_FAILURE_REASON", None)
+        if notes is not None and (failure_reason in PLACEHOLDER_REASONS or failure_reason == own):
+            # Upstream's "the prefill said Failed, no reason": the room's first failure, if any, is the cause.
             shown = notes.first_failure(bootstrap_room) or failure_reason
         with self.failure_lock:
             self.failure_records[bootstrap_room] = shown
-        # The room's other participants report it too (the room's first failure names it): one round trip,
-        # on the failure path; best effort, never an error into the engine for a reason that could not be kept.
+        # Stored for the room's other participants too: best effort, never an error into the engine.
         try:
             status_map.record_failure(bootstrap_room, failure_reason)
         except KVStatusError as exc:
@@ -297,31 +277,7 @@ def _status_methods(
 
 
 PLACEHOLDER_REASONS: tuple[str, ...] = ("Failed to get kvcache from prefill instance, it might be dead",)
-"""Reasons upstream records when it knows none (``CommonKVManager.DEFAULT_PREFILL_FAILURE_REASON``: a decode told
-by the prefill's status message that a room failed, without a reason frame)."""
-
-
-def _placeholders(kv_manager: Any) -> tuple[str, ...]:
-    own = getattr(kv_manager, "DEFAULT_PREFILL_FAILURE_REASON", None)
-    return PLACEHOLDER_REASONS + ((own,) if isinstance(own, str) else ())
-
-
-def _record_invalid_room(kv_manager: Any, room: Any, status: KVPoll | int) -> None:
-    """Make the reason of a request whose room id cannot be stored the one its ``failure_exception`` reports.
-
-    On an opening status (one per request), and over a reason already recorded for the id (upstream's
-    "Duplicate decode bootstrap room" is a symptom of it); never a new record otherwise, so a hostile
-    peer's stream of bad ids cannot grow ``failure_records``. An unhashable id gets no record.
-    """
-    records, lock = getattr(kv_manager, "failure_records", None), getattr(kv_manager, "failure_lock", None)
-    if not isinstance(records, dict) or lock is None:
-        return
-    try:
-        with lock:
-            if status in OPENING or room in records:
-                records[room] = invalid_room_reason(room)
-    except TypeError:
-        pass
+"""Reasons upstream records when it knows none (``CommonKVManager.DEFAULT_PREFILL_FAILURE_REASON``)."""
 
 
 def install(
@@ -338,24 +294,17 @@ def install(
 ) -> RoomStatusMap:
     """Put ``kv_manager``'s room statuses into kvstatus; returns the :class:`RoomStatusMap` now in ``request_status``.
 
-    ``store_or_url``: a :class:`~kvstatus.StatusStore` (its policy must be ``policy``; it is re-bound to this
-    manager's participant, keeping its near cache and metrics) or a URL (``namespace`` required; ``near_cache``
-    and ``store_options`` go to :func:`open_store` over :data:`URL_DEFAULTS`, and a prefill's lease carries its
-    :func:`~kvstatus.sglang.startup.bootstrap_address`). ``participant`` overrides :func:`participant_name`.
+    ``store_or_url``: a :class:`~kvstatus.StatusStore` whose policy is ``policy`` (re-bound to this manager's
+    participant), or a URL (``namespace`` required; ``near_cache`` and ``store_options`` go to :func:`open_store`
+    over :data:`URL_DEFAULTS`). ``participant`` overrides :func:`participant_name`. The status methods and
+    ``record_failure`` become instance methods of one store call each, keeping upstream's side effects (a subclass's
+    override is left alone); ``update_status`` returns the :class:`~kvstatus.UpdateResult`. docs/sglang.md.
 
-    ``update_status``, ``check_status``, ``check_status_pp_consensus`` and ``record_failure`` become instance
-    methods that make one store call each and keep upstream's local side effects, keyed on the outcome;
-    ``update_status`` returns the :class:`~kvstatus.UpdateResult` (upstream: None). A method a subclass overrides
-    (nixl's ``check_status``) is left alone. A ``bootstrap_room`` the store cannot hold fails its own request and
-    never raises into the engine; its reason goes to ``failure_records``, as does the first failure of a room a
-    read answers Failed for (:class:`FailureNotes`). What this changes for the engine: docs/sglang.md.
-
-    Raises :class:`~kvstatus.errors.InvalidArgumentError` for a manager already installed, one without what
-    install() relies on (:func:`~kvstatus.sglang.startup.check_manager`), one whose dict already holds rooms
-    (install before it serves), and URL options given with a store. With ``check`` (the default) it makes the
-    calls the manager will make, once (:func:`~kvstatus.sglang.startup.check_store`), and raises
-    :class:`~kvstatus.sglang.startup.SettingError` naming the setting at fault. Logs one INFO line on
-    ``kvstatus.sglang``. :func:`uninstall` undoes it.
+    Raises :class:`~kvstatus.errors.InvalidArgumentError` for a manager already installed, lacking what install()
+    relies on (:func:`~kvstatus.sglang.startup.check_manager`) or whose dict holds rooms, and for URL options with
+    a store; with ``check``, :class:`~kvstatus.sglang.startup.SettingError` naming the setting at fault
+    (:func:`~kvstatus.sglang.startup.check_store`). Logs one INFO line on ``kvstatus.sglang``; :func:`uninstall`
+    undoes it.
     """
     if is_installed(kv_manager):
         raise InvalidArgumentError("this KV manager is already on kvstatus")
@@ -404,12 +353,12 @@ def install(
         try:
             check_store(store)
         except Exception:
-            if store is not store_or_url and isinstance(store_or_url, str):
+            if isinstance(store_or_url, str):
                 store.close()  # the store install() opened: its connections and threads go with it
             raise
     replaced = []
     for method_name, function in _status_methods(kv_manager, status_map, notes).items():
-        owner = _defined_by(kv_manager, method_name)
+        owner = next((cls for cls in type(kv_manager).__mro__ if method_name in cls.__dict__), None)
         if owner is None or owner.__name__ == UPSTREAM_CLASS:
             setattr(kv_manager, method_name, function)
             replaced.append(method_name)
@@ -424,9 +373,8 @@ def install(
 
 
 def _closing_teardown(teardown: Callable[[], Any], status_map: RoomStatusMap) -> Callable[[], Any]:
-    """The manager's ``teardown`` (sglang's runtime role switch discards the manager), then the map's close: the
-    lease is released and the presence goes, so the peers fail nothing of a manager that left in order, and the
-    server's next manager (the other role) starts under its own name. A teardown that fails closes nothing."""
+    """The manager's ``teardown``, then the map's close (the lease is released: the peers fail nothing of a manager
+    that left in order); a teardown that raises closes nothing."""
 
     def closing() -> Any:
         result = teardown()

@@ -1,12 +1,8 @@
-"""RoomStatusMap: SGLang's ``request_status`` dict as a view of one participant's entries in a kvstatus store.
-
-This module does not import sglang: the mapping only needs a
-:class:`~kvstatus.StatusStore`.
-"""
+"""RoomStatusMap: SGLang's ``request_status`` dict as a view of one participant's entries in a kvstatus store (it
+needs only a :class:`~kvstatus.StatusStore`, never sglang)."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar
@@ -25,12 +21,11 @@ from kvstatus.sglang.outage import (
     Outage,
     Removals,
     invalid_room_reason,
+    log,
     probe_of,
     storable,
 )
 from kvstatus.sglang.outage import Unanswered as _Unanswered
-
-log = logging.getLogger("kvstatus.sglang")
 
 _MISSING = object()
 _monotonic = time.monotonic  # bound once: the dict-speed path calls it on every poll
@@ -41,26 +36,19 @@ _LEN_ITER_MESSAGE = (
 
 T = TypeVar("T")
 OnFailed = Callable[[int, Optional[str]], None]
-"""``on_failed(room, reason)``: a read answered Failed; ``reason`` is known when the store failed the call, None
-when the room itself reads Failed (its first failure is then looked up)."""
+"""``on_failed(room, reason)``: a read answered Failed; ``reason`` when the store failed the call, None when the room
+itself reads Failed."""
 
 
 class RoomStatusMap:
     """``kv_manager.request_status`` backed by ``store``: room -> this participant's status (a :class:`KVPoll`).
 
-    Each operation is one store call on the store's participant, so one round trip (``pop`` included: the
-    removal answers what it removed), and none for a read the store's near cache answers (install()'s default):
-    ``room in m``; ``m[room]`` (``KeyError(room)`` without an entry); ``m.get(room, default=None)``;
-    ``m[room] = status``, which **applies the update rule** (``store.update_status`` under the store's policy;
-    :meth:`update_status` returns the outcome); ``del m[room]``; ``m.pop(room, default)``; ``m.collect(room)``
-    (each PP rank's status, with ``pp_participants``); ``m.consensus(room)`` (``store.room_status`` over the ranks).
-    ``len(m)`` and ``iter(m)`` raise ``TypeError``: counting a shared namespace would SCAN Redis.
-
-    What the map answers instead of raising into the engine (a removal racing ``m[room]``, room ids it cannot
-    store, a failed Redis call, an open room whose entry Redis lost) is :mod:`kvstatus.sglang.outage`'s, and
-    every read judges shared fate as ``store.get`` does; ``on_failed(room)`` is told of each read that answers
-    Failed. The lock-free read of the near cache's status maps is :class:`~kvstatus.cachestate.Freshness`. The
-    user's view of all of it: docs/sglang.md ("What changes, and what does not", "In code").
+    Each operation is one store call, so one round trip (``pop`` included), and none for a read the near cache
+    answers. ``m[room] = status`` **applies the update rule** (:meth:`update_status` returns the outcome);
+    ``m[room]`` raises ``KeyError(room)`` without an entry; ``len(m)`` and ``iter(m)`` raise ``TypeError`` (counting
+    a shared namespace would SCAN Redis). What it answers instead of raising into the engine is
+    :mod:`kvstatus.sglang.outage`'s; reads judge shared fate as ``store.get`` does, and ``on_failed`` is told of
+    each read that answers Failed. docs/sglang.md ("What changes, and what does not", "In code").
     """
 
     def __init__(
@@ -106,8 +94,7 @@ class RoomStatusMap:
 
     def _call(self, call: Callable[[], T], reopen: bool = False) -> T:
         """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on. ``reopen``: a write
-        of an opening status, sent once more as the new incarnation's when the lease was lost and the name is held
-        again (a room of the lost one that its peers' watches failed meanwhile stays Failed, by the rule)."""
+        of an opening status, sent once more when the lost lease's name is held again (the rule keeps Failed)."""
         reason = self.outage.reason()
         if reason is not None:
             raise _Unanswered(reason)
@@ -134,26 +121,21 @@ class RoomStatusMap:
         return result
 
     def _fresh_again(self) -> None:
-        """Redis answers: the dict-speed path is on again (it skips the rooms failed here, :mod:`kvstatus.sglang.outage`)."""
+        """Redis answers: the dict-speed path is on again (it skips the rooms failed here)."""
         self._fresh = self._door
-
-    def _fail_here(self, room: object, reason: str) -> None:
-        """The map answers Failed for ``room`` because Redis failed a call: it stays Failed until removed."""
-        self._failed_here.add(room, reason)
 
     def _vanished(self, room: object, started: float) -> bool:
         """A read sent at ``started`` found no entry of this participant in ``room``: True when the room was open
         here, so Redis lost it (:class:`~kvstatus.sglang.outage.OpenRooms`), and the room now fails with that cause."""
-        reason = self._open.vanished(room, started) if type(room) is int else None
-        if reason is None:
+        if type(room) is not int or (reason := self._open.vanished(room, started)) is None:
             return False
-        self._failed(room, reason)  # type: ignore[arg-type]
+        self._failed(room, reason)
         return True
 
     def _failed(self, room: int, reason: Optional[str] = None) -> None:
-        """``room`` reads Failed: ``reason`` when Redis failed the call (kept: :meth:`_fail_here`), else None."""
+        """``room`` reads Failed: ``reason`` when Redis failed the call (kept until removed), else None."""
         if reason is not None:
-            self._fail_here(room, reason)
+            self._failed_here.add(room, reason)
         if self.on_failed is not None:
             self.on_failed(room, reason)
 
@@ -188,10 +170,8 @@ class RoomStatusMap:
                 return KVPoll.Failed
         return status
 
-    # The dict-speed path, at the top of the four poll methods: a room the near cache holds, looked up in its
-    # status map with no lock, no I/O and no further call while the cache's state says the map is fresh (during
-    # an outage ``_fresh`` is never fresh). Anything else (not cached, Failed, not an int, stale) takes the
-    # method's full path.
+    # The dict-speed path, atop the four poll methods: the near cache's status map, read with no lock, I/O or call
+    # while fresh (never during an outage); anything else (not cached, Failed, not an int, stale) takes the full path.
 
     def __contains__(self, room: object) -> bool:
         if type(room) is int and _monotonic() < self._fresh.until:
@@ -208,9 +188,9 @@ class RoomStatusMap:
         try:
             status: Optional[KVPoll] = self._call(lambda: self.store.get(room))
         except InvalidRoomError:
-            return True  # a room that failed from the start (see the class docstring)
+            return True  # an id the store cannot hold: a room that failed from the start
         except _Unanswered as unanswered:
-            self._fail_here(room, unanswered.reason)
+            self._failed_here.add(room, unanswered.reason)
             return True  # the read that follows answers Failed, with the reason
         if status is None and self._open_rooms and self._vanished(room, started):
             return True
@@ -286,7 +266,7 @@ class RoomStatusMap:
         except InvalidRoomError:
             return RoomConsensus(KVPoll.Failed, reason=invalid_room_reason(room))
         except _Unanswered as unanswered:
-            self._fail_here(room, unanswered.reason)
+            self._failed_here.add(room, unanswered.reason)
             return RoomConsensus(KVPoll.Failed, reason=unanswered.reason)
         kept = self._failed_here.reason(room) if self.participant in ranks else None
         return consensus if kept is None else RoomConsensus(KVPoll.Failed, reason=kept)
@@ -313,7 +293,7 @@ class RoomStatusMap:
                 per_rank = self._call(lambda: [store.get_many(valid) for store in stores]) if valid else []
         except _Unanswered as unanswered:
             for room in rooms:
-                self._fail_here(room, unanswered.reason)
+                self._failed_here.add(room, unanswered.reason)
             return {room: [KVPoll.Failed] * ranks for room in dict.fromkeys(rooms)}
         collected: dict[int, list[Optional[KVPoll]]] = {
             room: [statuses[room] for statuses in per_rank] if storable(room) else [KVPoll.Failed] * ranks
@@ -357,9 +337,8 @@ class RoomStatusMap:
         return LOST_RESULT
 
     def record_failure(self, room: int, reason: str) -> bool:
-        """Keep ``reason`` with the participant's Failed entry (``store.record_failure``: first reason wins, needs
-        an entry; it becomes the reason of the room's first failure, which other participants read). False when
-        nothing was stored, or for a room id the store cannot hold."""
+        """``store.record_failure``: keep ``reason`` with the Failed entry (first reason wins); False when nothing was
+        stored, or for a room id the store cannot hold."""
         try:
             return bool(self._call(lambda: self.store.record_failure(room, reason)))
         except (InvalidRoomError, _Unanswered):
@@ -369,9 +348,8 @@ class RoomStatusMap:
         self.update_status(room, status)
 
     def _remove(self, room: int) -> Optional[KVPoll]:
-        """Remove the entry (``store.pop``: one round trip, which answers what it removed), remembered in
-        :mod:`kvstatus.sglang.outage` for the ``m[room]`` of another thread that races it. Raises what
-        ``store.pop`` raises (:meth:`_call`)."""
+        """``store.pop`` (one round trip), remembered for another thread's racing ``m[room]`` (``Removals``); raises
+        what :meth:`_call` raises."""
         lost = type(room) is int and room in self._open.lost
         self._failed_here.discard(room)
         self._open.removed(room)

@@ -1,18 +1,12 @@
-"""What a KV manager's map answers on its own, without Redis: room ids it cannot store (the request fails, the
-engine goes on), outages (:class:`Outage`), the rooms it failed itself (:class:`FailedHere`), removals that
-race a read (:class:`Removals`), and open rooms whose entry Redis lost (:class:`OpenRooms`). None of them may raise
-into SGLang's scheduler loop or threads, which would take the server down. Why each answers as it does:
-docs/sglang.md ("A room id the store cannot hold", "What changes, and what does not", "How the plugin works
-inside").
-
-An open entry is its own marker: a read that finds no entry for an open room, or a write whose outcome says the
-entry was missing, shows that Redis lost it (no round trip, no key of its own). Invariant: a call is evidence
-only when it was *sent* after the reply that showed the entry, since threads handle their replies out of the
-order Redis ran them (docs/sglang.md, "Which missing entry is a loss").
-"""
+"""What a KV manager's map answers on its own, without Redis, since nothing may raise into SGLang's scheduler loop
+or threads: room ids it cannot store, outages (:class:`Outage`), the rooms it failed itself (:class:`FailedHere`),
+removals that race a read (:class:`Removals`) and open rooms whose entry Redis lost (:class:`OpenRooms`). Why:
+docs/sglang.md ("How the plugin works inside"). Invariant: a call that finds an open room's entry missing shows a
+loss only when it was *sent* after the reply that showed the entry (threads handle replies out of Redis' order)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -53,8 +47,8 @@ OUTAGE_SECONDS = 1.0
 """After a store call failed on the backend, seconds during which calls answer Failed without trying Redis."""
 
 UNANSWERED_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
-"""What a write that Redis failed returns: nothing is known to be written, and reads answer Failed. Equal to
-:data:`INVALID_ROOM_RESULT`, not the same object (the manager tells them apart)."""
+"""What a write that Redis failed returns (reads then answer Failed). Equal to :data:`INVALID_ROOM_RESULT`, not
+the same object (the manager tells them apart)."""
 
 
 class Unanswered(Exception):
@@ -77,20 +71,18 @@ def outage_reason(error: KVStatusError) -> str:
 
 
 class Outage:
-    """Whether the store is failing now, and since which error. Thread-safe; ``clock`` is monotonic seconds."""
+    """Whether the store is failing now, and since which error. Thread-safe; ``seconds``: the window, seconds."""
 
     def __init__(self, participant: str, seconds: float = OUTAGE_SECONDS) -> None:
         self.participant, self.seconds = participant, seconds
         self._until = 0.0
-        self.error: Optional[KVStatusError] = None
-        """The error of the outage under way (None between outages; read without the lock by the dict-speed path)."""
-        self._reason = ""  # the failure reason of the outage's error: one string, shared by the rooms it fails
+        self.error: Optional[KVStatusError] = None  # None between outages; read without the lock
+        self._reason = ""  # one string, shared by the rooms the outage fails
         self._lock = threading.Lock()
         self._defects: set[str] = set()  # the exception types defect() has logged
         self._superseded = False  # another process took this participant name over (logged once)
+        # One call to Redis within the deadline (the map sets it); None: the next call after the window tries Redis.
         self.probe: Optional[Callable[[], object]] = None
-        """One call to Redis within the deadline, raising what the store raises; None: the engine's next call
-        after the window tries Redis itself (the map sets it)."""
         self.on_answered: Callable[[], None] = lambda: None  # a probe was answered (the map's fast path is on again)
         self.probes = 0  # probes sent so far
         self._probing = False
@@ -146,19 +138,14 @@ class Outage:
         with self._lock:
             started = self.error is None
             self.error, self._until, self._reason = error, time.monotonic() + self.seconds, reason
-        if started and isinstance(error, LeaseLostError):
+        if started:
             log.error(
                 "participant %s: its lease is lost (%s: %s); the rooms it reads or writes fail, and calls answer "
-                "Failed without trying Redis for %g s at a time",
-                self.participant,
-                type(error).__name__,
-                error,
-                self.seconds,
-            )
-        elif started:
-            log.error(
-                "participant %s: Redis failed a status call (%s: %s); the rooms it reads or writes fail, and calls "
-                "answer Failed without trying Redis until it answers again (a probe in the background every %g s)",
+                "Failed without trying Redis for %g s at a time"
+                if isinstance(error, LeaseLostError)
+                else "participant %s: Redis failed a status call (%s: %s); the rooms it reads or writes fail, and "
+                "calls answer Failed without trying Redis until it answers again (a probe in the background "
+                "every %g s)",
                 self.participant,
                 type(error).__name__,
                 error,
@@ -178,8 +165,8 @@ class Outage:
             log.warning("participant %s: Redis answers status calls again", self.participant)
 
     def defect(self, error: Exception) -> str:
-        """A store call raised what no store call should (a defect in kvstatus or below it): log it with its
-        traceback, once per exception type, and return the failure reason of its room."""
+        """A store call raised what no store call should (a defect in kvstatus or below): log it with its traceback,
+        once per exception type; returns the room's failure reason."""
         kind = type(error).__name__
         if kind not in self._defects:
             self._defects.add(kind)
@@ -193,12 +180,9 @@ class Outage:
         return f"kvstatus: internal error ({kind}: {error}); the room fails"
 
     def hold_again(self, store: Any) -> bool:
-        """``store``'s lease was lost (this process stalled past its TTL, or Redis lost the record): hold the
-        name again as a new incarnation, so the engine goes on, and end the outage; True if it did. The rooms in
-        flight fail: the peers' watches fail the lost incarnation's open entries (:mod:`kvstatus.peerwatch`).
-        False when Redis fails the acquire (the next call after the outage window tries again), or when
-        another process took the name over: taking it back would fence that one off in turn, so this manager's
-        rooms fail until it stops."""
+        """``store``'s lease was lost: hold the name again as a new incarnation and end the outage; True if it did
+        (the rooms in flight fail). False when Redis fails the acquire, or another process took the name over (this
+        manager's rooms then fail until it stops: docs/sglang.md, "Outages")."""
         lease = store.lease
         if lease is not None and lease.taken_over:
             if not self._superseded:
@@ -230,37 +214,25 @@ PROBE_ROOM = 0
 def probe_of(store: Any) -> Callable[[], object]:
     """The probe of ``store``'s outages: one read of :data:`PROBE_ROOM` on the store's client and settings, without
     its near cache (which could answer from memory), lease or peer watch; raises what the store raises."""
-    readers: list[Any] = []
-
-    def probe() -> object:
-        if not readers:
-            readers.append(store.uncached())
-        return readers[0].get(PROBE_ROOM)
-
-    return probe
+    reader = functools.cache(store.uncached)  # made at the first probe
+    return lambda: reader().get(PROBE_ROOM)
 
 
 # --------------------------------------------------------------------------- rooms it failed itself
 
 
 class FailedHere:
-    """The rooms a :class:`~kvstatus.sglang.RoomStatusMap` answered Failed on its own, without Redis saying so:
-    room -> reason. Thread-safe; :attr:`rooms` is read without the lock (a dict's ``get``, ``in`` and truth
-    value are atomic).
-
-    Invariant: as in a dict, Failed is terminal. A room is kept until the engine removes it (``pop``, ``del``,
-    ``clear_room``), never forgotten before, however many there are: a forgotten room would read its stale, open
-    status again, and the scheduler would poll it until SGLang's 300 s timeout. The rooms of one outage share
-    its reason string (cost: BENCHMARKS.md, "Rooms failed here").
-    """
+    """The rooms a :class:`~kvstatus.sglang.RoomStatusMap` answered Failed on its own (room -> reason). Thread-safe;
+    :attr:`rooms` is read without the lock. Invariant: as in a dict, Failed is terminal, so a room is kept until the
+    engine removes it, however many there are (a forgotten one would read its stale open status, polled until
+    SGLang's 300 s timeout). An outage's rooms share its reason string (cost: BENCHMARKS.md, "Rooms failed here")."""
 
     def __init__(self) -> None:
         self.rooms: dict[int, str] = {}
         self._lock = threading.Lock()
 
     def add(self, room: object, reason: str) -> None:
-        """The map answered Failed for ``room`` with ``reason``; the first reason stays (ids the store cannot
-        hold are failed from the start anyway: not kept)."""
+        """The map answered Failed for ``room``; the first reason stays (ids the store cannot hold are not kept)."""
         if not storable(room) or not isinstance(room, int):  # the second test only tells mypy
             return
         with self._lock:
@@ -282,20 +254,16 @@ class FailedHere:
 
 REMOVAL_RACE_SECONDS = 5.0
 """Seconds after another thread removed an entry during which ``m[room]`` that finds none answers the removed
-status: far longer than a thread starved of the GIL on a loaded box waits between ``in`` and the read, and a
-new entry in the room ends it at once."""
+status (a new entry in the room ends it at once)."""
 
 
 class Removals:
-    """The entries a :class:`~kvstatus.sglang.RoomStatusMap` removed in the last :data:`REMOVAL_RACE_SECONDS`
-    (room -> status, monotonic seconds, thread id) and the removals under way, so that ``m[room]`` by *another*
-    thread that finds no entry answers the removed status, as if it had come first (``RoomStatusMap._remove``):
-    SGLang reads ``room in m`` then ``m[room]`` while the scheduler pops. Thread-safe; the lock is never held
-    across I/O.
-    """
+    """The entries a :class:`~kvstatus.sglang.RoomStatusMap` removed in the last :data:`REMOVAL_RACE_SECONDS` and
+    the removals under way, so that ``m[room]`` by *another* thread that finds no entry answers the removed status
+    (SGLang reads ``room in m`` then ``m[room]`` while the scheduler pops). Thread-safe; no lock held across I/O."""
 
     def __init__(self) -> None:
-        self._done: dict[int, tuple[KVPoll, float, int]] = {}  # oldest first
+        self._done: dict[int, tuple[KVPoll, float, int]] = {}  # room -> (status, monotonic, thread id), oldest first
         self._under_way: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
 
@@ -310,11 +278,8 @@ class Removals:
         """The removal begun with ``started`` answered ``status`` (None: there was no entry, or it failed)."""
         with self._lock:
             done, now = self._done, time.monotonic()
-            while done:  # drop what is past the grace, oldest first
-                oldest = next(iter(done))
-                if now - done[oldest][1] <= REMOVAL_RACE_SECONDS:
-                    break
-                del done[oldest]
+            while done and now - next(iter(done.values()))[1] > REMOVAL_RACE_SECONDS:  # past the grace, oldest first
+                del done[next(iter(done))]
             if status is not None:
                 done.pop(room, None)
                 done[room] = (status, now, threading.get_ident())
@@ -363,15 +328,13 @@ def lost_reason(participant: str, room: int) -> str:
 
 
 REMOVALS_KEPT = 60.0
-"""Seconds a removal is remembered, so that the late reply of a write sent before it does not open the room
-again: far beyond a call's deadline and its resends."""
+"""Seconds a removal is remembered, so that the late reply of a write sent before it does not open the room again."""
 
 
 class OpenRooms:
-    """The open rooms, room -> monotonic time at which this map last handled a write's reply that left an entry
-    (oldest first), and the rooms found lost (kept until the engine removes them). Thread-safe; :attr:`rooms`
-    and :attr:`lost` are read without the lock (``in`` on a dict or set is atomic). ``ttl``: the store's room
-    TTL, seconds. ``started`` arguments: the monotonic time the call was sent (before its round trip)."""
+    """The open rooms (room -> monotonic time this map last handled a write's reply that left an entry, oldest
+    first) and the rooms found lost, kept until the engine removes them. Thread-safe; :attr:`rooms` and :attr:`lost`
+    are read without the lock. ``ttl``: the store's room TTL, seconds; ``started``: monotonic time a call was sent."""
 
     def __init__(self, participant: str, ttl: float) -> None:
         self.participant, self.ttl = participant, ttl
@@ -381,9 +344,8 @@ class OpenRooms:
         self._lock = threading.Lock()
 
     def wrote(self, room: int, result: UpdateResult, started: float) -> Optional[str]:
-        """This map's write of ``room``, sent at ``started``, answered ``result``: the reason to fail the room
-        when the outcome shows that Redis lost the entry of an open room, else None (the room is open, or stays
-        as it was)."""
+        """This map's write of ``room``, sent at ``started``, answered ``result``: the reason to fail the room when
+        the outcome shows that Redis lost an open room's entry, else None."""
         now = time.monotonic()
         with self._lock:
             removed = self._removed.get(room)
@@ -400,9 +362,8 @@ class OpenRooms:
         return None
 
     def vanished(self, room: int, started: float) -> Optional[str]:
-        """A read of ``room`` sent at ``started`` found no entry of this map's participant: the reason to fail it
-        when the room is open (Redis lost the entry), else None (not open, opened by a reply handled after the
-        read was sent, or expired after its TTL: no entry is the truth)."""
+        """A read of ``room`` sent at ``started`` found no entry of this participant: the reason to fail it when the
+        room is open (Redis lost the entry), else None (not open, opened after the read was sent, or expired)."""
         if room not in self.rooms:
             return None
         with self._lock:
@@ -420,8 +381,8 @@ class OpenRooms:
         return lost_reason(self.participant, room)
 
     def removed(self, room: object) -> None:
-        """The engine removes ``room`` (called before the removal is sent): it is neither open nor lost any more,
-        and a write sent before now does not open it again."""
+        """The engine removes ``room`` (called before the removal is sent): neither open nor lost any more, and a
+        write sent before now does not open it again."""
         if type(room) is int:
             now = time.monotonic()
             with self._lock:

@@ -1,11 +1,6 @@
-"""What install() reads from a KV manager and checks before it serves, and the one log line that says it took.
-
-A misconfiguration must stop the engine's start, not surface at the first request: :func:`check_store` makes
-the calls a manager will make, once, and raises :class:`SettingError` naming the setting at fault. What it
-reads: the manager's mode, and a prefill's bootstrap address, which its lease carries and a decode's rooms wait
-on. docs/sglang.md: "A bad setting stops the start", "One room, one fate" (a prefill already dead) and "How the
-plugin works inside" (the minimum sglang, the check's calls).
-"""
+"""What install() reads from a KV manager (its mode and addresses) and checks before it serves (:func:`check_store`:
+a bad setting stops the start), and the one log line that says it took. docs/sglang.md ("A bad setting stops the
+start", "How the plugin works inside")."""
 
 from __future__ import annotations
 
@@ -32,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvstatus.sglang")
 
 MIN_SGLANG_VERSION = (0, 5, 23)
+_MINIMUM = ".".join(map(str, MIN_SGLANG_VERSION))
 TESTED_SGLANG_VERSION = "0.5.23"
 # What install() reads or calls on a manager (sglang 0.5.23's CommonKVManager has all of them after __init__).
 REQUIRED_ATTRIBUTES = (
@@ -62,15 +58,8 @@ class SettingError(InvalidArgumentError):
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """The leading release numbers of a version string: "0.5.23.post1" -> (0, 5, 23); () when there are none."""
-    numbers = []
-    for part in version.split("."):
-        digits = re.match(r"\d+", part)
-        if digits is None:
-            break
-        numbers.append(int(digits.group()))
-        if digits.end() != len(part):
-            break
-    return tuple(numbers)
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else ()
 
 
 def check_sglang_version(version: Optional[str] = None) -> str:
@@ -88,11 +77,10 @@ def check_sglang_version(version: Optional[str] = None) -> str:
             ) from None
     found = version_tuple(version)
     if not found or found < MIN_SGLANG_VERSION:
-        minimum = ".".join(map(str, MIN_SGLANG_VERSION))
         raise SettingError(
-            f"sglang {version} is not supported: kvstatus needs sglang >= {minimum} (its "
-            "CommonKVManager applies the strict update rule and has the deferred-ACK state "
-            f"install() resets); upgrade sglang, or unset the plugin's URL",
+            f"sglang {version} is not supported: kvstatus needs sglang >= {_MINIMUM} (its CommonKVManager applies "
+            "the strict update rule and has the deferred-ACK state install() resets); upgrade sglang, or unset the "
+            "plugin's URL",
             setting="sglang",
         )
     return version
@@ -102,16 +90,10 @@ def check_manager(kv_manager: Any) -> None:
     """Raise :class:`InvalidArgumentError` when ``kv_manager`` lacks an attribute install() relies on."""
     missing = [name for name in REQUIRED_ATTRIBUTES if not hasattr(kv_manager, name)]
     if missing:
-        minimum = ".".join(map(str, MIN_SGLANG_VERSION))
         raise InvalidArgumentError(
             f"{type(kv_manager).__name__} has no {', '.join(missing)}: not the KV manager of a supported sglang "
-            f"(kvstatus needs sglang >= {minimum}, tested with {TESTED_SGLANG_VERSION})"
+            f"(kvstatus needs sglang >= {_MINIMUM}, tested with {TESTED_SGLANG_VERSION})"
         )
-
-
-def _denied_command(error: PermissionDeniedError) -> str:
-    found = _DENIED.search(str(error))
-    return found.group(1).lower() if found else ""
 
 
 def _setting_error(error: KVStatusError, step: str, store: StatusStore) -> SettingError:
@@ -124,7 +106,8 @@ def _setting_error(error: KVStatusError, step: str, store: StatusStore) -> Setti
     if isinstance(error, LeaseLostError):
         return SettingError(f"the participant lease could not be held: {error}", setting="lease_ttl")
     if isinstance(error, PermissionDeniedError):
-        command = _denied_command(error)
+        denied = _DENIED.search(str(error))
+        command = denied.group(1).lower() if denied else ""
         near_cache = store.near_cache is not None and step == "read"
         if near_cache and command.startswith("client"):
             return SettingError(
@@ -189,8 +172,7 @@ def check_store(store: StatusStore) -> None:
         raise
     except KVStatusError as exc:
         raise _setting_error(exc, step, store) from exc
-    # A near cache the server refuses to track has said so once (a WARNING naming the permission) and runs
-    # uncached: the manager works, at a round trip a poll. describe() shows it.
+    # A near cache the server refuses to track warned once and runs uncached (describe() shows it): no error.
 
 
 def server_of(client: Any) -> str:
@@ -237,16 +219,9 @@ def mode_of(kv_manager: Any) -> str:
 
 
 def bootstrap_address(kv_manager: Any) -> Optional[str]:
-    """The ``host:port`` a decode names this prefill manager by (the ``bootstrap_addr`` of its receivers), or None
-    (not a prefill, or no address). A server bound to every interface (``--host 0.0.0.0``) is named by its
-    node's IP, as upstream's ``local_ip``; addresses are matched exactly."""
-    if mode_of(kv_manager) != "prefill":
-        return None
-    found = _host_port(
-        getattr(kv_manager, "bootstrap_host", None),
-        getattr(kv_manager, "bootstrap_port", None),
-        getattr(kv_manager, "local_ip", None),
-    )
+    """The ``host:port`` a decode names this prefill manager by (its receivers' ``bootstrap_addr``; matched exactly),
+    or None (not a prefill, or no address)."""
+    found = _host_port(kv_manager, "prefill") if mode_of(kv_manager) == "prefill" else None
     if found is None:
         return None
     host = found[0]
@@ -258,59 +233,44 @@ def bootstrap_address(kv_manager: Any) -> Optional[str]:
         return None
 
 
-def _host_port(host: object, port: object, local_ip: object) -> Optional[tuple[str, int]]:
-    """(host, port) of a server, a host bound to every interface named by the node's IP; None when unknown."""
+def _host_port(kv_manager: Any, mode: str) -> Optional[tuple[str, int]]:
+    """(host, port) of the manager's server in ``mode`` (a prefill's bootstrap server, a decode's HTTP server), a host
+    bound to every interface named by the node's IP; None when unknown."""
+    if mode == "prefill":
+        host, port = getattr(kv_manager, "bootstrap_host", None), getattr(kv_manager, "bootstrap_port", None)
+    elif mode == "decode":
+        args = getattr(kv_manager, "server_args", None)
+        host, port = getattr(args, "host", None), getattr(args, "port", None)
+    else:
+        return None
     try:
-        number = int(port)  # type: ignore[call-overload]
+        number = int(port)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
     text = str(host or "")
     if text in ("", "0.0.0.0", "::", "[::]"):
-        text = str(local_ip or "")
+        text = str(getattr(kv_manager, "local_ip", None) or "")
     if not text or not 0 < number < 65536:
         return None
     return text, number
 
 
 def server_tag(kv_manager: Any) -> Optional[str]:
-    """What tells this manager's server apart from every other server of its role: a prefill's bootstrap address,
-    a decode's HTTP address (``server_args.host:port``), as a name part (``10.0.0.7-8998``; an IPv6 address's colons
-    become dots). None when the manager carries neither (not an sglang manager: its name then has no such part)."""
-    mode = mode_of(kv_manager)
-    if mode == "prefill":
-        found = _host_port(
-            getattr(kv_manager, "bootstrap_host", None),
-            getattr(kv_manager, "bootstrap_port", None),
-            getattr(kv_manager, "local_ip", None),
-        )
-    elif mode == "decode":
-        args = getattr(kv_manager, "server_args", None)
-        found = _host_port(
-            getattr(args, "host", None), getattr(args, "port", None), getattr(kv_manager, "local_ip", None)
-        )
-    else:
-        found = None
+    """What tells this manager's server from every other of its role, as a name part (``10.0.0.7-8998``, IPv6 colons
+    made dots): a prefill's bootstrap address, a decode's ``server_args.host:port``; None when it carries neither."""
+    found = _host_port(kv_manager, mode_of(kv_manager))
     if found is None:
         return None
     host = re.sub(r"[^A-Za-z0-9_.-]", ".", found[0].strip("[]"))
     return f"{host}-{found[1]}"
 
 
-def awaited_address(kv_manager: Any, room: int) -> Optional[str]:
-    """The prefill address a decode manager's ``room`` waits on: upstream's receiver files the room under its
-    ``bootstrap_addr`` in ``addr_to_rooms_tracker`` before it opens the room; None when it is in none."""
-    tracker = getattr(kv_manager, "addr_to_rooms_tracker", None)
-    if not tracker:
-        return None
-    for address, rooms in list(tracker.items()):  # one C call: the heartbeat thread may drop an address meanwhile
-        if room in rooms:
-            return str(address)
-    return None
-
-
 def await_address(kv_manager: Any, store: Any, room: int) -> None:
-    """A decode manager opened ``room``: tell its store the prefill address the room waits on, if any."""
-    address = awaited_address(kv_manager, room)
+    """A decode manager opened ``room``: tell its store the prefill address the room waits on, if any (upstream's
+    receiver files the room under its ``bootstrap_addr`` in ``addr_to_rooms_tracker`` before it opens it)."""
+    tracker = getattr(kv_manager, "addr_to_rooms_tracker", None) or {}
+    # list(): one C call, as the heartbeat thread may drop an address meanwhile
+    address = next((str(address) for address, rooms in list(tracker.items()) if room in rooms), None)
     if address is None:
         return
     try:

@@ -127,8 +127,10 @@ def test_a_killed_participant_fails_its_rooms_and_nobody_elses(url: str, workers
 
     all_failed_by_the_death()  # before any sweep
     result = sweep(client, schema, batch=7)
-    assert (result.lost, result.rooms) == (["decode-0"], len(ROOMS))
-    assert result.swept <= len(ROOMS)  # what the watches had not failed yet (tests/admin hold its exact count)
+    assert result.lost == ["decode-0"]
+    # The sweep fails what the survivors' watches had not failed yet, in as many rooms (none when the watches won
+    # the race, as on a loaded box); tests/admin hold its exact counts.
+    assert result.rooms == result.swept <= len(ROOMS)
     all_failed_by_the_death()  # now a stored Failed + reason
     for room in ROOMS:
         view = reader.room(room)

@@ -278,9 +278,8 @@ class Links:
                         if link.inval.ping():
                             link.ping_outstanding = now
                     except LinkLost:
-                        if link.name not in broken:
-                            broken.append(link.name)
+                        broken.append(link.name)
                 elif now - link.ping_outstanding > max(5.0, 4 * self.state.options.max_staleness):
                     broken.append(link.name)  # no answer at all: a dead peer that sent no FIN
-        for name in broken:
+        for name in dict.fromkeys(broken):  # a link may fail two ways in one poll: dropped once
             self.drop_link(name, f"connection of {name} lost")

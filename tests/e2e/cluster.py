@@ -32,9 +32,10 @@ SHAPE = (2, 2)
 DECODE_TOKENS = 16384
 """A cluster decode's KV pool (tokens), four times a prefill's. After a prefill's death, upstream's decode holds the
 pages of each transfer the dead prefill left unfinished for 30 s, waiting for a drain ack that never comes
-(``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT``). On a 4,096-token pool five such rooms filled three quarters
-of it, and the requests the router sent there again waited past :data:`BOUND` (docs/e2e.md, "What a dead
-prefill's held pages cost"). The 1+1 tier keeps 4,096: its cancel tests need rooms that stay open a while."""
+(``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT``). On a 4,096-token pool five such rooms filled
+three quarters of it, and the requests the router sent there again waited past :data:`BOUND` (docs/e2e.md, "What
+a dead prefill's held pages cost"). The 1+1 tier keeps :data:`~tests.e2e.deploy.POOL_TOKENS`: its cancel tests
+need rooms that stay open a while."""
 BOUND = 30.0
 """Seconds a client waits for its answer (upstream's own timeouts are 300 s: a longer wait only costs the tier)."""
 PAUSE = 5.0

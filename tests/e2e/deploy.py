@@ -220,6 +220,11 @@ def wait_ready(process: Process, path: str, timeout: float) -> float:
     )
 
 
+POOL_TOKENS = 4096
+"""A server's KV pool (tokens): small, so that :func:`tests.e2e.scenarios.fault_bodies` keeps a prefill busy; a
+deployment may give its decodes more (:attr:`Settings.decode_tokens`)."""
+
+
 @dataclass
 class Settings:
     """What every server of one deployment shares."""
@@ -230,12 +235,9 @@ class Settings:
     redis_url: Optional[str] = None
     """None: the kvstatus plugin is off (upstream sglang); else its KVSTATUS_SGLANG_URL."""
     namespace: str = "sglang"
-    decode_tokens: int = 4096
-    """A decode's KV pool (tokens); every prefill's is :data:`PREFILL_TOKENS`."""
+    decode_tokens: int = POOL_TOKENS
+    """A decode's KV pool (tokens); every prefill's is :data:`POOL_TOKENS`."""
 
-
-PREFILL_TOKENS = 4096
-"""A prefill's KV pool (tokens): small, so that :func:`tests.e2e.scenarios.fault_bodies` keeps it busy."""
 
 NEAR_CACHE_VARIABLE = "KVSTATUS_E2E_NEAR_CACHE"
 """``0``: the plugin-on deployment also sets ``KVSTATUS_SGLANG_NEAR_CACHE=0`` (not the plugin's default): a run
@@ -303,7 +305,7 @@ def server_argv(settings: Settings, role: str, port: int, bootstrap_port: int) -
         "--mem-fraction-static",
         "0.05",
         "--max-total-tokens",
-        str(settings.decode_tokens if role == "decode" else PREFILL_TOKENS),
+        str(settings.decode_tokens if role == "decode" else POOL_TOKENS),
         "--random-seed",
         "0",
     ]

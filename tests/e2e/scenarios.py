@@ -252,7 +252,9 @@ NAMESPACE = "sglang"
 """The namespace every deployment of the tier writes to (the plugin's default)."""
 
 
-def settings(mode: str, model: Path, logs: Path, redis_url: str, decode_tokens: int = 4096) -> deploy.Settings:
+def settings(
+    mode: str, model: Path, logs: Path, redis_url: str, decode_tokens: int = deploy.POOL_TOKENS
+) -> deploy.Settings:
     """The servers' settings in ``mode`` (kvstatus: the plugin on, at ``redis_url``; upstream: off), logging to
     ``logs``/``mode``; ``decode_tokens``: each decode's KV pool."""
     url = redis_url if mode == "kvstatus" else None
@@ -260,7 +262,12 @@ def settings(mode: str, model: Path, logs: Path, redis_url: str, decode_tokens: 
 
 
 def running(
-    mode: str, model: Path, logs: Path, redis_url: str, shape: tuple[int, int] = (1, 1), decode_tokens: int = 4096
+    mode: str,
+    model: Path,
+    logs: Path,
+    redis_url: str,
+    shape: tuple[int, int] = (1, 1),
+    decode_tokens: int = deploy.POOL_TOKENS,
 ) -> Iterator[Deployment]:
     """A started deployment of ``shape`` in ``mode``, stopped when the generator closes (a fixture's body)."""
     dep = Deployment(settings(mode, model, logs, redis_url, decode_tokens), mode, shape)

@@ -9,6 +9,7 @@ import functools
 import math
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional, TypeGuard
 
@@ -74,6 +75,13 @@ def validate_rooms(rooms: Iterable[object]) -> list[int]:
         if 0 <= min(ints) and max(ints) <= MAX_ROOM:
             return ints
     return [validate_room(room) for room in checked]
+
+
+def room_batch(rooms: object, operation: str) -> list[int]:
+    """:func:`validate_rooms` of ``operation``'s batch; raises InvalidArgumentError for a str, bytes or mapping."""
+    if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
+        raise InvalidArgumentError(f"{operation} expects an iterable of room ids, not {type(rooms).__name__}")
+    return validate_rooms(rooms)
 
 
 def parse_room(text: str) -> int:

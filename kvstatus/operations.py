@@ -24,6 +24,7 @@ from kvstatus.keys import (
     incarnation_field,
     late_field,
     reason_field,
+    room_batch,
     timeline_field,
     truncate_reason,
     ttl_to_ms,
@@ -335,9 +336,7 @@ class StoreCore:
         return Request(request.calls, decode)
 
     def get_many(self, rooms: Iterable[int]) -> Request[dict[int, Optional[KVPoll]]]:
-        if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
-            raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
-        ids = validate_rooms(rooms)  # a repeated room is read twice and kept once by the decoding dict
+        ids = room_batch(rooms, "get_many")  # a repeated room is read twice and kept once by the decoding dict
         if not ids:
             return _no_calls({})
         keys = self.schema.room_keys(ids)
@@ -399,9 +398,7 @@ class StoreCore:
         return Request([Call(("HGET", key, FATE_FIELD))], lambda replies: parse_fate(replies[0], key))
 
     def cancel(self, rooms: Iterable[int], reason: str, origin: str) -> Request[dict[int, CancelResult]]:
-        if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
-            raise InvalidArgumentError(f"cancel expects an iterable of room ids, not {type(rooms).__name__}")
-        ids = list(dict.fromkeys(validate_rooms(rooms)))
+        ids = list(dict.fromkeys(room_batch(rooms, "cancel")))
         if not ids:
             return _no_calls({})
         args = (str(self.ttl_ms), validate_name(origin, "origin"), truncate_reason(reason))

@@ -10,7 +10,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Optional, Protocol, cast
 
 from redis import exceptions as rx
@@ -37,7 +37,7 @@ from kvstatus.concurrency import (
     start_reader,
 )
 from kvstatus.connection import SlotFingerprint, SlotMoved, Topology, slot_fingerprint
-from kvstatus.errors import InvalidArgumentError, KVStatusError, PermissionDeniedError
+from kvstatus.errors import KVStatusError, PermissionDeniedError
 from kvstatus.invalidation import (
     InvalidationSocket,
     LinkLost,
@@ -48,7 +48,7 @@ from kvstatus.invalidation import (
     sync_twin,
     tracking_command,
 )
-from kvstatus.keys import KeySchema, validate_room, validate_rooms
+from kvstatus.keys import KeySchema, room_batch, validate_room
 from kvstatus.model import KVPoll, RoomView
 from kvstatus.replies import Reply, ReplyOrError
 from kvstatus.requests import Arg, Call, Request
@@ -222,9 +222,7 @@ class NearCache(NearCacheBase):
                 if self.metrics is not None:
                     self.metrics.on_cache_hit(len(rooms))
                 return found
-        if isinstance(rooms, (str, bytes, bytearray, Mapping)) or not isinstance(rooms, Iterable):
-            raise InvalidArgumentError(f"get_many expects an iterable of room ids, not {type(rooms).__name__}")
-        unique = list(dict.fromkeys(validate_rooms(rooms)))  # the store's checks, each room once
+        unique = list(dict.fromkeys(room_batch(rooms, "get_many")))  # the store's checks, each room once
         return self.statuses(unique, reader) if unique else {}
 
     def room(self, room: int) -> RoomView:

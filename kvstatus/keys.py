@@ -84,14 +84,6 @@ def room_batch(rooms: object, operation: str) -> list[int]:
     return validate_rooms(rooms)
 
 
-def parse_room(text: str) -> int:
-    """Parse a room id typed by a person (decimal digits)."""
-    stripped = text.strip()
-    if not stripped.isdigit() or not stripped.isascii():
-        raise InvalidRoomError(f"invalid room {text!r}: expected a decimal integer in [0, 2**63 - 1]")
-    return validate_room(int(stripped))
-
-
 @dataclass(frozen=True)
 class KeySchema:
     """Builds and parses the keys of one namespace."""

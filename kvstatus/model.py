@@ -108,16 +108,6 @@ def to_status(value: object) -> KVPoll:
         raise InvalidStatusError(f"invalid status {value!r}: expected an int 0..4 (Failed..Success)") from None
 
 
-def parse_status(text: str) -> KVPoll:
-    """Parse a status name (case-insensitive) or number, as typed by a person."""
-    stripped = text.strip().lower()
-    for member in KVPoll:
-        if stripped in (member.name.lower(), str(member.value)):
-            return member
-    names = ", ".join(f"{m.name}={m.value}" for m in KVPoll)
-    raise InvalidStatusError(f"invalid status {text!r}: expected one of {names}")
-
-
 def to_policy(value: object) -> Policy:
     """Return ``value`` as a :class:`Policy`; raise :class:`InvalidArgumentError` otherwise."""
     try:

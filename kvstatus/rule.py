@@ -77,26 +77,6 @@ def apply_fenced(
     return result, epoch if result.outcome.refreshes_ttl else stamp
 
 
-def explain(current: Optional[KVPoll], new: KVPoll, policy: Policy = Policy.SEED) -> str:
-    """One sentence saying which row of the rule fires for (current, new) and why."""
-    result = apply_rule(current, new, policy)
-    cur = "missing" if current is None else f"{current.name}({current.value})"
-    why = {
-        Outcome.IGNORED_MISSING: "a Failed update never creates an entry: the room was cleared or never existed, "
-        "so a late abort must not resurrect it",
-        Outcome.CREATED: "a missing entry is created by a non-Failed status",
-        Outcome.FAILED: "Failed overrides any stored status",
-        Outcome.UNCHANGED: "the stored status is kept: it is already Failed or at least as far along",
-        Outcome.ADVANCED: "statuses only move forward: the new one is greater than the stored one",
-        Outcome.REFUSED_TERMINAL: "under the strict policy Failed is terminal",
-        Outcome.REFUSED_CREATE: "under the strict policy only Bootstrapping or WaitingForInput may create an entry; "
-        "a late status for a cleared room is refused",
-        Outcome.REFUSED_SUPERSEDED: "a later incarnation of the participant wrote the entry",
-    }[result.outcome]
-    after = "no entry" if result.status is None else f"{result.status.name}({result.status.value})"
-    return f"{cur} + {new.name}({new.value}) under {policy.value}: {result.outcome.name} -> {after}; {why}."
-
-
 STAGE_OF_STATUS = {
     KVPoll.Bootstrapping: Stage.BOOTSTRAP,
     KVPoll.WaitingForInput: Stage.WAITING,
@@ -125,28 +105,6 @@ def shared_failed(own: KVPoll, failure: FailureRecord, participant: str) -> KVPo
 def reads(view: RoomView) -> dict[str, Optional[KVPoll]]:
     """What each participant's reads of ``view`` answer (:func:`shared_status`): what every operator view shows."""
     return {name: shared_status(entry.status, view.failure, name) for name, entry in view.participants.items()}
-
-
-def read_names(view: RoomView) -> dict[str, Optional[str]]:
-    """:func:`reads` as KVPoll names (None: no status), as the views' JSON shows them."""
-    return {name: None if status is None else status.name for name, status in reads(view).items()}
-
-
-def failed_by_fate(view: RoomView) -> list[str]:
-    """The participants whose entry is still open but whose reads answer Failed, because the room failed."""
-    return [name for name, status in reads(view).items() if status != view.participants[name].status]
-
-
-def fate_text(view: RoomView) -> Optional[str]:
-    """The room's first failure and who reads Failed by it, e.g. "failed at transfer by prefill-1: NIXL transfer
-    timed out; decode-1 reads Failed (shared fate)", or None; not escaped."""
-    if view.failure is None:
-        return None
-    line = view.failure.describe()
-    shared = failed_by_fate(view)
-    if shared:
-        line += f"; {', '.join(shared)} {'reads' if len(shared) == 1 else 'read'} Failed (shared fate)"
-    return line
 
 
 TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from kvstatus.admin.reads import DEFAULT_BATCH, Progress, iter_rooms, server_ms
+from kvstatus.admin.views import failed_by_fate
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.keys import KeySchema
 from kvstatus.model import FailureRecord, KVPoll, RoomView
-from kvstatus.rule import failed_by_fate, reads
+from kvstatus.rule import reads
 
 RoomState = tuple[tuple[str, Optional[int]], ...]
 

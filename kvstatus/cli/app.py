@@ -22,11 +22,12 @@ import click
 
 from kvstatus import connection
 from kvstatus.admin.reads import DEFAULT_BATCH
+from kvstatus.admin.views import parse_room, parse_status
 from kvstatus.backend import Backend
 from kvstatus.cli.text import plural, safe, table  # noqa: F401  (re-exported: the commands' one escaping)
 from kvstatus.errors import InvalidArgumentError, KVStatusError, mask_url
-from kvstatus.keys import DEFAULT_PREFIX, DEFAULT_TTL_SECONDS, KeySchema, parse_room, ttl_to_ms, validate_name
-from kvstatus.model import KVPoll, parse_status
+from kvstatus.keys import DEFAULT_PREFIX, DEFAULT_TTL_SECONDS, KeySchema, ttl_to_ms, validate_name
+from kvstatus.model import KVPoll
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS
 from kvstatus.translate import REDIS_ERRORS, translate_error
 from kvstatus.url import DEFAULT_URL, ConnectionOptions, options_for, parse_url

@@ -13,6 +13,7 @@ from kvstatus.admin.acl import acl_rules, acl_setuser_line
 from kvstatus.admin.doctor import run_checks
 from kvstatus.admin.functions import load_functions, loaded_libraries
 from kvstatus.admin.stats import bucket_labels, collect_stats
+from kvstatus.admin.views import explain as explain_rule
 from kvstatus.admin.watch import KINDS, Snapshot, entry_events, room_hash, watch_changes
 from kvstatus.cli.app import (
     EXIT_FINDINGS,
@@ -38,7 +39,6 @@ from kvstatus.cli.app import (
 from kvstatus.errors import BackendUnavailableError
 from kvstatus.model import KVPoll, Policy
 from kvstatus.rule import apply_rule, reads
-from kvstatus.rule import explain as explain_rule
 from kvstatus.scripts import ALL as ALL_SCRIPTS
 from kvstatus.scripts import LIBRARY_NAME
 

@@ -19,6 +19,7 @@ from kvstatus.admin.reads import (
     without_probe,
 )
 from kvstatus.admin.stats import without_timeline
+from kvstatus.admin.views import fate_text, read_names
 from kvstatus.cli.app import (
     EXIT_REFUSED,
     ROOM,
@@ -51,7 +52,7 @@ from kvstatus.cli.timing import (
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError
 from kvstatus.keys import DEFAULT_TTL_SECONDS, truncate_reason
 from kvstatus.model import FailureRecord, KVPoll, Outcome, Policy, RoomView, elapsed_text
-from kvstatus.rule import fate_text, read_names, reads
+from kvstatus.rule import reads
 from kvstatus.stuck import stuck as stuck_room
 
 
@@ -111,7 +112,7 @@ def failure_line(view: RoomView, failure: FailureRecord, now: float) -> str:
     """E.g. "first failure 3.0 s ago: cancelled by router-1: client went away; decode-0 reads Failed (shared fate)".
 
     ``now``: Unix seconds (the local clock, as for tombstones). The rest is the room's fate
-    (:func:`kvstatus.rule.fate_text`), as every view shows it. Escaped (:func:`safe`)."""
+    (:func:`kvstatus.admin.views.fate_text`), as every view shows it. Escaped (:func:`safe`)."""
     return safe(f"first failure {elapsed_text(now - failure.at)} ago: {fate_text(view)}")
 
 

@@ -55,10 +55,11 @@ from starlette.routing import Route
 
 from kvstatus.admin.health import HealthSettings
 from kvstatus.admin.reads import DEFAULT_BATCH, Deaths, read_deaths, read_rooms, replies, room_matches, send, server_ms
+from kvstatus.admin.views import parse_room, parse_status
 from kvstatus.admin.watch import Snapshot, diff
 from kvstatus.errors import InvalidArgumentError, KVStatusError, mask_url
-from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema, parse_room
-from kvstatus.model import KVPoll, RoomView, Tombstone, parse_status
+from kvstatus.keys import TOMBSTONE_SUFFIX, KeySchema
+from kvstatus.model import KVPoll, RoomView, Tombstone
 from kvstatus.observe.boardpages import MAX_PAGE as MAX_PAGE
 from kvstatus.observe.boardpages import MAX_PAGE_READS as MAX_PAGE_READS
 from kvstatus.observe.boardpages import MAX_SCAN_STEPS as MAX_SCAN_STEPS

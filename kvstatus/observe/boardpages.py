@@ -35,10 +35,10 @@ from kvstatus.admin.health import (
     room_of_key,
 )
 from kvstatus.admin.reads import Deaths, nodes_of, read_rooms, scan_step, server_ms
+from kvstatus.admin.views import read_names
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import TOMBSTONE_TTL_SECONDS, KeySchema
 from kvstatus.model import OPEN, RoomView, Step
-from kvstatus.rule import read_names
 from kvstatus.stuck import DEFAULT_OLDER_THAN_SECONDS, Stuck, stuck
 
 MAX_PAGE = 500

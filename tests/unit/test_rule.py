@@ -7,8 +7,8 @@ from typing import Optional
 import pytest
 
 from kvstatus import InvalidStatusError, KVPoll, Outcome, Policy, apply_rule
-from kvstatus.model import parse_status, to_policy, to_status
-from kvstatus.rule import explain
+from kvstatus.admin.views import explain, parse_status
+from kvstatus.model import to_policy, to_status
 
 F, B, W, T, S = KVPoll  # Failed, Bootstrapping, WaitingForInput, Transferring, Success
 

@@ -4,13 +4,14 @@ onto a kvstatus store; sglang is never imported here. docs/sglang.md ("How the p
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import suppress
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Union
 
 from kvstatus._sync.store import StatusStore
 from kvstatus.errors import InvalidArgumentError, KVStatusError
 from kvstatus.keys import validate_name
-from kvstatus.model import FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
+from kvstatus.model import STRICT_CREATORS, FailureRecord, KVPoll, Outcome, UpdateResult, to_policy
 from kvstatus.sglang.mapping import INVALID_ROOM_RESULT, RoomStatusMap, invalid_room_reason, storable
 from kvstatus.sglang.startup import (
     await_address,
@@ -25,8 +26,6 @@ from kvstatus.sglang.startup import (
 )
 from kvstatus.url import parse_url
 
-# Statuses that open a request's lifecycle: only they create a room (SGLang's update_status).
-OPENING = (KVPoll.Bootstrapping, KVPoll.WaitingForInput)
 # The class whose methods install() replaces; a subclass's own override (nixl's check_status) is kept.
 UPSTREAM_CLASS = "CommonKVManager"
 _PREVIOUS = "_kvstatus_previous_request_status"
@@ -45,13 +44,11 @@ def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
     (:func:`~kvstatus.sglang.startup.server_tag`), if any. docs/sglang.md ("How servers are named")."""
     mode = getattr(kv_manager, "disaggregation_mode", None)
     mode = str(getattr(mode, "value", mode) or "kv")
-    kv_args = getattr(kv_manager, "kv_args", None)
-    tp = getattr(kv_args, "engine_rank", None)
+    tp = getattr(getattr(kv_manager, "kv_args", None), "engine_rank", None)
     if tp is None:
         tp = _rank(kv_manager, "attn_tp_rank")
     parts = [mode]
-    server = instance or server_tag(kv_manager)
-    if server:
+    if server := instance or server_tag(kv_manager):
         parts.append(server)
     for size, rank, tag in (
         ("system_dp_size", "system_dp_rank", "dp"),
@@ -67,7 +64,7 @@ def participant_name(kv_manager: Any, instance: Optional[str] = None) -> str:
 def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
     """The participant of every PP rank of this manager's pipeline, rank 0 first (names differ only in their
     ``-pp<rank>`` suffix); None but for a prefill with ``pp_size > 1``, which SGLang gives a ``PPConsensusStore``."""
-    pp_size, pp_rank = _rank(kv_manager, "pp_size") or 1, _rank(kv_manager, "pp_rank")
+    pp_size, pp_rank = _rank(kv_manager, "pp_size"), _rank(kv_manager, "pp_rank")
     if pp_size <= 1 or mode_of(kv_manager) != "prefill":
         return None
     suffix = f"-pp{pp_rank}"
@@ -76,8 +73,7 @@ def pp_participants(kv_manager: Any, participant: str) -> Optional[list[str]]:
             f"participant {participant!r} of PP rank {pp_rank} must end with {suffix!r}: rank 0 finds every rank's "
             "entry by that suffix"
         )
-    base = participant[: -len(suffix)]
-    return [f"{base}-pp{rank}" for rank in range(pp_size)]
+    return [f"{participant.removesuffix(suffix)}-pp{rank}" for rank in range(pp_size)]
 
 
 DEFAULT_LEASE_TTL = 10.0
@@ -99,14 +95,8 @@ def open_store(
 ) -> StatusStore:
     """``StatusStore.from_url`` for one manager, with its near cache on unless ``near_cache=False`` (None: on), so a
     poll of an unchanged room (``in``, ``check_status``, the PP consensus) costs no round trip."""
-    return StatusStore.from_url(
-        url,
-        namespace=namespace,
-        participant=participant,
-        policy=policy,
-        near_cache=near_cache is not False,
-        **store_options,
-    )
+    store_options["near_cache"] = near_cache is not False
+    return StatusStore.from_url(url, namespace=namespace, participant=participant, policy=policy, **store_options)
 
 
 def failure_text(record: FailureRecord) -> str:
@@ -114,14 +104,6 @@ def failure_text(record: FailureRecord) -> str:
     e.g. "cancelled by router-1: client went away (the room's first failure, at 2025-06-01T10:00:00.123Z, kvstatus)"."""
     when = datetime.fromtimestamp(record.at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return f"{record.describe()} (the room's first failure, at {when}, kvstatus)"
-
-
-def unread_text(error: Exception) -> str:
-    """The failure reason of a room that reads Failed when its first failure cannot be read (Redis down)."""
-    return (
-        "the room reads Failed in kvstatus (a participant failed it, or it was cancelled), but its first failure "
-        f"could not be read: {type(error).__name__}: {error}"
-    )
 
 
 class FailureNotes:
@@ -136,26 +118,20 @@ class FailureNotes:
         # room -> the text this put in records (None while being looked up, or when there was nothing to put)
         self.noted: OrderedDict[int, Optional[str]] = OrderedDict()
 
-    @classmethod
-    def of(cls, kv_manager: Any, store: Any) -> Optional[FailureNotes]:
-        """The notes of ``kv_manager``, or None when it has no ``failure_records`` and ``failure_lock``."""
-        records, lock = getattr(kv_manager, "failure_records", None), getattr(kv_manager, "failure_lock", None)
-        return cls(records, lock, store) if isinstance(records, dict) and lock is not None else None
-
     def failed(self, room: int, fallback: Optional[str] = None) -> None:
         """``room`` read Failed: record its first failure unless a reason is recorded (``fallback``: it has none)."""
         if not storable(room) or not self._claim(room):
             return  # an id the store cannot hold had its reason recorded when its request opened
-        text: Optional[str] = self.down()
-        if text is not None:
-            text = fallback or text
-        else:
+        record, cause = None, self.down()  # an outage's reason: no look-up
+        if cause is None:
             try:
                 record = self.store.failure(room)
             except KVStatusError as exc:
-                text = fallback or unread_text(exc)
-            else:
-                text = failure_text(record) if record is not None else fallback
+                cause = (
+                    "the room reads Failed in kvstatus (a participant failed it, or it was cancelled), but its first "
+                    f"failure could not be read: {type(exc).__name__}: {exc}"
+                )
+        text = failure_text(record) if record is not None else fallback or cause
         if text is not None:
             self._put(room, text)
 
@@ -204,12 +180,9 @@ class FailureNotes:
     def invalid_room(self, room: Any, status: KVPoll | int) -> None:
         """A write of a room id the store cannot hold: its reason becomes the request's, on an opening status or over
         a recorded reason only (a hostile peer's bad ids cannot grow ``failure_records``); none for an unhashable id."""
-        try:
-            with self.lock:
-                if status in OPENING or room in self.records:
-                    self.records[room] = invalid_room_reason(room)
-        except TypeError:
-            pass
+        with suppress(TypeError), self.lock:
+            if status in STRICT_CREATORS or room in self.records:
+                self.records[room] = invalid_room_reason(room)
 
 
 def _status_methods(
@@ -224,7 +197,7 @@ def _status_methods(
     def update_status(bootstrap_room: int, status: KVPoll | int) -> UpdateResult:
         result = status_map.update_status(bootstrap_room, status)
         if result.outcome is Outcome.CREATED:
-            if status in OPENING:
+            if status in STRICT_CREATORS:
                 if awaits:  # the prefill it waits on is judged by its lease even if it never writes the room
                     await_address(self, store, bootstrap_room)
                 # A new room lifecycle drops the deferred-ACK state of the previous request on this room.
@@ -295,16 +268,15 @@ def install(
     """Put ``kv_manager``'s room statuses into kvstatus; returns the :class:`RoomStatusMap` now in ``request_status``.
 
     ``store_or_url``: a :class:`~kvstatus.StatusStore` whose policy is ``policy`` (re-bound to this manager's
-    participant), or a URL (``namespace`` required; ``near_cache`` and ``store_options`` go to :func:`open_store`
-    over :data:`URL_DEFAULTS`). ``participant`` overrides :func:`participant_name`. The status methods and
-    ``record_failure`` become instance methods of one store call each, keeping upstream's side effects (a subclass's
-    override is left alone); ``update_status`` returns the :class:`~kvstatus.UpdateResult`. docs/sglang.md.
+    participant), or a URL (``namespace`` required; ``near_cache`` and ``store_options`` go to :func:`open_store` over
+    :data:`URL_DEFAULTS`). ``participant`` overrides :func:`participant_name`. The status methods and ``record_failure``
+    become instance methods of one store call each, keeping upstream's side effects (a subclass's override is left
+    alone); ``update_status`` returns the :class:`~kvstatus.UpdateResult`; :func:`uninstall` undoes it. docs/sglang.md.
 
-    Raises :class:`~kvstatus.errors.InvalidArgumentError` for a manager already installed, lacking what install()
-    relies on (:func:`~kvstatus.sglang.startup.check_manager`) or whose dict holds rooms, and for URL options with
-    a store; with ``check``, :class:`~kvstatus.sglang.startup.SettingError` naming the setting at fault
-    (:func:`~kvstatus.sglang.startup.check_store`). Logs one INFO line on ``kvstatus.sglang``; :func:`uninstall`
-    undoes it.
+    Raises :class:`~kvstatus.errors.InvalidArgumentError` for a manager already installed, lacking what install() relies
+    on (:func:`~kvstatus.sglang.startup.check_manager`) or whose dict holds rooms, and for URL options with a store;
+    with ``check``, :class:`~kvstatus.sglang.startup.SettingError` naming the setting at fault
+    (:func:`~kvstatus.sglang.startup.check_store`). Logs one INFO line on ``kvstatus.sglang``.
     """
     if is_installed(kv_manager):
         raise InvalidArgumentError("this KV manager is already on kvstatus")
@@ -326,12 +298,7 @@ def install(
         if address is not None and "address" not in settings and settings["lease_ttl"]:
             settings["address"] = address  # its lease names it to the decodes that wait on it
         store = open_store(
-            store_or_url,
-            namespace=namespace,
-            participant=name,
-            policy=wanted.value,
-            near_cache=near_cache,
-            **settings,
+            store_or_url, namespace=namespace, participant=name, policy=wanted.value, near_cache=near_cache, **settings
         )
     else:
         if namespace is not None or near_cache is not None or store_options:
@@ -345,7 +312,8 @@ def install(
             )
         store = store_or_url if store_or_url.participant == name else store_or_url.for_participant(name)
         server = server_of(store.client)
-    notes = FailureNotes.of(kv_manager, store)
+    records, lock = getattr(kv_manager, "failure_records", None), getattr(kv_manager, "failure_lock", None)
+    notes = FailureNotes(records, lock, store) if isinstance(records, dict) and lock is not None else None
     status_map = RoomStatusMap(store, pp_participants=ranks, on_failed=None if notes is None else notes.read_failed)
     if notes is not None:
         notes.down = status_map.outage.reason

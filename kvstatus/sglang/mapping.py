@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, TypeVar
+from contextlib import suppress
+from typing import Any, Callable, Optional
 
 from kvstatus.cachestate import MISS, NEVER_FRESH, Freshness
 from kvstatus.errors import CorruptedValueError, InvalidArgumentError, InvalidRoomError, KVStatusError, LeaseLostError
@@ -34,7 +35,6 @@ _LEN_ITER_MESSAGE = (
     "iterable (that would SCAN Redis). Use `kvstatus ls` or kvstatus.admin.reads to list rooms"
 )
 
-T = TypeVar("T")
 OnFailed = Callable[[int, Optional[str]], None]
 """``on_failed(room, reason)``: a read answered Failed; ``reason`` when the store failed the call, None when the room
 itself reads Failed."""
@@ -52,11 +52,7 @@ class RoomStatusMap:
     """
 
     def __init__(
-        self,
-        store: Any,
-        *,
-        pp_participants: Optional[Sequence[str]] = None,
-        on_failed: Optional[OnFailed] = None,
+        self, store: Any, *, pp_participants: Optional[Sequence[str]] = None, on_failed: Optional[OnFailed] = None
     ) -> None:
         self.store = store
         self.participant: str = store.participant
@@ -69,8 +65,7 @@ class RoomStatusMap:
                 )
             self.pp_participants = names
         self.on_failed = on_failed
-        # Whether reads judge the room's first failure (the store's setting): collect()'s room views too.
-        self._shared = bool(getattr(store, "shared_fate", False))
+        self._shared = bool(getattr(store, "shared_fate", False))  # reads judge shared fate (collect()'s views too)
         self._rank_stores: Optional[list[Any]] = None
         self.outage = Outage(self.participant)
         self.outage.probe, self.outage.on_answered = probe_of(store), self._fresh_again
@@ -92,11 +87,10 @@ class RoomStatusMap:
         self._removals = Removals()
         self._counting = getattr(self._near, "metrics", None) is not None  # hits are counted for the observer
 
-    def _call(self, call: Callable[[], T], reopen: bool = False) -> T:
+    def _call(self, call: Callable[[], Any], reopen: bool = False) -> Any:
         """``call()``, a store call; :class:`_Unanswered` when Redis fails it or an outage is on. ``reopen``: a write
         of an opening status, sent once more when the lost lease's name is held again (the rule keeps Failed)."""
-        reason = self.outage.reason()
-        if reason is not None:
+        if (reason := self.outage.reason()) is not None:
             raise _Unanswered(reason)
         try:
             result = call()
@@ -139,8 +133,6 @@ class RoomStatusMap:
         if self.on_failed is not None:
             self.on_failed(room, reason)
 
-    # -- reads
-
     def _status_in(self, view: RoomView, participant: str) -> Optional[KVPoll]:
         """``participant``'s status in ``view`` as its own ``store.get`` answers it (shared fate judged)."""
         entry = view.participants.get(participant)
@@ -163,11 +155,9 @@ class RoomStatusMap:
             self._failed(room)
         elif status is None and self._open_rooms and self._vanished(room, started):
             return KVPoll.Failed
-        elif self._kept:
-            reason = self._failed_here.reason(room)
-            if reason is not None:
-                self._failed(room, reason)
-                return KVPoll.Failed
+        elif self._kept and (reason := self._failed_here.reason(room)) is not None:
+            self._failed(room, reason)
+            return KVPoll.Failed
         return status
 
     # The dict-speed path, atop the four poll methods: the near cache's status map, read with no lock, I/O or call
@@ -307,32 +297,28 @@ class RoomStatusMap:
                 collected[room][own] = KVPoll.Failed
         return collected
 
-    # -- writes
-
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule (one atomic script call) and return its outcome and the resulting status."""
         if storable(room):
             self._removals.reopened(room)
             if room in self._open.lost:  # Redis lost the room: nothing is written into it again
                 return LOST_RESULT
+        opening = isinstance(status, int) and status in STRICT_CREATORS  # a list would raise TypeError here
         started = _monotonic()
         try:
-            result = self._call(lambda: self.store.update_status(room, status), reopen=status in STRICT_CREATORS)
+            result = self._call(lambda: self.store.update_status(room, status), reopen=opening)
         except InvalidRoomError:
-            if status in STRICT_CREATORS:
+            if opening:
                 log.warning("participant %s: %s", self.participant, invalid_room_reason(room))
             return INVALID_ROOM_RESULT
         except _Unanswered as unanswered:
             self._failed(room, unanswered.reason)
             return UNANSWERED_RESULT
-        lost = self._open.wrote(room, result, started)
-        if lost is None:
+        if (lost := self._open.wrote(room, result, started)) is None:
             return result
         if result.outcome is Outcome.CREATED:  # the write found no entry and made one: it is not kept
-            try:
+            with suppress(_Unanswered, KVStatusError):  # else the entry expires with the room's TTL
                 self._call(lambda: self.store.pop(room))
-            except (_Unanswered, KVStatusError):
-                pass  # the entry expires with the room's TTL
         self._failed(room, lost)
         return LOST_RESULT
 
@@ -363,11 +349,7 @@ class RoomStatusMap:
         return KVPoll.Failed if status is None and lost else status  # what its reads answered
 
     def __delitem__(self, room: int) -> None:
-        try:
-            removed = self._remove(room)
-        except (InvalidRoomError, _Unanswered):
-            return  # nothing stored to remove, or Redis failed: the entry expires with the room's TTL
-        if removed is None:
+        if self.pop(room, None) is None:  # Failed when nothing could be removed (a bad id, or Redis failed)
             raise KeyError(room)
 
     def pop(self, room: int, default: Any = _MISSING) -> Any:
@@ -388,8 +370,6 @@ class RoomStatusMap:
             return self._remove(room) is not None
         except (InvalidRoomError, _Unanswered):
             return False
-
-    # -- what a shared view cannot do
 
     def __len__(self) -> int:
         raise TypeError(_LEN_ITER_MESSAGE)

@@ -1,8 +1,7 @@
-"""What a KV manager's map answers on its own, without Redis, since nothing may raise into SGLang's scheduler loop
-or threads: room ids it cannot store, outages (:class:`Outage`), the rooms it failed itself (:class:`FailedHere`),
-removals that race a read (:class:`Removals`) and open rooms whose entry Redis lost (:class:`OpenRooms`). Why:
-docs/sglang.md ("How the plugin works inside"). Invariant: a call that finds an open room's entry missing shows a
-loss only when it was *sent* after the reply that showed the entry (threads handle replies out of Redis' order)."""
+"""What a KV manager's map answers without Redis, since nothing may raise into SGLang's scheduler loop or threads: room
+ids it cannot store, outages (:class:`Outage`), the rooms it failed itself (:class:`FailedHere`), removals that race a
+read (:class:`Removals`) and open rooms whose entry Redis lost (:class:`OpenRooms`; invariant: a missing entry shows a
+loss only to a call *sent* after the reply that showed it). docs/sglang.md ("How the plugin works inside")."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeGuard
 
 from kvstatus.errors import BackendError, KVStatusError, LeaseLostError
 from kvstatus.keys import MAX_ROOM
@@ -19,13 +18,11 @@ from kvstatus.model import KVPoll, Outcome, UpdateResult
 
 log = logging.getLogger("kvstatus.sglang")
 
-# --------------------------------------------------------------------------- room ids it cannot store
-
 INVALID_ROOM_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
 """What a write of a room id kvstatus cannot store returns: nothing was written, and reads answer Failed."""
 
 
-def storable(room: object) -> bool:
+def storable(room: object) -> TypeGuard[int]:
     """True for a room id the store accepts: an int (not bool) in [0, 2**63 - 1]."""
     return isinstance(room, int) and not isinstance(room, bool) and 0 <= room <= MAX_ROOM
 
@@ -40,8 +37,6 @@ def invalid_room_reason(room: object) -> str:
         "[0, 2**63 - 1]): the request fails"
     )
 
-
-# --------------------------------------------------------------------------- outages
 
 OUTAGE_SECONDS = 1.0
 """After a store call failed on the backend, seconds during which calls answer Failed without trying Redis."""
@@ -90,8 +85,7 @@ class Outage:
 
     def reason(self) -> Optional[str]:
         """The reason to fail a room with while an outage lasts, or None when calls should try Redis."""
-        error = self.error
-        if error is None:
+        if (error := self.error) is None:
             return None
         if time.monotonic() < self._until:
             return self._reason
@@ -137,7 +131,8 @@ class Outage:
         reason = outage_reason(error)
         with self._lock:
             started = self.error is None
-            self.error, self._until, self._reason = error, time.monotonic() + self.seconds, reason
+            # error last: reason() reads it first, without the lock, then the window and the reason it set
+            self._reason, self._until, self.error = reason, time.monotonic() + self.seconds, error
         if started:
             log.error(
                 "participant %s: its lease is lost (%s: %s); the rooms it reads or writes fail, and calls answer "
@@ -218,9 +213,6 @@ def probe_of(store: Any) -> Callable[[], object]:
     return lambda: reader().get(PROBE_ROOM)
 
 
-# --------------------------------------------------------------------------- rooms it failed itself
-
-
 class FailedHere:
     """The rooms a :class:`~kvstatus.sglang.RoomStatusMap` answered Failed on its own (room -> reason). Thread-safe;
     :attr:`rooms` is read without the lock. Invariant: as in a dict, Failed is terminal, so a room is kept until the
@@ -233,10 +225,9 @@ class FailedHere:
 
     def add(self, room: object, reason: str) -> None:
         """The map answered Failed for ``room``; the first reason stays (ids the store cannot hold are not kept)."""
-        if not storable(room) or not isinstance(room, int):  # the second test only tells mypy
-            return
-        with self._lock:
-            self.rooms.setdefault(room, reason)
+        if storable(room):
+            with self._lock:
+                self.rooms.setdefault(room, reason)
 
     def reason(self, room: object) -> Optional[str]:
         """The reason ``room`` was failed with, or None when it is not kept."""
@@ -247,9 +238,6 @@ class FailedHere:
         if self.rooms and isinstance(room, int):
             with self._lock:
                 self.rooms.pop(room, None)
-
-
-# --------------------------------------------------------------------------- removals that race a read
 
 
 REMOVAL_RACE_SECONDS = 5.0
@@ -300,31 +288,17 @@ class Removals:
         if under_way is not None:
             under_way.wait(wait)
         with self._lock:
-            removed = self._done.get(room)
-        if removed is None:
-            return None
-        status, at, by = removed
+            status, at, by = self._done.get(room, (None, 0.0, 0))
         if by != threading.get_ident() and time.monotonic() - at <= REMOVAL_RACE_SECONDS:
             return status
         return None
 
-
-# --------------------------------------------------------------------------- open rooms Redis lost
 
 LOST_RESULT = UpdateResult(Outcome.REFUSED_CREATE, KVPoll.Failed)
 """What a write of a room Redis lost returns: nothing is kept, and reads answer Failed."""
 
 _HOLDS_ENTRY = (Outcome.CREATED, Outcome.ADVANCED, Outcome.FAILED, Outcome.UNCHANGED)
 _FOUND_NONE = (Outcome.CREATED, Outcome.REFUSED_CREATE, Outcome.IGNORED_MISSING)
-
-
-def lost_reason(participant: str, room: int) -> str:
-    """The failure reason of an open room whose entry Redis no longer holds."""
-    return (
-        f"kvstatus: Redis lost its data: participant {participant}'s entry in room {room} is gone though this "
-        "manager never removed it and its TTL had not run out (Redis restarted without persistence, failed over "
-        "to a replica that did not have it, or was flushed; or a sweep removed it after a lost lease)"
-    )
 
 
 REMOVALS_KEPT = 60.0
@@ -378,7 +352,11 @@ class OpenRooms:
     def _lose(self, room: int) -> str:
         del self.rooms[room]
         self.lost.add(room)
-        return lost_reason(self.participant, room)
+        return (  # the failure reason of an open room whose entry Redis no longer holds
+            f"kvstatus: Redis lost its data: participant {self.participant}'s entry in room {room} is gone though "
+            "this manager never removed it and its TTL had not run out (Redis restarted without persistence, failed "
+            "over to a replica that did not have it, or was flushed; or a sweep removed it after a lost lease)"
+        )
 
     def removed(self, room: object) -> None:
         """The engine removes ``room`` (called before the removal is sent): neither open nor lost any more, and a

@@ -4,7 +4,6 @@ start", "How the plugin works inside")."""
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -19,12 +18,11 @@ from kvstatus.errors import (
 from kvstatus.keys import MAX_ROOM, PROBE_PARTICIPANT, validate_address
 from kvstatus.leasestate import this_process
 from kvstatus.model import KVPoll
+from kvstatus.sglang.outage import log
 from kvstatus.translate import denies_a_key
 
 if TYPE_CHECKING:
     from kvstatus._sync.store import StatusStore
-
-log = logging.getLogger("kvstatus.sglang")
 
 MIN_SGLANG_VERSION = (0, 5, 23)
 _MINIMUM = ".".join(map(str, MIN_SGLANG_VERSION))
@@ -65,18 +63,16 @@ def version_tuple(version: str) -> tuple[int, ...]:
 def check_sglang_version(version: Optional[str] = None) -> str:
     """Return the installed sglang's version (or ``version``); raise :class:`SettingError` below the minimum."""
     if version is None:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as installed
+        from importlib import metadata
 
         try:
-            version = installed("sglang")
-        except PackageNotFoundError:
+            version = metadata.version("sglang")
+        except metadata.PackageNotFoundError:
             raise SettingError(
                 "sglang is not installed in this environment: the kvstatus plugin runs inside sglang's processes",
                 setting="sglang",
             ) from None
-    found = version_tuple(version)
-    if not found or found < MIN_SGLANG_VERSION:
+    if version_tuple(version) < MIN_SGLANG_VERSION:  # (): no release numbers, below it too
         raise SettingError(
             f"sglang {version} is not supported: kvstatus needs sglang >= {_MINIMUM} (its CommonKVManager applies "
             "the strict update rule and has the deferred-ACK state install() resets); upgrade sglang, or unset the "
@@ -88,8 +84,7 @@ def check_sglang_version(version: Optional[str] = None) -> str:
 
 def check_manager(kv_manager: Any) -> None:
     """Raise :class:`InvalidArgumentError` when ``kv_manager`` lacks an attribute install() relies on."""
-    missing = [name for name in REQUIRED_ATTRIBUTES if not hasattr(kv_manager, name)]
-    if missing:
+    if missing := [name for name in REQUIRED_ATTRIBUTES if not hasattr(kv_manager, name)]:
         raise InvalidArgumentError(
             f"{type(kv_manager).__name__} has no {', '.join(missing)}: not the KV manager of a supported sglang "
             f"(kvstatus needs sglang >= {_MINIMUM}, tested with {TESTED_SGLANG_VERSION})"
@@ -98,7 +93,6 @@ def check_manager(kv_manager: Any) -> None:
 
 def _setting_error(error: KVStatusError, step: str, store: StatusStore) -> SettingError:
     """The :class:`SettingError` for ``error`` met at ``step`` (read, write or lease) of :func:`check_store`."""
-    namespace = store.namespace
     if isinstance(error, AuthenticationError):
         return SettingError(f"Redis refused the URL's credentials (user name or password): {error}", setting="url")
     if isinstance(error, BackendUnavailableError):
@@ -108,8 +102,7 @@ def _setting_error(error: KVStatusError, step: str, store: StatusStore) -> Setti
     if isinstance(error, PermissionDeniedError):
         denied = _DENIED.search(str(error))
         command = denied.group(1).lower() if denied else ""
-        near_cache = store.near_cache is not None and step == "read"
-        if near_cache and command.startswith("client"):
+        if store.near_cache is not None and step == "read" and command.startswith("client"):
             return SettingError(
                 f"the URL's user may not set up the near cache (CLIENT TRACKING): turn the near "
                 f"cache off, or grant +client|tracking +client|id ({error})",
@@ -124,13 +117,13 @@ def _setting_error(error: KVStatusError, step: str, store: StatusStore) -> Setti
             return SettingError(f"the URL's user may not run {command!r}: {hint} ({error})", setting="scripts")
         if step == "read" and denies_a_key(error):
             return SettingError(
-                f"the URL's user may not read namespace {namespace!r}: the ACL's key pattern "
+                f"the URL's user may not read namespace {store.namespace!r}: the ACL's key pattern "
                 f"must cover its keys ({error})",
                 setting="namespace",
             )
         if step == "write":
             return SettingError(
-                f"the URL's user may read namespace {namespace!r} but not write it (a read-only "
+                f"the URL's user may read namespace {store.namespace!r} but not write it (a read-only "
                 f"user?): an SGLang manager needs the worker user ({error})",
                 setting="url",
             )
@@ -183,8 +176,7 @@ def server_of(client: Any) -> str:
     if nodes:
         return "cluster " + ",".join(sorted(str(name) for name in nodes))
     pool = getattr(client, "connection_pool", None)
-    service = getattr(pool, "service_name", None)
-    if service:
+    if service := getattr(pool, "service_name", None):
         return f"sentinel service {service}"
     kwargs = getattr(pool, "connection_kwargs", {}) or {}
     if kwargs.get("path"):
@@ -195,11 +187,9 @@ def server_of(client: Any) -> str:
 
 
 def describe(status_map: Any, server: str) -> str:
-    """The line logged when a manager is installed: participant, server, namespace, policy, near cache, lease,
-    shared fate, timeline."""
+    """The line logged when a manager is installed."""
     store = status_map.store
-    lease = store.lease
-    cache = store.near_cache
+    lease, cache = store.lease, store.near_cache
     near = "off" if cache is None else "refused by the server (uncached)" if cache.refused else "on"
     held = "off" if lease is None else f"{lease.ttl:g} s (generation {lease.generation})"
     fate = "on" if store.shared_fate else "off"

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from kvstatus import KVPoll, Outcome, StatusStore
+from kvstatus.errors import InvalidStatusError
 from kvstatus.sglang import install
 from kvstatus.sglang.mapping import INVALID_ROOM_RESULT
 from tests.helpers.backends import fresh_namespace
@@ -142,3 +143,14 @@ def test_bad_rooms_through_the_near_cache(redis_server: Any) -> None:
     rooms = [key.decode() for key in raw.scan_iter(match=f"kvstatus:{namespace}:{{*}}")]
     assert rooms == [f"kvstatus:{namespace}:{{3}}"]  # the bad ids wrote no room
     manager.request_status.close()
+
+
+@pytest.mark.parametrize("status", [[1], {}, "1", 1.5, 7, None], ids=repr)
+def test_a_bad_status_is_the_callers_error_never_a_type_error(status: Any) -> None:
+    """A status the store refuses raises InvalidStatusError, as ``store.update_status`` does; on a room id the store
+    cannot hold, the room's answer wins. An unhashable status raised TypeError from the map's own checks."""
+    prefill, _, raw = _pair()
+    with pytest.raises(InvalidStatusError):
+        prefill.request_status.update_status(5, status)
+    assert prefill.request_status.update_status(-1, status) is INVALID_ROOM_RESULT
+    assert raw.dbsize() == 0

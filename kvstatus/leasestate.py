@@ -45,13 +45,11 @@ def this_process() -> str:
 class LeaseCore:
     """A store's lease, without I/O: the requests to send and what their replies mean. The record outlives the lease
     by ``keep_ms`` (the room TTL), so readers see a dead participant as lost as long as its entries can exist.
-
-    Attributes: ``participant``; ``ttl`` (seconds); ``incarnation`` (the random token of the current holder, None
-    before the first acquire); ``generation`` (how many incarnations the name has had, this one included); ``epoch``
-    (the incarnation's fence, Unix ms at its acquire by Redis' clock and above every earlier incarnation's: the store
-    stamps its entries with it); ``lost`` (True once Redis answered LOST, or a write was refused as superseded);
-    ``released``; ``address`` (``host:port`` by which peers reach the holder, or None; written at each acquire).
-    """
+    ``ttl``: seconds; ``incarnation``: the current holder's random token (None before the first acquire);
+    ``generation``: how many incarnations the name has had, this one included; ``epoch``: the incarnation's fence, Unix
+    ms at its acquire by Redis' clock, above every earlier incarnation's (the store stamps its entries with it);
+    ``lost``: True once Redis answered LOST or a write was refused as superseded; ``address``: ``host:port`` by which
+    peers reach the holder, or None (written at each acquire)."""
 
     def __init__(
         self, schema: KeySchema, participant: str, ttl: float, keep_ms: int, address: Optional[str] = None
@@ -139,15 +137,12 @@ class LeaseCore:
             self.released = True
         elif not self.lost:
             self.lost = True
-            # gen 0: no record at all (the script reads a missing hash as generation 0).
-            self.record_gone = generation == 0
+            self.record_gone = generation == 0  # the script reads a missing hash as generation 0
             self._lost_generation = generation
             # Another incarnation's record: a later generation, or the same under another epoch (the record was lost
             # and other acquires counted back up to this one's).
             self.taken_over = (
-                self.generation is not None
-                and generation != 0
-                and (generation != self.generation or epoch != self.epoch)
+                self.generation is not None and generation != 0 and (generation, epoch) != (self.generation, self.epoch)
             )
             log.warning("participant %s: lease lost (%s)", self.participant, self._why())
 
@@ -210,10 +205,6 @@ Steps = Generator[Request[Any], Any, Any]
 """Requests out; in, each decoded reply (``send``) or the send's error (``throw``: ``finally`` blocks run first)."""
 
 
-def restart_reason(participant: str) -> str:
-    return f"participant {participant} restarted; this entry was its previous incarnation's"
-
-
 def orphan_reason(room: int, seconds: float) -> str:
     return (
         f"no decode joined room {room} within {seconds:g} s: the decode it was sent to is dead or never got the request"
@@ -222,13 +213,6 @@ def orphan_reason(room: int, seconds: float) -> str:
 
 def died_reason(participant: str) -> str:
     return f"participant {participant} died: its connection to Redis closed"
-
-
-def awaited_reason(participant: str, address: str, stage: Stage) -> str:
-    """The failure reason of this store's entry in a room waiting on ``participant``, lost or restarted first."""
-    if stage is Stage.SUPERSEDED:
-        return f"participant {participant} restarted; this room waited on its previous incarnation at {address}"
-    return f"participant {participant} lost its lease; this room waits on it at {address}"
 
 
 def act(watch: PeerWatch, plan: WatchPlan) -> Steps:
@@ -252,14 +236,15 @@ def act(watch: PeerWatch, plan: WatchPlan) -> Steps:
     for name, rooms in plan.restarted.items():
         # The new incarnation's epoch fences its own entries off: it may have written these rooms already.
         below, address = yield watch.identity_request(name)
-        outcomes = yield from _fail(watch, rooms, name, Stage.SUPERSEDED, restart_reason(name), below)
+        reason = f"participant {name} restarted; this entry was its previous incarnation's"
+        outcomes = yield from _fail(watch, rooms, name, Stage.SUPERSEDED, reason, below)
         failed += outcomes.count(Outcome.FAILED)
         # As for a loss (_fail_gone): rooms it never wrote, or reached Success in (REFUSED_TERMINAL) unless orderly.
         done = None if name in plan.orderly else Outcome.REFUSED_TERMINAL
         absent = [room for room, outcome in zip(rooms, outcomes) if outcome in (Outcome.IGNORED_MISSING, done)]
-        failed += yield from _fail_awaiting(watch, absent, name, address, Stage.SUPERSEDED)
-    if plan.orphans:
-        failed += yield from _fail_orphans(watch, plan.orphans, plan.orphan_seconds)
+        waited = f"participant {name} restarted; this room waited on its previous incarnation at {address}"
+        failed += yield from _fail_awaiting(watch, absent, address, Stage.SUPERSEDED, waited)
+    failed += yield from _fail_orphans(watch, plan.orphans, plan.orphan_seconds)
     if plan.forget:
         yield watch.forget_request(plan.forget)
     return failed
@@ -297,27 +282,23 @@ def _fail_gone(watch: PeerWatch, entries: Entries, name: str, reason: str) -> St
     below = entries.epochs[0] + 1 if entries.epochs[0] else None  # not a later incarnation's
     outcomes = yield from _fail(watch, open_rooms, name, Stage.LEASE_LOST, reason, below)
     failed: int = outcomes.count(Outcome.FAILED)
-    # Rooms waiting on it that it never wrote, or reached Success in unless it released its lease (an orderly exit
-    # sends what it owes first): what it owed after that (SGLang's decode waits for a completion message) won't come.
+    # Rooms it never wrote, or reached Success in unless it released its lease: docs/guide.md, "A peer that never
+    # wrote the room".
     done = None if watch.released(name) else KVPoll.Success
     absent = [room for i, room in enumerate(entries.rooms) if entries.statuses(i)[0] in (None, done)]
     if watch.awaits_any(absent):
         address = watch.peer_address(name)
         if address is None:
             address = (yield watch.identity_request(name))[1]
-        failed += yield from _fail_awaiting(watch, absent, name, address, Stage.LEASE_LOST, reason)
+        waits = f"{reason}; this room waits on it at {address}"
+        failed += yield from _fail_awaiting(watch, absent, address, Stage.LEASE_LOST, waits)
     return failed
 
 
-def _fail_awaiting(
-    watch: PeerWatch, rooms: list[int], name: str, address: Optional[str], stage: Stage, cause: Optional[str] = None
-) -> Steps:
-    """Fail this store's own open entries in those of ``rooms`` (``name`` has no entry there) that wait on ``name`` at
-    ``address`` (None: nothing to do), naming ``cause`` (None: the stage says); returns how many were failed."""
+def _fail_awaiting(watch: PeerWatch, rooms: list[int], address: Optional[str], stage: Stage, reason: str) -> Steps:
+    """Fail with ``reason`` this store's own open entries in those of ``rooms`` (the peer has no entry there) that wait
+    on the peer at ``address`` (None: no room does); returns how many were failed."""
     awaiting = [] if address is None else watch.awaiting(rooms, address)
-    if address is None or not awaiting:
-        return 0
-    reason = awaited_reason(name, address, stage) if cause is None else f"{cause}; this room waits on it at {address}"
     outcomes = yield from _fail(watch, awaiting, watch.participant, stage, reason, None)
     for room, outcome in zip(awaiting, outcomes):
         if outcome is Outcome.FAILED:

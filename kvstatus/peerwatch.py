@@ -66,20 +66,15 @@ class WatchPlan:
         self.orderly |= {name for name in more.orderly & more.restarted.keys() if known is None or name in known}
 
 
+@dataclass
 class _Peer:
-    __slots__ = ("mark", "changed_at", "incarnation", "lost", "address", "seen", "absent_since", "dead")
-
-    def __init__(self, mark: str, now: float) -> None:
-        self.mark, self.changed_at, self.lost = mark, now, False
-        self.incarnation = _incarnation(mark)
-        self.address: Optional[str] = None  # its lease's address, once read (a lost or restarted peer's)
-        self.seen = False  # its presence was counted since this store's own subscription took
-        self.absent_since: Optional[float] = None  # monotonic time its presence was first counted absent
-        self.dead = False  # its presence says it died: watched in rooms opened later too
-
-
-def _incarnation(mark: str) -> str:
-    return mark.split(":", 1)[0]
+    mark: str  # as the lease index holds it (:meth:`PeerWatch.mark_calls`); "": learnt from a room's entries
+    changed_at: float  # monotonic time the mark last changed
+    lost: bool = False
+    address: Optional[str] = None  # its lease's address, once read (a lost or restarted peer's)
+    seen: bool = False  # its presence was counted since this store's own subscription took
+    absent_since: Optional[float] = None  # monotonic time its presence was first counted absent
+    dead: bool = False  # its presence says it died: watched in rooms opened later too
 
 
 class PeerWatch:
@@ -89,18 +84,14 @@ class PeerWatch:
     operations, atomic under the GIL); the rest on the keeper's."""
 
     def __init__(
-        self,
-        core: StoreCore,
-        lease_ttl: float,
-        keep: float,
-        drop_cached: Callable[[list[int]], None],
-        interval: float = WATCH_SECONDS,
+        self, core: StoreCore, lease_ttl: float, keep: float, drop_cached: Callable[[list[int]], None]
     ) -> None:
         self.core, self.drop_cached = core, drop_cached
         self.participant = core.participant
         self.key = core.schema.lease_index_key
-        self.keep, self.interval = keep, interval
-        self.stale_after = min(lease_ttl, STALE_LOOKS * interval)
+        self.keep, self.interval = keep, WATCH_SECONDS
+        self._keep_ms = str(round(keep * 1000))  # the lease index's TTL, renewed with each mark
+        self.stale_after = min(lease_ttl, STALE_LOOKS * WATCH_SECONDS)
         self._open: dict[int, float] = {}  # room -> monotonic time this store first wrote it open
         self._awaits: dict[int, str] = {}  # room -> the address of the peer it waits on (awaits())
         self.judges_orphans = role_of(self.participant) == "prefill"
@@ -137,8 +128,7 @@ class PeerWatch:
         self._bootstrapping.pop(room, None)
 
     def awaits(self, room: int, address: str) -> None:
-        """``room`` waits on the peer at ``address`` (host:port, as the peer's lease carries it), which may never
-        write it: if that peer is lost or restarts first, this store's open entry in the room fails."""
+        """``room`` waits on the peer at ``address`` (``host:port``): see :meth:`~kvstatus.StatusStore.awaits`."""
         self._awaits[room] = address
 
     def awaiting(self, rooms: list[int], address: str) -> list[int]:
@@ -205,10 +195,7 @@ class PeerWatch:
     def mark_calls(self, incarnation: str, looks: int, released: bool = False) -> list[Call]:
         """The calls writing this store's mark: its lease ``incarnation`` and a counter that changes each time."""
         mark = f"{incarnation}:{RELEASED_MARK if released else looks}"
-        return [
-            Call(("HSET", self.key, self.participant, mark)),
-            Call(("PEXPIRE", self.key, str(round(self.keep * 1000)))),
-        ]
+        return [Call(("HSET", self.key, self.participant, mark)), Call(("PEXPIRE", self.key, self._keep_ms))]
 
     def postpone(self, seconds: float) -> None:
         """A look or a count failed (Redis unreachable or hung): the next of each in ``seconds`` (or its interval)."""
@@ -245,26 +232,24 @@ class PeerWatch:
         now = time.monotonic()
         self._previous_look, self._looked_at = self._looked_at, now
         plan = WatchPlan()
-        self._prune(now)
+        horizon = now - self.core.ttl_ms / 1000  # older open rooms' keys are gone (a caller never concluded them)
+        for room in [room for room, at in self._open.copy().items() if at < horizon]:
+            self.closed(room)
         opened = self._open.copy()  # one C call: the store's threads may write meanwhile
         rooms = list(opened)
         for name, mark in marks.items():
             peer = self._peers.get(name)
-            if peer is None:
-                self._peers[name] = _Peer(mark, now)
-                if mark.endswith(RELEASED_MARK):
-                    plan.suspects[name] = rooms
-                continue
-            if mark != peer.mark:
-                incarnation = _incarnation(mark)
-                if incarnation != peer.incarnation:
+            if peer is None or mark != peer.mark:
+                if peer is None:
+                    peer = self._peers[name] = _Peer(mark, now)
+                elif mark.partition(":")[0] != peer.mark.partition(":")[0]:  # another incarnation
                     before = [room for room, at in opened.items() if at < self._previous_look]
                     if before:
                         plan.restarted[name] = before
                         if peer.mark.endswith(RELEASED_MARK):
                             plan.orderly.add(name)
                     peer.dead = False  # a new incarnation's presence is its own
-                peer.mark, peer.changed_at, peer.incarnation, peer.lost = mark, now, incarnation, False
+                peer.mark, peer.changed_at, peer.lost = mark, now, False
                 self._silent.pop(name, None)
                 if mark.endswith(RELEASED_MARK):
                     plan.suspects[name] = rooms
@@ -346,12 +331,6 @@ class PeerWatch:
         """Drop the marks of peers whose lease records are gone (a refused index is no error)."""
         calls = [Call(("HDEL", self.key, *names))]
         return Request(calls, lambda replies: _refusal(calls, replies) or replies[0], strict=0)
-
-    def _prune(self, now: float) -> None:
-        """Forget open rooms older than the room TTL: their keys are gone (a caller that never concluded them)."""
-        horizon = now - self.core.ttl_ms / 1000
-        for room in [room for room, at in self._open.copy().items() if at < horizon]:
-            self.closed(room)
 
 
 def _refusal(calls: list[Call], replies: Sequence[object]) -> Optional[Exception]:

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-
 RETRY_SECONDS = 0.2
 """Seconds between two tries to subscribe again while the server cannot be reached."""
 SUBSCRIBE_SECONDS = 2.0
@@ -135,16 +134,10 @@ class AsyncSend(Protocol):
 
 
 class AsyncLeaseKeeper:
-    """Keeps ``core`` held through ``send``, the store's send (its deadline, observer and errors); ``watch``, if given,
-    is looked at every ``watch.interval`` s; ``presence``, if given, stands while held and counts the peers'."""
+    """Keeps ``core`` held through ``send``, the store's send (its deadline, observer and errors); ``watch`` is looked
+    at every ``watch.interval`` s; ``presence`` stands while held and counts the peers'."""
 
-    def __init__(
-        self,
-        core: LeaseCore,
-        send: AsyncSend,
-        watch: Optional[PeerWatch] = None,
-        presence: Optional[AsyncPresence] = None,
-    ) -> None:
+    def __init__(self, core: LeaseCore, send: AsyncSend, watch: PeerWatch, presence: AsyncPresence) -> None:
         self.core = core
         self.watch = watch
         self.presence = presence
@@ -157,14 +150,11 @@ class AsyncLeaseKeeper:
 
     async def ensure(self) -> None:
         """Before a write: acquire or renew when due; raise :class:`~kvstatus.errors.LeaseLostError` if lost."""
-        if not self.core.fresh():
-            await self._hold(when_stale=True)
+        await self.refresh(when_stale=True)
 
-    async def refresh(self) -> None:
-        """Acquire the lease, or renew it now; raise :class:`~kvstatus.errors.LeaseLostError` if it is lost."""
-        await self._hold(when_stale=False)
-
-    async def _hold(self, when_stale: bool) -> None:
+    async def refresh(self, when_stale: bool = False) -> None:
+        """Acquire the lease, or renew it now (``when_stale``: only if not :meth:`LeaseCore.fresh`); raise
+        :class:`~kvstatus.errors.LeaseLostError` if it is lost."""
         async with self._lock:
             if not self.core.lost and not (when_stale and self.core.fresh()):
                 await self._call("renew" if self.core.held else "acquire")
@@ -182,34 +172,24 @@ class AsyncLeaseKeeper:
     async def _call(self, op: str) -> None:
         sent_at = time.monotonic()
         request = self.core.request(op)
-        if self.watch is not None and op != "renew":  # the peers' watches learn of an acquire or release at once
+        if op != "renew":  # the peers' watches learn of an acquire or release at once
             assert self.core.incarnation is not None
             request.calls += self.watch.mark_calls(self.core.incarnation, 0, released=op == "release")
         reply = await self._send(request, "lease")
         self.core.settle(op, sent_at, reply)
-        if self.presence is not None:
-            if self.core.held and op == "acquire":
-                await self.presence.start()
-            elif not self.core.held:
-                await self.presence.stop()
+        if self.core.held and op == "acquire":
+            await self.presence.start()
+        elif not self.core.held:
+            await self.presence.stop()
         if op == "acquire" and not self._background.started:
             self._background.start(self._run, f"kvstatus-lease-{self.core.participant}")
 
-    def _next_delay(self) -> float:
-        delay = self.core.next_delay()
-        if self.watch is not None:
-            delay = min(delay, self.watch.next_delay())
-            if self.presence is not None:
-                delay = min(delay, self.watch.next_count_delay())
-        return delay
-
     async def _run(self) -> None:
-        core = self.core
-        while not await self._background.wait(self._next_delay()):
-            if self.presence is not None:
-                if not core.held:
-                    await self.presence.stop()
-                await self.presence.check()
+        core, watch = self.core, self.watch
+        while not await self._background.wait(min(core.next_delay(), watch.next_delay(), watch.next_count_delay())):
+            if not core.held:
+                await self.presence.stop()
+            await self.presence.check()
             if core.next_delay() <= 0:
                 late = core.lateness()
                 if late > core.interval:
@@ -230,56 +210,15 @@ class AsyncLeaseKeeper:
                     core.postpone()
                 if core.lost:
                     return
-            if self.watch is not None and self.presence is not None and self.watch.next_count_delay() <= 0:
-                await self._look(self.watch, count=True)
-            if self.watch is not None and self.watch.next_delay() <= 0:
-                await self._look(self.watch)
+            if watch.next_count_delay() <= 0:
+                await self._look(count=True)
+            if watch.next_delay() <= 0:
+                await self._look()
 
-    async def look(self) -> int:
-        """Look at the peers' lease marks now (the background does it every ``watch.interval`` s); returns how
-        many of their entries it failed. Raises what the store's send raises."""
-        assert self.watch is not None
-        return await self._look_once(self.watch)
-
-    async def _look(self, watch: PeerWatch, count: bool = False) -> None:
-        """:meth:`look` (or with ``count``, :meth:`_count`) in the background: an error is logged once, then retried."""
-        try:
-            if count:
-                await self._count(watch)
-            else:
-                await self._look_once(watch)
-        except Exception as exc:  # noqa: BLE001 - the watch outlives Redis errors; it looks again next time
-            if not self._watch_failing:
-                log.warning(
-                    "participant %s: the peer watch failed (it retries every %g s): %s",
-                    watch.participant,
-                    watch.interval,
-                    exc,
-                )
-            self._watch_failing = True
-            watch.postpone(self.core.interval)  # a hung server: the renewals come first
-            return
-        if self._watch_failing:
-            log.warning("participant %s: the peer watch works again", watch.participant)
-            self._watch_failing = False
-
-    async def _count(self, watch: PeerWatch) -> int:
-        """Count the presences; look at once when a peer's is gone for good. Returns how many entries failed."""
-        presence = self.presence
-        if presence is None or presence.refused is not None or not self.core.held:
-            return 0
-        try:
-            counts = await self._send(watch.count_request(), "watch")
-        except PermissionDeniedError as exc:
-            await presence.refuse(str(exc))
-            return 0
-        if counts.get(watch.participant, 0) < 1:
-            await presence.renew()  # the server the peers are counted on does not have it (a failover)
-        dead = watch.judge(counts, presence.generation)
-        return await self._look_once(watch, tuple(dead)) if dead else 0
-
-    async def _look_once(self, watch: PeerWatch, dead: tuple[str, ...] = ()) -> int:
-        incarnation = self.core.incarnation
+    async def look(self, dead: tuple[str, ...] = ()) -> int:
+        """Look at the peers' lease marks now (the background does it every ``watch.interval`` s), failing the ``dead``
+        peers' entries too; returns how many of their entries it failed. Raises what the store's send raises."""
+        watch, incarnation = self.watch, self.core.incarnation
         if incarnation is None or not self.core.held:
             return 0  # not held (not acquired yet, lost or released): no mark to write, no rooms watched
         async with self._watch_lock:
@@ -296,14 +235,51 @@ class AsyncLeaseKeeper:
                 else:
                     log.warning("participant %s: the lease index %s works again", watch.participant, watch.key)
             try:
-                return await self._act(watch, plan)
+                return await self._act(plan)
             except BaseException:
                 watch.unfinished(plan)
                 raise
 
-    async def _act(self, watch: PeerWatch, plan: WatchPlan) -> int:
+    async def _look(self, count: bool = False) -> None:
+        """:meth:`look` (or with ``count``, :meth:`_count`) in the background: an error is logged once, then retried."""
+        try:
+            if count:
+                await self._count()
+            else:
+                await self.look()
+        except Exception as exc:  # noqa: BLE001 - the watch outlives Redis errors; it looks again next time
+            if not self._watch_failing:
+                log.warning(
+                    "participant %s: the peer watch failed (it retries every %g s): %s",
+                    self.watch.participant,
+                    self.watch.interval,
+                    exc,
+                )
+            self._watch_failing = True
+            self.watch.postpone(self.core.interval)  # a hung server: the renewals come first
+            return
+        if self._watch_failing:
+            log.warning("participant %s: the peer watch works again", self.watch.participant)
+            self._watch_failing = False
+
+    async def _count(self) -> int:
+        """Count the presences; look at once when a peer's is gone for good. Returns how many entries failed."""
+        watch, presence = self.watch, self.presence
+        if presence.refused is not None or not self.core.held:
+            return 0
+        try:
+            counts = await self._send(watch.count_request(), "watch")
+        except PermissionDeniedError as exc:
+            await presence.refuse(str(exc))
+            return 0
+        if counts.get(watch.participant, 0) < 1:
+            await presence.renew()  # the server the peers are counted on does not have it (a failover)
+        dead = watch.judge(counts, presence.generation)
+        return await self.look(tuple(dead)) if dead else 0
+
+    async def _act(self, plan: WatchPlan) -> int:
         """Send the steps of :func:`kvstatus.leasestate.act` for ``plan``; returns how many entries were failed."""
-        steps = act(watch, plan)
+        steps = act(self.watch, plan)
         try:
             request = next(steps)
             while True:
@@ -314,8 +290,7 @@ class AsyncLeaseKeeper:
                 else:
                     request = steps.send(reply)
         except StopIteration as stop:
-            failed: int = stop.value
-            return failed
+            return int(stop.value)
 
     async def close(self) -> None:
         """Stop renewing, release the lease (best effort: else it expires; the mark tells the peers), unsubscribe."""
@@ -326,5 +301,4 @@ class AsyncLeaseKeeper:
                     await self._call("release")
                 except Exception as exc:  # noqa: BLE001
                     log.warning("participant %s: lease release failed (it will expire): %s", self.core.participant, exc)
-        if self.presence is not None:
-            await self.presence.stop()
+        await self.presence.stop()

@@ -24,7 +24,6 @@ from kvstatus.rule import shared_failed
 
 if TYPE_CHECKING:
     from kvstatus.model import StoreObserver
-    from kvstatus.requests import Arg
 
 MAX_MAX_ROOMS = 10_000_000
 CLIENT_BYTES_PER_ROOM = 300
@@ -47,17 +46,11 @@ class NearCacheOptions:
     bcast: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_rooms, int) or not _number_in(self.max_rooms, 1, MAX_MAX_ROOMS):
-            raise InvalidArgumentError(f"invalid near cache size {self.max_rooms!r}: expected 1..{MAX_MAX_ROOMS} rooms")
-        if not _number_in(self.max_staleness, 0.01, 3600):
-            raise InvalidArgumentError(
-                f"invalid near cache max_staleness {self.max_staleness!r}: expected 0.01..3600 seconds"
-            )
-
-
-def _number_in(value: object, low: float, high: float) -> bool:
-    """Whether ``value`` is an int or float (not a bool) within ``low..high`` (False for NaN)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+        rooms, staleness = self.max_rooms, self.max_staleness
+        if isinstance(rooms, bool) or not isinstance(rooms, int) or not 1 <= rooms <= MAX_MAX_ROOMS:
+            raise InvalidArgumentError(f"invalid near cache size {rooms!r}: expected 1..{MAX_MAX_ROOMS} rooms")
+        if isinstance(staleness, bool) or not isinstance(staleness, (int, float)) or not 0.01 <= staleness <= 3600:
+            raise InvalidArgumentError(f"invalid near cache max_staleness {staleness!r}: expected 0.01..3600 seconds")
 
 
 CachedRoom = tuple[Any, ...]
@@ -155,8 +148,6 @@ class CacheState:
         """Room -> the ``wake`` of each ``wait_for`` on it: called by :meth:`apply`, :meth:`flush` (not own writes)."""
         self.pushed = 0  # rooms Redis reported changed so far (what the doctor's wait_for check counts)
 
-    # ---- invalidation
-
     def invalidate_all(self) -> None:
         """The server invalidated every key (a null invalidation: FLUSHDB/FLUSHALL, or its tracking table full)."""
         self.flush(NULL_INVALIDATION)
@@ -183,15 +174,11 @@ class CacheState:
 
     def invalidate(self, rooms: Iterable[int]) -> int:
         """Drop ``rooms`` (invalidated, or written here) and log them for racing fills; returns how many were cached."""
-        pop = self.entries.pop
-        flats = list(self.flats.values())
         log = self._log
         dropped = 0
         for room in rooms:
-            if pop(room, None) is not None:
+            if self._forget(room):
                 dropped += 1
-                for flat in flats:
-                    flat.pop(room, None)
             log.append(room)
             self.invalidated += 1
         if len(log) > 2 * _LOG_KEEP:
@@ -202,8 +189,7 @@ class CacheState:
 
     def apply(self, keys: list[bytes]) -> None:
         """Drop the rooms of invalidated keys (keys of other namespaces are ignored)."""
-        room_of = self.schema.room_of
-        rooms = [room for room in map(room_of, keys) if room is not None]
+        rooms = [room for room in map(self.schema.room_of, keys) if room is not None]
         dropped = self.invalidate(rooms)
         if dropped and self.metrics is not None:
             self.metrics.on_cache_invalidation(dropped)
@@ -223,19 +209,14 @@ class CacheState:
         if not wakes:
             self.waiters.pop(room, None)
 
-    # ---- lookups and fills
-
     def expire(self, now: float) -> None:
         """Drop rooms whose key has expired in Redis (or will within a second: one sweep per second)."""
-        horizon = now + 1.0
-        expired = [
-            room for room, entry in self.entries.items() if entry[DEADLINE] is not None and entry[DEADLINE] <= horizon
-        ]
+        deadlines = {room: entry[DEADLINE] for room, entry in self.entries.items() if entry[DEADLINE] is not None}
+        expired = [room for room, deadline in deadlines.items() if deadline <= now + 1.0]
         for room in expired:
             self._forget(room)
-        self.earliest_deadline = min(
-            (entry[DEADLINE] for entry in self.entries.values() if entry[DEADLINE] is not None), default=float("inf")
-        )
+            del deadlines[room]
+        self.earliest_deadline = min(deadlines.values(), default=float("inf"))
         if expired and self.metrics is not None:
             self.metrics.set_cache_size(len(self.entries))
 
@@ -250,13 +231,12 @@ class CacheState:
         if flushes != self.flushes or start < logged_from:
             return  # a flush raced it, or the log no longer reaches back to the fill's start
         raced = set(self._log[start - logged_from :]) if start < self.invalidated else ()
-        entries = self.entries
         flats = self.flats.items()
         for room, entry in filled.items():
             if room in raced:
                 continue
-            entries[room] = entry
-            entries.move_to_end(room)
+            self.entries[room] = entry
+            self.entries.move_to_end(room)
             for reader, flat in flats:
                 flat[room] = status_for(entry, reader)
             deadline = entry[DEADLINE]
@@ -265,7 +245,7 @@ class CacheState:
         self.fresh.until = min(self.fresh.until, self.earliest_deadline)
         self._evict()
         if self.metrics is not None:
-            self.metrics.set_cache_size(len(entries))
+            self.metrics.set_cache_size(len(self.entries))
 
     def _evict(self) -> None:
         """CLOCK: drop the oldest rooms beyond ``max_rooms``; a room read since its last chance moves to the end."""
@@ -281,10 +261,11 @@ class CacheState:
         if len(referenced) > 2 * self.options.max_rooms:
             referenced.clear()  # rooms read but since invalidated; keep the set bounded
 
-    def _forget(self, room: int) -> None:
-        self.entries.pop(room, None)
+    def _forget(self, room: int) -> bool:
+        """Drop ``room``; whether it was cached."""
         for flat in self.flats.values():
             flat.pop(room, None)
+        return self.entries.pop(room, None) is not None
 
     def served(self, now: float, live_until: float, next_check: float) -> None:
         """The driver checked the links at ``now`` and they are live until ``live_until``: open the dict-speed
@@ -316,20 +297,14 @@ class CacheState:
             self.referenced.update(rooms)
         return result
 
-    def fill_commands(self, rooms: Sequence[int]) -> tuple[list[str], list[tuple[Arg, ...]]]:
-        """The rooms' keys, and an ``HGETALL`` and a ``PTTL`` of each (what :meth:`decode_fill` decodes)."""
-        keys = self.schema.room_keys(rooms)
-        commands: list[tuple[Arg, ...]] = [(command, key) for key in keys for command in ("HGETALL", "PTTL")]
-        return keys, commands
-
     @staticmethod
     def decode_fill(rooms: Sequence[int], keys: list[str], replies: list[Any], sent_at: float) -> dict[int, CachedRoom]:
-        """The rooms of a fill's replies; raises :class:`SlotMoved` for a MOVED/ASK reply, any other error as is."""
+        """The rooms of a fill's replies (an ``HGETALL`` and a ``PTTL`` of each of ``keys``, in turn); raises
+        :class:`SlotMoved` for a MOVED/ASK reply, any other error as is."""
         for reply in replies:
             if isinstance(reply, rx.ResponseError):
-                text = str(reply)
-                if text.startswith(("MOVED", "ASK")):
-                    raise SlotMoved(text)
+                if str(reply).startswith(("MOVED", "ASK")):
+                    raise SlotMoved(str(reply))
                 raise reply
         return {
             room: room_from_replies(room, key, replies[2 * i], replies[2 * i + 1], sent_at)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import contextlib
 import select
 import ssl
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import hiredis
 import redis
 
 from kvstatus.connection import connection_class
-from kvstatus.keys import KeySchema
 
 if TYPE_CHECKING:  # the state is handed in: the reader feeds it, and runs without importing it
     from kvstatus.cachestate import CacheState
@@ -107,31 +106,23 @@ class InvalidationSocket:
         return True
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing a broken connection must not raise
             self.connection.disconnect()
-        except Exception:  # noqa: BLE001 - closing a broken connection must not raise
-            pass
 
 
 def sync_twin(conn: Any) -> redis.Connection:
-    """A new blocking redis-py connection to the server ``conn`` (sync or async, connected) is on,
-    with the same credentials, database and TLS settings, whose waits end by the running call's deadline."""
-    common: dict[str, Any] = {
-        "username": getattr(conn, "username", None),
-        "password": getattr(conn, "password", None),
-        "db": getattr(conn, "db", 0),
-        "socket_timeout": getattr(conn, "socket_timeout", None),
-        "socket_connect_timeout": getattr(conn, "socket_connect_timeout", None),
-        "client_name": getattr(conn, "client_name", None),
-        "credential_provider": getattr(conn, "credential_provider", None),
-        "protocol": 3,  # invalidations arrive as push messages, without a channel
-    }
+    """A new blocking redis-py connection to the server of ``conn`` (sync or async), with the same credentials,
+    database and TLS settings, whose waits end by the running call's deadline."""
+    copied = ("username", "password", "socket_timeout", "socket_connect_timeout", "client_name", "credential_provider")
+    common: dict[str, Any] = {name: getattr(conn, name, None) for name in copied}
+    common["db"] = getattr(conn, "db", 0)
+    common["protocol"] = 3  # invalidations arrive as push messages, without a channel
     path = getattr(conn, "path", None)
     context = getattr(conn, "ssl_context", None)  # redis.asyncio's SSLConnection
-    tls_source = context if context is not None else conn
     if path:
         made: redis.Connection = connection_class(redis.UnixDomainSocketConnection, False)(path=path, **common)
     elif context is not None or isinstance(conn, redis.SSLConnection):
+        tls_source = context if context is not None else conn
         made = connection_class(redis.SSLConnection, True)(
             host=conn.host,
             port=conn.port,
@@ -145,17 +136,6 @@ def sync_twin(conn: Any) -> redis.Connection:
     else:
         made = connection_class(redis.Connection, False)(host=conn.host, port=conn.port, **common)
     return made
-
-
-def tracking_command(client_id: int, schema: KeySchema, bcast: bool) -> tuple[Union[str, int], ...]:
-    """``CLIENT TRACKING ON REDIRECT <id>`` (with ``BCAST PREFIX <namespace base>`` when ``bcast``)."""
-    command: tuple[Union[str, int], ...] = ("CLIENT", "TRACKING", "ON", "REDIRECT", client_id)
-    if bcast:
-        command += ("BCAST", "PREFIX", schema.base)
-    return command
-
-
-# --------------------------------------------------------------------------- the shared state
 
 
 class LinkState:
@@ -196,9 +176,9 @@ class Links:
     """The links of one near cache (one per server), which :meth:`poll` reads into its
     :class:`~kvstatus.cachestate.CacheState`; ``live_until``: the monotonic time until which it may serve."""
 
-    def __init__(self, state: CacheState, close: Callable[[LinkState], None]) -> None:
+    def __init__(self, state: CacheState, close_data: Callable[..., None]) -> None:
         self.state = state
-        self._close = close
+        self._close_data = close_data  # closes a data connection without awaiting (it may be asyncio's)
         self.links: dict[str, LinkState] = {}
         self._poller = select.poll()
         self._fds: dict[int, tuple[LinkState, bool]] = {}
@@ -208,8 +188,7 @@ class Links:
         """True while a read is on the data connections (set under the I/O lock): :meth:`poll` must then not take
         a readable data connection (a reply arriving) for a closed one."""
         self.reads = 0
-        """Reads begun on the data connections: one that began and ended during :meth:`poll` changes this, not
-        ``busy``."""
+        """Reads begun on the data connections: one begun and ended during :meth:`poll` changes this, not ``busy``."""
 
     def add_link(self, link: LinkState) -> None:
         self.links[link.name] = link
@@ -227,7 +206,7 @@ class Links:
         return link.data
 
     def drop_link(self, name: str, reason: str) -> None:
-        """Forget a link (the caller closes its connections) and empty the cache."""
+        """Forget a link, close its connections, and empty the cache."""
         link = self.links.pop(name, None)
         if link is not None:
             for fd, (owner, _) in list(self._fds.items()):
@@ -235,7 +214,10 @@ class Links:
                     del self._fds[fd]
                     with contextlib.suppress(KeyError, ValueError):
                         self._poller.unregister(fd)
-            self._close(link)
+            if link.reader is not None:
+                link.reader.close()  # before the socket: its descriptor may be reused at once
+            link.inval.close()
+            self._close_data(link.data)
         self.state.flush(reason)
         self._update_live()
 

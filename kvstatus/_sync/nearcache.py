@@ -46,7 +46,6 @@ from kvstatus.invalidation import (
     LinkState,
     peer_of,
     sync_twin,
-    tracking_command,
 )
 from kvstatus.keys import KeySchema, room_batch, validate_room
 from kvstatus.model import KVPoll, RoomView
@@ -79,7 +78,7 @@ class NearCache(NearCacheBase):
     def __init__(self, client: Client, schema: KeySchema, options: NearCacheOptions, sender: Sender) -> None:
         self.topology = Topology(client)
         self.state = CacheState(schema, options)
-        self.links = Links(self.state, _close_link)
+        self.links = Links(self.state, close_link)
         self.sender = sender
         self.metrics = self.state.metrics = sender.metrics
         self._lock = threading.Lock()  # guards the state; never held across I/O
@@ -173,8 +172,6 @@ class NearCache(NearCacheBase):
         """Whether Redis tracks this cache's reads: not refused, and not closed (no link is opened again then)."""
         return self.refused is None and not self.closed
 
-    # ---- wait_for's watch
-
     def watch(self, room: int, wake: Callable[[], None]) -> bool:
         """Call ``wake()`` at each change Redis reports of the validated ``room``, or flush, until :meth:`unwatch`
         (the next read of the room through this cache arms it); False if the cache is refused or closed."""
@@ -201,8 +198,6 @@ class NearCache(NearCacheBase):
     def _drain(self) -> None:
         with self._lock:
             self._ready(time.monotonic())
-
-    # ---- the store's read methods, with its argument checks and semantics
 
     def get(self, room: int, reader: Reader) -> Optional[KVPoll]:
         return self.status(validate_room(room), reader)
@@ -239,14 +234,12 @@ class NearCache(NearCacheBase):
                     return view_at(room, entry, now)
         return view_at(room, (self._fill([room], "room"))[room], time.monotonic())
 
-    # ---- misses, through the store's send path
-
     def _fill(self, rooms: list[int], operation: str) -> dict[int, CachedRoom]:
         """Read ``rooms`` from Redis and cache them (unless an invalidation raced the read)."""
         if self.metrics is not None:
             self.metrics.on_cache_miss(len(rooms))
-        keys, commands = self.state.fill_commands(rooms)
-        request = Request([Call(command) for command in commands], _as_is)
+        keys = self.state.schema.room_keys(rooms)
+        request = Request([Call((command, key)) for key in keys for command in ("HGETALL", "PTTL")], list)
         if self.tracking:
             fill = LinkTransport(self)
             try:
@@ -267,14 +260,14 @@ class NearCache(NearCacheBase):
     def _open_link(self, name: str) -> None:
         """Under the I/O lock: connect the invalidation and the data connection of node ``name``."""
         data = self.topology.new_data_connection(name)
-        inval: Optional[InvalidationSocket] = None
+        inval = InvalidationSocket(sync_twin(data))
         try:
             data.connect()
-            inval = InvalidationSocket(sync_twin(data))
             run_blocking(inval.open, inval.close)  # cancelled: closed once the open ends
             if peer_of(data) != inval.peer:
                 raise LinkLost("the data and invalidation connections reached different servers")
-            data.send_command(*tracking_command(inval.client_id, self.state.schema, self.state.options.bcast))
+            bcast = ("BCAST", "PREFIX", self.state.schema.base) if self.state.options.bcast else ()
+            data.send_command("CLIENT", "TRACKING", "ON", "REDIRECT", inval.client_id, *bcast)
             reply = data.read_response()
             if reply not in (b"OK", "OK"):
                 raise LinkLost(f"CLIENT TRACKING answered {reply!r}")
@@ -285,8 +278,7 @@ class NearCache(NearCacheBase):
                 self._marker = self._mark_database(data, self._marker_key)
         except BaseException:
             data.disconnect()
-            if inval is not None:
-                inval.close()
+            inval.close()
             raise
         with self._lock:
             # A new link means a new (or reconnected) server: nothing read before can be trusted.
@@ -301,12 +293,8 @@ class NearCache(NearCacheBase):
         """The database's marker id, created if missing (a random id, one day's TTL); None when this user may
         not write it (a read-only user: SWAPDB then goes unnoticed, see the near cache's docs)."""
         token = secrets.token_hex(8)
-        data.send_packed_command(
-            data.pack_commands(
-                [("HSETNX", key, "id", token), ("PEXPIRE", key, MARKER_TTL_MS, "NX"), ("HGET", key, "id")]
-            ),
-            check_health=False,
-        )
+        commands = (("HSETNX", key, "id", token), ("PEXPIRE", key, MARKER_TTL_MS, "NX"), ("HGET", key, "id"))
+        data.send_packed_command(data.pack_commands(commands), check_health=False)
         replies: list[ReplyOrError] = []
         for _ in range(3):
             try:
@@ -321,15 +309,12 @@ class NearCache(NearCacheBase):
         server is no longer the master, the database marker changed (``SWAPDB``), or the check failed."""
         self._next_check = now + self.state.options.max_staleness
         marker_key = self._marker_key if self._marker is not None else None
-        if (self._probe is None and marker_key is None) or not self.links.links:
+        reads = [self._probe, ("HGET", marker_key, "id") if marker_key is not None else None]
+        calls = [Call(command) for command in reads if command is not None]
+        if not calls or not self.links.links:
             return
-        calls = ([Call(self._probe)] if self._probe is not None else []) + (
-            [Call(("HGET", marker_key, "id"))] if marker_key is not None else []
-        )
         try:
-            replies = self.sender.send(
-                Request(calls, _as_is), "topology", via=LinkTransport(self, probe=True)
-            )
+            replies = self.sender.send(Request(calls, list), "topology", via=LinkTransport(self, probe=True))
         except KVStatusError as exc:
             self._reset_links(f"topology check failed: {exc}")
             if time.monotonic() >= now + self.sender.deadline:
@@ -346,9 +331,8 @@ class NearCache(NearCacheBase):
 
     def check(self) -> None:
         """Poll once: apply invalidations, check the topology if due (tests, benchmarks)."""
-        now = self._now()
-        with self._lock:
-            self._ready(now)
+        self._now()
+        self._drain()
 
     def _reset_links(self, reason: str) -> None:
         with self._lock:
@@ -407,10 +391,8 @@ class LinkTransport:
                 cache.links.busy = True
                 try:
                     for name, indices in groups.items():
-                        conn = conns[name]
-                        conn.send_packed_command(
-                            conn.pack_commands([calls[i].args for i in indices]), check_health=False
-                        )
+                        packed = conns[name].pack_commands([calls[i].args for i in indices])
+                        conns[name].send_packed_command(packed, check_health=False)
                     replies: list[ReplyOrError] = [None] * len(calls)
                     for name, indices in groups.items():
                         conn = conns[name]
@@ -425,23 +407,18 @@ class LinkTransport:
                     raise
                 finally:
                     cache.links.busy = False
-                moved = next(
-                    (r for r in replies if isinstance(r, rx.ResponseError) and str(r).startswith(("MOVED", "ASK"))),
-                    None,
-                )
-                if moved is not None:
-                    raise SlotMoved(str(moved))
+                for reply in replies:
+                    if isinstance(reply, rx.ResponseError) and str(reply).startswith(("MOVED", "ASK")):
+                        raise SlotMoved(str(reply))
         except SlotMoved as exc:
             cache._reset_topology(str(exc))
             return [rx.ConnectionError(f"the near cache's read met a moved slot: {exc}")] * len(calls)
-        except rx.AuthenticationError as exc:  # the credentials, not the link: no resend, and said as it is
-            cache._reset_links(f"read failed: {exc}")
-            self.resend_delays = ()
-            return [exc] * len(calls)
         except (LinkLost, *BROKEN) as exc:
             cache._reset_links(f"read failed: {exc}")
-            if connection_refused(exc) and not (cache.topology.cluster or cache.topology.sentinel):
-                self.resend_delays = ()  # a standalone server that refuses connections is down: no resend
+            standalone = not (cache.topology.cluster or cache.topology.sentinel)
+            # No resend, said as it is: the credentials (not the link), or a standalone server refusing connections.
+            if isinstance(exc, rx.AuthenticationError) or (connection_refused(exc) and standalone):
+                self.resend_delays = ()
                 return [exc] * len(calls)
             return [rx.ConnectionError(f"the near cache's connection failed: {exc}")] * len(calls)
         except rx.NoPermissionError as exc:  # the ACL refuses tracking (CLIENT TRACKING, CLIENT ID, HELLO 3)
@@ -463,14 +440,3 @@ class LinkTransport:
 
     def load(self, source: str) -> None:
         """The near cache sends no scripts."""
-
-
-def _as_is(replies: list[ReplyOrError]) -> list[ReplyOrError]:
-    return replies
-
-
-def _close_link(link: LinkState) -> None:
-    if link.reader is not None:
-        link.reader.close()  # before the socket: its descriptor may be reused at once
-    link.inval.close()
-    close_link(link.data)

@@ -8,15 +8,18 @@ import collections
 import contextlib
 import math
 import select
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Mapping
-from typing import Callable, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import redis.asyncio.connection
 import redis.connection
 import redis.exceptions as rx
+from redis.cluster import RedisCluster
+
+if TYPE_CHECKING:  # the near cache's link types, built on these primitives
+    from kvstatus.invalidation import LinkReader, LinkState
 
 AsyncLock = asyncio.Lock
 Lock = threading.Lock
@@ -31,42 +34,7 @@ RedisConnection = redis.connection.AbstractConnection
 BROKEN = (rx.ConnectionError, rx.TimeoutError, OSError, EOFError)
 """What a broken connection raises, sync or async."""
 _T = TypeVar("_T")
-
-
-class _Reader(Protocol):
-    """What :func:`start_reader` watches: a socket's owner that reads what arrives (a near cache's link)."""
-
-    on_close: Optional[Callable[[], None]]
-
-    def fileno(self) -> int: ...
-
-    def on_readable(self) -> None: ...
-
-
-class _Link(Protocol):
-    """A near cache link (``kvstatus.invalidation.LinkState``): its data connection."""
-
-    @property
-    def data(self) -> object: ...
-
-
-class _SyncConnection(Protocol):
-    """A redis-py sync connection, for the one (unannotated) method used here."""
-
-    def disconnect(self) -> object: ...
-
-
-class _Connected(Protocol):
-    """A connected redis-py sync connection (redis-py types ``_sock`` as None, its value before ``connect()``)."""
-
-    @property
-    def _sock(self) -> socket.socket: ...
-
-
-class _KeyRouter(Protocol):
-    """redis-py's sync RedisCluster, for the one (unannotated) method used here."""
-
-    def get_node_from_key(self, key: str) -> object: ...
+_Waiters = collections.deque[asyncio.Future[bool]]
 
 
 def _settle(future: asyncio.Future[_T], value: _T) -> None:
@@ -79,6 +47,14 @@ def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object) -> None:
+    """``callback(*args)`` now if ``loop`` runs this thread, else soon on ``loop``'s thread (never on a closed loop)."""
+    if _running_loop() is loop:
+        callback(*args)
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(callback, *args)
 
 
 async def async_wait_future(future: asyncio.Future[_T], seconds: float, expired: _T) -> _T:
@@ -94,9 +70,7 @@ async def async_wait_future(future: asyncio.Future[_T], seconds: float, expired:
             timer.cancel()
 
 
-async def async_wait_turn(
-    waiters: collections.deque[asyncio.Future[bool]], seconds: float, pass_on: Callable[[], object]
-) -> bool:
+async def async_wait_turn(waiters: _Waiters, seconds: float, pass_on: Callable[[], object]) -> bool:
     """Queue on ``waiters``, first come first served: True once woken (:func:`wake_first`), False after ``seconds``.
     A waiter cancelled as it was woken calls ``pass_on``: no wake-up is ever lost."""
     turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -112,7 +86,7 @@ async def async_wait_turn(
             waiters.remove(turn)
 
 
-def wake_first(waiters: collections.deque[asyncio.Future[bool]]) -> bool:
+def wake_first(waiters: _Waiters) -> bool:
     """Wake the first of ``waiters`` still waiting (not timed out, not cancelled); False if there is none."""
     while waiters:
         turn = waiters.popleft()
@@ -129,7 +103,7 @@ class AsyncGate:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._free = limit
-        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self._waiters: _Waiters = collections.deque()
 
     async def acquire(self, timeout: float) -> bool:
         """True once admitted; False if ``timeout`` seconds passed first."""
@@ -236,20 +210,13 @@ def run_blocking(work: Callable[[], _T], undo: Optional[Callable[[], None]] = No
 
 
 def async_pipeline_route(client: object, key: str) -> dict[str, object]:
-    """Keyword arguments that send a pipelined script call straight to its node: none for redis.asyncio,
-    whose cluster pipeline finds an EVALSHA's slot itself."""
+    """Keyword arguments sending a pipelined script call to its node: none (redis.asyncio finds an EVALSHA's slot)."""
     return {}
 
 
-def pipeline_route(client: _KeyRouter, key: str) -> dict[str, object]:
+def pipeline_route(client: RedisCluster, key: str) -> dict[str, object]:
     """redis-py's sync cluster pipeline would ask a node COMMAND GETKEYS for every script call."""
-    return {"target_nodes": client.get_node_from_key(key)}
-
-
-def readable(source: _Reader, seconds: float) -> bool:
-    poller = select.poll()  # not select.select(): a busy process has descriptors above 1024
-    poller.register(source.fileno(), select.POLLIN | select.POLLPRI)
-    return bool(poller.poll(math.ceil(max(seconds, 0.0) * 1000)))
+    return {"target_nodes": client.get_node_from_key(key)}  # type: ignore[no-untyped-call]
 
 
 async def async_pending(connection: AsyncRedisConnection) -> bool:
@@ -271,28 +238,27 @@ def async_close_link(connection: AsyncRedisConnection) -> None:
     connection._reader = connection._writer = None
 
 
-def close_link(connection: _SyncConnection) -> None:
+def close_link(connection: RedisConnection) -> None:
     with contextlib.suppress(Exception):
-        connection.disconnect()
+        connection.disconnect()  # type: ignore[no-untyped-call]
 
 
 def async_data_fd(connection: object) -> Optional[int]:
-    """The socket the near cache polls to notice a closed data connection: none for asyncio
-    (:func:`async_closed_links` checks its reader instead)."""
+    """The socket polled for a closed data connection: none for asyncio (:func:`async_closed_links` checks)."""
     return None
 
 
-def data_fd(connection: _Connected) -> Optional[int]:
-    return int(connection._sock.fileno())
+def data_fd(connection: RedisConnection) -> Optional[int]:
+    return int(connection._sock.fileno())  # type: ignore[attr-defined]  # redis-py types _sock as None
 
 
-def async_closed_links(links: Mapping[str, _Link]) -> list[str]:
+def async_closed_links(links: Mapping[str, LinkState]) -> list[str]:
     """Names of the near cache's links whose asyncio data connection has ended (checked on every read)."""
     readers = {name: getattr(link.data, "_reader", None) for name, link in links.items()}
     return [name for name, reader in readers.items() if reader is None or reader.at_eof()]
 
 
-def closed_links(links: Mapping[str, _Link]) -> tuple[str, ...]:
+def closed_links(links: Mapping[str, LinkState]) -> tuple[str, ...]:
     """Sync data connections are polled through their socket (:func:`data_fd`) instead."""
     return ()
 
@@ -307,12 +273,8 @@ class AsyncSignal:
     def set(self) -> None:
         self._set = True
         future = self._future
-        if future is not None and not future.done():
-            loop = future.get_loop()
-            if _running_loop() is loop:
-                future.set_result(True)
-            elif not loop.is_closed():  # from another thread: a sync caller that closed what the task waits on
-                loop.call_soon_threadsafe(_settle, future, True)
+        if future is not None and not future.done():  # perhaps from another thread: a sync caller's close
+            _call_on(future.get_loop(), _settle, future, True)
 
     def clear(self) -> None:
         self._set = False
@@ -344,25 +306,16 @@ class Signal:
         self._event.wait(None if math.isinf(seconds) else max(seconds, 0.0))
 
 
-def async_start_reader(source: _Reader) -> None:
+def async_start_reader(source: LinkReader) -> None:
     """Call ``source.on_readable()`` from the running loop whenever ``source`` has something to read, until
     ``source.on_close`` is called (it is set here)."""
     loop = asyncio.get_running_loop()
     fd = source.fileno()
     loop.add_reader(fd, source.on_readable)
-
-    def remove() -> None:
-        if loop.is_closed():
-            return
-        if _running_loop() is loop:
-            loop.remove_reader(fd)
-        else:  # closed from another thread (a sync caller of the pool's close)
-            loop.call_soon_threadsafe(loop.remove_reader, fd)
-
-    source.on_close = remove
+    source.on_close = lambda: _call_on(loop, loop.remove_reader, fd)  # perhaps from another thread: a sync close
 
 
-def start_reader(source: _Reader) -> None:
+def start_reader(source: LinkReader) -> None:
     """:func:`async_start_reader` for threads: a daemon thread polls ``source`` until ``on_close``."""
     stopped = threading.Event()
     source.on_close = stopped.set
@@ -370,7 +323,9 @@ def start_reader(source: _Reader) -> None:
     def run() -> None:
         while not stopped.is_set():
             try:
-                if readable(source, 0.5) and not stopped.is_set():
+                poller = select.poll()  # not select.select(): a busy process has descriptors above 1024
+                poller.register(source.fileno(), select.POLLIN | select.POLLPRI)
+                if poller.poll(500) and not stopped.is_set():
                     source.on_readable()
             except (OSError, ValueError):  # closed under the poll
                 return

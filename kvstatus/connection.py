@@ -43,7 +43,6 @@ from kvstatus.translate import (
     unresolved_host,
 )
 from kvstatus.url import (
-    _QUERY_OPTIONS,
     BACKOFF_BASE_SECONDS,
     BACKOFF_CAP_SECONDS,
     CLIENT_NAME,
@@ -70,22 +69,11 @@ def _common_kwargs(parsed: ParsedURL, options: ConnectionOptions) -> dict[str, A
         "client_name": CLIENT_NAME,
     }
     if parsed.tls:
-        kwargs.update(_ssl_kwargs(parsed.query, options))
+        kwargs.update(ssl=True, **options.tls_options())
     return kwargs
 
 
-def _ssl_kwargs(query: dict[str, str], options: ConnectionOptions) -> dict[str, object]:
-    kwargs: dict[str, object] = {"ssl": True}
-    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"):
-        value = _QUERY_OPTIONS[name](query[name]) if name in query else getattr(options, name)
-        if value is not None:
-            kwargs[name] = value
-    return kwargs
-
-
-def _standalone(
-    parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool
-) -> Union[redis.Redis, redis.asyncio.Redis]:
+def _standalone(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> object:
     kwargs = _common_kwargs(parsed, options)
     if parsed.path:
         kwargs["unix_socket_path"] = parsed.path
@@ -173,9 +161,7 @@ class _AsyncTLSHandshake:
         try:
             await super()._connect()  # type: ignore[misc]
         except (ssl.SSLError, asyncio.TimeoutError) as exc:
-            error = await asyncio.get_running_loop().run_in_executor(
-                None, _handshake_error, exc, self.host, self.port, self.socket_connect_timeout
-            )
+            error = await asyncio.to_thread(_handshake_error, exc, self.host, self.port, self.socket_connect_timeout)
             if error is None:
                 raise
             raise error from None
@@ -223,9 +209,7 @@ def _retry(options: ConnectionOptions, asynchronous: bool, refused_is_final: boo
     return retry_class(backoff, options.retries, _is_final_standalone if refused_is_final else _is_final)
 
 
-def _cluster(
-    parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool
-) -> Union[RedisCluster, AsyncRedisCluster]:
+def _cluster(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> object:
     """A RedisCluster; its retry object also drives topology refreshes after MOVED or a dead node. It has no
     blocking pool: the store queues its calls instead (:meth:`kvstatus.backend.Backend.gate`)."""
     kwargs = _common_kwargs(parsed, options)
@@ -278,17 +262,16 @@ def _deadline_nodes(cluster: Any, tls: bool) -> None:
 def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool) -> object:
     """A client of the master of ``parsed.service``; each new connection asks the Sentinels where it is."""
     kwargs = _common_kwargs(parsed, options)
-    query = parsed.query
     sentinel_kwargs: dict[str, object] = {
         "socket_timeout": kwargs["socket_timeout"],
         "socket_connect_timeout": kwargs["socket_connect_timeout"],
-        "username": query.get("sentinel_username"),
-        "password": query.get("sentinel_password"),
+        "username": parsed.query.get("sentinel_username"),
+        "password": parsed.query.get("sentinel_password"),
         "retry": _no_retry(asynchronous),
     }
     sentinel_module: Any = redis.asyncio.sentinel if asynchronous else redis.sentinel
     if parsed.tls:
-        sentinel_kwargs.update(_ssl_kwargs(query, options))
+        sentinel_kwargs.update(ssl=True, **options.tls_options())
     kwargs["connection_class"] = connection_class(
         sentinel_module.SentinelManagedSSLConnection if parsed.tls else sentinel_module.SentinelManagedConnection,
         parsed.tls,
@@ -300,10 +283,9 @@ def _sentinel(parsed: ParsedURL, options: ConnectionOptions, asynchronous: bool)
     )
     for client in sentinel.sentinels:  # asking the Sentinels where the master is counts against the deadline too
         client.connection_pool.connection_class = connection_class(client.connection_pool.connection_class, parsed.tls)
-    pool_class = _AsyncSentinelPool if asynchronous else _SentinelPool
     return sentinel.master_for(
         parsed.service,
-        connection_pool_class=pool_class,
+        connection_pool_class=_AsyncSentinelPool if asynchronous else _SentinelPool,
         max_connections=options.max_connections,
         timeout=options.deadline,
     )
@@ -339,9 +321,6 @@ def connect_async(url: Union[str, ParsedURL], options: Optional[ConnectionOption
     return _BUILDERS[parsed.scheme](parsed, _options(parsed, options, overrides), True)
 
 
-# --------------------------------------------------------------------------- what kind of client
-
-
 def is_cluster_client(client: object) -> bool:
     """True for redis-py cluster clients (sync or async), whose batches are split by slot."""
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
@@ -361,27 +340,15 @@ def failover_delays(client: object, options: Optional[ConnectionOptions]) -> tup
     return (options or ConnectionOptions()).retry_delays()
 
 
-# --------------------------------------------------------------------------- where a key lives
-
-
 class SlotMoved(Exception):
     """A cluster node answered MOVED/ASK, or left the cluster; the cache was emptied."""
 
 
-def _role(reply: object) -> str:
-    """The first field of a ROLE reply: "master", "slave" or "sentinel"."""
-    if not isinstance(reply, (list, tuple)) or not reply:
-        raise SlotMoved(f"unexpected ROLE reply {reply!r}")
-    first = reply[0]
-    return first.decode() if isinstance(first, bytes) else str(first)
-
-
 SlotFingerprint = tuple[tuple[int, int, str, int], ...]
-"""(start, end, primary host, primary port) of each slot range, sorted: see :func:`slot_fingerprint`."""
+"""(start, end, primary host, primary port) of each slot range of a ``CLUSTER SLOTS`` reply, sorted."""
 
 
 def slot_fingerprint(reply: Any) -> SlotFingerprint:
-    """Slot ranges and their primaries from a ``CLUSTER SLOTS`` reply, order-independent."""
     ranges = []
     for item in reply or ():
         start, end, primary = item[0], item[1], item[2]
@@ -404,9 +371,7 @@ class Topology:
         of a Sentinel-managed master, nothing on a plain server (a restart closes the connections)."""
         if self.cluster:
             return ("CLUSTER", "SLOTS")
-        if self.sentinel:
-            return ("ROLE",)
-        return None
+        return ("ROLE",) if self.sentinel else None
 
     def probe_changed(
         self, reply: object, previous: Optional[SlotFingerprint]
@@ -416,7 +381,9 @@ class Topology:
             fingerprint = slot_fingerprint(reply)
             changed = previous is not None and fingerprint != previous
             return ("cluster slot map changed" if changed else None), fingerprint
-        role = _role(reply)
+        if not isinstance(reply, (list, tuple)) or not reply:
+            raise SlotMoved(f"unexpected ROLE reply {reply!r}")
+        role = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])  # master, slave or sentinel
         return (None if role == "master" else f"the server became a {role} (failover)"), None
 
     def group(self, keys: Sequence[str]) -> dict[str, list[int]]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Optional
 from urllib.parse import unquote_plus
@@ -114,7 +115,7 @@ class ClientPoolExhausted(redis.exceptions.RedisError):
 
 
 MASK = "***"
-_QUERY_SEPARATORS = "?&;"
+_QUERY_SEPARATOR = re.compile("[?&;]")
 
 
 def _userinfo_span(text: str, start: int) -> tuple[int, int] | None:
@@ -128,14 +129,12 @@ def _userinfo_span(text: str, start: int) -> tuple[int, int] | None:
 
 def _query_password_span(text: str, start: int) -> tuple[int, int] | None:
     """From the value of the first ``*password=`` query option after ``start`` to the end of the text, or None."""
-    for i in range(start, len(text)):
-        if text[i] not in _QUERY_SEPARATORS:
-            continue
-        equals = text.find("=", i + 1)
+    for separator in _QUERY_SEPARATOR.finditer(text, start):
+        equals = text.find("=", separator.end())
         if equals < 0:
             return None
-        name = text[i + 1 : equals]
-        if any(sep in name for sep in _QUERY_SEPARATORS):
+        name = text[separator.end() : equals]
+        if _QUERY_SEPARATOR.search(name):
             continue  # no "=" before the next option: this one has no value
         if unquote_plus(name).strip().lower().endswith("password"):
             return equals + 1, len(text)
@@ -149,13 +148,11 @@ def mask_url(text: str) -> str:
     never too little (a password pasted unencoded may hold any character)."""
     text = str(text)
     spans: list[tuple[int, int]] = []
-    start = text.find("://")
-    while start >= 0:
-        authority = start + 3
+    for scheme_end in re.finditer("://", text):
+        authority = scheme_end.end()
         for span in (_userinfo_span(text, authority), _query_password_span(text, authority)):
             if span is not None and span[0] < span[1]:
                 spans.append(span)
-        start = text.find("://", authority)
     pieces: list[str] = []
     last = 0
     for low, high in sorted(spans):

@@ -39,15 +39,12 @@ SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+
 class ConnectionOptions:
     """Timeouts and the per-call ``deadline`` (seconds), ``retries`` (resends after a connection error or timeout,
     waiting :meth:`retry_delays`; 0: every update at most once) and ``max_connections`` (per client; per node on a
-    cluster; calls beyond it queue) of every client.
+    cluster; calls beyond it queue) of every client (docs/guide.md, "Configuration", "Connections").
 
-    ``deadline`` bounds a store call as a whole, resends and the wait for a connection included (plus
-    ``deadline.TOLERANCE``, and ``operations.CHUNK_SECONDS`` per further chunk of a batch); then it raises
-    :class:`~kvstatus.errors.BackendUnavailableError` ("unknown whether applied"), or
-    :class:`~kvstatus.errors.PoolExhaustedError` if it never got a connection (nothing was sent). A standalone server
-    that refuses the connection raises :class:`~kvstatus.errors.BackendRefusedError` at once. docs/guide.md:
-    "Configuration", "Deadline", "Unknown whether applied", "Connections"; docs/operations.md: "Failover".
-    """
+    ``deadline`` bounds a whole store call, resends and the wait for a connection included (docs/guide.md,
+    "Deadline"); past it: :class:`~kvstatus.errors.BackendUnavailableError` ("unknown whether applied"), or
+    :class:`~kvstatus.errors.PoolExhaustedError` if no connection came free (nothing was sent). A standalone server
+    that refuses the connection raises :class:`~kvstatus.errors.BackendRefusedError` at once."""
 
     socket_timeout: float = 5.0
     socket_connect_timeout: float = 2.0
@@ -73,8 +70,7 @@ class ConnectionOptions:
 
     def tls_options(self) -> dict[str, Union[str, bool]]:
         """The ``ssl_*`` fields that are set (they need a TLS scheme)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name.startswith("ssl_")}
-        return {name: value for name, value in values.items() if value is not None}
+        return {name: getattr(self, name) for name in _TLS_ONLY if getattr(self, name) is not None}
 
     def retry_delays(self) -> tuple[float, ...]:
         """The wait in seconds before each resend (:data:`BACKOFF_CAP_SECONDS`)."""
@@ -134,20 +130,16 @@ def _hint(shown: str) -> str:
     return " (percent-encode any @ / ? # [ ] in the user name or password)" if "@" in shown else ""
 
 
+_Parser = Callable[[str], object]
 _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+_PARSERS: dict[object, _Parser] = {bool: lambda text: _BOOL[text.lower()], int: int, float: float, str: str}
 
 
-def _field_parser(annotation: object) -> Callable[[str], object]:
+def _field_parser(annotation: object) -> _Parser:
     """How a query value becomes a ConnectionOptions field of type ``annotation`` (Optional[X] -> X)."""
     if typing.get_origin(annotation) in (Union, types.UnionType):
-        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    parsers: dict[object, Callable[[str], object]] = {
-        bool: lambda v: _BOOL[v.lower()],
-        int: int,
-        float: float,
-        str: str,
-    }
-    return parsers[annotation]
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return _PARSERS[annotation]
 
 
 _OPTION_FIELDS: dict[str, Callable[[str], Any]] = {  # each its field's type (dataclasses.replace() checks them)
@@ -155,7 +147,7 @@ _OPTION_FIELDS: dict[str, Callable[[str], Any]] = {  # each its field's type (da
 }
 
 
-_QUERY_OPTIONS: dict[str, Callable[[str], object]] = {
+_QUERY_OPTIONS: dict[str, _Parser] = {
     **_OPTION_FIELDS,
     "db": int,
     "sentinel_username": str,
@@ -212,15 +204,12 @@ def parse_url(url: object) -> ParsedURL:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SCHEMES:
-            raise _invalid(
-                shown, f"unsupported scheme {parts.scheme!r}; use one of " + ", ".join(f"{s}://" for s in SCHEMES)
-            )
+            schemes = ", ".join(f"{known}://" for known in SCHEMES)
+            raise _invalid(shown, f"unsupported scheme {parts.scheme!r}; use one of {schemes}")
         if "#" in url:
             raise _invalid(shown, "a Redis URL has no '#' part (percent-encode # in a password as %23)")
         query: dict[str, str] = {}
-        for name, values in parse_qs(
-            parts.query, keep_blank_values=True, strict_parsing=False, errors="strict"
-        ).items():
+        for name, values in parse_qs(parts.query, keep_blank_values=True, errors="strict").items():
             if name in STORE_ARGUMENTS:
                 instead, where = STORE_ARGUMENTS[name]
                 setting = f"{name!r} is a store setting, not a connection option"

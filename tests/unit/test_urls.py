@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 
-from kvstatus.connection import _ssl_kwargs, connect
+from kvstatus.connection import connect
 from kvstatus.errors import InvalidURLError, mask_url
 from kvstatus.url import ConnectionOptions, parse_url
 
 SECRET = "s3cr3t-Pa55"
+TLS_FIELDS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
 SENTINEL_SECRET = "Sentinel-s3cret"
 
 
@@ -137,9 +139,10 @@ def test_every_password_is_masked() -> None:
 
 
 def test_tls_options_pass_through() -> None:
-    parsed = parse_url("rediss+cluster://a:1?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k&ssl_check_hostname=false")
-    assert _ssl_kwargs(parsed.query, ConnectionOptions()) == {
-        "ssl": True,
+    client = connect("rediss://a:1?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k&ssl_check_hostname=false")
+    pool = client.connection_pool
+    assert issubclass(pool.connection_class, redis.SSLConnection)
+    assert {name: value for name, value in pool.connection_kwargs.items() if name in TLS_FIELDS} == {
         "ssl_ca_certs": "/ca",
         "ssl_certfile": "/c",
         "ssl_keyfile": "/k",

@@ -52,7 +52,6 @@ from kvstatus.replies import (
     ReplyOrError,
     _clear_reply,
     _decode_record,
-    _decode_update,
     decode_room_reply,
     decode_status,
     decode_statuses,
@@ -241,8 +240,7 @@ class StoreCore:
         return Cleared(removed > 0, None if status < 0 else KVPoll(status), steps)
 
     def chunks(self, keys: list[str]) -> list[list[int]]:
-        """Indices of ``keys`` in the groups one script call may take: at most :data:`CHUNK_ROOMS` keys each,
-        and on a cluster all of one slot (the keys one script call may share there)."""
+        """Indices of ``keys`` by script call: at most :data:`CHUNK_ROOMS` each, and on a cluster all of one slot."""
         groups = [list(range(len(keys)))]
         if self.cluster:
             by_slot: dict[int, list[int]] = {}
@@ -264,7 +262,7 @@ class StoreCore:
             args: tuple[object, ...] = ("EVALSHA", scripts.UPDATE.sha, 2, key, tomb(key), *self._update_head, arg)
         else:
             args = (*self._update_one, key, *self._update_head, arg)
-        return Request([Call(args, scripts.UPDATE)], _decode_update)
+        return Request([Call(args, scripts.UPDATE)], lambda replies: update_result(*replies[0]))
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> Request[dict[int, UpdateResult]]:
         rooms, args = batch_args(updates)
@@ -418,7 +416,6 @@ class StoreCore:
     def room(self, room: int) -> Request[RoomView]:
         room = validate_room(room)
         key = self.schema.room_key(room)
-
         return Request(
             [script_call(scripts.ROOM, [key, tomb(key)], ())], lambda replies: decode_room_reply(room, key, replies[0])
         )

@@ -1,7 +1,6 @@
 """The one validating parser of Redis replies (no I/O); it accepts what ``lua/lib/stored.lua`` does: docs/security.md
 ("Junk values: what each reader does"). Decoders raise only :class:`~kvstatus.errors.CorruptedValueError` (a stored
-value kvstatus does not write) or :class:`~kvstatus.errors.BackendError` (a reply of the wrong shape), naming the key.
-"""
+value kvstatus does not write) or :class:`~kvstatus.errors.BackendError` (a malformed reply), naming the key."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ from kvstatus.model import (
 )
 
 Reply = Union[None, bytes, str, int, float, list["Reply"], tuple["Reply", ...], dict["Reply", "Reply"]]
-"""A RESP reply as redis-py hands it over; in :data:`ReplyOrError` a non-strict call's error
-(:attr:`~kvstatus.requests.Request.strict`) stands in its place."""
+"""A RESP reply as redis-py hands it over (in :data:`ReplyOrError`, a non-strict call's error stands in its place)."""
 ReplyOrError = Union[Reply, Exception]
 
 MAX_INT = 999_999_999_999_999
@@ -110,9 +108,7 @@ def parse_epoch(value: object, key: str, field: str) -> int:
 def next_epoch(stored: object, now_ms: int) -> int:
     """The epoch an acquire takes (lua/lease.lua) at Redis' ``now_ms``: above a valid ``stored`` one, else now_ms."""
     previous = stored_int(stored)
-    if previous is None or previous >= MAX_INT:
-        return now_ms
-    return max(now_ms, previous + 1)
+    return now_ms if previous is None or previous >= MAX_INT else max(now_ms, previous + 1)
 
 
 def parse_failure(value: object, key: str, field: str) -> FailureRecord:
@@ -160,16 +156,13 @@ def parse_time(value: object, key: str, field: str) -> int:
 
 _STATUS_BY_VALUE: dict[object, KVPoll] = {form: s for s in KVPoll for form in (str(s.value), str(s.value).encode())}
 
-
 # Every (outcome, status) pair lua/update.lua may return; status -1 means "no entry".
 _RESULTS: dict[tuple[object, object], UpdateResult] = {
     (o.value, s): UpdateResult(o, None if s < 0 else KVPoll(s)) for o in Outcome for s in range(-1, len(KVPoll))
 }
 
-
 # lua/record_failure.lua's codes -> record_failure's result (True: the reason was stored).
 _RECORDED: dict[object, bool] = {o.value: o is ReasonOutcome.RECORDED for o in ReasonOutcome}
-
 
 NOT_A_TOMBSTONE = -3
 """The tombstone PTTL lua/room.lua answers when the tombstone's name holds a key that is not a hash."""
@@ -191,13 +184,9 @@ def decode_statuses(values: Sequence[object], keys: list[str], field: str) -> li
 
 def decode_status(value: object, key: str, field: str) -> Optional[KVPoll]:
     """Decode a stored status (None stays None); raise :class:`CorruptedValueError` for anything else."""
-    if value is None:
-        return None
     status = _STATUS_BY_VALUE.get(value)
-    if status is None:
-        raise CorruptedValueError(
-            f"key {key} field {field} holds {text(value)[:40]!r}, not a status 0..4; left as it is"
-        )
+    if status is None and value is not None:
+        raise CorruptedValueError(f"key {key} field {field} holds {shown(value)}, not a status 0..4; left as it is")
     return status
 
 
@@ -211,10 +200,6 @@ def update_result(outcome: object, status: object) -> UpdateResult:
             "script loaded under the same SHA?"
         )
     return result
-
-
-def _decode_update(replies: list[Any]) -> UpdateResult:
-    return update_result(*replies[0])
 
 
 def _clear_reply(reply: ReplyOrError) -> tuple[int, int, str | bytes]:
@@ -338,10 +323,8 @@ def decode_room(
             raise CorruptedValueError(f"key {key} has a field {field[:60]!r} that kvstatus does not write")
         else:
             statuses[field] = decode_status(value, key, field)
-    participants = {
-        name: ParticipantEntry(statuses.get(name), reasons.get(name))
-        for name in sorted(statuses.keys() | reasons.keys())
-    }
+    names = sorted(statuses.keys() | reasons.keys())
+    participants = {name: ParticipantEntry(statuses.get(name), reasons.get(name)) for name in names}
     kept = {name: steps[name] for name in participants if name in steps}
     kept_stamps = {name: stamps[name] for name in participants if name in stamps}
     return RoomView(

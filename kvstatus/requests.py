@@ -1,6 +1,5 @@
-"""A store operation as plain data (no I/O): the Redis calls to send in one round trip, and how to decode the
-replies. :mod:`kvstatus.operations` builds them; the send path (:mod:`kvstatus._async.sender`) sends them, as the
-rules here say: which command carries a script call, and which calls to send again after a refusal."""
+"""A store operation as plain data (no I/O, built by :mod:`kvstatus.operations`): the calls of one round trip and how
+to decode their replies; and the send path's rules: which command carries a script call, which to send again."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class Call(NamedTuple):
 class Request(Generic[T]):
     """What one store method sends: ``calls`` in one round trip, and ``decode`` of their replies (same order).
     ``extra_seconds`` is added to the call's deadline. ``strict``: how many leading calls fail the request with their
-    error (None: all); the errors of the calls after them reach ``decode`` in place (a lease acquire must not fail
-    for the peer-watch mark sent with it)."""
+    error (None: all); the errors of the calls after them reach ``decode`` in place."""
 
     calls: list[Call]
     decode: Callable[[list[Any]], T]
@@ -92,31 +90,26 @@ def scripts_of(calls: list[Call]) -> list[LuaScript]:
 
 
 def as_evalsha(request: Request[T]) -> Request[T]:
-    """``request`` with every ``EVALSHA_RO`` sent as ``EVALSHA`` (a cluster client's sender, or one whose server
-    refused ``EVALSHA_RO``)."""
+    """``request`` with every ``EVALSHA_RO`` as ``EVALSHA`` (a cluster client's, or after the server refused it)."""
     request.calls = [call.without_ro() for call in request.calls]
     return request
 
 
 def evalsha_fallback(calls: list[Call], replies: list[ReplyOrError]) -> tuple[list[int], list[Call]]:
-    """The read-only script calls the server refused as a command (unknown: Redis < 7, fakeredis; or not granted
-    by the ACL), and ``calls`` with those as EVALSHA / EVAL; ([], calls) when there is none. The sender resends
-    ``calls[i]`` for each index and sends ``EVALSHA`` from then on."""
-    indices = [
-        i
-        for i, reply in enumerate(replies)
-        if isinstance(reply, ResponseError) and calls[i].args[0] in _RO_COMMANDS and _refuses(reply)
-    ]
+    """The indices of the read-only script calls the server refused as a command (unknown: Redis < 7, fakeredis; or
+    not granted by the ACL), and ``calls`` with those as EVALSHA / EVAL; ([], calls) when there is none."""
+    indices = [i for i, reply in enumerate(replies) if isinstance(reply, ResponseError) and _refuses(calls[i], reply)]
     if not indices:
         return indices, calls
     return indices, [call.without_ro() if i in indices else call for i, call in enumerate(calls)]
 
 
-def _refuses(reply: ResponseError) -> bool:
-    """Whether ``reply`` refuses the command itself (unknown, or not granted by the ACL), not the script."""
+def _refuses(call: Call, reply: ResponseError) -> bool:
+    """Whether ``reply`` refuses the read-only script ``call``'s command (unknown, or not granted by the ACL)."""
     text = str(reply).lower()
     denied = [f"no permissions to run the '{command.lower()}' command" for command in _RO_COMMANDS]
-    return text.startswith("unknown command") or any(message in text for message in denied)
+    refused = text.startswith("unknown command") or any(message in text for message in denied)
+    return refused and call.args[0] in _RO_COMMANDS
 
 
 def merge(replies: list[ReplyOrError], indices: list[int], resent: list[ReplyOrError]) -> None:

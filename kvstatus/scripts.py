@@ -1,10 +1,8 @@
-"""The Lua scripts of ``lua/``, read once at import, with the helpers of ``lua/lib/`` spliced in.
-
-A line ``-- @include NAME`` is replaced by ``lua/lib/NAME.lua`` (BullMQ's convention), with its indentation (an
-include inside a block scopes the lib's locals there), so every script stays one self-contained text whose SHA is
-the spliced text's (``python -m kvstatus.expand NAME`` prints it). A lib may not include another, and a script
-includes each lib at most once (else :class:`LuaIncludeError`, naming the file and line).
-"""
+"""The Lua scripts of ``lua/``, read once at import, with the helpers of ``lua/lib/`` spliced in: a line
+``-- @include NAME`` becomes ``lua/lib/NAME.lua`` (BullMQ's convention) at its indentation (an include inside a block
+scopes the lib's locals there), so every script is one self-contained text whose SHA is the spliced text's
+(``python -m kvstatus.expand NAME`` prints it). A lib may not include another, and a script includes each lib at
+most once (else :class:`LuaIncludeError`, naming the file and line)."""
 
 from __future__ import annotations
 
@@ -14,9 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
-from typing import Callable, Optional, Union
-
-_Source = Union[Path, Traversable]
+from typing import Callable, Optional
 
 READ_ONLY_SHEBANG = "#!lua flags=no-writes"
 """The first line of a read-only script: EVALSHA_RO (on replicas, under CLIENT PAUSE WRITE), FCALL_RO as a function."""
@@ -33,8 +29,7 @@ class LuaIncludeError(ValueError):
 @dataclass(frozen=True)
 class LuaScript:
     """A Lua script's name, spliced source and SHA1 (the EVALSHA handle), and whether it writes nothing;
-    ``own``, its file's text without its include lines, and ``libs``, the libs it includes: what the function
-    library (:data:`LIBRARY`) is built from."""
+    ``own``, its file's text without its include lines, and ``libs``, the libs it includes (for :data:`LIBRARY`)."""
 
     name: str
     source: str
@@ -44,7 +39,7 @@ class LuaScript:
     libs: tuple[str, ...] = ()
 
 
-def _lua_dir() -> _Source:
+def _lua_dir() -> Traversable:
     packaged = resources.files("kvstatus").joinpath("lua")
     if packaged.is_dir():
         return packaged
@@ -96,34 +91,22 @@ def read_lib(lib: str) -> Optional[str]:
 def _load(name: str) -> LuaScript:
     text = _lua_dir().joinpath(f"{name}.lua").read_text(encoding="utf-8")
     source = splice(name, text, read_lib)
-    return LuaScript(
-        name,
-        source,
-        hashlib.sha1(source.encode("utf-8")).hexdigest(),
-        source.startswith(READ_ONLY_SHEBANG + "\n"),
-        own=_INCLUDE_LINE.sub("", text),
-        libs=tuple(match.group(2).strip() for match in _INCLUDE.finditer(text)),
-    )
+    sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+    read_only = source.startswith(READ_ONLY_SHEBANG + "\n")
+    libs = tuple(match.group(2).strip() for match in _INCLUDE.finditer(text))
+    return LuaScript(name, source, sha, read_only, own=_INCLUDE_LINE.sub("", text), libs=libs)
 
 
-UPDATE: LuaScript = _load("update")
-GET_MANY: LuaScript = _load("get_many")
-RECORD_FAILURE: LuaScript = _load("record_failure")
-CLEAR: LuaScript = _load("clear")
-ROOM: LuaScript = _load("room")
-LEASE: LuaScript = _load("lease")
-ROOM_STATUSES: LuaScript = _load("room_statuses")
-SWEEP: LuaScript = _load("sweep")
-CANCEL: LuaScript = _load("cancel")
-
-ALL: tuple[LuaScript, ...] = (UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEASE, ROOM_STATUSES, SWEEP, CANCEL)
+ALL: tuple[LuaScript, ...] = tuple(
+    map(_load, ("update", "get_many", "record_failure", "clear", "room", "lease", "room_statuses", "sweep", "cancel"))
+)
+UPDATE, GET_MANY, RECORD_FAILURE, CLEAR, ROOM, LEASE, ROOM_STATUSES, SWEEP, CANCEL = ALL
 BY_NAME: dict[str, LuaScript] = {script.name: script for script in ALL}
 
 
-# Redis 7 functions: the same scripts as one library an admin loads once (docs/security.md, "The tenant recipe").
-# Each lua/lib/ file once at the top level, in LIB_ORDER; then each script's own text, shebang and include lines
-# dropped, as the body of a local function it registers. Nothing is interpolated but the version tag (a hash of the
-# spliced scripts, never a caller's value).
+# Redis 7 functions: the same scripts as one library an admin loads once (docs/security.md, "The tenant recipe"):
+# each lua/lib/ file once at the top level, in LIB_ORDER, then each script's own text (no shebang, no include lines)
+# as the body of a local function it registers. Nothing is interpolated but the version tag, a hash of the scripts.
 
 LIB_ORDER: tuple[str, ...] = ("acl", "time", "keys", "fate", "stored", "stored_text", "timeline")
 """The libs in the order the function library defines them: a lib uses only the names of libs above it

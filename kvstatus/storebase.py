@@ -10,13 +10,7 @@ from functools import partial
 from typing import Any, Callable, ClassVar, Final, Literal, Optional, Protocol, TypeVar, Union
 
 from kvstatus.backend import Backend, RedisClient, client_kind, is_blocking
-from kvstatus.cachestate import (
-    Freshness,
-    NearCacheBase,
-    NearCacheOptions,
-    make_near_cache,
-    writes_sent,
-)
+from kvstatus.cachestate import Freshness, NearCacheBase, NearCacheOptions, make_near_cache, writes_sent
 from kvstatus.concurrency import AsyncGate, Gate
 from kvstatus.errors import InvalidArgumentError
 from kvstatus.keys import (
@@ -33,16 +27,9 @@ from kvstatus.leasestate import LeaseCore
 from kvstatus.model import KVPoll, Policy, StoreObserver, UpdateResult, check_observer, to_status
 from kvstatus.operations import FunctionsCore, StoreCore
 from kvstatus.peerwatch import PeerWatch
-from kvstatus.url import (
-    CONNECTION_FIELDS,
-    DEFAULT_URL,
-    ConnectionOptions,
-    options_for,
-    parse_url,
-)
+from kvstatus.url import CONNECTION_FIELDS, DEFAULT_URL, ConnectionOptions, options_for, parse_url
 
 S = TypeVar("S", bound="StoreBase")
-T = TypeVar("T")
 
 
 class _Sender(Protocol):
@@ -86,16 +73,12 @@ class StoreBase:
         timeline: bool = False,
         address: Optional[str] = None,
     ) -> None:
-        """Each argument, its unit and default: docs/guide.md ("Configuration"). ``client``: a redis-py client (the
-        store makes its own :class:`~kvstatus.backend.Backend` on it, with ``options``) or another store's backend
-        to share (``options`` must then be None). ``near_cache``: True or :class:`NearCacheOptions` for a new
-        cache, another store's cache to share, or None/False for none."""
-        if isinstance(client, Backend):
-            if options is not None:
-                raise InvalidArgumentError("options belong to the backend: build the Backend with them instead")
-            self.backend = client
-        else:
-            self.backend = Backend(client, options)
+        """Each argument, its unit and default: docs/guide.md ("Configuration"). ``client``: a redis-py client, or
+        another store's :class:`~kvstatus.backend.Backend` to share (``options`` must then be None); ``near_cache``
+        may also be another store's cache to share."""
+        if isinstance(client, Backend) and options is not None:
+            raise InvalidArgumentError("options belong to the backend: build the Backend with them instead")
+        self.backend = client if isinstance(client, Backend) else Backend(client, options)
         self.client = self.backend.client
         is_async = self._gate_class is AsyncGate
         if is_blocking(self.client) == is_async:
@@ -116,13 +99,12 @@ class StoreBase:
             timeline=timeline,
         )
         self._reader = (core.participant, shared_fate)  # who reads the near cache, and how
-        self._functions = isinstance(core, FunctionsCore)
         self._metrics = check_observer(metrics)
         self._sender = self._sender_class(
             self.client,
             options,
             cluster=core.cluster,
-            functions=self._functions,
+            functions=isinstance(core, FunctionsCore),
             metrics=self._metrics,
             gate=self.backend.gate(self._gate_class),
         )
@@ -143,11 +125,7 @@ class StoreBase:
 
     @classmethod
     def from_url(
-        cls: type[S],
-        url: str = DEFAULT_URL,
-        *,
-        options: Optional[ConnectionOptions] = None,
-        **settings: Any,
+        cls: type[S], url: str = DEFAULT_URL, *, options: Optional[ConnectionOptions] = None, **settings: Any
     ) -> S:
         """Connect to ``url`` (connection settings only, :mod:`kvstatus.url`) and wrap the client. ``settings``: this
         class's keyword arguments and any :class:`ConnectionOptions` field (overrides ``options``; the URL's win)."""
@@ -195,7 +173,7 @@ class StoreBase:
     @property
     def scripts(self) -> str:
         """How this store runs its Lua: "eval" (EVALSHA) or "functions" (FCALL)."""
-        return "functions" if self._functions else "eval"
+        return "functions" if isinstance(self._core, FunctionsCore) else "eval"
 
     @property
     def schema(self) -> KeySchema:
@@ -203,19 +181,13 @@ class StoreBase:
         return self._core.schema
 
     def for_participant(self: S, participant: str) -> S:
-        """A store on the same backend with the same settings, writing as ``participant`` (with its own lease, if
-        this one has one)."""
+        """A store on the same backend and settings, writing as ``participant`` (its own lease if this one has one)."""
         metrics = None if self._metrics is None else self._metrics.for_participant(participant)
         lease_ttl = None if self._keeper is None else self._keeper.core.ttl
         settings = self._core.settings()
         settings["participant"] = participant
         return type(self)(
-            self.backend,
-            **settings,
-            scripts=self.scripts,
-            near_cache=self._near,
-            metrics=metrics,
-            lease_ttl=lease_ttl,
+            self.backend, **settings, scripts=self.scripts, near_cache=self._near, metrics=metrics, lease_ttl=lease_ttl
         )
 
     @property
@@ -238,10 +210,9 @@ class StoreBase:
         return self._near.state.fresh, self._near.status_map(reader)
 
     def awaits(self, room: int, address: str) -> None:
-        """``room`` waits on the peer reached at ``address`` (``host:port``, as that peer's store was given it), which
-        may never write the room: if the peer holding that address loses its lease or restarts before it writes,
-        this store's open entry in the room fails within the peer's lease TTL plus a second, naming it. No I/O;
-        forgotten when this store's entry leaves the open statuses. Needs a lease (``lease_ttl``)."""
+        """``room`` waits on the peer at ``address`` (``host:port``, as that peer's store was given it): if it loses its
+        lease or restarts before it writes the room, this store's open entry there fails within the peer's lease TTL
+        plus a second. No I/O; forgotten when this store's entry leaves the open statuses. Needs ``lease_ttl``."""
         if self._watch is None:
             raise InvalidArgumentError("this store has no lease, so no peer watch: build it with lease_ttl=SECONDS")
         self._watch.awaits(validate_room(room), validate_address(address))
@@ -302,13 +273,7 @@ READ: Final = "read"  # argument None; reply: the entry's status now (Optional[K
 RECEIVE: Final = "receive"  # argument: seconds to wait at most; returns early when the room changed
 SLEEP: Final = "sleep"  # argument: seconds
 CLOCK: Final = "clock"  # argument None; reply: time.monotonic()
-Action = Union[
-    tuple[Literal["watch"], None],
-    tuple[Literal["read"], None],
-    tuple[Literal["receive"], float],
-    tuple[Literal["sleep"], float],
-    tuple[Literal["clock"], None],
-]
+Action = Union[tuple[Literal["watch", "read", "clock"], None], tuple[Literal["receive", "sleep"], float]]
 
 
 def target_statuses(statuses: KVPoll | int | Iterable[KVPoll | int]) -> frozenset[KVPoll]:
@@ -338,9 +303,9 @@ def wait_plan(
     recheck: float = RECHECK_SECONDS,
     poll_interval: float = POLL_INTERVAL_SECONDS,
 ) -> Generator[Action, Any, Optional[KVPoll]]:  # each reply's type follows its action's kind
-    """The waiting loop: returns the status reached, or None when ``timeout`` seconds passed first. It watches the
-    room before each read (a change after the read wakes it), reads again every ``recheck`` seconds while it
-    watches, and polls every ``poll_interval`` seconds when it cannot (docs/guide.md, "How it works")."""
+    """The waiting loop: returns the status reached, or None when ``timeout`` seconds passed first. It watches the room
+    before each read, reads again every ``recheck`` seconds while it watches, and polls every ``poll_interval`` seconds
+    when it cannot (docs/guide.md, "Waiting for a status: `wait_for`")."""
     start = yield CLOCK, None
     deadline = start + timeout
     while True:

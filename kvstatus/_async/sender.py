@@ -1,8 +1,7 @@
 """The one send path (docs/design.md, "Layout"): :class:`AsyncSender` keeps each call's deadline (docs/guide.md,
-"Deadline"), tells the observer, resends after NOSCRIPT and failovers (which calls: :mod:`kvstatus.requests`) and
-raises kvstatus errors. Read-only scripts go out as ``EVALSHA_RO``, except from cluster clients (docs/operations.md,
-"Polls during a manual failover"). A call goes out on a *transport*: the client's own (one non-transactional
-pipeline for several calls) unless the caller passes another, such as a near-cache link."""
+"Deadline"), tells the observer, resends after NOSCRIPT and failovers and raises kvstatus errors. Read-only scripts
+go out as ``EVALSHA_RO``, except from cluster clients (docs/operations.md, "Polls during a manual failover"). A call
+goes out on a *transport*: the client's own (one non-transactional pipeline) unless the caller passes another."""
 
 from __future__ import annotations
 
@@ -73,13 +72,9 @@ class AsyncSender:
 
     async def send(self, request: Request[T], operation: str = "other", via: Optional[AsyncTransport] = None) -> T:
         """Send ``request`` (from the method ``operation``) on ``via`` (default: the client) and decode it."""
-        if self.metrics is not None:
-            return await self._observed(request, operation, via)
-        return await self._deliver(request, via)
-
-    async def _observed(self, request: Request[T], operation: str, via: Optional[AsyncTransport]) -> T:
         metrics = self.metrics
-        assert metrics is not None
+        if metrics is None:
+            return await self._deliver(request, via)
         started = time.perf_counter()
         try:
             result = await self._deliver(request, via)
@@ -97,21 +92,20 @@ class AsyncSender:
             request = as_functions(request)
         elif self.evalsha_only:
             request = as_evalsha(request)
-        token = enter_deadline(self.deadline + request.extra_seconds)  # a wait_for's read never outlasts the wait
+        seconds = self.deadline + request.extra_seconds
+        token = enter_deadline(seconds)  # a wait_for's read never outlasts the wait
         try:
             if via is not None:
                 result = request.decode(await self._replies(request.calls, None, via, request.strict))
             elif self.gate is None:
                 result = await self._send_now(request)
             else:
-                gate = self.gate
-                if not await gate.acquire(time_left() or 0.0):
-                    waited = self.deadline + request.extra_seconds
-                    raise translate_error(ClientPoolExhausted(gate.limit, waited))  # nothing was sent
+                if not await self.gate.acquire(time_left() or 0.0):
+                    raise translate_error(ClientPoolExhausted(self.gate.limit, seconds))  # nothing was sent
                 try:
                     result = await self._send_now(request)
                 finally:
-                    gate.release()
+                    self.gate.release()
         finally:
             DEADLINE.reset(token)
         async_checkpoint()  # a cancel redis-py swallowed (its asyncio.wait_for) is raised, not a result returned
@@ -132,19 +126,18 @@ class AsyncSender:
     ) -> list[ReplyOrError]:
         """The replies of ``calls``; the errors of the first ``strict`` (None: all) raise, the others stay in place."""
         attempt = 0
-        while attempt < len(via.resend_delays):  # read each time: a transport may give up (a refused server)
-            delay = via.resend_delays[attempt]
-            attempt += 1
+        while True:
             try:
                 return await self._round_trip(calls, first, via, strict)
             except BackendUnavailableError:
-                if not may_wait(delay) or attempt > len(via.resend_delays):
+                delays = via.resend_delays  # read each time: a transport may give up (a refused server)
+                if attempt >= len(delays) or not may_wait(delays[attempt]):
                     raise
                 first = None
-                await async_sleep(delay)
+                await async_sleep(delays[attempt])
                 await via.reset()
                 self._resent()
-        return await self._round_trip(calls, first, via, strict)
+            attempt += 1
 
     async def _round_trip(
         self, calls: list[Call], replies: Optional[list[ReplyOrError]], via: AsyncTransport, strict: Optional[int]
@@ -207,8 +200,7 @@ class AsyncSender:
 
 
 def _observe_result(metrics: StoreObserver, operation: str, result: Any) -> None:
-    """Tell ``metrics`` what a call returned: the rule's outcomes of ``update_status`` and ``update_many``, and
-    the timeline of an entry a ``clear`` or ``pop`` removed (to an observer with the optional ``on_cleared``)."""
+    """Tell ``metrics`` an update's outcomes, or the timeline a ``clear`` or ``pop`` removed (to ``on_cleared``)."""
     if operation == "update_status":
         metrics.on_update(result)
     elif operation == "update_many":

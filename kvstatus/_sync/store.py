@@ -21,7 +21,6 @@ from kvstatus.deadline import DEADLINE, may_wait
 from kvstatus.errors import BackendRefusedError, InvalidArgumentError, SupersededError
 from kvstatus.keys import validate_name, validate_room
 from kvstatus.model import CancelResult, FailureRecord, KVPoll, Outcome, RoomConsensus, RoomView, UpdateResult
-from kvstatus.peerwatch import PeerWatch
 from kvstatus.requests import Request
 from kvstatus.rule import consensus_calls
 from kvstatus.storebase import (
@@ -45,11 +44,9 @@ class StatusStore(StoreBase):
     """Room statuses of one namespace, shared by every process that uses the same Redis.
 
     ``StatusStore(client, namespace=...)`` wraps an existing redis-py client (``Redis`` or ``RedisCluster``);
-    :meth:`from_url` builds one. ``ttl`` is in seconds: every write leaves the room key at least that TTL, never
-    shortening a longer one another writer left (one TTL per room key). Every method is one round trip (a read of an
+    :meth:`from_url` builds one. ``ttl`` is in seconds (:attr:`ttl`). Every method is one round trip (a read of an
     unchanged room none with ``near_cache`` on, see :mod:`kvstatus.cachestate`), and returns or raises within the
-    connection's ``deadline`` (seconds); safe to share between the tasks (threads, for the sync store) of one process.
-    """
+    connection's ``deadline`` (seconds); safe to share among the tasks (threads, for the sync store) of one process."""
 
     _connect = staticmethod(connect)
     _sender_class = Sender
@@ -61,7 +58,6 @@ class StatusStore(StoreBase):
     _sender: Sender
     _near: Optional[NearCache]
     _keeper: Optional[LeaseKeeper]
-    _watch: Optional[PeerWatch]
 
     def update_status(self, room: int, status: KVPoll | int) -> UpdateResult:
         """Apply the update rule to this participant's entry; returns the outcome and resulting status. A store with
@@ -74,10 +70,9 @@ class StatusStore(StoreBase):
         return result
 
     def update_many(self, updates: Mapping[int, KVPoll | int]) -> dict[int, UpdateResult]:
-        """Apply the rule to many rooms in one round trip (per node); returns each room's result. Atomic per chunk
-        of :data:`~kvstatus.operations.CHUNK_ROOMS` rooms (on a cluster: per slot), not as a whole (docs/guide.md,
-        "Batches and atomicity"). Rooms whose entry a later incarnation wrote raise
-        :class:`~kvstatus.errors.SupersededError` after the batch, with every room's result in ``results``."""
+        """Apply the rule to many rooms in one round trip (per node); returns each room's result. Atomic per chunk of
+        rooms, not as a whole (docs/guide.md, "Batches and atomicity"). Rooms whose entry a later incarnation wrote
+        raise :class:`~kvstatus.errors.SupersededError` after the batch, with every room's result in ``results``."""
         results = self._write(lambda: self._core.update_many(updates), "update_many", updates)
         self._opened(results)
         if self._core.epoch is not None:
@@ -178,7 +173,6 @@ class StatusStore(StoreBase):
         None where Redis cannot track reads (fakeredis)."""
         if not can_track(self.client):
             return None
-        schema = self._core.schema
 
         def make() -> NearCache:  # its own sender: the store's observer sees no cache it did not turn on
             sender = Sender(
@@ -189,10 +183,10 @@ class StatusStore(StoreBase):
                 metrics=None,
                 gate=self.backend.gate(Gate),
             )
-            return NearCache(self.client, schema, NearCacheOptions(), sender)
+            return NearCache(self.client, self.schema, NearCacheOptions(), sender)
 
         # Per process: a forked child must not read on its parent's links (one socket, two readers).
-        name = f"wait cache {schema.base} pid {os.getpid()}"
+        name = f"wait cache {self.schema.base} pid {os.getpid()}"
         return self.backend.shared(name, NearCache, make, NearCache.shut)
 
     def room_status(self, room: int, participants: Iterable[str]) -> RoomConsensus:
@@ -246,8 +240,7 @@ class StatusStore(StoreBase):
 
     def _write(self, build: Callable[[], Request[T]], operation: str, rooms: Iterable[int]) -> T:
         """Send the write ``build()`` makes, renewing first a lease that may have lapsed (LeaseLostError once lost;
-        built before that too, so bad arguments raise first); drop ``rooms`` from the near cache afterwards, whatever
-        happened. A write refused as superseded loses the lease for good (SupersededError)."""
+        built before that too, so bad arguments raise first); drop ``rooms`` from the near cache, whatever happened."""
         keeper = self._keeper
         if keeper is not None and not keeper.core.fresh():
             build()
@@ -277,8 +270,7 @@ def wait_for(
 ) -> Optional[KVPoll]:
     """``wait_for``'s driver: performs :func:`kvstatus.storebase.wait_plan`'s actions, watching the validated ``room``
     on ``cache`` (None: poll every ``poll_interval`` seconds) and bounding each ``read()`` by ``deadline`` seconds
-    (:func:`kvstatus.storebase.step_deadline`). Returns the status reached, or None after ``timeout`` seconds (None:
-    no limit)."""
+    (:func:`kvstatus.storebase.step_deadline`). Returns the status reached, or None after ``timeout`` seconds."""
     plan = wait_plan(target_statuses(statuses), check_timeout(timeout), recheck, poll_interval)
     ends = time.monotonic() + check_timeout(timeout)
     signal = Signal()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import select
 import ssl
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import hiredis
@@ -205,10 +206,9 @@ class Links:
             raise LinkLost(f"the near cache's link to {name or 'the server'} was dropped")
         return link.data
 
-    def drop_link(self, name: str, reason: str) -> None:
-        """Forget a link, close its connections, and empty the cache."""
-        link = self.links.pop(name, None)
-        if link is not None:
+    def drop_links(self, names: Iterable[str], reason: str) -> None:
+        """Forget the links ``names``, close their connections, and empty the cache (once)."""
+        for link in [self.links.pop(name) for name in list(names) if name in self.links]:
             for fd, (owner, _) in list(self._fds.items()):
                 if owner is link:
                     del self._fds[fd]
@@ -264,4 +264,4 @@ class Links:
                 elif now - link.ping_outstanding > max(5.0, 4 * self.state.options.max_staleness):
                     broken.append(link.name)  # no answer at all: a dead peer that sent no FIN
         for name in dict.fromkeys(broken):  # a link may fail two ways in one poll: dropped once
-            self.drop_link(name, f"connection of {name} lost")
+            self.drop_links([name], f"connection of {name or 'server'} lost")

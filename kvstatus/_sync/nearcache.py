@@ -108,7 +108,7 @@ class NearCache(NearCacheBase):
         """Under the lock: apply invalidations, expire, and say whether cached rooms may be served."""
         links = self.links
         for name in closed_links(links.links):
-            links.drop_link(name, f"data connection of {name or 'server'} closed")
+            links.drop_links([name], f"data connection of {name or 'server'} closed")
         links.poll(now)
         state = self.state
         if now >= state.earliest_deadline:
@@ -336,9 +336,7 @@ class NearCache(NearCacheBase):
 
     def _reset_links(self, reason: str) -> None:
         with self._lock:
-            for name in list(self.links.links):
-                self.links.drop_link(name, reason)
-            self.state.flush(reason)
+            self.links.drop_links(self.links.links, reason)  # one flush, however many links
 
     def _reset_topology(self, reason: str) -> None:
         self._reset_links(reason)

@@ -252,14 +252,14 @@ def parse_url(url: object) -> ParsedURL:
             # An unencoded "/" in the user info ends the authority early: the rest of the password would
             # land in the socket path or the database, and be shown. Refuse instead of guessing.
             raise _invalid(shown, f"an '@' after the host{_hint(shown)}")
+        if scheme not in SENTINEL_SCHEMES and any(name in query for name in _SENTINEL_ONLY):
+            raise _invalid(shown, "sentinel_* options need redis+sentinel://")
         if scheme == "unix":
             path = unquote(parts.path)
             if not path:
                 raise _invalid(shown, "a unix:// URL needs a socket path")
-            return ParsedURL(scheme, (), username, password, int(query.pop("db", 0)), path, query)
+            return ParsedURL(scheme, (), username, password, _parse_db("", query.pop("db", None), shown), path, query)
         hosts = _parse_hosts(parts.netloc.rpartition("@")[2], shown)
-        if scheme not in SENTINEL_SCHEMES and any(name in query for name in _SENTINEL_ONLY):
-            raise _invalid(shown, "sentinel_* options need redis+sentinel://")
         if scheme in SENTINEL_SCHEMES:
             service, db_path = _parse_service(parts.path, shown)
             db = _parse_db(db_path, query.pop("db", None), shown)

@@ -120,6 +120,9 @@ def test_cluster_and_sentinel_urls_parse(url: str, scheme: str, hosts: Any, serv
         ("redis+sentinel://s1:26379/mymaster/x", "database is not a number"),
         ("redis+cluster://a:7000/3", "only database 0"),
         ("redis://h?sentinel_password=x", "sentinel_\\* options need redis\\+sentinel://"),
+        ("unix:///tmp/r.sock?sentinel_username=x", "sentinel_\\* options need redis\\+sentinel://"),
+        ("unix:///tmp/r.sock?db=-1", "database is not a number"),
+        ("unix:///tmp/r.sock?db=2147483648", "database 2147483648 out of range"),
         ("redis+cluster://a:notaport", "bad port"),
     ],
 )

@@ -142,15 +142,14 @@ def sync_twin(conn: Any) -> redis.Connection:
 class LinkState:
     """Liveness bookkeeping of one link (times are ``time.monotonic()`` seconds)."""
 
-    __slots__ = ("name", "inval", "data", "data_fd", "confirmed", "ping_sent", "ping_outstanding", "reader")
+    __slots__ = ("name", "inval", "data", "data_fd", "confirmed", "ping_outstanding", "reader")
 
     def __init__(self, name: str, inval: InvalidationSocket, data: Any, data_fd: Optional[int], now: float) -> None:
         self.name = name
         self.inval = inval
         self.data = data
         self.data_fd = data_fd  # sync only: polled for an unexpected close
-        self.confirmed = now
-        self.ping_sent = now
+        self.confirmed = now  # the link was opened, or the last PING answered, at this time
         self.ping_outstanding: Optional[float] = None
         self.reader: Optional[LinkReader] = None
 

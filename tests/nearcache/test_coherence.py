@@ -129,9 +129,11 @@ def test_the_liveness_ping_keeps_an_idle_cache_honest(url: str, namespace: str, 
         writer.update_status(1, KVPoll.Bootstrapping)
         assert cached.get(1) == KVPoll.Bootstrapping
         state = cached.near_cache.links
-        eventually(lambda: (cached.near_cache.check(), state.live_until > state.links[""].ping_sent)[1])
+        opened = state.live_until  # no write since: only a PONG moves it on
+        eventually(lambda: (cached.near_cache.check(), state.live_until > opened)[1], what="a PONG extended the link")
         confirmed = state.links[""].confirmed
         eventually(lambda: (cached.get(1), state.links[""].confirmed > confirmed)[1], what="a PONG confirmed")
+        assert cached.get(1) == KVPoll.Bootstrapping and state.live_until > opened
 
 
 def test_the_memory_bound_holds(url: str, namespace: str, writer: StatusStore) -> None:

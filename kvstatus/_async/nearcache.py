@@ -259,9 +259,11 @@ class AsyncNearCache(NearCacheBase):
     async def _open_link(self, name: str) -> None:
         """Under the I/O lock: connect the invalidation and the data connection of node ``name``."""
         data = self.topology.new_data_connection(name)
-        inval = InvalidationSocket(sync_twin(data))
+        inval: Optional[InvalidationSocket] = None
         try:
             await data.connect()
+            # Its twin after the connect: a Sentinel-managed connection learns the master's address as it connects.
+            inval = InvalidationSocket(sync_twin(data))
             await async_run_blocking(inval.open, inval.close)  # cancelled: closed once the open ends
             if peer_of(data) != inval.peer:
                 raise LinkLost("the data and invalidation connections reached different servers")
@@ -277,7 +279,8 @@ class AsyncNearCache(NearCacheBase):
                 self._marker = await self._mark_database(data, self._marker_key)
         except BaseException:
             await data.disconnect()
-            inval.close()
+            if inval is not None:
+                inval.close()
             raise
         with self._lock:
             # A new link means a new (or reconnected) server: nothing read before can be trusted.
